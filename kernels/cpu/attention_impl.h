@@ -1,0 +1,291 @@
+// The attention algorithm, written once over a SIMD "Ops" traits type and instantiated
+// per instruction set (attention_avx512.cc, attention_avx2.cc, attention.cc for scalar).
+// Private to kernels/cpu; see attention.h for the contract.
+//
+// Ops is one of the traits in simd_ops.h. Its Exp returns exactly 0 for -inf and exactly
+// 1 for 0, which makes merging into the empty state exact.
+#ifndef STRATA_KERNELS_CPU_ATTENTION_IMPL_H_
+#define STRATA_KERNELS_CPU_ATTENTION_IMPL_H_
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "common/base/bfloat16.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/simd_ops.h"
+
+namespace strata::kernels::attention_internal {
+
+inline constexpr int kTile = kAttentionTileTokens;
+inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Per-thread scratch for one (row, kv head) work item.
+struct ItemScratch {
+  std::vector<float> q;       // [group][head_dim] query rows as f32
+  std::vector<float> scores;  // [group][kTile] scores, then probabilities
+  std::vector<float> acc;     // [group][head_dim] one tile's unnormalised output
+  std::vector<float> m, l;    // [group]
+  void Reserve(int group, int head_dim) {
+    q.resize(static_cast<size_t>(group) * head_dim);
+    scores.resize(static_cast<size_t>(group) * kTile);
+    acc.resize(static_cast<size_t>(group) * head_dim);
+    m.resize(group);
+    l.resize(group);
+  }
+};
+
+template <class Ops>
+inline float ExpScalar(float x) {
+  float out[Ops::kLanes];
+  Ops::Store(out, Ops::Exp(Ops::Set1(x)));
+  return out[0];
+}
+
+// Computes the softmax state of tile `tile` for the `group` query heads that share one KV
+// head. kv_* point at that KV head inside slot 0; slot s is at + s * slot_stride.
+template <class Ops, KvDType kKv, int kDim>
+void TileState(int head_dim_runtime, int group, float scale, const AttentionRow& row, int tile,
+               const uint16_t* k_base, const uint16_t* v_base, int64_t slot_stride,
+               ItemScratch& s) {
+  constexpr int L = Ops::kLanes;
+  const int d = kDim > 0 ? kDim : head_dim_runtime;
+  const int chunks = d / L;
+  const int pos0 = tile * kTile;
+  const int n = std::min(kTile, row.kv_end - pos0);
+  const int32_t* slots = row.slots + pos0;
+
+  for (int g = 0; g < group; ++g) {
+    const float* q = s.q.data() + static_cast<size_t>(g) * d;
+    float* scores = s.scores.data() + static_cast<size_t>(g) * kTile;
+    for (int j = 0; j < n; ++j) {
+      const uint16_t* k = k_base + slots[j] * slot_stride;
+      if (g == 0 && j + 4 < n) {
+        __builtin_prefetch(k_base + slots[j + 4] * slot_stride);
+        __builtin_prefetch(v_base + slots[j + 4] * slot_stride);
+      }
+      typename Ops::V dot = Ops::Zero();
+      for (int c = 0; c < chunks; ++c) {
+        dot = Ops::Fma(Ops::Load(q + c * L), Ops::template LoadKv<kKv>(k + c * L), dot);
+      }
+      scores[j] = Ops::ReduceAdd(dot) * scale;
+    }
+    for (int j = n; j < kTile; ++j) scores[j] = kNegInf;
+
+    typename Ops::V vmax = Ops::Set1(kNegInf);
+    for (int j = 0; j < kTile; j += L) vmax = Ops::Max(vmax, Ops::Load(scores + j));
+    const float m = Ops::ReduceMax(vmax);
+    const typename Ops::V vm = Ops::Set1(m);
+    typename Ops::V vsum = Ops::Zero();
+    for (int j = 0; j < kTile; j += L) {
+      const typename Ops::V p = Ops::Exp(Ops::Sub(Ops::Load(scores + j), vm));
+      Ops::Store(scores + j, p);
+      vsum = Ops::Add(vsum, p);
+    }
+    s.m[g] = m;
+    s.l[g] = Ops::ReduceAdd(vsum);
+
+    float* acc = s.acc.data() + static_cast<size_t>(g) * d;
+    if constexpr (kDim > 0) {
+      typename Ops::V a[kDim / L];
+      for (int c = 0; c < kDim / L; ++c) a[c] = Ops::Zero();
+      for (int j = 0; j < n; ++j) {
+        const uint16_t* v = v_base + slots[j] * slot_stride;
+        const typename Ops::V p = Ops::Set1(scores[j]);
+        for (int c = 0; c < kDim / L; ++c) {
+          a[c] = Ops::Fma(p, Ops::template LoadKv<kKv>(v + c * L), a[c]);
+        }
+      }
+      for (int c = 0; c < kDim / L; ++c) Ops::Store(acc + c * L, a[c]);
+    } else {
+      for (int c = 0; c < chunks; ++c) Ops::Store(acc + c * L, Ops::Zero());
+      for (int j = 0; j < n; ++j) {
+        const uint16_t* v = v_base + slots[j] * slot_stride;
+        const typename Ops::V p = Ops::Set1(scores[j]);
+        for (int c = 0; c < chunks; ++c) {
+          Ops::Store(acc + c * L,
+                     Ops::Fma(p, Ops::template LoadKv<kKv>(v + c * L), Ops::Load(acc + c * L)));
+        }
+      }
+    }
+  }
+}
+
+// state = merge(state, tile): the fold step. state holds acc[d], m, l.
+template <class Ops>
+inline void MergeInto(int d, float* state, float tile_m, float tile_l, const float* tile_acc) {
+  constexpr int L = Ops::kLanes;
+  float& m = state[d];
+  float& l = state[d + 1];
+  const float new_m = std::max(m, tile_m);
+  const float a = ExpScalar<Ops>(m - new_m);  // m may be -inf (empty): a = 0
+  const float b = ExpScalar<Ops>(tile_m - new_m);
+  const typename Ops::V va = Ops::Set1(a);
+  const typename Ops::V vb = Ops::Set1(b);
+  for (int c = 0; c < d; c += L) {
+    Ops::Store(state + c,
+               Ops::Add(Ops::Mul(Ops::Load(state + c), va), Ops::Mul(Ops::Load(tile_acc + c), vb)));
+  }
+  l = l * a + tile_l * b;
+  m = new_m;
+}
+
+template <class Ops, KvDType kKv, int kDim>
+void FoldTiles(const AttentionParams& p, const uint16_t* q_row, const AttentionRow& row, int kvh,
+               int tile_begin, int tile_end, const uint16_t* k_cache, const uint16_t* v_cache,
+               float* state_group, ItemScratch& s) {
+  const int d = p.head_dim;
+  const int group = p.num_heads / p.num_kv_heads;
+  const int64_t slot_stride = static_cast<int64_t>(p.num_kv_heads) * d;
+  for (int i = 0; i < group * d; ++i) s.q[i] = Bf16ToFloat(q_row[i]);
+  for (int t = tile_begin; t < tile_end; ++t) {
+    TileState<Ops, kKv, kDim>(d, group, p.scale, row, t, k_cache + kvh * d, v_cache + kvh * d,
+                              slot_stride, s);
+    for (int g = 0; g < group; ++g) {
+      MergeInto<Ops>(d, state_group + static_cast<size_t>(g) * (d + 2), s.m[g], s.l[g],
+                     s.acc.data() + static_cast<size_t>(g) * d);
+    }
+  }
+}
+
+// Splits rows x kv heads x tiles over the OpenMP team. When there are enough (row, kv head)
+// items, each thread folds whole items in order. Otherwise ("split-K") tile states are
+// computed in parallel into scratch and folded afterwards, in ascending order, which
+// gives the same bits.
+template <class Ops, KvDType kKv, int kDim>
+int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const AttentionRow* rows,
+             const void* k_cache_v, const void* v_cache_v, float* state) {
+  const auto* k_cache = static_cast<const uint16_t*>(k_cache_v);
+  const auto* v_cache = static_cast<const uint16_t*>(v_cache_v);
+  const int d = p.head_dim;
+  const int group = p.num_heads / p.num_kv_heads;
+  const int num_items = num_rows * p.num_kv_heads;
+  const int num_threads = omp_get_max_threads();
+  int64_t total_tiles = 0;
+  for (int r = 0; r < num_rows; ++r) {
+    const AttentionRow& row = rows[r];
+    if (row.tile_end <= row.tile_begin) continue;  // nothing to fold for this row
+    if (row.tile_begin < 0 || row.kv_end <= 0 || row.tile_end > AttentionNumTiles(row.kv_end) ||
+        row.slots == nullptr) {
+      return kAttentionBadRow;
+    }
+    total_tiles += row.tile_end - row.tile_begin;
+  }
+  auto q_at = [&](int r, int kvh) {
+    return q + (static_cast<size_t>(r) * p.num_heads + kvh * group) * d;
+  };
+  auto state_at = [&](int r, int kvh) {
+    return state + (static_cast<size_t>(r) * p.num_heads + kvh * group) * (d + 2);
+  };
+
+  const bool split_k = num_items < 2 * num_threads && total_tiles > num_items && num_threads > 1;
+  if (!split_k) {
+    // Items ordered KV-head-major so that rows of one sequence reuse the tiles in cache.
+#pragma omp parallel
+    {
+      thread_local ItemScratch s;
+      s.Reserve(group, d);
+#pragma omp for schedule(dynamic, 1)
+      for (int item = 0; item < num_items; ++item) {
+        const int kvh = item / num_rows;
+        const int r = item % num_rows;
+        const AttentionRow& row = rows[r];
+        if (row.tile_end <= row.tile_begin) continue;
+        FoldTiles<Ops, kKv, kDim>(p, q_at(r, kvh), row, kvh, row.tile_begin, row.tile_end,
+                                  k_cache, v_cache, state_at(r, kvh), s);
+      }
+    }
+    return kAttentionOk;
+  }
+
+  // Split-K: one work unit per (item, tile).
+  struct Unit {
+    int r, kvh, tile;
+    int64_t offset;  // into the tile-state scratch, in floats
+  };
+  std::vector<Unit> units;
+  units.reserve(total_tiles * p.num_kv_heads);
+  const int64_t unit_floats = static_cast<int64_t>(group) * (d + 2);
+  for (int kvh = 0; kvh < p.num_kv_heads; ++kvh) {
+    for (int r = 0; r < num_rows; ++r) {
+      for (int t = rows[r].tile_begin; t < rows[r].tile_end; ++t) {
+        units.push_back({r, kvh, t, static_cast<int64_t>(units.size()) * unit_floats});
+      }
+    }
+  }
+  std::vector<float> tile_states(units.size() * unit_floats);
+#pragma omp parallel
+  {
+    thread_local ItemScratch s;
+    s.Reserve(group, d);
+#pragma omp for schedule(dynamic, 1)
+    for (size_t u = 0; u < units.size(); ++u) {
+      const Unit& unit = units[u];
+      const uint16_t* q_row = q_at(unit.r, unit.kvh);
+      for (int i = 0; i < group * d; ++i) s.q[i] = Bf16ToFloat(q_row[i]);
+      TileState<Ops, kKv, kDim>(d, group, p.scale, rows[unit.r], unit.tile,
+                                k_cache + unit.kvh * d, v_cache + unit.kvh * d,
+                                static_cast<int64_t>(p.num_kv_heads) * d, s);
+      float* out = tile_states.data() + unit.offset;
+      for (int g = 0; g < group; ++g) {
+        std::copy_n(s.acc.data() + static_cast<size_t>(g) * d, d, out + g * (d + 2));
+        out[g * (d + 2) + d] = s.m[g];
+        out[g * (d + 2) + d + 1] = s.l[g];
+      }
+    }
+  }
+  // Fold per item, in ascending tile order. Units of one item are contiguous and sorted.
+  std::vector<size_t> item_first(num_items + 1, units.size());
+  for (size_t u = units.size(); u-- > 0;) {
+    item_first[units[u].kvh * num_rows + units[u].r] = u;
+  }
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int item = 0; item < num_items; ++item) {
+    const int kvh = item / num_rows;
+    const int r = item % num_rows;
+    float* st = state_at(r, kvh);
+    for (size_t u = item_first[item]; u < units.size() && units[u].kvh == kvh && units[u].r == r;
+         ++u) {
+      const float* ts = tile_states.data() + units[u].offset;
+      for (int g = 0; g < group; ++g) {
+        MergeInto<Ops>(d, st + static_cast<size_t>(g) * (d + 2), ts[g * (d + 2) + d],
+                       ts[g * (d + 2) + d + 1], ts + g * (d + 2));
+      }
+    }
+  }
+  return kAttentionOk;
+}
+
+template <class Ops>
+int Fold(const AttentionParams& p, int num_rows, const uint16_t* q, const AttentionRow* rows,
+         const void* k, const void* v, float* state) {
+  const bool f16 = p.kv_dtype == KvDType::kF16;
+  if (p.head_dim == 64) {
+    return f16 ? FoldImpl<Ops, KvDType::kF16, 64>(p, num_rows, q, rows, k, v, state)
+               : FoldImpl<Ops, KvDType::kBF16, 64>(p, num_rows, q, rows, k, v, state);
+  }
+  if (p.head_dim == 128) {
+    return f16 ? FoldImpl<Ops, KvDType::kF16, 128>(p, num_rows, q, rows, k, v, state)
+               : FoldImpl<Ops, KvDType::kBF16, 128>(p, num_rows, q, rows, k, v, state);
+  }
+  return f16 ? FoldImpl<Ops, KvDType::kF16, 0>(p, num_rows, q, rows, k, v, state)
+             : FoldImpl<Ops, KvDType::kBF16, 0>(p, num_rows, q, rows, k, v, state);
+}
+
+template <class Ops>
+void MergeStates(const AttentionParams& p, int num_rows, const float* src, float* dst) {
+  const int d = p.head_dim;
+  const int n = num_rows * p.num_heads;
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < n; ++i) {
+    const float* s = src + static_cast<size_t>(i) * (d + 2);
+    MergeInto<Ops>(d, dst + static_cast<size_t>(i) * (d + 2), s[d], s[d + 1], s);
+  }
+}
+
+}  // namespace strata::kernels::attention_internal
+
+#endif  // STRATA_KERNELS_CPU_ATTENTION_IMPL_H_

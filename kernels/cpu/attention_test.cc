@@ -1,0 +1,289 @@
+#include "kernels/cpu/attention.h"
+
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/base/bfloat16.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/isa.h"
+
+namespace strata::kernels {
+namespace {
+
+// A KV cache of one layer with scattered slots, and queries.
+struct Problem {
+  AttentionParams p;
+  int num_slots = 0;
+  std::vector<uint16_t> k, v;  // [num_slots][kv_heads][dim]
+  std::vector<uint16_t> q;     // [rows][heads][dim]
+  std::vector<std::vector<int32_t>> slots;
+  std::vector<AttentionRow> rows;
+
+  float KvAt(const std::vector<uint16_t>& cache, int slot, int kvh, int i) const {
+    const uint16_t raw = cache[(static_cast<size_t>(slot) * p.num_kv_heads + kvh) * p.head_dim + i];
+    return p.kv_dtype == KvDType::kBF16 ? Bf16ToFloat(raw) : F16ToFloat(raw);
+  }
+};
+
+Problem MakeProblem(int heads, int kv_heads, int dim, std::vector<int> kv_ends, KvDType dtype,
+                    uint32_t seed) {
+  Problem pr;
+  pr.p = {heads, kv_heads, dim, 1.0f / std::sqrt(static_cast<float>(dim)), dtype};
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  int max_len = 0;
+  for (int e : kv_ends) max_len = std::max(max_len, e);
+  pr.num_slots = max_len * static_cast<int>(kv_ends.size()) + 7;
+  auto encode = [&](float x) { return dtype == KvDType::kBF16 ? FloatToBf16(x) : FloatToF16(x); };
+  pr.k.resize(static_cast<size_t>(pr.num_slots) * kv_heads * dim);
+  pr.v.resize(pr.k.size());
+  // Keys get a large spread so the softmax is peaky in places, exercising the max shift.
+  for (auto& x : pr.k) x = encode(2.0f * normal(rng));
+  for (auto& x : pr.v) x = encode(normal(rng));
+  pr.q.resize(kv_ends.size() * heads * dim);
+  for (auto& x : pr.q) x = FloatToBf16(normal(rng));
+  // Each row gets a random permutation of slots: token-granular, scattered.
+  std::vector<int32_t> all(pr.num_slots);
+  for (int i = 0; i < pr.num_slots; ++i) all[i] = i;
+  for (size_t r = 0; r < kv_ends.size(); ++r) {
+    std::shuffle(all.begin(), all.end(), rng);
+    pr.slots.emplace_back(all.begin(), all.begin() + kv_ends[r]);
+  }
+  for (size_t r = 0; r < kv_ends.size(); ++r) {
+    AttentionRow row;
+    row.slots = pr.slots[r].data();
+    row.kv_end = kv_ends[r];
+    row.tile_begin = 0;
+    row.tile_end = AttentionNumTiles(kv_ends[r]);
+    pr.rows.push_back(row);
+  }
+  return pr;
+}
+
+// Independent reference: plain softmax attention in double precision.
+std::vector<double> Reference(const Problem& pr) {
+  const AttentionParams& p = pr.p;
+  const int group = p.num_heads / p.num_kv_heads;
+  std::vector<double> out(pr.q.size());
+  for (size_t r = 0; r < pr.rows.size(); ++r) {
+    for (int h = 0; h < p.num_heads; ++h) {
+      const int kvh = h / group;
+      const uint16_t* q = pr.q.data() + (r * p.num_heads + h) * p.head_dim;
+      std::vector<double> scores(pr.rows[r].kv_end);
+      double max_score = -1e300;
+      for (int j = 0; j < pr.rows[r].kv_end; ++j) {
+        double dot = 0;
+        for (int i = 0; i < p.head_dim; ++i) {
+          dot += Bf16ToFloat(q[i]) * pr.KvAt(pr.k, pr.slots[r][j], kvh, i);
+        }
+        scores[j] = dot * p.scale;
+        max_score = std::max(max_score, scores[j]);
+      }
+      double sum = 0;
+      for (double& s : scores) sum += (s = std::exp(s - max_score));
+      for (int i = 0; i < p.head_dim; ++i) {
+        double acc = 0;
+        for (int j = 0; j < pr.rows[r].kv_end; ++j) {
+          acc += scores[j] * pr.KvAt(pr.v, pr.slots[r][j], kvh, i);
+        }
+        out[(r * p.num_heads + h) * p.head_dim + i] = acc / sum;
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<uint16_t> RunFull(const Problem& pr) {
+  const size_t n = pr.rows.size();
+  std::vector<float> state(n * pr.p.num_heads * (pr.p.head_dim + 2));
+  std::vector<uint16_t> out(n * pr.p.num_heads * pr.p.head_dim);
+  EXPECT_EQ(Attention(pr.p, n, pr.q.data(), pr.rows.data(), pr.k.data(), pr.v.data(), state.data(),
+                      out.data()),
+            kAttentionOk);
+  return out;
+}
+
+std::vector<CpuIsa> SupportedIsas() {
+  std::vector<CpuIsa> isas;
+  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (CpuSupports(isa)) isas.push_back(isa);
+  }
+  return isas;
+}
+
+class AttentionIsaTest : public ::testing::TestWithParam<CpuIsa> {
+ protected:
+  void SetUp() override {
+    saved_ = ActiveCpuIsa();
+    ASSERT_TRUE(ForceCpuIsa(GetParam()));
+  }
+  void TearDown() override { ForceCpuIsa(saved_); }
+  CpuIsa saved_;
+};
+
+struct Shape {
+  int heads, kv_heads, dim;
+  KvDType dtype;
+};
+
+TEST_P(AttentionIsaTest, MatchesDoublePrecisionReference) {
+  const std::vector<Shape> shapes = {
+      {4, 4, 64, KvDType::kBF16},  {8, 2, 64, KvDType::kBF16},  {8, 1, 128, KvDType::kBF16},
+      {4, 2, 128, KvDType::kF16},  {2, 2, 80, KvDType::kBF16},  {4, 1, 256, KvDType::kF16},
+      {16, 2, 64, KvDType::kF16},
+  };
+  uint32_t seed = 1;
+  for (const Shape& s : shapes) {
+    Problem pr = MakeProblem(s.heads, s.kv_heads, s.dim, {1, 5, 63, 64, 65, 200, 517}, s.dtype,
+                             seed++);
+    const std::vector<uint16_t> got = RunFull(pr);
+    const std::vector<double> want = Reference(pr);
+    double max_err = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      max_err = std::max(max_err, std::abs(Bf16ToFloat(got[i]) - want[i]));
+    }
+    // Outputs are averages of N(0,1) values stored as bf16: 2^-8 relative rounding, plus
+    // float accumulation.
+    EXPECT_LT(max_err, 1.5e-2) << "heads=" << s.heads << " kv=" << s.kv_heads
+                               << " dim=" << s.dim << " isa=" << CpuIsaName(GetParam());
+  }
+}
+
+TEST_P(AttentionIsaTest, RowAloneEqualsRowInBatch) {
+  Problem batch = MakeProblem(8, 2, 64, {3, 70, 129, 300, 64, 1, 257}, KvDType::kBF16, 11);
+  const std::vector<uint16_t> all = RunFull(batch);
+  const size_t row_elems = 8 * 64;
+  for (size_t r = 0; r < batch.rows.size(); ++r) {
+    Problem single = batch;
+    single.rows = {batch.rows[r]};
+    single.q.assign(batch.q.begin() + r * row_elems, batch.q.begin() + (r + 1) * row_elems);
+    const std::vector<uint16_t> alone = RunFull(single);
+    ASSERT_EQ(std::memcmp(alone.data(), all.data() + r * row_elems, row_elems * 2), 0)
+        << "row " << r;
+  }
+}
+
+// The memory node folds the cached prefix's tiles; the compute node continues the same
+// state with the rest. The result must equal one uninterrupted fold.
+TEST_P(AttentionIsaTest, ContinuedFoldEqualsWholeFold) {
+  for (int kv_end : {65, 128, 300, 1000}) {
+    Problem pr = MakeProblem(4, 2, 128, {kv_end}, KvDType::kBF16, kv_end);
+    const std::vector<uint16_t> whole = RunFull(pr);
+    const int tiles = AttentionNumTiles(kv_end);
+    for (int split = 0; split <= tiles; ++split) {
+      std::vector<float> state(4 * 130);
+      AttentionStateInit(pr.p, 1, state.data());
+      AttentionRow first = pr.rows[0];
+      first.tile_begin = 0;
+      first.tile_end = split;
+      ASSERT_EQ(AttentionFold(pr.p, 1, pr.q.data(), &first, pr.k.data(), pr.v.data(), state.data()),
+                kAttentionOk);
+      AttentionRow rest = pr.rows[0];
+      rest.tile_begin = split;
+      rest.tile_end = tiles;
+      ASSERT_EQ(AttentionFold(pr.p, 1, pr.q.data(), &rest, pr.k.data(), pr.v.data(), state.data()),
+                kAttentionOk);
+      std::vector<uint16_t> out(4 * 128);
+      AttentionFinish(pr.p, 1, state.data(), out.data());
+      ASSERT_EQ(std::memcmp(out.data(), whole.data(), out.size() * 2), 0)
+          << "kv_end=" << kv_end << " split after tile " << split;
+    }
+  }
+}
+
+// A prefill row at position p (kv_end = p + 1) and a decode of position p are the same
+// computation: their outputs must be bit-identical even though the slot tables of the
+// two rows differ beyond p.
+TEST_P(AttentionIsaTest, PrefillRowEqualsDecodeAtSamePosition) {
+  Problem pr = MakeProblem(4, 4, 64, {200}, KvDType::kBF16, 5);
+  // Rows 0..199 of a prefill chunk: one query row per position, same q for comparison.
+  Problem prefill = pr;
+  prefill.rows.clear();
+  prefill.q.clear();
+  for (int pos = 0; pos < 200; ++pos) {
+    AttentionRow row = pr.rows[0];
+    row.kv_end = pos + 1;
+    row.tile_end = AttentionNumTiles(pos + 1);
+    prefill.rows.push_back(row);
+    prefill.q.insert(prefill.q.end(), pr.q.begin(), pr.q.end());
+  }
+  const std::vector<uint16_t> chunk = RunFull(prefill);
+  for (int pos : {0, 63, 64, 130, 199}) {
+    Problem decode = pr;
+    decode.rows[0].kv_end = pos + 1;
+    const std::vector<uint16_t> one = RunFull(decode);
+    ASSERT_EQ(std::memcmp(one.data(), chunk.data() + pos * 4 * 64, 4 * 64 * 2), 0) << pos;
+  }
+}
+
+// One long row takes the split-K path when threads outnumber (row, KV head) items; in a
+// batch the same row takes the per-item path. Both must give the same bits, for any
+// thread count.
+TEST_P(AttentionIsaTest, SplitKAndThreadCountDoNotChangeBits) {
+  Problem batch = MakeProblem(2, 1, 64, {2000, 10, 20, 30, 40, 50, 60, 70}, KvDType::kBF16, 3);
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const std::vector<uint16_t> reference = RunFull(batch);
+  Problem single = batch;
+  single.rows = {batch.rows[0]};
+  single.q.resize(2 * 64);
+  for (int threads : {1, 2, 3, 8}) {
+    omp_set_num_threads(threads);
+    const std::vector<uint16_t> alone = RunFull(single);  // split-K when threads > 1
+    EXPECT_EQ(std::memcmp(alone.data(), reference.data(), alone.size() * 2), 0) << threads;
+    const std::vector<uint16_t> in_batch = RunFull(batch);
+    EXPECT_EQ(in_batch, reference) << threads;
+  }
+  omp_set_num_threads(saved_threads);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, AttentionIsaTest, ::testing::ValuesIn(SupportedIsas()),
+                         [](const auto& info) { return CpuIsaName(info.param); });
+
+TEST(Attention, MergeStatesOfDisjointTilesMatchesReference) {
+  // Two partial states over disjoint key sets merge to the attention over their union.
+  Problem pr = MakeProblem(2, 2, 64, {256}, KvDType::kBF16, 9);
+  std::vector<float> a(2 * 66), b(2 * 66);
+  AttentionStateInit(pr.p, 1, a.data());
+  AttentionStateInit(pr.p, 1, b.data());
+  AttentionRow row = pr.rows[0];
+  row.tile_begin = 0;
+  row.tile_end = 2;
+  ASSERT_EQ(AttentionFold(pr.p, 1, pr.q.data(), &row, pr.k.data(), pr.v.data(), a.data()), 0);
+  row.tile_begin = 2;
+  row.tile_end = 4;
+  ASSERT_EQ(AttentionFold(pr.p, 1, pr.q.data(), &row, pr.k.data(), pr.v.data(), b.data()), 0);
+  AttentionMergeStates(pr.p, 1, b.data(), a.data());
+  std::vector<uint16_t> out(2 * 64);
+  AttentionFinish(pr.p, 1, a.data(), out.data());
+  const std::vector<double> want = Reference(pr);
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(Bf16ToFloat(out[i]), want[i], 1.5e-2);
+}
+
+TEST(Attention, RejectsBadShapesAndRows) {
+  Problem pr = MakeProblem(4, 2, 64, {10}, KvDType::kBF16, 1);
+  std::vector<float> state(4 * 66);
+  std::vector<uint16_t> out(4 * 64);
+  AttentionParams bad = pr.p;
+  bad.num_kv_heads = 3;
+  EXPECT_EQ(Attention(bad, 1, pr.q.data(), pr.rows.data(), pr.k.data(), pr.v.data(), state.data(),
+                      out.data()),
+            kAttentionBadShape);
+  bad = pr.p;
+  bad.head_dim = 72;
+  EXPECT_EQ(Attention(bad, 1, pr.q.data(), pr.rows.data(), pr.k.data(), pr.v.data(), state.data(),
+                      out.data()),
+            kAttentionBadShape);
+  AttentionRow row = pr.rows[0];
+  row.tile_end = 5;  // beyond the tiles that cover kv_end = 10
+  AttentionStateInit(pr.p, 1, state.data());
+  EXPECT_EQ(AttentionFold(pr.p, 1, pr.q.data(), &row, pr.k.data(), pr.v.data(), state.data()),
+            kAttentionBadRow);
+}
+
+}  // namespace
+}  // namespace strata::kernels

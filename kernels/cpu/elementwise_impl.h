@@ -1,0 +1,107 @@
+// The elementwise algorithms over a SIMD Ops traits type (simd_ops.h), instantiated per
+// instruction set. Private to kernels/cpu; see elementwise.h for the contracts.
+#ifndef STRATA_KERNELS_CPU_ELEMENTWISE_IMPL_H_
+#define STRATA_KERNELS_CPU_ELEMENTWISE_IMPL_H_
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/base/bfloat16.h"
+#include "kernels/cpu/simd_ops.h"
+
+namespace strata::kernels::elementwise_internal {
+
+// Rows are independent; small batches stay on the calling thread.
+inline bool Parallel(int rows, int64_t row_elements) {
+  return static_cast<int64_t>(rows) * row_elements >= 16384;
+}
+
+template <class Ops>
+void RmsNorm(int rows, int dim, const float* x, const float* weight, float eps, uint16_t* out) {
+  constexpr int L = Ops::kLanes;
+  const int vec_end = dim / L * L;
+#pragma omp parallel for schedule(static) if (Parallel(rows, dim))
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + static_cast<int64_t>(r) * dim;
+    uint16_t* o = out + static_cast<int64_t>(r) * dim;
+    typename Ops::V acc = Ops::Zero();
+    for (int i = 0; i < vec_end; i += L) {
+      const typename Ops::V v = Ops::Load(xr + i);
+      acc = Ops::Fma(v, v, acc);
+    }
+    float sum = Ops::ReduceAdd(acc);
+    for (int i = vec_end; i < dim; ++i) sum += xr[i] * xr[i];
+    const float inv_rms = 1.0f / std::sqrt(sum / static_cast<float>(dim) + eps);
+    const typename Ops::V scale = Ops::Set1(inv_rms);
+    for (int i = 0; i < vec_end; i += L) {
+      Ops::StoreBf16(o + i, Ops::Mul(Ops::Mul(Ops::Load(xr + i), scale), Ops::Load(weight + i)));
+    }
+    for (int i = vec_end; i < dim; ++i) o[i] = FloatToBf16(xr[i] * inv_rms * weight[i]);
+  }
+}
+
+template <class Ops>
+void SiluMul(int rows, int ffn, const float* gate_up, uint16_t* out) {
+  constexpr int L = Ops::kLanes;
+  const int vec_end = ffn / L * L;
+  const typename Ops::V one = Ops::Set1(1.0f);
+  const typename Ops::V zero = Ops::Zero();
+#pragma omp parallel for schedule(static) if (Parallel(rows, ffn))
+  for (int r = 0; r < rows; ++r) {
+    const float* g = gate_up + static_cast<int64_t>(r) * 2 * ffn;
+    const float* u = g + ffn;
+    uint16_t* o = out + static_cast<int64_t>(r) * ffn;
+    for (int i = 0; i < vec_end; i += L) {
+      const typename Ops::V gv = Ops::Load(g + i);
+      const typename Ops::V silu = Ops::Div(gv, Ops::Add(one, Ops::Exp(Ops::Sub(zero, gv))));
+      Ops::StoreBf16(o + i, Ops::Mul(silu, Ops::Load(u + i)));
+    }
+    for (int i = vec_end; i < ffn; ++i) {
+      o[i] = FloatToBf16(g[i] / (1.0f + std::exp(-g[i])) * u[i]);
+    }
+  }
+}
+
+template <class Ops>
+void ApplyRope(int rows, int num_heads, int head_dim, int64_t row_stride, const int32_t* positions,
+               const float* cos, const float* sin, float* x) {
+  constexpr int L = Ops::kLanes;
+  const int half = head_dim / 2;
+  const int vec_end = half / L * L;
+#pragma omp parallel for schedule(static) if (Parallel(rows, num_heads * head_dim))
+  for (int r = 0; r < rows; ++r) {
+    const float* c = cos + static_cast<int64_t>(positions[r]) * half;
+    const float* s = sin + static_cast<int64_t>(positions[r]) * half;
+    for (int h = 0; h < num_heads; ++h) {
+      float* x1 = x + r * row_stride + static_cast<int64_t>(h) * head_dim;
+      float* x2 = x1 + half;
+      for (int i = 0; i < vec_end; i += L) {
+        const typename Ops::V a = Ops::Load(x1 + i);
+        const typename Ops::V b = Ops::Load(x2 + i);
+        const typename Ops::V cv = Ops::Load(c + i);
+        const typename Ops::V sv = Ops::Load(s + i);
+        Ops::Store(x1 + i, Ops::Sub(Ops::Mul(a, cv), Ops::Mul(b, sv)));
+        Ops::Store(x2 + i, Ops::Add(Ops::Mul(b, cv), Ops::Mul(a, sv)));
+      }
+      for (int i = vec_end; i < half; ++i) {
+        const float a = x1[i];
+        const float b = x2[i];
+        x1[i] = a * c[i] - b * s[i];
+        x2[i] = b * c[i] + a * s[i];
+      }
+    }
+  }
+}
+
+template <class Ops>
+void ConvertToBf16(int64_t n, const float* in, uint16_t* out) {
+  constexpr int L = Ops::kLanes;
+  const int64_t vec_end = n / L * L;
+#pragma omp parallel for schedule(static) if (n >= 65536)
+  for (int64_t i = 0; i < vec_end; i += L) Ops::StoreBf16(out + i, Ops::Load(in + i));
+  for (int64_t i = vec_end; i < n; ++i) out[i] = FloatToBf16(in[i]);
+}
+
+}  // namespace strata::kernels::elementwise_internal
+
+#endif  // STRATA_KERNELS_CPU_ELEMENTWISE_IMPL_H_

@@ -1,0 +1,131 @@
+#include "kernels/cpu/elementwise.h"
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "common/base/bfloat16.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/isa.h"
+
+namespace strata::kernels {
+namespace {
+
+std::vector<CpuIsa> SupportedIsas() {
+  std::vector<CpuIsa> isas;
+  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (CpuSupports(isa)) isas.push_back(isa);
+  }
+  return isas;
+}
+
+class ElementwiseTest : public ::testing::TestWithParam<CpuIsa> {
+ protected:
+  void SetUp() override {
+    saved_ = ActiveCpuIsa();
+    ASSERT_TRUE(ForceCpuIsa(GetParam()));
+  }
+  void TearDown() override { ForceCpuIsa(saved_); }
+  CpuIsa saved_;
+  std::mt19937 rng_{42};
+  std::vector<float> Normal(size_t n, float std = 1.0f) {
+    std::normal_distribution<float> d(0.0f, std);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng_);
+    return v;
+  }
+};
+
+// |got - want| within bf16 rounding (2^-8 relative) plus a small absolute slack.
+void ExpectBf16Near(const std::vector<uint16_t>& got, const std::vector<double>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(Bf16ToFloat(got[i]), want[i], std::abs(want[i]) * 4e-3 + 1e-6) << i;
+  }
+}
+
+TEST_P(ElementwiseTest, RmsNormMatchesFormula) {
+  for (int dim : {768, 128, 100, 5}) {
+    const int rows = 9;
+    std::vector<float> x = Normal(rows * dim, 3.0f);
+    std::vector<float> w = Normal(dim);
+    std::vector<uint16_t> out(rows * dim);
+    RmsNorm(rows, dim, x.data(), w.data(), 1e-5f, out.data());
+    std::vector<double> want(rows * dim);
+    for (int r = 0; r < rows; ++r) {
+      double ss = 0;
+      for (int i = 0; i < dim; ++i) ss += double(x[r * dim + i]) * x[r * dim + i];
+      const double inv = 1.0 / std::sqrt(ss / dim + 1e-5);
+      for (int i = 0; i < dim; ++i) want[r * dim + i] = x[r * dim + i] * inv * w[i];
+    }
+    ExpectBf16Near(out, want);
+  }
+}
+
+TEST_P(ElementwiseTest, SiluMulMatchesFormula) {
+  for (int ffn : {2048, 40, 3}) {
+    const int rows = 5;
+    std::vector<float> gu = Normal(rows * 2 * ffn, 4.0f);
+    gu[0] = -100.0f;  // exp overflow side
+    gu[1] = 100.0f;
+    std::vector<uint16_t> out(rows * ffn);
+    SiluMul(rows, ffn, gu.data(), out.data());
+    std::vector<double> want(rows * ffn);
+    for (int r = 0; r < rows; ++r) {
+      for (int i = 0; i < ffn; ++i) {
+        const double g = gu[r * 2 * ffn + i];
+        const double u = gu[r * 2 * ffn + ffn + i];
+        want[r * ffn + i] = g / (1.0 + std::exp(-g)) * u;
+      }
+    }
+    ExpectBf16Near(out, want);
+  }
+}
+
+TEST_P(ElementwiseTest, RopeRotatesHalvesByPositionAngle) {
+  const int heads = 3, dim = 64, half = 32, rows = 4, stride = heads * dim + 16;
+  std::vector<float> x = Normal(rows * stride);
+  const std::vector<float> original = x;
+  const int max_pos = 50;
+  std::vector<float> cos(max_pos * half), sin(max_pos * half);
+  for (int p = 0; p < max_pos; ++p) {
+    for (int i = 0; i < half; ++i) {
+      const double angle = p * std::pow(10000.0, -2.0 * i / dim);
+      cos[p * half + i] = static_cast<float>(std::cos(angle));
+      sin[p * half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+  const std::vector<int32_t> positions = {0, 1, 17, 49};
+  ApplyRope(rows, heads, dim, stride, positions.data(), cos.data(), sin.data(), x.data());
+  for (int r = 0; r < rows; ++r) {
+    for (int h = 0; h < heads; ++h) {
+      for (int i = 0; i < half; ++i) {
+        const double angle = positions[r] * std::pow(10000.0, -2.0 * i / dim);
+        const double a = original[r * stride + h * dim + i];
+        const double b = original[r * stride + h * dim + half + i];
+        EXPECT_NEAR(x[r * stride + h * dim + i], a * std::cos(angle) - b * std::sin(angle), 1e-5);
+        EXPECT_NEAR(x[r * stride + h * dim + half + i], b * std::cos(angle) + a * std::sin(angle),
+                    1e-5);
+      }
+    }
+    // Padding past the heads is untouched.
+    for (int i = heads * dim; i < stride; ++i) EXPECT_EQ(x[r * stride + i], original[r * stride + i]);
+  }
+}
+
+TEST_P(ElementwiseTest, ConvertToBf16IsExactRoundToNearestEven) {
+  std::vector<float> x = Normal(100003, 1e3f);
+  x[0] = std::numeric_limits<float>::quiet_NaN();
+  x[1] = std::numeric_limits<float>::infinity();
+  x[2] = 1.0f + 1.0f / 256;  // tie: rounds to even
+  std::vector<uint16_t> out(x.size());
+  ConvertToBf16(x.size(), x.data(), out.data());
+  EXPECT_TRUE(std::isnan(Bf16ToFloat(out[0])));
+  for (size_t i = 1; i < x.size(); ++i) ASSERT_EQ(out[i], FloatToBf16(x[i])) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, ElementwiseTest, ::testing::ValuesIn(SupportedIsas()),
+                         [](const auto& info) { return CpuIsaName(info.param); });
+
+}  // namespace
+}  // namespace strata::kernels

@@ -1,0 +1,65 @@
+#include "kernels/cpu/isa.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+namespace strata::kernels {
+namespace {
+
+CpuIsa DefaultIsa() {
+  const char* env = std::getenv("STRATA_CPU_ISA");
+  if (env != nullptr) {
+    if (std::strcmp(env, "scalar") == 0) return CpuIsa::kScalar;
+    if (std::strcmp(env, "avx2") == 0 && CpuSupports(CpuIsa::kAvx2)) return CpuIsa::kAvx2;
+    if (std::strcmp(env, "avx512") == 0 && CpuSupports(CpuIsa::kAvx512)) return CpuIsa::kAvx512;
+  }
+  if (CpuSupports(CpuIsa::kAvx512)) return CpuIsa::kAvx512;
+  if (CpuSupports(CpuIsa::kAvx2)) return CpuIsa::kAvx2;
+  return CpuIsa::kScalar;
+}
+
+std::atomic<int>& ActiveStorage() {
+  static std::atomic<int> isa{static_cast<int>(DefaultIsa())};
+  return isa;
+}
+
+}  // namespace
+
+bool CpuSupports(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kScalar:
+      return true;
+    case CpuIsa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    case CpuIsa::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  }
+  return false;
+}
+
+CpuIsa ActiveCpuIsa() {
+  return static_cast<CpuIsa>(ActiveStorage().load(std::memory_order_relaxed));
+}
+
+const char* CpuIsaName(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kScalar:
+      return "scalar";
+    case CpuIsa::kAvx2:
+      return "avx2";
+    case CpuIsa::kAvx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+bool ForceCpuIsa(CpuIsa isa) {
+  if (!CpuSupports(isa)) return false;
+  ActiveStorage().store(static_cast<int>(isa), std::memory_order_relaxed);
+  return true;
+}
+
+}  // namespace strata::kernels
