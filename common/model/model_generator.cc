@@ -47,8 +47,8 @@ ModelConfig BaseConfig() {
 }
 
 // Spread of the generated weights. Projections use 1/sqrt(fan_in) so activations keep
-// unit scale; embeddings and head use 3/sqrt(hidden) so logits have a spread of about 3
-// and greedy choices are well separated.
+// unit scale; embeddings and head use 2/sqrt(hidden) so logits have a spread of about 2,
+// like trained models, and greedy choices are mostly well separated.
 struct Init {
   double std;
   double mean;
@@ -58,7 +58,7 @@ Init InitFor(const std::string& name, const ModelConfig& c, int64_t fan_in) {
   if (name.find("norm") != std::string::npos) return {0.1, 1.0};
   if (name.find("bias") != std::string::npos) return {0.1, 0.0};
   if (name.find("embed_tokens") != std::string::npos || name == "lm_head.weight") {
-    return {3.0 / std::sqrt(static_cast<double>(c.hidden_size)), 0.0};
+    return {2.0 / std::sqrt(static_cast<double>(c.hidden_size)), 0.0};
   }
   return {1.0 / std::sqrt(static_cast<double>(fan_in)), 0.0};
 }

@@ -30,6 +30,11 @@ void SiluMul(int rows, int ffn, const float* gate_up, uint16_t* out);
 void ApplyRope(int rows, int num_heads, int head_dim, int64_t row_stride,
                const int32_t* positions, const float* cos, const float* sin, float* x);
 
+// out[i] = exp((x[i] - shift) * scale): softmax weights of logits at a temperature.
+// Returns the sum of out, accumulated in double in index order.
+//   x, out: [n] f32
+double ExpShifted(int64_t n, const float* x, float shift, float scale, float* out);
+
 // out[i] = bf16(in[i]), round to nearest even.
 //   in: [n] f32, out: [n] bf16
 void ConvertToBf16(int64_t n, const float* in, uint16_t* out);

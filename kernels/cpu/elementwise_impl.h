@@ -94,6 +94,21 @@ void ApplyRope(int rows, int num_heads, int head_dim, int64_t row_stride, const 
 }
 
 template <class Ops>
+double ExpShifted(int64_t n, const float* x, float shift, float scale, float* out) {
+  constexpr int L = Ops::kLanes;
+  const int64_t vec_end = n / L * L;
+  const typename Ops::V vshift = Ops::Set1(shift);
+  const typename Ops::V vscale = Ops::Set1(scale);
+  for (int64_t i = 0; i < vec_end; i += L) {
+    Ops::Store(out + i, Ops::Exp(Ops::Mul(Ops::Sub(Ops::Load(x + i), vshift), vscale)));
+  }
+  for (int64_t i = vec_end; i < n; ++i) out[i] = std::exp((x[i] - shift) * scale);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += out[i];
+  return sum;
+}
+
+template <class Ops>
 void ConvertToBf16(int64_t n, const float* in, uint16_t* out) {
   constexpr int L = Ops::kLanes;
   const int64_t vec_end = n / L * L;

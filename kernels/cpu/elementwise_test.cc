@@ -124,6 +124,25 @@ TEST_P(ElementwiseTest, ConvertToBf16IsExactRoundToNearestEven) {
   for (size_t i = 1; i < x.size(); ++i) ASSERT_EQ(out[i], FloatToBf16(x[i])) << i;
 }
 
+TEST_P(ElementwiseTest, ExpShiftedMatchesLibm) {
+  std::vector<float> x = Normal(1003, 20.0f);
+  x[0] = -std::numeric_limits<float>::infinity();
+  std::vector<float> out(x.size());
+  const float shift = 5.0f, scale = 0.8f;
+  const double sum = ExpShifted(x.size(), x.data(), shift, scale, out.data());
+  double want_sum = 0;
+  EXPECT_EQ(out[0], 0.0f);
+  for (size_t i = 1; i < x.size(); ++i) {
+    // The kernel's argument is computed in float; the exp itself must be within 2e-6.
+    const float arg = (x[i] - shift) * scale;
+    const double want = std::exp(static_cast<double>(arg));
+    want_sum += want;
+    if (want < 1e-37) continue;  // below float's normal range: may flush to zero
+    ASSERT_NEAR(out[i], want, want * 2e-6) << x[i];
+  }
+  EXPECT_NEAR(sum, want_sum, want_sum * 2e-6);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllIsas, ElementwiseTest, ::testing::ValuesIn(SupportedIsas()),
                          [](const auto& info) { return CpuIsaName(info.param); });
 

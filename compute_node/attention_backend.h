@@ -1,0 +1,45 @@
+// Where a compute node's attention runs: locally over its own KV cache (co-located mode)
+// or on memory nodes over the transport (disaggregated mode). The forward pass calls it
+// once per layer between PreAttention and PostAttention.
+#ifndef STRATA_COMPUTE_NODE_ATTENTION_BACKEND_H_
+#define STRATA_COMPUTE_NODE_ATTENTION_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "common/kv/attention_engine.h"
+#include "common/kv/step_plan.h"
+#include "compute_node/model_runner.h"
+
+namespace strata {
+
+class AttentionBackend {
+ public:
+  virtual ~AttentionBackend() = default;
+  // Once per step, before layer 0. The plan's rows are the batch's rows, in order.
+  virtual absl::Status BeginStep(const StepKvPlan& plan) = 0;
+  // Reads b.q, b.k, b.v for rows [0, m) and writes b.attn.
+  virtual absl::Status Attend(int layer, BatchBuffers& b, int64_t m) = 0;
+};
+
+// Co-located mode: the memory node's AttentionEngine, in process.
+class LocalAttention : public AttentionBackend {
+ public:
+  static absl::StatusOr<std::unique_ptr<LocalAttention>> Create(const ModelConfig& config,
+                                                                 int64_t num_slots, bool prefault);
+  absl::Status BeginStep(const StepKvPlan& plan) override;
+  absl::Status Attend(int layer, BatchBuffers& b, int64_t m) override;
+  AttentionEngine& engine() { return *engine_; }
+
+ private:
+  std::unique_ptr<AttentionEngine> engine_;
+};
+
+// Runs embedding and every layer for the batch (no logits).
+absl::Status ForwardLayers(const ModelRunner& runner, AttentionBackend& attention,
+                           BatchBuffers& b, const StepKvPlan& plan, const int32_t* tokens);
+
+}  // namespace strata
+
+#endif  // STRATA_COMPUTE_NODE_ATTENTION_BACKEND_H_

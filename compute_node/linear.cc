@@ -1,0 +1,144 @@
+#include "compute_node/linear.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/bfloat16.h"
+#include "common/base/logging.h"
+
+namespace strata {
+namespace {
+
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+
+// Converts a checkpoint tensor (F32/F16/BF16) into bf16 at `out`.
+void ToBf16(const TensorView& view, uint16_t* out) {
+  const int64_t n = view.num_elements();
+  if (view.dtype_name == "BF16") {
+    std::memcpy(out, view.data, n * 2);
+  } else if (view.dtype_name == "F16") {
+    const auto* in = reinterpret_cast<const uint16_t*>(view.data);
+    for (int64_t i = 0; i < n; ++i) out[i] = FloatToBf16(F16ToFloat(in[i]));
+  } else {
+    const auto* in = reinterpret_cast<const float*>(view.data);
+    for (int64_t i = 0; i < n; ++i) out[i] = FloatToBf16(in[i]);
+  }
+}
+
+float ElementAsFloat(const TensorView& view, int64_t i) {
+  if (view.dtype_name == "BF16") return Bf16ToFloat(reinterpret_cast<const uint16_t*>(view.data)[i]);
+  if (view.dtype_name == "F16") return F16ToFloat(reinterpret_cast<const uint16_t*>(view.data)[i]);
+  return reinterpret_cast<const float*>(view.data)[i];
+}
+
+}  // namespace
+
+dnnl::engine& CpuEngine() {
+  static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  return *engine;
+}
+
+int64_t RowsCapacity(int64_t m) {
+  if (m <= 16) return m;
+  if (m <= 128) return (m + 7) / 8 * 8;
+  if (m <= 512) return (m + 31) / 32 * 32;
+  return (m + 127) / 128 * 128;
+}
+
+absl::StatusOr<std::unique_ptr<Linear>> Linear::Create(
+    const std::vector<const TensorView*>& parts, const std::vector<const TensorView*>& bias_parts,
+    int64_t in_features) {
+  auto linear = std::unique_ptr<Linear>(new Linear);
+  linear->in_ = in_features;
+  for (const TensorView* part : parts) {
+    CHECK_EQ(part->shape.size(), 2u);
+    CHECK_EQ(part->shape[1], in_features);
+    linear->out_ += part->shape[0];
+  }
+  const int64_t in = linear->in_;
+  const int64_t out = linear->out_;
+  // Stack the parts into one plain bf16 [out][in] buffer, which is the [K][N] matrix
+  // W^T in oneDNN's "ba" (column-major) order.
+  std::vector<uint16_t> plain(static_cast<size_t>(out) * in);
+  int64_t row = 0;
+  for (const TensorView* part : parts) {
+    ToBf16(*part, plain.data() + row * in);
+    row += part->shape[0];
+  }
+  dnnl::engine& engine = CpuEngine();
+  dnnl::stream stream(engine);
+  const dnnl::memory::desc plain_desc({in, out}, dt::bf16, tag::ba);
+  dnnl::memory plain_mem(plain_desc, engine, plain.data());
+  // Let oneDNN pick the weight layout for a representative M; tests check that the same
+  // layout serves every M.
+  const dnnl::memory::desc src_desc({16, in}, dt::bf16, tag::ab);
+  const dnnl::memory::desc any_weights({in, out}, dt::bf16, tag::any);
+  const dnnl::memory::desc dst_desc({16, out}, dt::f32, tag::ab);
+  try {
+    auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(src_desc, any_weights, dst_desc),
+                                           engine);
+    linear->weight_desc_ = pd.weights_desc();
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(absl::StrCat("oneDNN matmul for [", in, " x ", out, "]: ", e.what()));
+  }
+  linear->weight_ = dnnl::memory(linear->weight_desc_, engine);
+  dnnl::reorder(plain_mem, linear->weight_).execute(stream, plain_mem, linear->weight_);
+  stream.wait();
+  linear->weight_bytes_ = linear->weight_desc_.get_size();
+
+  if (!bias_parts.empty()) {
+    linear->has_bias_ = true;
+    linear->bias_ = dnnl::memory({{1, out}, dt::f32, tag::ab}, engine);
+    auto* bias = static_cast<float*>(linear->bias_.get_data_handle());
+    int64_t offset = 0;
+    for (const TensorView* part : bias_parts) {
+      for (int64_t i = 0; i < part->num_elements(); ++i) bias[offset + i] = ElementAsFloat(*part, i);
+      offset += part->num_elements();
+    }
+    CHECK_EQ(offset, out);
+  }
+  return linear;
+}
+
+const Linear::Primitives& Linear::PrimitivesFor(int64_t bucket_m) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& slot = primitives_[bucket_m];
+  if (slot == nullptr) {
+    dnnl::engine& engine = CpuEngine();
+    const dnnl::memory::desc src_desc({bucket_m, in_}, dt::bf16, tag::ab);
+    const dnnl::memory::desc dst_desc({bucket_m, out_}, dt::f32, tag::ab);
+    const dnnl::memory::desc bias_desc =
+        has_bias_ ? dnnl::memory::desc({1, out_}, dt::f32, tag::ab) : dnnl::memory::desc();
+    auto make = [&](bool accumulate) {
+      dnnl::primitive_attr attr;
+      if (accumulate) {
+        dnnl::post_ops ops;
+        ops.append_sum(1.0f);
+        attr.set_post_ops(ops);
+      }
+      auto desc = has_bias_ ? dnnl::matmul::desc(src_desc, weight_desc_, bias_desc, dst_desc)
+                            : dnnl::matmul::desc(src_desc, weight_desc_, dst_desc);
+      return dnnl::matmul(dnnl::matmul::primitive_desc(desc, attr, engine));
+    };
+    slot = std::make_unique<Primitives>(Primitives{make(false), make(true)});
+  }
+  return *slot;
+}
+
+void Linear::Forward(int64_t m, const uint16_t* x, float* y, bool accumulate) const {
+  if (m <= 0) return;
+  const int64_t bucket = RowsCapacity(m);
+  const Primitives& prims = PrimitivesFor(bucket);
+  dnnl::engine& engine = CpuEngine();
+  dnnl::stream stream(engine);
+  dnnl::memory src({{bucket, in_}, dt::bf16, tag::ab}, engine, const_cast<uint16_t*>(x));
+  dnnl::memory dst({{bucket, out_}, dt::f32, tag::ab}, engine, y);
+  std::unordered_map<int, dnnl::memory> args = {
+      {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weight_}, {DNNL_ARG_DST, dst}};
+  if (has_bias_) args[DNNL_ARG_BIAS] = bias_;
+  (accumulate ? prims.accumulate : prims.assign).execute(stream, args);
+  stream.wait();
+}
+
+}  // namespace strata

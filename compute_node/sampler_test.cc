@@ -1,0 +1,208 @@
+#include "compute_node/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+std::vector<float> RandomLogits(int n, uint32_t seed, float scale = 2.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = normal(rng);
+  return v;
+}
+
+// Draws many tokens (one per output position) and returns empirical frequencies.
+std::map<int32_t, double> Frequencies(const std::vector<float>& logits, const SamplingParams& p,
+                                      int draws) {
+  std::map<int32_t, double> freq;
+  SampleInput in;
+  in.params = &p;
+  for (int i = 0; i < draws; ++i) {
+    in.output_position = i;
+    freq[Sample(logits.data(), logits.size(), in).token] += 1.0 / draws;
+  }
+  return freq;
+}
+
+// Independent target distribution: softmax(logits / t) restricted to `keep`, renormalised.
+std::vector<double> Target(const std::vector<float>& logits, float t, const std::vector<bool>& keep) {
+  std::vector<double> p(logits.size(), 0.0);
+  double z = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (keep[i]) z += (p[i] = std::exp(logits[i] / static_cast<double>(t)));
+  }
+  for (double& x : p) x /= z;
+  return p;
+}
+
+void ExpectMatches(const std::map<int32_t, double>& freq, const std::vector<double>& target,
+                   int draws) {
+  for (size_t i = 0; i < target.size(); ++i) {
+    const double got = freq.count(i) ? freq.at(i) : 0.0;
+    const double sigma = std::sqrt(target[i] * (1 - target[i]) / draws);
+    EXPECT_NEAR(got, target[i], 5 * sigma + 1e-9) << "token " << i;
+  }
+}
+
+TEST(Sampler, GreedyTakesArgmaxAndLowestIdOnTies) {
+  std::vector<float> logits = {0.5f, 3.0f, 3.0f, -1.0f};
+  SamplingParams p;
+  p.temperature = 0.0f;
+  SampleInput in;
+  in.params = &p;
+  EXPECT_EQ(Sample(logits.data(), 4, in).token, 1);
+}
+
+TEST(Sampler, TemperatureSamplingFollowsSoftmax) {
+  const std::vector<float> logits = RandomLogits(12, 1);
+  SamplingParams p;
+  p.temperature = 0.7f;
+  p.seed = 99;
+  const int draws = 40000;
+  ExpectMatches(Frequencies(logits, p, draws), Target(logits, 0.7f, std::vector<bool>(12, true)),
+                draws);
+}
+
+TEST(Sampler, TopKAndTopPAndMinPRestrictTheSupport) {
+  const std::vector<float> logits = RandomLogits(40, 2);
+  std::vector<int32_t> order(40);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+  const int draws = 30000;
+  {
+    SamplingParams p;
+    p.top_k = 5;
+    std::vector<bool> keep(40, false);
+    for (int i = 0; i < 5; ++i) keep[order[i]] = true;
+    ExpectMatches(Frequencies(logits, p, draws), Target(logits, 1.0f, keep), draws);
+  }
+  {
+    SamplingParams p;
+    p.top_p = 0.6f;
+    // Nucleus: the smallest best-first prefix whose probability reaches 0.6.
+    const std::vector<double> full = Target(logits, 1.0f, std::vector<bool>(40, true));
+    std::vector<bool> keep(40, false);
+    double mass = 0;
+    for (int32_t t : order) {
+      keep[t] = true;
+      mass += full[t];
+      if (mass >= 0.6) break;
+    }
+    ExpectMatches(Frequencies(logits, p, draws), Target(logits, 1.0f, keep), draws);
+  }
+  {
+    SamplingParams p;
+    p.min_p = 0.2f;
+    const std::vector<double> full = Target(logits, 1.0f, std::vector<bool>(40, true));
+    const double best = *std::max_element(full.begin(), full.end());
+    std::vector<bool> keep(40);
+    for (int i = 0; i < 40; ++i) keep[i] = full[i] >= 0.2 * best;
+    ExpectMatches(Frequencies(logits, p, draws), Target(logits, 1.0f, keep), draws);
+  }
+}
+
+TEST(Sampler, TopPOnALargeVocabularyUsesTheSameNucleus) {
+  // 50k tokens: the partial-sort shortcut must give what a full sort gives.
+  const std::vector<float> logits = RandomLogits(50000, 3, 1.0f);
+  SamplingParams p;
+  p.top_p = 0.9f;
+  p.seed = 5;
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(),
+            [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  const std::vector<double> full = Target(logits, 1.0f, std::vector<bool>(logits.size(), true));
+  std::vector<bool> keep(logits.size(), false);
+  double mass = 0;
+  for (int32_t t : order) {
+    keep[t] = true;
+    mass += full[t];
+    if (mass >= 0.9) break;
+  }
+  SampleInput in;
+  in.params = &p;
+  for (int i = 0; i < 200; ++i) {
+    in.output_position = i;
+    const int32_t t = Sample(logits.data(), logits.size(), in).token;
+    ASSERT_TRUE(keep[t]) << "token " << t << " is outside the nucleus";
+  }
+}
+
+TEST(Sampler, SeededDrawsDependOnlyOnSeedSampleAndPosition) {
+  const std::vector<float> logits = RandomLogits(1000, 4, 0.5f);
+  SamplingParams p;
+  p.seed = 1234;
+  SampleInput in;
+  in.params = &p;
+  in.sample_index = 2;
+  in.output_position = 17;
+  const int32_t first = Sample(logits.data(), 1000, in).token;
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(Sample(logits.data(), 1000, in).token, first);
+  EXPECT_EQ(CounterUniform(1, 2, 3), CounterUniform(1, 2, 3));
+  EXPECT_NE(CounterUniform(1, 2, 3), CounterUniform(1, 2, 4));
+  EXPECT_NE(CounterUniform(1, 2, 3), CounterUniform(1, 3, 3));
+  EXPECT_NE(CounterUniform(1, 2, 3), CounterUniform(2, 2, 3));
+  // Uniformity of the draws.
+  double sum = 0;
+  for (int i = 0; i < 100000; ++i) sum += CounterUniform(7, 0, i);
+  EXPECT_NEAR(sum / 100000, 0.5, 0.005);
+}
+
+TEST(Sampler, PenaltiesBiasAndBans) {
+  std::vector<float> logits = {2.0f, 1.9f, -0.5f, 0.0f};
+  SamplingParams p;
+  p.temperature = 0.0f;
+  SampleInput in;
+  in.params = &p;
+  std::unordered_map<int32_t, int32_t> outputs = {{0, 3}};
+  in.output_counts = &outputs;
+  // Repetition penalty divides positive logits of seen tokens: 2.0 / 1.5 < 1.9.
+  p.repetition_penalty = 1.5f;
+  EXPECT_EQ(Sample(logits.data(), 4, in).token, 1);
+  p.repetition_penalty = 1.0f;
+  // Frequency penalty: 2.0 - 3 * 0.1 = 1.7 < 1.9.
+  p.frequency_penalty = 0.1f;
+  EXPECT_EQ(Sample(logits.data(), 4, in).token, 1);
+  p.frequency_penalty = 0.0f;
+  p.presence_penalty = 0.05f;  // 1.95 > 1.9: still token 0
+  EXPECT_EQ(Sample(logits.data(), 4, in).token, 0);
+  p.presence_penalty = 0.0f;
+  p.logit_bias = {{3, 5.0f}};
+  EXPECT_EQ(Sample(logits.data(), 4, in).token, 3);
+  p.logit_bias.clear();
+  std::vector<int32_t> banned = {0, 1};
+  in.banned = &banned;
+  EXPECT_EQ(Sample(logits.data(), 4, in).token, 3);
+}
+
+TEST(Sampler, LogprobsAreRawLogSoftmax) {
+  const std::vector<float> logits = RandomLogits(100, 5);
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.num_logprobs = 3;
+  p.logit_bias = {{7, 100.0f}};  // changes the choice, not the reported distribution
+  SampleInput in;
+  in.params = &p;
+  SampleOutput out = Sample(logits.data(), 100, in);
+  EXPECT_EQ(out.token, 7);
+  double z = 0;
+  for (float l : logits) z += std::exp(static_cast<double>(l));
+  EXPECT_NEAR(out.logprob, logits[7] - std::log(z), 1e-5);
+  ASSERT_EQ(out.top_logprobs.size(), 3u);
+  const int32_t best = std::max_element(logits.begin(), logits.end()) - logits.begin();
+  EXPECT_EQ(out.top_logprobs[0].first, best);
+  EXPECT_NEAR(out.top_logprobs[0].second, logits[best] - std::log(z), 1e-5);
+  EXPECT_GE(out.top_logprobs[0].second, out.top_logprobs[1].second);
+  EXPECT_GE(out.top_logprobs[1].second, out.top_logprobs[2].second);
+}
+
+}  // namespace
+}  // namespace strata
