@@ -18,22 +18,9 @@
 #include <utility>
 #include <vector>
 
+#include "common/protocol/sampling_params.h"
+
 namespace strata {
-
-struct SamplingParams {
-  float temperature = 1.0f;  // < 1e-5: greedy
-  float top_p = 1.0f;        // (0, 1]
-  int32_t top_k = 0;         // <= 0: all tokens
-  float min_p = 0.0f;        // [0, 1]
-  float presence_penalty = 0.0f;
-  float frequency_penalty = 0.0f;
-  float repetition_penalty = 1.0f;  // > 0; 1 = off
-  std::vector<std::pair<int32_t, float>> logit_bias;
-  uint64_t seed = 0;
-  int32_t num_logprobs = -1;  // -1: none; 0: the sampled token's; k: plus the top k
-
-  bool greedy() const { return temperature < 1e-5f; }
-};
 
 // What a row's sampling may look at besides its logits.
 struct SampleInput {

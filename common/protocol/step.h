@@ -1,0 +1,100 @@
+// One step of one batch, as the scheduler plans it and a compute node executes it. Plain
+// structs; the gRPC edge converts them to and from proto/control.proto (step_proto.h).
+//
+// A plan carries diffs (ARCHITECTURE.md): a request's fixed data (sampling parameters,
+// prompt length) once in `setups`; its KV slot extents as they grow in `assignments`; the
+// rows to compute in `chunks`; and, once it is done, a `release` that drops its caches on
+// the compute node and its slot table on the memory node that held it.
+#ifndef STRATA_COMMON_PROTOCOL_STEP_H_
+#define STRATA_COMMON_PROTOCOL_STEP_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/protocol/sampling_params.h"
+
+namespace strata {
+
+// Index of a KV pool: a memory node, or (co-located mode) the compute node's own cache.
+using PoolIndex = uint32_t;
+
+struct RequestSetup {
+  uint64_t request_id = 0;
+  SamplingParams sampling;
+  int32_t prompt_len = 0;
+  uint64_t parent_request_id = 0;  // n > 1: share the parent's prompt history
+};
+
+struct PoolSlotAssignment {
+  uint64_t request_id = 0;
+  PoolIndex pool = 0;
+  int32_t start = 0;
+  std::vector<int32_t> slots;
+};
+
+struct PoolRelease {
+  uint64_t request_id = 0;
+  PoolIndex pool = 0;
+};
+
+struct SampleTarget {
+  uint64_t request_id = 0;
+  uint32_t sample_index = 0;
+  int64_t output_position = 0;
+  std::vector<int32_t> banned_tokens;
+};
+
+struct SequenceChunk {
+  uint64_t request_id = 0;
+  PoolIndex pool = 0;
+  int32_t start_position = 0;
+  std::vector<int32_t> tokens;
+  std::vector<SampleTarget> samples;  // drawn from the last row's logits
+};
+
+struct StepPlan {
+  uint64_t step_id = 0;
+  uint64_t epoch = 0;
+  std::vector<RequestSetup> setups;
+  std::vector<PoolRelease> releases;
+  std::vector<PoolSlotAssignment> assignments;
+  std::vector<SequenceChunk> chunks;
+
+  int64_t num_rows() const {
+    int64_t n = 0;
+    for (const SequenceChunk& c : chunks) n += static_cast<int64_t>(c.tokens.size());
+    return n;
+  }
+};
+
+struct SampledToken {
+  uint64_t request_id = 0;
+  int32_t token = -1;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top_logprobs;
+};
+
+struct StepTiming {
+  uint64_t total_us = 0;
+  uint64_t gemm_us = 0;
+  uint64_t attention_us = 0;
+  uint64_t sample_us = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  uint64_t rows = 0;
+};
+
+struct StepResult {
+  uint64_t step_id = 0;
+  std::vector<SampledToken> tokens;
+  std::vector<std::pair<uint64_t, std::string>> failed;  // request, reason
+  std::vector<PoolIndex> dead_pools;
+  StepTiming timing;
+  std::string error;  // non-empty: the whole step failed
+};
+
+}  // namespace strata
+
+#endif  // STRATA_COMMON_PROTOCOL_STEP_H_

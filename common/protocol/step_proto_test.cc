@@ -1,0 +1,76 @@
+#include "common/protocol/step_proto.h"
+
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+TEST(StepProto, PlanRoundTrip) {
+  StepPlan plan;
+  plan.step_id = 7;
+  plan.epoch = 3;
+  RequestSetup setup;
+  setup.request_id = 11;
+  setup.prompt_len = 5;
+  setup.sampling.temperature = 0.5f;
+  setup.sampling.top_k = 40;
+  setup.sampling.logit_bias = {{3, -1.5f}, {9, 2.0f}};
+  setup.sampling.seed = 99;
+  setup.sampling.num_logprobs = 2;
+  plan.setups.push_back(setup);
+  plan.releases.push_back({4, 1});
+  plan.assignments.push_back({11, 1, 0, {10, 11, 12, 13, 14}});
+  plan.chunks.push_back({11, 1, 0, {1, 2, 3, 4, 5}, {{11, 0, 0, {2}}}});
+  control::StepPlan wire;
+  ToProto(plan, &wire);
+  // Through bytes, as on the network.
+  control::StepPlan parsed;
+  ASSERT_TRUE(parsed.ParseFromString(wire.SerializeAsString()));
+  auto back = FromProto(parsed);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->step_id, 7u);
+  EXPECT_EQ(back->epoch, 3u);
+  ASSERT_EQ(back->setups.size(), 1u);
+  EXPECT_EQ(back->setups[0].sampling.top_k, 40);
+  EXPECT_EQ(back->setups[0].sampling.logit_bias, setup.sampling.logit_bias);
+  EXPECT_EQ(back->releases[0].request_id, 4u);
+  EXPECT_EQ(back->assignments[0].slots, (std::vector<int32_t>{10, 11, 12, 13, 14}));
+  EXPECT_EQ(back->chunks[0].samples[0].banned_tokens, (std::vector<int32_t>{2}));
+  EXPECT_EQ(back->num_rows(), 5);
+}
+
+TEST(StepProto, MalformedPlansAreRejected) {
+  control::StepPlan wire;
+  auto* chunk = wire.add_chunks();
+  chunk->set_request_id(1);  // no tokens
+  EXPECT_FALSE(FromProto(wire).ok());
+  control::StepPlan negative;
+  auto* a = negative.add_assignments();
+  a->set_start(-4);
+  EXPECT_FALSE(FromProto(negative).ok());
+  // Truncated bytes do not parse.
+  control::StepPlan good;
+  good.add_chunks()->add_tokens(5);
+  const std::string bytes = good.SerializeAsString();
+  control::StepPlan cut;
+  EXPECT_FALSE(cut.ParseFromString(bytes.substr(0, bytes.size() - 1)));
+}
+
+TEST(StepProto, ResultRoundTrip) {
+  StepResult r;
+  r.step_id = 2;
+  r.tokens.push_back({5, 42, -0.25f, {{42, -0.25f}, {7, -2.0f}}});
+  r.failed.emplace_back(6, "memory node 1 died");
+  r.dead_pools = {1};
+  r.timing.total_us = 1234;
+  control::StepResult wire;
+  ToProto(r, &wire);
+  StepResult back = FromProto(wire);
+  EXPECT_EQ(back.tokens[0].top_logprobs, r.tokens[0].top_logprobs);
+  EXPECT_EQ(back.failed, r.failed);
+  EXPECT_EQ(back.dead_pools, r.dead_pools);
+  EXPECT_EQ(back.timing.total_us, 1234u);
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,169 @@
+#include "compute_node/step_engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+
+namespace strata {
+namespace {
+
+uint64_t MicrosSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
+                                                               start)
+      .count();
+}
+
+}  // namespace
+
+StepEngine::StepEngine(const ModelRunner* runner, AttentionBackend* attention,
+                       StepEngineOptions options)
+    : runner_(runner),
+      attention_(attention),
+      options_(options),
+      buffers_(runner->config(), options.max_batch_rows) {}
+
+StepResult StepEngine::Execute(const StepPlan& plan) {
+  const auto start = std::chrono::steady_clock::now();
+  StepResult result;
+  result.step_id = plan.step_id;
+  const ModelConfig& config = runner_->config();
+
+  // Releases first, then setups (a re-admitted request is released and set up again).
+  for (const PoolRelease& r : plan.releases) requests_.erase(r.request_id);
+  for (const RequestSetup& s : plan.setups) {
+    RequestCache cache;
+    cache.sampling = s.sampling;
+    cache.prompt_len = s.prompt_len;
+    if (s.parent_request_id != 0) {
+      auto parent = requests_.find(s.parent_request_id);
+      if (parent == requests_.end()) {
+        result.error = absl::StrCat("request ", s.request_id, " names unknown parent ",
+                                    s.parent_request_id);
+        return result;
+      }
+      cache.prompt_counts = parent->second.prompt_counts;
+    } else {
+      cache.prompt_counts = std::make_shared<std::unordered_map<int32_t, int32_t>>();
+    }
+    requests_[s.request_id] = std::move(cache);
+  }
+
+  // Rows, grouped by pool (stable), as the attention side expects.
+  std::vector<const SequenceChunk*> chunks;
+  for (const SequenceChunk& c : plan.chunks) chunks.push_back(&c);
+  std::stable_sort(chunks.begin(), chunks.end(),
+                   [](const SequenceChunk* a, const SequenceChunk* b) { return a->pool < b->pool; });
+  StepKvPlan kv;
+  kv.step_id = plan.step_id;
+  for (const PoolRelease& r : plan.releases) kv.released.push_back(r.request_id);
+  for (const PoolSlotAssignment& a : plan.assignments) {
+    kv.assignments.push_back({a.request_id, a.start, a.slots});
+  }
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> last_rows;  // per chunk with samples
+  std::vector<const SequenceChunk*> sampled_chunks;
+  for (const SequenceChunk* c : chunks) {
+    if (!requests_.count(c->request_id)) {
+      result.error = absl::StrCat("chunk of request ", c->request_id, " before its setup");
+      return result;
+    }
+    const int64_t end = static_cast<int64_t>(c->start_position) + c->tokens.size();
+    if (end > options_.max_positions) {
+      result.error = absl::StrCat("request ", c->request_id, " reaches position ", end,
+                                  " beyond the context of ", options_.max_positions);
+      return result;
+    }
+    for (size_t i = 0; i < c->tokens.size(); ++i) {
+      const int32_t t = c->tokens[i];
+      if (t < 0 || t >= config.vocab_size) {
+        result.error = absl::StrCat("request ", c->request_id, " has token ", t,
+                                    " outside the vocabulary of ", config.vocab_size);
+        return result;
+      }
+      kv.rows.push_back({c->request_id, c->start_position + static_cast<int32_t>(i), -1});
+      tokens.push_back(t);
+    }
+    if (!c->samples.empty()) {
+      last_rows.push_back(static_cast<int32_t>(tokens.size()) - 1);
+      sampled_chunks.push_back(c);
+    }
+  }
+  const int64_t m = static_cast<int64_t>(tokens.size());
+  if (m > options_.max_batch_rows) {
+    result.error = absl::StrCat("step has ", m, " rows; this node takes at most ",
+                                options_.max_batch_rows);
+    return result;
+  }
+  result.timing.rows = m;
+
+  // Penalty counts from the rows, before sampling (a decode row feeds back the previous
+  // output, which the next draw must see).
+  for (const SequenceChunk* c : chunks) {
+    RequestCache& cache = requests_[c->request_id];
+    if (!cache.sampling.uses_penalties()) continue;
+    for (size_t i = 0; i < c->tokens.size(); ++i) {
+      if (c->start_position + static_cast<int32_t>(i) < cache.prompt_len) {
+        ++(*cache.prompt_counts)[c->tokens[i]];
+      } else {
+        ++cache.output_counts[c->tokens[i]];
+      }
+    }
+  }
+
+  if (m > 0) {
+    absl::Status status = ForwardLayers(*runner_, *attention_, buffers_, kv, tokens.data());
+    if (!status.ok()) {
+      result.error = std::string(status.message());
+      return result;
+    }
+  } else {
+    // Nothing to compute, but releases and assignments must still reach the KV side.
+    absl::Status status = attention_->BeginStep(kv);
+    if (!status.ok()) {
+      result.error = std::string(status.message());
+      return result;
+    }
+  }
+  const auto sample_start = std::chrono::steady_clock::now();
+  if (!last_rows.empty()) {
+    const int64_t vocab = config.vocab_size;
+    logits_.resize(RowsCapacity(last_rows.size()) * vocab);
+    runner_->Logits(buffers_, last_rows, logits_.data());
+    struct Job {
+      size_t chunk;
+      const SampleTarget* target;
+    };
+    std::vector<Job> jobs;
+    for (size_t i = 0; i < sampled_chunks.size(); ++i) {
+      for (const SampleTarget& t : sampled_chunks[i]->samples) jobs.push_back({i, &t});
+    }
+    result.tokens.resize(jobs.size());
+    for (const Job& job : jobs) {
+      if (!requests_.count(job.target->request_id)) {
+        result.error = absl::StrCat("sample target ", job.target->request_id, " has no setup");
+        return result;
+      }
+    }
+#pragma omp parallel for schedule(dynamic, 1) if (jobs.size() > 1)
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      const Job& job = jobs[j];
+      const RequestCache& cache = requests_.at(job.target->request_id);
+      SampleInput input;
+      input.params = &cache.sampling;
+      input.sample_index = job.target->sample_index;
+      input.output_position = job.target->output_position;
+      input.prompt_counts = cache.prompt_counts.get();
+      input.output_counts = &cache.output_counts;
+      input.banned = &job.target->banned_tokens;
+      SampleOutput out = Sample(logits_.data() + job.chunk * vocab, static_cast<int32_t>(vocab), input);
+      result.tokens[j] = {job.target->request_id, out.token, out.logprob, std::move(out.top_logprobs)};
+    }
+  }
+  result.timing.sample_us = MicrosSince(sample_start);
+  result.timing.total_us = MicrosSince(start);
+  ++steps_executed_;
+  return result;
+}
+
+}  // namespace strata

@@ -1,0 +1,200 @@
+#include "server/kv_manager.h"
+
+#include <algorithm>
+
+#include "common/base/logging.h"
+
+namespace strata {
+namespace {
+
+uint64_t Mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return x;
+}
+
+}  // namespace
+
+std::vector<uint64_t> BlockHashes(const std::vector<int32_t>& tokens, int block_tokens,
+                                  uint64_t salt) {
+  std::vector<uint64_t> hashes;
+  uint64_t h = Mix(salt ^ 0x6b7659a1c3e8d2f4ull);
+  for (size_t b = 0; (b + 1) * block_tokens <= tokens.size(); ++b) {
+    for (int i = 0; i < block_tokens; ++i) {
+      h = Mix(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(tokens[b * block_tokens + i])) +
+                   0x9e3779b97f4a7c15ull * (i + 1)));
+    }
+    hashes.push_back(h);
+  }
+  return hashes;
+}
+
+KvPool::KvPool(PoolIndex index, int64_t num_slots, int block_tokens)
+    : index_(index), block_tokens_(block_tokens), refcount_(num_slots, 0) {
+  free_.reserve(num_slots);
+  // Pushed in reverse so that the first allocations come out 0, 1, 2, ...
+  for (int64_t s = num_slots - 1; s >= 0; --s) free_.push_back(static_cast<int32_t>(s));
+}
+
+PoolStats KvPool::Stats() const {
+  PoolStats s;
+  s.total_slots = num_slots();
+  s.free_slots = static_cast<int64_t>(free_.size());
+  s.reclaimable_slots = idle_block_slots_;
+  s.used_slots = s.total_slots - s.free_slots - s.reclaimable_slots;
+  s.cached_blocks = static_cast<int64_t>(blocks_.size());
+  s.idle_blocks = static_cast<int64_t>(lru_.size());
+  return s;
+}
+
+bool KvPool::EvictOne() {
+  if (lru_.empty()) return false;
+  const uint64_t hash = lru_.front();
+  lru_.pop_front();
+  auto it = blocks_.find(hash);
+  CHECK(it != blocks_.end());
+  CHECK_EQ(it->second.holders, 0);
+  idle_block_slots_ -= block_tokens_;
+  const std::vector<int32_t> slots = std::move(it->second.slots);
+  blocks_.erase(it);
+  Unref(slots);  // the cache's reference
+  ++evicted_blocks_;
+  return true;
+}
+
+bool KvPool::Allocate(int64_t n, std::vector<int32_t>* out) {
+  if (n > available()) return false;
+  while (static_cast<int64_t>(free_.size()) < n) {
+    CHECK(EvictOne()) << "available() promised " << n << " slots";
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t slot = free_.back();
+    free_.pop_back();
+    CHECK_EQ(refcount_[slot], 0u);
+    refcount_[slot] = 1;
+    out->push_back(slot);
+  }
+  return true;
+}
+
+void KvPool::Ref(const std::vector<int32_t>& slots) {
+  for (int32_t s : slots) {
+    CHECK_GT(refcount_[s], 0u) << "ref of an unowned slot " << s;
+    ++refcount_[s];
+  }
+}
+
+void KvPool::Unref(const std::vector<int32_t>& slots) {
+  for (int32_t s : slots) {
+    CHECK_GT(refcount_[s], 0u) << "double free of slot " << s;
+    if (--refcount_[s] == 0) free_.push_back(s);
+  }
+}
+
+int KvPool::Admit(const std::vector<int32_t>& tokens, const std::vector<uint64_t>& hashes,
+                  int max_blocks, int64_t length, std::vector<int32_t>* table,
+                  std::vector<uint64_t>* held) {
+  const int matched = MatchLength(tokens, hashes, max_blocks);
+  // Taking an idle block removes its slots from what an allocation may reclaim.
+  int64_t idle_taken = 0;
+  for (int b = 0; b < matched; ++b) {
+    if (blocks_.at(hashes[b]).holders == 0) idle_taken += block_tokens_;
+  }
+  const int64_t fresh = length - static_cast<int64_t>(matched) * block_tokens_;
+  if (fresh < 0 || fresh > available() - idle_taken) return -1;
+  TakePrefix(hashes, matched, table);
+  held->insert(held->end(), hashes.begin(), hashes.begin() + matched);
+  CHECK(Allocate(fresh, table));
+  return matched;
+}
+
+int KvPool::MatchLength(const std::vector<int32_t>& tokens, const std::vector<uint64_t>& hashes,
+                        int max_blocks) const {
+  int matched = 0;
+  const int limit = std::min<int>(max_blocks, static_cast<int>(hashes.size()));
+  for (; matched < limit; ++matched) {
+    auto it = blocks_.find(hashes[matched]);
+    if (it == blocks_.end()) break;
+    const int32_t* block = tokens.data() + static_cast<size_t>(matched) * block_tokens_;
+    if (!std::equal(it->second.tokens.begin(), it->second.tokens.end(), block)) break;
+  }
+  return matched;
+}
+
+void KvPool::TakePrefix(const std::vector<uint64_t>& hashes, int num_blocks,
+                        std::vector<int32_t>* slots) {
+  for (int b = 0; b < num_blocks; ++b) {
+    HoldBlock(hashes[b]);
+    const Block& block = blocks_.at(hashes[b]);
+    Ref(block.slots);
+    slots->insert(slots->end(), block.slots.begin(), block.slots.end());
+  }
+}
+
+void KvPool::HoldBlock(uint64_t hash) {
+  Block& block = blocks_.at(hash);
+  if (block.holders++ == 0) {
+    lru_.erase(block.lru_it);
+    idle_block_slots_ -= block_tokens_;
+  }
+}
+
+bool KvPool::InsertBlock(uint64_t hash, const int32_t* tokens, const int32_t* slots) {
+  if (blocks_.count(hash)) return false;
+  for (int i = 0; i < block_tokens_; ++i) {
+    if (refcount_[slots[i]] != 1) return false;  // shared with another request
+  }
+  Block block;
+  block.hash = hash;
+  block.tokens.assign(tokens, tokens + block_tokens_);
+  block.slots.assign(slots, slots + block_tokens_);
+  block.holders = 1;
+  Ref(block.slots);  // the cache's own reference
+  blocks_.emplace(hash, std::move(block));
+  return true;
+}
+
+void KvPool::DropBlock(uint64_t hash) {
+  Block& block = blocks_.at(hash);
+  CHECK_GT(block.holders, 0);
+  if (--block.holders == 0) {
+    lru_.push_back(hash);
+    block.lru_it = std::prev(lru_.end());
+    idle_block_slots_ += block_tokens_;
+  }
+}
+
+bool KvPool::CheckInvariants(const std::vector<int32_t>& external_refs) const {
+  std::vector<uint32_t> expected(refcount_.size(), 0);
+  for (int32_t s : external_refs) ++expected[s];
+  int64_t idle = 0;
+  for (const auto& [hash, block] : blocks_) {
+    for (int32_t s : block.slots) ++expected[s];
+    if (block.holders == 0) idle += block_tokens_;
+  }
+  if (expected != refcount_) return false;
+  // An idle block's slots are referenced by the cache alone, so evicting it frees them.
+  for (const auto& [hash, block] : blocks_) {
+    if (block.holders != 0) continue;
+    for (int32_t s : block.slots) {
+      if (refcount_[s] != 1) return false;
+    }
+  }
+  if (idle != idle_block_slots_ || static_cast<int64_t>(lru_.size()) * block_tokens_ != idle) {
+    return false;
+  }
+  std::vector<bool> in_free(refcount_.size(), false);
+  for (int32_t s : free_) {
+    if (in_free[s] || refcount_[s] != 0) return false;
+    in_free[s] = true;
+  }
+  for (size_t s = 0; s < refcount_.size(); ++s) {
+    if (refcount_[s] == 0 && !in_free[s]) return false;
+  }
+  return true;
+}
+
+}  // namespace strata

@@ -1,0 +1,118 @@
+// The scheduler's KV ledger: the only allocator of KV slots in a strata deployment
+// (ARCHITECTURE.md). Memory nodes (or, in co-located mode, compute nodes) hold the memory
+// and write where step plans tell them; this class decides where.
+//
+// Per pool (a memory node, or a co-located compute node's own cache):
+//   - token-granular slots with a LIFO free list: no page-size internal fragmentation;
+//   - a reference count per slot. A request's slot table holds one reference per position;
+//     n > 1 samples share the prompt's slots; a cached prefix block holds one reference on
+//     each of its slots;
+//   - a prefix index: full blocks of `block_tokens` tokens, keyed by a chained hash of the
+//     block and everything before it (tokens compared on hit, so a hash collision is a
+//     miss, never wrong KV). Blocks whose requests finished stay cached, evictable least
+//     recently used first; their slots count as reclaimable capacity.
+//
+// Thread-safety: none; the scheduler thread owns it.
+#ifndef STRATA_SERVER_KV_MANAGER_H_
+#define STRATA_SERVER_KV_MANAGER_H_
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "common/protocol/step.h"
+
+namespace strata {
+
+// Chained hashes of the full blocks of `tokens`: hash[k] covers tokens [0, (k + 1) * block).
+std::vector<uint64_t> BlockHashes(const std::vector<int32_t>& tokens, int block_tokens,
+                                  uint64_t salt);
+
+struct PoolStats {
+  int64_t total_slots = 0;
+  int64_t free_slots = 0;
+  int64_t reclaimable_slots = 0;  // held only by idle cached blocks
+  int64_t used_slots = 0;         // referenced by a live request
+  int64_t live_positions = 0;     // sum over requests of their table lengths
+  int64_t cached_blocks = 0;
+  int64_t idle_blocks = 0;
+};
+
+class KvPool {
+ public:
+  KvPool(PoolIndex index, int64_t num_slots, int block_tokens);
+
+  PoolIndex index() const { return index_; }
+  int block_tokens() const { return block_tokens_; }
+  int64_t num_slots() const { return static_cast<int64_t>(refcount_.size()); }
+  // Slots that an allocation can obtain now (free plus reclaimable).
+  int64_t available() const { return static_cast<int64_t>(free_.size()) + idle_block_slots_; }
+  PoolStats Stats() const;
+
+  // `n` fresh slots (refcount 1), evicting idle cached blocks LRU-first when the free list
+  // runs short. All or nothing.
+  bool Allocate(int64_t n, std::vector<int32_t>* out);
+  void Ref(const std::vector<int32_t>& slots);
+  void Unref(const std::vector<int32_t>& slots);
+
+  // Gives a new sequence a slot table for positions [0, length): the longest cached prefix of
+  // `tokens` (at most `max_blocks` blocks) plus fresh slots. All or nothing: returns the
+  // number of reused prefix blocks (their hashes appended to `held`), or -1 if the slots
+  // are not available (nothing changed).
+  int Admit(const std::vector<int32_t>& tokens, const std::vector<uint64_t>& hashes,
+            int max_blocks, int64_t length, std::vector<int32_t>* table,
+            std::vector<uint64_t>* held);
+
+  // Longest cached prefix of `tokens` (in blocks, at most `max_blocks`), without taking it.
+  int MatchLength(const std::vector<int32_t>& tokens, const std::vector<uint64_t>& hashes,
+                  int max_blocks) const;
+  // Takes the first `num_blocks` cached blocks: their slots get one more reference each and
+  // the blocks one more holder. Appends the slots to `slots`.
+  void TakePrefix(const std::vector<uint64_t>& hashes, int num_blocks, std::vector<int32_t>* slots);
+  // Records a block a request computed (tokens and slots of positions
+  // [block * block_tokens, (block + 1) * block_tokens)). Nothing is recorded if the hash is
+  // already cached (the request keeps its own copy), or if another request also references
+  // one of the slots (n > 1 samples that completed a shared partial block each their own
+  // way): a cached block's slots must be freeable by evicting that block alone. Returns
+  // whether the request now holds a cached block (to drop with DropBlock when it ends).
+  bool InsertBlock(uint64_t hash, const int32_t* tokens, const int32_t* slots);
+  // Another request starts holding a cached block whose slots it shares (n > 1 samples):
+  // anyone referencing a cached block's slots must hold the block, so that an idle block's
+  // slots are referenced by the cache alone and evicting it frees them.
+  void HoldBlock(uint64_t hash);
+  // A request stops holding a block it took, inserted or held.
+  void DropBlock(uint64_t hash);
+
+  // Consistency check for tests: every slot's refcount equals the references the caller
+  // holds plus the cache's, and the free list holds exactly the unreferenced slots.
+  bool CheckInvariants(const std::vector<int32_t>& external_refs) const;
+
+  // Counters.
+  int64_t evicted_blocks() const { return evicted_blocks_; }
+
+ private:
+  struct Block {
+    uint64_t hash;
+    std::vector<int32_t> tokens;
+    std::vector<int32_t> slots;
+    int holders = 0;                       // live requests holding it
+    std::list<uint64_t>::iterator lru_it;  // valid while idle (holders == 0)
+  };
+  bool EvictOne();
+
+  PoolIndex index_;
+  int block_tokens_;
+  std::vector<uint32_t> refcount_;
+  std::vector<int32_t> free_;  // LIFO stack
+  std::unordered_map<uint64_t, Block> blocks_;
+  std::list<uint64_t> lru_;  // idle blocks, least recently used first
+  int64_t idle_block_slots_ = 0;
+  int64_t evicted_blocks_ = 0;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_SERVER_KV_MANAGER_H_

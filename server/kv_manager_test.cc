@@ -1,0 +1,218 @@
+#include "server/kv_manager.h"
+
+#include <map>
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+constexpr int kBlock = 4;
+
+// A simulated request: its tokens, its slot table and the cached blocks it holds.
+struct Req {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> table;
+  std::vector<uint64_t> held;
+  int registered_blocks = 0;
+};
+
+// What the "memory node" wrote into each slot: (token, position) of the request that
+// computed it. A prefix hit is correct only if the shared slots hold the same tokens at the
+// same positions.
+using SlotContents = std::map<int32_t, std::pair<int32_t, int32_t>>;
+
+class PoolModel {
+ public:
+  explicit PoolModel(int64_t slots) : pool_(0, slots, kBlock) {}
+
+  // Admits `tokens` (prompt): prefix from the cache, the rest freshly allocated and
+  // "computed". Returns false if it did not fit (nothing changed).
+  bool Admit(const std::vector<int32_t>& tokens) {
+    Req r;
+    r.tokens = tokens;
+    const std::vector<uint64_t> hashes = BlockHashes(tokens, kBlock, 42);
+    const int max_blocks = static_cast<int>((tokens.size() - 1) / kBlock);
+    const int64_t before = pool_.available();
+    const int matched =
+        pool_.Admit(tokens, hashes, max_blocks, tokens.size(), &r.table, &r.held);
+    if (matched < 0) {
+      EXPECT_EQ(pool_.available(), before) << "a failed admission changed the pool";
+      return false;
+    }
+    r.registered_blocks = matched;
+    hits_ += matched;
+    // Shared KV must be what this request would have computed; fresh slots get its tokens.
+    for (size_t p = 0; p < r.table.size(); ++p) {
+      if (p < static_cast<size_t>(matched) * kBlock) {
+        const auto& [token, position] = contents_.at(r.table[p]);
+        EXPECT_EQ(token, tokens[p]);
+        EXPECT_EQ(position, static_cast<int32_t>(p));
+      } else {
+        contents_[r.table[p]] = {tokens[p], static_cast<int32_t>(p)};
+      }
+    }
+    Register(r);
+    reqs_.push_back(std::move(r));
+    return true;
+  }
+
+  bool Extend(size_t i, int32_t token) {
+    Req& r = reqs_[i];
+    std::vector<int32_t> slot;
+    if (!pool_.Allocate(1, &slot)) return false;
+    contents_[slot[0]] = {token, static_cast<int32_t>(r.table.size())};
+    r.table.push_back(slot[0]);
+    r.tokens.push_back(token);
+    Register(r);
+    return true;
+  }
+
+  void Share(size_t i) {
+    Req copy = reqs_[i];
+    pool_.Ref(copy.table);
+    for (uint64_t h : copy.held) pool_.HoldBlock(h);
+    reqs_.push_back(std::move(copy));
+  }
+
+  void Finish(size_t i) {
+    for (uint64_t h : reqs_[i].held) pool_.DropBlock(h);
+    pool_.Unref(reqs_[i].table);
+    reqs_.erase(reqs_.begin() + i);
+  }
+
+  bool Check() const {
+    std::vector<int32_t> refs;
+    for (const Req& r : reqs_) refs.insert(refs.end(), r.table.begin(), r.table.end());
+    return pool_.CheckInvariants(refs);
+  }
+
+  KvPool pool_;
+  std::vector<Req> reqs_;
+  SlotContents contents_;
+  int64_t hits_ = 0;
+
+ private:
+  // Records newly completed full blocks in the prefix cache.
+  void Register(Req& r) {
+    const std::vector<uint64_t> hashes = BlockHashes(r.tokens, kBlock, 42);
+    for (int b = r.registered_blocks; b < static_cast<int>(hashes.size()); ++b) {
+      if (pool_.InsertBlock(hashes[b], r.tokens.data() + b * kBlock, r.table.data() + b * kBlock)) {
+        r.held.push_back(hashes[b]);
+      }
+    }
+    r.registered_blocks = static_cast<int>(hashes.size());
+  }
+};
+
+TEST(KvPool, RandomOperationsAgainstAModel) {
+  std::mt19937 rng(1);
+  for (int round = 0; round < 20; ++round) {
+    PoolModel m(200);
+    // Few distinct prefixes so that the cache gets hits.
+    std::vector<std::vector<int32_t>> prefixes;
+    for (int i = 0; i < 4; ++i) {
+      std::vector<int32_t> p;
+      for (int k = 0; k < 12; ++k) p.push_back(rng() % 50);
+      prefixes.push_back(p);
+    }
+    for (int op = 0; op < 2000; ++op) {
+      const int kind = rng() % 10;
+      if (kind < 3 || m.reqs_.empty()) {
+        std::vector<int32_t> tokens = prefixes[rng() % prefixes.size()];
+        tokens.resize(rng() % 12 + 1);
+        const int extra = rng() % 9;
+        for (int k = 0; k < extra; ++k) tokens.push_back(rng() % 50);
+        m.Admit(tokens);
+      } else if (kind < 7) {
+        m.Extend(rng() % m.reqs_.size(), rng() % 50);
+      } else if (kind < 8) {
+        m.Share(rng() % m.reqs_.size());
+      } else {
+        m.Finish(rng() % m.reqs_.size());
+      }
+      ASSERT_TRUE(m.Check()) << "round " << round << " op " << op;
+    }
+    while (!m.reqs_.empty()) m.Finish(0);
+    ASSERT_TRUE(m.Check());
+    // Nothing leaks: every slot is free or held only by an idle cached block.
+    const PoolStats s = m.pool_.Stats();
+    EXPECT_EQ(s.free_slots + s.reclaimable_slots, s.total_slots);
+    EXPECT_EQ(s.used_slots, 0);
+    EXPECT_GT(m.hits_, 0) << "the workload should produce prefix hits";
+    // And all of it can be allocated again.
+    std::vector<int32_t> all;
+    EXPECT_TRUE(m.pool_.Allocate(s.total_slots, &all));
+  }
+}
+
+TEST(KvPool, AllocationIsLifoAndAllOrNothing) {
+  KvPool pool(0, 8, 4);
+  std::vector<int32_t> a, b;
+  ASSERT_TRUE(pool.Allocate(3, &a));
+  EXPECT_EQ(a, (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_FALSE(pool.Allocate(6, &b));
+  EXPECT_TRUE(b.empty());
+  pool.Unref(a);
+  ASSERT_TRUE(pool.Allocate(2, &b));
+  EXPECT_EQ(b, (std::vector<int32_t>{2, 1})) << "last freed, first reused";
+}
+
+TEST(KvPool, IdleCachedBlocksAreReclaimedLruFirst) {
+  KvPool pool(0, 8, 4);
+  std::vector<int32_t> t1 = {1, 2, 3, 4}, t2 = {5, 6, 7, 8};
+  std::vector<int32_t> s1, s2;
+  ASSERT_TRUE(pool.Allocate(4, &s1));
+  ASSERT_TRUE(pool.Allocate(4, &s2));
+  const uint64_t h1 = BlockHashes(t1, 4, 0)[0], h2 = BlockHashes(t2, 4, 0)[0];
+  ASSERT_TRUE(pool.InsertBlock(h1, t1.data(), s1.data()));
+  ASSERT_TRUE(pool.InsertBlock(h2, t2.data(), s2.data()));
+  pool.DropBlock(h1);
+  pool.Unref(s1);
+  pool.DropBlock(h2);
+  pool.Unref(s2);
+  EXPECT_EQ(pool.Stats().reclaimable_slots, 8);
+  EXPECT_EQ(pool.available(), 8);
+  // Touch block 1 (a hit), so block 2 becomes the LRU victim.
+  std::vector<int32_t> hit;
+  pool.TakePrefix({h1}, 1, &hit);
+  EXPECT_EQ(hit, s1);
+  std::vector<int32_t> fresh;
+  ASSERT_TRUE(pool.Allocate(4, &fresh));
+  EXPECT_EQ(pool.evicted_blocks(), 1);
+  EXPECT_EQ(pool.MatchLength(t2, {h2}, 1), 0) << "block 2 was evicted";
+  EXPECT_EQ(pool.MatchLength(t1, {h1}, 1), 1) << "block 1 is held, not evictable";
+  EXPECT_FALSE(pool.Allocate(1, &fresh));
+}
+
+TEST(KvPool, HashCollisionIsAMiss) {
+  KvPool pool(0, 8, 2);
+  std::vector<int32_t> slots;
+  ASSERT_TRUE(pool.Allocate(2, &slots));
+  const std::vector<int32_t> real = {1, 2};
+  ASSERT_TRUE(pool.InsertBlock(777, real.data(), slots.data()));
+  // Same (forged) hash, different tokens: no match.
+  EXPECT_EQ(pool.MatchLength({9, 9}, {777}, 1), 0);
+  EXPECT_EQ(pool.MatchLength({1, 2}, {777}, 1), 1);
+}
+
+TEST(BlockHashes, ChainedOverPrefix) {
+  const std::vector<int32_t> a = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<int32_t> b = a;
+  b[1] = 99;  // differs in block 0: every later hash differs too
+  const auto ha = BlockHashes(a, 4, 0), hb = BlockHashes(b, 4, 0);
+  ASSERT_EQ(ha.size(), 2u);
+  EXPECT_NE(ha[0], hb[0]);
+  EXPECT_NE(ha[1], hb[1]);
+  std::vector<int32_t> c = a;
+  c[6] = 99;  // differs in block 1 only
+  const auto hc = BlockHashes(c, 4, 0);
+  EXPECT_EQ(ha[0], hc[0]);
+  EXPECT_NE(ha[1], hc[1]);
+  EXPECT_NE(BlockHashes(a, 4, 1)[0], ha[0]) << "the salt separates models";
+  EXPECT_EQ(BlockHashes({1, 2, 3}, 4, 0).size(), 0u);
+}
+
+}  // namespace
+}  // namespace strata
