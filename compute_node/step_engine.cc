@@ -46,6 +46,15 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
     } else {
       cache.prompt_counts = std::make_shared<std::unordered_map<int32_t, int32_t>>();
     }
+    if (cache.sampling.uses_penalties()) {
+      for (size_t i = 0; i < s.history.size(); ++i) {
+        if (static_cast<int32_t>(i) < cache.prompt_len) {
+          ++(*cache.prompt_counts)[s.history[i]];
+        } else {
+          ++cache.output_counts[s.history[i]];
+        }
+      }
+    }
     requests_[s.request_id] = std::move(cache);
   }
 

@@ -18,17 +18,22 @@ uint64_t Mix(uint64_t x) {
 
 }  // namespace
 
-std::vector<uint64_t> BlockHashes(const std::vector<int32_t>& tokens, int block_tokens,
-                                  uint64_t salt) {
-  std::vector<uint64_t> hashes;
-  uint64_t h = Mix(salt ^ 0x6b7659a1c3e8d2f4ull);
-  for (size_t b = 0; (b + 1) * block_tokens <= tokens.size(); ++b) {
+void AppendBlockHashes(const std::vector<int32_t>& tokens, int block_tokens, uint64_t salt,
+                       std::vector<uint64_t>* hashes) {
+  uint64_t h = hashes->empty() ? Mix(salt ^ 0x6b7659a1c3e8d2f4ull) : hashes->back();
+  for (size_t b = hashes->size(); (b + 1) * block_tokens <= tokens.size(); ++b) {
     for (int i = 0; i < block_tokens; ++i) {
       h = Mix(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(tokens[b * block_tokens + i])) +
                    0x9e3779b97f4a7c15ull * (i + 1)));
     }
-    hashes.push_back(h);
+    hashes->push_back(h);
   }
+}
+
+std::vector<uint64_t> BlockHashes(const std::vector<int32_t>& tokens, int block_tokens,
+                                  uint64_t salt) {
+  std::vector<uint64_t> hashes;
+  AppendBlockHashes(tokens, block_tokens, salt, &hashes);
   return hashes;
 }
 

@@ -30,6 +30,9 @@ namespace strata {
 // Chained hashes of the full blocks of `tokens`: hash[k] covers tokens [0, (k + 1) * block).
 std::vector<uint64_t> BlockHashes(const std::vector<int32_t>& tokens, int block_tokens,
                                   uint64_t salt);
+// Extends `hashes` (the chained hashes of a prefix of `tokens`) to every full block.
+void AppendBlockHashes(const std::vector<int32_t>& tokens, int block_tokens, uint64_t salt,
+                       std::vector<uint64_t>* hashes);
 
 struct PoolStats {
   int64_t total_slots = 0;

@@ -25,6 +25,8 @@ struct RequestSetup {
   SamplingParams sampling;
   int32_t prompt_len = 0;
   uint64_t parent_request_id = 0;  // n > 1: share the parent's prompt history
+  // Tokens processed on another compute node before this setup (penalty counts).
+  std::vector<int32_t> history;
 };
 
 struct PoolSlotAssignment {

@@ -42,6 +42,7 @@ void ToProto(const StepPlan& plan, control::StepPlan* out) {
     ToProto(s.sampling, setup->mutable_sampling());
     setup->set_prompt_len(s.prompt_len);
     setup->set_parent_request_id(s.parent_request_id);
+    setup->mutable_history()->Add(s.history.begin(), s.history.end());
   }
   for (const PoolRelease& r : plan.releases) {
     auto* release = out->add_releases();
@@ -85,6 +86,7 @@ absl::StatusOr<StepPlan> FromProto(const control::StepPlan& in) {
     setup.sampling = FromProto(s.sampling());
     setup.prompt_len = s.prompt_len();
     setup.parent_request_id = s.parent_request_id();
+    setup.history.assign(s.history().begin(), s.history().end());
     plan.setups.push_back(std::move(setup));
   }
   for (const auto& r : in.releases()) plan.releases.push_back({r.request_id(), r.pool()});

@@ -1,0 +1,191 @@
+// The scheduler: continuous batching over compute nodes and KV pools.
+//
+// Every iteration, for each idle compute node ("executor"), it builds one step: decode rows
+// for running sequences first (one new KV slot each, preempting the lowest-priority or
+// newest request when a pool runs out), then chunks of prompts still prefilling, then newly
+// admitted requests (Sarathi-style chunked prefill within the token budget). It sends the
+// step plan, and when the result arrives appends the sampled tokens, streams text out,
+// finishes sequences and releases their KV. New requests join after at most one step;
+// finished ones leave at once.
+//
+// It is the only KV allocator (kv_manager.h). A request is placed on one pool: the one with
+// the longest cached prefix first, then the one with the most available slots. In
+// co-located mode each compute node's own cache is a pool and its requests run there; in
+// disaggregated mode pools are memory nodes shared by all compute nodes, and each request
+// sticks to the compute node that admitted it.
+//
+// Preemption is by recompute: a preempted request returns to the front of the queue with
+// its tokens, and is prefilled again on re-admission. Sampling is keyed by (seed, sample
+// index, output position), so its output is exactly what it would have been. A pool or
+// compute node that dies has its requests re-prefilled elsewhere, or failed with a clear
+// error if nothing else is alive.
+//
+// Thread-safety: public methods are thread-safe. All state lives on the scheduler thread;
+// the methods post work to it. Update callbacks run on the scheduler thread.
+#ifndef STRATA_SERVER_SCHEDULER_H_
+#define STRATA_SERVER_SCHEDULER_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/tokenizer/tokenizer.h"
+#include "server/kv_manager.h"
+#include "server/output_processor.h"
+#include "server/policy.h"
+#include "server/request.h"
+#include "server/step_executor.h"
+
+namespace strata {
+
+struct SchedulerConfig {
+  int64_t max_num_seqs = 256;            // sequences with rows in one step
+  int64_t max_num_batched_tokens = 2048;  // rows in one step
+  int64_t max_prefill_tokens = 2048;      // prompt rows in one step
+  int64_t prefill_chunk_tokens = 512;     // <= 0: whole prompts only (no chunking)
+  int64_t max_model_len = 4096;           // prompt + output tokens
+  int64_t max_waiting = 1024;             // queued requests before refusing (overload)
+  int block_tokens = 16;                  // prefix-cache granularity
+  bool enable_prefix_caching = true;
+  int max_n = 16;
+  std::string policy = "fifo";
+  absl::Duration default_timeout = absl::ZeroDuration();  // zero: none
+  uint64_t cache_salt = 0;                // separates prefix caches of different models
+  std::vector<int32_t> eos_token_ids;
+  int32_t vocab_size = 0;
+  uint64_t epoch = 0;  // stamped on plans
+};
+
+struct PoolStatus {
+  PoolIndex index = 0;
+  std::string name;
+  bool alive = false;
+  PoolStats stats;
+};
+
+struct SchedulerStats {
+  int64_t num_running = 0;
+  int64_t num_waiting = 0;
+  int64_t num_preemptions_total = 0;
+  int64_t prompt_tokens_total = 0;      // prompt tokens of admitted requests
+  int64_t generation_tokens_total = 0;
+  int64_t prefix_query_tokens_total = 0;
+  int64_t prefix_hit_tokens_total = 0;
+  int64_t prefill_rows_total = 0;       // prompt rows actually computed
+  int64_t steps_total = 0;
+  int64_t rejected_total = 0;
+  std::map<std::string, int64_t> finished_total;  // by finish reason
+  std::vector<PoolStatus> pools;
+  int64_t alive_executors = 0;
+  double kv_usage = 0.0;  // used / total slots over alive pools
+};
+
+// Observer of scheduler events for metrics (all called on the scheduler thread).
+struct SchedulerObserver {
+  std::function<void(const StepPlan&, const StepResult&, absl::Duration wall)> on_step;
+  std::function<void(uint64_t request_id, absl::Duration queue, absl::Duration ttft)> on_first_token;
+  std::function<void(absl::Duration inter_token)> on_inter_token;
+  std::function<void(const GenerateRequest&, FinishReason, int64_t prompt_tokens,
+                     int64_t generation_tokens, absl::Duration e2e, absl::Duration queue,
+                     absl::Duration prefill, absl::Duration decode)>
+      on_finish;
+};
+
+class Scheduler {
+ public:
+  // `tokenizer` may be null (no text output).
+  Scheduler(SchedulerConfig config, const Tokenizer* tokenizer);
+  ~Scheduler();
+  static absl::Status ValidateConfig(const SchedulerConfig& config);
+
+  void Start();
+  void Stop();  // fails everything still queued or running with kAbort
+
+  // Topology. Indices are stable for the scheduler's lifetime.
+  int AddExecutor(std::unique_ptr<StepExecutor> executor, std::optional<PoolIndex> local_pool);
+  void SetExecutorAlive(int executor, bool alive);
+  PoolIndex AddPool(const std::string& name, int64_t num_slots);
+  // A dead pool's requests are re-prefilled on other pools. Reviving it starts it empty.
+  void SetPoolAlive(PoolIndex pool, bool alive, int64_t num_slots = -1);
+
+  // Validates and queues a request. Errors: InvalidArgument (bad request, too long for the
+  // context or for any pool), ResourceExhausted (queue full), Unavailable (stopping).
+  absl::StatusOr<uint64_t> Submit(GenerateRequest request, UpdateCallback on_update);
+  void Cancel(uint64_t request_id);
+
+  SchedulerStats Stats() const;
+  bool HasCapacity() const;  // an alive executor and an alive pool
+  void SetObserver(SchedulerObserver observer);
+  const SchedulerConfig& config() const { return config_; }
+
+ private:
+  struct Request;
+  struct Sequence;
+  struct Pool;
+  struct Executor;
+
+  void Post(std::function<void()> fn);
+  void Loop();
+  void ScheduleIdleExecutors();
+  bool BuildPlan(int executor, StepPlan* plan);
+  void OnStepResult(int executor, StepPlan plan, StepResult result, absl::Time started);
+  bool Place(Request* req, int executor);
+  void Preempt(Request* req);
+  void ReleaseKv(Sequence* seq);
+  void RegisterBlocks(Sequence* seq);
+  void ShareParentPrompt(Sequence* child, Sequence* owner);
+  void FinishSequence(Sequence* seq, FinishReason reason, RequestUpdate* update,
+                      const std::string& text);
+  void FailRequest(Request* req, FinishReason reason, const absl::Status& status);
+  void MaybeRemoveRequest(Request* req);
+  void CheckTimeouts();
+  void PublishStats();
+  PolicyKey KeyOf(const Request* req) const;
+
+  SchedulerConfig config_;
+  const Tokenizer* tokenizer_;
+  std::unique_ptr<SchedulingPolicy> policy_;
+
+  // Thread handoff.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> events_;
+  bool stopping_ = false;
+  int num_executors_ = 0;             // guarded by mu_
+  size_t num_pools_ = 0;              // guarded by mu_
+  int64_t largest_pool_slots_ = 0;    // guarded by mu_
+  std::atomic<int64_t> queued_{0};  // submitted, not yet admitted for the first time
+  std::thread thread_;
+
+  // Scheduler-thread state.
+  std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
+  std::vector<Request*> waiting_;  // kept in policy order at admission time
+  std::vector<std::unique_ptr<Pool>> pools_;
+  std::vector<std::unique_ptr<Executor>> executors_;
+  uint64_t next_request_id_ = 1;
+  uint64_t next_sequence_id_ = 1;
+  uint64_t next_step_id_ = 1;
+  uint64_t arrival_counter_ = 0;
+  SchedulerObserver observer_;
+
+  // Published snapshot.
+  mutable std::mutex stats_mu_;
+  SchedulerStats stats_;
+  SchedulerStats counters_;  // scheduler-thread running totals
+};
+
+}  // namespace strata
+
+#endif  // STRATA_SERVER_SCHEDULER_H_

@@ -1,0 +1,85 @@
+// The scheduler's private state, shared by scheduler.cc (loop, results) and
+// scheduler_plan.cc (admission, batching, preemption). Scheduler-thread only.
+#ifndef STRATA_SERVER_SCHEDULER_INTERNAL_H_
+#define STRATA_SERVER_SCHEDULER_INTERNAL_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "server/scheduler.h"
+
+namespace strata {
+
+// One of a request's n output sequences. Its id is the request id on the wire.
+struct Scheduler::Sequence {
+  uint64_t id = 0;
+  Request* request = nullptr;
+  uint32_t index = 0;            // sample index among the request's n
+  std::vector<int32_t> tokens;   // prompt, then outputs
+  int64_t num_outputs = 0;
+  int64_t computed = 0;          // positions whose KV is written
+  std::vector<int32_t> table;    // KV slot of each position, in the request's pool
+  int64_t table_sent = 0;        // positions whose slots the pool side already knows
+  std::vector<uint64_t> hashes;  // chained hashes of the full blocks of `tokens`
+  std::vector<std::pair<int64_t, uint64_t>> held;  // cached blocks held: (index, hash)
+  int64_t registered_blocks = 0;
+  bool setup_sent = false;       // on the request's executor
+  bool waiting_for_owner = false;  // n > 1: will share the owner's prompt KV
+  bool finished = false;
+  std::unique_ptr<OutputProcessor> output;
+  absl::Time last_token_time = absl::InfinitePast();
+};
+
+struct Scheduler::Request {
+  enum class State { kWaiting, kRunning, kDone };
+  uint64_t id = 0;
+  GenerateRequest spec;
+  UpdateCallback callback;
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  State state = State::kWaiting;
+  uint64_t arrival = 0;
+  int executor = -1;
+  std::optional<PoolIndex> pool;
+  bool in_flight = false;
+  // Set while in flight; acted on when the step returns.
+  FinishReason pending_finish = FinishReason::kNone;
+  int step_failures = 0;
+  FinishReason last_finish = FinishReason::kStop;
+  absl::Time submitted, admitted = absl::InfinitePast(), first_token = absl::InfinitePast();
+  absl::Time deadline = absl::InfiniteFuture();
+  int64_t cached_prompt_tokens = 0;
+  bool prompt_counted = false;
+
+  int32_t prompt_len() const { return static_cast<int32_t>(spec.prompt_tokens.size()); }
+  // The first unfinished sequence: it computes the shared prompt.
+  Sequence* Owner() const {
+    for (const auto& s : seqs) {
+      if (!s->finished) return s.get();
+    }
+    return nullptr;
+  }
+};
+
+struct Scheduler::Pool {
+  std::string name;
+  bool alive = false;
+  int64_t num_slots = 0;
+  std::unique_ptr<KvPool> kv;
+};
+
+struct Scheduler::Executor {
+  std::unique_ptr<StepExecutor> impl;
+  std::optional<PoolIndex> local_pool;  // co-located mode
+  bool alive = true;
+  bool busy = false;
+  StepPlan in_flight;
+  absl::Time started;
+  std::vector<PoolRelease> pending_releases;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_SERVER_SCHEDULER_INTERNAL_H_

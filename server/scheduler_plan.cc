@@ -1,0 +1,565 @@
+// Building steps (admission, batching, preemption) and applying their results.
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "server/scheduler.h"
+#include "server/scheduler_internal.h"
+
+namespace strata {
+namespace {
+
+constexpr int kMaxStepFailures = 2;
+
+}  // namespace
+
+void Scheduler::ScheduleIdleExecutors() {
+  for (size_t e = 0; e < executors_.size(); ++e) {
+    Executor& ex = *executors_[e];
+    if (!ex.alive || ex.busy) continue;
+    StepPlan plan;
+    if (!BuildPlan(static_cast<int>(e), &plan)) continue;
+    ex.busy = true;
+    ex.started = absl::Now();
+    ex.in_flight = plan;
+    const int index = static_cast<int>(e);
+    ex.impl->Submit(std::move(plan), [this, index](StepResult result) {
+      Post([this, index, result = std::move(result)]() mutable {
+        Executor& x = *executors_[index];
+        StepPlan done = std::move(x.in_flight);
+        x.in_flight = StepPlan();
+        OnStepResult(index, std::move(done), std::move(result), x.started);
+      });
+    });
+  }
+}
+
+void Scheduler::RegisterBlocks(Sequence* seq) {
+  Request* req = seq->request;
+  if (!config_.enable_prefix_caching || !req->pool || !pools_[*req->pool]->alive) return;
+  const int64_t block = config_.block_tokens;
+  AppendBlockHashes(seq->tokens, config_.block_tokens, config_.cache_salt, &seq->hashes);
+  const int64_t complete = std::min<int64_t>(seq->computed, seq->table.size()) / block;
+  KvPool& kv = *pools_[*req->pool]->kv;
+  for (int64_t b = seq->registered_blocks; b < complete && b < static_cast<int64_t>(seq->hashes.size());
+       ++b) {
+    if (kv.InsertBlock(seq->hashes[b], seq->tokens.data() + b * block, seq->table.data() + b * block)) {
+      seq->held.emplace_back(b, seq->hashes[b]);
+    }
+  }
+  seq->registered_blocks = std::max(seq->registered_blocks, complete);
+}
+
+void Scheduler::ShareParentPrompt(Sequence* child, Sequence* owner) {
+  Request* req = child->request;
+  KvPool& kv = *pools_[*req->pool]->kv;
+  const int64_t prompt_len = req->prompt_len();
+  child->table.assign(owner->table.begin(), owner->table.begin() + prompt_len);
+  kv.Ref(child->table);
+  child->held.clear();
+  for (const auto& [b, hash] : owner->held) {
+    // Any cached block whose slots the child now references, it must hold (kv_manager.h).
+    if (b * config_.block_tokens < prompt_len) {
+      kv.HoldBlock(hash);
+      child->held.emplace_back(b, hash);
+    }
+  }
+  child->hashes.assign(owner->hashes.begin(),
+                       owner->hashes.begin() +
+                           std::min<int64_t>(owner->hashes.size(), prompt_len / config_.block_tokens));
+  child->registered_blocks = prompt_len / config_.block_tokens;
+  child->computed = prompt_len;
+  child->table_sent = 0;
+  child->waiting_for_owner = false;
+}
+
+void Scheduler::Preempt(Request* req) {
+  for (auto& seq : req->seqs) {
+    if (seq->finished) continue;
+    ReleaseKv(seq.get());
+    seq->computed = 0;
+  }
+  Sequence* owner = req->Owner();
+  for (auto& seq : req->seqs) {
+    if (!seq->finished) seq->waiting_for_owner = seq.get() != owner;
+  }
+  req->state = Request::State::kWaiting;
+  req->pool.reset();
+  req->executor = -1;
+  waiting_.push_back(req);
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++counters_.num_preemptions_total;
+  }
+  LOG(INFO) << "preempted request " << req->id << " (" << req->spec.external_id
+            << "); it will be recomputed";
+}
+
+bool Scheduler::Place(Request* req, int executor) {
+  const Executor& ex = *executors_[executor];
+  Sequence* owner = req->Owner();
+  if (owner == nullptr) return false;
+  const int64_t length = static_cast<int64_t>(owner->tokens.size());
+  std::vector<PoolIndex> candidates;
+  for (size_t p = 0; p < pools_.size(); ++p) {
+    if (!pools_[p]->alive) continue;
+    if (ex.local_pool && *ex.local_pool != p) continue;
+    candidates.push_back(static_cast<PoolIndex>(p));
+  }
+  if (candidates.empty()) return false;
+  std::vector<uint64_t> hashes;
+  if (config_.enable_prefix_caching) {
+    AppendBlockHashes(owner->tokens, config_.block_tokens, config_.cache_salt, &hashes);
+  }
+  // The last token is always computed (its logits give the next one).
+  const int max_blocks = static_cast<int>((length - 1) / config_.block_tokens);
+  // Prefix first, then free capacity.
+  std::vector<std::pair<int, int64_t>> order;  // (matched blocks, available)
+  for (PoolIndex p : candidates) {
+    const KvPool& kv = *pools_[p]->kv;
+    order.emplace_back(config_.enable_prefix_caching ? kv.MatchLength(owner->tokens, hashes, max_blocks) : 0,
+                       kv.available());
+  }
+  std::vector<size_t> idx(candidates.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
+    return order[a] > order[b];
+  });
+  for (size_t i : idx) {
+    const PoolIndex p = candidates[i];
+    KvPool& kv = *pools_[p]->kv;
+    std::vector<int32_t> table;
+    std::vector<uint64_t> held;
+    const int matched = kv.Admit(owner->tokens, hashes, config_.enable_prefix_caching ? max_blocks : 0,
+                                 length, &table, &held);
+    if (matched < 0) continue;
+    owner->table = std::move(table);
+    owner->held.clear();
+    for (int b = 0; b < matched; ++b) owner->held.emplace_back(b, held[b]);
+    owner->hashes = std::move(hashes);
+    owner->computed = static_cast<int64_t>(matched) * config_.block_tokens;
+    owner->registered_blocks = matched;
+    owner->table_sent = 0;
+    owner->waiting_for_owner = false;
+    req->pool = p;
+    req->executor = executor;
+    req->state = Request::State::kRunning;
+    const bool first_admission = req->admitted == absl::InfinitePast();
+    if (first_admission) {
+      req->admitted = absl::Now();
+      req->cached_prompt_tokens = std::min<int64_t>(owner->computed, req->prompt_len());
+      queued_.fetch_sub(1);
+    }
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      if (first_admission) counters_.prompt_tokens_total += req->prompt_len();
+      counters_.prefix_query_tokens_total += length;
+      counters_.prefix_hit_tokens_total += owner->computed;
+    }
+    LOG_IF(INFO, first_admission) << "request " << req->id << " (" << req->spec.external_id
+                                  << ") placed on " << pools_[p]->name << " with "
+                                  << owner->computed << "/" << length << " tokens from the prefix cache";
+    return true;
+  }
+  return false;
+}
+
+bool Scheduler::BuildPlan(int e, StepPlan* plan) {
+  Executor& ex = *executors_[e];
+  int64_t budget_rows = config_.max_num_batched_tokens;
+  int64_t budget_seqs = config_.max_num_seqs;
+  int64_t budget_prefill = config_.max_prefill_tokens;
+  const int64_t chunk_limit =
+      config_.prefill_chunk_tokens > 0 ? config_.prefill_chunk_tokens : config_.max_model_len;
+  std::unordered_set<Request*> planned;
+
+  auto pool_ok = [&](const Request* r) {
+    return r->pool && *r->pool < pools_.size() && pools_[*r->pool]->alive &&
+           (!ex.local_pool || *ex.local_pool == *r->pool);
+  };
+
+  // Running requests this executor may run, highest priority first.
+  std::vector<Request*> running;
+  for (auto& [id, req] : requests_) {
+    if (req->state != Request::State::kRunning || req->in_flight) continue;
+    if (!pool_ok(req.get())) continue;
+    if (req->executor >= 0 && req->executor != e && executors_[req->executor]->alive) continue;
+    running.push_back(req.get());
+  }
+  auto before = [&](const Request* a, const Request* b) {
+    return policy_->Before(KeyOf(a), KeyOf(b));
+  };
+  std::sort(running.begin(), running.end(), before);
+
+  // Makes `need` slots available in `req`'s pool by preempting running requests that rank
+  // below it, are not in flight and are not in this step.
+  auto make_room = [&](Request* req, int64_t need) {
+    KvPool& kv = *pools_[*req->pool]->kv;
+    while (kv.available() < need) {
+      Request* victim = nullptr;
+      for (auto& [id, other] : requests_) {
+        Request* o = other.get();
+        if (o == req || o->state != Request::State::kRunning || o->in_flight || planned.count(o)) continue;
+        if (o->pool != req->pool || !before(req, o)) continue;
+        if (victim == nullptr || before(victim, o)) victim = o;
+      }
+      if (victim == nullptr) return false;
+      Preempt(victim);
+      running.erase(std::remove(running.begin(), running.end(), victim), running.end());
+    }
+    return true;
+  };
+
+  struct PendingChunk {
+    Sequence* seq;
+    int64_t begin, end;
+  };
+  std::vector<PendingChunk> chunks;
+  auto add_chunk = [&](Sequence* seq, int64_t begin, int64_t end) {
+    chunks.push_back({seq, begin, end});
+    planned.insert(seq->request);
+    seq->request->executor = e;  // requests stick to the compute node that runs them
+  };
+
+  // Phase 1: decode rows.
+  for (size_t i = 0; i < running.size(); ++i) {
+    Request* req = running[i];
+    std::vector<Sequence*> decode;
+    for (auto& seq : req->seqs) {
+      if (!seq->finished && !seq->waiting_for_owner &&
+          seq->computed == static_cast<int64_t>(seq->tokens.size()) - 1) {
+        decode.push_back(seq.get());
+      }
+    }
+    if (decode.empty()) continue;
+    if (static_cast<int64_t>(decode.size()) > std::min(budget_rows, budget_seqs)) break;
+    int64_t need = 0;
+    for (Sequence* s : decode) need += static_cast<int64_t>(s->tokens.size()) - static_cast<int64_t>(s->table.size());
+    if (need > 0 && !make_room(req, need)) {
+      Preempt(req);  // nothing below it to take from: it yields itself
+      running.erase(running.begin() + i);
+      --i;
+      continue;
+    }
+    KvPool& kv = *pools_[*req->pool]->kv;
+    for (Sequence* s : decode) {
+      const int64_t missing = static_cast<int64_t>(s->tokens.size()) - static_cast<int64_t>(s->table.size());
+      if (missing > 0) CHECK(kv.Allocate(missing, &s->table));
+      add_chunk(s, s->computed, s->computed + 1);
+      --budget_rows;
+      --budget_seqs;
+    }
+  }
+
+  // Phase 2: prefill chunks of running requests (prompts, recomputed outputs, and n > 1
+  // samples that can now share their owner's prompt).
+  for (size_t i = 0; i < running.size() && budget_rows > 0 && budget_prefill > 0; ++i) {
+    Request* req = running[i];
+    Sequence* owner = req->Owner();
+    for (auto& seq_ptr : req->seqs) {
+      Sequence* seq = seq_ptr.get();
+      if (seq->finished || budget_rows <= 0 || budget_prefill <= 0 || budget_seqs <= 0) continue;
+      if (seq->waiting_for_owner) {
+        // Samples with outputs of their own (after preemption) prefill them once the owner
+        // has the prompt; samples without wait for the owner's first draw.
+        if (seq->tokens.size() > static_cast<size_t>(req->prompt_len()) && owner != nullptr &&
+            owner->computed >= req->prompt_len() && !planned.count(req)) {
+          ShareParentPrompt(seq, owner);
+        } else {
+          continue;
+        }
+      }
+      const int64_t len = static_cast<int64_t>(seq->tokens.size());
+      if (seq->computed >= len - 1) continue;  // decode-ready (or done) already
+      const int64_t count = std::min({len - seq->computed, chunk_limit, budget_rows, budget_prefill});
+      if (config_.prefill_chunk_tokens <= 0 && count < len - seq->computed) continue;
+      const int64_t end = seq->computed + count;
+      const int64_t need = end - static_cast<int64_t>(seq->table.size());
+      if (need > 0) {
+        if (!make_room(req, need)) continue;
+        CHECK(pools_[*req->pool]->kv->Allocate(need, &seq->table));
+      }
+      add_chunk(seq, seq->computed, end);
+      budget_rows -= count;
+      budget_prefill -= count;
+      --budget_seqs;
+    }
+  }
+
+  // Phase 3: admissions, in policy order, while the budget lasts. A request that cannot be
+  // placed now stops admission (no overtaking under FIFO).
+  std::stable_sort(waiting_.begin(), waiting_.end(), before);
+  std::vector<Request*> admitted;
+  std::vector<Request*> failed;
+  for (Request* req : waiting_) {
+    if (budget_rows <= 0 || budget_prefill <= 0 || budget_seqs <= 0) break;
+    if (req->pending_finish != FinishReason::kNone) continue;
+    Sequence* owner = req->Owner();
+    if (owner == nullptr) continue;
+    const int64_t length = static_cast<int64_t>(owner->tokens.size());
+    int64_t largest_alive = 0;
+    for (size_t p = 0; p < pools_.size(); ++p) {
+      if (pools_[p]->alive && (!ex.local_pool || *ex.local_pool == p)) {
+        largest_alive = std::max(largest_alive, pools_[p]->num_slots);
+      }
+    }
+    if (largest_alive == 0) break;
+    if (length > largest_alive) {
+      failed.push_back(req);
+      continue;
+    }
+    if (config_.prefill_chunk_tokens <= 0 && length > budget_rows) break;
+    if (!Place(req, e)) break;
+    admitted.push_back(req);
+    const int64_t count = std::min({length - owner->computed, chunk_limit, budget_rows, budget_prefill});
+    add_chunk(owner, owner->computed, owner->computed + count);
+    budget_rows -= count;
+    budget_prefill -= count;
+    --budget_seqs;
+  }
+  for (Request* req : admitted) {
+    waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), req), waiting_.end());
+  }
+  for (Request* req : failed) {
+    FailRequest(req, FinishReason::kError,
+                absl::ResourceExhaustedError(
+                    "the request no longer fits in any live KV pool"));
+  }
+
+  // Assemble the plan: setups, releases, slot extents and rows.
+  plan->step_id = next_step_id_++;
+  plan->epoch = config_.epoch;
+  plan->releases = std::move(ex.pending_releases);
+  ex.pending_releases.clear();
+  std::unordered_set<Sequence*> setup_done;
+  auto ensure_setup = [&](Sequence* seq) {
+    if (seq->setup_sent || setup_done.count(seq)) return;
+    Request* req = seq->request;
+    RequestSetup setup;
+    setup.request_id = seq->id;
+    setup.sampling = req->spec.sampling;
+    setup.prompt_len = req->prompt_len();
+    Sequence* owner = req->Owner();
+    if (seq != owner && owner != nullptr && (owner->setup_sent || setup_done.count(owner))) {
+      setup.parent_request_id = owner->id;
+    }
+    if (seq->computed > 0 && setup.parent_request_id == 0) {
+      setup.history.assign(seq->tokens.begin(), seq->tokens.begin() + seq->computed);
+    }
+    plan->setups.push_back(std::move(setup));
+    setup_done.insert(seq);
+  };
+  auto ensure_assignment = [&](Sequence* seq) {
+    Request* req = seq->request;
+    if (static_cast<int64_t>(seq->table.size()) <= seq->table_sent) return;
+    PoolSlotAssignment a;
+    a.request_id = seq->id;
+    a.pool = *req->pool;
+    a.start = static_cast<int32_t>(seq->table_sent);
+    a.slots.assign(seq->table.begin() + seq->table_sent, seq->table.end());
+    plan->assignments.push_back(std::move(a));
+    seq->table_sent = static_cast<int64_t>(seq->table.size());
+  };
+  // Owners before their samples, so that a sample's setup names a parent already set up.
+  std::stable_sort(chunks.begin(), chunks.end(), [](const PendingChunk& a, const PendingChunk& b) {
+    return std::make_pair(a.seq->request->id, a.seq->index) <
+           std::make_pair(b.seq->request->id, b.seq->index);
+  });
+  for (const PendingChunk& c : chunks) {
+    Sequence* seq = c.seq;
+    Request* req = seq->request;
+    ensure_setup(seq);
+    ensure_assignment(seq);
+    SequenceChunk chunk;
+    chunk.request_id = seq->id;
+    chunk.pool = *req->pool;
+    chunk.start_position = static_cast<int32_t>(c.begin);
+    chunk.tokens.assign(seq->tokens.begin() + c.begin, seq->tokens.begin() + c.end);
+    if (c.end == static_cast<int64_t>(seq->tokens.size())) {
+      chunk.samples.push_back({seq->id, seq->index, seq->num_outputs, seq->output->banned_tokens()});
+      // The owner's first draw is also every waiting sample's first draw.
+      if (seq == req->Owner() && c.end == req->prompt_len()) {
+        for (auto& other : req->seqs) {
+          if (other.get() == seq || other->finished || !other->waiting_for_owner) continue;
+          if (other->tokens.size() != static_cast<size_t>(req->prompt_len())) continue;
+          RequestSetup setup;
+          setup.request_id = other->id;
+          setup.sampling = req->spec.sampling;
+          setup.prompt_len = req->prompt_len();
+          setup.parent_request_id = seq->id;
+          if (!other->setup_sent && !setup_done.count(other.get())) {
+            plan->setups.push_back(std::move(setup));
+            setup_done.insert(other.get());
+          }
+          chunk.samples.push_back({other->id, other->index, 0, other->output->banned_tokens()});
+        }
+      }
+    }
+    plan->chunks.push_back(std::move(chunk));
+  }
+  for (Sequence* seq : setup_done) seq->setup_sent = true;
+  for (Request* req : planned) req->in_flight = true;
+  if (plan->chunks.empty() && plan->releases.empty()) return false;
+  return true;
+}
+
+void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, absl::Time started) {
+  Executor& ex = *executors_[executor];
+  ex.busy = false;
+  const absl::Time now = absl::Now();
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++counters_.steps_total;
+    for (const SequenceChunk& c : plan.chunks) {
+      if (c.samples.empty() || c.tokens.size() > 1) counters_.prefill_rows_total += c.tokens.size();
+    }
+  }
+  if (observer_.on_step) observer_.on_step(plan, result, now - started);
+
+  // Sequences of this step, by wire id.
+  std::unordered_map<uint64_t, Sequence*> by_id;
+  std::vector<Request*> involved;
+  for (auto& [id, req] : requests_) {
+    for (auto& seq : req->seqs) by_id[seq->id] = seq.get();
+  }
+  for (const SequenceChunk& c : plan.chunks) {
+    auto it = by_id.find(c.request_id);
+    if (it == by_id.end()) continue;
+    Request* req = it->second->request;
+    if (std::find(involved.begin(), involved.end(), req) == involved.end()) involved.push_back(req);
+  }
+  for (Request* req : involved) req->in_flight = false;
+
+  if (!result.error.empty()) {
+    LOG(ERROR) << "step " << plan.step_id << " on " << ex.impl->name() << " failed: " << result.error;
+    for (Request* req : involved) {
+      if (++req->step_failures > kMaxStepFailures) {
+        FailRequest(req, FinishReason::kError,
+                    absl::InternalError(absl::StrCat("the compute node failed this request's step ",
+                                                     req->step_failures, " times: ", result.error)));
+      } else {
+        Preempt(req);
+      }
+    }
+    return;
+  }
+  for (PoolIndex p : result.dead_pools) {
+    if (p < pools_.size() && pools_[p]->alive) {
+      // Mark dead now, so nothing is placed there while the posted handler waits.
+      SetPoolAlive(p, false);
+    }
+  }
+  std::unordered_set<Request*> failed_now;
+  for (const auto& [id, reason] : result.failed) {
+    auto it = by_id.find(id);
+    if (it == by_id.end()) continue;
+    Request* req = it->second->request;
+    if (failed_now.insert(req).second) {
+      const bool pool_dead = std::find(result.dead_pools.begin(), result.dead_pools.end(),
+                                       req->pool.value_or(~0u)) != result.dead_pools.end();
+      bool other_alive = false;
+      for (size_t p = 0; p < pools_.size(); ++p) {
+        other_alive = other_alive || (pools_[p]->alive && std::find(result.dead_pools.begin(),
+                                                                    result.dead_pools.end(),
+                                                                    p) == result.dead_pools.end());
+      }
+      if (pool_dead && other_alive) {
+        for (auto& s : req->seqs) {
+          s->table.clear();
+          s->held.clear();
+          s->table_sent = 0;
+          s->registered_blocks = 0;
+        }
+        Preempt(req);  // re-prefill on another pool
+      } else {
+        FailRequest(req, FinishReason::kError, absl::UnavailableError(reason));
+      }
+    }
+  }
+
+  for (const SequenceChunk& c : plan.chunks) {
+    auto it = by_id.find(c.request_id);
+    if (it == by_id.end()) continue;
+    Sequence* seq = it->second;
+    Request* req = seq->request;
+    if (failed_now.count(req) || seq->finished || req->state != Request::State::kRunning) continue;
+    seq->computed = std::max<int64_t>(seq->computed, c.start_position + static_cast<int64_t>(c.tokens.size()));
+    RegisterBlocks(seq);
+  }
+
+  std::unordered_map<Request*, RequestUpdate> updates;
+  for (const SampledToken& t : result.tokens) {
+    auto it = by_id.find(t.request_id);
+    if (it == by_id.end()) continue;
+    Sequence* seq = it->second;
+    Request* req = seq->request;
+    if (failed_now.count(req) || seq->finished || req->state != Request::State::kRunning) continue;
+    if (seq->waiting_for_owner) {
+      Sequence* owner = req->Owner();
+      if (owner == nullptr || owner == seq || owner->computed < req->prompt_len()) continue;
+      ShareParentPrompt(seq, owner);
+    }
+    RequestUpdate& update = updates[req];
+    update.request_id = req->id;
+    SequenceUpdate* su = nullptr;
+    for (auto& u : update.sequences) {
+      if (u.index == seq->index) su = &u;
+    }
+    if (su == nullptr) {
+      update.sequences.push_back({});
+      su = &update.sequences.back();
+      su->index = seq->index;
+    }
+    seq->tokens.push_back(t.token);
+    ++seq->num_outputs;
+    su->tokens.push_back(t.token);
+    if (req->spec.sampling.num_logprobs >= 0) {
+      su->logprobs.push_back({t.token, t.logprob, t.top_logprobs});
+    }
+    OutputProcessor::Delta delta = seq->output->Push(t.token);
+    su->text += delta.text;
+    if (req->first_token == absl::InfinitePast()) {
+      req->first_token = now;
+      if (observer_.on_first_token) {
+        observer_.on_first_token(req->id, req->admitted - req->submitted, now - req->submitted);
+      }
+    } else if (seq->last_token_time != absl::InfinitePast() && observer_.on_inter_token) {
+      observer_.on_inter_token(now - seq->last_token_time);
+    }
+    seq->last_token_time = now;
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      ++counters_.generation_tokens_total;
+    }
+    if (delta.finish != FinishReason::kNone) {
+      req->last_finish = delta.finish;
+      FinishSequence(seq, delta.finish, &update, "");
+      for (auto& u : update.sequences) {
+        if (u.index == seq->index) u.stop_reason = delta.stop_reason;
+      }
+    }
+  }
+  for (auto& [req, update] : updates) {
+    bool all_done = true;
+    for (const auto& s : req->seqs) all_done = all_done && s->finished;
+    update.finished = all_done;
+    update.prompt_tokens = req->prompt_len();
+    update.cached_prompt_tokens = req->cached_prompt_tokens;
+    if (req->callback) req->callback(update);
+    if (all_done) MaybeRemoveRequest(req);
+  }
+  // Cancellations and timeouts that arrived while the step ran.
+  for (Request* req : involved) {
+    if (!requests_.count(req->id) || req->state == Request::State::kDone) continue;
+    if (req->pending_finish == FinishReason::kAbort) {
+      FailRequest(req, FinishReason::kAbort, absl::CancelledError("cancelled by the client"));
+    } else if (req->pending_finish == FinishReason::kTimeout) {
+      FailRequest(req, FinishReason::kTimeout,
+                  absl::DeadlineExceededError("the request exceeded its timeout"));
+    }
+  }
+}
+
+}  // namespace strata

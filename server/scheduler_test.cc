@@ -1,0 +1,395 @@
+// Scheduler tests on the real forward pass (a generated tiny model, in-process compute
+// node). Outputs are compared between runs that must agree bit for bit: alone vs batched,
+// chunked vs whole prefill, with vs without preemption, with vs without prefix reuse.
+#include "server/scheduler.h"
+
+#include <condition_variable>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+
+#include "common/model/model_generator.h"
+#include "compute_node/attention_backend.h"
+#include "compute_node/model_runner.h"
+#include "compute_node/model_weights.h"
+#include "compute_node/step_engine.h"
+#include "gtest/gtest.h"
+#include "server/in_process_executor.h"
+
+namespace strata {
+namespace {
+
+struct Outcome {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<FinishReason> finish;
+  absl::Status error;
+  bool done = false;
+  int64_t cached_prompt_tokens = 0;
+};
+
+class Harness {
+ public:
+  Harness(const ModelWeights* weights, SchedulerConfig config, int64_t pool_slots)
+      : runner_(weights, config.max_model_len) {
+    auto attention = LocalAttention::Create(weights->config, pool_slots, /*prefault=*/false);
+    EXPECT_TRUE(attention.ok());
+    attention_ = std::move(*attention);
+    engine_ = std::make_unique<StepEngine>(
+        &runner_, attention_.get(),
+        StepEngineOptions{config.max_num_batched_tokens, config.max_model_len});
+    config.vocab_size = static_cast<int32_t>(weights->config.vocab_size);
+    scheduler_ = std::make_unique<Scheduler>(config, nullptr);
+    scheduler_->AddPool("local", pool_slots);
+    scheduler_->AddExecutor(std::make_unique<InProcessExecutor>("compute-0", engine_.get()), 0);
+    scheduler_->SetObserver(observer_);
+    scheduler_->Start();
+  }
+  ~Harness() { scheduler_->Stop(); }
+
+  absl::StatusOr<std::shared_ptr<Outcome>> Submit(GenerateRequest req) {
+    auto outcome = std::make_shared<Outcome>();
+    outcome->tokens.resize(req.n);
+    outcome->finish.resize(req.n, FinishReason::kNone);
+    auto id = scheduler_->Submit(std::move(req), [this, outcome](const RequestUpdate& u) {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const SequenceUpdate& s : u.sequences) {
+        auto& t = outcome->tokens[s.index];
+        t.insert(t.end(), s.tokens.begin(), s.tokens.end());
+        if (s.finish != FinishReason::kNone) outcome->finish[s.index] = s.finish;
+      }
+      outcome->cached_prompt_tokens = u.cached_prompt_tokens;
+      if (u.finished) {
+        outcome->done = true;
+        outcome->error = u.error;
+        finished_order_.push_back(u.request_id);
+        cv_.notify_all();
+      }
+    });
+    if (!id.ok()) return id.status();
+    ids_.push_back(*id);
+    return outcome;
+  }
+
+  void Wait(const std::vector<std::shared_ptr<Outcome>>& outcomes) {
+    std::unique_lock<std::mutex> lock(mu_);
+    ASSERT_TRUE(cv_.wait_for(lock, std::chrono::seconds(120), [&] {
+      for (const auto& o : outcomes) {
+        if (!o->done) return false;
+      }
+      return true;
+    })) << "requests did not finish";
+  }
+
+  // All KV is back: nothing used by a request (cached prefix blocks are reclaimable).
+  void ExpectNoLeak() {
+    for (int i = 0; i < 100; ++i) {
+      SchedulerStats s = scheduler_->Stats();
+      if (s.num_running == 0 && s.num_waiting == 0 && !s.pools.empty() &&
+          s.pools[0].stats.used_slots == 0) {
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    SchedulerStats s = scheduler_->Stats();
+    FAIL() << "leak: running " << s.num_running << " waiting " << s.num_waiting << " used "
+           << (s.pools.empty() ? -1 : s.pools[0].stats.used_slots);
+  }
+
+  Scheduler& scheduler() { return *scheduler_; }
+  std::vector<uint64_t> finished_order() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return finished_order_;
+  }
+  std::vector<uint64_t> ids_;
+  SchedulerObserver observer_;
+
+ private:
+  ModelRunner runner_;
+  std::unique_ptr<LocalAttention> attention_;
+  std::unique_ptr<StepEngine> engine_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<uint64_t> finished_order_;
+};
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    const std::string dir = std::string(tmp ? tmp : "/tmp") + "/scheduler_model";
+    std::filesystem::remove_all(dir);
+    auto shape = NamedModelShape("tiny-gqa");
+    ASSERT_TRUE(shape.ok());
+    ASSERT_TRUE(GenerateModel(*shape, {}, dir).ok());
+    auto config = LoadModelConfig(dir);
+    ASSERT_TRUE(config.ok());
+    auto weights = ModelWeights::Load(dir, *config);
+    ASSERT_TRUE(weights.ok());
+    weights_ = weights->release();
+  }
+  static void TearDownTestSuite() { delete weights_; }
+
+  static SchedulerConfig Config() {
+    SchedulerConfig c;
+    c.max_model_len = 1024;
+    c.max_num_batched_tokens = 256;
+    c.max_prefill_tokens = 256;
+    c.prefill_chunk_tokens = 64;
+    c.max_num_seqs = 16;
+    c.block_tokens = 16;
+    return c;
+  }
+
+  static std::vector<int32_t> Prompt(int n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::vector<int32_t> p;
+    for (int i = 0; i < n; ++i) p.push_back(3 + rng() % 31000);
+    return p;
+  }
+
+  static GenerateRequest Greedy(std::vector<int32_t> prompt, int max_tokens) {
+    GenerateRequest r;
+    r.prompt_tokens = std::move(prompt);
+    r.sampling.temperature = 0.0f;
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;
+    return r;
+  }
+
+  // Runs requests concurrently on a fresh harness and returns their outcomes.
+  static std::vector<std::shared_ptr<Outcome>> Run(SchedulerConfig config, int64_t pool_slots,
+                                                   std::vector<GenerateRequest> requests,
+                                                   SchedulerStats* stats = nullptr) {
+    Harness h(weights_, config, pool_slots);
+    std::vector<std::shared_ptr<Outcome>> outcomes;
+    for (auto& r : requests) {
+      auto o = h.Submit(r);
+      EXPECT_TRUE(o.ok()) << o.status();
+      if (o.ok()) outcomes.push_back(*o);
+    }
+    h.Wait(outcomes);
+    h.ExpectNoLeak();
+    if (stats) *stats = h.scheduler().Stats();
+    return outcomes;
+  }
+
+  static ModelWeights* weights_;
+};
+
+ModelWeights* SchedulerTest::weights_ = nullptr;
+
+TEST_F(SchedulerTest, BatchedGreedyOutputsEqualRunningAlone) {
+  std::vector<GenerateRequest> requests;
+  for (int i = 0; i < 5; ++i) requests.push_back(Greedy(Prompt(10 + 37 * i, i), 12));
+  const auto together = Run(Config(), 4096, requests);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const auto alone = Run(Config(), 4096, {requests[i]});
+    ASSERT_EQ(together[i]->tokens[0].size(), 12u);
+    EXPECT_EQ(together[i]->tokens[0], alone[0]->tokens[0]) << "request " << i;
+    EXPECT_EQ(together[i]->finish[0], FinishReason::kLength);
+  }
+}
+
+TEST_F(SchedulerTest, FifoFinishesInArrivalOrder) {
+  SchedulerConfig c = Config();
+  c.max_num_seqs = 1;  // one sequence at a time: strict FIFO
+  Harness h(weights_, c, 4096);
+  std::vector<std::shared_ptr<Outcome>> outcomes;
+  for (int i = 0; i < 4; ++i) outcomes.push_back(*h.Submit(Greedy(Prompt(20, 10 + i), 6)));
+  h.Wait(outcomes);
+  EXPECT_EQ(h.finished_order(), h.ids_);
+  h.ExpectNoLeak();
+}
+
+TEST_F(SchedulerTest, ChunkedPrefillRidesAlongWithDecode) {
+  SchedulerConfig c = Config();
+  c.prefill_chunk_tokens = 32;
+  c.max_num_batched_tokens = 64;
+  c.max_prefill_tokens = 64;
+  Harness h(weights_, c, 4096);
+  std::mutex mu;
+  int mixed_steps = 0, long_prefill_chunks = 0;
+  h.observer_.on_step = [&](const StepPlan& plan, const StepResult&, absl::Duration) {
+    bool decode = false, prefill = false;
+    for (const SequenceChunk& chunk : plan.chunks) {
+      if (chunk.tokens.size() == 1) decode = true;
+      if (chunk.tokens.size() > 1) prefill = true;
+      if (chunk.tokens.size() == 32) ++long_prefill_chunks;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (decode && prefill) ++mixed_steps;
+  };
+  h.scheduler().SetObserver(h.observer_);
+  // The short request decodes for longer than the long prompt takes to prefill in 32-token
+  // chunks, so the two must share steps.
+  auto shortr = *h.Submit(Greedy(Prompt(8, 1), 100));
+  auto longr = *h.Submit(Greedy(Prompt(300, 2), 5));
+  h.Wait({shortr, longr});
+  h.ExpectNoLeak();
+  EXPECT_GT(mixed_steps, 0) << "prefill chunks never shared a step with decode rows";
+  EXPECT_GE(long_prefill_chunks, 4) << "the long prompt was not chunked";
+  // Chunking does not change the output.
+  SchedulerConfig whole = Config();
+  whole.prefill_chunk_tokens = 0;
+  whole.max_num_batched_tokens = 1024;
+  whole.max_prefill_tokens = 1024;
+  const auto unchunked = Run(whole, 4096, {Greedy(Prompt(300, 2), 5)});
+  EXPECT_EQ(longr->tokens[0], unchunked[0]->tokens[0]);
+}
+
+TEST_F(SchedulerTest, PreemptionResumesWithIdenticalOutputs) {
+  std::vector<GenerateRequest> requests;
+  for (int i = 0; i < 4; ++i) {
+    GenerateRequest r = Greedy(Prompt(20 + i, 100 + i), 40);
+    if (i % 2 == 1) {  // seeded sampling survives preemption too
+      r.sampling.temperature = 0.9f;
+      r.sampling.top_p = 0.95f;
+      r.sampling.seed = 1234 + i;
+      r.has_seed = true;
+    }
+    requests.push_back(r);
+  }
+  SchedulerStats tight_stats;
+  // 130 slots for 4 requests that each grow to ~62 tokens: they cannot all fit.
+  const auto tight = Run(Config(), 130, requests, &tight_stats);
+  const auto roomy = Run(Config(), 4096, requests);
+  EXPECT_GT(tight_stats.num_preemptions_total, 0) << "the test did not force a preemption";
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(tight[i]->error.ok()) << tight[i]->error;
+    EXPECT_EQ(tight[i]->tokens[0], roomy[i]->tokens[0]) << "request " << i;
+  }
+}
+
+TEST_F(SchedulerTest, PrefixReuseGivesIdenticalOutputsWithFewerPrefillRows) {
+  const std::vector<int32_t> shared = Prompt(64, 7);
+  std::vector<int32_t> a = shared, b = shared;
+  for (int32_t t : Prompt(10, 8)) a.push_back(t);
+  for (int32_t t : Prompt(12, 9)) b.push_back(t);
+
+  Harness h(weights_, Config(), 4096);
+  auto first = *h.Submit(Greedy(a, 8));
+  h.Wait({first});
+  const int64_t rows_before = h.scheduler().Stats().prefill_rows_total;
+  auto second = *h.Submit(Greedy(b, 8));
+  h.Wait({second});
+  const SchedulerStats s = h.scheduler().Stats();
+  const int64_t rows_for_b = s.prefill_rows_total - rows_before;
+  EXPECT_EQ(second->cached_prompt_tokens, 64);
+  EXPECT_EQ(rows_for_b, static_cast<int64_t>(b.size()) - 64);
+  EXPECT_GE(s.prefix_hit_tokens_total, 64);
+  h.ExpectNoLeak();
+
+  SchedulerConfig no_cache = Config();
+  no_cache.enable_prefix_caching = false;
+  const auto fresh = Run(no_cache, 4096, {Greedy(b, 8)});
+  EXPECT_EQ(second->tokens[0], fresh[0]->tokens[0]);
+}
+
+TEST_F(SchedulerTest, OverloadIsRefusedAndTheRestCompletes) {
+  SchedulerConfig c = Config();
+  c.max_waiting = 3;
+  Harness h(weights_, c, 4096);
+  std::vector<std::shared_ptr<Outcome>> accepted;
+  int refused = 0;
+  for (int i = 0; i < 12; ++i) {
+    auto o = h.Submit(Greedy(Prompt(30, 50 + i), 4));
+    if (o.ok()) {
+      accepted.push_back(*o);
+    } else {
+      EXPECT_EQ(o.status().code(), absl::StatusCode::kResourceExhausted) << o.status();
+      ++refused;
+    }
+  }
+  EXPECT_GT(refused, 0);
+  h.Wait(accepted);
+  for (const auto& o : accepted) EXPECT_EQ(o->tokens[0].size(), 4u);
+  EXPECT_EQ(h.scheduler().Stats().rejected_total, refused);
+  // Once the queue drained, requests are accepted again.
+  auto later = h.Submit(Greedy(Prompt(5, 99), 2));
+  ASSERT_TRUE(later.ok());
+  h.Wait({*later});
+  h.ExpectNoLeak();
+}
+
+TEST_F(SchedulerTest, BadRequestsAreRejectedAtAdmission) {
+  Harness h(weights_, Config(), 200);
+  EXPECT_EQ(h.Submit(Greedy({}, 4)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(h.Submit(Greedy(Prompt(1000, 1), 100)).status().code(),
+            absl::StatusCode::kInvalidArgument)
+      << "longer than max_model_len";
+  EXPECT_EQ(h.Submit(Greedy(Prompt(150, 1), 100)).status().code(),
+            absl::StatusCode::kInvalidArgument)
+      << "can never fit in a 200-slot pool";
+  EXPECT_EQ(h.Submit(Greedy({5, 999999}, 4)).status().code(), absl::StatusCode::kInvalidArgument);
+  GenerateRequest n0 = Greedy(Prompt(5, 1), 4);
+  n0.n = 0;
+  EXPECT_EQ(h.Submit(n0).status().code(), absl::StatusCode::kInvalidArgument);
+  // The queue is not wedged.
+  auto ok = h.Submit(Greedy(Prompt(10, 2), 3));
+  ASSERT_TRUE(ok.ok());
+  h.Wait({*ok});
+  h.ExpectNoLeak();
+}
+
+TEST_F(SchedulerTest, TimeoutAndCancelEndRequestsAndFreeKv) {
+  Harness h(weights_, Config(), 4096);
+  GenerateRequest slow = Greedy(Prompt(30, 3), 900);
+  slow.timeout = absl::Milliseconds(150);
+  auto timed = *h.Submit(slow);
+  auto cancelled = *h.Submit(Greedy(Prompt(30, 4), 900));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  h.scheduler().Cancel(h.ids_[1]);
+  h.Wait({timed, cancelled});
+  EXPECT_EQ(timed->finish[0], FinishReason::kTimeout);
+  EXPECT_EQ(timed->error.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(cancelled->finish[0], FinishReason::kAbort);
+  EXPECT_LT(timed->tokens[0].size(), 900u);
+  h.ExpectNoLeak();
+}
+
+TEST_F(SchedulerTest, NSamplesShareThePromptAndAreSeededDeterministically) {
+  GenerateRequest r = Greedy(Prompt(40, 5), 10);
+  r.n = 3;
+  r.sampling.temperature = 1.0f;
+  r.sampling.seed = 77;
+  r.has_seed = true;
+  SchedulerStats stats;
+  const auto first = Run(Config(), 4096, {r}, &stats);
+  const auto second = Run(Config(), 4096, {r});
+  EXPECT_EQ(stats.prefill_rows_total, 40) << "the shared prompt was computed more than once";
+  ASSERT_EQ(first[0]->tokens.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(first[0]->tokens[i].size(), 10u);
+    EXPECT_EQ(first[0]->tokens[i], second[0]->tokens[i]) << "sample " << i;
+  }
+  EXPECT_NE(first[0]->tokens[0], first[0]->tokens[1]) << "samples should differ";
+  // n > 1 also survives preemption exactly.
+  std::vector<GenerateRequest> crowd = {r, Greedy(Prompt(30, 6), 30), Greedy(Prompt(30, 7), 30)};
+  SchedulerStats tight_stats;
+  const auto tight = Run(Config(), 110, crowd, &tight_stats);
+  EXPECT_GT(tight_stats.num_preemptions_total, 0);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(tight[0]->tokens[i], first[0]->tokens[i]) << "sample " << i;
+}
+
+TEST_F(SchedulerTest, PriorityPolicyAdmitsUrgentRequestsFirst) {
+  SchedulerConfig c = Config();
+  c.policy = "priority";
+  c.max_num_seqs = 1;
+  Harness h(weights_, c, 4096);
+  GenerateRequest low = Greedy(Prompt(20, 1), 6);
+  low.priority = 5;
+  GenerateRequest urgent = Greedy(Prompt(20, 2), 6);
+  urgent.priority = 0;
+  auto a = *h.Submit(low);
+  auto b = *h.Submit(low);
+  auto c2 = *h.Submit(urgent);
+  h.Wait({a, b, c2});
+  const auto order = h.finished_order();
+  const auto pos = [&](uint64_t id) { return std::find(order.begin(), order.end(), id) - order.begin(); };
+  EXPECT_LT(pos(h.ids_[2]), pos(h.ids_[1])) << "the urgent request waited behind a low one";
+  h.ExpectNoLeak();
+}
+
+}  // namespace
+}  // namespace strata

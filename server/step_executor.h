@@ -1,0 +1,27 @@
+// A compute node as the scheduler sees it: something that runs step plans, one at a time,
+// and reports each result asynchronously.
+#ifndef STRATA_SERVER_STEP_EXECUTOR_H_
+#define STRATA_SERVER_STEP_EXECUTOR_H_
+
+#include <functional>
+#include <string>
+
+#include "common/protocol/step.h"
+
+namespace strata {
+
+// Receives the result of a submitted plan; called on an executor thread.
+using StepResultSink = std::function<void(StepResult)>;
+
+class StepExecutor {
+ public:
+  virtual ~StepExecutor() = default;
+  virtual std::string name() const = 0;
+  // Starts the plan. Exactly one result comes back through the sink, with `error` set if the
+  // node failed; a plan is never lost silently. Not called again before that result.
+  virtual void Submit(StepPlan plan, StepResultSink sink) = 0;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_SERVER_STEP_EXECUTOR_H_
