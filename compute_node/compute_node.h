@@ -1,0 +1,68 @@
+// The compute node: model weights plus the forward pass, driven by step plans.
+//
+// It loads and repacks the model at creation. The scheduler's Configure decides where
+// attention runs: with no memory nodes, in a local KV cache sized by the node's KV budget
+// (co-located mode); otherwise on the memory nodes over the data-plane transport.
+//
+// Thread-safety: Execute calls are serialised internally; Configure may be called between
+// steps from another thread.
+#ifndef STRATA_COMPUTE_NODE_COMPUTE_NODE_H_
+#define STRATA_COMPUTE_NODE_COMPUTE_NODE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/protocol/step.h"
+#include "compute_node/attention_backend.h"
+#include "compute_node/model_runner.h"
+#include "compute_node/model_weights.h"
+#include "compute_node/step_engine.h"
+#include "proto/control.pb.h"
+
+namespace strata {
+
+struct ComputeNodeOptions {
+  std::string model_dir;
+  std::string served_model_name;
+  int64_t max_model_len = 0;        // 0: the model's max_position_embeddings
+  int64_t max_batch_rows = 2048;    // rows per step
+  int64_t local_kv_budget_bytes = 1LL << 30;  // co-located mode
+  bool prefault_kv = true;
+};
+
+class ComputeNode {
+ public:
+  static absl::StatusOr<std::unique_ptr<ComputeNode>> Create(const ComputeNodeOptions& options);
+
+  // Sets the topology. With no memory nodes, allocates the local KV cache (once).
+  absl::StatusOr<control::ComputeConfigAck> Configure(const control::ComputeConfig& config);
+  StepResult Execute(const StepPlan& plan);
+
+  control::ModelShape shape() const;
+  control::NodeStatus Status() const;
+  const ModelConfig& model_config() const { return weights_->config; }
+  int64_t max_model_len() const { return max_model_len_; }
+  int64_t local_kv_slots() const;
+
+ private:
+  ComputeNode() = default;
+
+  ComputeNodeOptions options_;
+  std::unique_ptr<ModelWeights> weights_;
+  std::unique_ptr<ModelRunner> runner_;
+  int64_t max_model_len_ = 0;
+
+  mutable std::mutex mu_;
+  uint64_t epoch_ = 0;
+  std::unique_ptr<LocalAttention> local_;
+  std::unique_ptr<StepEngine> engine_;
+  std::atomic<uint64_t> steps_{0};
+};
+
+}  // namespace strata
+
+#endif  // STRATA_COMPUTE_NODE_COMPUTE_NODE_H_

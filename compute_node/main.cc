@@ -1,0 +1,87 @@
+// compute_node: holds the model weights and runs every layer but attention.
+//
+//   compute_node --model=DIR --scheduler=HOST:PORT [--port=0] [--threads=N]
+#include <omp.h>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/base/shutdown.h"
+#include "common/control/node_agent.h"
+#include "common/control/version.h"
+#include "compute_node/compute_node.h"
+#include "compute_node/service.h"
+#include "kernels/cpu/isa.h"
+
+ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
+ABSL_FLAG(std::string, served_model_name, "", "Model name reported to the scheduler");
+ABSL_FLAG(std::string, scheduler, "127.0.0.1:50050", "Scheduler control address");
+ABSL_FLAG(std::string, name, "compute-0", "Node name (logs, metrics)");
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on");
+ABSL_FLAG(int, port, 0, "Control port (0: any free port)");
+ABSL_FLAG(int, threads, 0, "Compute threads (0: all cores)");
+ABSL_FLAG(int64_t, kv_budget_mib, 1024, "Local KV cache for co-located mode, MiB");
+ABSL_FLAG(int64_t, max_batch_rows, 2048, "Rows (tokens) per step");
+ABSL_FLAG(int64_t, max_model_len, 0, "Context length (0: the model's)");
+ABSL_FLAG(bool, prefault_kv, true, "Touch the KV cache at start-up");
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  strata::InstallShutdownHandlers();
+  strata::SetLogTag(absl::GetFlag(FLAGS_name));
+  if (absl::GetFlag(FLAGS_threads) > 0) omp_set_num_threads(absl::GetFlag(FLAGS_threads));
+
+  strata::ComputeNodeOptions options;
+  options.model_dir = absl::GetFlag(FLAGS_model);
+  options.served_model_name = absl::GetFlag(FLAGS_served_model_name);
+  options.max_model_len = absl::GetFlag(FLAGS_max_model_len);
+  options.max_batch_rows = absl::GetFlag(FLAGS_max_batch_rows);
+  options.local_kv_budget_bytes = absl::GetFlag(FLAGS_kv_budget_mib) << 20;
+  options.prefault_kv = absl::GetFlag(FLAGS_prefault_kv);
+  auto node = strata::ComputeNode::Create(options);
+  if (!node.ok()) {
+    LOG(ERROR) << "cannot load the model: " << node.status();
+    return 1;
+  }
+
+  strata::control::NodeInfo info;
+  info.set_role(strata::control::ROLE_COMPUTE);
+  info.set_name(absl::GetFlag(FLAGS_name));
+  info.set_protocol_version(strata::kProtocolVersion);
+  info.set_build_version(strata::kBuildVersion);
+  info.set_cpu_isa(strata::kernels::CpuIsaName(strata::kernels::ActiveCpuIsa()));
+  info.set_kv_budget_bytes(options.local_kv_budget_bytes);
+  *info.mutable_model() = (*node)->shape();
+
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(256 << 20);
+  builder.SetMaxSendMessageSize(256 << 20);
+  builder.AddListeningPort(absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port)),
+                           grpc::InsecureServerCredentials(), &port);
+  strata::ComputeNodeService service(node->get(), info);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    LOG(ERROR) << "cannot listen on " << absl::GetFlag(FLAGS_host) << ":" << absl::GetFlag(FLAGS_port);
+    return 1;
+  }
+  info.set_control_address(absl::StrCat(absl::GetFlag(FLAGS_host), ":", port));
+  LOG(INFO) << "compute node listening on " << info.control_address() << " ("
+            << info.cpu_isa() << " kernels, " << omp_get_max_threads() << " threads)";
+
+  strata::NodeAgent agent(absl::GetFlag(FLAGS_scheduler), info, [&] { return (*node)->Status(); });
+  agent.Start();
+  while (!strata::WaitForShutdownFor(absl::Milliseconds(200))) {
+    if (!agent.fatal_error().empty()) {
+      LOG(ERROR) << "giving up: " << agent.fatal_error();
+      break;
+    }
+  }
+  agent.Stop();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return agent.fatal_error().empty() ? 0 : 1;
+}

@@ -1,0 +1,61 @@
+#include "compute_node/service.h"
+
+#include "common/base/logging.h"
+#include "common/base/shutdown.h"
+#include "common/protocol/step_proto.h"
+
+namespace strata {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+}  // namespace
+
+grpc::Status ComputeNodeService::Configure(grpc::ServerContext*, const control::ComputeConfig* request,
+                                           control::ComputeConfigAck* response) {
+  auto ack = node_->Configure(*request);
+  if (!ack.ok()) return ToGrpc(ack.status());
+  *response = *ack;
+  return grpc::Status::OK;
+}
+
+grpc::Status ComputeNodeService::RunSteps(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<control::StepResult, control::StepPlan>* stream) {
+  control::StepPlan wire;
+  while (stream->Read(&wire)) {
+    StepResult result;
+    auto plan = FromProto(wire);
+    if (!plan.ok()) {
+      LOG(ERROR) << "rejected a malformed step plan: " << plan.status();
+      result.step_id = wire.step_id();
+      result.error = std::string(plan.status().message());
+    } else {
+      result = node_->Execute(*plan);
+    }
+    control::StepResult out;
+    ToProto(result, &out);
+    if (!stream->Write(out)) break;
+    if (context->IsCancelled()) break;
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ComputeNodeService::Health(grpc::ServerContext*, const control::HealthRequest*,
+                                        control::HealthResponse* response) {
+  *response->mutable_node() = info_;
+  *response->mutable_status() = node_->Status();
+  return grpc::Status::OK;
+}
+
+grpc::Status ComputeNodeService::Shutdown(grpc::ServerContext*, const control::ShutdownRequest*,
+                                          control::ShutdownResponse*) {
+  LOG(INFO) << "shutdown requested by the scheduler";
+  RequestShutdown();
+  return grpc::Status::OK;
+}
+
+}  // namespace strata

@@ -1,0 +1,33 @@
+// The compute node's gRPC service (proto/control.proto, service ComputeNode): the
+// scheduler's entry point to a ComputeNode.
+#ifndef STRATA_COMPUTE_NODE_SERVICE_H_
+#define STRATA_COMPUTE_NODE_SERVICE_H_
+
+#include "compute_node/compute_node.h"
+#include "proto/control.grpc.pb.h"
+
+namespace strata {
+
+class ComputeNodeService final : public control::ComputeNode::Service {
+ public:
+  // `node` must outlive the service; `info` is what Health reports.
+  ComputeNodeService(ComputeNode* node, control::NodeInfo info) : node_(node), info_(std::move(info)) {}
+
+  grpc::Status Configure(grpc::ServerContext* context, const control::ComputeConfig* request,
+                         control::ComputeConfigAck* response) override;
+  grpc::Status RunSteps(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<control::StepResult, control::StepPlan>* stream) override;
+  grpc::Status Health(grpc::ServerContext* context, const control::HealthRequest* request,
+                      control::HealthResponse* response) override;
+  grpc::Status Shutdown(grpc::ServerContext* context, const control::ShutdownRequest* request,
+                        control::ShutdownResponse* response) override;
+
+ private:
+  ComputeNode* node_;
+  control::NodeInfo info_;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_COMPUTE_NODE_SERVICE_H_

@@ -1,0 +1,56 @@
+// Parsing and validation of the generation parameters shared by /v1/completions,
+// /v1/chat/completions and the gRPC API: OpenAI's, plus the extras vLLM accepts.
+// Type and range errors name the parameter.
+#ifndef STRATA_SERVER_API_PARAMS_H_
+#define STRATA_SERVER_API_PARAMS_H_
+
+#include <optional>
+#include <string>
+#include <variant>
+
+#include "nlohmann/json.hpp"
+#include "server/api/api_error.h"
+#include "server/request.h"
+
+namespace strata::api {
+
+struct ApiLimits {
+  int max_n = 16;
+  int max_logprobs = 20;
+  int max_stop_sequences = 16;
+  int64_t max_model_len = 4096;
+  int32_t vocab_size = 0;
+};
+
+// What the request asked for beyond GenerateRequest.
+struct ParsedParams {
+  GenerateRequest request;       // everything but the prompt tokens
+  std::optional<int> max_tokens; // absent: the endpoint's default
+  bool stream = false;
+  bool include_usage = false;
+  bool return_tokens_as_token_ids = false;
+  bool echo = false;
+  int top_logprobs = 0;          // chat: top_logprobs; completions: logprobs
+  bool logprobs = false;
+  std::string user;
+};
+
+enum class Endpoint { kCompletions, kChat };
+
+// Parses the common parameters of `body` (already a JSON object).
+std::variant<ParsedParams, ApiError> ParseParams(const nlohmann::json& body, Endpoint endpoint,
+                                                 const ApiLimits& limits);
+
+// Typed field readers: absent or null gives nullopt; a wrong type or range is an ApiError.
+std::variant<std::optional<int64_t>, ApiError> GetInt(const nlohmann::json& body,
+                                                      const std::string& name, int64_t lo,
+                                                      int64_t hi);
+std::variant<std::optional<double>, ApiError> GetNumber(const nlohmann::json& body,
+                                                        const std::string& name, double lo,
+                                                        double hi);
+std::variant<std::optional<bool>, ApiError> GetBool(const nlohmann::json& body,
+                                                    const std::string& name);
+
+}  // namespace strata::api
+
+#endif  // STRATA_SERVER_API_PARAMS_H_

@@ -1,0 +1,100 @@
+// The scheduler's side of the control plane (proto/control.proto, service Scheduler): node
+// registration, heartbeats, liveness, and wiring nodes into the Scheduler.
+//
+// Register validates a node (protocol version, model shape, kernel ISA) and refuses a
+// mismatch with FAILED_PRECONDITION and a reason. A worker thread then configures it: a
+// compute node gets the memory-node list (none in co-located mode, where its own KV cache
+// becomes a pool), a memory node gets the model shape and its slot count. A node whose
+// heartbeats stop for `heartbeat_timeout` is declared dead: its executor or pool is taken
+// out of the scheduler (requests move elsewhere). A dead node that comes back registers
+// again and is re-admitted, empty.
+//
+// Thread-safety: gRPC handlers, the worker and the monitor share state under a mutex.
+#ifndef STRATA_SERVER_CONTROL_PLANE_H_
+#define STRATA_SERVER_CONTROL_PLANE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "proto/control.grpc.pb.h"
+#include "server/scheduler.h"
+
+namespace strata {
+
+struct ControlPlaneOptions {
+  uint64_t epoch = 0;
+  control::ModelShape model;  // what compute nodes must have loaded
+  int expected_compute_nodes = 1;
+  int expected_memory_nodes = 0;  // 0: co-located mode
+  absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  absl::Duration heartbeat_timeout = absl::Seconds(3);
+  absl::Duration step_deadline = absl::Seconds(60);
+  bool allow_mixed_isa = false;
+};
+
+struct NodeView {
+  uint64_t id = 0;
+  control::NodeInfo info;
+  bool alive = false;
+  bool configured = false;
+  absl::Time last_seen;
+  control::NodeStatus status;
+};
+
+class ControlPlane final : public control::Scheduler::Service {
+ public:
+  ControlPlane(Scheduler* scheduler, ControlPlaneOptions options);
+  ~ControlPlane() override;
+  void Stop();
+
+  grpc::Status Register(grpc::ServerContext* context, const control::RegisterRequest* request,
+                        control::RegisterResponse* response) override;
+  grpc::Status Heartbeat(grpc::ServerContext* context, const control::HeartbeatRequest* request,
+                         control::HeartbeatResponse* response) override;
+
+  // Every expected node registered, configured and alive, and the scheduler can run.
+  bool Ready() const;
+  std::vector<NodeView> Nodes() const;
+  // Asks every live node to exit (best effort, with a deadline).
+  void ShutdownNodes();
+
+ private:
+  struct Node {
+    NodeView view;
+    int executor = -1;        // compute nodes
+    int pool = -1;            // memory nodes, and co-located compute nodes
+    std::shared_ptr<grpc::Channel> channel;
+  };
+  void Work();
+  void Monitor();
+  void ConfigureCompute(uint64_t id);
+  void ConfigureMemory(uint64_t id);
+  void ReconfigureComputeNodes();
+  void MarkDead(Node& node, const std::string& why);
+
+  Scheduler* scheduler_;
+  ControlPlaneOptions options_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<uint64_t, Node> nodes_;
+  uint64_t next_id_ = 1;
+  std::string isa_;
+  std::deque<uint64_t> to_configure_;
+  bool stop_ = false;
+  std::thread worker_, monitor_;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_SERVER_CONTROL_PLANE_H_
