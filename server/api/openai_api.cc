@@ -1,0 +1,651 @@
+#include "server/api/openai_api.h"
+
+#include <chrono>
+#include <mutex>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/base/logging.h"
+#include "common/tokenizer/utf8.h"
+
+namespace strata::api {
+namespace {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+constexpr char kJson[] = "application/json";
+
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string Dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+
+std::string RandomId(const std::string& prefix) {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  return absl::StrFormat("%s%016x%08x", prefix, rng(), static_cast<uint32_t>(rng()));
+}
+
+int64_t NowSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+double Seconds(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// One API call's generation: several prompts, n samples each, aggregated into one JSON
+// response or one SSE stream. Scheduler updates arrive on the scheduler thread.
+class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
+ public:
+  enum class Kind { kCompletion, kChat };
+
+  struct Choice {
+    std::string text;
+    std::vector<int32_t> tokens;
+    json logprobs_tokens = json::array();      // completions shape, parallel arrays
+    json logprobs_values = json::array();
+    json logprobs_top = json::array();
+    json logprobs_offsets = json::array();
+    json chat_logprobs = json::array();        // chat shape
+    std::string finish_reason;
+    json stop_reason = nullptr;
+    bool sent_role = false;
+  };
+
+  Kind kind;
+  std::string id, model;
+  int64_t created = 0;
+  bool stream = false, include_usage = false, echo = false, logprobs = false;
+  bool token_ids_as_strings = false;
+  int n = 1;
+  std::vector<std::string> echo_texts;  // per prompt
+  std::vector<Choice> choices;
+  std::vector<uint64_t> request_ids;
+  int pending = 0;
+  int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+  std::shared_ptr<http::Responder> responder;
+  const Tokenizer* tokenizer = nullptr;
+  Scheduler* scheduler = nullptr;
+  std::function<void(int)> on_done;  // HTTP status, for metrics
+  std::mutex mu;
+  bool failed = false;
+
+  std::string TokenText(int32_t token) const {
+    if (token_ids_as_strings || tokenizer == nullptr) return absl::StrCat("token_id:", token);
+    return tokenizer->Decode(std::vector<int32_t>{token}, /*skip_special_tokens=*/false);
+  }
+
+  json ChatTokenLogprob(int32_t token, float lp) const {
+    const std::string t = TokenText(token);
+    json bytes = json::array();
+    for (unsigned char c : t) bytes.push_back(c);
+    return {{"token", t}, {"logprob", lp}, {"bytes", bytes}};
+  }
+
+  json Usage() const {
+    return {{"prompt_tokens", prompt_tokens},
+            {"completion_tokens", completion_tokens},
+            {"total_tokens", prompt_tokens + completion_tokens},
+            {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
+  }
+
+  json ChunkHeader() const {
+    return {{"id", id},
+            {"object", kind == Kind::kChat ? "chat.completion.chunk" : "text_completion"},
+            {"created", created},
+            {"model", model}};
+  }
+
+  void WriteEvent(const json& j) { responder->Write("data: " + Dump(j) + "\n\n"); }
+
+  // Applies one scheduler update for prompt `p`. Called under `mu`.
+  void Apply(size_t p, const RequestUpdate& u, json* stream_choices) {
+    for (const SequenceUpdate& s : u.sequences) {
+      const size_t index = p * n + s.index;
+      Choice& c = choices[index];
+      json chunk_logprobs = nullptr;
+      if (logprobs && !s.logprobs.empty()) {
+        json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+        json chat_content = json::array();
+        size_t offset = c.text.size();
+        for (const TokenLogprob& lp : s.logprobs) {
+          const std::string text = TokenText(lp.token);
+          if (kind == Kind::kCompletion) {
+            json top = json::object();
+            for (const auto& [t, v] : lp.top) top[TokenText(t)] = v;
+            tokens.push_back(text);
+            values.push_back(lp.logprob);
+            tops.push_back(top);
+            offsets.push_back(offset);
+            offset += text.size();
+          } else {
+            json entry = ChatTokenLogprob(lp.token, lp.logprob);
+            json top = json::array();
+            for (const auto& [t, v] : lp.top) top.push_back(ChatTokenLogprob(t, v));
+            entry["top_logprobs"] = top;
+            chat_content.push_back(entry);
+          }
+        }
+        if (kind == Kind::kCompletion) {
+          for (auto& x : tokens) c.logprobs_tokens.push_back(x);
+          for (auto& x : values) c.logprobs_values.push_back(x);
+          for (auto& x : tops) c.logprobs_top.push_back(x);
+          for (auto& x : offsets) c.logprobs_offsets.push_back(x);
+          chunk_logprobs = {{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops},
+                            {"text_offset", offsets}};
+        } else {
+          for (auto& x : chat_content) c.chat_logprobs.push_back(x);
+          chunk_logprobs = {{"content", chat_content}};
+        }
+      }
+      c.text += s.text;
+      c.tokens.insert(c.tokens.end(), s.tokens.begin(), s.tokens.end());
+      completion_tokens += static_cast<int64_t>(s.tokens.size());
+      if (s.finish != FinishReason::kNone) {
+        c.finish_reason = FinishReasonName(s.finish);
+        if (!s.stop_reason.empty()) {
+          // A stop string is reported as a string, a stop token as its id (EOS as null).
+          const bool numeric = s.stop_reason.size() < 10 &&
+                               std::all_of(s.stop_reason.begin(), s.stop_reason.end(), ::isdigit);
+          c.stop_reason = numeric && !stop_strings_contains(s.stop_reason)
+                              ? json(std::stoll(s.stop_reason))
+                              : json(s.stop_reason);
+        }
+      }
+      if (!stream) continue;
+      json choice = {{"index", index}, {"logprobs", chunk_logprobs},
+                     {"finish_reason", c.finish_reason.empty() ? json(nullptr) : json(c.finish_reason)}};
+      if (kind == Kind::kCompletion) {
+        choice["text"] = s.text;
+        if (!c.finish_reason.empty()) choice["stop_reason"] = c.stop_reason;
+      } else {
+        choice["delta"] = s.text.empty() && !c.finish_reason.empty() ? json::object()
+                                                                    : json({{"content", s.text}});
+      }
+      if (s.text.empty() && s.tokens.empty() && c.finish_reason.empty()) continue;
+      stream_choices->push_back(choice);
+    }
+  }
+
+  std::vector<std::string> stop_strings;
+  bool stop_strings_contains(const std::string& s) const {
+    return std::find(stop_strings.begin(), stop_strings.end(), s) != stop_strings.end();
+  }
+
+  void OnUpdate(size_t p, const RequestUpdate& u) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (failed) return;
+    if (!u.error.ok() && u.finished) {
+      // The request failed (or was cancelled): the whole call fails.
+      failed = true;
+      for (size_t i = 0; i < request_ids.size(); ++i) {
+        if (i != p) scheduler->Cancel(request_ids[i]);
+      }
+      if (u.error.code() == absl::StatusCode::kCancelled) {
+        if (on_done) on_done(499);
+        return;  // the client went away; nobody to tell
+      }
+      const ApiError error = FromStatus(u.error);
+      if (stream) {
+        WriteEvent(json::parse(error.ToJson()));
+        responder->Write("data: [DONE]\n\n");
+        responder->End();
+      } else {
+        responder->Send(error.status, kJson, error.ToJson());
+      }
+      if (on_done) on_done(error.status);
+      return;
+    }
+    json stream_choices = json::array();
+    Apply(p, u, &stream_choices);
+    if (u.finished) {
+      prompt_tokens += u.prompt_tokens;
+      cached_tokens += u.cached_prompt_tokens;
+      --pending;
+    }
+    if (stream && !stream_choices.empty()) {
+      json chunk = ChunkHeader();
+      chunk["choices"] = stream_choices;
+      WriteEvent(chunk);
+    }
+    if (pending > 0) return;
+    if (stream) {
+      if (include_usage) {
+        json chunk = ChunkHeader();
+        chunk["choices"] = json::array();
+        chunk["usage"] = Usage();
+        WriteEvent(chunk);
+      }
+      responder->Write("data: [DONE]\n\n");
+      responder->End();
+    } else {
+      responder->Send(200, kJson, Dump(FinalResponse()));
+    }
+    if (on_done) on_done(200);
+  }
+
+  json FinalResponse() const {
+    json out = {{"id", id},
+                {"object", kind == Kind::kChat ? "chat.completion" : "text_completion"},
+                {"created", created},
+                {"model", model}};
+    json list = json::array();
+    for (size_t i = 0; i < choices.size(); ++i) {
+      const Choice& c = choices[i];
+      json choice = {{"index", i}, {"finish_reason", c.finish_reason.empty() ? json(nullptr) : json(c.finish_reason)}};
+      if (kind == Kind::kCompletion) {
+        choice["text"] = (echo ? echo_texts[i / n] : "") + c.text;
+        choice["logprobs"] = logprobs ? json({{"tokens", c.logprobs_tokens},
+                                              {"token_logprobs", c.logprobs_values},
+                                              {"top_logprobs", c.logprobs_top},
+                                              {"text_offset", c.logprobs_offsets}})
+                                      : json(nullptr);
+        choice["stop_reason"] = c.stop_reason;
+      } else {
+        choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+        choice["logprobs"] = logprobs ? json({{"content", c.chat_logprobs}}) : json(nullptr);
+        choice["stop_reason"] = c.stop_reason;
+      }
+      list.push_back(choice);
+    }
+    out["choices"] = list;
+    out["usage"] = Usage();
+    return out;
+  }
+};
+
+}  // namespace
+
+OpenAiApi::OpenAiApi(Scheduler* scheduler, const Tokenizer* tokenizer, const ChatTemplate* chat_template,
+                     ApiOptions options, std::function<bool()> healthy)
+    : scheduler_(scheduler),
+      tokenizer_(tokenizer),
+      chat_template_(chat_template),
+      options_(std::move(options)),
+      healthy_(std::move(healthy)),
+      created_(NowSeconds()) {}
+
+void OpenAiApi::SendJson(const std::shared_ptr<http::Responder>& responder, int status,
+                         const std::string& body) {
+  responder->Send(status, kJson, body);
+}
+
+void OpenAiApi::SendError(const std::shared_ptr<http::Responder>& responder, const ApiError& error) {
+  responder->Send(error.status, kJson, error.ToJson());
+}
+
+void OpenAiApi::Handle(const http::Request& request, std::shared_ptr<http::Responder> responder) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string& path = request.path;
+  auto finish = [this, path, start](int status) {
+    if (observer_) observer_(path, status, Seconds(start));
+  };
+  auto reply = [&](int status, const std::string& body, const char* type = kJson) {
+    responder->Send(status, type, body);
+    finish(status);
+  };
+  auto error = [&](const ApiError& e) { reply(e.status, e.ToJson()); };
+
+  if (path == "/health") {
+    if (healthy_()) return reply(200, R"({"status":"ok"})");
+    return reply(503, R"({"status":"starting","message":"waiting for nodes to register"})");
+  }
+  if (path == "/ready") {
+    if (healthy_() && !draining_) return reply(200, R"({"ready":true})");
+    return reply(503, draining_ ? R"({"ready":false,"reason":"draining"})" : R"({"ready":false,"reason":"starting"})");
+  }
+  if (path == "/metrics") {
+    if (!metrics_) return error(NotFound("metrics are not enabled"));
+    return reply(200, metrics_(), "text/plain; version=0.0.4; charset=utf-8");
+  }
+  const bool is_v1 = path.rfind("/v1/", 0) == 0;
+  if (is_v1 && !options_.api_key.empty() &&
+      request.Header("authorization") != "Bearer " + options_.api_key) {
+    return error(Unauthorized("missing or wrong API key (expected 'Authorization: Bearer <key>')"));
+  }
+  struct Route {
+    const char* path;
+    const char* method;
+  };
+  static const Route kRoutes[] = {{"/v1/models", "GET"},          {"/v1/completions", "POST"},
+                                  {"/v1/chat/completions", "POST"}, {"/tokenize", "POST"},
+                                  {"/detokenize", "POST"}};
+  for (const Route& r : kRoutes) {
+    if (path != r.path) continue;
+    if (request.method != r.method) {
+      return error({405, "invalid_request_error", absl::StrCat(request.method, " is not allowed on ", path), ""});
+    }
+    if (path == "/v1/models") {
+      Models(responder);
+      return finish(200);
+    }
+    if ((path == "/v1/completions" || path == "/v1/chat/completions") && draining_) {
+      return error(Overloaded("the server is draining and accepts no new requests"));
+    }
+    if (path == "/v1/completions") return Completions(request, responder);
+    if (path == "/v1/chat/completions") return ChatCompletions(request, responder);
+    if (path == "/tokenize") return Tokenize(request, responder);
+    return Detokenize(request, responder);
+  }
+  error(NotFound(absl::StrCat("no route ", request.method, " ", path)));
+}
+
+void OpenAiApi::Models(std::shared_ptr<http::Responder> responder) {
+  json model = {{"id", options_.served_model_name},
+                {"object", "model"},
+                {"created", created_},
+                {"owned_by", "strata"},
+                {"root", options_.model_path},
+                {"max_model_len", options_.limits.max_model_len}};
+  SendJson(responder, 200, Dump(json({{"object", "list"}, {"data", json::array({model})}})));
+}
+
+namespace {
+
+// Parses a request body into a JSON object; ApiError for anything else.
+std::variant<ojson, ApiError> ParseBody(const std::string& body) {
+  ojson j = ojson::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return BadRequest("the request body is not valid JSON (or not valid UTF-8)");
+  if (!j.is_object()) return BadRequest("the request body must be a JSON object");
+  return j;
+}
+
+std::variant<std::vector<int32_t>, ApiError> TokenList(const ojson& j, int32_t vocab, const std::string& param) {
+  std::vector<int32_t> out;
+  for (const ojson& t : j) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab) {
+      return BadRequest(absl::StrCat("'", param, "' holds an invalid token id: ", t.dump()), param);
+    }
+    out.push_back(t.get<int32_t>());
+  }
+  return out;
+}
+
+}  // namespace
+
+void OpenAiApi::Completions(const http::Request& request, std::shared_ptr<http::Responder> responder) {
+  const auto start = std::chrono::steady_clock::now();
+  auto finish = [this, start](int status) {
+    if (observer_) observer_("/v1/completions", status, Seconds(start));
+  };
+  auto fail = [&](const ApiError& e) {
+    SendError(responder, e);
+    finish(e.status);
+  };
+  auto body_or = ParseBody(request.body);
+  if (auto* e = std::get_if<ApiError>(&body_or)) return fail(*e);
+  const ojson& body = std::get<ojson>(body_or);
+  if (!body.contains("model") || !body["model"].is_string()) {
+    return fail(BadRequest("'model' is required", "model"));
+  }
+  if (body["model"].get<std::string>() != options_.served_model_name) {
+    return fail(NotFound(absl::StrCat("The model `", body["model"].get<std::string>(), "` does not exist.")));
+  }
+  auto params_or = ParseParams(json::parse(Dump(body)), Endpoint::kCompletions, options_.limits);
+  if (auto* e = std::get_if<ApiError>(&params_or)) return fail(*e);
+  ParsedParams params = std::get<ParsedParams>(std::move(params_or));
+  if (params.echo && params.logprobs) {
+    return fail(BadRequest("'echo' together with 'logprobs' is not supported (no prompt logprobs)", "echo"));
+  }
+
+  // prompt: a string, a list of strings, a list of token ids, or a list of such lists.
+  if (!body.contains("prompt")) return fail(BadRequest("'prompt' is required", "prompt"));
+  const ojson& prompt = body["prompt"];
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> prompt_texts;
+  const int32_t vocab = options_.limits.vocab_size;
+  auto add_text = [&](const std::string& text) -> std::optional<ApiError> {
+    if (tokenizer_ == nullptr) return BadRequest("this model has no tokenizer: send token ids", "prompt");
+    prompts.push_back(tokenizer_->Encode(text, /*add_special_tokens=*/true));
+    prompt_texts.push_back(text);
+    return std::nullopt;
+  };
+  auto add_ids = [&](const ojson& ids) -> std::optional<ApiError> {
+    auto tokens = TokenList(ids, vocab, "prompt");
+    if (auto* e = std::get_if<ApiError>(&tokens)) return *e;
+    prompts.push_back(std::get<std::vector<int32_t>>(tokens));
+    prompt_texts.push_back(tokenizer_ ? tokenizer_->Decode(prompts.back(), false) : "");
+    return std::nullopt;
+  };
+  if (prompt.is_string()) {
+    if (auto e = add_text(prompt.get<std::string>())) return fail(*e);
+  } else if (prompt.is_array() && !prompt.empty() && prompt[0].is_number_integer()) {
+    if (auto e = add_ids(prompt)) return fail(*e);
+  } else if (prompt.is_array() && !prompt.empty()) {
+    for (const ojson& p : prompt) {
+      std::optional<ApiError> e;
+      if (p.is_string()) {
+        e = add_text(p.get<std::string>());
+      } else if (p.is_array() && !p.empty()) {
+        e = add_ids(p);
+      } else {
+        e = BadRequest("'prompt' list items must be strings or non-empty token-id lists", "prompt");
+      }
+      if (e) return fail(*e);
+    }
+  } else {
+    return fail(BadRequest("'prompt' must be a string, a list of strings, a list of token ids, or a list "
+                           "of token-id lists",
+                           "prompt"));
+  }
+  if (prompts.size() > 64) return fail(BadRequest("at most 64 prompts per request", "prompt"));
+
+  auto job = std::make_shared<GenerationJob>();
+  job->kind = GenerationJob::Kind::kCompletion;
+  job->id = RandomId("cmpl-");
+  job->model = options_.served_model_name;
+  job->created = NowSeconds();
+  job->stream = params.stream;
+  job->include_usage = params.include_usage;
+  job->echo = params.echo;
+  job->logprobs = params.logprobs;
+  job->token_ids_as_strings = params.return_tokens_as_token_ids;
+  job->n = params.request.n;
+  job->echo_texts = prompt_texts;
+  job->stop_strings = params.request.stop;
+  job->choices.resize(prompts.size() * params.request.n);
+  job->pending = static_cast<int>(prompts.size());
+  job->responder = responder;
+  job->tokenizer = tokenizer_;
+  job->scheduler = scheduler_;
+  job->on_done = finish;
+
+  std::vector<GenerateRequest> requests;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerateRequest r = params.request;
+    r.external_id = prompts.size() > 1 ? absl::StrCat(job->id, "-", i) : job->id;
+    r.prompt_tokens = prompts[i];
+    r.max_tokens = params.max_tokens.value_or(options_.default_completion_max_tokens);
+    requests.push_back(std::move(r));
+  }
+  // Headers go out before the first token, so that the client sees the stream open.
+  std::lock_guard<std::mutex> lock(job->mu);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto id = scheduler_->Submit(std::move(requests[i]), [job, i](const RequestUpdate& u) { job->OnUpdate(i, u); });
+    if (!id.ok()) {
+      for (uint64_t submitted : job->request_ids) scheduler_->Cancel(submitted);
+      job->failed = true;
+      return fail(FromStatus(id.status()));
+    }
+    job->request_ids.push_back(*id);
+  }
+  if (job->stream) {
+    responder->StartStream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
+    if (job->echo) {
+      json chunk = job->ChunkHeader();
+      json choices = json::array();
+      for (size_t i = 0; i < job->choices.size(); ++i) {
+        choices.push_back({{"index", i}, {"text", prompt_texts[i / job->n]}, {"logprobs", nullptr}, {"finish_reason", nullptr}});
+      }
+      chunk["choices"] = choices;
+      job->WriteEvent(chunk);
+    }
+    active_streams_.fetch_add(1);
+  }
+  std::weak_ptr<GenerationJob> weak = job;
+  responder->OnClose([this, weak] {
+    auto j = weak.lock();
+    if (!j) return;
+    if (j->stream) active_streams_.fetch_sub(1);
+    for (uint64_t id : j->request_ids) scheduler_->Cancel(id);
+  });
+  if (job->stream) {
+    auto original = job->on_done;
+    job->on_done = [this, original](int status) {
+      active_streams_.fetch_sub(1);
+      original(status);
+    };
+  }
+}
+
+void OpenAiApi::ChatCompletions(const http::Request& request, std::shared_ptr<http::Responder> responder) {
+  const auto start = std::chrono::steady_clock::now();
+  auto finish = [this, start](int status) {
+    if (observer_) observer_("/v1/chat/completions", status, Seconds(start));
+  };
+  auto fail = [&](const ApiError& e) {
+    SendError(responder, e);
+    finish(e.status);
+  };
+  if (chat_template_ == nullptr || tokenizer_ == nullptr) {
+    return fail(BadRequest("this model has no tokenizer, so chat is unavailable"));
+  }
+  auto body_or = ParseBody(request.body);
+  if (auto* e = std::get_if<ApiError>(&body_or)) return fail(*e);
+  const ojson& body = std::get<ojson>(body_or);
+  if (!body.contains("model") || !body["model"].is_string()) {
+    return fail(BadRequest("'model' is required", "model"));
+  }
+  if (body["model"].get<std::string>() != options_.served_model_name) {
+    return fail(NotFound(absl::StrCat("The model `", body["model"].get<std::string>(), "` does not exist.")));
+  }
+  auto params_or = ParseParams(json::parse(Dump(body)), Endpoint::kChat, options_.limits);
+  if (auto* e = std::get_if<ApiError>(&params_or)) return fail(*e);
+  ParsedParams params = std::get<ParsedParams>(std::move(params_or));
+  if (!body.contains("messages")) return fail(BadRequest("'messages' is required", "messages"));
+  if (body.contains("response_format") && body["response_format"].is_object() &&
+      body["response_format"].value("type", "text") != "text") {
+    return fail(BadRequest("only response_format {\"type\": \"text\"} is supported", "response_format"));
+  }
+  if (body.contains("tool_choice") && body["tool_choice"].is_object()) {
+    return fail(BadRequest("forcing a specific tool is not supported", "tool_choice"));
+  }
+  const bool add_generation_prompt = body.value("add_generation_prompt", true);
+  const ojson tools = body.contains("tools") && body["tools"].is_array() ? body["tools"] : ojson();
+  const ojson extra = body.contains("chat_template_kwargs") && body["chat_template_kwargs"].is_object()
+                          ? body["chat_template_kwargs"]
+                          : ojson::object();
+  auto rendered = chat_template_->Render(body["messages"], add_generation_prompt, tools, extra);
+  if (!rendered.ok()) return fail(BadRequest(std::string(rendered.status().message()), "messages"));
+  // Templates write their own BOS, so no special tokens are added (as vLLM).
+  std::vector<int32_t> prompt = tokenizer_->Encode(*rendered, /*add_special_tokens=*/false);
+
+  auto job = std::make_shared<GenerationJob>();
+  job->kind = GenerationJob::Kind::kChat;
+  job->id = RandomId("chatcmpl-");
+  job->model = options_.served_model_name;
+  job->created = NowSeconds();
+  job->stream = params.stream;
+  job->include_usage = params.include_usage;
+  job->logprobs = params.logprobs;
+  job->token_ids_as_strings = params.return_tokens_as_token_ids;
+  job->n = params.request.n;
+  job->stop_strings = params.request.stop;
+  job->choices.resize(params.request.n);
+  job->pending = 1;
+  job->responder = responder;
+  job->tokenizer = tokenizer_;
+  job->scheduler = scheduler_;
+  job->on_done = finish;
+
+  GenerateRequest r = params.request;
+  r.external_id = job->id;
+  r.max_tokens = params.max_tokens.value_or(
+      std::max<int>(1, static_cast<int>(options_.limits.max_model_len - static_cast<int64_t>(prompt.size()))));
+  r.prompt_tokens = std::move(prompt);
+
+  std::lock_guard<std::mutex> lock(job->mu);
+  auto id = scheduler_->Submit(std::move(r), [job](const RequestUpdate& u) { job->OnUpdate(0, u); });
+  if (!id.ok()) {
+    job->failed = true;
+    return fail(FromStatus(id.status()));
+  }
+  job->request_ids.push_back(*id);
+  if (job->stream) {
+    responder->StartStream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
+    // The first chunk of every choice carries the role.
+    json chunk = job->ChunkHeader();
+    json choices = json::array();
+    for (int i = 0; i < job->n; ++i) {
+      choices.push_back({{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}},
+                         {"logprobs", nullptr}, {"finish_reason", nullptr}});
+      job->choices[i].sent_role = true;
+    }
+    chunk["choices"] = choices;
+    job->WriteEvent(chunk);
+    active_streams_.fetch_add(1);
+    auto original = job->on_done;
+    job->on_done = [this, original](int status) {
+      active_streams_.fetch_sub(1);
+      original(status);
+    };
+  }
+  std::weak_ptr<GenerationJob> weak = job;
+  responder->OnClose([this, weak] {
+    auto j = weak.lock();
+    if (!j) return;
+    for (uint64_t id : j->request_ids) scheduler_->Cancel(id);
+  });
+}
+
+void OpenAiApi::Tokenize(const http::Request& request, std::shared_ptr<http::Responder> responder) {
+  auto fail = [&](const ApiError& e) { SendError(responder, e); };
+  if (tokenizer_ == nullptr) return fail(BadRequest("this model has no tokenizer"));
+  auto body_or = ParseBody(request.body);
+  if (auto* e = std::get_if<ApiError>(&body_or)) return fail(*e);
+  const ojson& body = std::get<ojson>(body_or);
+  std::vector<int32_t> tokens;
+  if (body.contains("messages")) {
+    if (chat_template_ == nullptr) return fail(BadRequest("this model has no chat template"));
+    auto rendered = chat_template_->Render(body["messages"], body.value("add_generation_prompt", true),
+                                           body.contains("tools") ? body["tools"] : ojson(),
+                                           body.value("chat_template_kwargs", ojson::object()));
+    if (!rendered.ok()) return fail(BadRequest(std::string(rendered.status().message()), "messages"));
+    tokens = tokenizer_->Encode(*rendered, body.value("add_special_tokens", false));
+  } else if (body.contains("prompt") && body["prompt"].is_string()) {
+    const ojson& add = body.contains("add_special_tokens") ? body["add_special_tokens"] : ojson(true);
+    if (!add.is_boolean()) return fail(BadRequest("'add_special_tokens' must be a boolean", "add_special_tokens"));
+    tokens = tokenizer_->Encode(body["prompt"].get<std::string>(), add.get<bool>());
+  } else {
+    return fail(BadRequest("'prompt' (a string) or 'messages' is required", "prompt"));
+  }
+  json out = {{"count", tokens.size()}, {"max_model_len", options_.limits.max_model_len}, {"tokens", tokens}};
+  if (body.value("return_token_strs", false)) {
+    json strs = json::array();
+    for (int32_t t : tokens) strs.push_back(tokenizer_->IdToToken(t));
+    out["token_strs"] = strs;
+  }
+  SendJson(responder, 200, Dump(out));
+  if (observer_) observer_("/tokenize", 200, 0.0);
+}
+
+void OpenAiApi::Detokenize(const http::Request& request, std::shared_ptr<http::Responder> responder) {
+  auto fail = [&](const ApiError& e) { SendError(responder, e); };
+  if (tokenizer_ == nullptr) return fail(BadRequest("this model has no tokenizer"));
+  auto body_or = ParseBody(request.body);
+  if (auto* e = std::get_if<ApiError>(&body_or)) return fail(*e);
+  const ojson& body = std::get<ojson>(body_or);
+  if (!body.contains("tokens") || !body["tokens"].is_array()) {
+    return fail(BadRequest("'tokens' (a list of token ids) is required", "tokens"));
+  }
+  auto tokens = TokenList(body["tokens"], options_.limits.vocab_size, "tokens");
+  if (auto* e = std::get_if<ApiError>(&tokens)) return fail(*e);
+  const std::string text = tokenizer_->Decode(std::get<std::vector<int32_t>>(tokens),
+                                              /*skip_special_tokens=*/false, /*clean_up=*/true);
+  SendJson(responder, 200, Dump(json({{"prompt", text}})));
+  if (observer_) observer_("/detokenize", 200, 0.0);
+}
+
+}  // namespace strata::api

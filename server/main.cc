@@ -1,0 +1,78 @@
+// server: the scheduler and the OpenAI-compatible frontend.
+//
+//   server --model=DIR [--port=8000] [--control_port=50050] [--compute_nodes=1]
+//          [--memory_nodes=0] ...
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "common/base/logging.h"
+#include "common/base/shutdown.h"
+#include "server/server_app.h"
+
+ABSL_FLAG(std::string, model, "", "Hugging Face model directory (config.json, tokenizer)");
+ABSL_FLAG(std::string, served_model_name, "", "Model name in the API (default: directory name)");
+ABSL_FLAG(std::string, host, "127.0.0.1", "HTTP listen address");
+ABSL_FLAG(int, port, 8000, "HTTP port (0: any free port)");
+ABSL_FLAG(std::string, control_host, "127.0.0.1", "Control-plane listen address");
+ABSL_FLAG(int, control_port, 50050, "Control-plane port (0: any free port)");
+ABSL_FLAG(std::string, port_file, "", "Write the bound ports here as JSON");
+ABSL_FLAG(int, compute_nodes, 1, "Compute nodes to wait for before /health is 200");
+ABSL_FLAG(int, memory_nodes, 0, "Memory nodes to wait for (0: co-located attention)");
+ABSL_FLAG(int64_t, max_model_len, 0, "Context length (0: the model's)");
+ABSL_FLAG(int64_t, max_num_seqs, 256, "Sequences per step");
+ABSL_FLAG(int64_t, max_num_batched_tokens, 2048, "Rows per step");
+ABSL_FLAG(int64_t, max_prefill_tokens, 2048, "Prompt rows per step");
+ABSL_FLAG(int64_t, prefill_chunk_tokens, 512, "Prefill chunk size (0: no chunking)");
+ABSL_FLAG(int64_t, max_waiting, 1024, "Queued requests before refusing with 429");
+ABSL_FLAG(std::string, policy, "fifo", "Scheduling policy: fifo or priority");
+ABSL_FLAG(bool, enable_prefix_caching, true, "Reuse cached prompt prefixes");
+ABSL_FLAG(int64_t, request_timeout_s, 0, "Per-request timeout, seconds (0: none)");
+ABSL_FLAG(std::string, api_key, "", "Require 'Authorization: Bearer KEY' on /v1");
+ABSL_FLAG(int, http_threads, 2, "HTTP event-loop threads");
+ABSL_FLAG(int64_t, max_connections, 4096, "Concurrent HTTP connections");
+ABSL_FLAG(int64_t, max_body_bytes, 8 << 20, "Largest request body");
+ABSL_FLAG(int64_t, drain_timeout_s, 30, "Seconds to let streams finish on SIGTERM");
+ABSL_FLAG(int64_t, step_timeout_s, 60, "Seconds before a compute node's step counts as hung");
+ABSL_FLAG(bool, shutdown_nodes_on_exit, false, "Ask registered nodes to exit when stopping");
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  strata::InstallShutdownHandlers();
+  strata::SetLogTag("server");
+  strata::ServerOptions o;
+  o.model_dir = absl::GetFlag(FLAGS_model);
+  o.served_model_name = absl::GetFlag(FLAGS_served_model_name);
+  o.max_model_len = absl::GetFlag(FLAGS_max_model_len);
+  o.control_host = absl::GetFlag(FLAGS_control_host);
+  o.control_port = absl::GetFlag(FLAGS_control_port);
+  o.port_file = absl::GetFlag(FLAGS_port_file);
+  o.expected_compute_nodes = absl::GetFlag(FLAGS_compute_nodes);
+  o.expected_memory_nodes = absl::GetFlag(FLAGS_memory_nodes);
+  o.api_key = absl::GetFlag(FLAGS_api_key);
+  o.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
+  o.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
+  o.scheduler.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
+  o.scheduler.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
+  o.scheduler.max_prefill_tokens = absl::GetFlag(FLAGS_max_prefill_tokens);
+  o.scheduler.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
+  o.scheduler.max_waiting = absl::GetFlag(FLAGS_max_waiting);
+  o.scheduler.policy = absl::GetFlag(FLAGS_policy);
+  o.scheduler.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
+  o.scheduler.default_timeout = absl::Seconds(absl::GetFlag(FLAGS_request_timeout_s));
+  o.http.host = absl::GetFlag(FLAGS_host);
+  o.http.port = absl::GetFlag(FLAGS_port);
+  o.http.threads = absl::GetFlag(FLAGS_http_threads);
+  o.http.max_connections = absl::GetFlag(FLAGS_max_connections);
+  o.http.max_body_bytes = absl::GetFlag(FLAGS_max_body_bytes);
+  if (o.model_dir.empty()) {
+    LOG(ERROR) << "--model is required";
+    return 2;
+  }
+  auto app = strata::ServerApp::Start(std::move(o));
+  if (!app.ok()) {
+    LOG(ERROR) << "cannot start: " << app.status();
+    return 1;
+  }
+  strata::WaitForShutdown();
+  (*app)->Shutdown(absl::GetFlag(FLAGS_shutdown_nodes_on_exit));
+  return 0;
+}

@@ -1,0 +1,129 @@
+#include "server/server_app.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
+#include "common/model/model_config.h"
+
+namespace strata {
+
+absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions options) {
+  auto app = std::unique_ptr<ServerApp>(new ServerApp);
+  ASSIGN_OR_RETURN(ModelConfig model, LoadModelConfig(options.model_dir));
+  if (options.served_model_name.empty()) {
+    options.served_model_name = std::filesystem::path(options.model_dir).filename().string();
+    if (options.served_model_name.empty()) options.served_model_name = "strata";
+  }
+  if (std::filesystem::exists(options.model_dir + "/tokenizer.json")) {
+    ASSIGN_OR_RETURN(app->tokenizer_, Tokenizer::Load(options.model_dir));
+    auto chat = ChatTemplate::Create(app->tokenizer_->chat_template(), app->tokenizer_->bos_token(),
+                                     app->tokenizer_->eos_token());
+    if (!chat.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(options.model_dir, "/tokenizer_config.json: ", chat.status().message()));
+    }
+    app->chat_template_ = std::move(*chat);
+    LOG(INFO) << "tokenizer: " << app->tokenizer_->vocab_size() << " tokens; chat template: "
+              << (app->chat_template_->is_default() ? "strata's default (the model has none)" : "the model's");
+  } else {
+    LOG(WARNING) << options.model_dir << " has no tokenizer.json: prompts must be token ids, chat is off";
+  }
+
+  const int64_t max_model_len = options.max_model_len > 0 ? options.max_model_len : model.max_position_embeddings;
+  SchedulerConfig& sc = options.scheduler;
+  sc.max_model_len = max_model_len;
+  sc.vocab_size = static_cast<int32_t>(model.vocab_size);
+  sc.eos_token_ids.assign(model.eos_token_ids.begin(), model.eos_token_ids.end());
+  if (app->tokenizer_ && app->tokenizer_->eos_token_id() >= 0 &&
+      std::find(sc.eos_token_ids.begin(), sc.eos_token_ids.end(), app->tokenizer_->eos_token_id()) ==
+          sc.eos_token_ids.end()) {
+    sc.eos_token_ids.push_back(app->tokenizer_->eos_token_id());
+  }
+  sc.cache_salt = std::hash<std::string>()(options.model_dir);
+  sc.epoch = std::random_device{}() | (static_cast<uint64_t>(absl::ToUnixSeconds(absl::Now())) << 32);
+  RETURN_IF_ERROR(Scheduler::ValidateConfig(sc));
+  app->scheduler_ = std::make_unique<Scheduler>(sc, app->tokenizer_.get());
+  app->scheduler_->Start();
+
+  ControlPlaneOptions cp;
+  cp.epoch = sc.epoch;
+  cp.model.set_num_layers(model.num_layers);
+  cp.model.set_num_heads(model.num_heads);
+  cp.model.set_num_kv_heads(model.num_kv_heads);
+  cp.model.set_head_dim(model.head_dim);
+  cp.model.set_vocab_size(model.vocab_size);
+  cp.model.set_kv_dtype("bf16");
+  cp.model.set_max_position_embeddings(max_model_len);
+  cp.model.set_name(options.served_model_name);
+  cp.expected_compute_nodes = options.expected_compute_nodes;
+  cp.expected_memory_nodes = options.expected_memory_nodes;
+  cp.heartbeat_timeout = options.heartbeat_timeout;
+  cp.step_deadline = options.step_timeout;
+  cp.allow_mixed_isa = options.allow_mixed_isa;
+  app->control_ = std::make_unique<ControlPlane>(app->scheduler_.get(), cp);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::StrCat(options.control_host, ":", options.control_port),
+                           grpc::InsecureServerCredentials(), &app->control_port_);
+  builder.RegisterService(app->control_.get());
+  app->control_server_ = builder.BuildAndStart();
+  if (app->control_server_ == nullptr || app->control_port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on control port ", options.control_host, ":",
+                                               options.control_port));
+  }
+
+  api::ApiOptions api_options;
+  api_options.served_model_name = options.served_model_name;
+  api_options.model_path = options.model_dir;
+  api_options.api_key = options.api_key;
+  api_options.limits.max_model_len = max_model_len;
+  api_options.limits.vocab_size = static_cast<int32_t>(model.vocab_size);
+  api_options.limits.max_n = sc.max_n;
+  ControlPlane* control = app->control_.get();
+  app->api_ = std::make_unique<api::OpenAiApi>(app->scheduler_.get(), app->tokenizer_.get(),
+                                               app->chat_template_.get(), api_options,
+                                               [control] { return control->Ready(); });
+  api::OpenAiApi* api = app->api_.get();
+  ASSIGN_OR_RETURN(app->http_, http::HttpServer::Start(options.http, [api](const http::Request& r,
+                                                                           std::shared_ptr<http::Responder> w) {
+                     api->Handle(r, std::move(w));
+                   }));
+  LOG(INFO) << "serving " << options.served_model_name << " at http://" << options.http.host << ":"
+            << app->http_->port() << " (control plane on port " << app->control_port_ << ", waiting for "
+            << options.expected_compute_nodes << " compute and " << options.expected_memory_nodes
+            << " memory nodes)";
+  if (!options.port_file.empty()) {
+    const std::string tmp = options.port_file + ".tmp";
+    std::ofstream(tmp) << "{\"http\": " << app->http_->port() << ", \"control\": " << app->control_port_
+                       << "}\n";
+    std::filesystem::rename(tmp, options.port_file);
+  }
+  app->options_ = std::move(options);
+  return app;
+}
+
+void ServerApp::Shutdown(bool shutdown_nodes) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  api_->SetDraining(true);
+  const absl::Time deadline = absl::Now() + options_.drain_timeout;
+  while (absl::Now() < deadline) {
+    const SchedulerStats stats = scheduler_->Stats();
+    if (api_->active_streams() == 0 && stats.num_running == 0 && stats.num_waiting == 0) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  http_->Stop();
+  scheduler_->Stop();
+  if (shutdown_nodes) control_->ShutdownNodes();
+  control_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  control_->Stop();
+}
+
+ServerApp::~ServerApp() { Shutdown(false); }
+
+}  // namespace strata

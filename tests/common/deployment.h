@@ -1,0 +1,58 @@
+// A local strata deployment for cross-process tests: generates a tiny model (with a real
+// tokenizer) and runs the launcher, which starts the server and nodes on ephemeral ports.
+// Tests that use it start processes, so their targets are tagged "exclusive".
+#ifndef STRATA_TESTS_COMMON_DEPLOYMENT_H_
+#define STRATA_TESTS_COMMON_DEPLOYMENT_H_
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace strata::testing {
+
+struct DeploymentOptions {
+  std::string model_shape = "tiny";
+  std::string model_dir;  // overrides model_shape
+  int compute_nodes = 1;
+  int memory_nodes = 0;
+  int threads = 1;
+  int64_t kv_budget_mib = 64;
+  std::string api_key;
+  std::vector<std::string> server_args;
+  std::vector<std::string> launcher_args;
+};
+
+class Deployment {
+ public:
+  static absl::StatusOr<std::unique_ptr<Deployment>> Start(const DeploymentOptions& options);
+  ~Deployment();
+
+  int http_port() const { return http_port_; }
+  const std::string& model_dir() const { return model_dir_; }
+  // Process id of "server", "compute-0", "memory-1", ...; -1 if unknown.
+  pid_t Pid(const std::string& name) const;
+  // SIGTERM to the launcher; waits for it. Returns its exit status.
+  int Stop();
+
+ private:
+  Deployment() = default;
+  pid_t launcher_ = -1;
+  int http_port_ = 0;
+  std::string model_dir_;
+  std::map<std::string, pid_t> pids_;
+};
+
+std::string RunfilesRoot();  // $TEST_SRCDIR/strata
+std::string NpmDir();        // $STRATA_CACHE_DIR/npm
+std::string TestTmpDir();
+// A generated model with the npm Mistral/Llama tokenizer, cached per shape in TEST_TMPDIR.
+absl::StatusOr<std::string> TestModel(const std::string& shape);
+
+}  // namespace strata::testing
+
+#endif  // STRATA_TESTS_COMMON_DEPLOYMENT_H_

@@ -1,0 +1,35 @@
+// A blocking HTTP/1.1 client for cross-process tests: one request per connection, bodies
+// by Content-Length or chunked (Server-Sent Events are collected as they arrive).
+#ifndef STRATA_TESTS_COMMON_HTTP_CLIENT_H_
+#define STRATA_TESTS_COMMON_HTTP_CLIENT_H_
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace strata::testing {
+
+struct HttpResponse {
+  int status = -1;  // -1: no response (connection failed)
+  std::map<std::string, std::string> headers;  // lower-case names
+  std::string body;  // de-chunked
+};
+
+// `on_chunk` (optional) sees each chunk of a chunked body as it arrives; returning false
+// closes the connection early (a client that goes away).
+HttpResponse HttpRequest(int port, const std::string& method, const std::string& path,
+                         const std::string& body = "",
+                         const std::vector<std::pair<std::string, std::string>>& headers = {},
+                         const std::function<bool(const std::string&)>& on_chunk = nullptr,
+                         double timeout_s = 60);
+
+// Sends raw bytes and returns whatever comes back (for malformed-request tests).
+std::string RawExchange(int port, const std::string& bytes, double timeout_s = 10);
+
+// The "data: ..." payloads of an SSE body, in order.
+std::vector<std::string> SseEvents(const std::string& body);
+
+}  // namespace strata::testing
+
+#endif  // STRATA_TESTS_COMMON_HTTP_CLIENT_H_

@@ -1,0 +1,102 @@
+// The embedded default, end to end: the launcher starts the server and a compute node,
+// /health turns 200 once they registered, and /v1/completions answers a string or token-id
+// prompt with greedy text, logprobs and token_id:N tokens, matching the in-process runtime.
+#include <signal.h>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/common/deployment.h"
+#include "tests/common/http_client.h"
+
+namespace strata::testing {
+namespace {
+
+using json = nlohmann::json;
+
+class ServeTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto d = Deployment::Start({});
+    ASSERT_TRUE(d.ok()) << d.status();
+    deployment_ = d->release();
+  }
+  static void TearDownTestSuite() {
+    if (deployment_ == nullptr) return;
+    // SIGTERM stops every process the launcher started.
+    const pid_t server = deployment_->Pid("server"), compute = deployment_->Pid("compute-0");
+    EXPECT_EQ(deployment_->Stop(), 0);
+    EXPECT_NE(kill(server, 0), 0) << "the server outlived the launcher";
+    EXPECT_NE(kill(compute, 0), 0) << "the compute node outlived the launcher";
+    delete deployment_;
+  }
+  static json Post(const std::string& path, const json& body, int* status = nullptr) {
+    HttpResponse r = HttpRequest(deployment_->http_port(), "POST", path, body.dump());
+    if (status) *status = r.status;
+    return json::parse(r.body, nullptr, false);
+  }
+  static Deployment* deployment_;
+};
+
+Deployment* ServeTest::deployment_ = nullptr;
+
+TEST_F(ServeTest, HealthIsOkOnceNodesRegistered) {
+  EXPECT_EQ(HttpRequest(deployment_->http_port(), "GET", "/health").status, 200);
+  EXPECT_NE(deployment_->Pid("compute-0"), -1);
+}
+
+TEST_F(ServeTest, CompletionFromStringAndFromTokenIds) {
+  int status = 0;
+  json text = Post("/v1/completions", {{"model", "tiny"}, {"prompt", "Once upon a time"},
+                                       {"max_tokens", 8}, {"temperature", 0}}, &status);
+  ASSERT_EQ(status, 200) << text.dump();
+  EXPECT_EQ(text["object"], "text_completion");
+  EXPECT_EQ(text["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(text["usage"]["completion_tokens"], 8);
+  // The same prompt as token ids (the tokenizer adds BOS to text prompts).
+  json tokens = Post("/tokenize", {{"prompt", "Once upon a time"}});
+  json by_ids = Post("/v1/completions", {{"model", "tiny"}, {"prompt", tokens["tokens"]},
+                                         {"max_tokens", 8}, {"temperature", 0}}, &status);
+  ASSERT_EQ(status, 200);
+  EXPECT_EQ(by_ids["choices"][0]["text"], text["choices"][0]["text"]);
+  EXPECT_EQ(by_ids["usage"]["prompt_tokens"], tokens["count"]);
+}
+
+TEST_F(ServeTest, LogprobsAndTokenIdStrings) {
+  int status = 0;
+  json r = Post("/v1/completions", {{"model", "tiny"}, {"prompt", {1, 415, 2936}}, {"max_tokens", 4},
+                                    {"temperature", 0}, {"logprobs", 3}, {"return_tokens_as_token_ids", true}},
+                &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  const json& lp = r["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    const std::string token = lp["tokens"][i];
+    EXPECT_EQ(token.rfind("token_id:", 0), 0u) << token;
+    ASSERT_EQ(lp["top_logprobs"][i].size(), 3u);
+    // Greedy: the chosen token is the most likely one, and logprobs are <= 0.
+    double best = -1e9;
+    for (auto& [k, v] : lp["top_logprobs"][i].items()) best = std::max(best, v.get<double>());
+    EXPECT_DOUBLE_EQ(lp["token_logprobs"][i].get<double>(), best);
+    EXPECT_LE(best, 0.0);
+  }
+}
+
+TEST_F(ServeTest, GreedyOutputIsDeterministic) {
+  const json body = {{"model", "tiny"}, {"prompt", "abc"}, {"max_tokens", 12}, {"temperature", 0}};
+  json a = Post("/v1/completions", body), b = Post("/v1/completions", body);
+  EXPECT_EQ(a["choices"][0]["text"], b["choices"][0]["text"]);
+}
+
+TEST_F(ServeTest, BadRequestsGetErrorsAndTheServerKeepsServing) {
+  int status = 0;
+  json e = Post("/v1/completions", {{"model", "tiny"}, {"prompt", {1, 99999999}}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_TRUE(e.contains("error"));
+  HttpResponse bad = HttpRequest(deployment_->http_port(), "POST", "/v1/completions", "{not json");
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_EQ(HttpRequest(deployment_->http_port(), "GET", "/nope").status, 404);
+  EXPECT_EQ(HttpRequest(deployment_->http_port(), "GET", "/health").status, 200);
+}
+
+}  // namespace
+}  // namespace strata::testing
