@@ -54,6 +54,8 @@ int AttentionFold(const AttentionParams& p, int num_rows, const uint16_t* q,
   if (!ValidShape(p)) return kAttentionBadShape;
   if (num_rows <= 0) return kAttentionOk;
   switch (ActiveCpuIsa()) {
+    case CpuIsa::kAvx512Bf16:
+      return AttentionFoldAvx512Bf16(p, num_rows, q, rows, k_cache, v_cache, state);
     case CpuIsa::kAvx512:
       return AttentionFoldAvx512(p, num_rows, q, rows, k_cache, v_cache, state);
     case CpuIsa::kAvx2:
@@ -66,6 +68,8 @@ int AttentionFold(const AttentionParams& p, int num_rows, const uint16_t* q,
 
 void AttentionMergeStates(const AttentionParams& p, int num_rows, const float* src, float* dst) {
   switch (ActiveCpuIsa()) {
+    case CpuIsa::kAvx512Bf16:
+      return AttentionMergeStatesAvx512Bf16(p, num_rows, src, dst);
     case CpuIsa::kAvx512:
       return AttentionMergeStatesAvx512(p, num_rows, src, dst);
     case CpuIsa::kAvx2:

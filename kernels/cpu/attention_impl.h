@@ -16,6 +16,7 @@
 
 #include "common/base/bfloat16.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/simd_ops.h"
 
 namespace strata::kernels::attention_internal {
@@ -133,6 +134,124 @@ inline void MergeInto(int d, float* state, float tile_m, float tile_l, const flo
   m = new_m;
 }
 
+#ifdef __AVX512BF16__
+// Sum of each of 16 vectors, as the 16 lanes of one vector (lane k = sum of v[k]), by a
+// fixed butterfly of in-lane unpacks and cross-lane shuffles.
+inline __m512 TransposeReduce16(const __m512* v) {
+  __m512 s[8];
+  for (int i = 0; i < 8; ++i) {
+    s[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  }
+  __m512 t[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(s[2 * i]), b = _mm512_castps_pd(s[2 * i + 1]);
+    t[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  __m512 z[2];
+  for (int i = 0; i < 2; ++i) {
+    z[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0xDD));
+  }
+  return _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], 0x88), _mm512_shuffle_f32x4(z[0], z[1], 0xDD));
+}
+
+// The tile kernel for a bf16 KV cache on AVX512-BF16: q.k with vdpbf16ps over bf16 pairs,
+// 16 keys at a time (independent accumulators, one transpose-reduce per 16 keys), and p.v
+// with V widened by shift/mask into even and odd dimensions.
+template <class Ops, int kDim>
+void TileStateBf16Dot(int group, float scale, const AttentionRow& row, int tile,
+                      const uint16_t* q_bf16, const uint16_t* k_base, const uint16_t* v_base,
+                      int64_t slot_stride, ItemScratch& s) {
+  static_assert(kDim % 32 == 0);
+  constexpr int kChunks = kDim / 32;  // 32 bf16 per 512-bit load
+  const int pos0 = tile * kTile;
+  const int n = std::min(kTile, row.kv_end - pos0);
+  const int32_t* slots = row.slots + pos0;
+  const __m512i high_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int g = 0; g < group; ++g) {
+    const uint16_t* q = q_bf16 + static_cast<size_t>(g) * kDim;
+    __m512bh qv[kChunks];
+    for (int c = 0; c < kChunks; ++c) {
+      qv[c] = (__m512bh)_mm512_loadu_si512(reinterpret_cast<const void*>(q + 32 * c));
+    }
+    float* scores = s.scores.data() + static_cast<size_t>(g) * kTile;
+    for (int block = 0; block < kTile; block += 16) {
+      __m512 dots[16];
+      for (int kk = 0; kk < 16; ++kk) {
+        const int j = block + kk;
+        __m512 a = _mm512_setzero_ps();
+        if (j < n) {
+          const uint16_t* k = k_base + slots[j] * slot_stride;
+          if (g == 0 && j + 8 < n) {
+            __builtin_prefetch(k_base + slots[j + 8] * slot_stride);
+            __builtin_prefetch(v_base + slots[j + 8] * slot_stride);
+          }
+          for (int c = 0; c < kChunks; ++c) {
+            a = _mm512_dpbf16_ps(a, qv[c], (__m512bh)_mm512_loadu_si512(reinterpret_cast<const void*>(k + 32 * c)));
+          }
+        }
+        dots[kk] = a;
+      }
+      __m512 sc = _mm512_mul_ps(TransposeReduce16(dots), _mm512_set1_ps(scale));
+      const int valid = std::clamp(n - block, 0, 16);
+      const __mmask16 live = valid >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << valid) - 1);
+      sc = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), live, sc);
+      _mm512_storeu_ps(scores + block, sc);
+    }
+    __m512 vmax = _mm512_loadu_ps(scores);
+    for (int j = 16; j < kTile; j += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(scores + j));
+    const float m = _mm512_reduce_max_ps(vmax);
+    const __m512 vm = _mm512_set1_ps(m);
+    __m512 vsum = _mm512_setzero_ps();
+    for (int j = 0; j < kTile; j += 16) {
+      const __m512 p = Ops::Exp(_mm512_sub_ps(_mm512_loadu_ps(scores + j), vm));
+      _mm512_storeu_ps(scores + j, p);
+      vsum = _mm512_add_ps(vsum, p);
+    }
+    s.m[g] = m;
+    s.l[g] = _mm512_reduce_add_ps(vsum);
+    __m512 even[kChunks], odd[kChunks];
+    for (int c = 0; c < kChunks; ++c) even[c] = odd[c] = _mm512_setzero_ps();
+    for (int j = 0; j < n; ++j) {
+      const uint16_t* v = v_base + slots[j] * slot_stride;
+      const __m512 p = _mm512_set1_ps(scores[j]);
+      for (int c = 0; c < kChunks; ++c) {
+        const __m512i raw = _mm512_loadu_si512(reinterpret_cast<const void*>(v + 32 * c));
+        even[c] = _mm512_fmadd_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16)), even[c]);
+        odd[c] = _mm512_fmadd_ps(p, _mm512_castsi512_ps(_mm512_and_si512(raw, high_mask)), odd[c]);
+      }
+    }
+    float* acc = s.acc.data() + static_cast<size_t>(g) * kDim;
+    for (int c = 0; c < kChunks; ++c) {
+      alignas(64) float e[16], o[16];
+      _mm512_store_ps(e, even[c]);
+      _mm512_store_ps(o, odd[c]);
+      for (int i = 0; i < 16; ++i) {
+        acc[32 * c + 2 * i] = e[i];
+        acc[32 * c + 2 * i + 1] = o[i];
+      }
+    }
+  }
+}
+#endif  // __AVX512BF16__
+
+// One tile's state, by the dedicated bf16 kernel where the ISA has one, else the generic one.
+template <class Ops, KvDType kKv, int kDim>
+inline void ComputeTile(int d, int group, float scale, const AttentionRow& row, int tile,
+                        const uint16_t* q_bf16, const uint16_t* k_base, const uint16_t* v_base,
+                        int64_t slot_stride, ItemScratch& s) {
+#ifdef __AVX512BF16__
+  if constexpr (simd::HasBf16Dot<Ops>::value && kKv == KvDType::kBF16 && kDim > 0 && kDim % 32 == 0) {
+    TileStateBf16Dot<Ops, kDim>(group, scale, row, tile, q_bf16, k_base, v_base, slot_stride, s);
+    return;
+  }
+#endif
+  (void)q_bf16;
+  TileState<Ops, kKv, kDim>(d, group, scale, row, tile, k_base, v_base, slot_stride, s);
+}
+
 template <class Ops, KvDType kKv, int kDim>
 void FoldTiles(const AttentionParams& p, const uint16_t* q_row, const AttentionRow& row, int kvh,
                int tile_begin, int tile_end, const uint16_t* k_cache, const uint16_t* v_cache,
@@ -142,8 +261,8 @@ void FoldTiles(const AttentionParams& p, const uint16_t* q_row, const AttentionR
   const int64_t slot_stride = static_cast<int64_t>(p.num_kv_heads) * d;
   for (int i = 0; i < group * d; ++i) s.q[i] = Bf16ToFloat(q_row[i]);
   for (int t = tile_begin; t < tile_end; ++t) {
-    TileState<Ops, kKv, kDim>(d, group, p.scale, row, t, k_cache + kvh * d, v_cache + kvh * d,
-                              slot_stride, s);
+    ComputeTile<Ops, kKv, kDim>(d, group, p.scale, row, t, q_row, k_cache + kvh * d,
+                                v_cache + kvh * d, slot_stride, s);
     for (int g = 0; g < group; ++g) {
       MergeInto<Ops>(d, state_group + static_cast<size_t>(g) * (d + 2), s.m[g], s.l[g],
                      s.acc.data() + static_cast<size_t>(g) * d);
@@ -186,6 +305,7 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
     // Items ordered KV-head-major so that rows of one sequence reuse the tiles in cache.
 #pragma omp parallel
     {
+      EnableFlushToZero();
       thread_local ItemScratch s;
       s.Reserve(group, d);
 #pragma omp for schedule(dynamic, 1)
@@ -219,6 +339,7 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
   std::vector<float> tile_states(units.size() * unit_floats);
 #pragma omp parallel
   {
+    EnableFlushToZero();
     thread_local ItemScratch s;
     s.Reserve(group, d);
 #pragma omp for schedule(dynamic, 1)
@@ -226,9 +347,9 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
       const Unit& unit = units[u];
       const uint16_t* q_row = q_at(unit.r, unit.kvh);
       for (int i = 0; i < group * d; ++i) s.q[i] = Bf16ToFloat(q_row[i]);
-      TileState<Ops, kKv, kDim>(d, group, p.scale, rows[unit.r], unit.tile,
-                                k_cache + unit.kvh * d, v_cache + unit.kvh * d,
-                                static_cast<int64_t>(p.num_kv_heads) * d, s);
+      ComputeTile<Ops, kKv, kDim>(d, group, p.scale, rows[unit.r], unit.tile, q_row,
+                                  k_cache + unit.kvh * d, v_cache + unit.kvh * d,
+                                  static_cast<int64_t>(p.num_kv_heads) * d, s);
       float* out = tile_states.data() + unit.offset;
       for (int g = 0; g < group; ++g) {
         std::copy_n(s.acc.data() + static_cast<size_t>(g) * d, d, out + g * (d + 2));
@@ -244,6 +365,7 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
   }
 #pragma omp parallel for schedule(dynamic, 1)
   for (int item = 0; item < num_items; ++item) {
+    EnableFlushToZero();
     const int kvh = item / num_rows;
     const int r = item % num_rows;
     float* st = state_at(r, kvh);
@@ -281,6 +403,7 @@ void MergeStates(const AttentionParams& p, int num_rows, const float* src, float
   const int n = num_rows * p.num_heads;
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < n; ++i) {
+    EnableFlushToZero();
     const float* s = src + static_cast<size_t>(i) * (d + 2);
     MergeInto<Ops>(d, dst + static_cast<size_t>(i) * (d + 2), s[d], s[d + 1], s);
   }

@@ -109,7 +109,7 @@ std::vector<uint16_t> RunFull(const Problem& pr) {
 
 std::vector<CpuIsa> SupportedIsas() {
   std::vector<CpuIsa> isas;
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
     if (CpuSupports(isa)) isas.push_back(isa);
   }
   return isas;

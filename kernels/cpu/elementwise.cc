@@ -36,6 +36,8 @@ using namespace isa_internal;
 
 #define STRATA_DISPATCH(fn, ...)        \
   switch (ActiveCpuIsa()) {             \
+    case CpuIsa::kAvx512Bf16:           \
+      return fn##Avx512Bf16(__VA_ARGS__); \
     case CpuIsa::kAvx512:               \
       return fn##Avx512(__VA_ARGS__);   \
     case CpuIsa::kAvx2:                 \

@@ -13,7 +13,7 @@ namespace {
 
 std::vector<CpuIsa> SupportedIsas() {
   std::vector<CpuIsa> isas;
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
     if (CpuSupports(isa)) isas.push_back(isa);
   }
   return isas;

@@ -13,7 +13,11 @@ CpuIsa DefaultIsa() {
     if (std::strcmp(env, "scalar") == 0) return CpuIsa::kScalar;
     if (std::strcmp(env, "avx2") == 0 && CpuSupports(CpuIsa::kAvx2)) return CpuIsa::kAvx2;
     if (std::strcmp(env, "avx512") == 0 && CpuSupports(CpuIsa::kAvx512)) return CpuIsa::kAvx512;
+    if (std::strcmp(env, "avx512bf16") == 0 && CpuSupports(CpuIsa::kAvx512Bf16)) {
+      return CpuIsa::kAvx512Bf16;
+    }
   }
+  if (CpuSupports(CpuIsa::kAvx512Bf16)) return CpuIsa::kAvx512Bf16;
   if (CpuSupports(CpuIsa::kAvx512)) return CpuIsa::kAvx512;
   if (CpuSupports(CpuIsa::kAvx2)) return CpuIsa::kAvx2;
   return CpuIsa::kScalar;
@@ -36,6 +40,8 @@ bool CpuSupports(CpuIsa isa) {
     case CpuIsa::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    case CpuIsa::kAvx512Bf16:
+      return CpuSupports(CpuIsa::kAvx512) && __builtin_cpu_supports("avx512bf16");
   }
   return false;
 }
@@ -52,6 +58,8 @@ const char* CpuIsaName(CpuIsa isa) {
       return "avx2";
     case CpuIsa::kAvx512:
       return "avx512";
+    case CpuIsa::kAvx512Bf16:
+      return "avx512bf16";
   }
   return "?";
 }

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/base/bfloat16.h"
 #include "kernels/cpu/attention.h"
@@ -114,6 +115,27 @@ struct Avx512Ops {
   }
 };
 #endif  // __AVX512F__
+
+#ifdef __AVX512BF16__
+// AVX-512 with the BF16 dot-product instruction: attention on a bf16 KV cache uses a
+// dedicated tile kernel (attention_impl.h, TileStateBf16Dot).
+struct Avx512Bf16Ops : Avx512Ops {
+  static constexpr bool kBf16Dot = true;
+  static V Exp(V x) {
+    return PolyExp<Avx512Bf16Ops>(x, [](V y, V n) { return _mm512_scalef_ps(y, n); });
+  }
+};
+#endif  // __AVX512BF16__
+
+// Whether Ops has the bf16 dot-product tile kernel.
+template <class Ops, class = void>
+struct HasBf16Dot {
+  static constexpr bool value = false;
+};
+template <class Ops>
+struct HasBf16Dot<Ops, std::void_t<decltype(Ops::kBf16Dot)>> {
+  static constexpr bool value = Ops::kBf16Dot;
+};
 
 #ifdef __AVX2__
 struct Avx2Ops {

@@ -1,0 +1,45 @@
+// AVX512-BF16 instantiation of every CPU kernel. This file alone is compiled with AVX-512
+// and its BF16 extension enabled (see BUILD); dispatch happens in attention.cc / elementwise.cc.
+#include "kernels/cpu/attention_impl.h"
+#include "kernels/cpu/elementwise_impl.h"
+#include "kernels/cpu/isa_kernels.h"
+#include "kernels/cpu/simd_ops.h"
+
+namespace strata::kernels::isa_internal {
+
+using Ops = simd::Avx512Bf16Ops;
+
+int AttentionFoldAvx512Bf16(const AttentionParams& p, int num_rows, const uint16_t* q,
+                     const AttentionRow* rows, const void* k, const void* v, float* state) {
+  return attention_internal::Fold<Ops>(p, num_rows, q, rows, k, v, state);
+}
+
+void AttentionMergeStatesAvx512Bf16(const AttentionParams& p, int num_rows, const float* src,
+                             float* dst) {
+  attention_internal::MergeStates<Ops>(p, num_rows, src, dst);
+}
+
+void RmsNormAvx512Bf16(int rows, int dim, const float* x, const float* weight, float eps,
+                uint16_t* out) {
+  elementwise_internal::RmsNorm<Ops>(rows, dim, x, weight, eps, out);
+}
+
+void SiluMulAvx512Bf16(int rows, int ffn, const float* gate_up, uint16_t* out) {
+  elementwise_internal::SiluMul<Ops>(rows, ffn, gate_up, out);
+}
+
+void ApplyRopeAvx512Bf16(int rows, int num_heads, int head_dim, int64_t row_stride,
+                  const int32_t* positions, const float* cos, const float* sin, float* x) {
+  elementwise_internal::ApplyRope<Ops>(rows, num_heads, head_dim, row_stride, positions, cos,
+                                       sin, x);
+}
+
+void ConvertToBf16Avx512Bf16(int64_t n, const float* in, uint16_t* out) {
+  elementwise_internal::ConvertToBf16<Ops>(n, in, out);
+}
+
+double ExpShiftedAvx512Bf16(int64_t n, const float* x, float shift, float scale, float* out) {
+  return elementwise_internal::ExpShifted<Ops>(n, x, shift, scale, out);
+}
+
+}  // namespace strata::kernels::isa_internal
