@@ -32,8 +32,8 @@ absl::Status LocalAttention::Attend(int layer, BatchBuffers& b, int64_t m) {
   return engine_->AttendLayer(layer, b.q.data(), b.k.data(), b.v.data(), b.attn.data(), nullptr);
 }
 
-absl::Status ForwardLayers(const ModelRunner& runner, AttentionBackend& attention,
-                           BatchBuffers& b, const StepKvPlan& plan, const int32_t* tokens) {
+absl::Status ForwardLayers(const ModelRunner& runner, AttentionBackend& attention, BatchBuffers& b,
+                           const StepKvPlan& plan, const int32_t* tokens) {
   const int64_t m = static_cast<int64_t>(plan.rows.size());
   if (m > b.max_rows) {
     return absl::InvalidArgumentError(

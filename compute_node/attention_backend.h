@@ -27,7 +27,7 @@ class AttentionBackend {
 class LocalAttention : public AttentionBackend {
  public:
   static absl::StatusOr<std::unique_ptr<LocalAttention>> Create(const ModelConfig& config,
-                                                                 int64_t num_slots, bool prefault);
+                                                                int64_t num_slots, bool prefault);
   absl::Status BeginStep(const StepKvPlan& plan) override;
   absl::Status Attend(int layer, BatchBuffers& b, int64_t m) override;
   AttentionEngine& engine() { return *engine_; }
@@ -37,8 +37,8 @@ class LocalAttention : public AttentionBackend {
 };
 
 // Runs embedding and every layer for the batch (no logits).
-absl::Status ForwardLayers(const ModelRunner& runner, AttentionBackend& attention,
-                           BatchBuffers& b, const StepKvPlan& plan, const int32_t* tokens);
+absl::Status ForwardLayers(const ModelRunner& runner, AttentionBackend& attention, BatchBuffers& b,
+                           const StepKvPlan& plan, const int32_t* tokens);
 
 }  // namespace strata
 

@@ -6,14 +6,15 @@
 
 namespace strata {
 
-absl::StatusOr<std::unique_ptr<ComputeNode>> ComputeNode::Create(const ComputeNodeOptions& options) {
+absl::StatusOr<std::unique_ptr<ComputeNode>> ComputeNode::Create(
+    const ComputeNodeOptions& options) {
   auto node = std::unique_ptr<ComputeNode>(new ComputeNode);
   node->options_ = options;
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
   const absl::Time start = absl::Now();
   ASSIGN_OR_RETURN(node->weights_, ModelWeights::Load(options.model_dir, config));
-  node->max_model_len_ = options.max_model_len > 0 ? options.max_model_len
-                                                   : config.max_position_embeddings;
+  node->max_model_len_ =
+      options.max_model_len > 0 ? options.max_model_len : config.max_position_embeddings;
   if (config.sliding_window > 0 && node->max_model_len_ > config.sliding_window) {
     LOG(WARNING) << "the model declares a sliding window of " << config.sliding_window
                  << " tokens; strata runs full attention, so the context is capped there";
@@ -22,8 +23,8 @@ absl::StatusOr<std::unique_ptr<ComputeNode>> ComputeNode::Create(const ComputeNo
   node->runner_ = std::make_unique<ModelRunner>(node->weights_.get(), node->max_model_len_);
   LOG(INFO) << "loaded " << config.architecture << " from " << options.model_dir << " ("
             << config.NumParameters() / 1e6 << "M parameters, "
-            << node->weights_->gemm_weight_bytes() / (1 << 20) << " MiB of repacked GEMM weights) in "
-            << absl::FormatDuration(absl::Now() - start);
+            << node->weights_->gemm_weight_bytes() / (1 << 20)
+            << " MiB of repacked GEMM weights) in " << absl::FormatDuration(absl::Now() - start);
   return node;
 }
 
@@ -33,7 +34,8 @@ int64_t ComputeNode::local_kv_slots() const {
   return options_.local_kv_budget_bytes / per_token;
 }
 
-absl::StatusOr<control::ComputeConfigAck> ComputeNode::Configure(const control::ComputeConfig& config) {
+absl::StatusOr<control::ComputeConfigAck> ComputeNode::Configure(
+    const control::ComputeConfig& config) {
   std::lock_guard<std::mutex> lock(mu_);
   control::ComputeConfigAck ack;
   if (config.memory_nodes_size() > 0) {
@@ -54,7 +56,8 @@ absl::StatusOr<control::ComputeConfigAck> ComputeNode::Configure(const control::
         runner_.get(), local_.get(), StepEngineOptions{options_.max_batch_rows, max_model_len_});
     LOG(INFO) << "co-located mode: local KV cache of " << slots << " tokens ("
               << (slots * weights_->config.kv_elements_per_token_per_layer() * 2 *
-                  weights_->config.num_layers) / (1 << 20)
+                  weights_->config.num_layers) /
+                     (1 << 20)
               << " MiB)";
   }
   ack.set_local_kv_slots(local_kv_slots());
@@ -72,7 +75,8 @@ StepResult ComputeNode::Execute(const StepPlan& plan) {
   if (plan.epoch != epoch_) {
     StepResult result;
     result.step_id = plan.step_id;
-    result.error = absl::StrCat("plan of epoch ", plan.epoch, " but the node is configured for ", epoch_);
+    result.error =
+        absl::StrCat("plan of epoch ", plan.epoch, " but the node is configured for ", epoch_);
     return result;
   }
   StepResult result = engine_->Execute(plan);

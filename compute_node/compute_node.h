@@ -28,8 +28,8 @@ namespace strata {
 struct ComputeNodeOptions {
   std::string model_dir;
   std::string served_model_name;
-  int64_t max_model_len = 0;        // 0: the model's max_position_embeddings
-  int64_t max_batch_rows = 2048;    // rows per step
+  int64_t max_model_len = 0;                  // 0: the model's max_position_embeddings
+  int64_t max_batch_rows = 2048;              // rows per step
   int64_t local_kv_budget_bytes = 1LL << 30;  // co-located mode
   bool prefault_kv = true;
 };

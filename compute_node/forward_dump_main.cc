@@ -73,8 +73,8 @@ int Run() {
   if (!attention.ok()) return Fail(std::string(attention.status().message()));
 
   const int64_t vocab = config->vocab_size;
-  const int chunk = absl::GetFlag(FLAGS_chunk) > 0 ? absl::GetFlag(FLAGS_chunk)
-                                                   : static_cast<int>(tokens.size());
+  const int chunk =
+      absl::GetFlag(FLAGS_chunk) > 0 ? absl::GetFlag(FLAGS_chunk) : static_cast<int>(tokens.size());
   BatchBuffers buffers(*config, std::max<int64_t>(chunk, 1));
   std::vector<float> logits(RowsCapacity(1) * vocab);
   std::vector<float> recorded;

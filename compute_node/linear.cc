@@ -27,7 +27,8 @@ void ToBf16(const TensorView& view, uint16_t* out) {
 }
 
 float ElementAsFloat(const TensorView& view, int64_t i) {
-  if (view.dtype_name == "BF16") return Bf16ToFloat(reinterpret_cast<const uint16_t*>(view.data)[i]);
+  if (view.dtype_name == "BF16")
+    return Bf16ToFloat(reinterpret_cast<const uint16_t*>(view.data)[i]);
   if (view.dtype_name == "F16") return F16ToFloat(reinterpret_cast<const uint16_t*>(view.data)[i]);
   return reinterpret_cast<const float*>(view.data)[i];
 }
@@ -76,11 +77,12 @@ absl::StatusOr<std::unique_ptr<Linear>> Linear::Create(
   const dnnl::memory::desc any_weights({in, out}, dt::bf16, tag::any);
   const dnnl::memory::desc dst_desc({16, out}, dt::f32, tag::ab);
   try {
-    auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(src_desc, any_weights, dst_desc),
-                                           engine);
+    auto pd =
+        dnnl::matmul::primitive_desc(dnnl::matmul::desc(src_desc, any_weights, dst_desc), engine);
     linear->weight_desc_ = pd.weights_desc();
   } catch (const dnnl::error& e) {
-    return absl::InternalError(absl::StrCat("oneDNN matmul for [", in, " x ", out, "]: ", e.what()));
+    return absl::InternalError(
+        absl::StrCat("oneDNN matmul for [", in, " x ", out, "]: ", e.what()));
   }
   linear->weight_ = dnnl::memory(linear->weight_desc_, engine);
   dnnl::reorder(plain_mem, linear->weight_).execute(stream, plain_mem, linear->weight_);
@@ -93,7 +95,8 @@ absl::StatusOr<std::unique_ptr<Linear>> Linear::Create(
     auto* bias = static_cast<float*>(linear->bias_.get_data_handle());
     int64_t offset = 0;
     for (const TensorView* part : bias_parts) {
-      for (int64_t i = 0; i < part->num_elements(); ++i) bias[offset + i] = ElementAsFloat(*part, i);
+      for (int64_t i = 0; i < part->num_elements(); ++i)
+        bias[offset + i] = ElementAsFloat(*part, i);
       offset += part->num_elements();
     }
     CHECK_EQ(offset, out);

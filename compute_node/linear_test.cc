@@ -39,7 +39,8 @@ Weight MakeWeight(int64_t out, int64_t in, uint32_t seed, const char* dtype = "B
 }
 
 float WeightAt(const Weight& w, int64_t i) {
-  if (w.view.dtype_name == "F32") return RoundToBf16(reinterpret_cast<const float*>(w.data.data())[i]);
+  if (w.view.dtype_name == "F32")
+    return RoundToBf16(reinterpret_cast<const float*>(w.data.data())[i]);
   return Bf16ToFloat(w.data[i]);
 }
 
@@ -81,7 +82,8 @@ TEST(Linear, FusedPartsBiasAndAccumulate) {
   std::vector<float> bias_values(48);
   for (int i = 0; i < 48; ++i) bias_values[i] = 0.25f * i;
   TensorView bias_a{"ba", "F32", {32}, reinterpret_cast<const uint8_t*>(bias_values.data()), 128};
-  TensorView bias_b{"bb", "F32", {16}, reinterpret_cast<const uint8_t*>(bias_values.data() + 32), 64};
+  TensorView bias_b{
+      "bb", "F32", {16}, reinterpret_cast<const uint8_t*>(bias_values.data() + 32), 64};
   auto linear = Linear::Create({&a.view, &b.view}, {&bias_a, &bias_b}, 64);
   ASSERT_TRUE(linear.ok());
   EXPECT_EQ((*linear)->out_features(), 48);

@@ -1,9 +1,8 @@
 // compute_node: holds the model weights and runs every layer but attention.
 //
 //   compute_node --model=DIR --scheduler=HOST:PORT [--port=0] [--threads=N]
-#include <omp.h>
-
 #include <grpcpp/grpcpp.h>
+#include <omp.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -66,12 +65,13 @@ int main(int argc, char** argv) {
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    LOG(ERROR) << "cannot listen on " << absl::GetFlag(FLAGS_host) << ":" << absl::GetFlag(FLAGS_port);
+    LOG(ERROR) << "cannot listen on " << absl::GetFlag(FLAGS_host) << ":"
+               << absl::GetFlag(FLAGS_port);
     return 1;
   }
   info.set_control_address(absl::StrCat(absl::GetFlag(FLAGS_host), ":", port));
-  LOG(INFO) << "compute node listening on " << info.control_address() << " ("
-            << info.cpu_isa() << " kernels, " << omp_get_max_threads() << " threads)";
+  LOG(INFO) << "compute node listening on " << info.control_address() << " (" << info.cpu_isa()
+            << " kernels, " << omp_get_max_threads() << " threads)";
 
   strata::NodeAgent agent(absl::GetFlag(FLAGS_scheduler), info, [&] { return (*node)->Status(); });
   agent.Start();

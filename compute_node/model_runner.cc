@@ -77,7 +77,8 @@ void ModelRunner::Embed(BatchBuffers& b, int64_t m, const int32_t* tokens,
   for (int64_t r = 0; r < m; ++r) {
     CHECK(tokens[r] >= 0 && tokens[r] < c.vocab_size) << "token " << tokens[r];
     CHECK(positions[r] >= 0 && positions[r] < max_positions_) << "position " << positions[r];
-    const uint16_t* e = weights_->embedding.data() + static_cast<int64_t>(tokens[r]) * c.hidden_size;
+    const uint16_t* e =
+        weights_->embedding.data() + static_cast<int64_t>(tokens[r]) * c.hidden_size;
     float* x = b.x.data() + r * c.hidden_size;
     for (int64_t i = 0; i < c.hidden_size; ++i) x[i] = Bf16ToFloat(e[i]);
     b.positions[r] = positions[r];

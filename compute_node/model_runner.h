@@ -31,17 +31,17 @@ struct BatchBuffers {
   BatchBuffers(const ModelConfig& config, int64_t max_rows);
 
   int64_t max_rows = 0;
-  int64_t capacity = 0;           // RowsCapacity(max_rows)
+  int64_t capacity = 0;            // RowsCapacity(max_rows)
   std::vector<int32_t> positions;  // [capacity]
-  std::vector<float> x;           // [capacity][hidden] residual stream
-  std::vector<uint16_t> normed;   // [capacity][hidden] bf16
-  std::vector<float> qkv;         // [capacity][q + 2 kv] f32
-  std::vector<uint16_t> q;        // [capacity][q] bf16
-  std::vector<uint16_t> k;        // [capacity][kv] bf16
-  std::vector<uint16_t> v;        // [capacity][kv] bf16
-  std::vector<uint16_t> attn;     // [capacity][q] bf16 attention output
-  std::vector<float> gate_up;     // [capacity][2 * intermediate] f32
-  std::vector<uint16_t> act;      // [capacity][intermediate] bf16
+  std::vector<float> x;            // [capacity][hidden] residual stream
+  std::vector<uint16_t> normed;    // [capacity][hidden] bf16
+  std::vector<float> qkv;          // [capacity][q + 2 kv] f32
+  std::vector<uint16_t> q;         // [capacity][q] bf16
+  std::vector<uint16_t> k;         // [capacity][kv] bf16
+  std::vector<uint16_t> v;         // [capacity][kv] bf16
+  std::vector<uint16_t> attn;      // [capacity][q] bf16 attention output
+  std::vector<float> gate_up;      // [capacity][2 * intermediate] f32
+  std::vector<uint16_t> act;       // [capacity][intermediate] bf16
 };
 
 class ModelRunner {

@@ -53,10 +53,14 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::stri
     ASSIGN_OR_RETURN(const TensorView* in_norm, archive->Get(p + "input_layernorm.weight", {h}));
     ASSIGN_OR_RETURN(const TensorView* post_norm,
                      archive->Get(p + "post_attention_layernorm.weight", {h}));
-    ASSIGN_OR_RETURN(const TensorView* q, archive->Get(p + "self_attn.q_proj.weight", {c.q_size(), h}));
-    ASSIGN_OR_RETURN(const TensorView* k, archive->Get(p + "self_attn.k_proj.weight", {c.kv_size(), h}));
-    ASSIGN_OR_RETURN(const TensorView* v, archive->Get(p + "self_attn.v_proj.weight", {c.kv_size(), h}));
-    ASSIGN_OR_RETURN(const TensorView* o, archive->Get(p + "self_attn.o_proj.weight", {h, c.q_size()}));
+    ASSIGN_OR_RETURN(const TensorView* q,
+                     archive->Get(p + "self_attn.q_proj.weight", {c.q_size(), h}));
+    ASSIGN_OR_RETURN(const TensorView* k,
+                     archive->Get(p + "self_attn.k_proj.weight", {c.kv_size(), h}));
+    ASSIGN_OR_RETURN(const TensorView* v,
+                     archive->Get(p + "self_attn.v_proj.weight", {c.kv_size(), h}));
+    ASSIGN_OR_RETURN(const TensorView* o,
+                     archive->Get(p + "self_attn.o_proj.weight", {h, c.q_size()}));
     ASSIGN_OR_RETURN(const TensorView* gate,
                      archive->Get(p + "mlp.gate_proj.weight", {c.intermediate_size, h}));
     ASSIGN_OR_RETURN(const TensorView* up,
@@ -65,9 +69,12 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::stri
                      archive->Get(p + "mlp.down_proj.weight", {h, c.intermediate_size}));
     std::vector<const TensorView*> biases;
     if (c.qkv_bias) {
-      ASSIGN_OR_RETURN(const TensorView* qb, archive->Get(p + "self_attn.q_proj.bias", {c.q_size()}));
-      ASSIGN_OR_RETURN(const TensorView* kb, archive->Get(p + "self_attn.k_proj.bias", {c.kv_size()}));
-      ASSIGN_OR_RETURN(const TensorView* vb, archive->Get(p + "self_attn.v_proj.bias", {c.kv_size()}));
+      ASSIGN_OR_RETURN(const TensorView* qb,
+                       archive->Get(p + "self_attn.q_proj.bias", {c.q_size()}));
+      ASSIGN_OR_RETURN(const TensorView* kb,
+                       archive->Get(p + "self_attn.k_proj.bias", {c.kv_size()}));
+      ASSIGN_OR_RETURN(const TensorView* vb,
+                       archive->Get(p + "self_attn.v_proj.bias", {c.kv_size()}));
       biases = {qb, kb, vb};
     }
     layer.input_norm = ToFloatVector(*in_norm);

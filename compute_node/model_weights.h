@@ -17,8 +17,8 @@
 namespace strata {
 
 struct LayerWeights {
-  std::vector<float> input_norm;  // [hidden]
-  std::vector<float> post_norm;   // [hidden]
+  std::vector<float> input_norm;    // [hidden]
+  std::vector<float> post_norm;     // [hidden]
   std::unique_ptr<Linear> qkv;      // hidden -> q_size + 2 kv_size (with bias for Qwen2)
   std::unique_ptr<Linear> o;        // q_size -> hidden
   std::unique_ptr<Linear> gate_up;  // hidden -> 2 intermediate (gate first)

@@ -1,11 +1,11 @@
 #include "compute_node/sampler.h"
 
-#include "kernels/cpu/elementwise.h"
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
+
+#include "kernels/cpu/elementwise.h"
 
 namespace strata {
 namespace {
@@ -120,8 +120,8 @@ SampleOutput Sample(const float* raw, int32_t vocab, const SampleInput& in) {
     }
     if (in.output_counts) {
       for (const auto& [t, c] : *in.output_counts) {
-        const bool in_prompt = in.prompt_counts && in.prompt_counts->count(t) &&
-                               in.prompt_counts->at(t) > 0;
+        const bool in_prompt =
+            in.prompt_counts && in.prompt_counts->count(t) && in.prompt_counts->at(t) > 0;
         if (c > 0 && !in_prompt) penalise(t);
       }
     }
@@ -139,8 +139,8 @@ SampleOutput Sample(const float* raw, int32_t vocab, const SampleInput& in) {
     const ByLogitDesc order{logits.data()};
     const float max_logit = logits[Argmax(logits.data(), vocab)];
     weight.resize(vocab);
-    double total = kernels::ExpShifted(vocab, logits.data(), max_logit, 1.0f / p.temperature,
-                                       weight.data());
+    double total =
+        kernels::ExpShifted(vocab, logits.data(), max_logit, 1.0f / p.temperature, weight.data());
     cand.resize(vocab);
     std::iota(cand.begin(), cand.end(), 0);
     if (p.top_k > 0 && p.top_k < vocab) {
@@ -155,9 +155,9 @@ SampleOutput Sample(const float* raw, int32_t vocab, const SampleInput& in) {
     }
     if (p.min_p > 0.0f) {
       // The best token has weight exp(0) = 1, so weights are probabilities relative to it.
-      cand.erase(std::remove_if(cand.begin(), cand.end(),
-                                [&](int32_t t) { return weight[t] < p.min_p; }),
-                 cand.end());
+      cand.erase(
+          std::remove_if(cand.begin(), cand.end(), [&](int32_t t) { return weight[t] < p.min_p; }),
+          cand.end());
     }
     double kept = 0.0;
     for (int32_t t : cand) kept += weight[t];
@@ -177,8 +177,8 @@ SampleOutput Sample(const float* raw, int32_t vocab, const SampleInput& in) {
     // Raw log-softmax over the unprocessed logits.
     const float max_raw = raw[Argmax(raw, vocab)];
     weight.resize(vocab);
-    const double log_z = max_raw + std::log(kernels::ExpShifted(vocab, raw, max_raw, 1.0f,
-                                                                weight.data()));
+    const double log_z =
+        max_raw + std::log(kernels::ExpShifted(vocab, raw, max_raw, 1.0f, weight.data()));
     out.logprob = static_cast<float>(raw[out.token] - log_z);
     const int32_t k = std::min(p.num_logprobs, vocab);
     if (k > 0) {

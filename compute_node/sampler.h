@@ -36,7 +36,7 @@ struct SampleInput {
 
 struct SampleOutput {
   int32_t token = -1;
-  float logprob = 0.0f;                               // raw logprob of `token`
+  float logprob = 0.0f;                                 // raw logprob of `token`
   std::vector<std::pair<int32_t, float>> top_logprobs;  // best first, ties by lower id
 };
 

@@ -33,7 +33,8 @@ std::map<int32_t, double> Frequencies(const std::vector<float>& logits, const Sa
 }
 
 // Independent target distribution: softmax(logits / t) restricted to `keep`, renormalised.
-std::vector<double> Target(const std::vector<float>& logits, float t, const std::vector<bool>& keep) {
+std::vector<double> Target(const std::vector<float>& logits, float t,
+                           const std::vector<bool>& keep) {
   std::vector<double> p(logits.size(), 0.0);
   double z = 0;
   for (size_t i = 0; i < logits.size(); ++i) {
@@ -117,8 +118,9 @@ TEST(Sampler, TopPOnALargeVocabularyUsesTheSameNucleus) {
   p.seed = 5;
   std::vector<int32_t> order(logits.size());
   std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(),
-            [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  std::sort(order.begin(), order.end(), [&](int a, int b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
   const std::vector<double> full = Target(logits, 1.0f, std::vector<bool>(logits.size(), true));
   std::vector<bool> keep(logits.size(), false);
   double mass = 0;

@@ -14,7 +14,8 @@ grpc::Status ToGrpc(const absl::Status& status) {
 
 }  // namespace
 
-grpc::Status ComputeNodeService::Configure(grpc::ServerContext*, const control::ComputeConfig* request,
+grpc::Status ComputeNodeService::Configure(grpc::ServerContext*,
+                                           const control::ComputeConfig* request,
                                            control::ComputeConfigAck* response) {
   auto ack = node_->Configure(*request);
   if (!ack.ok()) return ToGrpc(ack.status());

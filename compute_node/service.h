@@ -11,7 +11,8 @@ namespace strata {
 class ComputeNodeService final : public control::ComputeNode::Service {
  public:
   // `node` must outlive the service; `info` is what Health reports.
-  ComputeNodeService(ComputeNode* node, control::NodeInfo info) : node_(node), info_(std::move(info)) {}
+  ComputeNodeService(ComputeNode* node, control::NodeInfo info)
+      : node_(node), info_(std::move(info)) {}
 
   grpc::Status Configure(grpc::ServerContext* context, const control::ComputeConfig* request,
                          control::ComputeConfigAck* response) override;

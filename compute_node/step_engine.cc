@@ -38,8 +38,8 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
     if (s.parent_request_id != 0) {
       auto parent = requests_.find(s.parent_request_id);
       if (parent == requests_.end()) {
-        result.error = absl::StrCat("request ", s.request_id, " names unknown parent ",
-                                    s.parent_request_id);
+        result.error =
+            absl::StrCat("request ", s.request_id, " names unknown parent ", s.parent_request_id);
         return result;
       }
       cache.prompt_counts = parent->second.prompt_counts;
@@ -61,8 +61,9 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
   // Rows, grouped by pool (stable), as the attention side expects.
   std::vector<const SequenceChunk*> chunks;
   for (const SequenceChunk& c : plan.chunks) chunks.push_back(&c);
-  std::stable_sort(chunks.begin(), chunks.end(),
-                   [](const SequenceChunk* a, const SequenceChunk* b) { return a->pool < b->pool; });
+  std::stable_sort(
+      chunks.begin(), chunks.end(),
+      [](const SequenceChunk* a, const SequenceChunk* b) { return a->pool < b->pool; });
   StepKvPlan kv;
   kv.step_id = plan.step_id;
   for (const PoolRelease& r : plan.releases) kv.released.push_back(r.request_id);
@@ -100,8 +101,8 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
   }
   const int64_t m = static_cast<int64_t>(tokens.size());
   if (m > options_.max_batch_rows) {
-    result.error = absl::StrCat("step has ", m, " rows; this node takes at most ",
-                                options_.max_batch_rows);
+    result.error =
+        absl::StrCat("step has ", m, " rows; this node takes at most ", options_.max_batch_rows);
     return result;
   }
   result.timing.rows = m;
@@ -165,8 +166,10 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
       input.prompt_counts = cache.prompt_counts.get();
       input.output_counts = &cache.output_counts;
       input.banned = &job.target->banned_tokens;
-      SampleOutput out = Sample(logits_.data() + job.chunk * vocab, static_cast<int32_t>(vocab), input);
-      result.tokens[j] = {job.target->request_id, out.token, out.logprob, std::move(out.top_logprobs)};
+      SampleOutput out =
+          Sample(logits_.data() + job.chunk * vocab, static_cast<int32_t>(vocab), input);
+      result.tokens[j] = {job.target->request_id, out.token, out.logprob,
+                          std::move(out.top_logprobs)};
     }
   }
   result.timing.sample_us = MicrosSince(sample_start);

@@ -20,7 +20,7 @@ APT_PACKAGES=(
   # Tokenizer (Unicode categories, NFC, regex), JSON, HTTP.
   libicu-dev nlohmann-json3-dev libboost1.74-dev
   # Test tools: numpy reference model, promtool, network namespaces, node clients.
-  python3-numpy prometheus iproute2 nodejs npm
+  python3-numpy prometheus iproute2 nodejs npm clang-format git
 )
 
 # Keep in step with deploy/Dockerfile (tests/deploy_test checks that they match).

@@ -39,8 +39,8 @@ grpc::Status ControlPlane::Register(grpc::ServerContext*, const control::Registe
   const control::NodeInfo& info = request->node();
   if (info.protocol_version() != kProtocolVersion) {
     return Refuse(absl::StrCat("node ", info.name(), " speaks protocol version ",
-                               info.protocol_version(), "; this scheduler speaks ", kProtocolVersion,
-                               " (", kBuildVersion, ")"));
+                               info.protocol_version(), "; this scheduler speaks ",
+                               kProtocolVersion, " (", kBuildVersion, ")"));
   }
   if (info.role() != control::ROLE_COMPUTE && info.role() != control::ROLE_MEMORY) {
     return Refuse(absl::StrCat("node ", info.name(), " has no role"));
@@ -101,7 +101,8 @@ grpc::Status ControlPlane::Heartbeat(grpc::ServerContext*, const control::Heartb
                                      control::HeartbeatResponse* response) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = nodes_.find(request->node_id());
-  const bool known = it != nodes_.end() && it->second.view.alive && request->epoch() == options_.epoch;
+  const bool known =
+      it != nodes_.end() && it->second.view.alive && request->epoch() == options_.epoch;
   response->set_known(known);
   if (known) {
     it->second.view.last_seen = absl::Now();
@@ -126,7 +127,8 @@ void ControlPlane::Monitor() {
     bool memory_changed = false;
     for (auto& [id, node] : nodes_) {
       if (node.view.alive && now - node.view.last_seen > options_.heartbeat_timeout) {
-        MarkDead(node, absl::StrCat("no heartbeat for ", absl::FormatDuration(now - node.view.last_seen)));
+        MarkDead(node, absl::StrCat("no heartbeat for ",
+                                    absl::FormatDuration(now - node.view.last_seen)));
         memory_changed |= node.view.info.role() == control::ROLE_MEMORY;
       }
     }
@@ -174,8 +176,8 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
       }
     }
   }
-  auto executor = std::make_unique<GrpcExecutor>(info.name(), info.control_address(),
-                                                 options_.step_deadline);
+  auto executor =
+      std::make_unique<GrpcExecutor>(info.name(), info.control_address(), options_.step_deadline);
   auto stub = control::ComputeNode::NewStub(executor->channel());
   grpc::ClientContext context;
   // Allocating and touching a large local KV cache takes a while.
@@ -193,13 +195,15 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
   node.channel = executor->channel();
   std::optional<PoolIndex> local_pool;
   if (options_.expected_memory_nodes == 0) {
-    node.pool = static_cast<int>(scheduler_->AddPool(info.name(), static_cast<int64_t>(ack.local_kv_slots())));
+    node.pool = static_cast<int>(
+        scheduler_->AddPool(info.name(), static_cast<int64_t>(ack.local_kv_slots())));
     local_pool = static_cast<PoolIndex>(node.pool);
   }
   node.executor = scheduler_->AddExecutor(std::move(executor), local_pool);
   node.view.configured = true;
   LOG(INFO) << "compute node " << info.name() << " is ready"
-            << (local_pool ? absl::StrCat(" (co-located, ", ack.local_kv_slots(), " KV slots)") : "");
+            << (local_pool ? absl::StrCat(" (co-located, ", ack.local_kv_slots(), " KV slots)")
+                           : "");
 }
 
 void ControlPlane::ConfigureMemory(uint64_t id) {
@@ -235,7 +239,8 @@ void ControlPlane::ShutdownNodes() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [id, node] : nodes_) {
-      if (node.view.alive && node.channel) targets.emplace_back(node.view.info.name(), node.channel);
+      if (node.view.alive && node.channel)
+        targets.emplace_back(node.view.info.name(), node.channel);
     }
   }
   for (const auto& [name, channel] : targets) {

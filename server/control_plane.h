@@ -71,8 +71,8 @@ class ControlPlane final : public control::Scheduler::Service {
  private:
   struct Node {
     NodeView view;
-    int executor = -1;        // compute nodes
-    int pool = -1;            // memory nodes, and co-located compute nodes
+    int executor = -1;  // compute nodes
+    int pool = -1;      // memory nodes, and co-located compute nodes
     std::shared_ptr<grpc::Channel> channel;
   };
   void Work();

@@ -79,8 +79,8 @@ StepResult GrpcExecutor::RunOne(const StepPlan& plan) {
   if (ok) return FromProto(reply);
   // The stream is broken: the node died, hung past the deadline, or went away.
   const grpc::Status status = stream_->Finish();
-  failure.error = absl::StrCat("compute node ", name_, " failed: ",
-                               status.ok() ? "stream closed" : status.error_message());
+  failure.error = absl::StrCat("compute node ", name_,
+                               " failed: ", status.ok() ? "stream closed" : status.error_message());
   std::lock_guard<std::mutex> lock(mu_);
   stream_.reset();
   context_.reset();

@@ -65,9 +65,8 @@ class KvPool {
   // `tokens` (at most `max_blocks` blocks) plus fresh slots. All or nothing: returns the
   // number of reused prefix blocks (their hashes appended to `held`), or -1 if the slots
   // are not available (nothing changed).
-  int Admit(const std::vector<int32_t>& tokens, const std::vector<uint64_t>& hashes,
-            int max_blocks, int64_t length, std::vector<int32_t>* table,
-            std::vector<uint64_t>* held);
+  int Admit(const std::vector<int32_t>& tokens, const std::vector<uint64_t>& hashes, int max_blocks,
+            int64_t length, std::vector<int32_t>* table, std::vector<uint64_t>* held);
 
   // Longest cached prefix of `tokens` (in blocks, at most `max_blocks`), without taking it.
   int MatchLength(const std::vector<int32_t>& tokens, const std::vector<uint64_t>& hashes,

@@ -35,8 +35,7 @@ class PoolModel {
     const std::vector<uint64_t> hashes = BlockHashes(tokens, kBlock, 42);
     const int max_blocks = static_cast<int>((tokens.size() - 1) / kBlock);
     const int64_t before = pool_.available();
-    const int matched =
-        pool_.Admit(tokens, hashes, max_blocks, tokens.size(), &r.table, &r.held);
+    const int matched = pool_.Admit(tokens, hashes, max_blocks, tokens.size(), &r.table, &r.held);
     if (matched < 0) {
       EXPECT_EQ(pool_.available(), before) << "a failed admission changed the pool";
       return false;

@@ -62,8 +62,8 @@ OutputProcessor::Delta OutputProcessor::Push(int32_t token) {
   Delta delta;
   if (finished_) return delta;
   ++num_tokens_;
-  const bool stop_token = std::find(all_stop_tokens_.begin(), all_stop_tokens_.end(), token) !=
-                          all_stop_tokens_.end();
+  const bool stop_token =
+      std::find(all_stop_tokens_.begin(), all_stop_tokens_.end(), token) != all_stop_tokens_.end();
   if (stop_token && num_tokens_ > stop_.min_tokens) {
     // The stop token's own text is not part of the output.
     if (detokenizer_) held_ += detokenizer_->Flush();

@@ -18,8 +18,8 @@
 namespace strata {
 
 struct StopConditions {
-  std::vector<int32_t> eos_tokens;       // unless ignore_eos; not reported as a stop reason
-  std::vector<int32_t> stop_token_ids;   // the request's; reported as the stop reason
+  std::vector<int32_t> eos_tokens;      // unless ignore_eos; not reported as a stop reason
+  std::vector<int32_t> stop_token_ids;  // the request's; reported as the stop reason
   std::vector<std::string> stop_strings;
   bool include_stop_str_in_output = false;
   int max_tokens = 16;

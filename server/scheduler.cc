@@ -144,7 +144,8 @@ void Scheduler::SetPoolAlive(PoolIndex pool, bool alive, int64_t num_slots) {
     for (const auto& other : pools_) any_alive = any_alive || other->alive;
     std::vector<Request*> affected;
     for (auto& [id, req] : requests_) {
-      if (req->pool == pool && req->state == Request::State::kRunning) affected.push_back(req.get());
+      if (req->pool == pool && req->state == Request::State::kRunning)
+        affected.push_back(req.get());
     }
     for (Request* req : affected) {
       if (req->in_flight) continue;  // handled when its step returns
@@ -158,8 +159,8 @@ void Scheduler::SetPoolAlive(PoolIndex pool, bool alive, int64_t num_slots) {
         Preempt(req);
       } else {
         FailRequest(req, FinishReason::kError,
-                    absl::UnavailableError(absl::StrCat("memory node ", p.name,
-                                                        " died and no other is alive")));
+                    absl::UnavailableError(
+                        absl::StrCat("memory node ", p.name, " died and no other is alive")));
       }
     }
   });
@@ -174,8 +175,8 @@ absl::StatusOr<uint64_t> Scheduler::Submit(GenerateRequest request, UpdateCallba
   if (prompt_len == 0) return absl::InvalidArgumentError("the prompt is empty");
   for (int32_t t : request.prompt_tokens) {
     if (t < 0 || t >= config_.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("token id ", t, " is outside the vocabulary [0, ",
-                                                     config_.vocab_size, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", t, " is outside the vocabulary [0, ", config_.vocab_size, ")"));
     }
   }
   if (request.n < 1 || request.n > config_.max_n) {
@@ -183,11 +184,11 @@ absl::StatusOr<uint64_t> Scheduler::Submit(GenerateRequest request, UpdateCallba
   }
   if (request.max_tokens < 1) return absl::InvalidArgumentError("max_tokens must be at least 1");
   if (prompt_len + request.max_tokens > config_.max_model_len) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "This model's maximum context length is ", config_.max_model_len,
-        " tokens. However, you requested ", prompt_len + request.max_tokens, " tokens (",
-        prompt_len, " in the prompt, ", request.max_tokens,
-        " in the completion). Please reduce the length of the prompt or completion."));
+    return absl::InvalidArgumentError(
+        absl::StrCat("This model's maximum context length is ", config_.max_model_len,
+                     " tokens. However, you requested ", prompt_len + request.max_tokens,
+                     " tokens (", prompt_len, " in the prompt, ", request.max_tokens,
+                     " in the completion). Please reduce the length of the prompt or completion."));
   }
   const int64_t needed = prompt_len + static_cast<int64_t>(request.n) * request.max_tokens;
   int64_t largest_pool = 0;
@@ -209,8 +210,8 @@ absl::StatusOr<uint64_t> Scheduler::Submit(GenerateRequest request, UpdateCallba
       std::lock_guard<std::mutex> lock(stats_mu_);
       ++counters_.rejected_total;
     }
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the server is overloaded: ", num_queued, " requests are already waiting"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the server is overloaded: ", num_queued, " requests are already waiting"));
   }
   if (!request.has_seed) {
     thread_local std::mt19937_64 rng(std::random_device{}());
@@ -320,15 +321,14 @@ void Scheduler::Loop() {
   PublishStats();
 }
 
-PolicyKey Scheduler::KeyOf(const Request* req) const {
-  return {req->spec.priority, req->arrival};
-}
+PolicyKey Scheduler::KeyOf(const Request* req) const { return {req->spec.priority, req->arrival}; }
 
 void Scheduler::CheckTimeouts() {
   const absl::Time now = absl::Now();
   std::vector<Request*> expired;
   for (auto& [id, req] : requests_) {
-    if (req->deadline < now && req->pending_finish == FinishReason::kNone) expired.push_back(req.get());
+    if (req->deadline < now && req->pending_finish == FinishReason::kNone)
+      expired.push_back(req.get());
   }
   for (Request* req : expired) {
     if (req->in_flight) {

@@ -51,7 +51,7 @@
 namespace strata {
 
 struct SchedulerConfig {
-  int64_t max_num_seqs = 256;            // sequences with rows in one step
+  int64_t max_num_seqs = 256;             // sequences with rows in one step
   int64_t max_num_batched_tokens = 2048;  // rows in one step
   int64_t max_prefill_tokens = 2048;      // prompt rows in one step
   int64_t prefill_chunk_tokens = 512;     // <= 0: whole prompts only (no chunking)
@@ -62,7 +62,7 @@ struct SchedulerConfig {
   int max_n = 16;
   std::string policy = "fifo";
   absl::Duration default_timeout = absl::ZeroDuration();  // zero: none
-  uint64_t cache_salt = 0;                // separates prefix caches of different models
+  uint64_t cache_salt = 0;  // separates prefix caches of different models
   std::vector<int32_t> eos_token_ids;
   int32_t vocab_size = 0;
   uint64_t epoch = 0;  // stamped on plans
@@ -79,11 +79,11 @@ struct SchedulerStats {
   int64_t num_running = 0;
   int64_t num_waiting = 0;
   int64_t num_preemptions_total = 0;
-  int64_t prompt_tokens_total = 0;      // prompt tokens of admitted requests
+  int64_t prompt_tokens_total = 0;  // prompt tokens of admitted requests
   int64_t generation_tokens_total = 0;
   int64_t prefix_query_tokens_total = 0;
   int64_t prefix_hit_tokens_total = 0;
-  int64_t prefill_rows_total = 0;       // prompt rows actually computed
+  int64_t prefill_rows_total = 0;  // prompt rows actually computed
   int64_t steps_total = 0;
   int64_t rejected_total = 0;
   std::map<std::string, int64_t> finished_total;  // by finish reason
@@ -95,7 +95,8 @@ struct SchedulerStats {
 // Observer of scheduler events for metrics (all called on the scheduler thread).
 struct SchedulerObserver {
   std::function<void(const StepPlan&, const StepResult&, absl::Duration wall)> on_step;
-  std::function<void(uint64_t request_id, absl::Duration queue, absl::Duration ttft)> on_first_token;
+  std::function<void(uint64_t request_id, absl::Duration queue, absl::Duration ttft)>
+      on_first_token;
   std::function<void(absl::Duration inter_token)> on_inter_token;
   std::function<void(const GenerateRequest&, FinishReason, int64_t prompt_tokens,
                      int64_t generation_tokens, absl::Duration e2e, absl::Duration queue,
@@ -163,9 +164,9 @@ class Scheduler {
   std::condition_variable cv_;
   std::deque<std::function<void()>> events_;
   bool stopping_ = false;
-  int num_executors_ = 0;             // guarded by mu_
-  size_t num_pools_ = 0;              // guarded by mu_
-  int64_t largest_pool_slots_ = 0;    // guarded by mu_
+  int num_executors_ = 0;           // guarded by mu_
+  size_t num_pools_ = 0;            // guarded by mu_
+  int64_t largest_pool_slots_ = 0;  // guarded by mu_
   std::atomic<int64_t> queued_{0};  // submitted, not yet admitted for the first time
   std::thread thread_;
 

@@ -17,8 +17,8 @@ namespace strata {
 struct Scheduler::Sequence {
   uint64_t id = 0;
   Request* request = nullptr;
-  uint32_t index = 0;            // sample index among the request's n
-  std::vector<int32_t> tokens;   // prompt, then outputs
+  uint32_t index = 0;           // sample index among the request's n
+  std::vector<int32_t> tokens;  // prompt, then outputs
   int64_t num_outputs = 0;
   int64_t computed = 0;          // positions whose KV is written
   std::vector<int32_t> table;    // KV slot of each position, in the request's pool
@@ -26,7 +26,7 @@ struct Scheduler::Sequence {
   std::vector<uint64_t> hashes;  // chained hashes of the full blocks of `tokens`
   std::vector<std::pair<int64_t, uint64_t>> held;  // cached blocks held: (index, hash)
   int64_t registered_blocks = 0;
-  bool setup_sent = false;       // on the request's executor
+  bool setup_sent = false;         // on the request's executor
   bool waiting_for_owner = false;  // n > 1: will share the owner's prompt KV
   bool finished = false;
   std::unique_ptr<OutputProcessor> output;

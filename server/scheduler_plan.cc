@@ -43,9 +43,10 @@ void Scheduler::RegisterBlocks(Sequence* seq) {
   AppendBlockHashes(seq->tokens, config_.block_tokens, config_.cache_salt, &seq->hashes);
   const int64_t complete = std::min<int64_t>(seq->computed, seq->table.size()) / block;
   KvPool& kv = *pools_[*req->pool]->kv;
-  for (int64_t b = seq->registered_blocks; b < complete && b < static_cast<int64_t>(seq->hashes.size());
-       ++b) {
-    if (kv.InsertBlock(seq->hashes[b], seq->tokens.data() + b * block, seq->table.data() + b * block)) {
+  for (int64_t b = seq->registered_blocks;
+       b < complete && b < static_cast<int64_t>(seq->hashes.size()); ++b) {
+    if (kv.InsertBlock(seq->hashes[b], seq->tokens.data() + b * block,
+                       seq->table.data() + b * block)) {
       seq->held.emplace_back(b, seq->hashes[b]);
     }
   }
@@ -66,9 +67,10 @@ void Scheduler::ShareParentPrompt(Sequence* child, Sequence* owner) {
       child->held.emplace_back(b, hash);
     }
   }
-  child->hashes.assign(owner->hashes.begin(),
-                       owner->hashes.begin() +
-                           std::min<int64_t>(owner->hashes.size(), prompt_len / config_.block_tokens));
+  child->hashes.assign(
+      owner->hashes.begin(),
+      owner->hashes.begin() +
+          std::min<int64_t>(owner->hashes.size(), prompt_len / config_.block_tokens));
   child->registered_blocks = prompt_len / config_.block_tokens;
   child->computed = prompt_len;
   child->table_sent = 0;
@@ -119,21 +121,21 @@ bool Scheduler::Place(Request* req, int executor) {
   std::vector<std::pair<int, int64_t>> order;  // (matched blocks, available)
   for (PoolIndex p : candidates) {
     const KvPool& kv = *pools_[p]->kv;
-    order.emplace_back(config_.enable_prefix_caching ? kv.MatchLength(owner->tokens, hashes, max_blocks) : 0,
-                       kv.available());
+    order.emplace_back(
+        config_.enable_prefix_caching ? kv.MatchLength(owner->tokens, hashes, max_blocks) : 0,
+        kv.available());
   }
   std::vector<size_t> idx(candidates.size());
   for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-  std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
-    return order[a] > order[b];
-  });
+  std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return order[a] > order[b]; });
   for (size_t i : idx) {
     const PoolIndex p = candidates[i];
     KvPool& kv = *pools_[p]->kv;
     std::vector<int32_t> table;
     std::vector<uint64_t> held;
-    const int matched = kv.Admit(owner->tokens, hashes, config_.enable_prefix_caching ? max_blocks : 0,
-                                 length, &table, &held);
+    const int matched =
+        kv.Admit(owner->tokens, hashes, config_.enable_prefix_caching ? max_blocks : 0, length,
+                 &table, &held);
     if (matched < 0) continue;
     owner->table = std::move(table);
     owner->held.clear();
@@ -160,7 +162,8 @@ bool Scheduler::Place(Request* req, int executor) {
     }
     LOG_IF(INFO, first_admission) << "request " << req->id << " (" << req->spec.external_id
                                   << ") placed on " << pools_[p]->name << " with "
-                                  << owner->computed << "/" << length << " tokens from the prefix cache";
+                                  << owner->computed << "/" << length
+                                  << " tokens from the prefix cache";
     return true;
   }
   return false;
@@ -201,7 +204,8 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
       Request* victim = nullptr;
       for (auto& [id, other] : requests_) {
         Request* o = other.get();
-        if (o == req || o->state != Request::State::kRunning || o->in_flight || planned.count(o)) continue;
+        if (o == req || o->state != Request::State::kRunning || o->in_flight || planned.count(o))
+          continue;
         if (o->pool != req->pool || !before(req, o)) continue;
         if (victim == nullptr || before(victim, o)) victim = o;
       }
@@ -236,7 +240,8 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     if (decode.empty()) continue;
     if (static_cast<int64_t>(decode.size()) > std::min(budget_rows, budget_seqs)) break;
     int64_t need = 0;
-    for (Sequence* s : decode) need += static_cast<int64_t>(s->tokens.size()) - static_cast<int64_t>(s->table.size());
+    for (Sequence* s : decode)
+      need += static_cast<int64_t>(s->tokens.size()) - static_cast<int64_t>(s->table.size());
     if (need > 0 && !make_room(req, need)) {
       Preempt(req);  // nothing below it to take from: it yields itself
       running.erase(running.begin() + i);
@@ -245,7 +250,8 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     }
     KvPool& kv = *pools_[*req->pool]->kv;
     for (Sequence* s : decode) {
-      const int64_t missing = static_cast<int64_t>(s->tokens.size()) - static_cast<int64_t>(s->table.size());
+      const int64_t missing =
+          static_cast<int64_t>(s->tokens.size()) - static_cast<int64_t>(s->table.size());
       if (missing > 0) CHECK(kv.Allocate(missing, &s->table));
       add_chunk(s, s->computed, s->computed + 1);
       --budget_rows;
@@ -273,7 +279,8 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
       }
       const int64_t len = static_cast<int64_t>(seq->tokens.size());
       if (seq->computed >= len - 1) continue;  // decode-ready (or done) already
-      const int64_t count = std::min({len - seq->computed, chunk_limit, budget_rows, budget_prefill});
+      const int64_t count =
+          std::min({len - seq->computed, chunk_limit, budget_rows, budget_prefill});
       if (config_.prefill_chunk_tokens <= 0 && count < len - seq->computed) continue;
       const int64_t end = seq->computed + count;
       const int64_t need = end - static_cast<int64_t>(seq->table.size());
@@ -313,7 +320,8 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     if (config_.prefill_chunk_tokens <= 0 && length > budget_rows) break;
     if (!Place(req, e)) break;
     admitted.push_back(req);
-    const int64_t count = std::min({length - owner->computed, chunk_limit, budget_rows, budget_prefill});
+    const int64_t count =
+        std::min({length - owner->computed, chunk_limit, budget_rows, budget_prefill});
     add_chunk(owner, owner->computed, owner->computed + count);
     budget_rows -= count;
     budget_prefill -= count;
@@ -324,8 +332,7 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
   }
   for (Request* req : failed) {
     FailRequest(req, FinishReason::kError,
-                absl::ResourceExhaustedError(
-                    "the request no longer fits in any live KV pool"));
+                absl::ResourceExhaustedError("the request no longer fits in any live KV pool"));
   }
 
   // Assemble the plan: setups, releases, slot extents and rows.
@@ -378,7 +385,8 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     chunk.start_position = static_cast<int32_t>(c.begin);
     chunk.tokens.assign(seq->tokens.begin() + c.begin, seq->tokens.begin() + c.end);
     if (c.end == static_cast<int64_t>(seq->tokens.size())) {
-      chunk.samples.push_back({seq->id, seq->index, seq->num_outputs, seq->output->banned_tokens()});
+      chunk.samples.push_back(
+          {seq->id, seq->index, seq->num_outputs, seq->output->banned_tokens()});
       // The owner's first draw is also every waiting sample's first draw.
       if (seq == req->Owner() && c.end == req->prompt_len()) {
         for (auto& other : req->seqs) {
@@ -433,12 +441,14 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
   for (Request* req : involved) req->in_flight = false;
 
   if (!result.error.empty()) {
-    LOG(ERROR) << "step " << plan.step_id << " on " << ex.impl->name() << " failed: " << result.error;
+    LOG(ERROR) << "step " << plan.step_id << " on " << ex.impl->name()
+               << " failed: " << result.error;
     for (Request* req : involved) {
       if (++req->step_failures > kMaxStepFailures) {
-        FailRequest(req, FinishReason::kError,
-                    absl::InternalError(absl::StrCat("the compute node failed this request's step ",
-                                                     req->step_failures, " times: ", result.error)));
+        FailRequest(
+            req, FinishReason::kError,
+            absl::InternalError(absl::StrCat("the compute node failed this request's step ",
+                                             req->step_failures, " times: ", result.error)));
       } else {
         Preempt(req);
       }
@@ -461,9 +471,9 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
                                        req->pool.value_or(~0u)) != result.dead_pools.end();
       bool other_alive = false;
       for (size_t p = 0; p < pools_.size(); ++p) {
-        other_alive = other_alive || (pools_[p]->alive && std::find(result.dead_pools.begin(),
-                                                                    result.dead_pools.end(),
-                                                                    p) == result.dead_pools.end());
+        other_alive = other_alive || (pools_[p]->alive &&
+                                      std::find(result.dead_pools.begin(), result.dead_pools.end(),
+                                                p) == result.dead_pools.end());
       }
       if (pool_dead && other_alive) {
         for (auto& s : req->seqs) {
@@ -485,7 +495,8 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
     Sequence* seq = it->second;
     Request* req = seq->request;
     if (failed_now.count(req) || seq->finished || req->state != Request::State::kRunning) continue;
-    seq->computed = std::max<int64_t>(seq->computed, c.start_position + static_cast<int64_t>(c.tokens.size()));
+    seq->computed =
+        std::max<int64_t>(seq->computed, c.start_position + static_cast<int64_t>(c.tokens.size()));
     RegisterBlocks(seq);
   }
 

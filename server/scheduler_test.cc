@@ -386,7 +386,9 @@ TEST_F(SchedulerTest, PriorityPolicyAdmitsUrgentRequestsFirst) {
   auto c2 = *h.Submit(urgent);
   h.Wait({a, b, c2});
   const auto order = h.finished_order();
-  const auto pos = [&](uint64_t id) { return std::find(order.begin(), order.end(), id) - order.begin(); };
+  const auto pos = [&](uint64_t id) {
+    return std::find(order.begin(), order.end(), id) - order.begin();
+  };
   EXPECT_LT(pos(h.ids_[2]), pos(h.ids_[1])) << "the urgent request waited behind a low one";
   h.ExpectNoLeak();
 }

@@ -30,23 +30,27 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions option
     }
     app->chat_template_ = std::move(*chat);
     LOG(INFO) << "tokenizer: " << app->tokenizer_->vocab_size() << " tokens; chat template: "
-              << (app->chat_template_->is_default() ? "strata's default (the model has none)" : "the model's");
+              << (app->chat_template_->is_default() ? "strata's default (the model has none)"
+                                                    : "the model's");
   } else {
-    LOG(WARNING) << options.model_dir << " has no tokenizer.json: prompts must be token ids, chat is off";
+    LOG(WARNING) << options.model_dir
+                 << " has no tokenizer.json: prompts must be token ids, chat is off";
   }
 
-  const int64_t max_model_len = options.max_model_len > 0 ? options.max_model_len : model.max_position_embeddings;
+  const int64_t max_model_len =
+      options.max_model_len > 0 ? options.max_model_len : model.max_position_embeddings;
   SchedulerConfig& sc = options.scheduler;
   sc.max_model_len = max_model_len;
   sc.vocab_size = static_cast<int32_t>(model.vocab_size);
   sc.eos_token_ids.assign(model.eos_token_ids.begin(), model.eos_token_ids.end());
   if (app->tokenizer_ && app->tokenizer_->eos_token_id() >= 0 &&
-      std::find(sc.eos_token_ids.begin(), sc.eos_token_ids.end(), app->tokenizer_->eos_token_id()) ==
-          sc.eos_token_ids.end()) {
+      std::find(sc.eos_token_ids.begin(), sc.eos_token_ids.end(),
+                app->tokenizer_->eos_token_id()) == sc.eos_token_ids.end()) {
     sc.eos_token_ids.push_back(app->tokenizer_->eos_token_id());
   }
   sc.cache_salt = std::hash<std::string>()(options.model_dir);
-  sc.epoch = std::random_device{}() | (static_cast<uint64_t>(absl::ToUnixSeconds(absl::Now())) << 32);
+  sc.epoch =
+      std::random_device{}() | (static_cast<uint64_t>(absl::ToUnixSeconds(absl::Now())) << 32);
   RETURN_IF_ERROR(Scheduler::ValidateConfig(sc));
   app->scheduler_ = std::make_unique<Scheduler>(sc, app->tokenizer_.get());
   app->scheduler_->Start();
@@ -73,8 +77,8 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions option
   builder.RegisterService(app->control_.get());
   app->control_server_ = builder.BuildAndStart();
   if (app->control_server_ == nullptr || app->control_port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on control port ", options.control_host, ":",
-                                               options.control_port));
+    return absl::UnavailableError(absl::StrCat("cannot listen on control port ",
+                                               options.control_host, ":", options.control_port));
   }
 
   api::ApiOptions api_options;
@@ -89,18 +93,19 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions option
                                                app->chat_template_.get(), api_options,
                                                [control] { return control->Ready(); });
   api::OpenAiApi* api = app->api_.get();
-  ASSIGN_OR_RETURN(app->http_, http::HttpServer::Start(options.http, [api](const http::Request& r,
-                                                                           std::shared_ptr<http::Responder> w) {
+  ASSIGN_OR_RETURN(app->http_,
+                   http::HttpServer::Start(options.http, [api](const http::Request& r,
+                                                               std::shared_ptr<http::Responder> w) {
                      api->Handle(r, std::move(w));
                    }));
   LOG(INFO) << "serving " << options.served_model_name << " at http://" << options.http.host << ":"
-            << app->http_->port() << " (control plane on port " << app->control_port_ << ", waiting for "
-            << options.expected_compute_nodes << " compute and " << options.expected_memory_nodes
-            << " memory nodes)";
+            << app->http_->port() << " (control plane on port " << app->control_port_
+            << ", waiting for " << options.expected_compute_nodes << " compute and "
+            << options.expected_memory_nodes << " memory nodes)";
   if (!options.port_file.empty()) {
     const std::string tmp = options.port_file + ".tmp";
-    std::ofstream(tmp) << "{\"http\": " << app->http_->port() << ", \"control\": " << app->control_port_
-                       << "}\n";
+    std::ofstream(tmp) << "{\"http\": " << app->http_->port()
+                       << ", \"control\": " << app->control_port_ << "}\n";
     std::filesystem::rename(tmp, options.port_file);
   }
   app->options_ = std::move(options);

@@ -25,9 +25,9 @@ struct ServerOptions {
   std::string served_model_name;  // default: the model directory's name
   int64_t max_model_len = 0;      // 0: the model's
   std::string control_host = "127.0.0.1";
-  int control_port = 50050;       // 0: any free port
-  int grpc_port = -1;             // gRPC API; -1: off, 0: any free port
-  std::string port_file;          // JSON {"http": .., "control": .., "grpc": ..} once listening
+  int control_port = 50050;  // 0: any free port
+  int grpc_port = -1;        // gRPC API; -1: off, 0: any free port
+  std::string port_file;     // JSON {"http": .., "control": .., "grpc": ..} once listening
   int expected_compute_nodes = 1;
   int expected_memory_nodes = 0;
   absl::Duration heartbeat_timeout = absl::Seconds(3);

@@ -61,9 +61,9 @@ inline uint16_t FloatToF16(float value) {
   std::memcpy(&bits, &value, sizeof(bits));
   const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
   const uint32_t abs_bits = bits & 0x7fffffffu;
-  if (abs_bits > 0x7f800000u) return sign | 0x7e00u;    // NaN
-  if (abs_bits >= 0x477ff000u) return sign | 0x7c00u;   // Overflow (incl. rounding) to inf.
-  if (abs_bits < 0x33000000u) return sign;              // Underflow to zero.
+  if (abs_bits > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (abs_bits >= 0x477ff000u) return sign | 0x7c00u;  // Overflow (incl. rounding) to inf.
+  if (abs_bits < 0x33000000u) return sign;             // Underflow to zero.
   int exponent = static_cast<int>(abs_bits >> 23) - 127 + 15;
   uint32_t mantissa = (abs_bits & 0x7fffffu) | 0x800000u;
   int shift = 13;

@@ -62,39 +62,36 @@ inline bool FirstN(std::atomic<int64_t>& counter, int64_t n) {
 #define STRATA_LOG_SEVERITY_ERROR ::strata::LogSeverity::kError
 #define STRATA_LOG_SEVERITY_FATAL ::strata::LogSeverity::kFatal
 
-#define LOG(severity)                                                             \
-  !::strata::logging_internal::ShouldLog(STRATA_LOG_SEVERITY_##severity)          \
-      ? (void)0                                                                   \
-      : ::strata::logging_internal::Voidify() &                                   \
-            ::strata::logging_internal::LogMessage(__FILE__, __LINE__,            \
+#define LOG(severity)                                                              \
+  !::strata::logging_internal::ShouldLog(STRATA_LOG_SEVERITY_##severity)           \
+      ? (void)0                                                                    \
+      : ::strata::logging_internal::Voidify() &                                    \
+            ::strata::logging_internal::LogMessage(__FILE__, __LINE__,             \
                                                    STRATA_LOG_SEVERITY_##severity) \
                 .stream()
 
-#define LOG_IF(severity, condition) \
-  !(condition) ? (void)0 : LOG(severity)
+#define LOG_IF(severity, condition) !(condition) ? (void)0 : LOG(severity)
 
 // Logs the first n occurrences at this call site, then stays quiet.
-#define LOG_FIRST_N(severity, n)                                             \
-  static std::atomic<int64_t> strata_log_first_n_##__LINE__{0};              \
-  if (::strata::logging_internal::FirstN(strata_log_first_n_##__LINE__, (n))) \
-  LOG(severity)
+#define LOG_FIRST_N(severity, n)                                \
+  static std::atomic<int64_t> strata_log_first_n_##__LINE__{0}; \
+  if (::strata::logging_internal::FirstN(strata_log_first_n_##__LINE__, (n))) LOG(severity)
 
-#define CHECK(condition)                                                        \
-  (condition) ? (void)0                                                         \
-              : ::strata::logging_internal::Voidify() &                         \
-                    ::strata::logging_internal::LogMessage(                     \
-                        __FILE__, __LINE__, ::strata::LogSeverity::kFatal)      \
-                            .stream()                                           \
+#define CHECK(condition)                                                                  \
+  (condition) ? (void)0                                                                   \
+              : ::strata::logging_internal::Voidify() &                                   \
+                    ::strata::logging_internal::LogMessage(__FILE__, __LINE__,            \
+                                                           ::strata::LogSeverity::kFatal) \
+                            .stream()                                                     \
                         << "Check failed: " #condition " "
 
-#define STRATA_CHECK_OP(a, b, op)                                                   \
-  ((a)op(b)) ? (void)0                                                              \
-             : ::strata::logging_internal::Voidify() &                              \
-                   ::strata::logging_internal::LogMessage(                          \
-                       __FILE__, __LINE__, ::strata::LogSeverity::kFatal)           \
-                           .stream()                                                \
-                       << "Check failed: " #a " " #op " " #b " (" << (a) << " vs " << (b) \
-                       << ") "
+#define STRATA_CHECK_OP(a, b, op)                                                        \
+  ((a)op(b)) ? (void)0                                                                   \
+             : ::strata::logging_internal::Voidify() &                                   \
+                   ::strata::logging_internal::LogMessage(__FILE__, __LINE__,            \
+                                                          ::strata::LogSeverity::kFatal) \
+                           .stream()                                                     \
+                       << "Check failed: " #a " " #op " " #b " (" << (a) << " vs " << (b) << ") "
 
 #define CHECK_EQ(a, b) STRATA_CHECK_OP(a, b, ==)
 #define CHECK_NE(a, b) STRATA_CHECK_OP(a, b, !=)

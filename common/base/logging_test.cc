@@ -31,7 +31,8 @@ TEST(StatusMacros, PropagateErrorsAndValues) {
 }
 
 TEST(Logging, CheckFailureAborts) {
-  EXPECT_DEATH({ CHECK_EQ(1 + 1, 3) << "arithmetic"; }, "Check failed: 1 \\+ 1 == 3 \\(2 vs 3\\) arithmetic");
+  EXPECT_DEATH({ CHECK_EQ(1 + 1, 3) << "arithmetic"; },
+               "Check failed: 1 \\+ 1 == 3 \\(2 vs 3\\) arithmetic");
   EXPECT_DEATH({ LOG(FATAL) << "fatal line"; }, "fatal line");
 }
 

@@ -12,10 +12,10 @@
 #define STRATA_STATUS_CONCAT_INNER(a, b) a##b
 #define STRATA_STATUS_CONCAT(a, b) STRATA_STATUS_CONCAT_INNER(a, b)
 
-#define RETURN_IF_ERROR(expr)                                   \
-  do {                                                          \
-    ::absl::Status strata_status_ = (expr);                     \
-    if (!strata_status_.ok()) return strata_status_;            \
+#define RETURN_IF_ERROR(expr)                        \
+  do {                                               \
+    ::absl::Status strata_status_ = (expr);          \
+    if (!strata_status_.ok()) return strata_status_; \
   } while (0)
 
 #define STRATA_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \

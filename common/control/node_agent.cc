@@ -19,13 +19,15 @@ NodeAgent::NodeAgent(std::string scheduler_address, control::NodeInfo info,
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  stub_ = control::Scheduler::NewStub(grpc::CreateCustomChannel(
-      scheduler_address_, grpc::InsecureChannelCredentials(), args));
+  stub_ = control::Scheduler::NewStub(
+      grpc::CreateCustomChannel(scheduler_address_, grpc::InsecureChannelCredentials(), args));
 }
 
 NodeAgent::~NodeAgent() { Stop(); }
 
-void NodeAgent::Start() { thread_ = std::thread([this] { Run(); }); }
+void NodeAgent::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
 
 void NodeAgent::Stop() {
   {
@@ -38,9 +40,9 @@ void NodeAgent::Stop() {
 
 bool NodeAgent::WaitRegistered(absl::Duration timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout),
-                      [&] { return registered_.load() || !fatal_error_.empty(); }) &&
-         registered_.load();
+  return cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout), [&] {
+    return registered_.load() || !fatal_error_.empty();
+  }) && registered_.load();
 }
 
 std::string NodeAgent::fatal_error() const {

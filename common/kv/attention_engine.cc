@@ -16,8 +16,8 @@ absl::StatusOr<std::unique_ptr<AttentionEngine>> AttentionEngine::Create(
   engine->params_.num_heads = config.num_heads;
   engine->params_.num_kv_heads = config.store.num_kv_heads;
   engine->params_.head_dim = config.store.head_dim;
-  engine->params_.scale = config.scale > 0 ? config.scale
-                                           : 1.0f / std::sqrt(static_cast<float>(config.store.head_dim));
+  engine->params_.scale =
+      config.scale > 0 ? config.scale : 1.0f / std::sqrt(static_cast<float>(config.store.head_dim));
   engine->params_.kv_dtype = config.store.dtype;
   if (config.num_heads <= 0 || config.num_heads % config.store.num_kv_heads != 0) {
     return absl::InvalidArgumentError("num_heads must be a positive multiple of num_kv_heads");

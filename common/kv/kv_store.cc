@@ -19,11 +19,11 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreConfig& co
   store->config_ = config;
   store->row_elements_ = static_cast<int64_t>(config.num_kv_heads) * config.head_dim;
   store->bytes_ = static_cast<size_t>(config.num_slots) * config.bytes_per_token();
-  void* p = mmap(nullptr, store->bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                 -1, 0);
+  void* p =
+      mmap(nullptr, store->bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot reserve ", store->bytes_,
-                                                     " bytes of KV cache: ", strerror(errno)));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot reserve ", store->bytes_, " bytes of KV cache: ", strerror(errno)));
   }
   madvise(p, store->bytes_, MADV_HUGEPAGE);
   store->base_ = static_cast<uint16_t*>(p);

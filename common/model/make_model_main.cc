@@ -9,7 +9,8 @@
 #include "common/base/logging.h"
 #include "common/model/model_generator.h"
 
-ABSL_FLAG(std::string, shape, "tiny", "Named shape: tiny, tiny-gqa, tiny-qwen, tiny-mistral, demo, demo-gqa");
+ABSL_FLAG(std::string, shape, "tiny",
+          "Named shape: tiny, tiny-gqa, tiny-qwen, tiny-mistral, demo, demo-gqa");
 ABSL_FLAG(std::string, out, "", "Output directory (required)");
 ABSL_FLAG(uint64_t, seed, 0, "Random seed");
 ABSL_FLAG(int, shards, 1, "Number of safetensors shards");
@@ -33,8 +34,10 @@ int main(int argc, char** argv) {
   options.tokenizer_dir = absl::GetFlag(FLAGS_tokenizer_dir);
   const std::string dtype = absl::GetFlag(FLAGS_dtype);
   if (!dtype.empty()) {
-    options.dtype = strata::ParseDType(dtype == "bf16" ? "BF16" : dtype == "f16" ? "F16"
-                                       : dtype == "f32" ? "F32" : dtype);
+    options.dtype = strata::ParseDType(dtype == "bf16"  ? "BF16"
+                                       : dtype == "f16" ? "F16"
+                                       : dtype == "f32" ? "F32"
+                                                        : dtype);
     if (!options.dtype) {
       std::cerr << "make_model: --dtype must be bf16, f16 or f32\n";
       return 2;
@@ -45,8 +48,7 @@ int main(int argc, char** argv) {
     std::cerr << "make_model: " << status.message() << "\n";
     return 1;
   }
-  std::cout << "wrote " << absl::GetFlag(FLAGS_shape) << " model ("
-            << shape->NumParameters() << " parameters before vocabulary adjustment) to "
-            << absl::GetFlag(FLAGS_out) << "\n";
+  std::cout << "wrote " << absl::GetFlag(FLAGS_shape) << " model (" << shape->NumParameters()
+            << " parameters before vocabulary adjustment) to " << absl::GetFlag(FLAGS_out) << "\n";
   return 0;
 }

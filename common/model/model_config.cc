@@ -61,8 +61,7 @@ absl::StatusOr<RopeScaling> ParseRopeScaling(const json& j, const std::string& s
   } else if (type == "llama3") {
     scaling.type = RopeScaling::Type::kLlama3;
     ASSIGN_OR_RETURN(scaling.low_freq_factor, OptionalNumber(rs, source, "low_freq_factor", 1.0));
-    ASSIGN_OR_RETURN(scaling.high_freq_factor,
-                     OptionalNumber(rs, source, "high_freq_factor", 4.0));
+    ASSIGN_OR_RETURN(scaling.high_freq_factor, OptionalNumber(rs, source, "high_freq_factor", 4.0));
     ASSIGN_OR_RETURN(double original,
                      OptionalNumber(rs, source, "original_max_position_embeddings", 8192));
     scaling.original_max_position_embeddings = static_cast<int64_t>(original);
@@ -70,9 +69,9 @@ absl::StatusOr<RopeScaling> ParseRopeScaling(const json& j, const std::string& s
       return FieldError(source, "rope_scaling", "needs high_freq_factor > low_freq_factor");
     }
   } else {
-    return FieldError(source, "rope_scaling",
-                      absl::StrCat("has unsupported type \"", type,
-                                   "\" (supported: linear, llama3)"));
+    return FieldError(
+        source, "rope_scaling",
+        absl::StrCat("has unsupported type \"", type, "\" (supported: linear, llama3)"));
   }
   return scaling;
 }
@@ -130,9 +129,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
   ASSIGN_OR_RETURN(c.vocab_size, RequiredInt(j, source, "vocab_size"));
   ASSIGN_OR_RETURN(c.max_position_embeddings, RequiredInt(j, source, "max_position_embeddings"));
   if (c.num_heads % c.num_kv_heads != 0) {
-    return FieldError(source, "num_key_value_heads",
-                      absl::StrCat("(", c.num_kv_heads, ") must divide num_attention_heads (",
-                                   c.num_heads, ")"));
+    return FieldError(
+        source, "num_key_value_heads",
+        absl::StrCat("(", c.num_kv_heads, ") must divide num_attention_heads (", c.num_heads, ")"));
   }
   if (j.contains("head_dim") && !j["head_dim"].is_null()) {
     ASSIGN_OR_RETURN(c.head_dim, RequiredInt(j, source, "head_dim"));
@@ -198,7 +197,7 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   j["rope_theta"] = c.rope_theta;
   j["hidden_act"] = "silu";
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  j["torch_dtype"] = c.dtype == DType::kBF16 ? "bfloat16"
+  j["torch_dtype"] = c.dtype == DType::kBF16  ? "bfloat16"
                      : c.dtype == DType::kF16 ? "float16"
                                               : "float32";
   if (c.architecture != "Qwen2ForCausalLM") j["attention_bias"] = c.qkv_bias;

@@ -40,7 +40,7 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
-  bool qkv_bias = false;  // Qwen2 always; Llama when "attention_bias" is true.
+  bool qkv_bias = false;       // Qwen2 always; Llama when "attention_bias" is true.
   DType dtype = DType::kBF16;  // torch_dtype
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;

@@ -63,8 +63,8 @@ Init InitFor(const std::string& name, const ModelConfig& c, int64_t fan_in) {
   return {1.0 / std::sqrt(static_cast<double>(fan_in)), 0.0};
 }
 
-std::string MakeTensorBytes(const std::string& name, const std::vector<int64_t>& shape,
-                            DType dtype, const ModelConfig& c, uint64_t seed) {
+std::string MakeTensorBytes(const std::string& name, const std::vector<int64_t>& shape, DType dtype,
+                            const ModelConfig& c, uint64_t seed) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   const Init init = InitFor(name, c, shape.size() == 2 ? shape[1] : 1);
@@ -73,8 +73,7 @@ std::string MakeTensorBytes(const std::string& name, const std::vector<int64_t>&
   char* out = bytes.data();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const float value =
-        static_cast<float>(init.mean + init.std * GeneratorNormal(seed, stream, i));
+    const float value = static_cast<float>(init.mean + init.std * GeneratorNormal(seed, stream, i));
     if (dtype == DType::kF32) {
       std::memcpy(out + 4 * i, &value, 4);
     } else {
@@ -250,9 +249,8 @@ absl::StatusOr<ModelConfig> NamedModelShape(const std::string& name) {
     c.max_position_embeddings = 4096;
     c.rope_theta = 500000.0;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("unknown model shape \"", name,
-                                                   "\"; known: ",
-                                                   absl::StrJoin(ModelShapeNames(), ", ")));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown model shape \"", name, "\"; known: ", absl::StrJoin(ModelShapeNames(), ", ")));
   }
   return c;
 }

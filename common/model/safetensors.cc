@@ -25,9 +25,9 @@ using json = nlohmann::json;
 // Bytes per element of every dtype the safetensors format defines.
 int64_t ElementSize(std::string_view dtype) {
   static const std::map<std::string_view, int64_t> kSizes = {
-      {"F64", 8}, {"F32", 4},  {"F16", 2},  {"BF16", 2},    {"I64", 8},     {"I32", 4},
-      {"I16", 2}, {"I8", 1},   {"U64", 8},  {"U32", 4},     {"U16", 2},     {"U8", 1},
-      {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+      {"F64", 8}, {"F32", 4}, {"F16", 2},  {"BF16", 2},    {"I64", 8},
+      {"I32", 4}, {"I16", 2}, {"I8", 1},   {"U64", 8},     {"U32", 4},
+      {"U16", 2}, {"U8", 1},  {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
   auto it = kSizes.find(dtype);
   return it == kSizes.end() ? 0 : it->second;
 }
@@ -90,9 +90,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
       return absl::DataLossError(absl::StrCat(path, ": tensor \"", name, "\": ", what));
     };
     if (!entry.is_object() || !entry.contains("dtype") || !entry["dtype"].is_string() ||
-        !entry.contains("shape") || !entry["shape"].is_array() ||
-        !entry.contains("data_offsets") || !entry["data_offsets"].is_array() ||
-        entry["data_offsets"].size() != 2) {
+        !entry.contains("shape") || !entry["shape"].is_array() || !entry.contains("data_offsets") ||
+        !entry["data_offsets"].is_array() || entry["data_offsets"].size() != 2) {
       return bad("malformed entry (needs dtype, shape and two data_offsets)");
     }
     TensorView view;
@@ -163,8 +162,8 @@ absl::StatusOr<std::unique_ptr<WeightArchive>> WeightArchive::Open(const std::st
       }
       const std::string shard_name = shard.get<std::string>();
       if (shard_name.find('/') != std::string::npos || shard_name == "..") {
-        return absl::InvalidArgumentError(
-            absl::StrCat(index_path, ": shard name \"", shard_name, "\" must be a plain file name"));
+        return absl::InvalidArgumentError(absl::StrCat(index_path, ": shard name \"", shard_name,
+                                                       "\" must be a plain file name"));
       }
       if (seen.insert(shard_name).second) shard_names.push_back(shard_name);
     }

@@ -120,11 +120,10 @@ TEST(Safetensors, CorruptFilesAreClearErrors) {
                   absl::StatusCode::kDataLoss, "non-negative");
   ExpectOpenFails(RawFile(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[16,0]}})", 16),
                   absl::StatusCode::kDataLoss, "outside");
-  ExpectOpenFails(RawFile(R"({"w":{"dtype":"F32","shape":[4]}})", 16),
-                  absl::StatusCode::kDataLoss, "malformed entry");
+  ExpectOpenFails(RawFile(R"({"w":{"dtype":"F32","shape":[4]}})", 16), absl::StatusCode::kDataLoss,
+                  "malformed entry");
   ExpectOpenFails(
-      RawFile(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,16]}})",
-              16),
+      RawFile(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,16]}})", 16),
       absl::StatusCode::kDataLoss, "implausibly large");
 }
 

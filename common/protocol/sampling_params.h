@@ -16,7 +16,7 @@ struct SamplingParams {
   float min_p = 0.0f;        // [0, 1]
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
-  float repetition_penalty = 1.0f;  // > 0; 1 = off
+  float repetition_penalty = 1.0f;                    // > 0; 1 = off
   std::vector<std::pair<int32_t, float>> logit_bias;  // sorted by token
   uint64_t seed = 0;
   int32_t num_logprobs = -1;  // -1: none; 0: the sampled token's; k: plus the top k

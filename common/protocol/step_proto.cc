@@ -78,8 +78,8 @@ absl::StatusOr<StepPlan> FromProto(const control::StepPlan& in) {
   plan.epoch = in.epoch();
   for (const auto& s : in.setups()) {
     if (s.prompt_len() < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("setup of request ", s.request_id(),
-                                                     " has prompt_len ", s.prompt_len()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("setup of request ", s.request_id(), " has prompt_len ", s.prompt_len()));
     }
     RequestSetup setup;
     setup.request_id = s.request_id();
@@ -92,17 +92,16 @@ absl::StatusOr<StepPlan> FromProto(const control::StepPlan& in) {
   for (const auto& r : in.releases()) plan.releases.push_back({r.request_id(), r.pool()});
   for (const auto& a : in.assignments()) {
     if (a.start() < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("assignment of request ", a.request_id(),
-                                                     " starts at ", a.start()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("assignment of request ", a.request_id(), " starts at ", a.start()));
     }
     plan.assignments.push_back(
         {a.request_id(), a.pool(), a.start(), {a.slots().begin(), a.slots().end()}});
   }
   for (const auto& c : in.chunks()) {
     if (c.tokens().empty() || c.start_position() < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk of request ", c.request_id(),
-                                                     " is empty or starts at ",
-                                                     c.start_position()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk of request ", c.request_id(), " is empty or starts at ", c.start_position()));
     }
     SequenceChunk chunk;
     chunk.request_id = c.request_id();
@@ -110,7 +109,9 @@ absl::StatusOr<StepPlan> FromProto(const control::StepPlan& in) {
     chunk.start_position = c.start_position();
     chunk.tokens.assign(c.tokens().begin(), c.tokens().end());
     for (const auto& t : c.samples()) {
-      chunk.samples.push_back({t.request_id(), t.sample_index(), t.output_position(),
+      chunk.samples.push_back({t.request_id(),
+                               t.sample_index(),
+                               t.output_position(),
                                {t.banned_tokens().begin(), t.banned_tokens().end()}});
     }
     plan.chunks.push_back(std::move(chunk));
@@ -162,7 +163,7 @@ StepResult FromProto(const control::StepResult& in) {
   for (const auto& f : in.failed()) result.failed.emplace_back(f.request_id(), f.reason());
   result.dead_pools.assign(in.dead_pools().begin(), in.dead_pools().end());
   const auto& t = in.timing();
-  result.timing = {t.total_us(), t.gemm_us(), t.attention_us(), t.sample_us(),
+  result.timing = {t.total_us(),   t.gemm_us(),        t.attention_us(), t.sample_us(),
                    t.bytes_sent(), t.bytes_received(), t.rows()};
   result.error = in.error();
   return result;

@@ -91,10 +91,9 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const json& m) {
     }
     auto l = bpe->vocab_.find(left);
     auto r = bpe->vocab_.find(right);
-    const std::string merged =
-        left + (right.compare(0, bpe->prefix_.size(), bpe->prefix_) == 0
-                    ? right.substr(bpe->prefix_.size())
-                    : right);
+    const std::string merged = left + (right.compare(0, bpe->prefix_.size(), bpe->prefix_) == 0
+                                           ? right.substr(bpe->prefix_.size())
+                                           : right);
     auto mid = bpe->vocab_.find(merged);
     if (l == bpe->vocab_.end() || r == bpe->vocab_.end() || mid == bpe->vocab_.end()) {
       return absl::InvalidArgumentError("BPE model: merge \"" + left + " " + right +

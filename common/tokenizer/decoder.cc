@@ -12,7 +12,8 @@ using json = nlohmann::json;
 
 class SequenceDecoder : public Decoder {
  public:
-  explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> parts) : parts_(std::move(parts)) {}
+  explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> parts)
+      : parts_(std::move(parts)) {}
   void Decode(std::vector<std::string>& tokens) const override {
     for (const auto& p : parts_) p->Decode(tokens);
   }
@@ -171,8 +172,8 @@ absl::StatusOr<std::unique_ptr<Decoder>> DecoderFromJson(const json& j) {
   if (type == "ByteFallback") return std::unique_ptr<Decoder>(new ByteFallbackDecoder);
   if (type == "Fuse") return std::unique_ptr<Decoder>(new FuseDecoder);
   if (type == "Strip") {
-    return std::unique_ptr<Decoder>(new StripDecoder(
-        j.value("content", std::string(" ")), j.value("start", 0), j.value("stop", 0)));
+    return std::unique_ptr<Decoder>(new StripDecoder(j.value("content", std::string(" ")),
+                                                     j.value("start", 0), j.value("stop", 0)));
   }
   if (type == "Metaspace") {
     bool strip_first = true;

@@ -34,8 +34,8 @@ class GoldenTest : public ::testing::Test {
     out_ = new std::string(std::string(tmp ? tmp : "/tmp") + "/golden");
     std::filesystem::create_directories(*out_);
     const char* srcdir = std::getenv("TEST_SRCDIR");
-    const std::string script = std::string(srcdir ? srcdir : ".") +
-                               "/strata/common/tokenizer/make_golden.mjs";
+    const std::string script =
+        std::string(srcdir ? srcdir : ".") + "/strata/common/tokenizer/make_golden.mjs";
     const std::string command = "node " + script + " " + npm + " " + *out_;
     ASSERT_EQ(std::system(command.c_str()), 0) << command;
     std::ifstream in(*out_ + "/golden.json");

@@ -23,8 +23,8 @@ IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer* tokenizer,
 // Bytes the tokens after read_offset_ add to the window's decode.
 std::string IncrementalDetokenizer::NewBytes() const {
   const std::span<const int32_t> all(ids_);
-  const std::string prefix =
-      tokenizer_->DecodeBytes(all.subspan(prefix_offset_, read_offset_ - prefix_offset_), skip_special_);
+  const std::string prefix = tokenizer_->DecodeBytes(
+      all.subspan(prefix_offset_, read_offset_ - prefix_offset_), skip_special_);
   const std::string full = tokenizer_->DecodeBytes(all.subspan(prefix_offset_), skip_special_);
   if (full.size() <= prefix.size()) return "";
   return full.substr(prefix.size());

@@ -76,7 +76,8 @@ class UnicodeNormalizer : public Normalizer {
         break;
     }
     if (U_FAILURE(status)) return text;
-    const icu::UnicodeString in = icu::UnicodeString::fromUTF8(icu::StringPiece(text.data(), text.size()));
+    const icu::UnicodeString in =
+        icu::UnicodeString::fromUTF8(icu::StringPiece(text.data(), text.size()));
     if (n->isNormalized(in, status) && U_SUCCESS(status)) return text;
     status = U_ZERO_ERROR;
     const icu::UnicodeString out = n->normalize(in, status);

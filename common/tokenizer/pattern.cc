@@ -65,8 +65,8 @@ absl::StatusOr<SplitBehavior> ParseSplitBehavior(const nlohmann::json& j) {
 }
 
 std::vector<std::pair<size_t, size_t>> SplitRanges(
-    size_t text_size, const std::vector<std::pair<size_t, size_t>>& matches,
-    SplitBehavior behavior, bool invert) {
+    size_t text_size, const std::vector<std::pair<size_t, size_t>>& matches, SplitBehavior behavior,
+    bool invert) {
   struct Part {
     size_t begin, end;
     bool is_delimiter;

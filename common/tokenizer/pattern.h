@@ -39,8 +39,8 @@ absl::StatusOr<SplitBehavior> ParseSplitBehavior(const nlohmann::json& j);
 // `invert`, the matches are the kept pieces and the gaps the delimiters. Returns the
 // resulting non-empty byte ranges in order.
 std::vector<std::pair<size_t, size_t>> SplitRanges(
-    size_t text_size, const std::vector<std::pair<size_t, size_t>>& matches,
-    SplitBehavior behavior, bool invert);
+    size_t text_size, const std::vector<std::pair<size_t, size_t>>& matches, SplitBehavior behavior,
+    bool invert);
 
 }  // namespace strata
 

@@ -110,8 +110,8 @@ class MetaspacePreTokenizer : public PreTokenizer {
     const Pattern space = Pattern::Literal(" ");
     for (Piece& p : pieces) {
       p.text = space.ReplaceAll(p.text, replacement_);
-      const bool prepend = scheme_ == PrependScheme::kAlways ||
-                           (scheme_ == PrependScheme::kFirst && p.at_start);
+      const bool prepend =
+          scheme_ == PrependScheme::kAlways || (scheme_ == PrependScheme::kFirst && p.at_start);
       if (prepend && p.text.compare(0, replacement_.size(), replacement_) != 0) {
         p.text.insert(0, replacement_);
       }
@@ -196,9 +196,9 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> PreTokenizerFromJson(const json& j
   }
   if (type == "Digits") {
     return std::unique_ptr<PreTokenizer>(new PredicatePreTokenizer(
-        [](char32_t c) { return u_isdigit(c) != 0; },
-        j.value("individual_digits", false) ? SplitBehavior::kIsolated
-                                            : SplitBehavior::kContiguous));
+        [](char32_t c) { return u_isdigit(c) != 0; }, j.value("individual_digits", false)
+                                                          ? SplitBehavior::kIsolated
+                                                          : SplitBehavior::kContiguous));
   }
   if (type == "Punctuation") {
     SplitBehavior behavior = SplitBehavior::kIsolated;

@@ -68,7 +68,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& di
                         absl::StrCat(dir, "/tokenizer.json: ", tokenizer.status().message()));
   }
   // Newer checkpoints keep the chat template in its own file.
-  if ((*tokenizer)->chat_template_.empty() && std::filesystem::exists(dir + "/chat_template.jinja")) {
+  if ((*tokenizer)->chat_template_.empty() &&
+      std::filesystem::exists(dir + "/chat_template.jinja")) {
     ASSIGN_OR_RETURN((*tokenizer)->chat_template_, ReadFile(dir + "/chat_template.jinja"));
   }
   return tokenizer;
@@ -125,7 +126,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
         } else if (item.contains("SpecialToken")) {
           const std::string name = item["SpecialToken"].value("id", std::string());
           if (!specials.contains(name)) {
-            return absl::InvalidArgumentError("TemplateProcessing: unknown special \"" + name + "\"");
+            return absl::InvalidArgumentError("TemplateProcessing: unknown special \"" + name +
+                                              "\"");
           }
           step.items.push_back({false, specials[name].value("ids", std::vector<int32_t>())});
         } else {
@@ -289,8 +291,8 @@ std::string Tokenizer::Decode(std::span<const int32_t> ids, bool skip_special_to
 
 std::string CleanUpTokenizationSpaces(std::string text) {
   static const std::pair<const char*, const char*> kRules[] = {
-      {" .", "."},   {" ?", "?"},     {" !", "!"},     {" ,", ","},     {" ' ", "'"},
-      {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"},   {" 've", "'ve"}, {" 're", "'re"}};
+      {" .", "."},     {" ?", "?"},   {" !", "!"},   {" ,", ","},     {" ' ", "'"},
+      {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
   for (const auto& [from, to] : kRules) text = Pattern::Literal(from).ReplaceAll(text, to);
   return text;
 }

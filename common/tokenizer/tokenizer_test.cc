@@ -17,7 +17,8 @@ namespace {
 using json = nlohmann::json;
 const std::string kMeta = "\xE2\x96\x81";  // U+2581
 
-json Bpe(std::vector<std::string> tokens, std::vector<std::string> merges, bool byte_fallback = false) {
+json Bpe(std::vector<std::string> tokens, std::vector<std::string> merges,
+         bool byte_fallback = false) {
   json vocab = json::object();
   int id = 0;
   if (byte_fallback) {
@@ -71,16 +72,19 @@ TEST(Bpe, ArrayMergesAndIgnoreMerges) {
 }
 
 TEST(Bpe, ByteFallbackAndUnknown) {
-  auto t = Make(Bpe({"a"}, {}, /*byte_fallback=*/true),
-                {{"decoder", {{"type", "Sequence"},
-                              {"decoders", {{{"type", "ByteFallback"}}, {{"type", "Fuse"}}}}}}});
+  auto t = Make(
+      Bpe({"a"}, {}, /*byte_fallback=*/true),
+      {{"decoder",
+        {{"type", "Sequence"}, {"decoders", {{{"type", "ByteFallback"}}, {{"type", "Fuse"}}}}}}});
   // "é" is not in the vocabulary: its two UTF-8 bytes become byte tokens.
   EXPECT_EQ(Tokens(*t, t->Encode("a\xC3\xA9")),
             (std::vector<std::string>{"a", "<0xC3>", "<0xA9>"}));
   EXPECT_EQ(t->Decode(t->Encode("a\xC3\xA9")), "a\xC3\xA9");
   // Byte tokens that form invalid UTF-8 decode to U+FFFD, never an error.
   const std::vector<int32_t> bad = {*t->TokenToId("<0xC3>"), *t->TokenToId("a")};
-  EXPECT_EQ(t->Decode(bad), "\xEF\xBF\xBD" "a");
+  EXPECT_EQ(t->Decode(bad),
+            "\xEF\xBF\xBD"
+            "a");
 
   json unk = Bpe({"<unk>", "a"}, {});
   unk["unk_token"] = "<unk>";
@@ -94,7 +98,8 @@ TEST(Pattern, SplitBehaviors) {
   const std::vector<std::pair<size_t, size_t>> matches = {{1, 2}, {3, 4}, {4, 5}};
   auto pieces = [&](SplitBehavior b, bool invert) {
     std::vector<std::string> out;
-    for (auto [s, e] : SplitRanges(6, matches, b, invert)) out.push_back(std::string("a-b--c").substr(s, e - s));
+    for (auto [s, e] : SplitRanges(6, matches, b, invert))
+      out.push_back(std::string("a-b--c").substr(s, e - s));
     return out;
   };
   using V = std::vector<std::string>;
@@ -112,11 +117,13 @@ TEST(Regex, UnicodeClassesAndOnigurumaWhitespace) {
   auto re = Regex::Compile(R"(\p{L}+|\p{N}{1,3}|\s+)");
   ASSERT_TRUE(re.ok());
   // Letters of any script, digits in runs of at most 3, and \s including U+000B and U+0085.
-  const std::string text = "\xD0\x9C\xD0\xB8\xD1\x80 12345\x0B\xC2\x85" "z";
+  const std::string text =
+      "\xD0\x9C\xD0\xB8\xD1\x80 12345\x0B\xC2\x85"
+      "z";
   std::vector<std::string> got;
   for (auto [s, e] : (*re)->FindAll(text)) got.push_back(text.substr(s, e - s));
   EXPECT_EQ(got, (std::vector<std::string>{"\xD0\x9C\xD0\xB8\xD1\x80", " ", "123", "45",
-                                            "\x0B\xC2\x85", "z"}));
+                                           "\x0B\xC2\x85", "z"}));
   EXPECT_FALSE(Regex::Compile("(unclosed").ok());
 }
 
@@ -125,10 +132,12 @@ TEST(PreTokenizer, MetaspaceEncodesAndDecodesLikeSentencePiece) {
                     kMeta + "th", kMeta + "the", kMeta + "ther", kMeta + "there"},
                    {kMeta + " H", kMeta + "H i", kMeta + " t", kMeta + "t h", kMeta + "th e",
                     kMeta + "the r", kMeta + "ther e"});
-  json meta = {{"type", "Metaspace"}, {"replacement", kMeta}, {"prepend_scheme", "first"}, {"split", true}};
-  json extra = {{"pre_tokenizer", meta},
-                {"decoder", {{"type", "Metaspace"}, {"replacement", kMeta}, {"prepend_scheme", "first"}}},
-                {"added_tokens", json::array({{{"id", 99}, {"content", "<s>"}, {"special", true}}})}};
+  json meta = {
+      {"type", "Metaspace"}, {"replacement", kMeta}, {"prepend_scheme", "first"}, {"split", true}};
+  json extra = {
+      {"pre_tokenizer", meta},
+      {"decoder", {{"type", "Metaspace"}, {"replacement", kMeta}, {"prepend_scheme", "first"}}},
+      {"added_tokens", json::array({{{"id", 99}, {"content", "<s>"}, {"special", true}}})}};
   auto t = Make(model, extra);
   const std::vector<int32_t> ids = t->Encode("Hi there");
   EXPECT_EQ(Tokens(*t, ids), (std::vector<std::string>{kMeta + "Hi", kMeta + "there"}));
@@ -175,8 +184,9 @@ TEST(AddedTokens, StripSingleWordAndSpecialParsing) {
 TEST(PostProcessor, TemplateAddsBosOnlyWhenAsked) {
   json model = Bpe({"<s>", "x"}, {});
   json post = {{"type", "TemplateProcessing"},
-               {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
-                           {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+               {"single",
+                {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                 {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
                {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {0}}, {"tokens", {"<s>"}}}}}}};
   auto t = Make(model, {{"post_processor", post}});
   EXPECT_EQ(t->Encode("xx"), (std::vector<int32_t>{0, 1, 1}));
@@ -185,9 +195,11 @@ TEST(PostProcessor, TemplateAddsBosOnlyWhenAsked) {
 
 TEST(Load, UnknownComponentsAreErrorsNamingTheType) {
   const json model = Bpe({"a"}, {});
-  for (const auto& [key, type] : std::vector<std::pair<std::string, std::string>>{
-           {"normalizer", "BertNormalizer"}, {"pre_tokenizer", "UnicodeScripts"},
-           {"decoder", "CTC"}, {"post_processor", "Whisper"}}) {
+  for (const auto& [key, type] :
+       std::vector<std::pair<std::string, std::string>>{{"normalizer", "BertNormalizer"},
+                                                        {"pre_tokenizer", "UnicodeScripts"},
+                                                        {"decoder", "CTC"},
+                                                        {"post_processor", "Whisper"}}) {
     json t = {{"model", model}, {key, {{"type", type}}}};
     auto result = Tokenizer::FromJson(t.dump(), "");
     ASSERT_FALSE(result.ok()) << key;
@@ -203,8 +215,9 @@ TEST(Load, UnknownComponentsAreErrorsNamingTheType) {
 TEST(Config, SpecialTokensTemplateAndCleanUp) {
   json model = Bpe({"<s>", "</s>", "x"}, {});
   json t = {{"model", model},
-            {"added_tokens", {{{"id", 0}, {"content", "<s>"}, {"special", true}},
-                              {{"id", 1}, {"content", "</s>"}, {"special", true}}}}};
+            {"added_tokens",
+             {{{"id", 0}, {"content", "<s>"}, {"special", true}},
+              {{"id", 1}, {"content", "</s>"}, {"special", true}}}}};
   json config = {{"bos_token", "<s>"},
                  {"eos_token", {{"content", "</s>"}}},
                  {"chat_template", "{{ messages }}"},
@@ -218,11 +231,14 @@ TEST(Config, SpecialTokensTemplateAndCleanUp) {
 }
 
 TEST(IncrementalDetokenizer, NeverSplitsACharacterAndMatchesFullDecode) {
-  auto t = Make(Bpe({"a", " "}, {}, /*byte_fallback=*/true),
-                {{"decoder", {{"type", "Sequence"},
-                              {"decoders", {{{"type", "ByteFallback"}}, {{"type", "Fuse"}}}}}}});
+  auto t = Make(
+      Bpe({"a", " "}, {}, /*byte_fallback=*/true),
+      {{"decoder",
+        {{"type", "Sequence"}, {"decoders", {{{"type", "ByteFallback"}}, {{"type", "Fuse"}}}}}}});
   // "a" + U+1F600 (4 bytes, one byte token each) + "a".
-  std::vector<int32_t> ids = t->Encode("a\xF0\x9F\x98\x80" "a");
+  std::vector<int32_t> ids = t->Encode(
+      "a\xF0\x9F\x98\x80"
+      "a");
   ASSERT_EQ(ids.size(), 6u);
   IncrementalDetokenizer stream(t.get(), {}, true);
   std::vector<std::string> deltas;

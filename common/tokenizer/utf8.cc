@@ -63,7 +63,8 @@ size_t ValidPrefix(std::string_view s, size_t i, bool* complete) {
   for (; n < static_cast<size_t>(lead.length); ++n) {
     if (i + n >= s.size()) return n;
     const uint8_t b = static_cast<uint8_t>(s[i + n]);
-    const bool ok = n == 1 ? (b >= lead.second_lo && b <= lead.second_hi) : (b >= 0x80 && b <= 0xBF);
+    const bool ok =
+        n == 1 ? (b >= lead.second_lo && b <= lead.second_hi) : (b >= 0x80 && b <= 0xBF);
     if (!ok) return n;
   }
   *complete = true;

@@ -9,8 +9,14 @@ TEST(Utf8, SanitizeReplacesMaximalInvalidSubparts) {
   EXPECT_EQ(Sanitize("plain ascii"), "plain ascii");
   EXPECT_EQ(Sanitize("caf\xC3\xA9"), "caf\xC3\xA9");
   // A lone continuation byte, a truncated 3-byte sequence, an overlong, a surrogate.
-  EXPECT_EQ(Sanitize("a\x80" "b"), "a\xEF\xBF\xBD" "b");
-  EXPECT_EQ(Sanitize("\xE4\xB8" "x"), "\xEF\xBF\xBD" "x");
+  EXPECT_EQ(Sanitize("a\x80"
+                     "b"),
+            "a\xEF\xBF\xBD"
+            "b");
+  EXPECT_EQ(Sanitize("\xE4\xB8"
+                     "x"),
+            "\xEF\xBF\xBD"
+            "x");
   EXPECT_EQ(Sanitize("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");
   EXPECT_EQ(Sanitize("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
   EXPECT_EQ(Sanitize("\xF4\x90\x80\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");

@@ -1,4 +1,7 @@
-// Where a decode step's time goes, phase by phase (diagnostic, prints figures).
+// Where a decode step's time goes (diagnostic, prints figures): pre-attention, attention
+// and post-attention per step, then the same layers one operation at a time.
+//
+//   bazel run -c opt //compute_node/bench:step_profile -- --model=DIR --batch=1 --ctx=256
 #include <omp.h>
 
 #include <chrono>
@@ -11,15 +14,19 @@
 #include "compute_node/attention_backend.h"
 #include "compute_node/model_runner.h"
 #include "compute_node/model_weights.h"
+#include "kernels/cpu/elementwise.h"
 
 ABSL_FLAG(std::string, model, "/tmp/strata-bench-demo", "Model directory");
 ABSL_FLAG(int, batch, 8, "Batch");
 ABSL_FLAG(int, ctx, 256, "Context");
+ABSL_FLAG(int, iters, 10, "Timed steps");
 
 namespace strata {
 namespace {
 using Clock = std::chrono::steady_clock;
-double Ms(Clock::time_point a) { return std::chrono::duration<double, std::milli>(Clock::now() - a).count(); }
+double Ms(Clock::time_point a) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - a).count();
+}
 
 int Run() {
   auto config = LoadModelConfig(absl::GetFlag(FLAGS_model));
@@ -42,7 +49,8 @@ int Run() {
   for (int i = 0; i < batch; ++i) plan.rows.push_back({static_cast<uint64_t>(i + 1), ctx, -1});
   (*local)->BeginStep(plan);
   double pre = 0, attn = 0, post = 0;
-  for (int it = 0; it < 12; ++it) {
+  const int iters = absl::GetFlag(FLAGS_iters);
+  for (int it = 0; it < iters + 2; ++it) {
     runner.Embed(b, batch, tokens.data(), pos.data());
     for (int l = 0; l < c.num_layers; ++l) {
       auto t = Clock::now();
@@ -56,8 +64,59 @@ int Run() {
       if (it >= 2) post += Ms(t);
     }
   }
-  std::printf("batch %d ctx %d per step: pre %.2f ms, attention %.2f ms, post %.2f ms (threads %d)\n", batch, ctx,
-              pre / 10, attn / 10, post / 10, omp_get_max_threads());
+  std::printf(
+      "batch %d ctx %d per step: pre %.2f ms, attention %.2f ms, post %.2f ms (threads %d)\n",
+      batch, ctx, pre / iters, attn / iters, post / iters, omp_get_max_threads());
+  // The same layers, one operation at a time (what PreAttention and PostAttention do).
+  const ModelWeights& w = **weights;
+  const int64_t qkv_width = c.q_size() + 2 * c.kv_size();
+  std::vector<float> cos_table(static_cast<size_t>(ctx + 16) * c.head_dim / 2, 1.0f),
+      sin_table(cos_table.size(), 0.0f);
+  std::vector<std::pair<const char*, double>> ops = {
+      {"input_norm", 0}, {"qkv", 0},       {"rope", 0},    {"to_bf16", 0},  {"attend", 0},
+      {"o", 0},          {"post_norm", 0}, {"gate_up", 0}, {"silu_mul", 0}, {"down", 0}};
+  for (int it = 0; it < iters + 2; ++it) {
+    for (int l = 0; l < c.num_layers; ++l) {
+      const LayerWeights& lw = w.layers[l];
+      int op = 0;
+      auto timed = [&](auto&& f) {
+        const auto t = Clock::now();
+        f();
+        if (it >= 2) ops[op].second += Ms(t);
+        ++op;
+      };
+      timed([&] {
+        kernels::RmsNorm(batch, c.hidden_size, b.x.data(), lw.input_norm.data(), 1e-5f,
+                         b.normed.data());
+      });
+      timed([&] { lw.qkv->Forward(batch, b.normed.data(), b.qkv.data(), false); });
+      timed([&] {
+        kernels::ApplyRope(batch, c.num_heads + c.num_kv_heads, c.head_dim, qkv_width,
+                           b.positions.data(), cos_table.data(), sin_table.data(), b.qkv.data());
+      });
+      timed([&] {
+        for (int r = 0; r < batch; ++r) {
+          kernels::ConvertToBf16(c.q_size(), b.qkv.data() + r * qkv_width,
+                                 b.q.data() + r * c.q_size());
+          kernels::ConvertToBf16(c.kv_size(), b.qkv.data() + r * qkv_width + c.q_size(),
+                                 b.k.data() + r * c.kv_size());
+          kernels::ConvertToBf16(c.kv_size(),
+                                 b.qkv.data() + r * qkv_width + c.q_size() + c.kv_size(),
+                                 b.v.data() + r * c.kv_size());
+        }
+      });
+      timed([&] { (void)(*local)->Attend(l, b, batch); });
+      timed([&] { lw.o->Forward(batch, b.attn.data(), b.x.data(), true); });
+      timed([&] {
+        kernels::RmsNorm(batch, c.hidden_size, b.x.data(), lw.post_norm.data(), 1e-5f,
+                         b.normed.data());
+      });
+      timed([&] { lw.gate_up->Forward(batch, b.normed.data(), b.gate_up.data(), false); });
+      timed([&] { kernels::SiluMul(batch, c.intermediate_size, b.gate_up.data(), b.act.data()); });
+      timed([&] { lw.down->Forward(batch, b.act.data(), b.x.data(), true); });
+    }
+  }
+  for (const auto& [name, ms] : ops) std::printf("  %-10s %.3f ms/step\n", name, ms / iters);
   return 0;
 }
 }  // namespace

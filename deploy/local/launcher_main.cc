@@ -22,7 +22,8 @@
 #include "deploy/local/supervisor.h"
 #include "nlohmann/json.hpp"
 
-ABSL_FLAG(std::string, model, "", "Model directory (default: the demo model, generated on first use)");
+ABSL_FLAG(std::string, model, "",
+          "Model directory (default: the demo model, generated on first use)");
 ABSL_FLAG(std::string, served_model_name, "", "Model name in the API");
 ABSL_FLAG(int64_t, max_model_len, 0, "Context length (0: the model's)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "HTTP listen address");
@@ -55,7 +56,8 @@ absl::StatusOr<std::string> EnsureDemoModel() {
   if (!std::filesystem::exists(tokenizer + "/tokenizer.json")) {
     return absl::NotFoundError("no tokenizer at " + tokenizer + ": run deploy/setup.sh");
   }
-  std::cout << "generating the demo model (random weights, real tokenizer) in " << dir << " ..." << std::endl;
+  std::cout << "generating the demo model (random weights, real tokenizer) in " << dir << " ..."
+            << std::endl;
   auto shape = NamedModelShape("demo");
   if (!shape.ok()) return shape.status();
   GenerateOptions options;
@@ -92,15 +94,20 @@ int Run() {
     return 2;
   }
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  const int threads = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : std::max(1, cores);
+  const int threads =
+      absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : std::max(1, cores);
   char run_template[] = "/tmp/strata-run-XXXXXX";
   const std::string run_dir = mkdtemp(run_template);
   const std::string ports_file = run_dir + "/ports.json";
 
   Supervisor supervisor;
   std::vector<std::string> server_argv = {
-      bin + "/server/server", "--model=" + model, "--host=" + absl::GetFlag(FLAGS_host),
-      absl::StrCat("--port=", absl::GetFlag(FLAGS_port)), "--control_port=0", "--port_file=" + ports_file,
+      bin + "/server/server",
+      "--model=" + model,
+      "--host=" + absl::GetFlag(FLAGS_host),
+      absl::StrCat("--port=", absl::GetFlag(FLAGS_port)),
+      "--control_port=0",
+      "--port_file=" + ports_file,
       absl::StrCat("--compute_nodes=", absl::GetFlag(FLAGS_compute_nodes)),
       absl::StrCat("--memory_nodes=", memory_nodes)};
   if (!absl::GetFlag(FLAGS_served_model_name).empty()) {
@@ -109,11 +116,14 @@ int Run() {
   if (absl::GetFlag(FLAGS_max_model_len) > 0) {
     server_argv.push_back(absl::StrCat("--max_model_len=", absl::GetFlag(FLAGS_max_model_len)));
   }
-  if (!absl::GetFlag(FLAGS_api_key).empty()) server_argv.push_back("--api_key=" + absl::GetFlag(FLAGS_api_key));
-  for (absl::string_view extra : absl::StrSplit(absl::GetFlag(FLAGS_server_args), ',', absl::SkipEmpty())) {
+  if (!absl::GetFlag(FLAGS_api_key).empty())
+    server_argv.push_back("--api_key=" + absl::GetFlag(FLAGS_api_key));
+  for (absl::string_view extra :
+       absl::StrSplit(absl::GetFlag(FLAGS_server_args), ',', absl::SkipEmpty())) {
     server_argv.emplace_back(extra);
   }
-  const std::map<std::string, std::string> quiet_omp = {{"OMP_NUM_THREADS", "1"}, {"OMP_WAIT_POLICY", "PASSIVE"}};
+  const std::map<std::string, std::string> quiet_omp = {{"OMP_NUM_THREADS", "1"},
+                                                        {"OMP_WAIT_POLICY", "PASSIVE"}};
   if (!supervisor.Spawn({"server", server_argv, quiet_omp}).ok()) return 1;
 
   // The server's control port, from its port file.
@@ -144,11 +154,12 @@ int Run() {
   const std::string scheduler = absl::StrCat("127.0.0.1:", control_port);
   for (int i = 0; i < absl::GetFlag(FLAGS_compute_nodes); ++i) {
     const std::string name = absl::StrCat("compute-", i);
-    ChildSpec spec{name,
-                   {bin + "/compute_node/compute_node", "--model=" + model, "--scheduler=" + scheduler,
-                    "--name=" + name, absl::StrCat("--threads=", threads),
-                    absl::StrCat("--kv_budget_mib=", absl::GetFlag(FLAGS_kv_budget_mib))},
-                   {{"OMP_NUM_THREADS", std::to_string(threads)}, {"OMP_WAIT_POLICY", "PASSIVE"}}};
+    ChildSpec spec{
+        name,
+        {bin + "/compute_node/compute_node", "--model=" + model, "--scheduler=" + scheduler,
+         "--name=" + name, absl::StrCat("--threads=", threads),
+         absl::StrCat("--kv_budget_mib=", absl::GetFlag(FLAGS_kv_budget_mib))},
+        {{"OMP_NUM_THREADS", std::to_string(threads)}, {"OMP_WAIT_POLICY", "PASSIVE"}}};
     if (absl::GetFlag(FLAGS_max_model_len) > 0) {
       spec.argv.push_back(absl::StrCat("--max_model_len=", absl::GetFlag(FLAGS_max_model_len)));
     }
@@ -160,8 +171,10 @@ int Run() {
     std::string name;
     int status;
     if (supervisor.Reap(&name, &status) || ShutdownRequested() || absl::Now() > deadline) {
-      std::cerr << "launcher: " << (ShutdownRequested() ? "interrupted" : name.empty() ? "timed out"
-                                                                                        : name + " exited")
+      std::cerr << "launcher: "
+                << (ShutdownRequested() ? "interrupted"
+                    : name.empty()      ? "timed out"
+                                        : name + " exited")
                 << " before the deployment was healthy\n";
       supervisor.StopAll(absl::Seconds(5));
       return 1;

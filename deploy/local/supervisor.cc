@@ -78,7 +78,8 @@ void Supervisor::Stop(const std::string& name, absl::Duration grace) {
       const pid_t r = waitpid(pid, &status, WNOHANG);
       if (r == pid || r < 0) break;
       if (absl::Now() > deadline) {
-        LOG(WARNING) << n << " did not stop within " << absl::FormatDuration(grace) << "; killing it";
+        LOG(WARNING) << n << " did not stop within " << absl::FormatDuration(grace)
+                     << "; killing it";
         kill(pid, SIGKILL);
         waitpid(pid, &status, 0);
         break;
@@ -117,7 +118,8 @@ int HttpGetStatus(int port, const std::string& path, absl::Duration timeout) {
     close(fd);
     return -1;
   }
-  const std::string request = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+  const std::string request =
+      "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
   if (write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
     close(fd);
     return -1;

@@ -19,7 +19,7 @@ namespace strata {
 
 struct ChildSpec {
   std::string name;
-  std::vector<std::string> argv;  // argv[0] is the binary
+  std::vector<std::string> argv;           // argv[0] is the binary
   std::map<std::string, std::string> env;  // added to the launcher's environment
 };
 

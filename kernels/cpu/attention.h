@@ -69,8 +69,7 @@ void AttentionStateInit(const AttentionParams& params, int num_rows, float* stat
 //   v_cache: same as k_cache
 //   state:   [num_rows][num_heads][head_dim + 2] f32
 int AttentionFold(const AttentionParams& params, int num_rows, const uint16_t* q,
-                  const AttentionRow* rows, const void* k_cache, const void* v_cache,
-                  float* state);
+                  const AttentionRow* rows, const void* k_cache, const void* v_cache, float* state);
 
 // out[r][h][:] = bf16(acc / l).   out: [num_rows][num_heads][head_dim] bf16
 void AttentionFinish(const AttentionParams& params, int num_rows, const float* state,

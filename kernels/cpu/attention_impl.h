@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -24,20 +25,39 @@ namespace strata::kernels::attention_internal {
 inline constexpr int kTile = kAttentionTileTokens;
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Per-thread scratch for one (row, kv head) work item.
+// Per-thread scratch: one row's query and one (tile, KV head)'s state.
 struct ItemScratch {
-  std::vector<float> q;       // [group][head_dim] query rows as f32
+  std::vector<float> q;       // [num_heads][head_dim] one row's query as f32
   std::vector<float> scores;  // [group][kTile] scores, then probabilities
   std::vector<float> acc;     // [group][head_dim] one tile's unnormalised output
   std::vector<float> m, l;    // [group]
-  void Reserve(int group, int head_dim) {
-    q.resize(static_cast<size_t>(group) * head_dim);
+  void Reserve(int num_heads, int group, int head_dim) {
+    q.resize(static_cast<size_t>(num_heads) * head_dim);
     scores.resize(static_cast<size_t>(group) * kTile);
     acc.resize(static_cast<size_t>(group) * head_dim);
     m.resize(group);
     l.resize(group);
   }
 };
+
+// Software prefetch. A tile walks one KV head's keys, whose lines are strided by the slot
+// size; the hardware prefetchers do not run far enough ahead on that pattern to cover
+// DRAM latency, and a burst of prefetches stalls the core as much as the loads would.
+// So the tile kernels spread them over their own work: while the keys of a tile are
+// scored, the V lines of those keys are requested, and while V is accumulated, the K lines
+// of the work that follows (`NextKeys`: the next KV head of the tile, or the first head of
+// the next tile). Measured on the demo shape at context 2048 (kernels/cpu/bench), this
+// took the KV read rate from about 0.5 to about 0.75 of a streaming-read probe.
+struct NextKeys {
+  const int32_t* slots = nullptr;
+  int n = 0;
+  const uint16_t* k_base = nullptr;
+};
+
+inline void PrefetchLines(const void* p, int bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int b = 0; b < bytes; b += 64) __builtin_prefetch(c + b);
+}
 
 template <class Ops>
 inline float ExpScalar(float x) {
@@ -50,8 +70,8 @@ inline float ExpScalar(float x) {
 // head. kv_* point at that KV head inside slot 0; slot s is at + s * slot_stride.
 template <class Ops, KvDType kKv, int kDim>
 void TileState(int head_dim_runtime, int group, float scale, const AttentionRow& row, int tile,
-               const uint16_t* k_base, const uint16_t* v_base, int64_t slot_stride,
-               ItemScratch& s) {
+               const float* q_f32, const uint16_t* k_base, const uint16_t* v_base,
+               int64_t slot_stride, const NextKeys& next, ItemScratch& s) {
   constexpr int L = Ops::kLanes;
   const int d = kDim > 0 ? kDim : head_dim_runtime;
   const int chunks = d / L;
@@ -60,14 +80,11 @@ void TileState(int head_dim_runtime, int group, float scale, const AttentionRow&
   const int32_t* slots = row.slots + pos0;
 
   for (int g = 0; g < group; ++g) {
-    const float* q = s.q.data() + static_cast<size_t>(g) * d;
+    const float* q = q_f32 + static_cast<size_t>(g) * d;
     float* scores = s.scores.data() + static_cast<size_t>(g) * kTile;
     for (int j = 0; j < n; ++j) {
       const uint16_t* k = k_base + slots[j] * slot_stride;
-      if (g == 0 && j + 4 < n) {
-        __builtin_prefetch(k_base + slots[j + 4] * slot_stride);
-        __builtin_prefetch(v_base + slots[j + 4] * slot_stride);
-      }
+      if (g == 0) PrefetchLines(v_base + slots[j] * slot_stride, d * 2);
       typename Ops::V dot = Ops::Zero();
       for (int c = 0; c < chunks; ++c) {
         dot = Ops::Fma(Ops::Load(q + c * L), Ops::template LoadKv<kKv>(k + c * L), dot);
@@ -90,11 +107,13 @@ void TileState(int head_dim_runtime, int group, float scale, const AttentionRow&
     s.l[g] = Ops::ReduceAdd(vsum);
 
     float* acc = s.acc.data() + static_cast<size_t>(g) * d;
+    const bool last = g + 1 == group;
     if constexpr (kDim > 0) {
       typename Ops::V a[kDim / L];
       for (int c = 0; c < kDim / L; ++c) a[c] = Ops::Zero();
       for (int j = 0; j < n; ++j) {
         const uint16_t* v = v_base + slots[j] * slot_stride;
+        if (last && j < next.n) PrefetchLines(next.k_base + next.slots[j] * slot_stride, d * 2);
         const typename Ops::V p = Ops::Set1(scores[j]);
         for (int c = 0; c < kDim / L; ++c) {
           a[c] = Ops::Fma(p, Ops::template LoadKv<kKv>(v + c * L), a[c]);
@@ -105,6 +124,7 @@ void TileState(int head_dim_runtime, int group, float scale, const AttentionRow&
       for (int c = 0; c < chunks; ++c) Ops::Store(acc + c * L, Ops::Zero());
       for (int j = 0; j < n; ++j) {
         const uint16_t* v = v_base + slots[j] * slot_stride;
+        if (last && j < next.n) PrefetchLines(next.k_base + next.slots[j] * slot_stride, d * 2);
         const typename Ops::V p = Ops::Set1(scores[j]);
         for (int c = 0; c < chunks; ++c) {
           Ops::Store(acc + c * L,
@@ -154,22 +174,22 @@ inline __m512 TransposeReduce16(const __m512* v) {
     z[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0x88),
                          _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0xDD));
   }
-  return _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], 0x88), _mm512_shuffle_f32x4(z[0], z[1], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], 0x88),
+                       _mm512_shuffle_f32x4(z[0], z[1], 0xDD));
 }
 
 // The tile kernel for a bf16 KV cache on AVX512-BF16: q.k with vdpbf16ps over bf16 pairs,
 // 16 keys at a time (independent accumulators, one transpose-reduce per 16 keys), and p.v
-// with V widened by shift/mask into even and odd dimensions.
+// in f32.
 template <class Ops, int kDim>
 void TileStateBf16Dot(int group, float scale, const AttentionRow& row, int tile,
                       const uint16_t* q_bf16, const uint16_t* k_base, const uint16_t* v_base,
-                      int64_t slot_stride, ItemScratch& s) {
+                      int64_t slot_stride, const NextKeys& next, ItemScratch& s) {
   static_assert(kDim % 32 == 0);
   constexpr int kChunks = kDim / 32;  // 32 bf16 per 512-bit load
   const int pos0 = tile * kTile;
   const int n = std::min(kTile, row.kv_end - pos0);
   const int32_t* slots = row.slots + pos0;
-  const __m512i high_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int g = 0; g < group; ++g) {
     const uint16_t* q = q_bf16 + static_cast<size_t>(g) * kDim;
     __m512bh qv[kChunks];
@@ -184,19 +204,18 @@ void TileStateBf16Dot(int group, float scale, const AttentionRow& row, int tile,
         __m512 a = _mm512_setzero_ps();
         if (j < n) {
           const uint16_t* k = k_base + slots[j] * slot_stride;
-          if (g == 0 && j + 8 < n) {
-            __builtin_prefetch(k_base + slots[j + 8] * slot_stride);
-            __builtin_prefetch(v_base + slots[j + 8] * slot_stride);
-          }
+          if (g == 0) PrefetchLines(v_base + slots[j] * slot_stride, kDim * 2);
           for (int c = 0; c < kChunks; ++c) {
-            a = _mm512_dpbf16_ps(a, qv[c], (__m512bh)_mm512_loadu_si512(reinterpret_cast<const void*>(k + 32 * c)));
+            a = _mm512_dpbf16_ps(
+                a, qv[c], (__m512bh)_mm512_loadu_si512(reinterpret_cast<const void*>(k + 32 * c)));
           }
         }
         dots[kk] = a;
       }
       __m512 sc = _mm512_mul_ps(TransposeReduce16(dots), _mm512_set1_ps(scale));
       const int valid = std::clamp(n - block, 0, 16);
-      const __mmask16 live = valid >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << valid) - 1);
+      const __mmask16 live =
+          valid >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << valid) - 1);
       sc = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), live, sc);
       _mm512_storeu_ps(scores + block, sc);
     }
@@ -212,10 +231,16 @@ void TileStateBf16Dot(int group, float scale, const AttentionRow& row, int tile,
     }
     s.m[g] = m;
     s.l[g] = _mm512_reduce_add_ps(vsum);
+    // p.v in f32: each bf16 V element widens exactly by a shift (even dimensions) or a
+    // mask (odd ones). Rounding p to bf16 for a vdpbf16ps product was tried and measured
+    // too coarse against the reference forward pass.
+    const __m512i high_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
     __m512 even[kChunks], odd[kChunks];
     for (int c = 0; c < kChunks; ++c) even[c] = odd[c] = _mm512_setzero_ps();
     for (int j = 0; j < n; ++j) {
       const uint16_t* v = v_base + slots[j] * slot_stride;
+      if (g + 1 == group && j < next.n)
+        PrefetchLines(next.k_base + next.slots[j] * slot_stride, kDim * 2);
       const __m512 p = _mm512_set1_ps(scores[j]);
       for (int c = 0; c < kChunks; ++c) {
         const __m512i raw = _mm512_loadu_si512(reinterpret_cast<const void*>(v + 32 * c));
@@ -223,15 +248,13 @@ void TileStateBf16Dot(int group, float scale, const AttentionRow& row, int tile,
         odd[c] = _mm512_fmadd_ps(p, _mm512_castsi512_ps(_mm512_and_si512(raw, high_mask)), odd[c]);
       }
     }
+    const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i second =
+        _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
     float* acc = s.acc.data() + static_cast<size_t>(g) * kDim;
     for (int c = 0; c < kChunks; ++c) {
-      alignas(64) float e[16], o[16];
-      _mm512_store_ps(e, even[c]);
-      _mm512_store_ps(o, odd[c]);
-      for (int i = 0; i < 16; ++i) {
-        acc[32 * c + 2 * i] = e[i];
-        acc[32 * c + 2 * i + 1] = o[i];
-      }
+      _mm512_storeu_ps(acc + 32 * c, _mm512_permutex2var_ps(even[c], first, odd[c]));
+      _mm512_storeu_ps(acc + 32 * c + 16, _mm512_permutex2var_ps(even[c], second, odd[c]));
     }
   }
 }
@@ -240,39 +263,68 @@ void TileStateBf16Dot(int group, float scale, const AttentionRow& row, int tile,
 // One tile's state, by the dedicated bf16 kernel where the ISA has one, else the generic one.
 template <class Ops, KvDType kKv, int kDim>
 inline void ComputeTile(int d, int group, float scale, const AttentionRow& row, int tile,
-                        const uint16_t* q_bf16, const uint16_t* k_base, const uint16_t* v_base,
-                        int64_t slot_stride, ItemScratch& s) {
+                        const uint16_t* q_bf16, const float* q_f32, const uint16_t* k_base,
+                        const uint16_t* v_base, int64_t slot_stride, const NextKeys& next,
+                        ItemScratch& s) {
 #ifdef __AVX512BF16__
-  if constexpr (simd::HasBf16Dot<Ops>::value && kKv == KvDType::kBF16 && kDim > 0 && kDim % 32 == 0) {
-    TileStateBf16Dot<Ops, kDim>(group, scale, row, tile, q_bf16, k_base, v_base, slot_stride, s);
+  if constexpr (simd::HasBf16Dot<Ops>::value && kKv == KvDType::kBF16 && kDim > 0 &&
+                kDim % 32 == 0) {
+    (void)q_f32;
+    TileStateBf16Dot<Ops, kDim>(group, scale, row, tile, q_bf16, k_base, v_base, slot_stride, next,
+                                s);
     return;
   }
 #endif
   (void)q_bf16;
-  TileState<Ops, kKv, kDim>(d, group, scale, row, tile, k_base, v_base, slot_stride, s);
+  TileState<Ops, kKv, kDim>(d, group, scale, row, tile, q_f32, k_base, v_base, slot_stride, next,
+                            s);
 }
 
-template <class Ops, KvDType kKv, int kDim>
-void FoldTiles(const AttentionParams& p, const uint16_t* q_row, const AttentionRow& row, int kvh,
-               int tile_begin, int tile_end, const uint16_t* k_cache, const uint16_t* v_cache,
-               float* state_group, ItemScratch& s) {
-  const int d = p.head_dim;
-  const int group = p.num_heads / p.num_kv_heads;
-  const int64_t slot_stride = static_cast<int64_t>(p.num_kv_heads) * d;
-  for (int i = 0; i < group * d; ++i) s.q[i] = Bf16ToFloat(q_row[i]);
-  for (int t = tile_begin; t < tile_end; ++t) {
-    ComputeTile<Ops, kKv, kDim>(d, group, p.scale, row, t, q_row, k_cache + kvh * d,
-                                v_cache + kvh * d, slot_stride, s);
-    for (int g = 0; g < group; ++g) {
-      MergeInto<Ops>(d, state_group + static_cast<size_t>(g) * (d + 2), s.m[g], s.l[g],
-                     s.acc.data() + static_cast<size_t>(g) * d);
-    }
+// The first KV head h0 of tile `tile` of `row`, as the NextKeys of the work before it.
+inline NextKeys TileKeys(const AttentionParams& p, const AttentionRow& row, int tile, int h0,
+                         const uint16_t* k_cache) {
+  const int pos0 = tile * kTile;
+  return {row.slots + pos0, std::min(kTile, row.kv_end - pos0), k_cache + h0 * p.head_dim};
+}
+
+// Where a thread starts on keys no earlier work announced, the K lines of the heads after
+// the first are requested at once, so that their DRAM latencies overlap instead of
+// chaining head after head (which dominated short contexts).
+inline void PrefetchTileStart(const AttentionParams& p, const AttentionRow& row, int tile, int h0,
+                              int h1, const uint16_t* k_cache) {
+  const int64_t slot_stride = static_cast<int64_t>(p.num_kv_heads) * p.head_dim;
+  const int pos0 = tile * kTile;
+  const int n = std::min(kTile, row.kv_end - pos0);
+  for (int j = 0; j < n; ++j) {
+    PrefetchLines(k_cache + row.slots[pos0 + j] * slot_stride + (h0 + 1) * p.head_dim,
+                  (h1 - h0 - 1) * p.head_dim * 2);
   }
 }
 
-// Splits rows x kv heads x tiles over the OpenMP team. When there are enough (row, kv head)
-// items, each thread folds whole items in order. Otherwise ("split-K") tile states are
-// computed in parallel into scratch and folded afterwards, in ascending order, which
+// Computes tile `tile` of one row for KV heads [h0, h1), handing each head's tile state
+// (in s.acc/s.m/s.l) to sink(kvh). `after` names the keys the caller reads next.
+template <class Ops, KvDType kKv, int kDim, class Sink>
+void TileHeads(const AttentionParams& p, const uint16_t* q_row, const float* q_row_f32,
+               const AttentionRow& row, int tile, int h0, int h1, const NextKeys& after,
+               const uint16_t* k_cache, const uint16_t* v_cache, ItemScratch& s, Sink&& sink) {
+  const int d = p.head_dim;
+  const int group = p.num_heads / p.num_kv_heads;
+  const int64_t slot_stride = static_cast<int64_t>(p.num_kv_heads) * d;
+  for (int kvh = h0; kvh < h1; ++kvh) {
+    const NextKeys next = kvh + 1 < h1 ? TileKeys(p, row, tile, kvh + 1, k_cache) : after;
+    const size_t q_offset = static_cast<size_t>(kvh) * group * d;
+    ComputeTile<Ops, kKv, kDim>(d, group, p.scale, row, tile, q_row + q_offset,
+                                q_row_f32 + q_offset, k_cache + kvh * d, v_cache + kvh * d,
+                                slot_stride, next, s);
+    sink(kvh);
+  }
+}
+
+// Splits the work over the OpenMP team. When there are enough rows, each thread folds
+// whole rows, tile by tile in ascending order, every KV head of a tile before the next
+// tile (a tile of a row is one contiguous run of KV slots when the scheduler placed it
+// so). Otherwise ("split-K") the states of (row, tile, block of KV heads) units are
+// computed in parallel into scratch and folded afterwards in ascending tile order, which
 // gives the same bits.
 template <class Ops, KvDType kKv, int kDim>
 int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const AttentionRow* rows,
@@ -281,8 +333,8 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
   const auto* v_cache = static_cast<const uint16_t*>(v_cache_v);
   const int d = p.head_dim;
   const int group = p.num_heads / p.num_kv_heads;
-  const int num_items = num_rows * p.num_kv_heads;
   const int num_threads = omp_get_max_threads();
+  const size_t row_q = static_cast<size_t>(p.num_heads) * d;
   int64_t total_tiles = 0;
   for (int r = 0; r < num_rows; ++r) {
     const AttentionRow& row = rows[r];
@@ -293,88 +345,120 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
     }
     total_tiles += row.tile_end - row.tile_begin;
   }
-  auto q_at = [&](int r, int kvh) {
-    return q + (static_cast<size_t>(r) * p.num_heads + kvh * group) * d;
-  };
   auto state_at = [&](int r, int kvh) {
     return state + (static_cast<size_t>(r) * p.num_heads + kvh * group) * (d + 2);
   };
+  auto load_q = [&](int r, ItemScratch& s) {
+    const uint16_t* q_row = q + r * row_q;
+    for (size_t i = 0; i < row_q; ++i) s.q[i] = Bf16ToFloat(q_row[i]);
+  };
+  auto merge_tile = [&](float* st, const ItemScratch& s) {
+    for (int g = 0; g < group; ++g) {
+      MergeInto<Ops>(d, st + static_cast<size_t>(g) * (d + 2), s.m[g], s.l[g],
+                     s.acc.data() + static_cast<size_t>(g) * d);
+    }
+  };
 
-  const bool split_k = num_items < 2 * num_threads && total_tiles > num_items && num_threads > 1;
+  const bool split_k = num_threads > 1 && num_rows < 2 * num_threads && total_tiles > num_rows;
   if (!split_k) {
-    // Items ordered KV-head-major so that rows of one sequence reuse the tiles in cache.
 #pragma omp parallel
     {
       EnableFlushToZero();
       thread_local ItemScratch s;
-      s.Reserve(group, d);
+      s.Reserve(p.num_heads, group, d);
 #pragma omp for schedule(dynamic, 1)
-      for (int item = 0; item < num_items; ++item) {
-        const int kvh = item / num_rows;
-        const int r = item % num_rows;
+      for (int r = 0; r < num_rows; ++r) {
         const AttentionRow& row = rows[r];
         if (row.tile_end <= row.tile_begin) continue;
-        FoldTiles<Ops, kKv, kDim>(p, q_at(r, kvh), row, kvh, row.tile_begin, row.tile_end,
-                                  k_cache, v_cache, state_at(r, kvh), s);
+        load_q(r, s);
+        PrefetchTileStart(p, row, row.tile_begin, 0, p.num_kv_heads, k_cache);
+        for (int t = row.tile_begin; t < row.tile_end; ++t) {
+          const NextKeys after =
+              t + 1 < row.tile_end ? TileKeys(p, row, t + 1, 0, k_cache) : NextKeys{};
+          TileHeads<Ops, kKv, kDim>(p, q + r * row_q, s.q.data(), row, t, 0, p.num_kv_heads, after,
+                                    k_cache, v_cache, s,
+                                    [&](int kvh) { merge_tile(state_at(r, kvh), s); });
+        }
       }
     }
     return kAttentionOk;
   }
 
-  // Split-K: one work unit per (item, tile).
+  // Split-K: units of (row, tile, block of KV heads), enough of them to balance the team.
+  const int64_t want_units = 4LL * num_threads;
+  const int blocks = static_cast<int>(
+      std::clamp<int64_t>((want_units + total_tiles - 1) / total_tiles, 1, p.num_kv_heads));
+  const int heads_per_block = (p.num_kv_heads + blocks - 1) / blocks;
   struct Unit {
-    int r, kvh, tile;
+    int r, tile, h0, h1;
     int64_t offset;  // into the tile-state scratch, in floats
   };
+  const int64_t head_floats = static_cast<int64_t>(group) * (d + 2);
   std::vector<Unit> units;
-  units.reserve(total_tiles * p.num_kv_heads);
-  const int64_t unit_floats = static_cast<int64_t>(group) * (d + 2);
-  for (int kvh = 0; kvh < p.num_kv_heads; ++kvh) {
-    for (int r = 0; r < num_rows; ++r) {
-      for (int t = rows[r].tile_begin; t < rows[r].tile_end; ++t) {
-        units.push_back({r, kvh, t, static_cast<int64_t>(units.size()) * unit_floats});
+  int64_t scratch_floats = 0;
+  for (int r = 0; r < num_rows; ++r) {
+    for (int t = rows[r].tile_begin; t < rows[r].tile_end; ++t) {
+      for (int h0 = 0; h0 < p.num_kv_heads; h0 += heads_per_block) {
+        const int h1 = std::min(p.num_kv_heads, h0 + heads_per_block);
+        units.push_back({r, t, h0, h1, scratch_floats});
+        scratch_floats += (h1 - h0) * head_floats;
       }
     }
   }
-  std::vector<float> tile_states(units.size() * unit_floats);
+  std::vector<float> tile_states(scratch_floats);
+  const int num_items = num_rows * p.num_kv_heads;
+  std::vector<size_t> row_first(num_rows + 1, units.size());
+  for (size_t u = units.size(); u-- > 0;) row_first[units[u].r] = u;
+  // Units are of near-equal cost; each thread takes a contiguous range, so it knows which
+  // keys it reads next.
+  const int64_t num_units = static_cast<int64_t>(units.size());
 #pragma omp parallel
   {
     EnableFlushToZero();
     thread_local ItemScratch s;
-    s.Reserve(group, d);
-#pragma omp for schedule(dynamic, 1)
-    for (size_t u = 0; u < units.size(); ++u) {
+    s.Reserve(p.num_heads, group, d);
+    const int64_t team = omp_get_num_threads();
+    const int64_t id = omp_get_thread_num();
+    const int64_t u_begin = num_units * id / team;
+    const int64_t u_end = num_units * (id + 1) / team;
+    int loaded_row = -1;
+    for (int64_t u = u_begin; u < u_end; ++u) {
       const Unit& unit = units[u];
-      const uint16_t* q_row = q_at(unit.r, unit.kvh);
-      for (int i = 0; i < group * d; ++i) s.q[i] = Bf16ToFloat(q_row[i]);
-      ComputeTile<Ops, kKv, kDim>(d, group, p.scale, rows[unit.r], unit.tile, q_row,
-                                  k_cache + unit.kvh * d, v_cache + unit.kvh * d,
-                                  static_cast<int64_t>(p.num_kv_heads) * d, s);
-      float* out = tile_states.data() + unit.offset;
-      for (int g = 0; g < group; ++g) {
-        std::copy_n(s.acc.data() + static_cast<size_t>(g) * d, d, out + g * (d + 2));
-        out[g * (d + 2) + d] = s.m[g];
-        out[g * (d + 2) + d + 1] = s.l[g];
+      if (unit.r != loaded_row) {
+        load_q(unit.r, s);
+        loaded_row = unit.r;
       }
+      if (u == u_begin) PrefetchTileStart(p, rows[unit.r], unit.tile, unit.h0, unit.h1, k_cache);
+      NextKeys after;
+      if (u + 1 < u_end) {
+        const Unit& following = units[u + 1];
+        after = TileKeys(p, rows[following.r], following.tile, following.h0, k_cache);
+      }
+      TileHeads<Ops, kKv, kDim>(
+          p, q + unit.r * row_q, s.q.data(), rows[unit.r], unit.tile, unit.h0, unit.h1, after,
+          k_cache, v_cache, s, [&](int kvh) {
+            float* out = tile_states.data() + unit.offset + (kvh - unit.h0) * head_floats;
+            for (int g = 0; g < group; ++g) {
+              std::copy_n(s.acc.data() + static_cast<size_t>(g) * d, d, out + g * (d + 2));
+              out[g * (d + 2) + d] = s.m[g];
+              out[g * (d + 2) + d + 1] = s.l[g];
+            }
+          });
     }
-  }
-  // Fold per item, in ascending tile order. Units of one item are contiguous and sorted.
-  std::vector<size_t> item_first(num_items + 1, units.size());
-  for (size_t u = units.size(); u-- > 0;) {
-    item_first[units[u].kvh * num_rows + units[u].r] = u;
-  }
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int item = 0; item < num_items; ++item) {
-    EnableFlushToZero();
-    const int kvh = item / num_rows;
-    const int r = item % num_rows;
-    float* st = state_at(r, kvh);
-    for (size_t u = item_first[item]; u < units.size() && units[u].kvh == kvh && units[u].r == r;
-         ++u) {
-      const float* ts = tile_states.data() + units[u].offset;
-      for (int g = 0; g < group; ++g) {
-        MergeInto<Ops>(d, st + static_cast<size_t>(g) * (d + 2), ts[g * (d + 2) + d],
-                       ts[g * (d + 2) + d + 1], ts + g * (d + 2));
+    // Fold per (row, KV head), in ascending tile order.
+#pragma omp barrier
+#pragma omp for schedule(static)
+    for (int item = 0; item < num_items; ++item) {
+      const int r = item / p.num_kv_heads;
+      const int kvh = item % p.num_kv_heads;
+      float* st = state_at(r, kvh);
+      for (size_t u = row_first[r]; u < units.size() && units[u].r == r; ++u) {
+        if (kvh < units[u].h0 || kvh >= units[u].h1) continue;
+        const float* ts = tile_states.data() + units[u].offset + (kvh - units[u].h0) * head_floats;
+        for (int g = 0; g < group; ++g) {
+          MergeInto<Ops>(d, st + static_cast<size_t>(g) * (d + 2), ts[g * (d + 2) + d],
+                         ts[g * (d + 2) + d + 1], ts + g * (d + 2));
+        }
       }
     }
   }

@@ -132,14 +132,14 @@ struct Shape {
 
 TEST_P(AttentionIsaTest, MatchesDoublePrecisionReference) {
   const std::vector<Shape> shapes = {
-      {4, 4, 64, KvDType::kBF16},  {8, 2, 64, KvDType::kBF16},  {8, 1, 128, KvDType::kBF16},
-      {4, 2, 128, KvDType::kF16},  {2, 2, 80, KvDType::kBF16},  {4, 1, 256, KvDType::kF16},
+      {4, 4, 64, KvDType::kBF16}, {8, 2, 64, KvDType::kBF16}, {8, 1, 128, KvDType::kBF16},
+      {4, 2, 128, KvDType::kF16}, {2, 2, 80, KvDType::kBF16}, {4, 1, 256, KvDType::kF16},
       {16, 2, 64, KvDType::kF16},
   };
   uint32_t seed = 1;
   for (const Shape& s : shapes) {
-    Problem pr = MakeProblem(s.heads, s.kv_heads, s.dim, {1, 5, 63, 64, 65, 200, 517}, s.dtype,
-                             seed++);
+    Problem pr =
+        MakeProblem(s.heads, s.kv_heads, s.dim, {1, 5, 63, 64, 65, 200, 517}, s.dtype, seed++);
     const std::vector<uint16_t> got = RunFull(pr);
     const std::vector<double> want = Reference(pr);
     double max_err = 0;
@@ -148,8 +148,8 @@ TEST_P(AttentionIsaTest, MatchesDoublePrecisionReference) {
     }
     // Outputs are averages of N(0,1) values stored as bf16: 2^-8 relative rounding, plus
     // float accumulation.
-    EXPECT_LT(max_err, 1.5e-2) << "heads=" << s.heads << " kv=" << s.kv_heads
-                               << " dim=" << s.dim << " isa=" << CpuIsaName(GetParam());
+    EXPECT_LT(max_err, 1.5e-2) << "heads=" << s.heads << " kv=" << s.kv_heads << " dim=" << s.dim
+                               << " isa=" << CpuIsaName(GetParam());
   }
 }
 

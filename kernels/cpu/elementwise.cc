@@ -18,8 +18,8 @@ void SiluMulScalar(int rows, int ffn, const float* gate_up, uint16_t* out) {
 
 void ApplyRopeScalar(int rows, int num_heads, int head_dim, int64_t row_stride,
                      const int32_t* positions, const float* cos, const float* sin, float* x) {
-  elementwise_internal::ApplyRope<simd::ScalarOps>(rows, num_heads, head_dim, row_stride,
-                                                   positions, cos, sin, x);
+  elementwise_internal::ApplyRope<simd::ScalarOps>(rows, num_heads, head_dim, row_stride, positions,
+                                                   cos, sin, x);
 }
 
 void ConvertToBf16Scalar(int64_t n, const float* in, uint16_t* out) {
@@ -34,16 +34,16 @@ double ExpShiftedScalar(int64_t n, const float* x, float shift, float scale, flo
 
 using namespace isa_internal;
 
-#define STRATA_DISPATCH(fn, ...)        \
-  switch (ActiveCpuIsa()) {             \
-    case CpuIsa::kAvx512Bf16:           \
+#define STRATA_DISPATCH(fn, ...)          \
+  switch (ActiveCpuIsa()) {               \
+    case CpuIsa::kAvx512Bf16:             \
       return fn##Avx512Bf16(__VA_ARGS__); \
-    case CpuIsa::kAvx512:               \
-      return fn##Avx512(__VA_ARGS__);   \
-    case CpuIsa::kAvx2:                 \
-      return fn##Avx2(__VA_ARGS__);     \
-    case CpuIsa::kScalar:               \
-      return fn##Scalar(__VA_ARGS__);   \
+    case CpuIsa::kAvx512:                 \
+      return fn##Avx512(__VA_ARGS__);     \
+    case CpuIsa::kAvx2:                   \
+      return fn##Avx2(__VA_ARGS__);       \
+    case CpuIsa::kScalar:                 \
+      return fn##Scalar(__VA_ARGS__);     \
   }
 
 void RmsNorm(int rows, int dim, const float* x, const float* weight, float eps, uint16_t* out) {
@@ -54,8 +54,8 @@ void SiluMul(int rows, int ffn, const float* gate_up, uint16_t* out) {
   STRATA_DISPATCH(SiluMul, rows, ffn, gate_up, out);
 }
 
-void ApplyRope(int rows, int num_heads, int head_dim, int64_t row_stride,
-               const int32_t* positions, const float* cos, const float* sin, float* x) {
+void ApplyRope(int rows, int num_heads, int head_dim, int64_t row_stride, const int32_t* positions,
+               const float* cos, const float* sin, float* x) {
   STRATA_DISPATCH(ApplyRope, rows, num_heads, head_dim, row_stride, positions, cos, sin, x);
 }
 

@@ -27,8 +27,8 @@ void SiluMul(int rows, int ffn, const float* gate_up, uint16_t* out);
 //   x:         [rows][row_stride] f32; head j occupies x + j * head_dim, j < num_heads
 //   positions: [rows]
 //   cos, sin:  [max_position][head_dim / 2] f32 tables, indexed by position
-void ApplyRope(int rows, int num_heads, int head_dim, int64_t row_stride,
-               const int32_t* positions, const float* cos, const float* sin, float* x);
+void ApplyRope(int rows, int num_heads, int head_dim, int64_t row_stride, const int32_t* positions,
+               const float* cos, const float* sin, float* x);
 
 // out[i] = exp((x[i] - shift) * scale): softmax weights of logits at a temperature.
 // Returns the sum of out, accumulated in double in index order.

@@ -109,7 +109,8 @@ TEST_P(ElementwiseTest, RopeRotatesHalvesByPositionAngle) {
       }
     }
     // Padding past the heads is untouched.
-    for (int i = heads * dim; i < stride; ++i) EXPECT_EQ(x[r * stride + i], original[r * stride + i]);
+    for (int i = heads * dim; i < stride; ++i)
+      EXPECT_EQ(x[r * stride + i], original[r * stride + i]);
   }
 }
 

@@ -10,17 +10,17 @@ namespace strata::kernels::isa_internal {
 using Ops = simd::Avx512Bf16Ops;
 
 int AttentionFoldAvx512Bf16(const AttentionParams& p, int num_rows, const uint16_t* q,
-                     const AttentionRow* rows, const void* k, const void* v, float* state) {
+                            const AttentionRow* rows, const void* k, const void* v, float* state) {
   return attention_internal::Fold<Ops>(p, num_rows, q, rows, k, v, state);
 }
 
 void AttentionMergeStatesAvx512Bf16(const AttentionParams& p, int num_rows, const float* src,
-                             float* dst) {
+                                    float* dst) {
   attention_internal::MergeStates<Ops>(p, num_rows, src, dst);
 }
 
 void RmsNormAvx512Bf16(int rows, int dim, const float* x, const float* weight, float eps,
-                uint16_t* out) {
+                       uint16_t* out) {
   elementwise_internal::RmsNorm<Ops>(rows, dim, x, weight, eps, out);
 }
 
@@ -29,9 +29,9 @@ void SiluMulAvx512Bf16(int rows, int ffn, const float* gate_up, uint16_t* out) {
 }
 
 void ApplyRopeAvx512Bf16(int rows, int num_heads, int head_dim, int64_t row_stride,
-                  const int32_t* positions, const float* cos, const float* sin, float* x) {
-  elementwise_internal::ApplyRope<Ops>(rows, num_heads, head_dim, row_stride, positions, cos,
-                                       sin, x);
+                         const int32_t* positions, const float* cos, const float* sin, float* x) {
+  elementwise_internal::ApplyRope<Ops>(rows, num_heads, head_dim, row_stride, positions, cos, sin,
+                                       x);
 }
 
 void ConvertToBf16Avx512Bf16(int64_t n, const float* in, uint16_t* out) {

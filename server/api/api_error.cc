@@ -5,11 +5,13 @@
 namespace strata::api {
 
 std::string ApiError::ToJson() const {
-  nlohmann::json error = {{"message", message},
-                          {"type", type},
-                          {"param", param.empty() ? nlohmann::json(nullptr) : nlohmann::json(param)},
-                          {"code", status}};
-  return nlohmann::json({{"error", error}}).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  nlohmann::json error = {
+      {"message", message},
+      {"type", type},
+      {"param", param.empty() ? nlohmann::json(nullptr) : nlohmann::json(param)},
+      {"code", status}};
+  return nlohmann::json({{"error", error}})
+      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 ApiError BadRequest(std::string message, std::string param) {

@@ -44,11 +44,11 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
   struct Choice {
     std::string text;
     std::vector<int32_t> tokens;
-    json logprobs_tokens = json::array();      // completions shape, parallel arrays
+    json logprobs_tokens = json::array();  // completions shape, parallel arrays
     json logprobs_values = json::array();
     json logprobs_top = json::array();
     json logprobs_offsets = json::array();
-    json chat_logprobs = json::array();        // chat shape
+    json chat_logprobs = json::array();  // chat shape
     std::string finish_reason;
     json stop_reason = nullptr;
     bool sent_role = false;
@@ -107,7 +107,8 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
       Choice& c = choices[index];
       json chunk_logprobs = nullptr;
       if (logprobs && !s.logprobs.empty()) {
-        json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+        json tokens = json::array(), values = json::array(), tops = json::array(),
+             offsets = json::array();
         json chat_content = json::array();
         size_t offset = c.text.size();
         for (const TokenLogprob& lp : s.logprobs) {
@@ -133,7 +134,9 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
           for (auto& x : values) c.logprobs_values.push_back(x);
           for (auto& x : tops) c.logprobs_top.push_back(x);
           for (auto& x : offsets) c.logprobs_offsets.push_back(x);
-          chunk_logprobs = {{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops},
+          chunk_logprobs = {{"tokens", tokens},
+                            {"token_logprobs", values},
+                            {"top_logprobs", tops},
                             {"text_offset", offsets}};
         } else {
           for (auto& x : chat_content) c.chat_logprobs.push_back(x);
@@ -155,14 +158,16 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
         }
       }
       if (!stream) continue;
-      json choice = {{"index", index}, {"logprobs", chunk_logprobs},
-                     {"finish_reason", c.finish_reason.empty() ? json(nullptr) : json(c.finish_reason)}};
+      json choice = {
+          {"index", index},
+          {"logprobs", chunk_logprobs},
+          {"finish_reason", c.finish_reason.empty() ? json(nullptr) : json(c.finish_reason)}};
       if (kind == Kind::kCompletion) {
         choice["text"] = s.text;
         if (!c.finish_reason.empty()) choice["stop_reason"] = c.stop_reason;
       } else {
         choice["delta"] = s.text.empty() && !c.finish_reason.empty() ? json::object()
-                                                                    : json({{"content", s.text}});
+                                                                     : json({{"content", s.text}});
       }
       if (s.text.empty() && s.tokens.empty() && c.finish_reason.empty()) continue;
       stream_choices->push_back(choice);
@@ -234,7 +239,9 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
     json list = json::array();
     for (size_t i = 0; i < choices.size(); ++i) {
       const Choice& c = choices[i];
-      json choice = {{"index", i}, {"finish_reason", c.finish_reason.empty() ? json(nullptr) : json(c.finish_reason)}};
+      json choice = {
+          {"index", i},
+          {"finish_reason", c.finish_reason.empty() ? json(nullptr) : json(c.finish_reason)}};
       if (kind == Kind::kCompletion) {
         choice["text"] = (echo ? echo_texts[i / n] : "") + c.text;
         choice["logprobs"] = logprobs ? json({{"tokens", c.logprobs_tokens},
@@ -258,8 +265,9 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
 
 }  // namespace
 
-OpenAiApi::OpenAiApi(Scheduler* scheduler, const Tokenizer* tokenizer, const ChatTemplate* chat_template,
-                     ApiOptions options, std::function<bool()> healthy)
+OpenAiApi::OpenAiApi(Scheduler* scheduler, const Tokenizer* tokenizer,
+                     const ChatTemplate* chat_template, ApiOptions options,
+                     std::function<bool()> healthy)
     : scheduler_(scheduler),
       tokenizer_(tokenizer),
       chat_template_(chat_template),
@@ -272,7 +280,8 @@ void OpenAiApi::SendJson(const std::shared_ptr<http::Responder>& responder, int 
   responder->Send(status, kJson, body);
 }
 
-void OpenAiApi::SendError(const std::shared_ptr<http::Responder>& responder, const ApiError& error) {
+void OpenAiApi::SendError(const std::shared_ptr<http::Responder>& responder,
+                          const ApiError& error) {
   responder->Send(error.status, kJson, error.ToJson());
 }
 
@@ -294,7 +303,8 @@ void OpenAiApi::Handle(const http::Request& request, std::shared_ptr<http::Respo
   }
   if (path == "/ready") {
     if (healthy_() && !draining_) return reply(200, R"({"ready":true})");
-    return reply(503, draining_ ? R"({"ready":false,"reason":"draining"})" : R"({"ready":false,"reason":"starting"})");
+    return reply(503, draining_ ? R"({"ready":false,"reason":"draining"})"
+                                : R"({"ready":false,"reason":"starting"})");
   }
   if (path == "/metrics") {
     if (!metrics_) return error(NotFound("metrics are not enabled"));
@@ -309,13 +319,16 @@ void OpenAiApi::Handle(const http::Request& request, std::shared_ptr<http::Respo
     const char* path;
     const char* method;
   };
-  static const Route kRoutes[] = {{"/v1/models", "GET"},          {"/v1/completions", "POST"},
-                                  {"/v1/chat/completions", "POST"}, {"/tokenize", "POST"},
+  static const Route kRoutes[] = {{"/v1/models", "GET"},
+                                  {"/v1/completions", "POST"},
+                                  {"/v1/chat/completions", "POST"},
+                                  {"/tokenize", "POST"},
                                   {"/detokenize", "POST"}};
   for (const Route& r : kRoutes) {
     if (path != r.path) continue;
     if (request.method != r.method) {
-      return error({405, "invalid_request_error", absl::StrCat(request.method, " is not allowed on ", path), ""});
+      return error({405, "invalid_request_error",
+                    absl::StrCat(request.method, " is not allowed on ", path), ""});
     }
     if (path == "/v1/models") {
       Models(responder);
@@ -347,12 +360,14 @@ namespace {
 // Parses a request body into a JSON object; ApiError for anything else.
 std::variant<ojson, ApiError> ParseBody(const std::string& body) {
   ojson j = ojson::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return BadRequest("the request body is not valid JSON (or not valid UTF-8)");
+  if (j.is_discarded())
+    return BadRequest("the request body is not valid JSON (or not valid UTF-8)");
   if (!j.is_object()) return BadRequest("the request body must be a JSON object");
   return j;
 }
 
-std::variant<std::vector<int32_t>, ApiError> TokenList(const ojson& j, int32_t vocab, const std::string& param) {
+std::variant<std::vector<int32_t>, ApiError> TokenList(const ojson& j, int32_t vocab,
+                                                       const std::string& param) {
   std::vector<int32_t> out;
   for (const ojson& t : j) {
     if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab) {
@@ -365,7 +380,8 @@ std::variant<std::vector<int32_t>, ApiError> TokenList(const ojson& j, int32_t v
 
 }  // namespace
 
-void OpenAiApi::Completions(const http::Request& request, std::shared_ptr<http::Responder> responder) {
+void OpenAiApi::Completions(const http::Request& request,
+                            std::shared_ptr<http::Responder> responder) {
   const auto start = std::chrono::steady_clock::now();
   auto finish = [this, start](int status) {
     if (observer_) observer_("/v1/completions", status, Seconds(start));
@@ -381,13 +397,15 @@ void OpenAiApi::Completions(const http::Request& request, std::shared_ptr<http::
     return fail(BadRequest("'model' is required", "model"));
   }
   if (body["model"].get<std::string>() != options_.served_model_name) {
-    return fail(NotFound(absl::StrCat("The model `", body["model"].get<std::string>(), "` does not exist.")));
+    return fail(NotFound(
+        absl::StrCat("The model `", body["model"].get<std::string>(), "` does not exist.")));
   }
   auto params_or = ParseParams(json::parse(Dump(body)), Endpoint::kCompletions, options_.limits);
   if (auto* e = std::get_if<ApiError>(&params_or)) return fail(*e);
   ParsedParams params = std::get<ParsedParams>(std::move(params_or));
   if (params.echo && params.logprobs) {
-    return fail(BadRequest("'echo' together with 'logprobs' is not supported (no prompt logprobs)", "echo"));
+    return fail(BadRequest("'echo' together with 'logprobs' is not supported (no prompt logprobs)",
+                           "echo"));
   }
 
   // prompt: a string, a list of strings, a list of token ids, or a list of such lists.
@@ -397,7 +415,8 @@ void OpenAiApi::Completions(const http::Request& request, std::shared_ptr<http::
   std::vector<std::string> prompt_texts;
   const int32_t vocab = options_.limits.vocab_size;
   auto add_text = [&](const std::string& text) -> std::optional<ApiError> {
-    if (tokenizer_ == nullptr) return BadRequest("this model has no tokenizer: send token ids", "prompt");
+    if (tokenizer_ == nullptr)
+      return BadRequest("this model has no tokenizer: send token ids", "prompt");
     prompts.push_back(tokenizer_->Encode(text, /*add_special_tokens=*/true));
     prompt_texts.push_back(text);
     return std::nullopt;
@@ -426,9 +445,10 @@ void OpenAiApi::Completions(const http::Request& request, std::shared_ptr<http::
       if (e) return fail(*e);
     }
   } else {
-    return fail(BadRequest("'prompt' must be a string, a list of strings, a list of token ids, or a list "
-                           "of token-id lists",
-                           "prompt"));
+    return fail(
+        BadRequest("'prompt' must be a string, a list of strings, a list of token ids, or a list "
+                   "of token-id lists",
+                   "prompt"));
   }
   if (prompts.size() > 64) return fail(BadRequest("at most 64 prompts per request", "prompt"));
 
@@ -463,7 +483,8 @@ void OpenAiApi::Completions(const http::Request& request, std::shared_ptr<http::
   // Headers go out before the first token, so that the client sees the stream open.
   std::lock_guard<std::mutex> lock(job->mu);
   for (size_t i = 0; i < requests.size(); ++i) {
-    auto id = scheduler_->Submit(std::move(requests[i]), [job, i](const RequestUpdate& u) { job->OnUpdate(i, u); });
+    auto id = scheduler_->Submit(std::move(requests[i]),
+                                 [job, i](const RequestUpdate& u) { job->OnUpdate(i, u); });
     if (!id.ok()) {
       for (uint64_t submitted : job->request_ids) scheduler_->Cancel(submitted);
       job->failed = true;
@@ -477,7 +498,10 @@ void OpenAiApi::Completions(const http::Request& request, std::shared_ptr<http::
       json chunk = job->ChunkHeader();
       json choices = json::array();
       for (size_t i = 0; i < job->choices.size(); ++i) {
-        choices.push_back({{"index", i}, {"text", prompt_texts[i / job->n]}, {"logprobs", nullptr}, {"finish_reason", nullptr}});
+        choices.push_back({{"index", i},
+                           {"text", prompt_texts[i / job->n]},
+                           {"logprobs", nullptr},
+                           {"finish_reason", nullptr}});
       }
       chunk["choices"] = choices;
       job->WriteEvent(chunk);
@@ -500,7 +524,8 @@ void OpenAiApi::Completions(const http::Request& request, std::shared_ptr<http::
   }
 }
 
-void OpenAiApi::ChatCompletions(const http::Request& request, std::shared_ptr<http::Responder> responder) {
+void OpenAiApi::ChatCompletions(const http::Request& request,
+                                std::shared_ptr<http::Responder> responder) {
   const auto start = std::chrono::steady_clock::now();
   auto finish = [this, start](int status) {
     if (observer_) observer_("/v1/chat/completions", status, Seconds(start));
@@ -519,7 +544,8 @@ void OpenAiApi::ChatCompletions(const http::Request& request, std::shared_ptr<ht
     return fail(BadRequest("'model' is required", "model"));
   }
   if (body["model"].get<std::string>() != options_.served_model_name) {
-    return fail(NotFound(absl::StrCat("The model `", body["model"].get<std::string>(), "` does not exist.")));
+    return fail(NotFound(
+        absl::StrCat("The model `", body["model"].get<std::string>(), "` does not exist.")));
   }
   auto params_or = ParseParams(json::parse(Dump(body)), Endpoint::kChat, options_.limits);
   if (auto* e = std::get_if<ApiError>(&params_or)) return fail(*e);
@@ -527,16 +553,18 @@ void OpenAiApi::ChatCompletions(const http::Request& request, std::shared_ptr<ht
   if (!body.contains("messages")) return fail(BadRequest("'messages' is required", "messages"));
   if (body.contains("response_format") && body["response_format"].is_object() &&
       body["response_format"].value("type", "text") != "text") {
-    return fail(BadRequest("only response_format {\"type\": \"text\"} is supported", "response_format"));
+    return fail(
+        BadRequest("only response_format {\"type\": \"text\"} is supported", "response_format"));
   }
   if (body.contains("tool_choice") && body["tool_choice"].is_object()) {
     return fail(BadRequest("forcing a specific tool is not supported", "tool_choice"));
   }
   const bool add_generation_prompt = body.value("add_generation_prompt", true);
   const ojson tools = body.contains("tools") && body["tools"].is_array() ? body["tools"] : ojson();
-  const ojson extra = body.contains("chat_template_kwargs") && body["chat_template_kwargs"].is_object()
-                          ? body["chat_template_kwargs"]
-                          : ojson::object();
+  const ojson extra =
+      body.contains("chat_template_kwargs") && body["chat_template_kwargs"].is_object()
+          ? body["chat_template_kwargs"]
+          : ojson::object();
   auto rendered = chat_template_->Render(body["messages"], add_generation_prompt, tools, extra);
   if (!rendered.ok()) return fail(BadRequest(std::string(rendered.status().message()), "messages"));
   // Templates write their own BOS, so no special tokens are added (as vLLM).
@@ -562,12 +590,13 @@ void OpenAiApi::ChatCompletions(const http::Request& request, std::shared_ptr<ht
 
   GenerateRequest r = params.request;
   r.external_id = job->id;
-  r.max_tokens = params.max_tokens.value_or(
-      std::max<int>(1, static_cast<int>(options_.limits.max_model_len - static_cast<int64_t>(prompt.size()))));
+  r.max_tokens = params.max_tokens.value_or(std::max<int>(
+      1, static_cast<int>(options_.limits.max_model_len - static_cast<int64_t>(prompt.size()))));
   r.prompt_tokens = std::move(prompt);
 
   std::lock_guard<std::mutex> lock(job->mu);
-  auto id = scheduler_->Submit(std::move(r), [job](const RequestUpdate& u) { job->OnUpdate(0, u); });
+  auto id =
+      scheduler_->Submit(std::move(r), [job](const RequestUpdate& u) { job->OnUpdate(0, u); });
   if (!id.ok()) {
     job->failed = true;
     return fail(FromStatus(id.status()));
@@ -579,8 +608,10 @@ void OpenAiApi::ChatCompletions(const http::Request& request, std::shared_ptr<ht
     json chunk = job->ChunkHeader();
     json choices = json::array();
     for (int i = 0; i < job->n; ++i) {
-      choices.push_back({{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}},
-                         {"logprobs", nullptr}, {"finish_reason", nullptr}});
+      choices.push_back({{"index", i},
+                         {"delta", {{"role", "assistant"}, {"content", ""}}},
+                         {"logprobs", nullptr},
+                         {"finish_reason", nullptr}});
       job->choices[i].sent_role = true;
     }
     chunk["choices"] = choices;
@@ -609,19 +640,25 @@ void OpenAiApi::Tokenize(const http::Request& request, std::shared_ptr<http::Res
   std::vector<int32_t> tokens;
   if (body.contains("messages")) {
     if (chat_template_ == nullptr) return fail(BadRequest("this model has no chat template"));
-    auto rendered = chat_template_->Render(body["messages"], body.value("add_generation_prompt", true),
-                                           body.contains("tools") ? body["tools"] : ojson(),
-                                           body.value("chat_template_kwargs", ojson::object()));
-    if (!rendered.ok()) return fail(BadRequest(std::string(rendered.status().message()), "messages"));
+    auto rendered =
+        chat_template_->Render(body["messages"], body.value("add_generation_prompt", true),
+                               body.contains("tools") ? body["tools"] : ojson(),
+                               body.value("chat_template_kwargs", ojson::object()));
+    if (!rendered.ok())
+      return fail(BadRequest(std::string(rendered.status().message()), "messages"));
     tokens = tokenizer_->Encode(*rendered, body.value("add_special_tokens", false));
   } else if (body.contains("prompt") && body["prompt"].is_string()) {
-    const ojson& add = body.contains("add_special_tokens") ? body["add_special_tokens"] : ojson(true);
-    if (!add.is_boolean()) return fail(BadRequest("'add_special_tokens' must be a boolean", "add_special_tokens"));
+    const ojson& add =
+        body.contains("add_special_tokens") ? body["add_special_tokens"] : ojson(true);
+    if (!add.is_boolean())
+      return fail(BadRequest("'add_special_tokens' must be a boolean", "add_special_tokens"));
     tokens = tokenizer_->Encode(body["prompt"].get<std::string>(), add.get<bool>());
   } else {
     return fail(BadRequest("'prompt' (a string) or 'messages' is required", "prompt"));
   }
-  json out = {{"count", tokens.size()}, {"max_model_len", options_.limits.max_model_len}, {"tokens", tokens}};
+  json out = {{"count", tokens.size()},
+              {"max_model_len", options_.limits.max_model_len},
+              {"tokens", tokens}};
   if (body.value("return_token_strs", false)) {
     json strs = json::array();
     for (int32_t t : tokens) strs.push_back(tokenizer_->IdToToken(t));
@@ -631,7 +668,8 @@ void OpenAiApi::Tokenize(const http::Request& request, std::shared_ptr<http::Res
   if (observer_) observer_("/tokenize", 200, 0.0);
 }
 
-void OpenAiApi::Detokenize(const http::Request& request, std::shared_ptr<http::Responder> responder) {
+void OpenAiApi::Detokenize(const http::Request& request,
+                           std::shared_ptr<http::Responder> responder) {
   auto fail = [&](const ApiError& e) { SendError(responder, e); };
   if (tokenizer_ == nullptr) return fail(BadRequest("this model has no tokenizer"));
   auto body_or = ParseBody(request.body);

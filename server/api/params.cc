@@ -20,14 +20,15 @@ std::variant<std::optional<int64_t>, ApiError> GetInt(const json& body, const st
     }
     value = it->get<int64_t>();
   } else if (it->is_number_float() && std::isfinite(it->get<double>()) &&
-             it->get<double>() == std::floor(it->get<double>()) && std::abs(it->get<double>()) < 9e15) {
+             it->get<double>() == std::floor(it->get<double>()) &&
+             std::abs(it->get<double>()) < 9e15) {
     value = static_cast<int64_t>(it->get<double>());
   } else {
     return BadRequest(absl::StrCat("'", name, "' must be an integer"), name);
   }
   if (value < lo || value > hi) {
-    return BadRequest(absl::StrCat("'", name, "' must be between ", lo, " and ", hi, ", got ", value),
-                      name);
+    return BadRequest(
+        absl::StrCat("'", name, "' must be between ", lo, " and ", hi, ", got ", value), name);
   }
   return std::optional<int64_t>(value);
 }
@@ -54,8 +55,8 @@ std::variant<std::optional<bool>, ApiError> GetBool(const json& body, const std:
 namespace {
 
 // Unwraps a typed read or returns its error from the enclosing function.
-#define STRATA_PARAM(var, expr)                          \
-  auto var##_or = (expr);                                \
+#define STRATA_PARAM(var, expr)                              \
+  auto var##_or = (expr);                                    \
   if (auto* e = std::get_if<ApiError>(&var##_or)) return *e; \
   auto var = std::get<0>(var##_or)
 
@@ -68,7 +69,8 @@ std::variant<ParsedParams, ApiError> ParseParams(const json& body, Endpoint endp
   SamplingParams& s = r.sampling;
 
   STRATA_PARAM(max_tokens, GetInt(body, "max_tokens", 1, limits.max_model_len));
-  STRATA_PARAM(max_completion_tokens, GetInt(body, "max_completion_tokens", 1, limits.max_model_len));
+  STRATA_PARAM(max_completion_tokens,
+               GetInt(body, "max_completion_tokens", 1, limits.max_model_len));
   if (max_completion_tokens) {
     p.max_tokens = static_cast<int>(*max_completion_tokens);
   } else if (max_tokens) {
@@ -110,7 +112,8 @@ std::variant<ParsedParams, ApiError> ParseParams(const json& body, Endpoint endp
     for (auto& [key, value] : bias.items()) {
       int64_t token;
       if (!absl::SimpleAtoi(key, &token) || token < 0 || token >= limits.vocab_size) {
-        return BadRequest(absl::StrCat("logit_bias key '", key, "' is not a token id"), "logit_bias");
+        return BadRequest(absl::StrCat("logit_bias key '", key, "' is not a token id"),
+                          "logit_bias");
       }
       if (!value.is_number() || !std::isfinite(value.get<double>()) ||
           std::abs(value.get<double>()) > 100.0) {
@@ -148,7 +151,8 @@ std::variant<ParsedParams, ApiError> ParseParams(const json& body, Endpoint endp
       if (!stop.get<std::string>().empty()) r.stop.push_back(stop.get<std::string>());
     } else if (stop.is_array()) {
       if (static_cast<int>(stop.size()) > limits.max_stop_sequences) {
-        return BadRequest(absl::StrCat("at most ", limits.max_stop_sequences, " stop sequences"), "stop");
+        return BadRequest(absl::StrCat("at most ", limits.max_stop_sequences, " stop sequences"),
+                          "stop");
       }
       for (const json& s_item : stop) {
         if (!s_item.is_string()) return BadRequest("'stop' must hold strings", "stop");
@@ -162,7 +166,8 @@ std::variant<ParsedParams, ApiError> ParseParams(const json& body, Endpoint endp
     const json& ids = body["stop_token_ids"];
     if (!ids.is_array()) return BadRequest("'stop_token_ids' must be a list", "stop_token_ids");
     for (const json& id : ids) {
-      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= limits.vocab_size) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+          id.get<int64_t>() >= limits.vocab_size) {
         return BadRequest("'stop_token_ids' must hold token ids", "stop_token_ids");
       }
       r.stop_token_ids.push_back(id.get<int32_t>());
@@ -184,7 +189,8 @@ std::variant<ParsedParams, ApiError> ParseParams(const json& body, Endpoint endp
   p.stream = stream.value_or(false);
   if (body.contains("stream_options") && !body["stream_options"].is_null()) {
     const json& options = body["stream_options"];
-    if (!options.is_object()) return BadRequest("'stream_options' must be an object", "stream_options");
+    if (!options.is_object())
+      return BadRequest("'stream_options' must be an object", "stream_options");
     if (!p.stream) return BadRequest("'stream_options' needs 'stream': true", "stream_options");
     STRATA_PARAM(include_usage, GetBool(options, "include_usage"));
     p.include_usage = include_usage.value_or(false);

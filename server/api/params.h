@@ -24,13 +24,13 @@ struct ApiLimits {
 
 // What the request asked for beyond GenerateRequest.
 struct ParsedParams {
-  GenerateRequest request;       // everything but the prompt tokens
-  std::optional<int> max_tokens; // absent: the endpoint's default
+  GenerateRequest request;        // everything but the prompt tokens
+  std::optional<int> max_tokens;  // absent: the endpoint's default
   bool stream = false;
   bool include_usage = false;
   bool return_tokens_as_token_ids = false;
   bool echo = false;
-  int top_logprobs = 0;          // chat: top_logprobs; completions: logprobs
+  int top_logprobs = 0;  // chat: top_logprobs; completions: logprobs
   bool logprobs = false;
   std::string user;
 };

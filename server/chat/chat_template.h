@@ -31,7 +31,8 @@ class ChatTemplate {
   // a list of {"type": "text", "text": ...} parts (joined with newlines) or null. `tools` may
   // be null; `extra` holds chat_template_kwargs (e.g. enable_thinking). Bad messages and
   // raise_exception() in the template are InvalidArgument with a message for the client.
-  absl::StatusOr<std::string> Render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+  absl::StatusOr<std::string> Render(const nlohmann::ordered_json& messages,
+                                     bool add_generation_prompt,
                                      const nlohmann::ordered_json& tools,
                                      const nlohmann::ordered_json& extra) const;
 

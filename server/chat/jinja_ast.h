@@ -15,13 +15,30 @@ namespace strata::jinja {
 
 struct Expr {
   enum class Kind {
-    kLiteral, kName, kList, kDict, kTuple, kGetAttr, kGetItem, kSlice, kCall, kFilter, kTest,
-    kNeg, kPos, kNot, kBinary, kAnd, kOr, kCompare, kTernary
+    kLiteral,
+    kName,
+    kList,
+    kDict,
+    kTuple,
+    kGetAttr,
+    kGetItem,
+    kSlice,
+    kCall,
+    kFilter,
+    kTest,
+    kNeg,
+    kPos,
+    kNot,
+    kBinary,
+    kAnd,
+    kOr,
+    kCompare,
+    kTernary
   };
   Kind kind;
   int line = 0;
   Value literal;
-  std::string name;  // name, attribute, filter, test, binary operator
+  std::string name;                         // name, attribute, filter, test, binary operator
   std::vector<std::shared_ptr<Expr>> args;  // operands / positional arguments
   std::vector<std::pair<std::string, std::shared_ptr<Expr>>> kwargs;
   std::vector<std::string> ops;  // kCompare: operators between args
@@ -30,18 +47,29 @@ struct Expr {
 using ExprPtr = std::shared_ptr<Expr>;
 
 struct Node {
-  enum class Kind { kSequence, kText, kOutput, kIf, kFor, kSet, kSetBlock, kMacro, kBreak, kContinue };
+  enum class Kind {
+    kSequence,
+    kText,
+    kOutput,
+    kIf,
+    kFor,
+    kSet,
+    kSetBlock,
+    kMacro,
+    kBreak,
+    kContinue
+  };
   Kind kind;
   int line = 0;
-  std::string text;                  // kText
-  ExprPtr expr;                      // kOutput, kSet value, kFor iterable
+  std::string text;                             // kText
+  ExprPtr expr;                                 // kOutput, kSet value, kFor iterable
   std::vector<std::shared_ptr<Node>> children;  // kSequence
   // kIf: conditions[i] guards branches[i]; a trailing branch without condition is else.
   std::vector<ExprPtr> conditions;
   std::vector<std::shared_ptr<Node>> branches;
   // kFor / kSet: target names ("ns.attr" form for namespace attributes in kSet).
   std::vector<std::string> targets;
-  ExprPtr loop_filter;               // kFor: "for x in y if cond"
+  ExprPtr loop_filter;  // kFor: "for x in y if cond"
   std::shared_ptr<Node> body, else_body;
   // kMacro
   std::string macro_name;

@@ -23,24 +23,26 @@ absl::StatusOr<NodePtr> ParseTemplateSource(std::string_view source);
 
 const std::set<std::string>& KnownFilters() {
   static const std::set<std::string>* names = new std::set<std::string>{
-      "abs", "capitalize", "count", "d", "default", "e", "escape", "first", "float", "indent",
-      "int", "items", "join", "last", "length", "list", "lower", "map", "max", "min", "reject",
-      "rejectattr", "replace", "reverse", "round", "safe", "select", "selectattr", "sort",
-      "string", "sum", "title", "tojson", "trim", "unique", "upper"};
+      "abs",    "capitalize", "count",  "d",          "default", "e",          "escape",  "first",
+      "float",  "indent",     "int",    "items",      "join",    "last",       "length",  "list",
+      "lower",  "map",        "max",    "min",        "reject",  "rejectattr", "replace", "reverse",
+      "round",  "safe",       "select", "selectattr", "sort",    "string",     "sum",     "title",
+      "tojson", "trim",       "unique", "upper"};
   return *names;
 }
 
 const std::set<std::string>& KnownTests() {
   static const std::set<std::string>* names = new std::set<std::string>{
-      "boolean", "callable", "defined", "divisibleby", "eq", "equalto", "even", "false",
-      "float", "ge", "gt", "in", "integer", "iterable", "le", "lower", "lt", "mapping", "ne",
-      "none", "number", "odd", "sameas", "sequence", "string", "true", "undefined", "upper"};
+      "boolean", "callable", "defined",  "divisibleby", "eq",   "equalto",   "even",
+      "false",   "float",    "ge",       "gt",          "in",   "integer",   "iterable",
+      "le",      "lower",    "lt",       "mapping",     "ne",   "none",      "number",
+      "odd",     "sameas",   "sequence", "string",      "true", "undefined", "upper"};
   return *names;
 }
 
 const std::set<std::string>& KnownFunctions() {
-  static const std::set<std::string>* names = new std::set<std::string>{
-      "namespace", "range", "raise_exception", "dict", "strftime_now"};
+  static const std::set<std::string>* names =
+      new std::set<std::string>{"namespace", "range", "raise_exception", "dict", "strftime_now"};
   return *names;
 }
 
@@ -80,8 +82,9 @@ std::string Strip(const std::string& s, const Value* chars, bool left, bool righ
   std::vector<char32_t> set;
   if (chars && chars->is_string()) set = Chars(chars->s());
   auto strip_this = [&](char32_t c) {
-    return set.empty() && !(chars && chars->is_string()) ? IsPythonSpace(c)
-                                                         : std::find(set.begin(), set.end(), c) != set.end();
+    return set.empty() && !(chars && chars->is_string())
+               ? IsPythonSpace(c)
+               : std::find(set.begin(), set.end(), c) != set.end();
   };
   size_t b = 0, e = cps.size();
   if (left) {
@@ -187,7 +190,8 @@ absl::StatusOr<int64_t> Length(const Value& v) {
   if (v.is_list()) return static_cast<int64_t>(v.list().size());
   if (v.is_mapping()) return static_cast<int64_t>(v.dict().items.size());
   if (v.is_undefined()) return 0;
-  return absl::InvalidArgumentError(absl::StrCat("object of type ", v.TypeName(), " has no length"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("object of type ", v.TypeName(), " has no length"));
 }
 
 // Items iteration yields for a value (for loops, filters).
@@ -215,7 +219,8 @@ const Value* Kw(const Kwargs& kwargs, const std::string& name) {
 }
 
 // Positional or keyword argument.
-const Value* Arg(const ValueList& args, size_t index, const Kwargs& kwargs, const std::string& name) {
+const Value* Arg(const ValueList& args, size_t index, const Kwargs& kwargs,
+                 const std::string& name) {
   if (index < args.size()) return &args[index];
   return Kw(kwargs, name);
 }
@@ -321,15 +326,18 @@ class Evaluator {
       }
       Value ns = Lookup(t.substr(0, dot));
       if (ns.kind() != Value::Kind::kNamespace) {
-        return Fail(node.line, "cannot set an attribute of '" + t.substr(0, dot) + "': not a namespace");
+        return Fail(node.line,
+                    "cannot set an attribute of '" + t.substr(0, dot) + "': not a namespace");
       }
       ns.mutable_dict().Set(t.substr(dot + 1), std::move(v));
       return absl::OkStatus();
     }
     if (!v.is_list() || v.list().size() != node.targets.size()) {
-      return Fail(node.line, "cannot unpack into " + std::to_string(node.targets.size()) + " names");
+      return Fail(node.line,
+                  "cannot unpack into " + std::to_string(node.targets.size()) + " names");
     }
-    for (size_t i = 0; i < node.targets.size(); ++i) scopes_.back().Set(node.targets[i], v.list()[i]);
+    for (size_t i = 0; i < node.targets.size(); ++i)
+      scopes_.back().Set(node.targets[i], v.list()[i]);
     return absl::OkStatus();
   }
 
@@ -344,9 +352,11 @@ class Evaluator {
         return absl::OkStatus();
       }
       if (!item.is_list() || item.list().size() != node.targets.size()) {
-        return Fail(node.line, "cannot unpack a loop item into " + std::to_string(node.targets.size()) + " names");
+        return Fail(node.line, "cannot unpack a loop item into " +
+                                   std::to_string(node.targets.size()) + " names");
       }
-      for (size_t i = 0; i < node.targets.size(); ++i) scopes_.back().Set(node.targets[i], item.list()[i]);
+      for (size_t i = 0; i < node.targets.size(); ++i)
+        scopes_.back().Set(node.targets[i], item.list()[i]);
       return absl::OkStatus();
     };
     if (node.loop_filter) {
@@ -394,33 +404,35 @@ class Evaluator {
 
   void DefineMacro(const Node& node) {
     const Node* macro = &node;
-    scopes_.back().Set(node.macro_name, Value::Function([this, macro](const ValueList& args, const Kwargs& kwargs)
-                                                            -> absl::StatusOr<Value> {
-      scopes_.emplace_back();
-      for (size_t i = 0; i < macro->params.size(); ++i) {
-        const auto& [name, def] = macro->params[i];
-        Value v;
-        if (i < args.size()) {
-          v = args[i];
-        } else if (const Value* kw = Kw(kwargs, name)) {
-          v = *kw;
-        } else if (def) {
-          auto d = Eval(*def);
-          if (!d.ok()) {
-            scopes_.pop_back();
-            return d.status();
-          }
-          v = *d;
-        }
-        scopes_.back().Set(name, v);
-      }
-      std::string out;
-      absl::Status s = Render(*macro->body, &out);
-      flow_ = Flow::kNormal;
-      scopes_.pop_back();
-      if (!s.ok()) return s;
-      return Value::String(std::move(out));
-    }));
+    scopes_.back().Set(
+        node.macro_name,
+        Value::Function(
+            [this, macro](const ValueList& args, const Kwargs& kwargs) -> absl::StatusOr<Value> {
+              scopes_.emplace_back();
+              for (size_t i = 0; i < macro->params.size(); ++i) {
+                const auto& [name, def] = macro->params[i];
+                Value v;
+                if (i < args.size()) {
+                  v = args[i];
+                } else if (const Value* kw = Kw(kwargs, name)) {
+                  v = *kw;
+                } else if (def) {
+                  auto d = Eval(*def);
+                  if (!d.ok()) {
+                    scopes_.pop_back();
+                    return d.status();
+                  }
+                  v = *d;
+                }
+                scopes_.back().Set(name, v);
+              }
+              std::string out;
+              absl::Status s = Render(*macro->body, &out);
+              flow_ = Flow::kNormal;
+              scopes_.pop_back();
+              if (!s.ok()) return s;
+              return Value::String(std::move(out));
+            }));
   }
 
   absl::StatusOr<Value> Eval(const Expr& e) {
@@ -471,8 +483,10 @@ class Evaluator {
       case Expr::Kind::kNeg:
       case Expr::Kind::kPos: {
         ASSIGN_OR_RETURN(Value v, Eval(*e.args[0]));
-        if (v.kind() == Value::Kind::kInt) return Value::Int(e.kind == Expr::Kind::kNeg ? -v.i() : v.i());
-        if (v.kind() == Value::Kind::kFloat) return Value::Float(e.kind == Expr::Kind::kNeg ? -v.AsDouble() : v.AsDouble());
+        if (v.kind() == Value::Kind::kInt)
+          return Value::Int(e.kind == Expr::Kind::kNeg ? -v.i() : v.i());
+        if (v.kind() == Value::Kind::kFloat)
+          return Value::Float(e.kind == Expr::Kind::kNeg ? -v.AsDouble() : v.AsDouble());
         return Fail(e.line, std::string("bad operand for unary minus: ") + v.TypeName());
       }
       case Expr::Kind::kNot: {
@@ -577,22 +591,24 @@ class Evaluator {
   absl::StatusOr<Value> Global(const std::string& name, int line) {
     if (name == "namespace" || name == "dict") {
       const bool ns = name == "namespace";
-      return Value::Function([ns](const ValueList& args, const Kwargs& kwargs) -> absl::StatusOr<Value> {
-        ValueDict d;
-        for (const Value& a : args) {
-          if (a.is_mapping()) {
-            for (const auto& [k, v] : a.dict().items) d.Set(k, v);
-          }
-        }
-        for (const auto& [k, v] : kwargs) d.Set(k, v);
-        return ns ? Value::Namespace(std::move(d)) : Value::Dict(std::move(d));
-      });
+      return Value::Function(
+          [ns](const ValueList& args, const Kwargs& kwargs) -> absl::StatusOr<Value> {
+            ValueDict d;
+            for (const Value& a : args) {
+              if (a.is_mapping()) {
+                for (const auto& [k, v] : a.dict().items) d.Set(k, v);
+              }
+            }
+            for (const auto& [k, v] : kwargs) d.Set(k, v);
+            return ns ? Value::Namespace(std::move(d)) : Value::Dict(std::move(d));
+          });
     }
     if (name == "range") {
       return Value::Function([](const ValueList& args, const Kwargs&) -> absl::StatusOr<Value> {
         int64_t start = 0, stop = 0, step = 1;
         for (const Value& a : args) {
-          if (a.kind() != Value::Kind::kInt) return absl::InvalidArgumentError("range() needs integers");
+          if (a.kind() != Value::Kind::kInt)
+            return absl::InvalidArgumentError("range() needs integers");
         }
         if (args.size() == 1) stop = args[0].i();
         if (args.size() >= 2) {
@@ -600,7 +616,8 @@ class Evaluator {
           stop = args[1].i();
         }
         if (args.size() == 3) step = args[2].i();
-        if (step == 0 || args.empty() || args.size() > 3) return absl::InvalidArgumentError("bad range()");
+        if (step == 0 || args.empty() || args.size() > 3)
+          return absl::InvalidArgumentError("bad range()");
         ValueList out;
         for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
           if (out.size() > 100000) return absl::InvalidArgumentError("range() too long");
@@ -611,7 +628,8 @@ class Evaluator {
     }
     if (name == "raise_exception") {
       return Value::Function([](const ValueList& args, const Kwargs&) -> absl::StatusOr<Value> {
-        return absl::InvalidArgumentError(std::string(kRaisedPrefix) + (args.empty() ? "" : args[0].Str()));
+        return absl::InvalidArgumentError(std::string(kRaisedPrefix) +
+                                          (args.empty() ? "" : args[0].Str()));
       });
     }
     if (name == "strftime_now") {
@@ -643,7 +661,8 @@ class Evaluator {
       if (name == "split" || name == "rsplit") {
         const Value* sep = Arg(args, 0, kwargs, "sep");
         const Value* max = Arg(args, 1, kwargs, "maxsplit");
-        return SplitString(s, sep, max && max->kind() == Value::Kind::kInt ? max->i() : -1, name == "rsplit");
+        return SplitString(s, sep, max && max->kind() == Value::Kind::kInt ? max->i() : -1,
+                           name == "rsplit");
       }
       if (name == "splitlines") {
         ValueList lines;
@@ -661,8 +680,10 @@ class Evaluator {
         ValueList options = a0->is_list() ? a0->list() : ValueList{*a0};
         for (const Value& o : options) {
           const std::string p = o.Str();
-          const bool hit = name == "startswith" ? s.compare(0, p.size(), p) == 0
-                                                : s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
+          const bool hit =
+              name == "startswith"
+                  ? s.compare(0, p.size(), p) == 0
+                  : s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
           if (hit) return Value::Bool(true);
         }
         return Value::Bool(false);
@@ -685,12 +706,15 @@ class Evaluator {
       }
       if (name == "find" || name == "rfind") {
         if (!a0) return Fail(line, name + "() needs an argument");
-        return Value::Int(CodePointIndex(s, name == "find" ? s.find(a0->Str()) : s.rfind(a0->Str())));
+        return Value::Int(
+            CodePointIndex(s, name == "find" ? s.find(a0->Str()) : s.rfind(a0->Str())));
       }
       if (name == "count") {
         if (!a0 || a0->Str().empty()) return Fail(line, "count() needs a non-empty argument");
         int64_t n = 0;
-        for (size_t pos = s.find(a0->Str()); pos != std::string::npos; pos = s.find(a0->Str(), pos + a0->Str().size())) ++n;
+        for (size_t pos = s.find(a0->Str()); pos != std::string::npos;
+             pos = s.find(a0->Str(), pos + a0->Str().size()))
+          ++n;
         return Value::Int(n);
       }
       if (name == "join") {
@@ -704,9 +728,12 @@ class Evaluator {
         const std::vector<char32_t> cps = Chars(s);
         return !cps.empty() && std::all_of(cps.begin(), cps.end(), pred);
       };
-      if (name == "isdigit") return Value::Bool(all_chars([](char32_t c) { return u_isdigit(c) != 0; }));
-      if (name == "isalpha") return Value::Bool(all_chars([](char32_t c) { return u_isalpha(c) != 0; }));
-      if (name == "isalnum") return Value::Bool(all_chars([](char32_t c) { return u_isalnum(c) != 0; }));
+      if (name == "isdigit")
+        return Value::Bool(all_chars([](char32_t c) { return u_isdigit(c) != 0; }));
+      if (name == "isalpha")
+        return Value::Bool(all_chars([](char32_t c) { return u_isalpha(c) != 0; }));
+      if (name == "isalnum")
+        return Value::Bool(all_chars([](char32_t c) { return u_isalnum(c) != 0; }));
       if (name == "isspace") return Value::Bool(all_chars(IsPythonSpace));
       if (name == "islower") return Value::Bool(CaseMap(s, 0) == s && CaseMap(s, 1) != s);
       if (name == "isupper") return Value::Bool(CaseMap(s, 1) == s && CaseMap(s, 0) != s);
@@ -739,7 +766,8 @@ class Evaluator {
     const std::string& op = e.name;
     if (op == "~") return Value::String(a.Str() + b.Str());
     using K = Value::Kind;
-    const bool nums = (a.is_number() || a.kind() == K::kBool) && (b.is_number() || b.kind() == K::kBool);
+    const bool nums =
+        (a.is_number() || a.kind() == K::kBool) && (b.is_number() || b.kind() == K::kBool);
     auto as_int = [](const Value& v) { return v.kind() == K::kBool ? (v.b() ? 1 : 0) : v.i(); };
     const bool ints = nums && a.kind() != K::kFloat && b.kind() != K::kFloat;
     if (op == "+") {
@@ -840,7 +868,8 @@ class Evaluator {
   }
 
   // Runs test `name` on `v` (for "is" and select/reject).
-  absl::StatusOr<bool> Test(const std::string& name, const Value& v, const ValueList& args, int line) {
+  absl::StatusOr<bool> Test(const std::string& name, const Value& v, const ValueList& args,
+                            int line) {
     using K = Value::Kind;
     const Value* a = args.empty() ? nullptr : &args[0];
     if (name == "defined") return !v.is_undefined();
@@ -865,7 +894,8 @@ class Evaluator {
     }
     if (!a) return Fail(line, "test '" + name + "' needs an argument");
     if (name == "divisibleby") {
-      if (v.kind() != K::kInt || a->kind() != K::kInt || a->i() == 0) return Fail(line, "bad divisibleby");
+      if (v.kind() != K::kInt || a->kind() != K::kInt || a->i() == 0)
+        return Fail(line, "bad divisibleby");
       return v.i() % a->i() == 0;
     }
     if (name == "eq" || name == "equalto" || name == "sameas") return Equal(v, *a);
@@ -903,7 +933,8 @@ class Evaluator {
       const bool use_default = v.is_undefined() || (boolean && boolean->Truthy() && !v.Truthy());
       return use_default ? (def ? *def : Value::String("")) : v;
     }
-    if (name == "trim") return Value::String(Strip(v.Str(), Arg(args, 0, kwargs, "chars"), true, true));
+    if (name == "trim")
+      return Value::String(Strip(v.Str(), Arg(args, 0, kwargs, "chars"), true, true));
     if (name == "length" || name == "count") {
       auto n = Length(v);
       if (!n.ok()) return Fail(line, std::string(n.status().message()));
@@ -911,7 +942,8 @@ class Evaluator {
     }
     if (name == "tojson") {
       const Value* indent = Arg(args, 0, kwargs, "indent");
-      return Value::String(v.ToJson(indent && indent->kind() == K::kInt ? static_cast<int>(indent->i()) : 0));
+      return Value::String(
+          v.ToJson(indent && indent->kind() == K::kInt ? static_cast<int>(indent->i()) : 0));
     }
     if (name == "upper") return Value::String(CaseMap(v.Str(), 1));
     if (name == "lower") return Value::String(CaseMap(v.Str(), 0));
@@ -922,12 +954,23 @@ class Evaluator {
       std::string out;
       for (char c : v.Str()) {
         switch (c) {
-          case '&': out += "&amp;"; break;
-          case '<': out += "&lt;"; break;
-          case '>': out += "&gt;"; break;
-          case '"': out += "&#34;"; break;
-          case '\'': out += "&#39;"; break;
-          default: out += c;
+          case '&':
+            out += "&amp;";
+            break;
+          case '<':
+            out += "&lt;";
+            break;
+          case '>':
+            out += "&gt;";
+            break;
+          case '"':
+            out += "&#34;";
+            break;
+          case '\'':
+            out += "&#39;";
+            break;
+          default:
+            out += c;
         }
       }
       return Value::String(out);
@@ -959,13 +1002,15 @@ class Evaluator {
     }
     if (name == "round") {
       const Value* precision = Arg(args, 0, kwargs, "precision");
-      const double scale = std::pow(10.0, precision && precision->kind() == K::kInt ? precision->i() : 0);
+      const double scale =
+          std::pow(10.0, precision && precision->kind() == K::kInt ? precision->i() : 0);
       return Value::Float(std::round(v.AsDouble() * scale) / scale);
     }
     if (name == "items") {
       if (!v.is_mapping()) return Fail(line, "items needs a mapping");
       ValueList out;
-      for (const auto& [k, val] : v.dict().items) out.push_back(Value::List({Value::String(k), val}));
+      for (const auto& [k, val] : v.dict().items)
+        out.push_back(Value::List({Value::String(k), val}));
       return Value::List(std::move(out));
     }
     if (name == "replace") {
@@ -976,15 +1021,18 @@ class Evaluator {
       const Value* width_v = Arg(args, 0, kwargs, "width");
       const Value* first_v = Arg(args, 1, kwargs, "first");
       const Value* blank_v = Arg(args, 2, kwargs, "blank");
-      const std::string pad = width_v && width_v->is_string() ? width_v->s()
-                              : std::string(width_v && width_v->kind() == K::kInt ? width_v->i() : 4, ' ');
+      const std::string pad =
+          width_v && width_v->is_string()
+              ? width_v->s()
+              : std::string(width_v && width_v->kind() == K::kInt ? width_v->i() : 4, ' ');
       const std::string s = v.Str();
       std::string out;
       size_t pos = 0;
       bool first = true;
       while (pos <= s.size()) {
         size_t end = s.find('\n', pos);
-        const std::string line_text = s.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+        const std::string line_text =
+            s.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
         const bool indent_this = first ? (first_v && first_v->Truthy())
                                        : (!line_text.empty() || (blank_v && blank_v->Truthy()));
         if (!first) out += "\n";
@@ -1019,13 +1067,15 @@ class Evaluator {
       const Value* sep = Arg(args, 0, kwargs, "d");
       const Value* attr = Kw(kwargs, "attribute");
       std::vector<std::string> parts;
-      for (const Value& item : items) parts.push_back(attr ? Attribute(item, attr->Str()).Str() : item.Str());
+      for (const Value& item : items)
+        parts.push_back(attr ? Attribute(item, attr->Str()).Str() : item.Str());
       return Value::String(absl::StrJoin(parts, sep ? sep->Str() : ""));
     }
     if (name == "unique") {
       ValueList out;
       for (const Value& item : items) {
-        if (std::none_of(out.begin(), out.end(), [&](const Value& o) { return Equal(o, item); })) out.push_back(item);
+        if (std::none_of(out.begin(), out.end(), [&](const Value& o) { return Equal(o, item); }))
+          out.push_back(item);
       }
       return Value::List(std::move(out));
     }
@@ -1074,7 +1124,8 @@ class Evaluator {
       }
       if (args.empty()) return Fail(line, "map needs a filter name or attribute=");
       const std::string filter = args[0].Str();
-      if (!KnownFilters().count(filter)) return Fail(line, "unsupported filter '" + filter + "' in map");
+      if (!KnownFilters().count(filter))
+        return Fail(line, "unsupported filter '" + filter + "' in map");
       const ValueList rest(args.begin() + 1, args.end());
       for (const Value& item : items) {
         ASSIGN_OR_RETURN(Value x, Filter(filter, item, rest, {}, line));
@@ -1093,7 +1144,8 @@ class Evaluator {
       }
       std::string test;
       if (next < args.size()) test = args[next++].Str();
-      if (!test.empty() && !KnownTests().count(test)) return Fail(line, "unsupported test '" + test + "'");
+      if (!test.empty() && !KnownTests().count(test))
+        return Fail(line, "unsupported test '" + test + "'");
       const ValueList test_args(args.begin() + next, args.end());
       ValueList out;
       for (const Value& item : items) {

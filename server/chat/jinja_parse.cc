@@ -38,9 +38,9 @@ bool IsSpaceOrTab(char c) { return c == ' ' || c == '\t'; }
 // the tag ends with "-}}" / "-%}".
 absl::Status LexTag(const std::string& src, size_t* pos, const std::string& close, int* line,
                     std::vector<Token>* out, bool* strip_after) {
-  static const char* kOps[] = {"**", "//", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%",
-                               "~",  "<",  ">",  "=",  "(",  ")",  "[", "]", "{", "}", ".",
-                               ",",  ":",  "|"};
+  static const char* kOps[] = {"**", "//", "==", "!=", "<=", ">=", "+", "-", "*",
+                               "/",  "%",  "~",  "<",  ">",  "=",  "(", ")", "[",
+                               "]",  "{",  "}",  ".",  ",",  ":",  "|"};
   size_t i = *pos;
   *strip_after = false;
   while (true) {
@@ -66,7 +66,8 @@ absl::Status LexTag(const std::string& src, size_t* pos, const std::string& clos
     }
     if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
       size_t j = i;
-      while (j < src.size() && (std::isalnum(static_cast<unsigned char>(src[j])) || src[j] == '_')) ++j;
+      while (j < src.size() && (std::isalnum(static_cast<unsigned char>(src[j])) || src[j] == '_'))
+        ++j;
       out->push_back({Token::Kind::kName, src.substr(i, j - i), *line});
       i = j;
       continue;
@@ -74,8 +75,10 @@ absl::Status LexTag(const std::string& src, size_t* pos, const std::string& clos
     if (std::isdigit(static_cast<unsigned char>(c))) {
       size_t j = i;
       bool is_float = false;
-      while (j < src.size() && (std::isdigit(static_cast<unsigned char>(src[j])) || src[j] == '_')) ++j;
-      if (j + 1 < src.size() && src[j] == '.' && std::isdigit(static_cast<unsigned char>(src[j + 1]))) {
+      while (j < src.size() && (std::isdigit(static_cast<unsigned char>(src[j])) || src[j] == '_'))
+        ++j;
+      if (j + 1 < src.size() && src[j] == '.' &&
+          std::isdigit(static_cast<unsigned char>(src[j + 1]))) {
         is_float = true;
         ++j;
         while (j < src.size() && std::isdigit(static_cast<unsigned char>(src[j]))) ++j;
@@ -107,20 +110,36 @@ absl::Status LexTag(const std::string& src, size_t* pos, const std::string& clos
           const char e = src[j + 1];
           j += 2;
           switch (e) {
-            case 'n': value += '\n'; break;
-            case 't': value += '\t'; break;
-            case 'r': value += '\r'; break;
-            case '0': value += '\0'; break;
-            case '\\': value += '\\'; break;
-            case '\'': value += '\''; break;
-            case '"': value += '"'; break;
-            case '\n': break;  // line continuation
+            case 'n':
+              value += '\n';
+              break;
+            case 't':
+              value += '\t';
+              break;
+            case 'r':
+              value += '\r';
+              break;
+            case '0':
+              value += '\0';
+              break;
+            case '\\':
+              value += '\\';
+              break;
+            case '\'':
+              value += '\'';
+              break;
+            case '"':
+              value += '"';
+              break;
+            case '\n':
+              break;  // line continuation
             case 'x':
             case 'u':
             case 'U': {
               const int digits = e == 'x' ? 2 : (e == 'u' ? 4 : 8);
               if (j + digits > src.size()) return Error(*line, "bad escape in string literal");
-              const char32_t cp = static_cast<char32_t>(std::strtoul(src.substr(j, digits).c_str(), nullptr, 16));
+              const char32_t cp =
+                  static_cast<char32_t>(std::strtoul(src.substr(j, digits).c_str(), nullptr, 16));
               utf8::Append(cp, value);
               j += digits;
               break;
@@ -205,7 +224,8 @@ absl::StatusOr<std::vector<Chunk>> Lex(const std::string& src) {
       // the tag on its source line.
       const std::string raw = src.substr(i, open - i);
       const size_t last_newline = raw.rfind('\n');
-      const std::string prefix = last_newline == std::string::npos ? raw : raw.substr(last_newline + 1);
+      const std::string prefix =
+          last_newline == std::string::npos ? raw : raw.substr(last_newline + 1);
       const bool at_line_start = last_newline != std::string::npos || i == 0;
       if (at_line_start && std::all_of(prefix.begin(), prefix.end(), IsSpaceOrTab)) {
         size_t k = piece.size();
@@ -229,9 +249,11 @@ absl::StatusOr<std::vector<Chunk>> Lex(const std::string& src) {
     chunk.kind = kind == '{' ? Chunk::Kind::kExpr : Chunk::Kind::kStmt;
     chunk.line = line;
     bool strip_after = false;
-    RETURN_IF_ERROR(LexTag(src, &pos, kind == '{' ? "}}" : "%}", &line, &chunk.tokens, &strip_after));
+    RETURN_IF_ERROR(
+        LexTag(src, &pos, kind == '{' ? "}}" : "%}", &line, &chunk.tokens, &strip_after));
     // {% raw %} ... {% endraw %}: verbatim.
-    if (chunk.kind == Chunk::Kind::kStmt && chunk.tokens.size() == 1 && chunk.tokens[0].text == "raw") {
+    if (chunk.kind == Chunk::Kind::kStmt && chunk.tokens.size() == 1 &&
+        chunk.tokens[0].text == "raw") {
       const size_t end = src.find("endraw", pos);
       if (end == std::string::npos) return Error(line, "unterminated raw block");
       const size_t tag_start = src.rfind("{%", end);
@@ -554,7 +576,8 @@ class Parser {
     ExprPtr chain;
     while (true) {
       std::string op;
-      if (PeekOp("==") || PeekOp("!=") || PeekOp("<") || PeekOp(">") || PeekOp("<=") || PeekOp(">=")) {
+      if (PeekOp("==") || PeekOp("!=") || PeekOp("<") || PeekOp(">") || PeekOp("<=") ||
+          PeekOp(">=")) {
         op = Peek()->text;
         ++tok_;
       } else if (PeekWord("in")) {
@@ -640,7 +663,8 @@ class Parser {
       if (PeekOp(")")) break;
       const Token* t = Peek();
       const Token* next = Peek(1);
-      if (t && t->kind == Token::Kind::kName && next && next->kind == Token::Kind::kOp && next->text == "=") {
+      if (t && t->kind == Token::Kind::kName && next && next->kind == Token::Kind::kOp &&
+          next->text == "=") {
         tok_ += 2;
         ASSIGN_OR_RETURN(ExprPtr value, ParseTernary(true));
         call->kwargs.emplace_back(t->text, value);
@@ -684,7 +708,8 @@ class Parser {
         RETURN_IF_ERROR(ParseCallArgs(call.get()));
         // Validate what is called: a method, a global function or a macro.
         if (e->kind == Expr::Kind::kGetAttr) {
-          if (!KnownMethods().count(e->name)) return Error(line_, "unsupported method ." + e->name + "()");
+          if (!KnownMethods().count(e->name))
+            return Error(line_, "unsupported method ." + e->name + "()");
         } else if (e->kind == Expr::Kind::kName) {
           if (!KnownFunctions().count(e->name) && !macros_.count(e->name)) {
             return Error(line_, "unsupported function " + e->name + "()");
@@ -693,7 +718,8 @@ class Parser {
         e = call;
       } else if (Accept("|")) {
         ASSIGN_OR_RETURN(std::string filter, ExpectName());
-        if (!KnownFilters().count(filter)) return Error(line_, "unsupported filter '" + filter + "'");
+        if (!KnownFilters().count(filter))
+          return Error(line_, "unsupported filter '" + filter + "'");
         auto f = Make(Expr::Kind::kFilter);
         f->name = filter;
         f->args.push_back(e);
@@ -709,9 +735,11 @@ class Parser {
         t->args.push_back(e);
         if (Accept("(")) {
           RETURN_IF_ERROR(ParseCallArgs(t.get()));
-        } else if (Peek() && (Peek()->kind == Token::Kind::kString || Peek()->kind == Token::Kind::kInt ||
-                              Peek()->kind == Token::Kind::kFloat || (Peek()->kind == Token::Kind::kName &&
-                              !PeekWord("and") && !PeekWord("or") && !PeekWord("else") && !PeekWord("if")))) {
+        } else if (Peek() &&
+                   (Peek()->kind == Token::Kind::kString || Peek()->kind == Token::Kind::kInt ||
+                    Peek()->kind == Token::Kind::kFloat ||
+                    (Peek()->kind == Token::Kind::kName && !PeekWord("and") && !PeekWord("or") &&
+                     !PeekWord("else") && !PeekWord("if")))) {
           ASSIGN_OR_RETURN(ExprPtr arg, ParsePrimary());
           t->args.push_back(arg);
         }

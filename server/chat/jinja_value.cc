@@ -59,10 +59,18 @@ std::string PythonRepr(const std::string& s) {
   std::string out(1, quote);
   for (unsigned char c : s) {
     switch (c) {
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c == static_cast<unsigned char>(quote)) {
           out += '\\';
@@ -84,13 +92,27 @@ std::string JsonString(const std::string& s) {
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -201,7 +223,8 @@ Value Value::FromJson(const nlohmann::ordered_json& j) {
     }
     case nlohmann::ordered_json::value_t::object: {
       ValueDict d;
-      for (auto it = j.begin(); it != j.end(); ++it) d.items.emplace_back(it.key(), FromJson(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it)
+        d.items.emplace_back(it.key(), FromJson(it.value()));
       return Dict(std::move(d));
     }
     default:
@@ -291,7 +314,8 @@ std::string Value::ToJson(int indent, int depth) const {
     case Kind::kInt:
       return std::to_string(i_);
     case Kind::kFloat:
-      return std::isfinite(d_) ? PythonFloat(d_) : (std::isnan(d_) ? "NaN" : (d_ > 0 ? "Infinity" : "-Infinity"));
+      return std::isfinite(d_) ? PythonFloat(d_)
+                               : (std::isnan(d_) ? "NaN" : (d_ > 0 ? "Infinity" : "-Infinity"));
     case Kind::kString:
       return JsonString(*s_);
     case Kind::kList: {
@@ -315,16 +339,26 @@ std::string Value::ToJson(int indent, int depth) const {
 
 const char* Value::TypeName() const {
   switch (kind_) {
-    case Kind::kUndefined: return "undefined";
-    case Kind::kNone: return "none";
-    case Kind::kBool: return "bool";
-    case Kind::kInt: return "int";
-    case Kind::kFloat: return "float";
-    case Kind::kString: return "string";
-    case Kind::kList: return "list";
-    case Kind::kDict: return "dict";
-    case Kind::kNamespace: return "namespace";
-    case Kind::kCallable: return "function";
+    case Kind::kUndefined:
+      return "undefined";
+    case Kind::kNone:
+      return "none";
+    case Kind::kBool:
+      return "bool";
+    case Kind::kInt:
+      return "int";
+    case Kind::kFloat:
+      return "float";
+    case Kind::kString:
+      return "string";
+    case Kind::kList:
+      return "list";
+    case Kind::kDict:
+      return "dict";
+    case Kind::kNamespace:
+      return "namespace";
+    case Kind::kCallable:
+      return "function";
   }
   return "?";
 }

@@ -27,12 +27,23 @@ struct ValueDict {
   void Set(const std::string& key, Value value);
 };
 
-using Callable = std::function<absl::StatusOr<Value>(const ValueList& args,
-                                                     const std::vector<std::pair<std::string, Value>>& kwargs)>;
+using Callable = std::function<absl::StatusOr<Value>(
+    const ValueList& args, const std::vector<std::pair<std::string, Value>>& kwargs)>;
 
 class Value {
  public:
-  enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kNamespace, kCallable };
+  enum class Kind {
+    kUndefined,
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kString,
+    kList,
+    kDict,
+    kNamespace,
+    kCallable
+  };
 
   Value() = default;  // undefined
   static Value None();

@@ -92,9 +92,10 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // --- called through SessionResponder, always posted to the strand ---
   void Enqueue(std::string bytes, bool last) {
-    net::post(stream_.get_executor(), [self = shared_from_this(), bytes = std::move(bytes), last]() mutable {
-      self->EnqueueOnStrand(std::move(bytes), last);
-    });
+    net::post(stream_.get_executor(),
+              [self = shared_from_this(), bytes = std::move(bytes), last]() mutable {
+                self->EnqueueOnStrand(std::move(bytes), last);
+              });
   }
   void SetCloseAfterResponse() { keep_alive_ = false; }
   bool keep_alive() const { return keep_alive_; }
@@ -120,15 +121,16 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->header_limit(static_cast<uint32_t>(server_->options.max_header_bytes));
     parser_->body_limit(static_cast<uint64_t>(server_->options.max_body_bytes));
     stream_.expires_after(absl::ToChronoMilliseconds(server_->options.request_read_timeout));
-    bhttp::async_read(stream_, buffer_, *parser_,
-                      [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRequest(ec); });
+    bhttp::async_read(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRequest(ec); });
   }
 
   void OnRequest(beast::error_code ec) {
     if (ec == bhttp::error::body_limit) return Reject(413, "request body exceeds the limit");
     if (ec == bhttp::error::header_limit) return Reject(431, "request headers exceed the limit");
-    if (ec == beast::error::timeout || ec == bhttp::error::end_of_stream ||
-        ec == net::error::eof || ec == net::error::connection_reset) {
+    if (ec == beast::error::timeout || ec == bhttp::error::end_of_stream || ec == net::error::eof ||
+        ec == net::error::connection_reset) {
       return Close();
     }
     if (ec) return Reject(400, absl::StrCat("malformed HTTP request: ", ec.message()));
@@ -156,31 +158,34 @@ class Session : public std::enable_shared_from_this<Session> {
   void Watch() {
     if (watching_ || buffer_.size() >= kWatchBufferCap) return;
     watching_ = true;
-    stream_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](beast::error_code ec, size_t n) {
-      self->watching_ = false;
-      self->buffer_.commit(n);
-      if (ec) {
-        self->client_gone_ = true;
-        if (!self->response_done_ && self->responder_) self->responder_->NotifyClosed();
-        if (!self->writing_) self->Close();
-        return;
-      }
-      if (self->response_done_) {
-        self->ReadRequest();
-      } else {
-        self->Watch();
-      }
-    });
+    stream_.async_read_some(buffer_.prepare(4096),
+                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              self->watching_ = false;
+                              self->buffer_.commit(n);
+                              if (ec) {
+                                self->client_gone_ = true;
+                                if (!self->response_done_ && self->responder_)
+                                  self->responder_->NotifyClosed();
+                                if (!self->writing_) self->Close();
+                                return;
+                              }
+                              if (self->response_done_) {
+                                self->ReadRequest();
+                              } else {
+                                self->Watch();
+                              }
+                            });
   }
 
   void Reject(int status, const std::string& message) {
-    const std::string body = absl::StrCat(
-        R"({"error":{"message":")", message, R"(","type":"invalid_request_error","param":null,"code":)",
-        status, "}}");
+    const std::string body =
+        absl::StrCat(R"({"error":{"message":")", message,
+                     R"(","type":"invalid_request_error","param":null,"code":)", status, "}}");
     keep_alive_ = false;
     responder_ = std::make_shared<SessionResponder>(shared_from_this());
-    std::string bytes = absl::StrCat(StatusLine(status), "Content-Type: application/json\r\nContent-Length: ",
-                                     body.size(), "\r\nConnection: close\r\n\r\n", body);
+    std::string bytes = absl::StrCat(
+        StatusLine(status), "Content-Type: application/json\r\nContent-Length: ", body.size(),
+        "\r\nConnection: close\r\n\r\n", body);
     EnqueueOnStrand(std::move(bytes), true);
   }
 
@@ -326,7 +331,7 @@ void HttpServer::Impl::Accept() {
 }
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions options,
-                                                               Handler handler) {
+                                                              Handler handler) {
   auto server = std::unique_ptr<HttpServer>(new HttpServer);
   server->impl_ = std::make_unique<Impl>();
   Impl& impl = *server->impl_;
@@ -343,8 +348,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
   if (!ec) impl.acceptor->bind(endpoint, ec);
   if (!ec) impl.acceptor->listen(net::socket_base::max_listen_connections, ec);
   if (ec) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.host, ":",
-                                               options.port, ": ", ec.message()));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.host, ":", options.port, ": ", ec.message()));
   }
   server->port_ = impl.acceptor->local_endpoint().port();
   impl.Accept();

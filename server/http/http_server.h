@@ -29,20 +29,20 @@ namespace strata::http {
 
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8000;                            // 0: any free port
+  int port = 8000;  // 0: any free port
   int threads = 2;
   int64_t max_connections = 4096;
   int64_t max_header_bytes = 16 << 10;
   int64_t max_body_bytes = 8 << 20;
   absl::Duration request_read_timeout = absl::Seconds(15);  // headers + body
-  absl::Duration idle_timeout = absl::Seconds(65);         // keep-alive between requests
+  absl::Duration idle_timeout = absl::Seconds(65);          // keep-alive between requests
   int64_t max_stream_buffer_bytes = 4 << 20;                // queued, unread by the client
 };
 
 struct Request {
   std::string method;
-  std::string target;  // path and query
-  std::string path;    // without the query
+  std::string target;                          // path and query
+  std::string path;                            // without the query
   std::map<std::string, std::string> headers;  // lower-case names
   std::string body;
   std::string peer;
@@ -80,7 +80,8 @@ struct HttpServerStats {
 class HttpServer {
  public:
   // `handler` sees every well-formed request; malformed ones get 400/413/431 here.
-  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(HttpServerOptions options, Handler handler);
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(HttpServerOptions options,
+                                                           Handler handler);
   ~HttpServer();
   void Stop();
   int port() const { return port_; }

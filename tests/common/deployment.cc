@@ -25,7 +25,8 @@ std::string RunfilesRoot() {
 std::string NpmDir() {
   const char* cache = std::getenv("STRATA_CACHE_DIR");
   const char* home = std::getenv("HOME");
-  return std::string(cache ? cache : std::string(home ? home : "/root") + "/.cache/strata") + "/npm";
+  return std::string(cache ? cache : std::string(home ? home : "/root") + "/.cache/strata") +
+         "/npm";
 }
 
 std::string TestTmpDir() {
@@ -60,15 +61,22 @@ absl::StatusOr<std::unique_ptr<Deployment>> Deployment::Start(const DeploymentOp
   }
   const std::string root = RunfilesRoot();
   static int counter = 0;
-  const std::string info_file = absl::StrCat(TestTmpDir(), "/deployment-", getpid(), "-", counter++, ".json");
-  std::vector<std::string> args = {
-      root + "/deploy/local/launcher", "--bin_dir=" + root, "--model=" + d->model_dir_, "--port=0",
-      "--port_file=" + info_file, absl::StrCat("--compute_nodes=", options.compute_nodes),
-      absl::StrCat("--memory_nodes=", options.memory_nodes), absl::StrCat("--threads=", options.threads),
-      absl::StrCat("--kv_budget_mib=", options.kv_budget_mib), "--health_timeout_s=120"};
+  const std::string info_file =
+      absl::StrCat(TestTmpDir(), "/deployment-", getpid(), "-", counter++, ".json");
+  std::vector<std::string> args = {root + "/deploy/local/launcher",
+                                   "--bin_dir=" + root,
+                                   "--model=" + d->model_dir_,
+                                   "--port=0",
+                                   "--port_file=" + info_file,
+                                   absl::StrCat("--compute_nodes=", options.compute_nodes),
+                                   absl::StrCat("--memory_nodes=", options.memory_nodes),
+                                   absl::StrCat("--threads=", options.threads),
+                                   absl::StrCat("--kv_budget_mib=", options.kv_budget_mib),
+                                   "--health_timeout_s=120"};
   if (!options.api_key.empty()) args.push_back("--api_key=" + options.api_key);
   std::string server_args;
-  for (const std::string& a : options.server_args) server_args += (server_args.empty() ? "" : ",") + a;
+  for (const std::string& a : options.server_args)
+    server_args += (server_args.empty() ? "" : ",") + a;
   if (!server_args.empty()) args.push_back("--server_args=" + server_args);
   for (const std::string& a : options.launcher_args) args.push_back(a);
   std::vector<char*> argv;

@@ -14,7 +14,8 @@ namespace {
 int Connect(int port, double timeout_s) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
-  timeval tv{static_cast<time_t>(timeout_s), static_cast<suseconds_t>((timeout_s - static_cast<int>(timeout_s)) * 1e6)};
+  timeval tv{static_cast<time_t>(timeout_s),
+             static_cast<suseconds_t>((timeout_s - static_cast<int>(timeout_s)) * 1e6)};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   sockaddr_in addr{};
@@ -69,14 +70,17 @@ bool ReadLine(int fd, std::string& buffer, size_t& pos, std::string* line) {
 HttpResponse HttpRequest(int port, const std::string& method, const std::string& path,
                          const std::string& body,
                          const std::vector<std::pair<std::string, std::string>>& headers,
-                         const std::function<bool(const std::string&)>& on_chunk, double timeout_s) {
+                         const std::function<bool(const std::string&)>& on_chunk,
+                         double timeout_s) {
   HttpResponse response;
   const int fd = Connect(port, timeout_s);
   if (fd < 0) return response;
-  std::string request = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
+  std::string request =
+      method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
   for (const auto& [k, v] : headers) request += k + ": " + v + "\r\n";
   if (!body.empty() || method == "POST") {
-    request += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+    request +=
+        "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
   }
   request += "\r\n" + body;
   if (!SendAll(fd, request)) {
@@ -143,7 +147,8 @@ std::vector<std::string> SseEvents(const std::string& body) {
   size_t pos = 0;
   while ((pos = body.find("data: ", pos)) != std::string::npos) {
     const size_t end = body.find("\n\n", pos);
-    events.push_back(body.substr(pos + 6, end == std::string::npos ? std::string::npos : end - pos - 6));
+    events.push_back(
+        body.substr(pos + 6, end == std::string::npos ? std::string::npos : end - pos - 6));
     if (end == std::string::npos) break;
     pos = end + 2;
   }

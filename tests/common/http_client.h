@@ -11,9 +11,9 @@
 namespace strata::testing {
 
 struct HttpResponse {
-  int status = -1;  // -1: no response (connection failed)
+  int status = -1;                             // -1: no response (connection failed)
   std::map<std::string, std::string> headers;  // lower-case names
-  std::string body;  // de-chunked
+  std::string body;                            // de-chunked
 };
 
 // `on_chunk` (optional) sees each chunk of a chunked body as it arrives; returning false

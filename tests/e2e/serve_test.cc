@@ -46,16 +46,20 @@ TEST_F(ServeTest, HealthIsOkOnceNodesRegistered) {
 
 TEST_F(ServeTest, CompletionFromStringAndFromTokenIds) {
   int status = 0;
-  json text = Post("/v1/completions", {{"model", "tiny"}, {"prompt", "Once upon a time"},
-                                       {"max_tokens", 8}, {"temperature", 0}}, &status);
+  json text = Post(
+      "/v1/completions",
+      {{"model", "tiny"}, {"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 0}},
+      &status);
   ASSERT_EQ(status, 200) << text.dump();
   EXPECT_EQ(text["object"], "text_completion");
   EXPECT_EQ(text["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(text["usage"]["completion_tokens"], 8);
   // The same prompt as token ids (the tokenizer adds BOS to text prompts).
   json tokens = Post("/tokenize", {{"prompt", "Once upon a time"}});
-  json by_ids = Post("/v1/completions", {{"model", "tiny"}, {"prompt", tokens["tokens"]},
-                                         {"max_tokens", 8}, {"temperature", 0}}, &status);
+  json by_ids =
+      Post("/v1/completions",
+           {{"model", "tiny"}, {"prompt", tokens["tokens"]}, {"max_tokens", 8}, {"temperature", 0}},
+           &status);
   ASSERT_EQ(status, 200);
   EXPECT_EQ(by_ids["choices"][0]["text"], text["choices"][0]["text"]);
   EXPECT_EQ(by_ids["usage"]["prompt_tokens"], tokens["count"]);
@@ -63,8 +67,13 @@ TEST_F(ServeTest, CompletionFromStringAndFromTokenIds) {
 
 TEST_F(ServeTest, LogprobsAndTokenIdStrings) {
   int status = 0;
-  json r = Post("/v1/completions", {{"model", "tiny"}, {"prompt", {1, 415, 2936}}, {"max_tokens", 4},
-                                    {"temperature", 0}, {"logprobs", 3}, {"return_tokens_as_token_ids", true}},
+  json r = Post("/v1/completions",
+                {{"model", "tiny"},
+                 {"prompt", {1, 415, 2936}},
+                 {"max_tokens", 4},
+                 {"temperature", 0},
+                 {"logprobs", 3},
+                 {"return_tokens_as_token_ids", true}},
                 &status);
   ASSERT_EQ(status, 200) << r.dump();
   const json& lp = r["choices"][0]["logprobs"];

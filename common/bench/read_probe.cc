@@ -1,0 +1,52 @@
+#include "common/bench/read_probe.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+namespace strata {
+
+ReadProbe::ReadProbe(size_t bytes) : bytes_(bytes / 4096 * 4096) {
+  buffer_ = static_cast<char*>(std::aligned_alloc(4096, bytes_));
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < bytes_; i += 4096) std::memset(buffer_ + i, 1, 4096);
+}
+
+ReadProbe::~ReadProbe() { std::free(buffer_); }
+
+double ReadProbe::Measure() const {
+  const auto start = std::chrono::steady_clock::now();
+  int64_t sink = 0;
+#pragma omp parallel reduction(+ : sink)
+  {
+    const size_t per = bytes_ / omp_get_num_threads() / 256 * 256;
+    const auto* p = reinterpret_cast<const __m256i*>(buffer_ + per * omp_get_thread_num());
+    __m256i a[8];
+    for (auto& x : a) x = _mm256_setzero_si256();
+    for (size_t i = 0; i < per / 32; i += 8) {
+      for (int k = 0; k < 8; ++k) a[k] = _mm256_add_epi64(a[k], _mm256_load_si256(p + i + k));
+    }
+    for (int k = 1; k < 8; ++k) a[0] = _mm256_add_epi64(a[0], a[k]);
+    alignas(32) int64_t lanes[4];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), a[0]);
+    sink += lanes[0] + lanes[1] + lanes[2] + lanes[3];
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Keep the loads: the sum is used.
+  asm volatile("" : : "r"(sink));
+  return static_cast<double>(bytes_) / seconds;
+}
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
+  return values[values.size() / 2];
+}
+
+}  // namespace strata

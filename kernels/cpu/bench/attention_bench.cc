@@ -1,0 +1,134 @@
+// Attention kernel benchmark (prints figures; no assertion): decode rows over a
+// token-granular KV cache, per instruction set, against a streaming-read probe of the
+// same run. KV bytes are counted once (K and V of every attended position and KV head).
+// Calls rotate through layers of KV that together far exceed the last-level cache, so that
+// every call reads from DRAM, as in a real step where the weights stream in between.
+//
+//   bazel run -c opt //kernels/cpu/bench:attention_bench -- --batches=1,8,64 --contexts=256,2048
+#include <omp.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "common/bench/read_probe.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/isa.h"
+
+ABSL_FLAG(std::string, batches, "1,8,64", "Rows per step");
+ABSL_FLAG(std::string, contexts, "256,2048", "Context length of every row");
+ABSL_FLAG(int, heads, 12, "Query heads");
+ABSL_FLAG(int, kv_heads, 12, "KV heads");
+ABSL_FLAG(int, head_dim, 64, "Head dimension");
+ABSL_FLAG(int, rotate_mb, 512,
+          "The cache rotates through layers of at least this many MB in all, so that every call "
+          "reads from DRAM as in a real step");
+ABSL_FLAG(std::string, isas, "", "Instruction sets to run (default: the active one)");
+ABSL_FLAG(double, seconds, 2.0, "Approximate time per configuration and instruction set");
+ABSL_FLAG(bool, probe, true, "Measure the read probe (the of_probe column needs it)");
+
+namespace strata::kernels {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<int> ParseList(const std::string& s) {
+  std::vector<int> out;
+  for (absl::string_view part : absl::StrSplit(s, ',', absl::SkipEmpty())) {
+    int v = 0;
+    if (absl::SimpleAtoi(part, &v)) out.push_back(v);
+  }
+  return out;
+}
+
+int Run() {
+  AttentionParams p;
+  p.num_heads = absl::GetFlag(FLAGS_heads);
+  p.num_kv_heads = absl::GetFlag(FLAGS_kv_heads);
+  p.head_dim = absl::GetFlag(FLAGS_head_dim);
+  p.scale = 1.0f / std::sqrt(static_cast<float>(p.head_dim));
+  double probe = 0.0;
+  if (absl::GetFlag(FLAGS_probe)) {
+    const ReadProbe read_probe;
+    std::vector<double> samples;
+    for (int i = 0; i < 5; ++i) samples.push_back(read_probe.Measure());
+    probe = Median(samples);
+  }
+  std::printf("read probe (all cores, loads only, median of 5): %.1f GB/s; %d threads\n",
+              probe / 1e9, omp_get_max_threads());
+  std::vector<CpuIsa> isas;
+  if (absl::GetFlag(FLAGS_isas).empty()) {
+    isas.push_back(ActiveCpuIsa());
+  } else {
+    for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_isas), ',')) {
+      for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
+        if (name == CpuIsaName(isa)) isas.push_back(isa);
+      }
+    }
+  }
+  std::printf("%-11s %6s %6s %9s %9s %8s\n", "isa", "batch", "ctx", "layer_us", "KV_GB/s",
+              "of_probe");
+  const int64_t row_elems = static_cast<int64_t>(p.num_kv_heads) * p.head_dim;
+  for (int ctx : ParseList(absl::GetFlag(FLAGS_contexts))) {
+    for (int batch : ParseList(absl::GetFlag(FLAGS_batches))) {
+      const int64_t slots = static_cast<int64_t>(batch) * ctx;
+      const double kv_bytes = 2.0 * slots * row_elems * 2;
+      const int layers =
+          std::max(2, static_cast<int>(absl::GetFlag(FLAGS_rotate_mb) * 1e6 / kv_bytes + 0.999));
+      // Huge pages, as the KV store asks for them (common/kv/kv_store.cc).
+      const size_t kv_elems = static_cast<size_t>(layers) * 2 * slots * row_elems;
+      const size_t kv_alloc = (kv_elems * 2 + (2u << 20) - 1) & ~((2ull << 20) - 1);
+      auto* kv = static_cast<uint16_t*>(aligned_alloc(2u << 20, kv_alloc));
+      madvise(kv, kv_alloc, MADV_HUGEPAGE);
+      std::mt19937 rng(1);
+      for (size_t i = 0; i < kv_elems; ++i) kv[i] = 0x3c00 | (rng() & 0x7f);  // about 0.01
+      std::vector<uint16_t> q(static_cast<size_t>(batch) * p.num_heads * p.head_dim, 0x3f80);
+      std::vector<int32_t> slot_table(slots);
+      for (int64_t i = 0; i < slots; ++i) slot_table[i] = static_cast<int32_t>(i);
+      std::vector<AttentionRow> rows(batch);
+      for (int r = 0; r < batch; ++r) {
+        rows[r].slots = slot_table.data() + static_cast<int64_t>(r) * ctx;
+        rows[r].kv_end = ctx;
+      }
+      std::vector<float> state(static_cast<size_t>(batch) * p.num_heads * (p.head_dim + 2));
+      std::vector<uint16_t> out(q.size());
+      for (CpuIsa isa : isas) {
+        if (!ForceCpuIsa(isa)) continue;
+        const int iters = std::max(
+            3, static_cast<int>(absl::GetFlag(FLAGS_seconds) * 1e10 / (kv_bytes * layers)));
+        double best = 1e30;
+        for (int it = 0; it < iters + 1; ++it) {
+          const auto t0 = Clock::now();
+          for (int l = 0; l < layers; ++l) {
+            const uint16_t* k = kv + static_cast<size_t>(l) * 2 * slots * row_elems;
+            Attention(p, batch, q.data(), rows.data(), k, k + slots * row_elems, state.data(),
+                      out.data());
+          }
+          const double s = std::chrono::duration<double>(Clock::now() - t0).count() / layers;
+          if (it > 0) best = std::min(best, s);
+        }
+        std::printf("%-11s %6d %6d %9.1f %9.1f %8.2f\n", CpuIsaName(isa), batch, ctx, best * 1e6,
+                    kv_bytes / best / 1e9, kv_bytes / best / probe);
+      }
+      free(kv);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace strata::kernels
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return strata::kernels::Run();
+}
