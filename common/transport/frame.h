@@ -1,0 +1,84 @@
+// Framing of data-plane messages between compute and memory nodes (ARCHITECTURE.md,
+// "A step of decoding").
+//
+// Every message carries a fixed 64-byte FrameHeader as its transport header: magic,
+// version, kind, step, layer, mini-batch, rows, dtype, payload size and a checksum of the
+// payload. The checksum is always computed by the sender; the receiver verifies it unless
+// told not to, and a mismatch is an error that is counted, never ignored.
+//
+//   kind          payload
+//   kStep         a serialized StepDescriptor (proto/data_plane.proto), once per step
+//   kLayer        q of the rows that attend here, then k and v of every row of the
+//                 mini-batch (bf16/f16 rows, as the descriptor describes)
+//   kLayerResult  bf16 attention output of the final rows, then f32 fold states
+//                 ([heads][head_dim + 2]) of the partial rows
+//   kError        UTF-8 text: why the step (or one layer message) failed
+#ifndef STRATA_COMMON_TRANSPORT_FRAME_H_
+#define STRATA_COMMON_TRANSPORT_FRAME_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "absl/status/status.h"
+#include "common/transport/transport.h"
+
+namespace strata::transport {
+
+inline constexpr uint32_t kFrameMagic = 0x5354524C;  // "STRL"
+inline constexpr uint16_t kFrameVersion = 1;
+
+enum class FrameKind : uint16_t {
+  kStep = 1,
+  kLayer = 2,
+  kLayerResult = 3,
+  kError = 4,
+};
+
+// All data-plane frames travel under one transport tag.
+inline constexpr Tag kFrameTag = 1;
+
+enum class FrameDType : uint16_t { kBF16 = 0, kF16 = 1 };
+
+struct FrameHeader {
+  uint32_t magic = kFrameMagic;
+  uint16_t version = kFrameVersion;
+  uint16_t kind = 0;
+  uint64_t step_id = 0;
+  uint64_t epoch = 0;  // the scheduler incarnation the step belongs to
+  uint32_t layer = 0;
+  uint32_t minibatch = 0;
+  uint32_t rows = 0;   // rows of the mini-batch
+  uint16_t dtype = 0;  // FrameDType of the k/v rows
+  uint16_t flags = 0;
+  uint64_t payload_bytes = 0;
+  uint64_t checksum = 0;  // PayloadChecksum of the payload
+  uint64_t reserved = 0;
+};
+static_assert(sizeof(FrameHeader) == 64, "the frame header is 64 bytes on the wire");
+
+// A 64-bit checksum of the concatenation of `parts` (not cryptographic: it catches
+// corruption and truncation). Runs at memory speed.
+uint64_t PayloadChecksum(std::span<const std::span<const uint8_t>> parts);
+inline uint64_t PayloadChecksum(std::span<const uint8_t> bytes) {
+  const std::span<const uint8_t> one[] = {bytes};
+  return PayloadChecksum(one);
+}
+
+inline std::span<const uint8_t> AsBytes(const FrameHeader& header) {
+  return {reinterpret_cast<const uint8_t*>(&header), sizeof(header)};
+}
+
+// Parses and checks a received header: size, magic, version and kind. Says what is wrong.
+absl::Status ParseFrameHeader(std::span<const uint8_t> bytes, FrameHeader* out);
+
+// Checks the payload against the header's size and (when `verify`) checksum.
+absl::Status CheckFramePayload(const FrameHeader& header, std::span<const uint8_t> payload,
+                               bool verify);
+
+std::string FrameKindName(uint16_t kind);
+
+}  // namespace strata::transport
+
+#endif  // STRATA_COMMON_TRANSPORT_FRAME_H_

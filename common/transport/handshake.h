@@ -1,0 +1,54 @@
+// The first message on every connection (tag 0): the connecting side says which data-plane
+// version it speaks, and the listening side accepts or refuses. Shared by the backends.
+#ifndef STRATA_COMMON_TRANSPORT_HANDSHAKE_H_
+#define STRATA_COMMON_TRANSPORT_HANDSHAKE_H_
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace strata::transport {
+
+inline constexpr uint32_t kHandshakeMagic = 0x53545248;  // "STRH"
+// Bumped whenever the framing of data-plane messages changes (common/transport/frame.h).
+inline constexpr uint32_t kDataPlaneVersion = 1;
+
+struct Handshake {
+  enum Kind : uint32_t { kHello = 1, kAccept = 2, kRefuse = 3 };
+  uint32_t magic = kHandshakeMagic;
+  uint32_t version = kDataPlaneVersion;
+  uint32_t kind = kHello;
+  uint32_t reserved = 0;
+};
+static_assert(sizeof(Handshake) == 16);
+
+inline std::span<const uint8_t> AsBytes(const Handshake& h) {
+  return {reinterpret_cast<const uint8_t*>(&h), sizeof(h)};
+}
+
+// Parses a handshake header; fails on a wrong size or magic.
+inline absl::Status ParseHandshake(std::span<const uint8_t> bytes, Handshake* out) {
+  if (bytes.size() != sizeof(Handshake)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("handshake of ", bytes.size(), " bytes, want ", sizeof(Handshake)));
+  }
+  std::memcpy(out, bytes.data(), sizeof(Handshake));
+  if (out->magic != kHandshakeMagic) {
+    return absl::InvalidArgumentError("handshake with a wrong magic number");
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status CheckPeerVersion(uint32_t version) {
+  if (version == kDataPlaneVersion) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("peer speaks data-plane version ", version,
+                                                    "; this node speaks ", kDataPlaneVersion));
+}
+
+}  // namespace strata::transport
+
+#endif  // STRATA_COMMON_TRANSPORT_HANDSHAKE_H_

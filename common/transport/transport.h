@@ -1,0 +1,141 @@
+// The data plane: tagged messages between nodes (ARCHITECTURE.md, "Planes").
+//
+// A message is a small header plus a payload, sent to a peer and handed to the receiver's
+// handler for its tag. Messages to one peer arrive in the order they were sent. Every
+// transport runs one thread of its own ("the transport thread") that drives the network
+// and sleeps in a blocking wait (for UCX: its wakeup file descriptor in epoll) whenever
+// nothing is in flight; nothing spins. Handlers and completion callbacks run on that
+// thread and must be short: they hand work to other threads.
+//
+// A receive is in two parts, so that large payloads can land where they are needed with
+// no extra copy (UCX rendezvous): the handler first says where the payload goes (Place),
+// then is told when it is there (Deliver).
+//
+// Backends (TransportConfig::backend):
+//   - "ucx": UCX active messages over whatever UCX selects: tcp and shared memory here,
+//     InfiniBand/RoCE verbs where present, and device memory where UCX is built with CUDA.
+//     Connections are made through UCX's socket-address listener ("host:port").
+//   - "inproc": queues between transports of one process, for tests. Addresses are names.
+//
+// Peer failure: with error_mode "peer" a dead peer (closed connection) is reported through
+// the peer handler and every send to it fails. UCX's shared-memory transports cannot
+// detect a dead peer; endpoints that must survive one run over tcp (README.md, "Data
+// plane"). A hung peer is never detected by the transport: callers put deadlines on every
+// wait.
+//
+// Thread-safety: all public methods may be called from any thread.
+#ifndef STRATA_COMMON_TRANSPORT_TRANSPORT_H_
+#define STRATA_COMMON_TRANSPORT_TRANSPORT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace strata::transport {
+
+// A connection to one peer, local to one transport.
+using PeerId = uint64_t;
+// Message kinds; one handler per tag. Tag 0 is reserved for the transport's own handshake.
+using Tag = uint16_t;
+inline constexpr Tag kMaxTag = 15;
+
+struct TransportConfig {
+  std::string backend = "ucx";  // "ucx" or "inproc"
+  // UCX: "peer" (detect dead peers; needs a transport that can, such as tcp) or "none".
+  std::string error_mode = "peer";
+  // UCX configuration overrides, as UCX_<KEY> environment variables would set them
+  // (e.g. {"TLS", "tcp"}, {"NET_DEVICES", "lo"}). The environment applies otherwise.
+  std::map<std::string, std::string> ucx_options;
+  // How long Connect waits for the peer's handshake.
+  absl::Duration connect_timeout = absl::Seconds(10);
+};
+
+// What a transport can do, reported at start-up and at registration.
+struct Capabilities {
+  std::string backend;  // "ucx" or "inproc"
+  std::string details;  // e.g. UCX's selected transports and devices
+  bool detects_dead_peers = false;
+  bool one_sided_put = false;  // Put into a registered region plus a completion flag
+  bool device_memory = false;  // can register GPU memory (UCX built with CUDA)
+  std::string ToString() const;
+};
+
+enum class PeerEvent {
+  kConnected,     // a peer connected to this transport's listener (server side)
+  kDisconnected,  // the peer failed or closed; sends to it fail from now on
+};
+
+class MessageHandler {
+ public:
+  virtual ~MessageHandler() = default;
+  // Where the payload of `payload_bytes` bytes goes: a span of exactly that size, or an
+  // empty span to let the transport keep it in a buffer of its own (valid during Deliver).
+  virtual std::span<uint8_t> Place(PeerId from, std::span<const uint8_t> header,
+                                   size_t payload_bytes) = 0;
+  // The payload is in place (or the receive failed: `status` is not OK and the payload must
+  // not be used).
+  virtual void Deliver(PeerId from, std::span<const uint8_t> header,
+                       std::span<const uint8_t> payload, absl::Status status) = 0;
+};
+
+// Called once a send's buffers may be reused: OK, or why the message was not delivered.
+using SendDone = std::function<void(absl::Status)>;
+using PeerHandler = std::function<void(PeerId, PeerEvent, const absl::Status&)>;
+
+// Remote access to a registered region (optional capability).
+struct RemoteRegion {
+  uint64_t address = 0;
+  std::string key;  // packed remote key, opaque
+};
+
+class Transport {
+ public:
+  static absl::StatusOr<std::unique_ptr<Transport>> Create(const TransportConfig& config);
+  virtual ~Transport() = default;
+
+  virtual Capabilities capabilities() const = 0;
+
+  // Handlers are set before Listen or Connect and live as long as the transport.
+  virtual void SetHandler(Tag tag, MessageHandler* handler) = 0;
+  virtual void SetPeerHandler(PeerHandler handler) = 0;
+
+  // Accepts connections at "host:port" (port 0 picks one); returns the bound address.
+  virtual absl::StatusOr<std::string> Listen(const std::string& address) = 0;
+  // Connects to a listening transport and completes a version handshake.
+  virtual absl::StatusOr<PeerId> Connect(const std::string& address) = 0;
+  // Closes the connection; pending sends complete with an error.
+  virtual void Disconnect(PeerId peer) = 0;
+  // What carries traffic to `peer` (UCX: the transport and device of each lane), for logs.
+  virtual std::string DescribePeer(PeerId peer) = 0;
+
+  // Sends `header` and the concatenation of `payload` to `peer`. The header is copied at
+  // once; the payload buffers must stay valid until `done` runs.
+  virtual void Send(PeerId peer, Tag tag, std::span<const uint8_t> header,
+                    std::vector<std::span<const uint8_t>> payload, SendDone done) = 0;
+
+  // One-sided put (Capabilities::one_sided_put): registers local memory for remote writes
+  // (returns what a peer needs to write there), and writes `data` at `remote_address` of a
+  // peer's region followed, in order, by the 8-byte `flag_value` at `flag_address`.
+  virtual absl::StatusOr<RemoteRegion> RegisterRegion(void* base, size_t bytes);
+  virtual void PutWithFlag(PeerId peer, const RemoteRegion& region, uint64_t remote_address,
+                           std::span<const uint8_t> data, uint64_t flag_address,
+                           uint64_t flag_value, SendDone done);
+};
+
+// Convenience for tests and simple callers: blocks until `done` of a send runs.
+absl::Status SendAndWait(Transport& transport, PeerId peer, Tag tag,
+                         std::span<const uint8_t> header,
+                         std::vector<std::span<const uint8_t>> payload, absl::Duration timeout);
+
+}  // namespace strata::transport
+
+#endif  // STRATA_COMMON_TRANSPORT_TRANSPORT_H_

@@ -1,0 +1,412 @@
+#include "common/transport/transport.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <iostream>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/transport/frame.h"
+#include "gtest/gtest.h"
+
+namespace strata::transport {
+namespace {
+
+// Records what arrives; optionally places payloads into a caller-owned buffer.
+class Recorder : public MessageHandler {
+ public:
+  struct Message {
+    PeerId from;
+    std::vector<uint8_t> header, payload;
+    bool placed;
+    absl::Status status;
+  };
+  std::span<uint8_t> Place(PeerId, std::span<const uint8_t>, size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!place_into_buffer_) return {};
+    // Several receives may be in flight at once: each gets a buffer of its own.
+    buffers_.emplace_back(bytes);
+    return {buffers_.back().data(), bytes};
+  }
+  void Deliver(PeerId from, std::span<const uint8_t> header, std::span<const uint8_t> payload,
+               absl::Status status) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    messages_.push_back({from,
+                         {header.begin(), header.end()},
+                         {payload.begin(), payload.end()},
+                         place_into_buffer_ && !buffers_.empty() && IsPlaced(payload.data()),
+                         status});
+    cv_.notify_all();
+  }
+  bool WaitFor(size_t n, absl::Duration timeout = absl::Seconds(20)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                        [&] { return messages_.size() >= n; });
+  }
+  std::vector<Message> messages() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return messages_;
+  }
+  void set_place_into_buffer(bool on) {
+    std::lock_guard<std::mutex> lock(mu_);
+    place_into_buffer_ = on;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Message> messages_;
+  bool place_into_buffer_ = false;
+  std::deque<std::vector<uint8_t>> buffers_;
+  bool IsPlaced(const uint8_t* p) const {
+    for (const auto& b : buffers_) {
+      if (b.data() == p) return true;
+    }
+    return false;
+  }
+};
+
+struct PeerEvents {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::pair<PeerId, PeerEvent>> events;
+  void Add(PeerId id, PeerEvent event) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back({id, event});
+    cv.notify_all();
+  }
+  bool WaitFor(PeerEvent event, absl::Duration timeout = absl::Seconds(20)) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] {
+      for (const auto& [id, e] : events) {
+        if (e == event) return true;
+      }
+      return false;
+    });
+  }
+};
+
+struct Backend {
+  std::string name;
+  TransportConfig config;
+  bool detects_dead_peers;
+};
+
+std::vector<Backend> Backends() {
+  std::vector<Backend> out;
+  TransportConfig inproc;
+  inproc.backend = "inproc";
+  out.push_back({"inproc", inproc, true});
+  TransportConfig tcp;
+  tcp.ucx_options = {{"TLS", "tcp"}, {"NET_DEVICES", "lo"}};
+  tcp.connect_timeout = absl::Seconds(10);
+  out.push_back({"ucx_tcp", tcp, true});
+  TransportConfig sm;
+  sm.ucx_options = {{"TLS", "sm,self,tcp"}, {"NET_DEVICES", "lo"}};
+  sm.error_mode = "none";
+  out.push_back({"ucx_sm", sm, false});
+  return out;
+}
+
+int counter = 0;
+
+class TransportTest : public ::testing::TestWithParam<Backend> {
+ protected:
+  std::string ListenAddress() {
+    return GetParam().config.backend == "inproc" ? absl::StrCat("test-", ++counter) : "127.0.0.1:0";
+  }
+  // A connected pair: server listens, client connects. Returns the client's peer id.
+  void MakePair() {
+    auto server = Transport::Create(GetParam().config);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    auto client = Transport::Create(GetParam().config);
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = std::move(*client);
+    server_->SetHandler(kFrameTag, &server_rx_);
+    client_->SetHandler(kFrameTag, &client_rx_);
+    server_->SetPeerHandler(
+        [this](PeerId id, PeerEvent event, const absl::Status&) { server_events_.Add(id, event); });
+    auto address = server_->Listen(ListenAddress());
+    ASSERT_TRUE(address.ok()) << address.status();
+    auto peer = client_->Connect(*address);
+    ASSERT_TRUE(peer.ok()) << peer.status();
+    to_server_ = *peer;
+    ASSERT_TRUE(server_events_.WaitFor(PeerEvent::kConnected));
+    server_peer_ = server_events_.events[0].first;
+  }
+
+  // Handlers must outlive the transports that call them.
+  void TearDown() override {
+    client_.reset();
+    server_.reset();
+  }
+
+  Recorder server_rx_, client_rx_;
+  PeerEvents server_events_;
+  std::unique_ptr<Transport> server_, client_;
+  PeerId to_server_ = 0, server_peer_ = 0;
+};
+
+std::vector<uint8_t> Bytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> out(n);
+  for (auto& b : out) b = static_cast<uint8_t>(rng());
+  return out;
+}
+
+TEST_P(TransportTest, RoundTripOfHeaderAndGatheredPayload) {
+  MakePair();
+  const auto header = Bytes(64, 1);
+  const auto a = Bytes(1000, 2), b = Bytes(77, 3), c = Bytes(5, 4);
+  ASSERT_TRUE(
+      SendAndWait(*client_, to_server_, kFrameTag, header, {a, b, c}, absl::Seconds(20)).ok());
+  ASSERT_TRUE(server_rx_.WaitFor(1));
+  const auto got = server_rx_.messages()[0];
+  EXPECT_TRUE(got.status.ok()) << got.status;
+  EXPECT_EQ(got.header, header);
+  std::vector<uint8_t> want = a;
+  want.insert(want.end(), b.begin(), b.end());
+  want.insert(want.end(), c.begin(), c.end());
+  EXPECT_EQ(got.payload, want);
+  // The server answers on the peer the message came from.
+  const auto reply = Bytes(32, 5);
+  ASSERT_TRUE(SendAndWait(*server_, got.from, kFrameTag, reply, {}, absl::Seconds(20)).ok());
+  ASSERT_TRUE(client_rx_.WaitFor(1));
+  EXPECT_EQ(client_rx_.messages()[0].header, reply);
+  EXPECT_EQ(client_rx_.messages()[0].from, to_server_);
+}
+
+TEST_P(TransportTest, LargePayloadsLandInPlaceAndInOrder) {
+  MakePair();
+  server_rx_.set_place_into_buffer(true);
+  // Sizes cross UCX's eager/rendezvous threshold.
+  const std::vector<size_t> sizes = {16, 4096, 300000, 4 << 20, 100};
+  std::vector<std::vector<uint8_t>> payloads;
+  for (size_t i = 0; i < sizes.size(); ++i) payloads.push_back(Bytes(sizes[i], 10 + i));
+  std::atomic<int> done{0};
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    uint8_t header[8];
+    std::memcpy(header, &i, sizeof(i));
+    const size_t half = sizes[i] / 2;
+    client_->Send(to_server_, kFrameTag, header,
+                  {std::span<const uint8_t>(payloads[i]).first(half),
+                   std::span<const uint8_t>(payloads[i]).subspan(half)},
+                  [&](absl::Status s) {
+                    EXPECT_TRUE(s.ok()) << s;
+                    ++done;
+                  });
+  }
+  ASSERT_TRUE(server_rx_.WaitFor(sizes.size()));
+  const auto got = server_rx_.messages();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    size_t index;
+    std::memcpy(&index, got[i].header.data(), sizeof(index));
+    EXPECT_EQ(index, i) << "out of order";
+    EXPECT_TRUE(got[i].status.ok()) << got[i].status;
+    EXPECT_TRUE(got[i].placed) << "payload " << i << " not delivered where it was placed";
+    EXPECT_EQ(got[i].payload, payloads[i]) << "payload " << i;
+  }
+  for (int i = 0; i < 200 && done.load() < static_cast<int>(sizes.size()); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(done.load(), static_cast<int>(sizes.size()));
+}
+
+TEST_P(TransportTest, ManySmallMessagesKeepTheirOrder) {
+  MakePair();
+  const int n = 2000;
+  for (int i = 0; i < n; ++i) {
+    uint8_t header[4];
+    std::memcpy(header, &i, 4);
+    client_->Send(to_server_, kFrameTag, header, {}, [](absl::Status) {});
+  }
+  ASSERT_TRUE(server_rx_.WaitFor(n));
+  const auto got = server_rx_.messages();
+  for (int i = 0; i < n; ++i) {
+    int index;
+    std::memcpy(&index, got[i].header.data(), 4);
+    ASSERT_EQ(index, i);
+  }
+}
+
+TEST_P(TransportTest, SendToUnknownPeerFails) {
+  MakePair();
+  const uint8_t header[4] = {1, 2, 3, 4};
+  const absl::Status status =
+      SendAndWait(*client_, to_server_ + 1000, kFrameTag, header, {}, absl::Seconds(20));
+  EXPECT_FALSE(status.ok());
+}
+
+TEST_P(TransportTest, DeadPeerIsReported) {
+  if (!GetParam().detects_dead_peers) {
+    GTEST_SKIP() << "UCX shared memory cannot detect a dead peer (README, Data plane)";
+  }
+  MakePair();
+  client_.reset();  // the client goes away: its connection closes
+  EXPECT_TRUE(server_events_.WaitFor(PeerEvent::kDisconnected));
+  const uint8_t header[4] = {};
+  // Sends to it fail (possibly after the transport learns of the failure).
+  absl::Status status;
+  for (int i = 0; i < 100; ++i) {
+    status = SendAndWait(*server_, server_peer_, kFrameTag, header, {}, absl::Seconds(5));
+    if (!status.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_FALSE(status.ok());
+}
+
+TEST_P(TransportTest, ConnectToNobodyFails) {
+  auto client = Transport::Create(GetParam().config);
+  ASSERT_TRUE(client.ok());
+  // A port nobody listens on (bound by no one after the probe transport closes).
+  const std::string address = GetParam().config.backend == "inproc" ? "nobody-here" : "127.0.0.1:1";
+  auto peer = (*client)->Connect(address);
+  EXPECT_FALSE(peer.ok());
+}
+
+TEST_P(TransportTest, ReportsCapabilities) {
+  auto t = Transport::Create(GetParam().config);
+  ASSERT_TRUE(t.ok());
+  const Capabilities c = (*t)->capabilities();
+  EXPECT_EQ(c.backend, GetParam().config.backend);
+  EXPECT_FALSE(c.ToString().empty());
+  if (c.backend == "ucx") {
+    EXPECT_NE(c.details.find(GetParam().config.ucx_options.at("TLS")), std::string::npos)
+        << c.details;
+  }
+}
+
+TEST_P(TransportTest, DescribesWhatCarriesAPeer) {
+  MakePair();
+  const std::string lanes = client_->DescribePeer(to_server_);
+  if (GetParam().name == "ucx_sm") {
+    // Shared memory carries the data; tcp only sets the connection up.
+    EXPECT_TRUE(lanes.find("posix") != std::string::npos ||
+                lanes.find("sysv") != std::string::npos || lanes.find("cma") != std::string::npos)
+        << lanes;
+  } else if (GetParam().name == "ucx_tcp") {
+    EXPECT_NE(lanes.find("tcp"), std::string::npos) << lanes;
+  }
+  EXPECT_EQ(client_->DescribePeer(to_server_ + 99).find("lane["), std::string::npos);
+  std::cout << GetParam().name << ": " << lanes << "\n";
+}
+
+TEST_P(TransportTest, OneSidedPutWritesDataThenFlag) {
+  MakePair();
+  if (!server_->capabilities().one_sided_put) {
+    EXPECT_FALSE(server_->RegisterRegion(nullptr, 0).ok());
+    GTEST_SKIP() << GetParam().name << " has no one-sided put";
+  }
+  // One region: 1 MiB of data followed by an 8-byte completion flag.
+  const size_t bytes = 1 << 20;
+  std::vector<uint64_t> target(bytes / 8 + 1, 0);
+  auto region = server_->RegisterRegion(target.data(), target.size() * 8);
+  ASSERT_TRUE(region.ok()) << region.status();
+  const auto data = Bytes(bytes, 42);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<absl::Status> result;
+  client_->PutWithFlag(to_server_, *region, region->address, data, region->address + bytes, 7,
+                       [&](absl::Status s) {
+                         std::lock_guard<std::mutex> lock(mu);
+                         result = s;
+                         cv.notify_all();
+                       });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(20), [&] { return result.has_value(); }));
+  }
+  ASSERT_TRUE(result->ok()) << *result;
+  const volatile uint64_t* flag = &target[bytes / 8];
+  for (int i = 0; i < 5000 && *flag != 7; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(*flag, 7u);
+  EXPECT_EQ(std::memcmp(target.data(), data.data(), bytes), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, TransportTest, ::testing::ValuesIn(Backends()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(Transport, UnknownBackendIsAnError) {
+  TransportConfig config;
+  config.backend = "carrier-pigeon";
+  EXPECT_FALSE(Transport::Create(config).ok());
+  config.backend = "ucx";
+  config.error_mode = "sometimes";
+  EXPECT_FALSE(Transport::Create(config).ok());
+}
+
+TEST(Transport, BadUcxOptionIsAnError) {
+  TransportConfig config;
+  config.ucx_options = {{"RNDV_THRESH", "a lot"}};  // a size that does not parse
+  EXPECT_FALSE(Transport::Create(config).ok());
+}
+
+TEST(Frame, ChecksumIgnoresHowThePayloadIsSplit) {
+  const auto data = Bytes(10007, 9);
+  const uint64_t whole = PayloadChecksum(data);
+  for (size_t cut1 : {0u, 1u, 63u, 64u, 65u, 5000u}) {
+    for (size_t cut2 : {cut1, cut1 + 1, cut1 + 64, size_t{9999}}) {
+      if (cut2 < cut1 || cut2 > data.size()) continue;
+      const std::span<const uint8_t> all(data);
+      const std::span<const uint8_t> parts[] = {all.first(cut1), all.subspan(cut1, cut2 - cut1),
+                                                all.subspan(cut2)};
+      EXPECT_EQ(PayloadChecksum(parts), whole) << cut1 << " " << cut2;
+    }
+  }
+}
+
+TEST(Frame, ChecksumCatchesFlipsTruncationAndZeros) {
+  auto data = Bytes(4096, 11);
+  const uint64_t base = PayloadChecksum(data);
+  for (size_t byte : {0u, 1u, 100u, 4095u}) {
+    for (int bit = 0; bit < 8; ++bit) {
+      data[byte] ^= 1 << bit;
+      EXPECT_NE(PayloadChecksum(data), base) << byte << ":" << bit;
+      data[byte] ^= 1 << bit;
+    }
+  }
+  EXPECT_NE(PayloadChecksum(std::span<const uint8_t>(data).first(4095)), base);
+  // Zero payloads of different lengths differ.
+  std::vector<uint8_t> zeros(128, 0);
+  EXPECT_NE(PayloadChecksum(std::span<const uint8_t>(zeros).first(64)), PayloadChecksum(zeros));
+  // Swapping two 8-byte words is caught.
+  std::swap_ranges(data.begin(), data.begin() + 8, data.begin() + 64);
+  EXPECT_NE(PayloadChecksum(data), base);
+}
+
+TEST(Frame, HeaderParsingRejectsGarbage) {
+  FrameHeader h;
+  h.kind = static_cast<uint16_t>(FrameKind::kLayer);
+  FrameHeader out;
+  EXPECT_TRUE(ParseFrameHeader(AsBytes(h), &out).ok());
+  EXPECT_FALSE(ParseFrameHeader(AsBytes(h).first(10), &out).ok());
+  FrameHeader bad = h;
+  bad.magic = 0;
+  EXPECT_FALSE(ParseFrameHeader(AsBytes(bad), &out).ok());
+  bad = h;
+  bad.version = kFrameVersion + 1;
+  EXPECT_EQ(ParseFrameHeader(AsBytes(bad), &out).code(), absl::StatusCode::kFailedPrecondition);
+  bad = h;
+  bad.kind = 99;
+  EXPECT_FALSE(ParseFrameHeader(AsBytes(bad), &out).ok());
+  const auto payload = Bytes(100, 1);
+  h.payload_bytes = payload.size();
+  h.checksum = PayloadChecksum(payload);
+  EXPECT_TRUE(CheckFramePayload(h, payload, true).ok());
+  EXPECT_FALSE(CheckFramePayload(h, std::span<const uint8_t>(payload).first(99), true).ok());
+  auto corrupt = payload;
+  corrupt[50] ^= 4;
+  EXPECT_EQ(CheckFramePayload(h, corrupt, true).code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(CheckFramePayload(h, corrupt, false).ok());  // verification off
+}
+
+}  // namespace
+}  // namespace strata::transport
