@@ -6,6 +6,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "common/kv/attention_engine.h"
@@ -14,13 +17,27 @@
 
 namespace strata {
 
+// What went wrong for part of a step, and what the step cost on the wire.
+struct AttentionStepOutcome {
+  std::vector<uint32_t> dead_pools;  // memory nodes found dead or hung during the step
+  // Requests whose rows got no attention output (their results must be discarded).
+  std::vector<std::pair<uint64_t, std::string>> failed;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  uint64_t wait_us = 0;  // time spent waiting for memory nodes
+};
+
 class AttentionBackend {
  public:
   virtual ~AttentionBackend() = default;
-  // Once per step, before layer 0. The plan's rows are the batch's rows, in order.
+  // Once per step, before layer 0. The plan's rows are the batch's rows, in order, grouped
+  // by pool.
   virtual absl::Status BeginStep(const StepKvPlan& plan) = 0;
-  // Reads b.q, b.k, b.v for rows [0, m) and writes b.attn.
+  // Reads b.q, b.k, b.v for rows [0, m) and writes b.attn. An error fails the whole step;
+  // a memory node that fails only fails its own rows (see EndStep).
   virtual absl::Status Attend(int layer, BatchBuffers& b, int64_t m) = 0;
+  // After the last layer (or after a failure): partial failures and costs of the step.
+  virtual AttentionStepOutcome EndStep() { return {}; }
 };
 
 // Co-located mode: the memory node's AttentionEngine, in process.

@@ -38,15 +38,37 @@ absl::StatusOr<control::ComputeConfigAck> ComputeNode::Configure(
     const control::ComputeConfig& config) {
   std::lock_guard<std::mutex> lock(mu_);
   control::ComputeConfigAck ack;
-  if (config.memory_nodes_size() > 0) {
-    return absl::UnimplementedError(
-        "this compute node runs attention co-located only; memory nodes need the data plane");
-  }
+  const bool disaggregated = config.disaggregated() || config.memory_nodes_size() > 0;
   if (epoch_ != config.epoch()) {
     // A new scheduler: forget every request of the previous one.
     engine_.reset();
     local_.reset();
     epoch_ = config.epoch();
+  }
+  if (disaggregated) {
+    if (local_ != nullptr) {
+      return absl::FailedPreconditionError(
+          "this compute node runs co-located attention for the current scheduler");
+    }
+    if (remote_ == nullptr) {
+      ASSIGN_OR_RETURN(remote_, RemoteAttention::Create(weights_->config, options_.remote));
+    }
+    std::vector<MemoryNodeAddress> nodes;
+    for (const control::MemoryNodeAddress& m : config.memory_nodes()) {
+      nodes.push_back({m.pool_index(), m.name(), m.data_address()});
+    }
+    remote_->SetMemoryNodes(config.epoch(), nodes);
+    if (engine_ == nullptr) {
+      engine_ = std::make_unique<StepEngine>(
+          runner_.get(), remote_.get(), StepEngineOptions{options_.max_batch_rows, max_model_len_});
+    }
+    LOG(INFO) << "disaggregated mode: " << nodes.size() << " memory node(s)";
+    ack.set_local_kv_slots(0);
+    return ack;
+  }
+  if (remote_ != nullptr && engine_ != nullptr) {
+    return absl::FailedPreconditionError(
+        "this compute node runs disaggregated attention for the current scheduler");
   }
   if (local_ == nullptr) {
     const int64_t slots = local_kv_slots();

@@ -20,6 +20,7 @@
 #include "compute_node/attention_backend.h"
 #include "compute_node/model_runner.h"
 #include "compute_node/model_weights.h"
+#include "compute_node/remote_attention.h"
 #include "compute_node/step_engine.h"
 #include "proto/control.pb.h"
 
@@ -32,18 +33,22 @@ struct ComputeNodeOptions {
   int64_t max_batch_rows = 2048;              // rows per step
   int64_t local_kv_budget_bytes = 1LL << 30;  // co-located mode
   bool prefault_kv = true;
+  RemoteAttentionOptions remote;  // disaggregated mode
 };
 
 class ComputeNode {
  public:
   static absl::StatusOr<std::unique_ptr<ComputeNode>> Create(const ComputeNodeOptions& options);
 
-  // Sets the topology. With no memory nodes, allocates the local KV cache (once).
+  // Sets the topology. Co-located: allocates the local KV cache (once). Disaggregated:
+  // (re)points the data plane at the memory nodes.
   absl::StatusOr<control::ComputeConfigAck> Configure(const control::ComputeConfig& config);
   StepResult Execute(const StepPlan& plan);
 
   control::ModelShape shape() const;
   control::NodeStatus Status() const;
+  // Null in co-located mode.
+  const RemoteAttention* remote() const { return remote_.get(); }
   const ModelConfig& model_config() const { return weights_->config; }
   int64_t max_model_len() const { return max_model_len_; }
   int64_t local_kv_slots() const;
@@ -59,6 +64,7 @@ class ComputeNode {
   mutable std::mutex mu_;
   uint64_t epoch_ = 0;
   std::unique_ptr<LocalAttention> local_;
+  std::unique_ptr<RemoteAttention> remote_;
   std::unique_ptr<StepEngine> engine_;
   std::atomic<uint64_t> steps_{0};
 };

@@ -11,6 +11,7 @@
 #include "common/base/shutdown.h"
 #include "common/control/node_agent.h"
 #include "common/control/version.h"
+#include "common/transport/transport_flags.h"
 #include "compute_node/compute_node.h"
 #include "compute_node/service.h"
 #include "kernels/cpu/isa.h"
@@ -26,6 +27,14 @@ ABSL_FLAG(int64_t, kv_budget_mib, 1024, "Local KV cache for co-located mode, MiB
 ABSL_FLAG(int64_t, max_batch_rows, 2048, "Rows (tokens) per step");
 ABSL_FLAG(int64_t, max_model_len, 0, "Context length (0: the model's)");
 ABSL_FLAG(bool, prefault_kv, true, "Touch the KV cache at start-up");
+ABSL_FLAG(int, attention_minibatches, 2,
+          "Disaggregated mode: mini-batches per memory node and layer (1: no overlap)");
+ABSL_FLAG(std::string, prefill_attention, "split",
+          "Disaggregated mode: where prefill chunks attend to themselves: split (here, the "
+          "cached prefix on the memory node) or memory (all on the memory node)");
+ABSL_FLAG(int64_t, attention_timeout_ms, 10000,
+          "Disaggregated mode: how long a layer waits for a memory node before declaring it hung");
+ABSL_FLAG(bool, verify_checksums, true, "Verify the checksum of every data-plane frame");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -40,6 +49,11 @@ int main(int argc, char** argv) {
   options.max_batch_rows = absl::GetFlag(FLAGS_max_batch_rows);
   options.local_kv_budget_bytes = absl::GetFlag(FLAGS_kv_budget_mib) << 20;
   options.prefault_kv = absl::GetFlag(FLAGS_prefault_kv);
+  options.remote.transport = strata::transport::TransportConfigFromFlags();
+  options.remote.minibatches = absl::GetFlag(FLAGS_attention_minibatches);
+  options.remote.prefill_policy = absl::GetFlag(FLAGS_prefill_attention);
+  options.remote.layer_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_attention_timeout_ms));
+  options.remote.verify_checksums = absl::GetFlag(FLAGS_verify_checksums);
   auto node = strata::ComputeNode::Create(options);
   if (!node.ok()) {
     LOG(ERROR) << "cannot load the model: " << node.status();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <unordered_set>
 
 #include "absl/strings/str_cat.h"
 
@@ -66,9 +67,9 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
       [](const SequenceChunk* a, const SequenceChunk* b) { return a->pool < b->pool; });
   StepKvPlan kv;
   kv.step_id = plan.step_id;
-  for (const PoolRelease& r : plan.releases) kv.released.push_back(r.request_id);
+  for (const PoolRelease& r : plan.releases) kv.released.push_back({r.request_id, r.pool});
   for (const PoolSlotAssignment& a : plan.assignments) {
-    kv.assignments.push_back({a.request_id, a.start, a.slots});
+    kv.assignments.push_back({a.request_id, a.start, a.slots, a.pool});
   }
   std::vector<int32_t> tokens;
   std::vector<int32_t> last_rows;  // per chunk with samples
@@ -91,7 +92,7 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
                                     " outside the vocabulary of ", config.vocab_size);
         return result;
       }
-      kv.rows.push_back({c->request_id, c->start_position + static_cast<int32_t>(i), -1});
+      kv.rows.push_back({c->request_id, c->start_position + static_cast<int32_t>(i), -1, c->pool});
       tokens.push_back(t);
     }
     if (!c->samples.empty()) {
@@ -121,20 +122,22 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
     }
   }
 
-  if (m > 0) {
-    absl::Status status = ForwardLayers(*runner_, *attention_, buffers_, kv, tokens.data());
-    if (!status.ok()) {
-      result.error = std::string(status.message());
-      return result;
-    }
-  } else {
-    // Nothing to compute, but releases and assignments must still reach the KV side.
-    absl::Status status = attention_->BeginStep(kv);
-    if (!status.ok()) {
-      result.error = std::string(status.message());
-      return result;
-    }
+  absl::Status status = m > 0 ? ForwardLayers(*runner_, *attention_, buffers_, kv, tokens.data())
+                              // Nothing to compute, but releases and assignments must still
+                              // reach the KV side.
+                              : attention_->BeginStep(kv);
+  AttentionStepOutcome outcome = attention_->EndStep();
+  result.timing.attention_us = outcome.wait_us;
+  result.timing.bytes_sent = outcome.bytes_sent;
+  result.timing.bytes_received = outcome.bytes_received;
+  result.dead_pools = outcome.dead_pools;
+  result.failed = outcome.failed;
+  if (!status.ok()) {
+    result.error = std::string(status.message());
+    return result;
   }
+  std::unordered_set<uint64_t> failed;
+  for (const auto& [id, why] : result.failed) failed.insert(id);
   const auto sample_start = std::chrono::steady_clock::now();
   if (!last_rows.empty()) {
     const int64_t vocab = config.vocab_size;
@@ -146,7 +149,10 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
     };
     std::vector<Job> jobs;
     for (size_t i = 0; i < sampled_chunks.size(); ++i) {
-      for (const SampleTarget& t : sampled_chunks[i]->samples) jobs.push_back({i, &t});
+      if (failed.count(sampled_chunks[i]->request_id)) continue;  // its attention was lost
+      for (const SampleTarget& t : sampled_chunks[i]->samples) {
+        if (!failed.count(t.request_id)) jobs.push_back({i, &t});
+      }
     }
     result.tokens.resize(jobs.size());
     for (const Job& job : jobs) {

@@ -19,3 +19,21 @@ def grpc_cc_library(name, src, deps = [], **kwargs):
         deps = deps + ["//third_party:grpc"],
         **kwargs
     )
+
+def proto_cc_library(name, src, deps = [], **kwargs):
+    """C++ messages (no services) from one .proto."""
+    base = src[:-len(".proto")]
+    outs = [base + ".pb.h", base + ".pb.cc"]
+    native.genrule(
+        name = name + "_gen",
+        srcs = [src],
+        outs = outs,
+        cmd = "/usr/bin/protoc -I. --cpp_out=$(GENDIR) $(location {})".format(src),
+    )
+    native.cc_library(
+        name = name,
+        srcs = [base + ".pb.cc"],
+        hdrs = [base + ".pb.h"],
+        deps = deps + ["//third_party:protobuf"],
+        **kwargs
+    )

@@ -17,8 +17,27 @@ grpc::Status Refuse(const std::string& why) {
 
 ControlPlane::ControlPlane(Scheduler* scheduler, ControlPlaneOptions options)
     : scheduler_(scheduler), options_(std::move(options)) {
+  scheduler_->SetPoolDeathHandler([this](PoolIndex pool) { OnPoolDeath(pool); });
   worker_ = std::thread([this] { Work(); });
   monitor_ = std::thread([this] { Monitor(); });
+}
+
+void ControlPlane::OnPoolDeath(PoolIndex pool) {
+  bool changed = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, node] : nodes_) {
+      if (node.view.info.role() == control::ROLE_MEMORY && node.pool == static_cast<int>(pool) &&
+          node.view.alive) {
+        // The node may still answer heartbeats (a hang that passed); it must register again
+        // and come back empty.
+        MarkDead(node, "a compute node found it dead or hung during a step");
+        changed = true;
+      }
+    }
+  }
+  if (changed) to_reconfigure_.store(true);
+  cv_.notify_all();
 }
 
 ControlPlane::~ControlPlane() { Stop(); }
@@ -133,9 +152,8 @@ void ControlPlane::Monitor() {
       }
     }
     if (memory_changed) {
-      lock.unlock();
-      ReconfigureComputeNodes();
-      lock.lock();
+      to_reconfigure_.store(true);
+      cv_.notify_all();
     }
   }
 }
@@ -143,8 +161,15 @@ void ControlPlane::Monitor() {
 void ControlPlane::Work() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    cv_.wait(lock, [&] { return stop_ || !to_configure_.empty(); });
+    cv_.wait(lock, [&] { return stop_ || !to_configure_.empty() || to_reconfigure_.load(); });
     if (stop_) return;
+    if (to_configure_.empty()) {
+      to_reconfigure_.store(false);
+      lock.unlock();
+      ReconfigureComputeNodes();
+      lock.lock();
+      continue;
+    }
     const uint64_t id = to_configure_.front();
     to_configure_.pop_front();
     auto it = nodes_.find(id);
@@ -166,15 +191,7 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     info = nodes_.at(id).view.info;
-    config.set_epoch(options_.epoch);
-    for (const auto& [other_id, other] : nodes_) {
-      if (other.view.info.role() == control::ROLE_MEMORY && other.view.alive && other.pool >= 0) {
-        auto* m = config.add_memory_nodes();
-        m->set_pool_index(other.pool);
-        m->set_name(other.view.info.name());
-        m->set_data_address(other.view.info.data_address());
-      }
-    }
+    config = ComputeConfigLocked();
   }
   auto executor =
       std::make_unique<GrpcExecutor>(info.name(), info.control_address(), options_.step_deadline);
@@ -206,14 +223,113 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
                            : "");
 }
 
-void ControlPlane::ConfigureMemory(uint64_t id) {
-  // Memory nodes are configured by the disaggregated control path (memory_node/).
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = nodes_.find(id);
-  if (it != nodes_.end()) MarkDead(it->second, "memory nodes are not supported by this build");
+control::ComputeConfig ControlPlane::ComputeConfigLocked() const {
+  control::ComputeConfig config;
+  config.set_epoch(options_.epoch);
+  config.set_disaggregated(options_.expected_memory_nodes > 0);
+  for (const auto& [other_id, other] : nodes_) {
+    if (other.view.info.role() == control::ROLE_MEMORY && other.view.alive &&
+        other.view.configured && other.pool >= 0) {
+      auto* m = config.add_memory_nodes();
+      m->set_pool_index(other.pool);
+      m->set_name(other.view.info.name());
+      m->set_data_address(other.view.info.data_address());
+    }
+  }
+  return config;
 }
 
-void ControlPlane::ReconfigureComputeNodes() {}
+void ControlPlane::ConfigureMemory(uint64_t id) {
+  control::NodeInfo info;
+  control::MemoryConfig config;
+  int pool = -1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    info = nodes_.at(id).view.info;
+    const control::ModelShape& m = options_.model;
+    const int64_t per_token = 2LL * m.num_layers() * m.num_kv_heads() * m.head_dim() * 2;
+    const int64_t slots =
+        per_token > 0 ? static_cast<int64_t>(info.kv_budget_bytes()) / per_token : 0;
+    auto known = pool_of_name_.find(info.name());
+    if (known != pool_of_name_.end()) pool = known->second;
+    config.set_epoch(options_.epoch);
+    config.set_pool_index(pool >= 0 ? pool : static_cast<int>(pool_of_name_.size()));
+    *config.mutable_model() = m;
+    config.set_num_slots(slots);
+  }
+  if (config.num_slots() == 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = nodes_.find(id);
+    if (it != nodes_.end()) {
+      MarkDead(it->second, absl::StrCat("its KV budget of ", info.kv_budget_bytes(),
+                                        " bytes holds no token of this model"));
+    }
+    return;
+  }
+  auto channel = grpc::CreateChannel(info.control_address(), grpc::InsecureChannelCredentials());
+  auto stub = control::MemoryNode::NewStub(channel);
+  grpc::ClientContext context;
+  // Allocating and touching gigabytes of KV cache takes a while (about 3 s per GiB here).
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(600));
+  control::MemoryConfigAck ack;
+  const grpc::Status status = stub->Configure(&context, config, &ack);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = nodes_.find(id);
+    if (it == nodes_.end()) return;
+    Node& node = it->second;
+    if (!status.ok()) {
+      MarkDead(node, "configuration failed: " + status.error_message());
+      return;
+    }
+    if (!node.view.alive) return;  // died while configuring
+    node.channel = channel;
+    if (pool < 0) {
+      // Pools are only added here, one at a time, so the index the node was given is the
+      // one the scheduler hands out.
+      pool =
+          static_cast<int>(scheduler_->AddPool(info.name(), static_cast<int64_t>(ack.num_slots())));
+      CHECK_EQ(pool, static_cast<int>(config.pool_index())) << "pool indices diverged";
+      pool_of_name_[info.name()] = pool;
+    } else {
+      scheduler_->SetPoolAlive(pool, true, static_cast<int64_t>(ack.num_slots()));
+    }
+    node.pool = pool;
+    node.view.configured = true;
+    LOG(INFO) << "memory node " << info.name() << " is ready: pool " << pool << ", "
+              << ack.num_slots() << " KV slots (" << ack.kv_bytes() / (1 << 20)
+              << " MiB), data plane at " << info.data_address() << " over " << info.transport();
+  }
+  ReconfigureComputeNodes();
+}
+
+void ControlPlane::ReconfigureComputeNodes() {
+  if (options_.expected_memory_nodes == 0) return;
+  std::vector<std::pair<std::string, std::shared_ptr<grpc::Channel>>> targets;
+  control::ComputeConfig config;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    config = ComputeConfigLocked();
+    for (const auto& [id, node] : nodes_) {
+      if (node.view.info.role() == control::ROLE_COMPUTE && node.view.alive &&
+          node.view.configured && node.channel) {
+        targets.emplace_back(node.view.info.name(), node.channel);
+      }
+    }
+  }
+  for (const auto& [name, channel] : targets) {
+    auto stub = control::ComputeNode::NewStub(channel);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    control::ComputeConfigAck ack;
+    const grpc::Status status = stub->Configure(&context, config, &ack);
+    if (!status.ok()) {
+      LOG(WARNING) << "could not tell compute node " << name
+                   << " about the memory nodes: " << status.error_message();
+    }
+  }
+  LOG(INFO) << "compute nodes now use " << config.memory_nodes_size() << " memory node(s)";
+}
 
 bool ControlPlane::Ready() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -235,20 +351,32 @@ std::vector<NodeView> ControlPlane::Nodes() const {
 }
 
 void ControlPlane::ShutdownNodes() {
-  std::vector<std::pair<std::string, std::shared_ptr<grpc::Channel>>> targets;
+  struct Target {
+    std::string name;
+    bool compute;
+    std::shared_ptr<grpc::Channel> channel;
+  };
+  std::vector<Target> targets;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [id, node] : nodes_) {
-      if (node.view.alive && node.channel)
-        targets.emplace_back(node.view.info.name(), node.channel);
+      if (node.view.alive && node.channel) {
+        targets.push_back(
+            {node.view.info.name(), node.view.info.role() == control::ROLE_COMPUTE, node.channel});
+      }
     }
   }
-  for (const auto& [name, channel] : targets) {
-    auto stub = control::ComputeNode::NewStub(channel);
+  for (const Target& target : targets) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
     control::ShutdownResponse response;
-    stub->Shutdown(&context, control::ShutdownRequest(), &response);
+    if (target.compute) {
+      control::ComputeNode::NewStub(target.channel)
+          ->Shutdown(&context, control::ShutdownRequest(), &response);
+    } else {
+      control::MemoryNode::NewStub(target.channel)
+          ->Shutdown(&context, control::ShutdownRequest(), &response);
+    }
   }
 }
 

@@ -15,6 +15,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -81,6 +82,8 @@ class ControlPlane final : public control::Scheduler::Service {
   void ConfigureMemory(uint64_t id);
   void ReconfigureComputeNodes();
   void MarkDead(Node& node, const std::string& why);
+  void OnPoolDeath(PoolIndex pool);
+  control::ComputeConfig ComputeConfigLocked() const;
 
   Scheduler* scheduler_;
   ControlPlaneOptions options_;
@@ -91,6 +94,8 @@ class ControlPlane final : public control::Scheduler::Service {
   uint64_t next_id_ = 1;
   std::string isa_;
   std::deque<uint64_t> to_configure_;
+  std::atomic<bool> to_reconfigure_{false};
+  std::map<std::string, int> pool_of_name_;  // memory nodes keep their pool across restarts
   bool stop_ = false;
   std::thread worker_, monitor_;
 };

@@ -166,6 +166,11 @@ void Scheduler::SetPoolAlive(PoolIndex pool, bool alive, int64_t num_slots) {
   });
 }
 
+void Scheduler::SetPoolDeathHandler(std::function<void(PoolIndex)> handler) {
+  Post(
+      [this, handler = std::move(handler)]() mutable { pool_death_handler_ = std::move(handler); });
+}
+
 void Scheduler::SetObserver(SchedulerObserver observer) {
   Post([this, observer = std::move(observer)]() mutable { observer_ = std::move(observer); });
 }

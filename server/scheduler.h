@@ -129,6 +129,9 @@ class Scheduler {
   SchedulerStats Stats() const;
   bool HasCapacity() const;  // an alive executor and an alive pool
   void SetObserver(SchedulerObserver observer);
+  // Called (on the scheduler thread) when a compute node reports a pool dead during a step,
+  // so that the control plane can take the memory node out until it registers again.
+  void SetPoolDeathHandler(std::function<void(PoolIndex)> handler);
   const SchedulerConfig& config() const { return config_; }
 
  private:
@@ -180,6 +183,7 @@ class Scheduler {
   uint64_t next_step_id_ = 1;
   uint64_t arrival_counter_ = 0;
   SchedulerObserver observer_;
+  std::function<void(PoolIndex)> pool_death_handler_;
 
   // Published snapshot.
   mutable std::mutex stats_mu_;

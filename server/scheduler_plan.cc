@@ -459,6 +459,7 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
     if (p < pools_.size() && pools_[p]->alive) {
       // Mark dead now, so nothing is placed there while the posted handler waits.
       SetPoolAlive(p, false);
+      if (pool_death_handler_) pool_death_handler_(p);
     }
   }
   std::unordered_set<Request*> failed_now;

@@ -9,8 +9,18 @@
 
 namespace strata {
 
+int PreparedStep::CountKind(int begin, int end, RowKind kind) const {
+  int n = 0;
+  for (int i = begin; i < end; ++i) n += kinds_[i] == kind;
+  return n;
+}
+
 absl::StatusOr<std::unique_ptr<AttentionEngine>> AttentionEngine::Create(
     const AttentionEngineConfig& config) {
+  if (config.num_heads <= 0 || config.store.num_kv_heads <= 0 ||
+      config.num_heads % config.store.num_kv_heads != 0) {
+    return absl::InvalidArgumentError("num_heads must be a positive multiple of num_kv_heads");
+  }
   auto engine = std::unique_ptr<AttentionEngine>(new AttentionEngine(config));
   ASSIGN_OR_RETURN(engine->store_, KvStore::Create(config.store));
   engine->params_.num_heads = config.num_heads;
@@ -19,19 +29,16 @@ absl::StatusOr<std::unique_ptr<AttentionEngine>> AttentionEngine::Create(
   engine->params_.scale =
       config.scale > 0 ? config.scale : 1.0f / std::sqrt(static_cast<float>(config.store.head_dim));
   engine->params_.kv_dtype = config.store.dtype;
-  if (config.num_heads <= 0 || config.num_heads % config.store.num_kv_heads != 0) {
-    return absl::InvalidArgumentError("num_heads must be a positive multiple of num_kv_heads");
-  }
   return engine;
 }
 
 int64_t AttentionEngine::num_assigned_positions() const {
   int64_t n = 0;
-  for (const auto& [id, table] : tables_) n += static_cast<int64_t>(table.size());
+  for (const auto& [id, table] : tables_) n += static_cast<int64_t>(table->size());
   return n;
 }
 
-absl::Status AttentionEngine::BeginStep(const StepKvPlan& plan) {
+absl::StatusOr<PreparedStep> AttentionEngine::Prepare(const StepKvPlan& plan) {
   const int64_t num_slots = store_->num_slots();
   auto invalid = [&](auto&&... parts) {
     return absl::InvalidArgumentError(absl::StrCat("step ", plan.step_id, ": ", parts...));
@@ -43,9 +50,9 @@ absl::Status AttentionEngine::BeginStep(const StepKvPlan& plan) {
     auto it = size_after.find(id);
     if (it != size_after.end()) return it->second;
     auto table = tables_.find(id);
-    return table == tables_.end() ? -1 : static_cast<int64_t>(table->second.size());
+    return table == tables_.end() ? -1 : static_cast<int64_t>(table->second->size());
   };
-  for (uint64_t id : plan.released) size_after[id] = -1;
+  for (const TableRelease& r : plan.released) size_after[r.request_id] = -1;
   for (const SlotAssignment& a : plan.assignments) {
     const int64_t existing = std::max<int64_t>(0, current_size(a.request_id));
     if (a.start < 0 || a.start > existing) {
@@ -70,90 +77,138 @@ absl::Status AttentionEngine::BeginStep(const StepKvPlan& plan) {
       return invalid("row ", i, " of request ", r.request_id, " is at position ", r.position,
                      " beyond its ", size, " assigned slots");
     }
+    if (r.tile_limit < -1) return invalid("row ", i, " has tile limit ", r.tile_limit);
   }
 
-  for (uint64_t id : plan.released) tables_.erase(id);
+  for (const TableRelease& r : plan.released) tables_.erase(r.request_id);
   for (const SlotAssignment& a : plan.assignments) {
-    std::vector<int32_t>& table = tables_[a.request_id];
-    table.resize(a.start);
-    table.insert(table.end(), a.slots.begin(), a.slots.end());
+    std::shared_ptr<std::vector<int32_t>>& table = tables_[a.request_id];
+    if (table == nullptr) {
+      table = std::make_shared<std::vector<int32_t>>();
+    } else if (table.use_count() > 1) {
+      table = std::make_shared<std::vector<int32_t>>(*table);  // a live step still reads it
+    }
+    table->resize(a.start);
+    table->insert(table->end(), a.slots.begin(), a.slots.end());
   }
-  rows_.clear();
-  write_slots_.clear();
-  final_rows_.clear();
-  partial_rows_.clear();
-  for (size_t i = 0; i < plan.rows.size(); ++i) {
-    const AttentionRowPlan& r = plan.rows[i];
-    const std::vector<int32_t>& table = tables_.at(r.request_id);
+  PreparedStep step;
+  step.step_id_ = plan.step_id;
+  step.rows_.reserve(plan.rows.size());
+  for (const AttentionRowPlan& r : plan.rows) {
+    const std::shared_ptr<std::vector<int32_t>>& table = tables_.at(r.request_id);
     kernels::AttentionRow row;
-    row.slots = table.data();  // stable until the next BeginStep
+    row.slots = table->data();
     row.kv_end = r.position + 1;
     row.tile_begin = 0;
     const int32_t all_tiles = kernels::AttentionNumTiles(row.kv_end);
     row.tile_end = r.tile_limit < 0 ? all_tiles : std::min(r.tile_limit, all_tiles);
-    (r.tile_limit < 0 ? final_rows_ : partial_rows_).push_back(static_cast<int>(i));
-    rows_.push_back(row);
-    write_slots_.push_back(table[r.position]);
+    step.kinds_.push_back(r.tile_limit < 0    ? RowKind::kFinal
+                          : r.tile_limit == 0 ? RowKind::kWrite
+                                              : RowKind::kPartial);
+    step.rows_.push_back(row);
+    step.write_slots_.push_back((*table)[r.position]);
+    step.tables_.push_back(table);
   }
-  num_partial_ = static_cast<int>(partial_rows_.size());
-  return absl::OkStatus();
+  return step;
 }
 
-absl::Status AttentionEngine::AttendLayer(int layer, const uint16_t* q, const uint16_t* k,
-                                          const uint16_t* v, uint16_t* out, float* partial_state) {
+absl::Status AttentionEngine::AttendRows(const PreparedStep& step, int layer, int begin, int end,
+                                         const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                                         uint16_t* out, float* partial) {
   if (layer < 0 || layer >= config_.store.num_layers) {
     return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range"));
   }
-  const int n = num_rows();
-  if (n == 0) return absl::OkStatus();
-  if (num_partial_ > 0 && partial_state == nullptr) {
-    return absl::InvalidArgumentError("plan has partial rows but no state buffer was given");
+  if (begin < 0 || end > step.num_rows() || begin > end) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rows [", begin, ", ", end, ") of a step of ", step.num_rows()));
   }
-  store_->WriteRows(layer, n, write_slots_.data(), k, v);
+  if (begin == end) return absl::OkStatus();
+  store_->WriteRows(layer, end - begin, step.write_slots_.data() + begin, k, v);
 
   const kernels::AttentionParams& p = params_;
   const size_t q_row = static_cast<size_t>(p.num_heads) * p.head_dim;
   const size_t state_row = static_cast<size_t>(p.num_heads) * (p.head_dim + 2);
-  auto run = [&](const std::vector<int>& which, bool finish, float* state_out) -> absl::Status {
+  // Attending rows in order, and where each kind's q sits among them.
+  std::vector<int> final_q, partial_q;
+  int attending = 0;
+  for (int i = begin; i < end; ++i) {
+    if (step.kinds_[i] == RowKind::kFinal) final_q.push_back(attending++);
+    if (step.kinds_[i] == RowKind::kPartial) partial_q.push_back(attending++);
+  }
+  if (!partial_q.empty() && partial == nullptr) {
+    return absl::InvalidArgumentError("rows with a partial state but no state buffer");
+  }
+  auto run = [&](RowKind kind, const std::vector<int>& which, float* state_out) -> absl::Status {
     if (which.empty()) return absl::OkStatus();
     const int m = static_cast<int>(which.size());
-    const bool contiguous = m == n;  // all rows, in order
-    std::vector<kernels::AttentionRow> rows;
     const uint16_t* q_rows = q;
-    if (!contiguous) {
+    if (m != attending) {
       q_gather_.resize(m * q_row);
       for (int i = 0; i < m; ++i) {
         std::memcpy(q_gather_.data() + i * q_row, q + which[i] * q_row, q_row * 2);
       }
       q_rows = q_gather_.data();
     }
-    rows.reserve(m);
-    for (int i : which) rows.push_back(rows_[i]);
+    kernel_rows_.clear();
+    for (int i = begin; i < end; ++i) {
+      if (step.kinds_[i] == kind) kernel_rows_.push_back(step.rows_[i]);
+    }
     float* state = state_out;
-    if (finish) {
+    if (state == nullptr) {
       state_.resize(m * state_row);
       state = state_.data();
     }
     kernels::AttentionStateInit(p, m, state);
-    const int rc = kernels::AttentionFold(p, m, q_rows, rows.data(), store_->k(layer),
+    const int rc = kernels::AttentionFold(p, m, q_rows, kernel_rows_.data(), store_->k(layer),
                                           store_->v(layer), state);
     if (rc != kernels::kAttentionOk) {
       return absl::InternalError(absl::StrCat("attention kernel error ", rc));
     }
-    if (!finish) return absl::OkStatus();
-    if (contiguous) {
-      kernels::AttentionFinish(p, m, state, out);
-    } else {
-      out_gather_.resize(m * q_row);
-      kernels::AttentionFinish(p, m, state, out_gather_.data());
-      for (int i = 0; i < m; ++i) {
-        std::memcpy(out + which[i] * q_row, out_gather_.data() + i * q_row, q_row * 2);
-      }
-    }
+    if (kind == RowKind::kFinal) kernels::AttentionFinish(p, m, state, out);
     return absl::OkStatus();
   };
-  RETURN_IF_ERROR(run(final_rows_, /*finish=*/true, nullptr));
-  return run(partial_rows_, /*finish=*/false, partial_state);
+  RETURN_IF_ERROR(run(RowKind::kFinal, final_q, nullptr));
+  return run(RowKind::kPartial, partial_q, partial);
+}
+
+void AttentionEngine::Reset() {
+  current_ = PreparedStep();
+  tables_.clear();
+}
+
+absl::Status AttentionEngine::BeginStep(const StepKvPlan& plan) {
+  current_ = PreparedStep();  // let go of the previous step's tables first
+  ASSIGN_OR_RETURN(current_, Prepare(plan));
+  return absl::OkStatus();
+}
+
+absl::Status AttentionEngine::AttendLayer(int layer, const uint16_t* q, const uint16_t* k,
+                                          const uint16_t* v, uint16_t* out, float* partial_state) {
+  const int n = current_.num_rows();
+  if (n == 0) return absl::OkStatus();
+  const kernels::AttentionParams& p = params_;
+  const size_t q_row = static_cast<size_t>(p.num_heads) * p.head_dim;
+  const int finals = current_.CountKind(0, n, RowKind::kFinal);
+  const int attending = finals + current_.CountKind(0, n, RowKind::kPartial);
+  if (attending == n && finals == n) {
+    return AttendRows(current_, layer, 0, n, q, k, v, out, partial_state);
+  }
+  // Rows of mixed kinds: compact q over the attending rows and scatter the final outputs.
+  std::vector<uint16_t> q_compact(static_cast<size_t>(attending) * q_row);
+  std::vector<int> final_rows;
+  int a = 0;
+  for (int i = 0; i < n; ++i) {
+    if (current_.kind(i) == RowKind::kWrite) continue;
+    std::memcpy(q_compact.data() + a++ * q_row, q + i * q_row, q_row * 2);
+    if (current_.kind(i) == RowKind::kFinal) final_rows.push_back(i);
+  }
+  out_gather_.resize(static_cast<size_t>(finals) * q_row);
+  RETURN_IF_ERROR(
+      AttendRows(current_, layer, 0, n, q_compact.data(), k, v, out_gather_.data(), partial_state));
+  for (int i = 0; i < finals; ++i) {
+    std::memcpy(out + final_rows[i] * q_row, out_gather_.data() + i * q_row, q_row * 2);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace strata

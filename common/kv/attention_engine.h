@@ -1,13 +1,26 @@
 // Runs the attention operator of every layer over a node's KV store: the whole job of a
 // memory node, and the attention part of a compute node in co-located mode.
 //
-// Per step: BeginStep applies the plan (released tables, slot assignments) and validates
-// it against the store; AttendLayer then, for each layer in order, writes the rows' new k/v
-// into their assigned slots and computes attention for every row. A plan that names an
-// unknown request, a position beyond its table or a slot outside the store is rejected
-// with InvalidArgument before anything is written, and the engine stays usable.
+// Per step: Prepare applies the plan (released tables, slot assignments), validates it
+// against the store and resolves its rows into a PreparedStep; AttendRows then, for each
+// layer in order and for consecutive ranges of rows (mini-batches), writes the rows' new
+// k/v into their assigned slots and computes attention for the rows that attend here. A
+// plan that names an unknown request, a position beyond its table or a slot outside the
+// store is rejected with InvalidArgument before anything changes, and the engine stays
+// usable.
 //
-// Thread-safety: one step at a time (the caller serialises); kernels use OpenMP inside.
+// Rows come in three kinds, by their plan's tile_limit:
+//   final   (-1): all tiles here; the output is bf16 attention.
+//   partial (>0): tiles [0, tile_limit) here; the output is the f32 fold state, which the
+//                 caller continues with the remaining tiles (kernels/cpu/attention.h).
+//   write    (0): only the row's k/v is stored; it takes no query and gives no output.
+//
+// Several prepared steps may be alive at once (one per compute node that shares this
+// memory node). Slot tables are shared between them copy-on-write: a step keeps the
+// tables it resolved even if a later step of another caller changes them.
+//
+// Thread-safety: Prepare and AttendRows are called from one thread at a time (kernels use
+// OpenMP inside).
 #ifndef STRATA_COMMON_KV_ATTENTION_ENGINE_H_
 #define STRATA_COMMON_KV_ATTENTION_ENGINE_H_
 
@@ -17,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/kv/kv_store.h"
 #include "common/kv/step_plan.h"
 #include "kernels/cpu/attention.h"
@@ -29,6 +43,26 @@ struct AttentionEngineConfig {
   float scale = 0.0f;
 };
 
+enum class RowKind : uint8_t { kFinal, kPartial, kWrite };
+
+// A step's rows, resolved against the slot tables.
+class PreparedStep {
+ public:
+  uint64_t step_id() const { return step_id_; }
+  int num_rows() const { return static_cast<int>(rows_.size()); }
+  RowKind kind(int row) const { return kinds_[row]; }
+  // Rows in [begin, end) of each kind.
+  int CountKind(int begin, int end, RowKind kind) const;
+
+ private:
+  friend class AttentionEngine;
+  uint64_t step_id_ = 0;
+  std::vector<kernels::AttentionRow> rows_;
+  std::vector<RowKind> kinds_;
+  std::vector<int32_t> write_slots_;                                 // slot of each row's own token
+  std::vector<std::shared_ptr<const std::vector<int32_t>>> tables_;  // keeps slots alive
+};
+
 class AttentionEngine {
  public:
   static absl::StatusOr<std::unique_ptr<AttentionEngine>> Create(
@@ -38,20 +72,27 @@ class AttentionEngine {
   const KvStore& store() const { return *store_; }
   const kernels::AttentionParams& params() const { return params_; }
 
+  absl::StatusOr<PreparedStep> Prepare(const StepKvPlan& plan);
+
+  // For one layer and rows [begin, end) of a prepared step, in row order within each kind:
+  //   q:       [final and partial rows][num_heads][head_dim] bf16
+  //   k, v:    [all rows][num_kv_heads][head_dim] bf16 (the rows' new tokens)
+  //   out:     [final rows][num_heads][head_dim] bf16
+  //   partial: [partial rows][num_heads][head_dim + 2] f32 (may be null if there are none)
+  absl::Status AttendRows(const PreparedStep& step, int layer, int begin, int end,
+                          const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* out,
+                          float* partial);
+
+  // The single-caller interface of co-located mode: BeginStep prepares and keeps the step;
+  // AttendLayer runs all its rows, with q/k/v/out laid out over every row (rows that do
+  // not attend leave their out rows untouched).
   absl::Status BeginStep(const StepKvPlan& plan);
-
-  // Number of rows of the current step, and how many of them end with a partial state.
-  int num_rows() const { return static_cast<int>(rows_.size()); }
-  int num_partial_rows() const { return num_partial_; }
-
-  // For one layer of the current step:
-  //   q:   [rows][num_heads][head_dim] bf16
-  //   k,v: [rows][num_kv_heads][head_dim] bf16 (the rows' new tokens)
-  //   out: [rows][num_heads][head_dim] bf16; rows with a partial state are left untouched
-  //   partial_state: [num_partial_rows][num_heads][head_dim + 2] f32, in row order, for rows
-  //                  whose plan has tile_limit >= 0 (may be null if there are none)
+  int num_rows() const { return current_.num_rows(); }
   absl::Status AttendLayer(int layer, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                            uint16_t* out, float* partial_state);
+
+  // Drops every slot table (the KV contents become unreachable garbage).
+  void Reset();
 
   // Requests with a slot table, and live (assigned) token positions across them.
   size_t num_tables() const { return tables_.size(); }
@@ -63,15 +104,12 @@ class AttentionEngine {
   AttentionEngineConfig config_;
   kernels::AttentionParams params_;
   std::unique_ptr<KvStore> store_;
-  std::unordered_map<uint64_t, std::vector<int32_t>> tables_;
+  std::unordered_map<uint64_t, std::shared_ptr<std::vector<int32_t>>> tables_;
 
-  // The current step, resolved.
-  std::vector<kernels::AttentionRow> rows_;
-  std::vector<int32_t> write_slots_;  // slot of each row's own token
-  std::vector<int> final_rows_, partial_rows_;
-  int num_partial_ = 0;
+  PreparedStep current_;  // of BeginStep
   std::vector<uint16_t> q_gather_, out_gather_;
   std::vector<float> state_;
+  std::vector<kernels::AttentionRow> kernel_rows_;
 };
 
 }  // namespace strata

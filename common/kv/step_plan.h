@@ -17,6 +17,7 @@ struct SlotAssignment {
   uint64_t request_id = 0;
   int32_t start = 0;
   std::vector<int32_t> slots;
+  uint32_t pool = 0;  // the KV pool (memory node) that holds the table
 };
 
 // One row of the batch: its token's request and absolute position. The row attends
@@ -25,13 +26,19 @@ struct AttentionRowPlan {
   uint64_t request_id = 0;
   int32_t position = 0;
   // Fold only tiles [0, tile_limit) here and return the partial state (split prefill);
-  // -1 means all tiles and a final output.
+  // -1 means all tiles and a final output; 0 means only write the row's k/v.
   int32_t tile_limit = -1;
+  uint32_t pool = 0;
+};
+
+struct TableRelease {
+  uint64_t request_id = 0;
+  uint32_t pool = 0;
 };
 
 struct StepKvPlan {
   uint64_t step_id = 0;
-  std::vector<uint64_t> released;  // requests whose tables are dropped, applied first
+  std::vector<TableRelease> released;  // tables dropped, applied first
   std::vector<SlotAssignment> assignments;
   std::vector<AttentionRowPlan> rows;
 };

@@ -203,6 +203,18 @@ void InprocTransport::Disconnect(PeerId peer) {
     const PeerId remote_peer = link.remote_peer;
     remote->Post([other, remote_peer] { other->PeerClosed(remote_peer); });
   }
+  // A delivery already running on this transport's thread finishes before we return.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  if (core_->Post([&] {
+        std::lock_guard<std::mutex> lock(mu);
+        done = true;
+        cv.notify_all();
+      })) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+  }
 }
 
 void InprocTransport::PeerClosed(PeerId peer) {

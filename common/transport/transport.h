@@ -81,8 +81,8 @@ class MessageHandler {
   // empty span to let the transport keep it in a buffer of its own (valid during Deliver).
   virtual std::span<uint8_t> Place(PeerId from, std::span<const uint8_t> header,
                                    size_t payload_bytes) = 0;
-  // The payload is in place (or the receive failed: `status` is not OK and the payload must
-  // not be used).
+  // The payload is in place. When the receive failed, `status` says why and `payload` is
+  // the span Place returned (or empty), with undefined contents.
   virtual void Deliver(PeerId from, std::span<const uint8_t> header,
                        std::span<const uint8_t> payload, absl::Status status) = 0;
 };
@@ -112,7 +112,8 @@ class Transport {
   virtual absl::StatusOr<std::string> Listen(const std::string& address) = 0;
   // Connects to a listening transport and completes a version handshake.
   virtual absl::StatusOr<PeerId> Connect(const std::string& address) = 0;
-  // Closes the connection; pending sends complete with an error.
+  // Closes the connection and returns once it is closed: pending sends complete with an
+  // error and no payload of the peer lands in a placed buffer afterwards. Not for handlers.
   virtual void Disconnect(PeerId peer) = 0;
   // What carries traffic to `peer` (UCX: the transport and device of each lane), for logs.
   virtual std::string DescribePeer(PeerId peer) = 0;

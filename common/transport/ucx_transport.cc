@@ -566,7 +566,12 @@ absl::StatusOr<PeerId> UcxTransport::Connect(const std::string& address) {
 }
 
 void UcxTransport::Disconnect(PeerId peer) {
-  Post([this, peer] { ClosePeer(peer, absl::CancelledError("disconnected")); });
+  auto waiter = std::make_shared<Waiter<bool>>();
+  Post([this, peer, waiter] {
+    ClosePeer(peer, absl::CancelledError("disconnected"));
+    waiter->Set(true);
+  });
+  waiter->Wait(absl::Seconds(10));
 }
 
 std::string UcxTransport::DescribePeer(PeerId id) {
@@ -755,11 +760,7 @@ void UcxTransport::Flush(PeerId id) {
     peer->pending.erase(it);
     ++peer->next_delivery;
     MessageHandler* handler = HandlerFor(ctx->tag);
-    if (ctx->status.ok()) {
-      handler->Deliver(id, ctx->header, ctx->dest, absl::OkStatus());
-    } else {
-      handler->Deliver(id, ctx->header, {}, ctx->status);
-    }
+    handler->Deliver(id, ctx->header, ctx->dest, ctx->status);
   }
 }
 

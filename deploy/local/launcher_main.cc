@@ -28,10 +28,20 @@ ABSL_FLAG(std::string, served_model_name, "", "Model name in the API");
 ABSL_FLAG(int64_t, max_model_len, 0, "Context length (0: the model's)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "HTTP listen address");
 ABSL_FLAG(int, port, 8000, "HTTP port (0: any free port)");
-ABSL_FLAG(int, memory_nodes, 0, "Memory nodes (0: attention co-located on the compute node)");
-ABSL_FLAG(int, compute_nodes, 1, "Compute nodes");
+ABSL_FLAG(int, memory_nodes, 2, "Memory nodes (0: attention co-located on the compute node)");
+ABSL_FLAG(int, compute_nodes, 1, "Compute nodes (data-parallel replicas)");
 ABSL_FLAG(int, threads, 0, "Threads per compute node (0: all cores)");
+ABSL_FLAG(int, memory_threads, 0,
+          "Threads per memory node (0: the cores divided among the memory nodes)");
 ABSL_FLAG(int64_t, kv_budget_mib, 1024, "KV cache per compute node in co-located mode, MiB");
+ABSL_FLAG(int64_t, memory_kv_budget_mib, 1024, "KV cache per memory node, MiB");
+ABSL_FLAG(std::string, data_plane, "tcp",
+          "tcp: UCX over loopback TCP, which detects dead peers; sm: UCX shared memory, "
+          "faster, for benchmarks (a dead peer is found by deadlines only)");
+ABSL_FLAG(int, attention_minibatches, 2, "Mini-batches per memory node and layer");
+ABSL_FLAG(std::string, prefill_attention, "split", "split or memory (see compute_node)");
+ABSL_FLAG(int64_t, attention_timeout_ms, 10000, "Per-layer deadline on memory nodes");
+ABSL_FLAG(std::string, node_args, "", "Extra flags for compute and memory nodes, comma-separated");
 ABSL_FLAG(std::string, bin_dir, "", "Where the built binaries are (bazel-bin)");
 ABSL_FLAG(std::string, port_file, "", "Write ports and process ids here (JSON) once healthy");
 ABSL_FLAG(std::string, api_key, "", "Require this API key");
@@ -87,15 +97,33 @@ int Run() {
     return 1;
   }
   const int memory_nodes = absl::GetFlag(FLAGS_memory_nodes);
-  if (memory_nodes > 0) {
-    std::cerr << "launcher: --memory-nodes " << memory_nodes
-              << " is not available yet: this build runs attention co-located only "
-                 "(--memory-nodes 0)\n";
+  if (memory_nodes < 0 || absl::GetFlag(FLAGS_compute_nodes) < 1) {
+    std::cerr << "launcher: need at least one compute node and no negative memory nodes\n";
+    return 2;
+  }
+  const std::string data_plane = absl::GetFlag(FLAGS_data_plane);
+  if (data_plane != "tcp" && data_plane != "sm") {
+    std::cerr << "launcher: --data-plane must be tcp or sm\n";
     return 2;
   }
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   const int threads =
       absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : std::max(1, cores);
+  const int memory_threads = absl::GetFlag(FLAGS_memory_threads) > 0
+                                 ? absl::GetFlag(FLAGS_memory_threads)
+                                 : std::max(1, cores / std::max(1, memory_nodes));
+  // The data plane on one machine: loopback TCP, or shared memory (with TCP to connect).
+  std::vector<std::string> transport_args =
+      data_plane == "tcp"
+          ? std::vector<std::string>{"--ucx_tls=tcp", "--ucx_net_devices=lo",
+                                     "--transport_error_mode=peer"}
+          : std::vector<std::string>{"--ucx_tls=sm,self,tcp", "--ucx_net_devices=lo",
+                                     "--transport_error_mode=none"};
+  std::vector<std::string> node_args;
+  for (absl::string_view extra :
+       absl::StrSplit(absl::GetFlag(FLAGS_node_args), ',', absl::SkipEmpty())) {
+    node_args.emplace_back(extra);
+  }
   char run_template[] = "/tmp/strata-run-XXXXXX";
   const std::string run_dir = mkdtemp(run_template);
   const std::string ports_file = run_dir + "/ports.json";
@@ -152,17 +180,34 @@ int Run() {
     return 1;
   }
   const std::string scheduler = absl::StrCat("127.0.0.1:", control_port);
+  for (int i = 0; i < memory_nodes; ++i) {
+    const std::string name = absl::StrCat("memory-", i);
+    ChildSpec spec{
+        name,
+        {bin + "/memory_node/memory_node", "--scheduler=" + scheduler, "--name=" + name,
+         absl::StrCat("--threads=", memory_threads),
+         absl::StrCat("--kv_budget_mib=", absl::GetFlag(FLAGS_memory_kv_budget_mib))},
+        {{"OMP_NUM_THREADS", std::to_string(memory_threads)}, {"OMP_WAIT_POLICY", "PASSIVE"}}};
+    spec.argv.insert(spec.argv.end(), transport_args.begin(), transport_args.end());
+    spec.argv.insert(spec.argv.end(), node_args.begin(), node_args.end());
+    if (!supervisor.Spawn(spec).ok()) return 1;
+  }
   for (int i = 0; i < absl::GetFlag(FLAGS_compute_nodes); ++i) {
     const std::string name = absl::StrCat("compute-", i);
     ChildSpec spec{
         name,
         {bin + "/compute_node/compute_node", "--model=" + model, "--scheduler=" + scheduler,
          "--name=" + name, absl::StrCat("--threads=", threads),
-         absl::StrCat("--kv_budget_mib=", absl::GetFlag(FLAGS_kv_budget_mib))},
+         absl::StrCat("--kv_budget_mib=", absl::GetFlag(FLAGS_kv_budget_mib)),
+         absl::StrCat("--attention_minibatches=", absl::GetFlag(FLAGS_attention_minibatches)),
+         "--prefill_attention=" + absl::GetFlag(FLAGS_prefill_attention),
+         absl::StrCat("--attention_timeout_ms=", absl::GetFlag(FLAGS_attention_timeout_ms))},
         {{"OMP_NUM_THREADS", std::to_string(threads)}, {"OMP_WAIT_POLICY", "PASSIVE"}}};
     if (absl::GetFlag(FLAGS_max_model_len) > 0) {
       spec.argv.push_back(absl::StrCat("--max_model_len=", absl::GetFlag(FLAGS_max_model_len)));
     }
+    spec.argv.insert(spec.argv.end(), transport_args.begin(), transport_args.end());
+    spec.argv.insert(spec.argv.end(), node_args.begin(), node_args.end());
     if (!supervisor.Spawn(spec).ok()) return 1;
   }
 

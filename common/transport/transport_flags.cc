@@ -1,0 +1,26 @@
+#include "common/transport/transport_flags.h"
+
+#include "absl/flags/flag.h"
+
+ABSL_FLAG(std::string, transport, "ucx", "Data-plane transport: ucx or inproc");
+ABSL_FLAG(std::string, ucx_tls, "",
+          "UCX transports, as UCX_TLS (e.g. tcp, or sm,self,tcp); empty: the environment's");
+ABSL_FLAG(std::string, ucx_net_devices, "", "UCX network devices, as UCX_NET_DEVICES");
+ABSL_FLAG(std::string, transport_error_mode, "peer",
+          "peer: detect dead peers (tcp, InfiniBand); none: allows UCX shared memory");
+
+namespace strata::transport {
+
+TransportConfig TransportConfigFromFlags() {
+  TransportConfig config;
+  config.backend = absl::GetFlag(FLAGS_transport);
+  config.error_mode = absl::GetFlag(FLAGS_transport_error_mode);
+  if (!absl::GetFlag(FLAGS_ucx_tls).empty())
+    config.ucx_options["TLS"] = absl::GetFlag(FLAGS_ucx_tls);
+  if (!absl::GetFlag(FLAGS_ucx_net_devices).empty()) {
+    config.ucx_options["NET_DEVICES"] = absl::GetFlag(FLAGS_ucx_net_devices);
+  }
+  return config;
+}
+
+}  // namespace strata::transport

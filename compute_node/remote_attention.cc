@@ -1,0 +1,592 @@
+#include "compute_node/remote_attention.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
+#include "kernels/cpu/attention.h"
+
+namespace strata {
+namespace {
+
+using transport::FrameHeader;
+using transport::FrameKind;
+using transport::PeerId;
+
+constexpr int kTile = kernels::kAttentionTileTokens;
+
+uint64_t MicrosSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
+                                                               start)
+      .count();
+}
+
+}  // namespace
+
+RemoteAttention::RemoteAttention(const ModelConfig& config, RemoteAttentionOptions options)
+    : config_(config), options_(std::move(options)) {
+  dims_ = {static_cast<int>(config.num_layers), static_cast<int>(config.num_heads),
+           static_cast<int>(config.num_kv_heads), static_cast<int>(config.head_dim)};
+}
+
+absl::StatusOr<std::unique_ptr<RemoteAttention>> RemoteAttention::Create(
+    const ModelConfig& config, RemoteAttentionOptions options) {
+  if (options.prefill_policy != "split" && options.prefill_policy != "memory") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prefill attention policy \"", options.prefill_policy, "\" (want split or memory)"));
+  }
+  if (options.minibatches < 1) return absl::InvalidArgumentError("mini-batches must be >= 1");
+  auto remote = std::unique_ptr<RemoteAttention>(new RemoteAttention(config, options));
+  ASSIGN_OR_RETURN(remote->transport_, transport::Transport::Create(options.transport));
+  RemoteAttention* self = remote.get();
+  remote->transport_->SetHandler(transport::kFrameTag, self);
+  remote->transport_->SetPeerHandler(
+      [self](PeerId peer, transport::PeerEvent event, const absl::Status& why) {
+        if (event != transport::PeerEvent::kDisconnected) return;
+        LOG(WARNING) << "lost the data-plane connection to peer " << peer << ": " << why.message();
+        std::lock_guard<std::mutex> lock(self->mu_);
+        self->dead_peers_[peer] = true;
+        self->cv_.notify_all();
+      });
+  LOG(INFO) << "disaggregated attention over " << remote->transport_->capabilities().ToString()
+            << "; " << options.minibatches << " mini-batch(es) per memory node, prefill "
+            << options.prefill_policy;
+  return remote;
+}
+
+RemoteAttention::~RemoteAttention() { transport_.reset(); }
+
+void RemoteAttention::SetMemoryNodes(uint64_t epoch, const std::vector<MemoryNodeAddress>& nodes) {
+  std::vector<PeerId> to_close;
+  {
+    std::lock_guard<std::mutex> lock(config_mu_);
+    std::map<uint32_t, Pool> next;
+    for (const MemoryNodeAddress& node : nodes) {
+      Pool pool;
+      pool.name = node.name;
+      pool.address = node.data_address;
+      auto it = pools_.find(node.pool);
+      if (it != pools_.end() && it->second.address == node.data_address && epoch == epoch_) {
+        pool.peer = it->second.peer;  // unchanged: keep the connection
+      }
+      next[node.pool] = pool;
+    }
+    for (const auto& [index, pool] : pools_) {
+      auto it = next.find(index);
+      if (pool.peer != 0 && (it == next.end() || it->second.peer != pool.peer)) {
+        to_close.push_back(pool.peer);
+      }
+    }
+    pools_ = std::move(next);
+    epoch_ = epoch;
+  }
+  for (PeerId peer : to_close) transport_->Disconnect(peer);
+}
+
+RemoteAttentionStats RemoteAttention::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+absl::Status RemoteAttention::ConnectPool(uint32_t index, Share& share) {
+  std::string address;
+  {
+    std::lock_guard<std::mutex> lock(config_mu_);
+    auto it = pools_.find(index);
+    if (it == pools_.end()) {
+      return absl::UnavailableError(absl::StrCat("no memory node is known for pool ", index));
+    }
+    if (it->second.peer != 0) {
+      bool dead;
+      {
+        std::lock_guard<std::mutex> state_lock(mu_);
+        dead = dead_peers_.count(it->second.peer) > 0;
+      }
+      if (!dead) {
+        share.peer = it->second.peer;
+        return absl::OkStatus();
+      }
+      it->second.peer = 0;  // reconnect below
+    }
+    address = it->second.address;
+  }
+  auto peer = transport_->Connect(address);
+  if (!peer.ok()) return peer.status();
+  LOG(INFO) << "connected to memory node of pool " << index << " at " << address << ": "
+            << transport_->DescribePeer(*peer);
+  std::lock_guard<std::mutex> lock(config_mu_);
+  auto it = pools_.find(index);
+  if (it == pools_.end() || it->second.address != address) {
+    transport_->Disconnect(*peer);
+    return absl::UnavailableError(absl::StrCat("pool ", index, " changed while connecting"));
+  }
+  it->second.peer = *peer;
+  share.peer = *peer;
+  return absl::OkStatus();
+}
+
+void RemoteAttention::FailShare(Share& share, const std::string& why, bool dead) {
+  if (share.failed) return;
+  share.failed = true;
+  share.why = why;
+  LOG(WARNING) << "step " << step_id_ << ": memory node of pool " << share.pool
+               << (dead ? " is dead or hung: " : " failed its rows: ") << why;
+  if (dead) {
+    outcome_.dead_pools.push_back(share.pool);
+    if (share.peer != 0) {
+      transport_->Disconnect(share.peer);  // waits: no late payload lands after this
+      std::lock_guard<std::mutex> lock(mu_);
+      dead_peers_[share.peer] = true;
+    }
+  }
+  std::vector<uint64_t> ids;
+  for (const AttentionRowPlan& r : share.share.plan.rows) ids.push_back(r.request_id);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  for (uint64_t id : ids) {
+    outcome_.failed.emplace_back(
+        id, absl::StrCat("memory node of pool ", share.pool, " failed: ", why));
+  }
+}
+
+absl::Status RemoteAttention::BeginStep(const StepKvPlan& plan) {
+  outcome_ = AttentionStepOutcome();
+  shares_.clear();
+  local_rows_.clear();
+  local_slots_.clear();
+  step_id_ = plan.step_id;
+  rows_ = static_cast<int>(plan.rows.size());
+  uint64_t epoch;
+  {
+    std::lock_guard<std::mutex> lock(config_mu_);
+    epoch = epoch_;
+  }
+  // One share per pool, in row order; pools with only table changes come after.
+  std::map<uint32_t, size_t> share_of_pool;
+  auto share_for = [&](uint32_t pool) -> Share& {
+    auto it = share_of_pool.find(pool);
+    if (it != share_of_pool.end()) return shares_[it->second];
+    share_of_pool[pool] = shares_.size();
+    Share share;
+    share.pool = pool;
+    share.share.step_id = plan.step_id;
+    share.share.epoch = epoch;
+    share.share.pool = pool;
+    share.share.num_layers = static_cast<uint32_t>(dims_.num_layers);
+    share.share.plan.step_id = plan.step_id;
+    shares_.push_back(std::move(share));
+    return shares_.back();
+  };
+  for (int i = 0; i < rows_; ++i) {
+    const uint32_t pool = plan.rows[i].pool;
+    if (i > 0 && plan.rows[i - 1].pool != pool && share_of_pool.count(pool)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step ", plan.step_id, ": rows of pool ", pool, " are not contiguous"));
+    }
+    Share& share = share_for(pool);
+    if (share.share.plan.rows.empty()) share.first_row = i;
+    share.share.plan.rows.push_back(plan.rows[i]);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_errors_.clear();
+  }
+  for (const TableRelease& r : plan.released) share_for(r.pool).share.plan.released.push_back(r);
+  for (const SlotAssignment& a : plan.assignments) {
+    share_for(a.pool).share.plan.assignments.push_back(a);
+  }
+
+  // Tile limits of prefill chunks (runs of one request at consecutive positions).
+  const bool split = options_.prefill_policy == "split";
+  for (Share& share : shares_) {
+    std::vector<AttentionRowPlan>& rows = share.share.plan.rows;
+    for (size_t a = 0; a < rows.size();) {
+      size_t b = a + 1;
+      while (b < rows.size() && rows[b].request_id == rows[a].request_id &&
+             rows[b].position == rows[b - 1].position + 1) {
+        ++b;
+      }
+      if (split && b - a >= 2) {
+        const int32_t start = rows[a].position;
+        const int32_t limit = (start + kTile - 1) / kTile;
+        std::vector<int32_t> slots(rows[b - 1].position + 1, 0);
+        for (size_t r = a; r < b; ++r) {
+          slots[rows[r].position] = share.first_row + static_cast<int32_t>(r);
+        }
+        const size_t slot_index = local_slots_.size();
+        local_slots_.push_back(std::move(slots));
+        for (size_t r = a; r < b; ++r) {
+          const int32_t tiles = kernels::AttentionNumTiles(rows[r].position + 1);
+          if (limit == 0) {
+            rows[r].tile_limit = 0;  // the memory node only stores it
+          } else if (tiles <= limit) {
+            rows[r].tile_limit = -1;
+            continue;
+          } else {
+            rows[r].tile_limit = limit;
+          }
+          local_rows_.push_back(
+              {share.first_row + static_cast<int>(r), rows[r].position, limit, slot_index});
+        }
+      }
+      a = b;
+    }
+    share.share.minibatch_rows =
+        SplitMinibatches(static_cast<int>(rows.size()), options_.minibatches);
+    share.layouts = LayoutMinibatches(share.share, dims_);
+  }
+
+  // Connect and send each memory node its descriptor.
+  for (Share& share : shares_) {
+    absl::Status status = ConnectPool(share.pool, share);
+    if (!status.ok()) {
+      FailShare(share, std::string(status.message()), /*dead=*/true);
+      continue;
+    }
+    auto body = std::make_shared<std::string>(EncodeStepShare(share.share));
+    const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(body->data()),
+                                         body->size());
+    FrameHeader header;
+    header.kind = static_cast<uint16_t>(FrameKind::kStep);
+    header.step_id = plan.step_id;
+    header.epoch = epoch;
+    header.rows = static_cast<uint32_t>(share.share.plan.rows.size());
+    header.payload_bytes = bytes.size();
+    header.checksum = transport::PayloadChecksum(bytes);
+    const PeerId peer = share.peer;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.bytes_sent += sizeof(header) + bytes.size();
+    }
+    outcome_.bytes_sent += sizeof(header) + bytes.size();
+    transport_->Send(peer, transport::kFrameTag, transport::AsBytes(header), {bytes},
+                     [this, body, peer](absl::Status s) {
+                       if (s.ok()) return;
+                       std::lock_guard<std::mutex> lock(mu_);
+                       dead_peers_[peer] = true;
+                       cv_.notify_all();
+                     });
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.steps;
+  return absl::OkStatus();
+}
+
+void RemoteAttention::RunLocal(const std::vector<const LocalRow*>& rows, BatchBuffers& b,
+                               const float* states) {
+  const int n = static_cast<int>(rows.size());
+  if (n == 0) return;
+  kernels::AttentionParams p;
+  p.num_heads = dims_.num_heads;
+  p.num_kv_heads = dims_.num_kv_heads;
+  p.head_dim = dims_.head_dim;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(dims_.head_dim));  // as AttentionEngine
+  const size_t q_row = static_cast<size_t>(p.num_heads) * p.head_dim;
+  const size_t state_row = static_cast<size_t>(p.num_heads) * (p.head_dim + 2);
+  std::vector<uint16_t> q(n * q_row), out(n * q_row);
+  std::vector<float> state(n * state_row);
+  std::vector<kernels::AttentionRow> kernel_rows(n);
+  for (int i = 0; i < n; ++i) {
+    const LocalRow& r = *rows[i];
+    std::memcpy(q.data() + i * q_row, b.q.data() + r.row * q_row, q_row * 2);
+    kernel_rows[i].slots = local_slots_[r.slots].data();
+    kernel_rows[i].kv_end = r.position + 1;
+    kernel_rows[i].tile_begin = r.first_tile;
+    kernel_rows[i].tile_end = kernels::AttentionNumTiles(r.position + 1);
+  }
+  if (states != nullptr) {
+    std::memcpy(state.data(), states, state.size() * sizeof(float));
+  } else {
+    kernels::AttentionStateInit(p, n, state.data());
+  }
+  const int rc = kernels::AttentionFold(p, n, q.data(), kernel_rows.data(), b.k.data(), b.v.data(),
+                                        state.data());
+  CHECK_EQ(rc, 0) << "local attention over a prefill chunk";
+  kernels::AttentionFinish(p, n, state.data(), out.data());
+  for (int i = 0; i < n; ++i) {
+    std::memcpy(b.attn.data() + rows[i]->row * q_row, out.data() + i * q_row, q_row * 2);
+  }
+}
+
+absl::Status RemoteAttention::Attend(int layer, BatchBuffers& b, int64_t m) {
+  if (m != rows_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch has ", m, " rows but the step plan ", rows_));
+  }
+  const size_t q_row = dims_.q_row_bytes(), kv_row = dims_.kv_row_bytes();
+  const auto* q_base = reinterpret_cast<const uint8_t*>(b.q.data());
+  const auto* k_base = reinterpret_cast<const uint8_t*>(b.k.data());
+  const auto* v_base = reinterpret_cast<const uint8_t*>(b.v.data());
+  auto* attn_base = reinterpret_cast<uint8_t*>(b.attn.data());
+  uint64_t epoch;
+  {
+    std::lock_guard<std::mutex> lock(config_mu_);
+    epoch = epoch_;
+  }
+  // Register every answer before the first frame leaves: answers can be fast.
+  struct Outgoing {
+    size_t share;
+    int minibatch;
+    FrameHeader header;
+    std::vector<std::span<const uint8_t>> parts;
+  };
+  std::vector<Outgoing> outgoing;
+  for (Share& share : shares_) {
+    std::string why;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = pending_errors_.find(share.peer);
+      if (share.peer != 0 && it != pending_errors_.end()) why = it->second;
+    }
+    if (!why.empty()) FailShare(share, absl::StrCat("memory node: ", why), /*dead=*/false);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    layer_ = layer;
+    expected_.clear();
+    for (size_t s = 0; s < shares_.size(); ++s) {
+      Share& share = shares_[s];
+      if (share.failed || share.share.plan.rows.empty()) continue;
+      for (size_t j = 0; j < share.layouts.size(); ++j) {
+        const MinibatchLayout& mb = share.layouts[j];
+        const int r0 = share.first_row + mb.begin, r1 = share.first_row + mb.end;
+        Outgoing out{s, static_cast<int>(j), {}, {}};
+        // q of the rows that attend there, in runs of consecutive rows.
+        for (int r = mb.begin; r < mb.end;) {
+          if (share.share.plan.rows[r].tile_limit == 0) {
+            ++r;
+            continue;
+          }
+          int e = r + 1;
+          while (e < mb.end && share.share.plan.rows[e].tile_limit != 0) ++e;
+          out.parts.emplace_back(q_base + (share.first_row + r) * q_row, (e - r) * q_row);
+          r = e;
+        }
+        out.parts.emplace_back(k_base + r0 * kv_row, (r1 - r0) * kv_row);
+        out.parts.emplace_back(v_base + r0 * kv_row, (r1 - r0) * kv_row);
+        FrameHeader& h = out.header;
+        h.kind = static_cast<uint16_t>(FrameKind::kLayer);
+        h.step_id = step_id_;
+        h.epoch = epoch;
+        h.layer = static_cast<uint32_t>(layer);
+        h.minibatch = static_cast<uint32_t>(j);
+        h.rows = static_cast<uint32_t>(r1 - r0);
+        h.dtype = static_cast<uint16_t>(transport::FrameDType::kBF16);
+        h.payload_bytes = mb.request_bytes();
+        h.checksum = transport::PayloadChecksum(out.parts);
+        Expected e;
+        e.share = s;
+        e.minibatch = static_cast<int>(j);
+        e.peer = share.peer;
+        e.direct = mb.partials == 0 && mb.writes == 0;
+        if (e.direct) {
+          e.dest = {attn_base + r0 * q_row, mb.out_bytes};
+        } else {
+          e.staging = std::make_shared<std::vector<uint8_t>>(mb.result_bytes());
+          e.dest = {e.staging->data(), e.staging->size()};
+        }
+        expected_.push_back(std::move(e));
+        outgoing.push_back(std::move(out));
+      }
+    }
+  }
+  for (Outgoing& out : outgoing) {
+    const PeerId peer = shares_[out.share].peer;
+    const size_t bytes = sizeof(FrameHeader) + out.header.payload_bytes;
+    outcome_.bytes_sent += bytes;
+    transport_->Send(peer, transport::kFrameTag, transport::AsBytes(out.header),
+                     std::move(out.parts), [this, peer](absl::Status s) {
+                       if (s.ok()) return;
+                       std::lock_guard<std::mutex> lock(mu_);
+                       dead_peers_[peer] = true;
+                       cv_.notify_all();
+                     });
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.layer_frames += outgoing.size();
+    for (const Outgoing& out : outgoing) {
+      stats_.bytes_sent += sizeof(FrameHeader) + out.header.payload_bytes;
+    }
+  }
+
+  // While the memory nodes work: chunks that this node attends entirely.
+  std::vector<const LocalRow*> whole;
+  for (const LocalRow& r : local_rows_) {
+    if (r.first_tile == 0) whole.push_back(&r);
+  }
+  RunLocal(whole, b, nullptr);
+
+  // Wait for every answer, a dead peer, or the deadline.
+  const auto wait_start = std::chrono::steady_clock::now();
+  std::vector<Expected> answers;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto deadline = wait_start + absl::ToChronoNanoseconds(options_.layer_timeout);
+    cv_.wait_until(lock, deadline, [&] {
+      for (const Expected& e : expected_) {
+        if (!e.arrived && !dead_peers_.count(e.peer)) return false;
+      }
+      return true;
+    });
+    answers = std::move(expected_);
+    expected_.clear();
+    layer_ = -1;
+  }
+  outcome_.wait_us += MicrosSince(wait_start);
+
+  for (const Expected& e : answers) {
+    Share& share = shares_[e.share];
+    if (share.failed) continue;
+    bool dead_peer;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      dead_peer = dead_peers_.count(e.peer) > 0;
+    }
+    if (!e.arrived) {
+      if (dead_peer) {
+        FailShare(share, "the connection closed", /*dead=*/true);
+      } else {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          ++stats_.timeouts;
+        }
+        FailShare(share,
+                  absl::StrCat("no answer for layer ", layer, " within ",
+                               absl::FormatDuration(options_.layer_timeout)),
+                  /*dead=*/true);
+      }
+    } else if (!e.status.ok()) {
+      FailShare(share, std::string(e.status.message()), /*dead=*/false);
+    } else {
+      outcome_.bytes_received += sizeof(FrameHeader) + e.dest.size();
+    }
+  }
+
+  // Scatter outputs and continue partial rows; zero the rows of failed shares.
+  std::vector<int> local_of_row(rows_, -1);
+  for (size_t i = 0; i < local_rows_.size(); ++i) local_of_row[local_rows_[i].row] = i;
+  std::vector<const LocalRow*> continued;
+  std::vector<float> states;
+  const size_t state_row = dims_.state_row_bytes();
+  for (const Expected& e : answers) {
+    Share& share = shares_[e.share];
+    const MinibatchLayout& mb = share.layouts[e.minibatch];
+    if (share.failed) {
+      std::memset(attn_base + (share.first_row + mb.begin) * q_row, 0, (mb.end - mb.begin) * q_row);
+      continue;
+    }
+    if (e.direct) continue;
+    int finals = 0, partials = 0;
+    for (int r = mb.begin; r < mb.end; ++r) {
+      const int32_t limit = share.share.plan.rows[r].tile_limit;
+      const int row = share.first_row + r;
+      if (limit < 0) {
+        std::memcpy(attn_base + row * q_row, e.dest.data() + finals++ * q_row, q_row);
+      } else if (limit > 0) {
+        const auto* s =
+            reinterpret_cast<const float*>(e.dest.data() + mb.out_bytes + partials++ * state_row);
+        states.insert(states.end(), s, s + state_row / sizeof(float));
+        continued.push_back(&local_rows_[local_of_row[row]]);
+      }
+    }
+  }
+  RunLocal(continued, b, states.empty() ? nullptr : states.data());
+  // Rows of failed shares that this node computed itself are still meaningless.
+  for (const Share& share : shares_) {
+    if (!share.failed) continue;
+    for (size_t r = 0; r < share.share.plan.rows.size(); ++r) {
+      std::memset(attn_base + (share.first_row + r) * q_row, 0, q_row);
+    }
+  }
+  return absl::OkStatus();
+}
+
+AttentionStepOutcome RemoteAttention::EndStep() {
+  AttentionStepOutcome out = std::move(outcome_);
+  outcome_ = AttentionStepOutcome();
+  std::sort(out.dead_pools.begin(), out.dead_pools.end());
+  out.dead_pools.erase(std::unique(out.dead_pools.begin(), out.dead_pools.end()),
+                       out.dead_pools.end());
+  return out;
+}
+
+std::span<uint8_t> RemoteAttention::Place(PeerId from, std::span<const uint8_t> header_bytes,
+                                          size_t payload_bytes) {
+  FrameHeader h;
+  if (!transport::ParseFrameHeader(header_bytes, &h).ok() ||
+      h.kind != static_cast<uint16_t>(FrameKind::kLayerResult)) {
+    return {};
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (h.step_id != step_id_ || static_cast<int>(h.layer) != layer_) return {};
+  for (Expected& e : expected_) {
+    if (e.peer == from && e.minibatch == static_cast<int>(h.minibatch) && !e.arrived &&
+        e.dest.size() == payload_bytes && payload_bytes > 0) {
+      return e.dest;
+    }
+  }
+  return {};
+}
+
+void RemoteAttention::Deliver(PeerId from, std::span<const uint8_t> header_bytes,
+                              std::span<const uint8_t> payload, absl::Status status) {
+  FrameHeader h;
+  absl::Status parsed = transport::ParseFrameHeader(header_bytes, &h);
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.bytes_received += header_bytes.size() + payload.size();
+  if (!parsed.ok()) {
+    ++stats_.stale_frames;
+    LOG_FIRST_N(WARNING, 10) << "dropped a malformed data-plane frame: " << parsed.message();
+    return;
+  }
+  if (h.step_id != step_id_ || (h.kind == static_cast<uint16_t>(FrameKind::kLayerResult) &&
+                                static_cast<int>(h.layer) != layer_)) {
+    ++stats_.stale_frames;  // an answer to a step or layer that has been given up
+    return;
+  }
+  if (h.kind == static_cast<uint16_t>(FrameKind::kError)) {
+    ++stats_.error_frames;
+    const std::string why(reinterpret_cast<const char*>(payload.data()),
+                          std::min<size_t>(payload.size(), 4096));
+    // The memory node gave up on this step: every answer of that peer fails.
+    for (Expected& e : expected_) {
+      if (e.peer == from && !e.arrived) {
+        e.arrived = true;
+        e.status = absl::InternalError(absl::StrCat("memory node: ", why));
+      }
+    }
+    pending_errors_[from] = why;
+    cv_.notify_all();
+    return;
+  }
+  if (h.kind != static_cast<uint16_t>(FrameKind::kLayerResult)) {
+    ++stats_.stale_frames;
+    return;
+  }
+  for (Expected& e : expected_) {
+    if (e.peer != from || e.minibatch != static_cast<int>(h.minibatch) || e.arrived) continue;
+    e.arrived = true;
+    if (!status.ok()) {
+      e.status = status;
+    } else if (payload.size() != e.dest.size()) {
+      e.status = absl::DataLossError(
+          absl::StrCat("layer result of ", payload.size(), " bytes; expected ", e.dest.size()));
+    } else {
+      e.status = transport::CheckFramePayload(h, payload, options_.verify_checksums);
+      if (absl::IsDataLoss(e.status)) ++stats_.checksum_failures;
+      if (e.status.ok() && payload.data() != e.dest.data() && !payload.empty()) {
+        std::memcpy(e.dest.data(), payload.data(), payload.size());
+      }
+    }
+    cv_.notify_all();
+    return;
+  }
+  ++stats_.stale_frames;
+}
+
+}  // namespace strata

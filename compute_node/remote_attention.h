@@ -1,0 +1,165 @@
+// Disaggregated mode: attention runs on memory nodes over the data plane.
+//
+// Per step, each memory node that holds rows of the batch (or has slot-table changes) gets
+// a step descriptor with its share; then, per layer, one frame per mini-batch with the q,
+// k and v rows of its requests, and it answers with the attention output rows. All
+// mini-batches of all memory nodes are sent before any answer is awaited, so the transfer
+// of mini-batch i+1 overlaps attention on mini-batch i at the memory node, and answers
+// stream back while later mini-batches compute.
+//
+// Prefill chunks follow the policy (ARCHITECTURE.md, "A step of decoding"):
+//   "split"  (Lamina): for a chunk starting at position s, the memory node folds the tiles
+//            below ceil(s / 64) (the cached prefix, and the chunk's share of the tile that
+//            straddles s) and returns the fold state; this node continues the fold over the
+//            chunk's own tiles from the chunk's k/v rows, and computes whole chunks that
+//            start at 0 itself (the memory node only stores their k/v).
+//   "memory": memory nodes compute all attention.
+// Both give the same bits as co-located attention: the fold over tiles is the same, only
+// where each tile is folded changes.
+//
+// Failures: a memory node that cannot be reached, closes, answers an error, sends a frame
+// that fails its checks, or misses the per-layer deadline loses only its own rows: their
+// requests are reported by EndStep (the dead or hung node among dead_pools), their output
+// rows are zeros, and the step goes on for everyone else.
+//
+// Thread-safety: BeginStep/Attend/EndStep from the step thread; SetMemoryNodes from any.
+#ifndef STRATA_COMPUTE_NODE_REMOTE_ATTENTION_H_
+#define STRATA_COMPUTE_NODE_REMOTE_ATTENTION_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/model/model_config.h"
+#include "common/protocol/attention_wire.h"
+#include "common/transport/frame.h"
+#include "common/transport/transport.h"
+#include "compute_node/attention_backend.h"
+
+namespace strata {
+
+struct RemoteAttentionOptions {
+  transport::TransportConfig transport;
+  int minibatches = 2;                   // per memory node and layer; 1: no overlap
+  std::string prefill_policy = "split";  // "split" or "memory"
+  absl::Duration layer_timeout = absl::Seconds(10);
+  bool verify_checksums = true;
+};
+
+struct MemoryNodeAddress {
+  uint32_t pool = 0;
+  std::string name;
+  std::string data_address;
+};
+
+struct RemoteAttentionStats {
+  uint64_t steps = 0;
+  uint64_t layer_frames = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  uint64_t checksum_failures = 0;
+  uint64_t error_frames = 0;
+  uint64_t stale_frames = 0;
+  uint64_t timeouts = 0;
+};
+
+class RemoteAttention : public AttentionBackend, public transport::MessageHandler {
+ public:
+  static absl::StatusOr<std::unique_ptr<RemoteAttention>> Create(const ModelConfig& config,
+                                                                 RemoteAttentionOptions options);
+  ~RemoteAttention() override;
+
+  // The memory nodes of the current scheduler epoch, by pool. Nodes whose address changed
+  // are reconnected at the next step.
+  void SetMemoryNodes(uint64_t epoch, const std::vector<MemoryNodeAddress>& nodes);
+  transport::Capabilities capabilities() const { return transport_->capabilities(); }
+  RemoteAttentionStats stats() const;
+
+  absl::Status BeginStep(const StepKvPlan& plan) override;
+  absl::Status Attend(int layer, BatchBuffers& b, int64_t m) override;
+  AttentionStepOutcome EndStep() override;
+
+  // transport::MessageHandler (the transport thread).
+  std::span<uint8_t> Place(transport::PeerId from, std::span<const uint8_t> header,
+                           size_t payload_bytes) override;
+  void Deliver(transport::PeerId from, std::span<const uint8_t> header,
+               std::span<const uint8_t> payload, absl::Status status) override;
+
+ private:
+  struct Pool {
+    std::string name;
+    std::string address;
+    transport::PeerId peer = 0;  // 0: not connected
+  };
+  // One memory node's part of the current step.
+  struct Share {
+    uint32_t pool = 0;
+    transport::PeerId peer = 0;
+    int first_row = 0;  // rows [first_row, first_row + rows) of the batch
+    StepShare share;
+    std::vector<MinibatchLayout> layouts;
+    bool failed = false;
+    std::string why;
+  };
+  // An answer this node waits for: one per (share, mini-batch) of the current layer.
+  struct Expected {
+    size_t share = 0;
+    int minibatch = 0;
+    transport::PeerId peer = 0;
+    std::span<uint8_t> dest;  // where the result payload lands
+    // When it cannot land in b.attn directly; shared so that it outlives an abandoned wait.
+    std::shared_ptr<std::vector<uint8_t>> staging;
+    bool direct = false;  // dest is inside b.attn
+    bool arrived = false;
+    absl::Status status;
+  };
+  // Rows whose attention this node computes (split prefill).
+  struct LocalRow {
+    int row = 0;  // batch row
+    int32_t position = 0;
+    int32_t first_tile = 0;  // fold tiles [first_tile, end) here; 0: all of it here
+    size_t slots = 0;        // index into local_slots_
+  };
+
+  RemoteAttention(const ModelConfig& config, RemoteAttentionOptions options);
+  void FailShare(Share& share, const std::string& why, bool dead);
+  absl::Status ConnectPool(uint32_t pool, Share& share);
+  void RunLocal(const std::vector<const LocalRow*>& rows, BatchBuffers& b, const float* states);
+
+  ModelConfig config_;
+  AttentionDims dims_;
+  RemoteAttentionOptions options_;
+  std::unique_ptr<transport::Transport> transport_;
+
+  std::mutex config_mu_;
+  uint64_t epoch_ = 0;
+  std::map<uint32_t, Pool> pools_;
+
+  // Step state (step thread), with `expected_` and the counters shared with the transport
+  // thread under mu_.
+  uint64_t step_id_ = 0;
+  int rows_ = 0;
+  std::vector<Share> shares_;
+  std::vector<LocalRow> local_rows_;
+  std::vector<std::vector<int32_t>> local_slots_;  // per chunk: position -> batch row
+  AttentionStepOutcome outcome_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int layer_ = -1;
+  std::vector<Expected> expected_;
+  std::unordered_map<transport::PeerId, bool> dead_peers_;
+  std::unordered_map<transport::PeerId, std::string> pending_errors_;  // step-level errors
+  RemoteAttentionStats stats_;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_COMPUTE_NODE_REMOTE_ATTENTION_H_

@@ -1,0 +1,89 @@
+// memory_node: holds KV cache and runs attention where it lives.
+//
+//   memory_node --scheduler=HOST:PORT [--name=memory-0] [--kv_budget_mib=4096]
+//               [--data_address=HOST:0] [--ucx_tls=tcp] [--threads=N]
+#include <grpcpp/grpcpp.h>
+#include <omp.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/base/shutdown.h"
+#include "common/control/node_agent.h"
+#include "common/control/version.h"
+#include "common/transport/transport_flags.h"
+#include "kernels/cpu/isa.h"
+#include "memory_node/memory_server.h"
+#include "memory_node/service.h"
+
+ABSL_FLAG(std::string, scheduler, "127.0.0.1:50050", "Scheduler control address");
+ABSL_FLAG(std::string, name, "memory-0", "Node name (logs, metrics)");
+ABSL_FLAG(std::string, host, "127.0.0.1", "Control-plane listen address");
+ABSL_FLAG(int, port, 0, "Control port (0: any free port)");
+ABSL_FLAG(std::string, data_address, "",
+          "Data-plane listen address, HOST:PORT (default: --host, any port)");
+ABSL_FLAG(int, threads, 0, "Attention threads (0: all cores)");
+ABSL_FLAG(int64_t, kv_budget_mib, 4096, "KV cache budget, MiB");
+ABSL_FLAG(bool, verify_checksums, true, "Verify the checksum of every data-plane frame");
+ABSL_FLAG(bool, prefault_kv, true, "Touch the KV cache when it is allocated");
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  strata::InstallShutdownHandlers();
+  strata::SetLogTag(absl::GetFlag(FLAGS_name));
+  if (absl::GetFlag(FLAGS_threads) > 0) omp_set_num_threads(absl::GetFlag(FLAGS_threads));
+
+  strata::MemoryServerOptions options;
+  options.transport = strata::transport::TransportConfigFromFlags();
+  options.data_address = absl::GetFlag(FLAGS_data_address).empty()
+                             ? absl::StrCat(absl::GetFlag(FLAGS_host), ":0")
+                             : absl::GetFlag(FLAGS_data_address);
+  options.verify_checksums = absl::GetFlag(FLAGS_verify_checksums);
+  options.prefault_kv = absl::GetFlag(FLAGS_prefault_kv);
+  auto server = strata::MemoryServer::Create(options);
+  if (!server.ok()) {
+    LOG(ERROR) << "cannot start the data plane: " << server.status();
+    return 1;
+  }
+
+  strata::control::NodeInfo info;
+  info.set_role(strata::control::ROLE_MEMORY);
+  info.set_name(absl::GetFlag(FLAGS_name));
+  info.set_protocol_version(strata::kProtocolVersion);
+  info.set_build_version(strata::kBuildVersion);
+  info.set_cpu_isa(strata::kernels::CpuIsaName(strata::kernels::ActiveCpuIsa()));
+  info.set_kv_budget_bytes(absl::GetFlag(FLAGS_kv_budget_mib) << 20);
+  info.set_data_address((*server)->data_address());
+  info.set_transport((*server)->capabilities().ToString());
+
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port)),
+                           grpc::InsecureServerCredentials(), &port);
+  strata::MemoryNodeService service(server->get(), info);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
+  if (grpc_server == nullptr || port == 0) {
+    LOG(ERROR) << "cannot listen on " << absl::GetFlag(FLAGS_host) << ":"
+               << absl::GetFlag(FLAGS_port);
+    return 1;
+  }
+  info.set_control_address(absl::StrCat(absl::GetFlag(FLAGS_host), ":", port));
+  LOG(INFO) << "memory node listening on " << info.control_address() << " (control) and "
+            << info.data_address() << " (data: " << info.transport() << "), " << info.cpu_isa()
+            << " kernels, " << omp_get_max_threads() << " threads";
+
+  strata::NodeAgent agent(absl::GetFlag(FLAGS_scheduler), info,
+                          [&] { return (*server)->Status(); });
+  agent.Start();
+  while (!strata::WaitForShutdownFor(absl::Milliseconds(200))) {
+    if (!agent.fatal_error().empty()) {
+      LOG(ERROR) << "giving up: " << agent.fatal_error();
+      break;
+    }
+  }
+  agent.Stop();
+  grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return agent.fatal_error().empty() ? 0 : 1;
+}

@@ -1,0 +1,409 @@
+#include "memory_node/memory_server.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
+
+namespace strata {
+namespace {
+
+using transport::FrameHeader;
+using transport::FrameKind;
+using transport::PeerId;
+
+// A layer frame's payload is at most this big (a step of 16k rows of a large model is far
+// below); larger claims are malformed.
+constexpr uint64_t kMaxPayload = uint64_t{2} << 30;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MemoryServer>> MemoryServer::Create(MemoryServerOptions options) {
+  auto server = std::unique_ptr<MemoryServer>(new MemoryServer(std::move(options)));
+  ASSIGN_OR_RETURN(server->transport_, transport::Transport::Create(server->options_.transport));
+  server->transport_->SetHandler(transport::kFrameTag, server.get());
+  MemoryServer* self = server.get();
+  server->transport_->SetPeerHandler(
+      [self](PeerId peer, transport::PeerEvent event, const absl::Status& why) {
+        if (event == transport::PeerEvent::kConnected) {
+          LOG(INFO) << "compute node connected on the data plane (peer " << peer << ")";
+          std::lock_guard<std::mutex> lock(self->stats_mu_);
+          ++self->stats_.peers;
+          return;
+        }
+        LOG(WARNING) << "data-plane peer " << peer << " left: " << why.message();
+        // Its step, if any, is dropped by the worker (in order with its frames).
+        Work work;
+        work.peer = peer;
+        work.status = absl::CancelledError("peer left");
+        std::lock_guard<std::mutex> lock(self->queue_mu_);
+        self->queue_.push_back(std::move(work));
+        self->queue_cv_.notify_all();
+      });
+  ASSIGN_OR_RETURN(server->data_address_,
+                   server->transport_->Listen(server->options_.data_address));
+  server->worker_ = std::thread([self] { self->RunWorker(); });
+  return server;
+}
+
+MemoryServer::~MemoryServer() {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    stop_ = true;
+  }
+  queue_cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  transport_.reset();  // completes every send before buffers go
+}
+
+absl::StatusOr<control::MemoryConfigAck> MemoryServer::Configure(
+    const control::MemoryConfig& config) {
+  const control::ModelShape& m = config.model();
+  if (m.num_layers() == 0 || m.num_heads() == 0 || m.num_kv_heads() == 0 || m.head_dim() == 0 ||
+      m.num_heads() % m.num_kv_heads() != 0 || m.head_dim() % 16 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unusable model shape: ", m.num_layers(), " layers, ", m.num_heads(),
+                     " heads, ", m.num_kv_heads(), " KV heads, head dim ", m.head_dim()));
+  }
+  if (m.kv_dtype() != "bf16") {
+    return absl::InvalidArgumentError(absl::StrCat("KV dtype \"", m.kv_dtype(), "\""));
+  }
+  if (config.num_slots() == 0) return absl::InvalidArgumentError("no KV slots");
+  std::lock_guard<std::mutex> lock(engine_mu_);
+  const bool same_shape = engine_ != nullptr &&
+                          dims_.num_layers == static_cast<int>(m.num_layers()) &&
+                          dims_.num_heads == static_cast<int>(m.num_heads()) &&
+                          dims_.num_kv_heads == static_cast<int>(m.num_kv_heads()) &&
+                          dims_.head_dim == static_cast<int>(m.head_dim()) &&
+                          engine_->store().num_slots() == static_cast<int64_t>(config.num_slots());
+  peers_.clear();  // steps in flight belong to the previous configuration
+  if (same_shape) {
+    engine_->Reset();  // the scheduler starts this pool empty
+    epoch_ = config.epoch();
+    pool_ = config.pool_index();
+    LOG(INFO) << "reconfigured as pool " << pool_ << " of epoch " << epoch_ << " (KV dropped)";
+  } else {
+    AttentionEngineConfig engine_config;
+    engine_config.store.num_layers = m.num_layers();
+    engine_config.store.num_kv_heads = m.num_kv_heads();
+    engine_config.store.head_dim = m.head_dim();
+    engine_config.store.dtype = kernels::KvDType::kBF16;
+    engine_config.store.num_slots = static_cast<int64_t>(config.num_slots());
+    engine_config.store.prefault = options_.prefault_kv;
+    engine_config.num_heads = m.num_heads();
+    engine_.reset();  // free the old store before allocating the new one
+    const absl::Time start = absl::Now();
+    ASSIGN_OR_RETURN(engine_, AttentionEngine::Create(engine_config));
+    dims_ = {static_cast<int>(m.num_layers()), static_cast<int>(m.num_heads()),
+             static_cast<int>(m.num_kv_heads()), static_cast<int>(m.head_dim())};
+    epoch_ = config.epoch();
+    pool_ = config.pool_index();
+    LOG(INFO) << "configured as pool " << pool_ << " of epoch " << epoch_ << ": "
+              << config.num_slots() << " KV slots (" << engine_->store().total_bytes() / (1 << 20)
+              << " MiB) for " << m.name() << " in " << absl::FormatDuration(absl::Now() - start);
+  }
+  control::MemoryConfigAck ack;
+  ack.set_num_slots(engine_->store().num_slots());
+  ack.set_kv_bytes(engine_->store().total_bytes());
+  return ack;
+}
+
+control::NodeStatus MemoryServer::Status() const {
+  control::NodeStatus status;
+  std::lock_guard<std::mutex> lock(engine_mu_);
+  status.set_ready(engine_ != nullptr);
+  if (engine_ != nullptr) {
+    status.set_kv_slots_total(engine_->store().num_slots());
+    status.set_kv_slots_in_tables(engine_->num_assigned_positions());
+  }
+  std::lock_guard<std::mutex> stats_lock(stats_mu_);
+  status.set_steps_executed(stats_.steps);
+  return status;
+}
+
+MemoryServerStats MemoryServer::stats() const {
+  MemoryServerStats out;
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    out = stats_;
+  }
+  std::lock_guard<std::mutex> lock(engine_mu_);
+  if (engine_ != nullptr) {
+    out.kv_slots = engine_->store().num_slots();
+    out.kv_positions = engine_->num_assigned_positions();
+    out.tables = engine_->num_tables();
+  }
+  return out;
+}
+
+std::shared_ptr<std::vector<uint8_t>> MemoryServer::Buffer(size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    for (size_t i = 0; i < free_buffers_.size(); ++i) {
+      if (free_buffers_[i]->capacity() >= bytes) {
+        auto buffer = std::move(free_buffers_[i]);
+        free_buffers_.erase(free_buffers_.begin() + i);
+        buffer->resize(bytes);
+        return buffer;
+      }
+    }
+  }
+  return std::make_shared<std::vector<uint8_t>>(bytes);
+}
+
+// Buffers are recycled by a deleter-free convention: whoever finishes with one hands it
+// back through this lambda-friendly function.
+static void Recycle(std::mutex& mu, std::vector<std::shared_ptr<std::vector<uint8_t>>>& pool,
+                    std::shared_ptr<std::vector<uint8_t>> buffer) {
+  if (buffer == nullptr || buffer.use_count() != 1) return;
+  std::lock_guard<std::mutex> lock(mu);
+  if (pool.size() < 32) pool.push_back(std::move(buffer));
+}
+
+std::span<uint8_t> MemoryServer::Place(PeerId, std::span<const uint8_t> header_bytes,
+                                       size_t payload_bytes) {
+  FrameHeader header;
+  if (!transport::ParseFrameHeader(header_bytes, &header).ok() ||
+      header.kind != static_cast<uint16_t>(FrameKind::kLayer) ||
+      header.payload_bytes != payload_bytes || payload_bytes == 0 || payload_bytes > kMaxPayload) {
+    return {};  // looked at in Deliver
+  }
+  auto buffer = Buffer(payload_bytes);
+  std::span<uint8_t> span(buffer->data(), payload_bytes);
+  placed_[buffer->data()] = std::move(buffer);
+  return span;
+}
+
+void MemoryServer::Deliver(PeerId from, std::span<const uint8_t> header,
+                           std::span<const uint8_t> payload, absl::Status status) {
+  Work work;
+  work.peer = from;
+  work.header.assign(header.begin(), header.end());
+  work.status = std::move(status);
+  auto it = placed_.find(payload.data());
+  if (it != placed_.end() && payload.data() != nullptr) {
+    work.payload = std::move(it->second);
+    placed_.erase(it);
+  } else if (work.status.ok()) {
+    work.payload = Buffer(payload.size());
+    if (!payload.empty()) std::memcpy(work.payload->data(), payload.data(), payload.size());
+  }
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.bytes_received += header.size() + payload.size();
+  }
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  queue_.push_back(std::move(work));
+  queue_cv_.notify_all();
+}
+
+void MemoryServer::RunWorker() {
+  while (true) {
+    Work work;
+    {
+      std::unique_lock<std::mutex> lock(queue_mu_);
+      queue_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      work = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    Handle(work);
+    Recycle(pool_mu_, free_buffers_, std::move(work.payload));
+  }
+}
+
+void MemoryServer::Handle(Work& work) {
+  if (work.header.empty() && absl::IsCancelled(work.status)) {
+    std::lock_guard<std::mutex> lock(engine_mu_);
+    peers_.erase(work.peer);  // the peer left: let go of its step
+    return;
+  }
+  FrameHeader header;
+  absl::Status status = transport::ParseFrameHeader(work.header, &header);
+  if (status.ok()) status = work.status;
+  const std::span<const uint8_t> payload =
+      work.payload ? std::span<const uint8_t>(*work.payload) : std::span<const uint8_t>();
+  if (status.ok()) {
+    status = transport::CheckFramePayload(header, payload, options_.verify_checksums);
+    if (!status.ok() && absl::IsDataLoss(status) && payload.size() == header.payload_bytes) {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      ++stats_.checksum_failures;
+    }
+  }
+  if (!status.ok()) {
+    LOG_FIRST_N(WARNING, 20) << "rejected a data-plane frame from peer " << work.peer << ": "
+                             << status.message();
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      ++stats_.malformed_frames;
+    }
+    // Tell the sender, if the header says who to tell about, and fail the step it names.
+    if (work.header.size() == sizeof(FrameHeader)) {
+      std::memcpy(&header, work.header.data(), sizeof(header));
+      {
+        std::lock_guard<std::mutex> lock(engine_mu_);
+        auto it = peers_.find(work.peer);
+        if (it != peers_.end() && it->second.share.step_id == header.step_id) {
+          it->second.error = std::string(status.message());
+        }
+      }
+      SendError(work.peer, header, std::string(status.message()));
+    }
+    return;
+  }
+  switch (static_cast<FrameKind>(header.kind)) {
+    case FrameKind::kStep:
+      HandleStep(work.peer, header, payload);
+      return;
+    case FrameKind::kLayer:
+      HandleLayer(work.peer, header, payload);
+      return;
+    default: {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      ++stats_.malformed_frames;
+    }
+      SendError(work.peer, header,
+                absl::StrCat("a memory node does not take ", transport::FrameKindName(header.kind),
+                             " frames"));
+  }
+}
+
+void MemoryServer::HandleStep(PeerId peer, const FrameHeader& header,
+                              std::span<const uint8_t> payload) {
+  std::string error;
+  {
+    std::lock_guard<std::mutex> lock(engine_mu_);
+    PeerState& state = peers_[peer];
+    state = PeerState();  // drop the previous step (and its hold on slot tables) first
+    state.has_step = true;
+    state.share.step_id = header.step_id;
+    auto share = DecodeStepShare(payload);
+    if (!share.ok()) {
+      error = std::string(share.status().message());
+    } else if (engine_ == nullptr) {
+      error = "this memory node is not configured yet";
+    } else if (share->epoch != epoch_ || header.epoch != epoch_) {
+      error =
+          absl::StrCat("step of epoch ", share->epoch, "; this memory node serves epoch ", epoch_);
+    } else if (share->pool != pool_) {
+      error = absl::StrCat("step for pool ", share->pool, " reached pool ", pool_);
+    } else if (share->num_layers != static_cast<uint32_t>(dims_.num_layers)) {
+      error = absl::StrCat("step for a model of ", share->num_layers, " layers; this one has ",
+                           dims_.num_layers);
+    } else if (share->step_id != header.step_id) {
+      error = "step descriptor and frame header disagree on the step";
+    } else {
+      auto prepared = engine_->Prepare(share->plan);
+      if (!prepared.ok()) {
+        error = std::string(prepared.status().message());
+      } else {
+        state.share = std::move(*share);
+        state.prepared = std::move(*prepared);
+        state.layouts = LayoutMinibatches(state.share, dims_);
+      }
+    }
+    state.error = error;
+  }
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.steps;
+    if (!error.empty()) ++stats_.rejected_steps;
+  }
+  if (!error.empty()) {
+    LOG_FIRST_N(WARNING, 20) << "rejected step " << header.step_id << " from peer " << peer << ": "
+                             << error;
+    SendError(peer, header, error);
+  }
+}
+
+void MemoryServer::HandleLayer(PeerId peer, const FrameHeader& header,
+                               std::span<const uint8_t> payload) {
+  std::shared_ptr<std::vector<uint8_t>> reply;
+  FrameHeader answer;
+  std::string error;
+  double seconds = 0;
+  {
+    std::lock_guard<std::mutex> lock(engine_mu_);
+    auto it = peers_.find(peer);
+    if (it == peers_.end() || !it->second.has_step || it->second.share.step_id != header.step_id) {
+      error = absl::StrCat("layer frame of step ", header.step_id, " without its descriptor");
+    } else if (!it->second.error.empty()) {
+      error = it->second.error;
+    } else {
+      PeerState& state = it->second;
+      const MinibatchLayout* m =
+          header.minibatch < state.layouts.size() ? &state.layouts[header.minibatch] : nullptr;
+      if (header.layer >= static_cast<uint32_t>(dims_.num_layers)) {
+        error = absl::StrCat("layer ", header.layer, " of a ", dims_.num_layers, "-layer model");
+      } else if (m == nullptr) {
+        error = absl::StrCat("mini-batch ", header.minibatch, " of ", state.layouts.size());
+      } else if (header.rows != static_cast<uint32_t>(m->end - m->begin)) {
+        error = absl::StrCat("mini-batch ", header.minibatch, " has ", header.rows,
+                             " rows; the descriptor says ", m->end - m->begin);
+      } else if (header.dtype != static_cast<uint16_t>(transport::FrameDType::kBF16)) {
+        error = absl::StrCat("rows of dtype ", header.dtype, "; this node stores bf16");
+      } else if (payload.size() != m->request_bytes()) {
+        error = absl::StrCat("layer frame of ", payload.size(), " bytes; mini-batch ",
+                             header.minibatch, " needs ", m->request_bytes());
+      } else {
+        reply = Buffer(m->result_bytes());
+        const auto* q = reinterpret_cast<const uint16_t*>(payload.data());
+        const auto* k = reinterpret_cast<const uint16_t*>(payload.data() + m->q_bytes);
+        const auto* v =
+            reinterpret_cast<const uint16_t*>(payload.data() + m->q_bytes + m->kv_bytes);
+        auto* out = reinterpret_cast<uint16_t*>(reply->data());
+        auto* partial = reinterpret_cast<float*>(reply->data() + m->out_bytes);
+        const auto start = std::chrono::steady_clock::now();
+        absl::Status status = engine_->AttendRows(state.prepared, header.layer, m->begin, m->end, q,
+                                                  k, v, out, m->partials > 0 ? partial : nullptr);
+        seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (!status.ok()) {
+          error = std::string(status.message());
+          state.error = error;
+        }
+        answer = header;
+        answer.kind = static_cast<uint16_t>(FrameKind::kLayerResult);
+        answer.payload_bytes = reply->size();
+      }
+    }
+  }
+  if (!error.empty()) {
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      ++stats_.malformed_frames;
+    }
+    LOG_FIRST_N(WARNING, 20) << "layer frame of step " << header.step_id << " from peer " << peer
+                             << ": " << error;
+    SendError(peer, header, error);
+    return;
+  }
+  answer.checksum = transport::PayloadChecksum(*reply);
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.layer_frames;
+    stats_.rows += header.rows;
+    stats_.attention_seconds += seconds;
+    stats_.bytes_sent += sizeof(answer) + reply->size();
+  }
+  std::span<const uint8_t> body(*reply);
+  transport_->Send(
+      peer, transport::kFrameTag, transport::AsBytes(answer), {body},
+      [this, reply](absl::Status) mutable { Recycle(pool_mu_, free_buffers_, std::move(reply)); });
+}
+
+void MemoryServer::SendError(PeerId peer, const FrameHeader& about, const std::string& why) {
+  FrameHeader answer = about;
+  answer.magic = transport::kFrameMagic;
+  answer.version = transport::kFrameVersion;
+  answer.kind = static_cast<uint16_t>(FrameKind::kError);
+  auto text = std::make_shared<std::string>(why.substr(0, 4096));
+  const std::span<const uint8_t> body(reinterpret_cast<const uint8_t*>(text->data()), text->size());
+  answer.payload_bytes = body.size();
+  answer.checksum = transport::PayloadChecksum(body);
+  transport_->Send(peer, transport::kFrameTag, transport::AsBytes(answer), {body},
+                   [text](absl::Status) {});
+}
+
+}  // namespace strata

@@ -1,0 +1,140 @@
+// The memory node: a KV store plus the attention over it, served on the data plane.
+//
+// Compute nodes connect to its transport and send, per step, a step descriptor (their
+// share of the step: slot-table changes and rows) and then one layer frame per layer and
+// mini-batch (common/protocol/attention_wire.h). For each layer frame the server writes the
+// rows' k/v into the slots the scheduler assigned, runs attention, and answers with a
+// layer-result frame, or an error frame that says why. Frames are checked (header,
+// step, sizes, checksum) before anything is written; a bad frame is answered with an
+// error and counted, and the server keeps serving. Its slot tables are changed only by
+// descriptors, and it writes only to slots a descriptor assigned.
+//
+// Threads: the transport thread receives frames into pooled buffers and queues them; one
+// worker thread runs them in arrival order (attention itself uses the OpenMP team), so a
+// mini-batch's transfer overlaps the previous mini-batch's attention.
+//
+// Thread-safety: public methods may be called from any thread.
+#ifndef STRATA_MEMORY_NODE_MEMORY_SERVER_H_
+#define STRATA_MEMORY_NODE_MEMORY_SERVER_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/kv/attention_engine.h"
+#include "common/protocol/attention_wire.h"
+#include "common/transport/frame.h"
+#include "common/transport/transport.h"
+#include "proto/control.pb.h"
+
+namespace strata {
+
+struct MemoryServerOptions {
+  transport::TransportConfig transport;
+  std::string data_address = "127.0.0.1:0";  // where compute nodes connect
+  bool verify_checksums = true;
+  bool prefault_kv = true;
+};
+
+struct MemoryServerStats {
+  uint64_t steps = 0;
+  uint64_t layer_frames = 0;
+  uint64_t rows = 0;
+  uint64_t bytes_received = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t checksum_failures = 0;
+  uint64_t malformed_frames = 0;  // bad header, size, step or layer
+  uint64_t rejected_steps = 0;    // descriptors that did not apply
+  double attention_seconds = 0;
+  int64_t kv_slots = 0;
+  int64_t kv_positions = 0;  // assigned positions over all tables
+  uint64_t tables = 0;
+  uint64_t peers = 0;
+};
+
+class MemoryServer : public transport::MessageHandler {
+ public:
+  // Starts the transport and listens; attention starts once configured.
+  static absl::StatusOr<std::unique_ptr<MemoryServer>> Create(MemoryServerOptions options);
+  ~MemoryServer() override;
+
+  const std::string& data_address() const { return data_address_; }
+  transport::Capabilities capabilities() const { return transport_->capabilities(); }
+
+  // From the scheduler: the model shape and the number of KV slots. A new epoch drops every
+  // table of the previous one (the KV store is reused when its shape is unchanged).
+  absl::StatusOr<control::MemoryConfigAck> Configure(const control::MemoryConfig& config);
+  control::NodeStatus Status() const;
+  MemoryServerStats stats() const;
+
+  // transport::MessageHandler (the transport thread).
+  std::span<uint8_t> Place(transport::PeerId from, std::span<const uint8_t> header,
+                           size_t payload_bytes) override;
+  void Deliver(transport::PeerId from, std::span<const uint8_t> header,
+               std::span<const uint8_t> payload, absl::Status status) override;
+
+ private:
+  struct Work {
+    transport::PeerId peer = 0;
+    std::vector<uint8_t> header;
+    std::shared_ptr<std::vector<uint8_t>> payload;
+    absl::Status status;
+  };
+  struct PeerState {
+    bool has_step = false;
+    StepShare share;
+    PreparedStep prepared;
+    std::vector<MinibatchLayout> layouts;
+    std::string error;  // non-empty: the step failed; its layer frames get this error
+  };
+
+  explicit MemoryServer(MemoryServerOptions options) : options_(std::move(options)) {}
+  void RunWorker();
+  void Handle(Work& work);
+  void HandleStep(transport::PeerId peer, const transport::FrameHeader& header,
+                  std::span<const uint8_t> payload);
+  void HandleLayer(transport::PeerId peer, const transport::FrameHeader& header,
+                   std::span<const uint8_t> payload);
+  void SendError(transport::PeerId peer, const transport::FrameHeader& about,
+                 const std::string& why);
+  std::shared_ptr<std::vector<uint8_t>> Buffer(size_t bytes);
+
+  MemoryServerOptions options_;
+  std::unique_ptr<transport::Transport> transport_;
+  std::string data_address_;
+
+  // Engine and configuration, guarded by engine_mu_ (worker and Configure).
+  mutable std::mutex engine_mu_;
+  std::unique_ptr<AttentionEngine> engine_;
+  AttentionDims dims_;
+  uint64_t epoch_ = 0;
+  uint32_t pool_ = 0;
+  std::unordered_map<transport::PeerId, PeerState> peers_;
+
+  // Buffers received but not yet run, by data pointer (transport thread only).
+  std::unordered_map<const uint8_t*, std::shared_ptr<std::vector<uint8_t>>> placed_;
+
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<Work> queue_;
+  bool stop_ = false;
+  std::thread worker_;
+
+  std::mutex pool_mu_;
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> free_buffers_;
+
+  mutable std::mutex stats_mu_;
+  MemoryServerStats stats_;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_MEMORY_NODE_MEMORY_SERVER_H_

@@ -1,0 +1,31 @@
+// The memory node's gRPC service (proto/control.proto, service MemoryNode): configuration
+// by the scheduler, health, and shutdown.
+#ifndef STRATA_MEMORY_NODE_SERVICE_H_
+#define STRATA_MEMORY_NODE_SERVICE_H_
+
+#include "memory_node/memory_server.h"
+#include "proto/control.grpc.pb.h"
+
+namespace strata {
+
+class MemoryNodeService final : public control::MemoryNode::Service {
+ public:
+  // `server` must outlive the service; `info` is what Health reports.
+  MemoryNodeService(MemoryServer* server, control::NodeInfo info)
+      : server_(server), info_(std::move(info)) {}
+
+  grpc::Status Configure(grpc::ServerContext* context, const control::MemoryConfig* request,
+                         control::MemoryConfigAck* response) override;
+  grpc::Status Health(grpc::ServerContext* context, const control::HealthRequest* request,
+                      control::HealthResponse* response) override;
+  grpc::Status Shutdown(grpc::ServerContext* context, const control::ShutdownRequest* request,
+                        control::ShutdownResponse* response) override;
+
+ private:
+  MemoryServer* server_;
+  control::NodeInfo info_;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_MEMORY_NODE_SERVICE_H_
