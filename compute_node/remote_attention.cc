@@ -134,7 +134,9 @@ void RemoteAttention::FailShare(Share& share, const std::string& why, bool dead)
   share.failed = true;
   share.why = why;
   LOG(WARNING) << "step " << step_id_ << ": memory node of pool " << share.pool
-               << (dead ? " is dead or hung: " : " failed its rows: ") << why;
+               << (dead ? " is dead or hung: " : " failed its rows: ") << why << " ("
+               << share.share.plan.rows.size() << " rows, " << share.share.plan.assignments.size()
+               << " slot assignments, " << share.share.plan.released.size() << " releases)";
   if (dead) {
     outcome_.dead_pools.push_back(share.pool);
     if (share.peer != 0) {
@@ -243,6 +245,10 @@ absl::Status RemoteAttention::BeginStep(const StepKvPlan& plan) {
   // Connect and send each memory node its descriptor.
   for (Share& share : shares_) {
     absl::Status status = ConnectPool(share.pool, share);
+    if (!status.ok() && share.share.plan.rows.empty() && share.share.plan.assignments.empty()) {
+      share.failed = true;  // only releases, for a node that is gone with its KV: nothing to do
+      continue;
+    }
     if (!status.ok()) {
       FailShare(share, std::string(status.message()), /*dead=*/true);
       continue;

@@ -89,7 +89,7 @@ void Scheduler::SetExecutorAlive(int executor, bool alive) {
     if (alive) return;
     // Its requests move to another executor (disaggregated) or lose their pool
     // (co-located: the pool was the node's own cache).
-    if (e.local_pool) SetPoolAlive(*e.local_pool, false);
+    if (e.local_pool) SetPoolAliveNow(*e.local_pool, false, -1);
     for (auto& [id, req] : requests_) {
       if (req->executor != executor || req->in_flight) continue;
       req->executor = -1;
@@ -118,7 +118,11 @@ PoolIndex Scheduler::AddPool(const std::string& name, int64_t num_slots) {
 }
 
 void Scheduler::SetPoolAlive(PoolIndex pool, bool alive, int64_t num_slots) {
-  Post([this, pool, alive, num_slots] {
+  Post([this, pool, alive, num_slots] { SetPoolAliveNow(pool, alive, num_slots); });
+}
+
+void Scheduler::SetPoolAliveNow(PoolIndex pool, bool alive, int64_t num_slots) {
+  {
     if (pool >= pools_.size()) return;
     Pool& p = *pools_[pool];
     if (alive) {
@@ -163,7 +167,7 @@ void Scheduler::SetPoolAlive(PoolIndex pool, bool alive, int64_t num_slots) {
                         absl::StrCat("memory node ", p.name, " died and no other is alive")));
       }
     }
-  });
+  }
 }
 
 void Scheduler::SetPoolDeathHandler(std::function<void(PoolIndex)> handler) {

@@ -141,6 +141,7 @@ class Scheduler {
   struct Executor;
 
   void Post(std::function<void()> fn);
+  void SetPoolAliveNow(PoolIndex pool, bool alive, int64_t num_slots);
   void Loop();
   void ScheduleIdleExecutors();
   bool BuildPlan(int executor, StepPlan* plan);

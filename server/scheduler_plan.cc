@@ -457,8 +457,8 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
   }
   for (PoolIndex p : result.dead_pools) {
     if (p < pools_.size() && pools_[p]->alive) {
-      // Mark dead now, so nothing is placed there while the posted handler waits.
-      SetPoolAlive(p, false);
+      // Mark dead now, before the next step is built.
+      SetPoolAliveNow(p, false, -1);
       if (pool_death_handler_) pool_death_handler_(p);
     }
   }
@@ -468,6 +468,8 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
     if (it == by_id.end()) continue;
     Request* req = it->second->request;
     if (failed_now.insert(req).second) {
+      // Already moved when its pool was declared dead above.
+      if (req->state != Request::State::kRunning) continue;
       const bool pool_dead = std::find(result.dead_pools.begin(), result.dead_pools.end(),
                                        req->pool.value_or(~0u)) != result.dead_pools.end();
       bool other_alive = false;

@@ -1,0 +1,316 @@
+// Attention offloading in one process: the scheduler, compute engines with remote attention
+// and real memory servers, connected by a real transport (in-process queues, or UCX over
+// loopback TCP). Greedy outputs must be bit-identical to co-located attention for every
+// topology, policy and mini-batching, and a memory node that dies mid-generation only
+// moves its requests.
+#include <condition_variable>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+
+#include "common/model/model_generator.h"
+#include "compute_node/attention_backend.h"
+#include "compute_node/model_runner.h"
+#include "compute_node/model_weights.h"
+#include "compute_node/remote_attention.h"
+#include "compute_node/step_engine.h"
+#include "gtest/gtest.h"
+#include "memory_node/memory_server.h"
+#include "server/in_process_executor.h"
+#include "server/scheduler.h"
+
+namespace strata {
+namespace {
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  absl::Status error;
+  bool done = false;
+  int64_t cached_prompt_tokens = 0;
+};
+
+struct Topology {
+  int memory_nodes = 0;  // 0: co-located
+  int compute_nodes = 1;
+  std::string backend = "inproc";
+  std::string prefill_policy = "split";
+  int minibatches = 2;
+};
+
+std::string Name(const Topology& t) {
+  return absl::StrCat(t.memory_nodes, "mem_", t.compute_nodes, "cmp_", t.backend, "_",
+                      t.prefill_policy, "_mb", t.minibatches);
+}
+
+int instance = 0;
+
+class Deployment {
+ public:
+  Deployment(const ModelWeights* weights, const Topology& t, int64_t slots_per_pool)
+      : weights_(weights), topology_(t) {
+    SchedulerConfig config;
+    config.max_model_len = 1024;
+    config.max_num_batched_tokens = 256;
+    config.max_prefill_tokens = 256;
+    config.prefill_chunk_tokens = 64;
+    config.max_num_seqs = 16;
+    config.block_tokens = 16;
+    config.vocab_size = static_cast<int32_t>(weights->config.vocab_size);
+    config.epoch = 42;
+    scheduler_ = std::make_unique<Scheduler>(config, nullptr);
+    const ModelConfig& c = weights->config;
+    transport::TransportConfig tc;
+    tc.backend = t.backend;
+    if (t.backend == "ucx") tc.ucx_options = {{"TLS", "tcp"}, {"NET_DEVICES", "lo"}};
+    std::vector<MemoryNodeAddress> addresses;
+    for (int i = 0; i < t.memory_nodes; ++i) {
+      MemoryServerOptions options;
+      options.transport = tc;
+      options.data_address =
+          t.backend == "inproc" ? absl::StrCat("memory-", ++instance) : "127.0.0.1:0";
+      options.prefault_kv = false;
+      auto server = MemoryServer::Create(options);
+      EXPECT_TRUE(server.ok()) << server.status();
+      control::MemoryConfig mc;
+      mc.set_epoch(42);
+      mc.set_pool_index(i);
+      mc.mutable_model()->set_name("tiny");
+      mc.mutable_model()->set_num_layers(c.num_layers);
+      mc.mutable_model()->set_num_heads(c.num_heads);
+      mc.mutable_model()->set_num_kv_heads(c.num_kv_heads);
+      mc.mutable_model()->set_head_dim(c.head_dim);
+      mc.mutable_model()->set_kv_dtype("bf16");
+      mc.set_num_slots(slots_per_pool);
+      EXPECT_TRUE((*server)->Configure(mc).ok());
+      addresses.push_back(
+          {static_cast<uint32_t>(i), absl::StrCat("memory-", i), (*server)->data_address()});
+      memory_.push_back(std::move(*server));
+      scheduler_->AddPool(absl::StrCat("memory-", i), slots_per_pool);
+    }
+    for (int i = 0; i < t.compute_nodes; ++i) {
+      auto runner = std::make_unique<ModelRunner>(weights, config.max_model_len);
+      std::unique_ptr<AttentionBackend> attention;
+      std::optional<PoolIndex> local_pool;
+      if (t.memory_nodes == 0) {
+        attention = std::move(*LocalAttention::Create(c, slots_per_pool, false));
+        local_pool = scheduler_->AddPool(absl::StrCat("local-", i), slots_per_pool);
+      } else {
+        RemoteAttentionOptions options;
+        options.transport = tc;
+        options.prefill_policy = t.prefill_policy;
+        options.minibatches = t.minibatches;
+        options.layer_timeout = absl::Seconds(20);
+        auto remote = RemoteAttention::Create(c, options);
+        EXPECT_TRUE(remote.ok()) << remote.status();
+        (*remote)->SetMemoryNodes(42, addresses);
+        attention = std::move(*remote);
+      }
+      auto engine = std::make_unique<StepEngine>(
+          runner.get(), attention.get(),
+          StepEngineOptions{config.max_num_batched_tokens, config.max_model_len});
+      scheduler_->AddExecutor(
+          std::make_unique<InProcessExecutor>(absl::StrCat("compute-", i), engine.get()),
+          local_pool);
+      runners_.push_back(std::move(runner));
+      attention_.push_back(std::move(attention));
+      engines_.push_back(std::move(engine));
+    }
+    scheduler_->SetObserver(observer_);
+    scheduler_->Start();
+  }
+  ~Deployment() {
+    scheduler_->Stop();
+    memory_.clear();
+  }
+
+  std::shared_ptr<Outcome> Submit(GenerateRequest req) {
+    auto outcome = std::make_shared<Outcome>();
+    auto id = scheduler_->Submit(std::move(req), [this, outcome](const RequestUpdate& u) {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const SequenceUpdate& s : u.sequences) {
+        outcome->tokens.insert(outcome->tokens.end(), s.tokens.begin(), s.tokens.end());
+      }
+      outcome->cached_prompt_tokens = u.cached_prompt_tokens;
+      if (u.finished) {
+        outcome->done = true;
+        outcome->error = u.error;
+        cv_.notify_all();
+      }
+    });
+    EXPECT_TRUE(id.ok()) << id.status();
+    return outcome;
+  }
+
+  bool Wait(const std::vector<std::shared_ptr<Outcome>>& outcomes) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(240), [&] {
+      for (const auto& o : outcomes) {
+        if (!o->done) return false;
+      }
+      return true;
+    });
+  }
+
+  Scheduler& scheduler() { return *scheduler_; }
+  std::vector<std::unique_ptr<MemoryServer>>& memory() { return memory_; }
+  SchedulerObserver observer_;
+
+ private:
+  const ModelWeights* weights_;
+  Topology topology_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::vector<std::unique_ptr<MemoryServer>> memory_;
+  std::vector<std::unique_ptr<ModelRunner>> runners_;
+  std::vector<std::unique_ptr<AttentionBackend>> attention_;
+  std::vector<std::unique_ptr<StepEngine>> engines_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+class DisaggregatedTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    const std::string dir = std::string(tmp ? tmp : "/tmp") + "/disaggregated_model";
+    std::filesystem::remove_all(dir);
+    auto shape = NamedModelShape("tiny-gqa");
+    ASSERT_TRUE(shape.ok());
+    ASSERT_TRUE(GenerateModel(*shape, {}, dir).ok());
+    auto config = LoadModelConfig(dir);
+    ASSERT_TRUE(config.ok());
+    weights_ = ModelWeights::Load(dir, *config)->release();
+  }
+  static void TearDownTestSuite() { delete weights_; }
+
+  static std::vector<int32_t> Prompt(int n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::vector<int32_t> p;
+    for (int i = 0; i < n; ++i) p.push_back(3 + rng() % 31000);
+    return p;
+  }
+
+  // Mixed prompt lengths (within one tile, across tiles, many chunks), two requests that
+  // share a 150-token prefix (prefix reuse: the second starts mid-tile), and n = 2.
+  static std::vector<GenerateRequest> Workload() {
+    std::vector<GenerateRequest> out;
+    const std::vector<int> lengths = {5, 63, 64, 65, 129, 300, 17};
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      GenerateRequest r;
+      r.prompt_tokens = Prompt(lengths[i], 10 + i);
+      r.sampling.temperature = 0.0f;
+      r.max_tokens = 14;
+      r.ignore_eos = true;
+      out.push_back(r);
+    }
+    std::vector<int32_t> shared = Prompt(150, 99);
+    for (int i = 0; i < 2; ++i) {
+      GenerateRequest r;
+      r.prompt_tokens = shared;
+      const auto tail = Prompt(20 + 30 * i, 200 + i);
+      r.prompt_tokens.insert(r.prompt_tokens.end(), tail.begin(), tail.end());
+      r.sampling.temperature = 0.0f;
+      r.max_tokens = 10;
+      r.ignore_eos = true;
+      out.push_back(r);
+    }
+    return out;
+  }
+
+  static std::vector<std::vector<int32_t>> Run(const Topology& t,
+                                               const std::vector<GenerateRequest>& requests) {
+    Deployment d(weights_, t, 2048);
+    std::vector<std::shared_ptr<Outcome>> outcomes;
+    // All but the last at once; the last shares a prefix with the one before it and comes
+    // once that one is done, so that it starts from cached KV in the middle of a tile.
+    for (size_t i = 0; i + 1 < requests.size(); ++i) outcomes.push_back(d.Submit(requests[i]));
+    EXPECT_TRUE(d.Wait(outcomes)) << Name(t) << ": requests did not finish";
+    outcomes.push_back(d.Submit(requests.back()));
+    EXPECT_TRUE(d.Wait(outcomes)) << Name(t) << ": requests did not finish";
+    EXPECT_GE(outcomes.back()->cached_prompt_tokens, 144) << Name(t) << ": no prefix reuse";
+    std::vector<std::vector<int32_t>> tokens;
+    for (const auto& o : outcomes) {
+      EXPECT_TRUE(o->error.ok()) << Name(t) << ": " << o->error;
+      tokens.push_back(o->tokens);
+    }
+    return tokens;
+  }
+
+  static ModelWeights* weights_;
+};
+
+ModelWeights* DisaggregatedTest::weights_ = nullptr;
+
+TEST_F(DisaggregatedTest, GreedyOutputsAreBitIdenticalToCoLocated) {
+  const auto requests = Workload();
+  const auto reference = Run(Topology{}, requests);
+  for (const auto& tokens : reference) ASSERT_EQ(tokens.size() >= 10, true);
+  std::vector<Topology> topologies = {
+      {1, 1, "inproc", "split", 2},  {2, 1, "inproc", "split", 2}, {3, 1, "inproc", "split", 3},
+      {2, 1, "inproc", "memory", 1}, {2, 2, "inproc", "split", 2}, {2, 1, "ucx", "split", 2},
+  };
+  for (const Topology& t : topologies) {
+    const auto got = Run(t, requests);
+    ASSERT_EQ(got.size(), reference.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i], reference[i]) << Name(t) << ", request " << i;
+    }
+  }
+}
+
+TEST_F(DisaggregatedTest, ADeadMemoryNodeOnlyMovesItsRequests) {
+  const auto requests = Workload();
+  const auto reference = Run(Topology{}, requests);
+  Deployment d(weights_, {2, 1, "inproc", "split", 2}, 2048);
+  std::mutex mu;
+  std::condition_variable cv;
+  int steps = 0;
+  d.observer_.on_step = [&](const StepPlan&, const StepResult&, absl::Duration) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++steps;
+    cv.notify_all();
+  };
+  d.scheduler().SetObserver(d.observer_);
+  std::vector<std::shared_ptr<Outcome>> outcomes;
+  for (const auto& r : requests) outcomes.push_back(d.Submit(r));
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return steps >= 6; }));
+  }
+  // Memory node 1 goes away mid-generation (its transport closes with it).
+  d.memory()[1].reset();
+  ASSERT_TRUE(d.Wait(outcomes));
+  // Its requests were re-prefilled on memory node 0: every output is still exact.
+  for (size_t i = 0; i < outcomes.size(); ++i) {
+    EXPECT_TRUE(outcomes[i]->error.ok()) << "request " << i << ": " << outcomes[i]->error;
+    EXPECT_EQ(outcomes[i]->tokens, reference[i]) << "request " << i;
+  }
+  const SchedulerStats stats = d.scheduler().Stats();
+  ASSERT_EQ(stats.pools.size(), 2u);
+  EXPECT_TRUE(stats.pools[0].alive);
+  EXPECT_FALSE(stats.pools[1].alive);
+  // And the scheduler keeps serving.
+  auto later = d.Submit(requests[0]);
+  ASSERT_TRUE(d.Wait({later}));
+  EXPECT_EQ(later->tokens, reference[0]);
+}
+
+TEST_F(DisaggregatedTest, LosingTheOnlyMemoryNodeFailsItsRequestsClearly) {
+  Deployment d(weights_, {1, 1, "inproc", "split", 1}, 2048);
+  GenerateRequest r;
+  r.prompt_tokens = Prompt(40, 3);
+  r.sampling.temperature = 0.0f;
+  r.max_tokens = 400;
+  r.ignore_eos = true;
+  auto outcome = d.Submit(r);
+  for (int i = 0; i < 200 && outcome->tokens.size() < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  d.memory()[0].reset();
+  ASSERT_TRUE(d.Wait({outcome}));
+  EXPECT_FALSE(outcome->error.ok());
+  EXPECT_NE(std::string(outcome->error.message()).find("memory node"), std::string::npos)
+      << outcome->error;
+}
+
+}  // namespace
+}  // namespace strata
