@@ -43,6 +43,7 @@ absl::StatusOr<control::ComputeConfigAck> ComputeNode::Configure(
     // A new scheduler: forget every request of the previous one.
     engine_.reset();
     local_.reset();
+    ready_.store(false);
     epoch_ = config.epoch();
   }
   if (disaggregated) {
@@ -62,6 +63,7 @@ absl::StatusOr<control::ComputeConfigAck> ComputeNode::Configure(
       engine_ = std::make_unique<StepEngine>(
           runner_.get(), remote_.get(), StepEngineOptions{options_.max_batch_rows, max_model_len_});
     }
+    ready_.store(true);
     LOG(INFO) << "disaggregated mode: " << nodes.size() << " memory node(s)";
     ack.set_local_kv_slots(0);
     return ack;
@@ -82,6 +84,8 @@ absl::StatusOr<control::ComputeConfigAck> ComputeNode::Configure(
                      (1 << 20)
               << " MiB)";
   }
+  ready_.store(true);
+  kv_slots_total_.store(local_->engine().store().num_slots());
   ack.set_local_kv_slots(local_kv_slots());
   return ack;
 }
@@ -103,6 +107,7 @@ StepResult ComputeNode::Execute(const StepPlan& plan) {
   }
   StepResult result = engine_->Execute(plan);
   ++steps_;
+  if (local_) kv_slots_used_.store(local_->engine().num_assigned_positions());
   return result;
 }
 
@@ -121,14 +126,12 @@ control::ModelShape ComputeNode::shape() const {
 }
 
 control::NodeStatus ComputeNode::Status() const {
+  // Never waits for a step: heartbeats must flow while a step waits on a memory node.
   control::NodeStatus status;
-  std::lock_guard<std::mutex> lock(mu_);
-  status.set_ready(engine_ != nullptr);
+  status.set_ready(ready_.load());
   status.set_steps_executed(steps_.load());
-  if (local_) {
-    status.set_kv_slots_total(local_->engine().store().num_slots());
-    status.set_kv_slots_in_tables(local_->engine().num_assigned_positions());
-  }
+  status.set_kv_slots_total(kv_slots_total_.load());
+  status.set_kv_slots_in_tables(kv_slots_used_.load());
   return status;
 }
 

@@ -67,6 +67,10 @@ class ComputeNode {
   std::unique_ptr<RemoteAttention> remote_;
   std::unique_ptr<StepEngine> engine_;
   std::atomic<uint64_t> steps_{0};
+  // What heartbeats report, readable without the step lock.
+  std::atomic<bool> ready_{false};
+  std::atomic<int64_t> kv_slots_total_{0};
+  std::atomic<int64_t> kv_slots_used_{0};
 };
 
 }  // namespace strata

@@ -94,6 +94,7 @@ absl::StatusOr<control::MemoryConfigAck> MemoryServer::Configure(
     engine_config.store.prefault = options_.prefault_kv;
     engine_config.num_heads = m.num_heads();
     engine_.reset();  // free the old store before allocating the new one
+    ready_.store(false);
     const absl::Time start = absl::Now();
     ASSIGN_OR_RETURN(engine_, AttentionEngine::Create(engine_config));
     dims_ = {static_cast<int>(m.num_layers()), static_cast<int>(m.num_heads()),
@@ -104,6 +105,8 @@ absl::StatusOr<control::MemoryConfigAck> MemoryServer::Configure(
               << config.num_slots() << " KV slots (" << engine_->store().total_bytes() / (1 << 20)
               << " MiB) for " << m.name() << " in " << absl::FormatDuration(absl::Now() - start);
   }
+  ready_.store(true);
+  PublishKvLocked();
   control::MemoryConfigAck ack;
   ack.set_num_slots(engine_->store().num_slots());
   ack.set_kv_bytes(engine_->store().total_bytes());
@@ -111,13 +114,11 @@ absl::StatusOr<control::MemoryConfigAck> MemoryServer::Configure(
 }
 
 control::NodeStatus MemoryServer::Status() const {
+  // Never waits for attention or for a configuration in progress: heartbeats must flow.
   control::NodeStatus status;
-  std::lock_guard<std::mutex> lock(engine_mu_);
-  status.set_ready(engine_ != nullptr);
-  if (engine_ != nullptr) {
-    status.set_kv_slots_total(engine_->store().num_slots());
-    status.set_kv_slots_in_tables(engine_->num_assigned_positions());
-  }
+  status.set_ready(ready_.load());
+  status.set_kv_slots_total(kv_slots_.load());
+  status.set_kv_slots_in_tables(kv_positions_.load());
   std::lock_guard<std::mutex> stats_lock(stats_mu_);
   status.set_steps_executed(stats_.steps);
   return status;
@@ -129,13 +130,16 @@ MemoryServerStats MemoryServer::stats() const {
     std::lock_guard<std::mutex> lock(stats_mu_);
     out = stats_;
   }
-  std::lock_guard<std::mutex> lock(engine_mu_);
-  if (engine_ != nullptr) {
-    out.kv_slots = engine_->store().num_slots();
-    out.kv_positions = engine_->num_assigned_positions();
-    out.tables = engine_->num_tables();
-  }
+  out.kv_slots = kv_slots_.load();
+  out.kv_positions = kv_positions_.load();
+  out.tables = tables_.load();
   return out;
+}
+
+void MemoryServer::PublishKvLocked() {
+  kv_slots_.store(engine_ ? engine_->store().num_slots() : 0);
+  kv_positions_.store(engine_ ? engine_->num_assigned_positions() : 0);
+  tables_.store(engine_ ? engine_->num_tables() : 0);
 }
 
 std::shared_ptr<std::vector<uint8_t>> MemoryServer::Buffer(size_t bytes) {
@@ -302,6 +306,7 @@ void MemoryServer::HandleStep(PeerId peer, const FrameHeader& header,
         state.share = std::move(*share);
         state.prepared = std::move(*prepared);
         state.layouts = LayoutMinibatches(state.share, dims_);
+        PublishKvLocked();
       }
     }
     state.error = error;

@@ -133,6 +133,11 @@ class MemoryServer : public transport::MessageHandler {
 
   mutable std::mutex stats_mu_;
   MemoryServerStats stats_;
+  // Readable without engine_mu_ (heartbeats).
+  void PublishKvLocked();
+  std::atomic<bool> ready_{false};
+  std::atomic<int64_t> kv_slots_{0}, kv_positions_{0};
+  std::atomic<uint64_t> tables_{0};
 };
 
 }  // namespace strata

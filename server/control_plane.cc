@@ -343,6 +343,14 @@ bool ControlPlane::Ready() const {
          scheduler_->HasCapacity();
 }
 
+bool ControlPlane::Serving() const {
+  if (!ever_ready_.load()) {
+    if (!Ready()) return false;
+    ever_ready_.store(true);
+  }
+  return scheduler_->HasCapacity();
+}
+
 std::vector<NodeView> ControlPlane::Nodes() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<NodeView> out;

@@ -65,6 +65,9 @@ class ControlPlane final : public control::Scheduler::Service {
 
   // Every expected node registered, configured and alive, and the scheduler can run.
   bool Ready() const;
+  // What /health reports: the deployment became Ready once, and can still serve (a live
+  // compute node and a live KV pool), possibly degraded while a node is down.
+  bool Serving() const;
   std::vector<NodeView> Nodes() const;
   // Asks every live node to exit (best effort, with a deadline).
   void ShutdownNodes();
@@ -95,6 +98,7 @@ class ControlPlane final : public control::Scheduler::Service {
   std::string isa_;
   std::deque<uint64_t> to_configure_;
   std::atomic<bool> to_reconfigure_{false};
+  mutable std::atomic<bool> ever_ready_{false};
   std::map<std::string, int> pool_of_name_;  // memory nodes keep their pool across restarts
   bool stop_ = false;
   std::thread worker_, monitor_;

@@ -91,7 +91,7 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions option
   ControlPlane* control = app->control_.get();
   app->api_ = std::make_unique<api::OpenAiApi>(app->scheduler_.get(), app->tokenizer_.get(),
                                                app->chat_template_.get(), api_options,
-                                               [control] { return control->Ready(); });
+                                               [control] { return control->Serving(); });
   api::OpenAiApi* api = app->api_.get();
   ASSIGN_OR_RETURN(app->http_,
                    http::HttpServer::Start(options.http, [api](const http::Request& r,

@@ -1,7 +1,8 @@
 // The UCX backend of Transport: UCP active messages, one worker driven by the transport
-// thread, connections through UCP's socket-address listener.
+// thread, connections bootstrapped over TCP by exchanging UCP worker addresses.
 #include "common/transport/ucx_transport.h"
 
+#include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/epoll.h>
@@ -67,11 +68,74 @@ absl::StatusOr<sockaddr_storage> Resolve(const std::string& address, socklen_t* 
   return out;
 }
 
-// Checks that something accepts TCP connections at `addr` before UCX is asked to connect.
-// UCX 1.13's client-server path aborts the process on a refused connection (an assertion
-// in its error handling), so strata never lets UCX see one; the window between this probe
-// and UCX's own connect is short, and the listener is another strata process.
-absl::Status ProbeTcp(const sockaddr_storage& addr, socklen_t length, absl::Duration timeout) {
+// Connections are bootstrapped over a plain TCP socket that swaps UCX worker addresses;
+// both sides then create UCP endpoints from those addresses. (UCX 1.13's socket-address
+// connection manager aborts the process on some peer failures, in an assertion of its
+// connection-manager lane; endpoints made from worker addresses have no such lane.)
+//
+// Bootstrap message, each way: magic, byte count, worker address.
+constexpr uint32_t kBootstrapMagic = 0x53545242;  // "STRB"
+constexpr uint32_t kMaxWorkerAddress = 1 << 20;
+
+absl::Status WriteAll(int fd, const void* data, size_t size) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = send(fd, p, size, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::UnavailableError(std::strerror(errno));
+    p += n;
+    size -= n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadAll(int fd, void* data, size_t size) {
+  char* p = static_cast<char*>(data);
+  while (size > 0) {
+    const ssize_t n = recv(fd, p, size, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) return absl::UnavailableError("the peer closed the bootstrap connection");
+    if (n < 0) return absl::UnavailableError(std::strerror(errno));
+    p += n;
+    size -= n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SendWorkerAddress(int fd, const std::string& address) {
+  const uint32_t header[2] = {kBootstrapMagic, static_cast<uint32_t>(address.size())};
+  absl::Status s = WriteAll(fd, header, sizeof(header));
+  if (!s.ok()) return s;
+  return WriteAll(fd, address.data(), address.size());
+}
+
+absl::StatusOr<std::string> ReceiveWorkerAddress(int fd) {
+  uint32_t header[2];
+  absl::Status s = ReadAll(fd, header, sizeof(header));
+  if (!s.ok()) return s;
+  if (header[0] != kBootstrapMagic) {
+    return absl::InvalidArgumentError("not a strata data-plane peer (bad bootstrap magic)");
+  }
+  if (header[1] == 0 || header[1] > kMaxWorkerAddress) {
+    return absl::InvalidArgumentError("bootstrap worker address of a bad size");
+  }
+  std::string address(header[1], '\0');
+  s = ReadAll(fd, address.data(), address.size());
+  if (!s.ok()) return s;
+  return address;
+}
+
+void SetSocketTimeouts(int fd, absl::Duration timeout) {
+  timeval tv;
+  tv.tv_sec = absl::ToInt64Seconds(timeout);
+  tv.tv_usec = absl::ToInt64Microseconds(timeout) % 1000000;
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+// Connects (with a deadline), sends ours and returns the peer's worker address.
+absl::StatusOr<std::string> BootstrapClient(const sockaddr_storage& addr, socklen_t length,
+                                            const std::string& ours, absl::Duration timeout) {
   const int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::InternalError("socket() failed");
   int rc = connect(fd, reinterpret_cast<const sockaddr*>(&addr), length);
@@ -89,10 +153,18 @@ absl::Status ProbeTcp(const sockaddr_storage& addr, socklen_t length, absl::Dura
       rc = -1;
     }
   }
-  const int error = errno;
+  if (rc != 0) {
+    const int error = errno;
+    close(fd);
+    return absl::UnavailableError(std::strerror(error));
+  }
+  const int flags = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  SetSocketTimeouts(fd, timeout);
+  absl::Status s = SendWorkerAddress(fd, ours);
+  absl::StatusOr<std::string> theirs = s.ok() ? ReceiveWorkerAddress(fd) : s;
   close(fd);
-  if (rc != 0) return absl::UnavailableError(std::strerror(error));
-  return absl::OkStatus();
+  return theirs;
 }
 
 std::string FormatAddress(const sockaddr_storage& addr) {
@@ -203,7 +275,7 @@ class UcxTransport final : public Transport {
   // Delivers, in arrival order, every pending message of `peer` that is complete.
   void Flush(PeerId peer);
 
-  static void OnConnRequest(ucp_conn_request_h request, void* arg);
+  void AcceptBootstrap();
   static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
   static ucs_status_t OnMessage(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param);
@@ -229,7 +301,8 @@ class UcxTransport final : public Transport {
   std::unordered_map<ucp_ep_h, PeerId> by_endpoint_;
   std::unordered_map<PeerId, std::unique_ptr<ErrorArg>> error_args_;
   PeerId next_peer_ = 1;
-  ucp_listener_h listener_ = nullptr;
+  int listen_fd_ = -1;             // bootstrap listener
+  std::string worker_address_;     // this worker's UCX address, for the bootstrap
   std::vector<void*> closing_;     // ucp_ep_close_nbx requests in flight
   std::vector<ucp_mem_h> mapped_;  // regions registered for one-sided puts
 };
@@ -259,6 +332,12 @@ absl::Status UcxTransport::Init() {
   worker_params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
   status = ucp_worker_create(context_, &worker_params, &worker_);
   if (status != UCS_OK) return UcxError("ucp_worker_create", status);
+  ucp_address_t* address = nullptr;
+  size_t address_length = 0;
+  status = ucp_worker_get_address(worker_, &address, &address_length);
+  if (status != UCS_OK) return UcxError("ucp_worker_get_address", status);
+  worker_address_.assign(reinterpret_cast<const char*>(address), address_length);
+  ucp_worker_release_address(worker_, address);
   int efd = -1;
   status = ucp_worker_get_efd(worker_, &efd);
   if (status != UCS_OK) return UcxError("ucp_worker_get_efd", status);
@@ -356,11 +435,17 @@ void UcxTransport::Run() {
     if (pending) continue;
     const ucs_status_t status = ucp_worker_arm(worker_);
     if (status == UCS_ERR_BUSY) continue;
-    epoll_event event;
-    epoll_wait(epoll_fd_, &event, 1, 1000);
+    epoll_event events[4];
+    const int n = epoll_wait(epoll_fd_, events, 4, 1000);
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.fd == listen_fd_ && listen_fd_ >= 0) AcceptBootstrap();
+    }
   }
   // Shutdown: close every endpoint and the listener, and let the closes finish.
-  if (listener_ != nullptr) ucp_listener_destroy(listener_);
+  if (listen_fd_ >= 0) {
+    close(listen_fd_);
+    listen_fd_ = -1;
+  }
   std::vector<PeerId> ids;
   for (const auto& [id, peer] : peers_) ids.push_back(id);
   for (PeerId id : ids) ClosePeer(id, absl::CancelledError("the transport is shutting down"));
@@ -450,53 +535,69 @@ absl::StatusOr<std::string> UcxTransport::Listen(const std::string& address) {
   socklen_t length = 0;
   auto addr = Resolve(address, &length);
   if (!addr.ok()) return addr.status();
-  auto waiter = std::make_shared<Waiter<absl::StatusOr<std::string>>>();
-  Post([this, waiter, addr = *addr, length] {
-    if (listener_ != nullptr) {
+  const int fd = socket(addr->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError("socket() failed");
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(fd, reinterpret_cast<const sockaddr*>(&*addr), length) != 0 || listen(fd, 64) != 0) {
+    const int error = errno;
+    close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", address, ": ", std::strerror(error)));
+  }
+  sockaddr_storage bound{};
+  socklen_t bound_length = sizeof(bound);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &bound_length);
+  auto waiter = std::make_shared<Waiter<absl::Status>>();
+  Post([this, waiter, fd] {
+    if (listen_fd_ >= 0) {
+      close(fd);
       waiter->Set(absl::FailedPreconditionError("already listening"));
       return;
     }
-    ucp_listener_params_t params{};
-    params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-    params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
-    params.sockaddr.addrlen = length;
-    params.conn_handler.cb = &UcxTransport::OnConnRequest;
-    params.conn_handler.arg = this;
-    ucs_status_t status = ucp_listener_create(worker_, &params, &listener_);
-    if (status != UCS_OK) {
-      listener_ = nullptr;
-      waiter->Set(UcxError("ucp_listener_create", status));
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.fd = fd;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event) != 0) {
+      close(fd);
+      waiter->Set(absl::InternalError("epoll_ctl failed"));
       return;
     }
-    ucp_listener_attr_t attr{};
-    attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-    status = ucp_listener_query(listener_, &attr);
-    if (status != UCS_OK) {
-      waiter->Set(UcxError("ucp_listener_query", status));
-      return;
-    }
-    waiter->Set(FormatAddress(attr.sockaddr));
+    listen_fd_ = fd;
+    waiter->Set(absl::OkStatus());
   });
   auto result = waiter->Wait(absl::Seconds(30));
   if (!result) return absl::DeadlineExceededError("the transport thread did not answer");
-  return *result;
+  if (!result->ok()) return *result;
+  return FormatAddress(bound);
 }
 
-void UcxTransport::OnConnRequest(ucp_conn_request_h request, void* arg) {
-  auto* self = static_cast<UcxTransport*>(arg);
-  const PeerId id = self->AddPeer(nullptr);
-  ucp_ep_params_t params{};
-  params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
-  params.conn_request = request;
-  auto ep = self->CreateEndpoint(params, id);
-  if (!ep.ok()) {
-    LOG(WARNING) << "refused a data-plane connection: " << ep.status().message();
-    ucp_listener_reject(self->listener_, request);
-    self->peers_.erase(id);
-    return;
+void UcxTransport::AcceptBootstrap() {
+  while (true) {
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) return;  // EAGAIN: no more
+    // The client sends its address at once; a slow or bogus one costs at most a second.
+    SetSocketTimeouts(fd, absl::Seconds(1));
+    absl::StatusOr<std::string> theirs = ReceiveWorkerAddress(fd);
+    absl::Status status = theirs.ok() ? SendWorkerAddress(fd, worker_address_) : theirs.status();
+    close(fd);
+    if (!status.ok()) {
+      LOG_FIRST_N(WARNING, 10) << "refused a data-plane connection: " << status.message();
+      continue;
+    }
+    const PeerId id = AddPeer(nullptr);
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+    params.address = reinterpret_cast<const ucp_address_t*>(theirs->data());
+    auto ep = CreateEndpoint(params, id);
+    if (!ep.ok()) {
+      LOG(WARNING) << "refused a data-plane connection: " << ep.status().message();
+      peers_.erase(id);
+      continue;
+    }
+    peers_[id].ep = *ep;
+    by_endpoint_[*ep] = id;
   }
-  self->peers_[id].ep = *ep;
-  self->by_endpoint_[*ep] = id;
 }
 
 void UcxTransport::OnEndpointError(void* arg, ucp_ep_h, ucs_status_t status) {
@@ -513,20 +614,20 @@ absl::StatusOr<PeerId> UcxTransport::Connect(const std::string& address) {
   socklen_t length = 0;
   auto addr = Resolve(address, &length);
   if (!addr.ok()) return addr.status();
-  if (absl::Status probe = ProbeTcp(*addr, length, config_.connect_timeout); !probe.ok()) {
+  absl::StatusOr<std::string> theirs =
+      BootstrapClient(*addr, length, worker_address_, config_.connect_timeout);
+  if (!theirs.ok()) {
     return absl::UnavailableError(
-        absl::StrCat("cannot connect to ", address, ": ", probe.message()));
+        absl::StrCat("cannot connect to ", address, ": ", theirs.status().message()));
   }
   auto waiter = std::make_shared<Waiter<absl::StatusOr<PeerId>>>();
   auto id_waiter = std::make_shared<Waiter<PeerId>>();
-  Post([this, waiter, id_waiter, addr = *addr, length, address] {
+  Post([this, waiter, id_waiter, theirs = *theirs, address] {
     const PeerId id = AddPeer(nullptr);
     id_waiter->Set(id);
     ucp_ep_params_t params{};
-    params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
-    params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
-    params.sockaddr.addrlen = length;
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+    params.address = reinterpret_cast<const ucp_address_t*>(theirs.data());
     auto ep = CreateEndpoint(params, id);
     if (!ep.ok()) {
       peers_.erase(id);

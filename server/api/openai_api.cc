@@ -299,7 +299,8 @@ void OpenAiApi::Handle(const http::Request& request, std::shared_ptr<http::Respo
 
   if (path == "/health") {
     if (healthy_()) return reply(200, R"({"status":"ok"})");
-    return reply(503, R"({"status":"starting","message":"waiting for nodes to register"})");
+    return reply(
+        503, R"({"status":"unavailable","message":"waiting for a compute node and a KV pool"})");
   }
   if (path == "/ready") {
     if (healthy_() && !draining_) return reply(200, R"({"ready":true})");
@@ -336,6 +337,11 @@ void OpenAiApi::Handle(const http::Request& request, std::shared_ptr<http::Respo
     }
     if ((path == "/v1/completions" || path == "/v1/chat/completions") && draining_) {
       return error(Overloaded("the server is draining and accepts no new requests"));
+    }
+    if ((path == "/v1/completions" || path == "/v1/chat/completions") && !healthy_()) {
+      return error(Overloaded(
+          "no compute node or KV pool is available right now (starting, or a node is down); "
+          "retry later"));
     }
     if (path == "/v1/completions") return Completions(request, responder);
     if (path == "/v1/chat/completions") return ChatCompletions(request, responder);

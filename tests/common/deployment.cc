@@ -1,7 +1,10 @@
 #include "tests/common/deployment.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -63,16 +66,18 @@ absl::StatusOr<std::unique_ptr<Deployment>> Deployment::Start(const DeploymentOp
   static int counter = 0;
   const std::string info_file =
       absl::StrCat(TestTmpDir(), "/deployment-", getpid(), "-", counter++, ".json");
-  std::vector<std::string> args = {root + "/deploy/local/launcher",
-                                   "--bin_dir=" + root,
-                                   "--model=" + d->model_dir_,
-                                   "--port=0",
-                                   "--port_file=" + info_file,
-                                   absl::StrCat("--compute_nodes=", options.compute_nodes),
-                                   absl::StrCat("--memory_nodes=", options.memory_nodes),
-                                   absl::StrCat("--threads=", options.threads),
-                                   absl::StrCat("--kv_budget_mib=", options.kv_budget_mib),
-                                   "--health_timeout_s=120"};
+  std::vector<std::string> args = {
+      root + "/deploy/local/launcher",
+      "--bin_dir=" + root,
+      "--model=" + d->model_dir_,
+      "--port=0",
+      "--port_file=" + info_file,
+      absl::StrCat("--compute_nodes=", options.compute_nodes),
+      absl::StrCat("--memory_nodes=", options.memory_nodes),
+      absl::StrCat("--threads=", options.threads),
+      absl::StrCat("--kv_budget_mib=", options.kv_budget_mib),
+      absl::StrCat("--memory_kv_budget_mib=", options.memory_kv_budget_mib),
+      "--health_timeout_s=120"};
   if (!options.api_key.empty()) args.push_back("--api_key=" + options.api_key);
   std::string server_args;
   for (const std::string& a : options.server_args)
@@ -105,6 +110,7 @@ absl::StatusOr<std::unique_ptr<Deployment>> Deployment::Start(const DeploymentOp
       auto j = nlohmann::json::parse(text.str(), nullptr, false);
       if (!j.is_discarded() && j.contains("http")) {
         d->http_port_ = j["http"].get<int>();
+        d->control_port_ = j.value("control", 0);
         if (j.contains("pids")) {
           for (auto& [name, p] : j["pids"].items()) d->pids_[name] = p.get<pid_t>();
         }
@@ -114,6 +120,51 @@ absl::StatusOr<std::unique_ptr<Deployment>> Deployment::Start(const DeploymentOp
     absl::SleepFor(absl::Milliseconds(100));
   }
   return absl::DeadlineExceededError("the deployment did not become healthy");
+}
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t length = sizeof(addr);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+pid_t SpawnProcess(const std::vector<std::string>& argv_in, const std::vector<std::string>& env) {
+  std::vector<std::string> args = argv_in;
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_copy = env;
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);
+    for (std::string& e : env_copy) putenv(e.data());
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+void StopProcess(pid_t pid, absl::Duration grace) {
+  if (pid <= 0) return;
+  kill(pid, SIGCONT);
+  kill(pid, SIGTERM);
+  const absl::Time deadline = absl::Now() + grace;
+  int status;
+  while (absl::Now() < deadline) {
+    if (waitpid(pid, &status, WNOHANG) == pid) return;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
 }
 
 pid_t Deployment::Pid(const std::string& name) const {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace strata::testing {
 
@@ -22,6 +23,7 @@ struct DeploymentOptions {
   int memory_nodes = 0;
   int threads = 1;
   int64_t kv_budget_mib = 64;
+  int64_t memory_kv_budget_mib = 64;
   std::string api_key;
   std::vector<std::string> server_args;
   std::vector<std::string> launcher_args;
@@ -33,6 +35,7 @@ class Deployment {
   ~Deployment();
 
   int http_port() const { return http_port_; }
+  int control_port() const { return control_port_; }
   const std::string& model_dir() const { return model_dir_; }
   // Process id of "server", "compute-0", "memory-1", ...; -1 if unknown.
   pid_t Pid(const std::string& name) const;
@@ -43,6 +46,7 @@ class Deployment {
   Deployment() = default;
   pid_t launcher_ = -1;
   int http_port_ = 0;
+  int control_port_ = 0;
   std::string model_dir_;
   std::map<std::string, pid_t> pids_;
 };
@@ -52,6 +56,12 @@ std::string NpmDir();        // $STRATA_CACHE_DIR/npm
 std::string TestTmpDir();
 // A generated model with the npm Mistral/Llama tokenizer, cached per shape in TEST_TMPDIR.
 absl::StatusOr<std::string> TestModel(const std::string& shape);
+// A TCP port that was free a moment ago (for processes that need a fixed port).
+int FreePort();
+// Starts `argv` (argv[0] the binary) as a child that dies with the test; returns its pid.
+pid_t SpawnProcess(const std::vector<std::string>& argv, const std::vector<std::string>& env = {});
+// Sends SIGTERM (then SIGKILL after `grace`) and reaps.
+void StopProcess(pid_t pid, absl::Duration grace = absl::Seconds(5));
 
 }  // namespace strata::testing
 

@@ -1,0 +1,291 @@
+// The memory server against a raw data-plane client: correct frames get the attention an
+// independent engine computes; malformed, truncated, corrupted or out-of-order frames get
+// an error frame and a counter, and the server keeps serving.
+#include "memory_node/memory_server.h"
+
+#include <condition_variable>
+#include <deque>
+#include <random>
+
+#include "common/base/bfloat16.h"
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+using transport::FrameHeader;
+using transport::FrameKind;
+
+constexpr int kLayers = 2, kHeads = 4, kKvHeads = 2, kDim = 64;
+constexpr uint64_t kEpoch = 7;
+
+struct Reply {
+  FrameHeader header;
+  std::vector<uint8_t> payload;
+};
+
+// A compute node's side of the wire, written against the transport directly.
+class Client : public transport::MessageHandler {
+ public:
+  explicit Client(const std::string& address) {
+    transport::TransportConfig config;
+    config.backend = "inproc";
+    transport_ = *transport::Transport::Create(config);
+    transport_->SetHandler(transport::kFrameTag, this);
+    auto peer = transport_->Connect(address);
+    EXPECT_TRUE(peer.ok()) << peer.status();
+    peer_ = *peer;
+  }
+  ~Client() override { transport_.reset(); }
+
+  std::span<uint8_t> Place(transport::PeerId, std::span<const uint8_t>, size_t) override {
+    return {};
+  }
+  void Deliver(transport::PeerId, std::span<const uint8_t> header, std::span<const uint8_t> payload,
+               absl::Status) override {
+    Reply r;
+    EXPECT_TRUE(transport::ParseFrameHeader(header, &r.header).ok());
+    r.payload.assign(payload.begin(), payload.end());
+    std::lock_guard<std::mutex> lock(mu_);
+    replies_.push_back(std::move(r));
+    cv_.notify_all();
+  }
+
+  void SendRaw(std::span<const uint8_t> header, std::span<const uint8_t> payload) {
+    ASSERT_TRUE(transport::SendAndWait(*transport_, peer_, transport::kFrameTag, header, {payload},
+                                       absl::Seconds(10))
+                    .ok());
+  }
+  void Send(FrameHeader header, std::span<const uint8_t> payload, bool fix_checksum = true) {
+    header.payload_bytes = payload.size();
+    if (fix_checksum) header.checksum = transport::PayloadChecksum(payload);
+    SendRaw(transport::AsBytes(header), payload);
+  }
+  Reply Next() {
+    std::unique_lock<std::mutex> lock(mu_);
+    EXPECT_TRUE(cv_.wait_for(lock, std::chrono::seconds(20), [&] { return !replies_.empty(); }))
+        << "no reply";
+    if (replies_.empty()) return {};
+    Reply r = std::move(replies_.front());
+    replies_.pop_front();
+    return r;
+  }
+
+ private:
+  std::unique_ptr<transport::Transport> transport_;
+  transport::PeerId peer_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Reply> replies_;
+};
+
+int counter = 0;
+
+class MemoryServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MemoryServerOptions options;
+    options.transport.backend = "inproc";
+    options.data_address = "memory-test-" + std::to_string(++counter);
+    options.prefault_kv = false;
+    auto server = MemoryServer::Create(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    control::MemoryConfig config;
+    config.set_epoch(kEpoch);
+    config.set_pool_index(3);
+    control::ModelShape* m = config.mutable_model();
+    m->set_num_layers(kLayers);
+    m->set_num_heads(kHeads);
+    m->set_num_kv_heads(kKvHeads);
+    m->set_head_dim(kDim);
+    m->set_kv_dtype("bf16");
+    config.set_num_slots(1000);
+    ASSERT_TRUE(server_->Configure(config).ok());
+    client_ = std::make_unique<Client>(server_->data_address());
+  }
+  void TearDown() override {
+    client_.reset();
+    server_.reset();
+  }
+
+  // A step of one request: positions [0, n) as a prefill chunk all on the memory node.
+  static StepShare Share(uint64_t step, int n) {
+    StepShare share;
+    share.step_id = step;
+    share.epoch = kEpoch;
+    share.pool = 3;
+    share.num_layers = kLayers;
+    std::vector<int32_t> slots(n);
+    for (int i = 0; i < n; ++i) slots[i] = 999 - 3 * i;
+    share.plan.assignments.push_back({1, 0, slots, 3});
+    for (int i = 0; i < n; ++i) share.plan.rows.push_back({1, i, -1, 3});
+    share.minibatch_rows = SplitMinibatches(n, 2);
+    return share;
+  }
+  void SendStep(const StepShare& share) {
+    const std::string body = EncodeStepShare(share);
+    FrameHeader h;
+    h.kind = static_cast<uint16_t>(FrameKind::kStep);
+    h.step_id = share.step_id;
+    h.epoch = kEpoch;
+    client_->Send(h, {reinterpret_cast<const uint8_t*>(body.data()), body.size()});
+  }
+  static std::vector<uint8_t> RandomRows(size_t bytes, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal;
+    std::vector<uint8_t> out(bytes);
+    auto* p = reinterpret_cast<uint16_t*>(out.data());
+    for (size_t i = 0; i < bytes / 2; ++i) p[i] = FloatToBf16(normal(rng));
+    return out;
+  }
+  static FrameHeader LayerHeader(uint64_t step, int layer, int minibatch, int rows) {
+    FrameHeader h;
+    h.kind = static_cast<uint16_t>(FrameKind::kLayer);
+    h.step_id = step;
+    h.epoch = kEpoch;
+    h.layer = layer;
+    h.minibatch = minibatch;
+    h.rows = rows;
+    return h;
+  }
+
+  std::unique_ptr<MemoryServer> server_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(MemoryServerTest, AnswersLayersWithTheEngineResult) {
+  const int n = 70;
+  const StepShare share = Share(1, n);
+  SendStep(share);
+  const AttentionDims dims{kLayers, kHeads, kKvHeads, kDim};
+  const auto layouts = LayoutMinibatches(share, dims);
+  // An independent engine given the same rows computes the reference.
+  AttentionEngineConfig config;
+  config.store = {kLayers, kKvHeads, kDim, kernels::KvDType::kBF16, 1000, false};
+  config.num_heads = kHeads;
+  auto engine = *AttentionEngine::Create(config);
+  auto prepared = *engine->Prepare(share.plan);
+  for (int layer = 0; layer < kLayers; ++layer) {
+    for (size_t j = 0; j < layouts.size(); ++j) {
+      const MinibatchLayout& m = layouts[j];
+      const auto payload = RandomRows(m.request_bytes(), 100 * layer + j);
+      client_->Send(LayerHeader(1, layer, j, m.end - m.begin), payload);
+      const Reply reply = client_->Next();
+      ASSERT_EQ(reply.header.kind, static_cast<uint16_t>(FrameKind::kLayerResult));
+      EXPECT_EQ(reply.header.layer, static_cast<uint32_t>(layer));
+      EXPECT_EQ(reply.header.minibatch, j);
+      ASSERT_TRUE(transport::CheckFramePayload(reply.header, reply.payload, true).ok());
+      std::vector<uint8_t> want(m.out_bytes);
+      const auto* p = reinterpret_cast<const uint16_t*>(payload.data());
+      ASSERT_TRUE(engine
+                      ->AttendRows(prepared, layer, m.begin, m.end, p, p + m.q_bytes / 2,
+                                   p + (m.q_bytes + m.kv_bytes) / 2,
+                                   reinterpret_cast<uint16_t*>(want.data()), nullptr)
+                      .ok());
+      EXPECT_EQ(reply.payload, want) << "layer " << layer << " mini-batch " << j;
+    }
+  }
+  const MemoryServerStats stats = server_->stats();
+  EXPECT_EQ(stats.layer_frames, 2u * layouts.size());
+  EXPECT_EQ(stats.kv_positions, n);
+  EXPECT_EQ(stats.malformed_frames, 0u);
+}
+
+TEST_F(MemoryServerTest, BadFramesGetErrorsAndTheServerKeepsServing) {
+  const StepShare share = Share(5, 10);
+  SendStep(share);
+  const AttentionDims dims{kLayers, kHeads, kKvHeads, kDim};
+  const MinibatchLayout m = LayoutMinibatches(share, dims)[0];
+  const auto payload = RandomRows(m.request_bytes(), 1);
+  const uint16_t error = static_cast<uint16_t>(FrameKind::kError);
+  auto expect_error = [&](const std::string& what) {
+    const Reply r = client_->Next();
+    EXPECT_EQ(r.header.kind, error) << what;
+    EXPECT_FALSE(r.payload.empty()) << what;
+  };
+
+  // Corrupted payload: the checksum catches it.
+  FrameHeader h = LayerHeader(5, 0, 0, m.end - m.begin);
+  h.payload_bytes = payload.size();
+  h.checksum = transport::PayloadChecksum(payload) ^ 1;
+  client_->SendRaw(transport::AsBytes(h), payload);
+  expect_error("bad checksum");
+  // Truncated payload.
+  h.checksum = transport::PayloadChecksum(payload);
+  client_->SendRaw(transport::AsBytes(h), std::span<const uint8_t>(payload).first(100));
+  expect_error("truncated");
+  // Wrong magic, and a header too short to read.
+  FrameHeader bad = h;
+  bad.magic = 0xDEADBEEF;
+  client_->SendRaw(transport::AsBytes(bad), payload);
+  expect_error("bad magic");
+  const uint8_t junk[5] = {1, 2, 3, 4, 5};
+  client_->SendRaw(junk, payload);  // nothing to answer to: dropped and counted
+  // Layer beyond the model, unknown mini-batch, wrong row count, wrong step.
+  client_->Send(LayerHeader(5, kLayers, 0, m.end - m.begin), payload);
+  expect_error("layer out of range");
+  client_->Send(LayerHeader(5, 0, 9, m.end - m.begin), payload);
+  expect_error("unknown mini-batch");
+  client_->Send(LayerHeader(5, 0, 0, 1), payload);
+  expect_error("row count");
+  client_->Send(LayerHeader(77, 0, 0, m.end - m.begin), payload);
+  expect_error("no descriptor");
+  // A descriptor that is not a descriptor, one for another pool, and one with a bad plan.
+  FrameHeader step;
+  step.kind = static_cast<uint16_t>(FrameKind::kStep);
+  step.step_id = 6;
+  step.epoch = kEpoch;
+  client_->Send(step, junk);
+  expect_error("garbage descriptor");
+  StepShare other = Share(6, 4);
+  other.pool = 4;
+  SendStep(other);
+  expect_error("wrong pool");
+  StepShare beyond = Share(6, 4);
+  beyond.plan.rows.push_back({1, 40, -1, 3});  // position beyond its table
+  beyond.minibatch_rows = {5};
+  SendStep(beyond);
+  expect_error("bad plan");
+  StepShare stale = Share(6, 4);
+  stale.epoch = kEpoch + 1;
+  SendStep(stale);
+  expect_error("wrong epoch");
+
+  const MemoryServerStats stats = server_->stats();
+  EXPECT_GE(stats.checksum_failures, 1u);
+  EXPECT_GE(stats.malformed_frames, 8u);
+  EXPECT_GE(stats.rejected_steps, 4u);
+  EXPECT_EQ(stats.kv_positions, 10) << "a rejected plan changed the tables";
+
+  // Still serving: a fresh, correct step works.
+  const StepShare good = Share(8, 10);
+  SendStep(good);
+  client_->Send(LayerHeader(8, 0, 0, m.end - m.begin), payload);
+  const Reply r = client_->Next();
+  EXPECT_EQ(r.header.kind, static_cast<uint16_t>(FrameKind::kLayerResult));
+  EXPECT_EQ(r.payload.size(), m.out_bytes);
+}
+
+TEST_F(MemoryServerTest, RejectsAnUnusableConfiguration) {
+  control::MemoryConfig config;
+  config.set_epoch(1);
+  config.mutable_model()->set_num_layers(2);
+  config.mutable_model()->set_num_heads(3);
+  config.mutable_model()->set_num_kv_heads(2);  // does not divide
+  config.mutable_model()->set_head_dim(64);
+  config.mutable_model()->set_kv_dtype("bf16");
+  config.set_num_slots(10);
+  EXPECT_FALSE(server_->Configure(config).ok());
+  config.mutable_model()->set_num_heads(4);
+  config.mutable_model()->set_kv_dtype("fp8");
+  EXPECT_FALSE(server_->Configure(config).ok());
+  config.mutable_model()->set_kv_dtype("bf16");
+  config.set_num_slots(0);
+  EXPECT_FALSE(server_->Configure(config).ok());
+  // The previous configuration still serves.
+  EXPECT_TRUE(server_->Status().ready());
+}
+
+}  // namespace
+}  // namespace strata
