@@ -1,0 +1,311 @@
+// Malformed and truncated messages on both planes, sent to real node processes: garbage
+// gRPC payloads, semantically bad step plans, bad data-plane frames over UCX, and junk on
+// the data plane's bootstrap port. Each is rejected with an error; the nodes keep running
+// and keep answering.
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/protocol/attention_wire.h"
+#include "common/transport/frame.h"
+#include "common/transport/transport.h"
+#include "gtest/gtest.h"
+#include "proto/control.grpc.pb.h"
+#include "tests/common/deployment.h"
+#include "tests/common/http_client.h"
+
+namespace strata::testing {
+namespace {
+
+using transport::FrameHeader;
+using transport::FrameKind;
+
+std::shared_ptr<grpc::Channel> Channel(int port) {
+  return grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+}
+
+bool WaitForHealth(int port, bool memory) {
+  for (int i = 0; i < 300; ++i) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+    control::HealthResponse response;
+    grpc::Status status = memory ? control::MemoryNode::NewStub(Channel(port))
+                                       ->Health(&context, control::HealthRequest(), &response)
+                                 : control::ComputeNode::NewStub(Channel(port))
+                                       ->Health(&context, control::HealthRequest(), &response);
+    if (status.ok()) return true;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return false;
+}
+
+// A unary call with raw bytes as the request.
+grpc::Status RawUnary(int port, const std::string& method, const std::string& bytes) {
+  grpc::GenericStub stub(Channel(port));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1), response;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) { done.set_value(s); });
+  return done.get_future().get();
+}
+
+// Raw bytes as one message of a bidirectional stream: whether any reply came back.
+bool RawStreamGotReply(int port, const std::string& method, const std::string& bytes) {
+  grpc::GenericStub stub(Channel(port));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareCall(&context, method, &cq);
+  void* tag;
+  bool ok;
+  call->StartCall(reinterpret_cast<void*>(1));
+  cq.Next(&tag, &ok);
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer message(&slice, 1), reply;
+  call->Write(message, reinterpret_cast<void*>(2));
+  cq.Next(&tag, &ok);
+  call->Read(&reply, reinterpret_cast<void*>(3));
+  cq.Next(&tag, &ok);
+  const bool got_reply = ok;
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(4));
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return got_reply;
+}
+
+std::string Garbage(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::string s(n, '\0');
+  for (char& c : s) c = static_cast<char>(rng());
+  return s;
+}
+
+class Collector : public transport::MessageHandler {
+ public:
+  std::span<uint8_t> Place(transport::PeerId, std::span<const uint8_t>, size_t) override {
+    return {};
+  }
+  void Deliver(transport::PeerId, std::span<const uint8_t> header, std::span<const uint8_t>,
+               absl::Status) override {
+    FrameHeader h{};
+    if (header.size() == sizeof(h)) std::memcpy(&h, header.data(), sizeof(h));
+    std::lock_guard<std::mutex> lock(mu_);
+    kinds_.push_back(h.kind);
+    cv_.notify_all();
+  }
+  uint16_t Next() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, std::chrono::seconds(20), [&] { return !kinds_.empty(); })) return 0;
+    const uint16_t k = kinds_.front();
+    kinds_.pop_front();
+    return k;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<uint16_t> kinds_;
+};
+
+TEST(MalformedTest, MemoryNodeRejectsBadControlAndDataMessages) {
+  const std::string root = RunfilesRoot();
+  const int control = FreePort(), data = FreePort();
+  // No scheduler answers at the given address: the node keeps trying to register, which
+  // does not stop it from serving its own RPCs.
+  const pid_t pid = SpawnProcess(
+      {root + "/memory_node/memory_node", absl::StrCat("--scheduler=127.0.0.1:", FreePort()),
+       absl::StrCat("--port=", control), absl::StrCat("--data_address=127.0.0.1:", data),
+       "--ucx_tls=tcp", "--ucx_net_devices=lo", "--kv_budget_mib=16", "--threads=1",
+       "--prefault_kv=false"},
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_TRUE(WaitForHealth(control, true));
+
+  // Control plane: garbage and truncated protos.
+  EXPECT_FALSE(RawUnary(control, "/strata.control.MemoryNode/Configure", Garbage(300, 1)).ok());
+  control::MemoryConfig config;
+  config.set_epoch(5);
+  config.mutable_model()->set_num_layers(2);
+  config.mutable_model()->set_num_heads(4);
+  config.mutable_model()->set_num_kv_heads(2);
+  config.mutable_model()->set_head_dim(64);
+  config.mutable_model()->set_kv_dtype("bf16");
+  config.set_num_slots(100);
+  const std::string serialized = config.SerializeAsString();
+  EXPECT_FALSE(RawUnary(control, "/strata.control.MemoryNode/Configure",
+                        serialized.substr(0, serialized.size() - 3))
+                   .ok());
+  // A well-formed but unusable configuration is refused too.
+  {
+    control::MemoryConfig bad = config;
+    bad.mutable_model()->set_num_kv_heads(3);
+    grpc::ClientContext context;
+    control::MemoryConfigAck ack;
+    EXPECT_FALSE(
+        control::MemoryNode::NewStub(Channel(control))->Configure(&context, bad, &ack).ok());
+  }
+  // A good one works.
+  {
+    grpc::ClientContext context;
+    control::MemoryConfigAck ack;
+    ASSERT_TRUE(
+        control::MemoryNode::NewStub(Channel(control))->Configure(&context, config, &ack).ok());
+    EXPECT_EQ(ack.num_slots(), 100u);
+  }
+  // Junk on the data plane's bootstrap port, and a connection that sends nothing.
+  for (int i = 0; i < 3; ++i) {
+    const std::string reply = RawExchange(data, Garbage(64 + 500 * i, 10 + i), /*timeout_s=*/3);
+    EXPECT_TRUE(reply.empty());
+  }
+  // Bad frames over a real UCX connection.
+  transport::TransportConfig tc;
+  tc.ucx_options = {{"TLS", "tcp"}, {"NET_DEVICES", "lo"}};
+  auto client = transport::Transport::Create(tc);
+  ASSERT_TRUE(client.ok());
+  Collector collector;
+  (*client)->SetHandler(transport::kFrameTag, &collector);
+  auto peer = (*client)->Connect(absl::StrCat("127.0.0.1:", data));
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  auto send = [&](const FrameHeader& h, const std::string& payload) {
+    const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(payload.data()),
+                                         payload.size());
+    ASSERT_TRUE(transport::SendAndWait(**client, *peer, transport::kFrameTag, transport::AsBytes(h),
+                                       {bytes}, absl::Seconds(10))
+                    .ok());
+  };
+  const uint16_t error = static_cast<uint16_t>(FrameKind::kError);
+  FrameHeader step;
+  step.kind = static_cast<uint16_t>(FrameKind::kStep);
+  step.step_id = 1;
+  step.epoch = 5;
+  const std::string junk = Garbage(200, 3);
+  step.payload_bytes = junk.size();
+  step.checksum = transport::PayloadChecksum(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(junk.data()), junk.size()));
+  send(step, junk);
+  EXPECT_EQ(collector.Next(), error) << "garbage descriptor";
+  step.checksum ^= 0xFF;
+  send(step, junk);
+  EXPECT_EQ(collector.Next(), error) << "bad checksum";
+  FrameHeader truncated = step;
+  truncated.payload_bytes = 1000;
+  send(truncated, junk);
+  EXPECT_EQ(collector.Next(), error) << "truncated";
+  // A valid step still works afterwards.
+  StepShare share;
+  share.step_id = 2;
+  share.epoch = 5;
+  share.pool = 0;
+  share.num_layers = 2;
+  share.plan.assignments.push_back({9, 0, {1, 2, 3}, 0});
+  for (int p = 0; p < 3; ++p) share.plan.rows.push_back({9, p, -1, 0});
+  share.minibatch_rows = {3};
+  const std::string body = EncodeStepShare(share);
+  step.step_id = 2;
+  step.payload_bytes = body.size();
+  step.checksum = transport::PayloadChecksum(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(body.data()), body.size()));
+  send(step, body);
+  const MinibatchLayout m = LayoutMinibatches(share, {2, 4, 2, 64})[0];
+  const std::string rows(m.request_bytes(), '\0');
+  FrameHeader layer;
+  layer.kind = static_cast<uint16_t>(FrameKind::kLayer);
+  layer.step_id = 2;
+  layer.epoch = 5;
+  layer.rows = 3;
+  layer.payload_bytes = rows.size();
+  layer.checksum = transport::PayloadChecksum(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(rows.data()), rows.size()));
+  send(layer, rows);
+  EXPECT_EQ(collector.Next(), static_cast<uint16_t>(FrameKind::kLayerResult));
+  client->reset();
+
+  // Still alive and answering.
+  EXPECT_EQ(kill(pid, 0), 0);
+  EXPECT_TRUE(WaitForHealth(control, true));
+  StopProcess(pid);
+}
+
+TEST(MalformedTest, ComputeNodeRejectsBadPlansAndGarbage) {
+  auto model = TestModel("tiny");
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::string root = RunfilesRoot();
+  const int control = FreePort();
+  const pid_t pid = SpawnProcess(
+      {root + "/compute_node/compute_node", "--model=" + *model,
+       absl::StrCat("--scheduler=127.0.0.1:", FreePort()), absl::StrCat("--port=", control),
+       "--threads=1", "--kv_budget_mib=16", "--prefault_kv=false"},
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_TRUE(WaitForHealth(control, false));
+  EXPECT_FALSE(RawUnary(control, "/strata.control.ComputeNode/Configure", Garbage(100, 4)).ok());
+  // A plan that does not parse ends the stream without being run.
+  EXPECT_FALSE(RawStreamGotReply(control, "/strata.control.ComputeNode/RunSteps", Garbage(400, 5)));
+  // Configure co-located, then send plans that parse but make no sense.
+  control::ComputeConfig config;
+  config.set_epoch(3);
+  {
+    grpc::ClientContext context;
+    control::ComputeConfigAck ack;
+    ASSERT_TRUE(
+        control::ComputeNode::NewStub(Channel(control))->Configure(&context, config, &ack).ok());
+  }
+  auto run = [&](const control::StepPlan& plan) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    auto stream = control::ComputeNode::NewStub(Channel(control))->RunSteps(&context);
+    control::StepResult result;
+    EXPECT_TRUE(stream->Write(plan));
+    EXPECT_TRUE(stream->Read(&result));
+    stream->WritesDone();
+    stream->Finish();
+    return result;
+  };
+  control::StepPlan plan;
+  plan.set_step_id(1);
+  plan.set_epoch(3);
+  auto* chunk = plan.add_chunks();
+  chunk->set_request_id(77);  // no setup
+  chunk->add_tokens(5);
+  EXPECT_FALSE(run(plan).error().empty());
+  plan.mutable_chunks(0)->set_request_id(1);
+  auto* setup = plan.add_setups();
+  setup->set_request_id(1);
+  setup->set_prompt_len(1);
+  auto* assign = plan.add_assignments();
+  assign->set_request_id(1);
+  assign->add_slots(0);
+  plan.mutable_chunks(0)->set_tokens(0, 1 << 30);  // outside the vocabulary
+  EXPECT_FALSE(run(plan).error().empty());
+  plan.mutable_chunks(0)->set_tokens(0, 5);
+  plan.mutable_assignments(0)->set_slots(0, 1 << 30);  // outside the KV store
+  EXPECT_FALSE(run(plan).error().empty());
+  plan.set_epoch(4);  // another scheduler's plan
+  EXPECT_FALSE(run(plan).error().empty());
+  // A sound plan still runs.
+  plan.set_epoch(3);
+  plan.mutable_assignments(0)->set_slots(0, 0);
+  plan.mutable_chunks(0)->add_samples()->set_request_id(1);
+  const control::StepResult ok = run(plan);
+  EXPECT_TRUE(ok.error().empty()) << ok.error();
+  EXPECT_EQ(ok.tokens_size(), 1);
+  EXPECT_EQ(kill(pid, 0), 0);
+  EXPECT_TRUE(WaitForHealth(control, false));
+  StopProcess(pid);
+}
+
+}  // namespace
+}  // namespace strata::testing
