@@ -11,6 +11,11 @@
 namespace strata::testing {
 namespace {
 
+std::string& Host() {
+  static std::string host = "127.0.0.1";
+  return host;
+}
+
 int Connect(int port, double timeout_s) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
@@ -21,7 +26,7 @@ int Connect(int port, double timeout_s) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  inet_pton(AF_INET, Host().c_str(), &addr.sin_addr);
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     close(fd);
     return -1;
@@ -67,6 +72,8 @@ bool ReadLine(int fd, std::string& buffer, size_t& pos, std::string* line) {
 
 }  // namespace
 
+void SetHttpHost(const std::string& ipv4) { Host() = ipv4; }
+
 HttpResponse HttpRequest(int port, const std::string& method, const std::string& path,
                          const std::string& body,
                          const std::vector<std::pair<std::string, std::string>>& headers,
@@ -76,7 +83,7 @@ HttpResponse HttpRequest(int port, const std::string& method, const std::string&
   const int fd = Connect(port, timeout_s);
   if (fd < 0) return response;
   std::string request =
-      method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
+      method + " " + path + " HTTP/1.1\r\nHost: " + Host() + "\r\nConnection: close\r\n";
   for (const auto& [k, v] : headers) request += k + ": " + v + "\r\n";
   if (!body.empty() || method == "POST") {
     request +=

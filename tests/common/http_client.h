@@ -16,6 +16,9 @@ struct HttpResponse {
   std::string body;                            // de-chunked
 };
 
+// Where requests go (an IPv4 address; default 127.0.0.1), for tests across namespaces.
+void SetHttpHost(const std::string& ipv4);
+
 // `on_chunk` (optional) sees each chunk of a chunked body as it arrives; returning false
 // closes the connection early (a client that goes away).
 HttpResponse HttpRequest(int port, const std::string& method, const std::string& path,
