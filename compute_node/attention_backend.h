@@ -24,7 +24,9 @@ struct AttentionStepOutcome {
   std::vector<std::pair<uint64_t, std::string>> failed;
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
-  uint64_t wait_us = 0;  // time spent waiting for memory nodes
+  uint64_t wait_us = 0;   // time spent waiting for memory nodes
+  uint64_t send_us = 0;   // building and posting layer frames (checksums included)
+  uint64_t merge_us = 0;  // after the answers: scattering and local continuation
 };
 
 class AttentionBackend {

@@ -44,21 +44,29 @@ absl::StatusOr<std::unique_ptr<RemoteAttention>> RemoteAttention::Create(
   ASSIGN_OR_RETURN(remote->transport_, transport::Transport::Create(options.transport));
   RemoteAttention* self = remote.get();
   remote->transport_->SetHandler(transport::kFrameTag, self);
-  remote->transport_->SetPeerHandler(
-      [self](PeerId peer, transport::PeerEvent event, const absl::Status& why) {
-        if (event != transport::PeerEvent::kDisconnected) return;
-        LOG(WARNING) << "lost the data-plane connection to peer " << peer << ": " << why.message();
-        std::lock_guard<std::mutex> lock(self->mu_);
-        self->dead_peers_[peer] = true;
-        self->cv_.notify_all();
-      });
+  remote->transport_->SetPeerHandler([self](PeerId peer, transport::PeerEvent event,
+                                            const absl::Status& why) {
+    if (event != transport::PeerEvent::kDisconnected) return;
+    std::lock_guard<std::mutex> lock(self->mu_);
+    if (!self->closing_) {
+      LOG(WARNING) << "lost the data-plane connection to peer " << peer << ": " << why.message();
+    }
+    self->dead_peers_[peer] = true;
+    self->cv_.notify_all();
+  });
   LOG(INFO) << "disaggregated attention over " << remote->transport_->capabilities().ToString()
             << "; " << options.minibatches << " mini-batch(es) per memory node, prefill "
             << options.prefill_policy;
   return remote;
 }
 
-RemoteAttention::~RemoteAttention() { transport_.reset(); }
+RemoteAttention::~RemoteAttention() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closing_ = true;
+  }
+  transport_.reset();
+}
 
 void RemoteAttention::SetMemoryNodes(uint64_t epoch, const std::vector<MemoryNodeAddress>& nodes) {
   std::vector<PeerId> to_close;
@@ -333,6 +341,7 @@ absl::Status RemoteAttention::Attend(int layer, BatchBuffers& b, int64_t m) {
     std::lock_guard<std::mutex> lock(config_mu_);
     epoch = epoch_;
   }
+  const auto send_start = std::chrono::steady_clock::now();
   // Register every answer before the first frame leaves: answers can be fast.
   struct Outgoing {
     size_t share;
@@ -420,6 +429,7 @@ absl::Status RemoteAttention::Attend(int layer, BatchBuffers& b, int64_t m) {
     }
   }
 
+  outcome_.send_us += MicrosSince(send_start);
   // While the memory nodes work: chunks that this node attends entirely.
   std::vector<const LocalRow*> whole;
   for (const LocalRow& r : local_rows_) {
@@ -444,6 +454,7 @@ absl::Status RemoteAttention::Attend(int layer, BatchBuffers& b, int64_t m) {
     layer_ = -1;
   }
   outcome_.wait_us += MicrosSince(wait_start);
+  const auto merge_start = std::chrono::steady_clock::now();
 
   for (const Expected& e : answers) {
     Share& share = shares_[e.share];
@@ -509,6 +520,7 @@ absl::Status RemoteAttention::Attend(int layer, BatchBuffers& b, int64_t m) {
       std::memset(attn_base + (share.first_row + r) * q_row, 0, q_row);
     }
   }
+  outcome_.merge_us += MicrosSince(merge_start);
   return absl::OkStatus();
 }
 

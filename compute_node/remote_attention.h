@@ -48,6 +48,7 @@ namespace strata {
 struct RemoteAttentionOptions {
   transport::TransportConfig transport;
   int minibatches = 2;                   // per memory node and layer; 1: no overlap
+  int min_minibatch_rows = 16;           // fewer rows than this per mini-batch: fewer of them
   std::string prefill_policy = "split";  // "split" or "memory"
   absl::Duration layer_timeout = absl::Seconds(10);
   bool verify_checksums = true;
@@ -158,6 +159,7 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
   std::unordered_map<transport::PeerId, bool> dead_peers_;
   std::unordered_map<transport::PeerId, std::string> pending_errors_;  // step-level errors
   RemoteAttentionStats stats_;
+  bool closing_ = false;
 };
 
 }  // namespace strata

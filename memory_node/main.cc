@@ -17,7 +17,9 @@
 #include "memory_node/memory_server.h"
 #include "memory_node/service.h"
 
-ABSL_FLAG(std::string, scheduler, "127.0.0.1:50050", "Scheduler control address");
+ABSL_FLAG(std::string, scheduler, "127.0.0.1:50050",
+          "Scheduler control address (empty: standalone, configured by direct RPC, as "
+          "benchmarks do)");
 ABSL_FLAG(std::string, name, "memory-0", "Node name (logs, metrics)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Control-plane listen address");
 ABSL_FLAG(int, port, 0, "Control port (0: any free port)");
@@ -74,16 +76,17 @@ int main(int argc, char** argv) {
             << info.data_address() << " (data: " << info.transport() << "), " << info.cpu_isa()
             << " kernels, " << omp_get_max_threads() << " threads";
 
+  const bool standalone = absl::GetFlag(FLAGS_scheduler).empty();
   strata::NodeAgent agent(absl::GetFlag(FLAGS_scheduler), info,
                           [&] { return (*server)->Status(); });
-  agent.Start();
+  if (!standalone) agent.Start();
   while (!strata::WaitForShutdownFor(absl::Milliseconds(200))) {
     if (!agent.fatal_error().empty()) {
       LOG(ERROR) << "giving up: " << agent.fatal_error();
       break;
     }
   }
-  agent.Stop();
+  if (!standalone) agent.Stop();
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return agent.fatal_error().empty() ? 0 : 1;
 }

@@ -121,6 +121,12 @@ control::NodeStatus MemoryServer::Status() const {
   status.set_kv_slots_in_tables(kv_positions_.load());
   std::lock_guard<std::mutex> stats_lock(stats_mu_);
   status.set_steps_executed(stats_.steps);
+  status.set_attention_us(static_cast<uint64_t>(stats_.attention_seconds * 1e6));
+  status.set_layer_frames(stats_.layer_frames);
+  status.set_bytes_received(stats_.bytes_received);
+  status.set_bytes_sent(stats_.bytes_sent);
+  status.set_checksum_failures(stats_.checksum_failures);
+  status.set_malformed_frames(stats_.malformed_frames);
   return status;
 }
 
@@ -198,9 +204,20 @@ void MemoryServer::Deliver(PeerId from, std::span<const uint8_t> header,
     std::lock_guard<std::mutex> lock(stats_mu_);
     stats_.bytes_received += header.size() + payload.size();
   }
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (!options_.run_on_transport_thread || worker_busy_ || !queue_.empty() || stop_) {
+      queue_.push_back(std::move(work));
+      queue_cv_.notify_all();
+      return;
+    }
+    worker_busy_ = true;  // nothing ahead of it: run it here, saving the worker's wake-up
+  }
+  Handle(work);
+  Recycle(pool_mu_, free_buffers_, std::move(work.payload));
   std::lock_guard<std::mutex> lock(queue_mu_);
-  queue_.push_back(std::move(work));
-  queue_cv_.notify_all();
+  worker_busy_ = false;
+  if (!queue_.empty()) queue_cv_.notify_all();
 }
 
 void MemoryServer::RunWorker() {
@@ -208,13 +225,16 @@ void MemoryServer::RunWorker() {
     Work work;
     {
       std::unique_lock<std::mutex> lock(queue_mu_);
-      queue_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      queue_cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !worker_busy_); });
       if (stop_) return;
       work = std::move(queue_.front());
       queue_.pop_front();
+      worker_busy_ = true;
     }
     Handle(work);
     Recycle(pool_mu_, free_buffers_, std::move(work.payload));
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    worker_busy_ = false;
   }
 }
 

@@ -9,9 +9,10 @@
 // error and counted, and the server keeps serving. Its slot tables are changed only by
 // descriptors, and it writes only to slots a descriptor assigned.
 //
-// Threads: the transport thread receives frames into pooled buffers and queues them; one
-// worker thread runs them in arrival order (attention itself uses the OpenMP team), so a
-// mini-batch's transfer overlaps the previous mini-batch's attention.
+// Threads: the transport thread receives frames into pooled buffers; a frame with nothing
+// ahead of it runs right there, and frames that arrive while one runs queue for a worker
+// thread, in arrival order (attention itself uses the OpenMP team). So a mini-batch's
+// transfer overlaps the previous mini-batch's attention.
 //
 // Thread-safety: public methods may be called from any thread.
 #ifndef STRATA_MEMORY_NODE_MEMORY_SERVER_H_
@@ -42,6 +43,10 @@ struct MemoryServerOptions {
   std::string data_address = "127.0.0.1:0";  // where compute nodes connect
   bool verify_checksums = true;
   bool prefault_kv = true;
+  // A frame with nothing queued ahead of it runs on the transport thread that received
+  // it, which saves a thread wake-up per frame; frames that arrive meanwhile queue for the
+  // worker thread (and overlap with the attention).
+  bool run_on_transport_thread = true;
 };
 
 struct MemoryServerStats {
@@ -126,6 +131,7 @@ class MemoryServer : public transport::MessageHandler {
   std::condition_variable queue_cv_;
   std::deque<Work> queue_;
   bool stop_ = false;
+  bool worker_busy_ = false;  // a frame is being handled (by the worker or inline)
   std::thread worker_;
 
   std::mutex pool_mu_;

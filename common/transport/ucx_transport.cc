@@ -10,6 +10,7 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -289,6 +290,10 @@ class UcxTransport final : public Transport {
   int epoll_fd_ = -1;
   std::thread thread_;
 
+  // Held by the transport thread except while it sleeps, and by a thread that starts a
+  // send itself: UCX's worker is used by one thread at a time. Guards the peer maps.
+  std::mutex worker_mu_;
+  std::atomic<std::thread::id> thread_id_{};
   std::mutex mu_;
   std::deque<std::function<void()>> commands_;  // guarded by mu_
   bool stop_ = false;                           // guarded by mu_
@@ -421,6 +426,8 @@ void UcxTransport::RunCommands() {
 }
 
 void UcxTransport::Run() {
+  thread_id_ = std::this_thread::get_id();
+  std::unique_lock<std::mutex> worker_lock(worker_mu_);
   while (true) {
     RunCommands();
     while (ucp_worker_progress(worker_) != 0) {
@@ -435,8 +442,11 @@ void UcxTransport::Run() {
     if (pending) continue;
     const ucs_status_t status = ucp_worker_arm(worker_);
     if (status == UCS_ERR_BUSY) continue;
+    // Other threads may start sends while this one sleeps (Send).
+    worker_lock.unlock();
     epoll_event events[4];
     const int n = epoll_wait(epoll_fd_, events, 4, 1000);
+    worker_lock.lock();
     for (int i = 0; i < n; ++i) {
       if (events[i].data.fd == listen_fd_ && listen_fd_ >= 0) AcceptBootstrap();
     }
@@ -876,6 +886,27 @@ void UcxTransport::Send(PeerId peer, Tag tag, std::span<const uint8_t> header,
     ctx->iov.push_back({const_cast<uint8_t*>(part.data()), part.size()});
   }
   ctx->done = std::move(done);
+  // On the transport thread (a handler answering), the worker is already ours.
+  if (std::this_thread::get_id() == thread_id_) {
+    StartSend(std::move(ctx), tag);
+    return;
+  }
+  // Start the send on this thread when the worker is free and nothing is queued before
+  // it (which keeps the order): the transport thread need not wake up for it.
+  {
+    std::unique_lock<std::mutex> worker_lock(worker_mu_, std::try_to_lock);
+    if (worker_lock.owns_lock()) {
+      bool queue_empty;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        queue_empty = commands_.empty() && !stop_;
+      }
+      if (queue_empty) {
+        StartSend(std::move(ctx), tag);
+        return;
+      }
+    }
+  }
   Post([this, ctx = ctx.release(), tag]() mutable {
     StartSend(std::unique_ptr<SendContext>(ctx), tag);
   });

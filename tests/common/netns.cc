@@ -99,19 +99,29 @@ pid_t NetnsHosts::Spawn(int host, const std::vector<std::string>& argv,
   return SpawnProcess(full, env);
 }
 
-absl::Status NetnsHosts::Shape(int host, int mbit) const {
-  const std::string in_ns = "ip netns exec " + Namespace(host) + " ";
-  RunCommand(in_ns + "tc qdisc del dev eth0 root");
+namespace {
+
+// Token bucket on `device`: a burst of about 1 ms at the rate (at least 32 KiB), a 50 ms
+// queue.
+absl::Status ShapeDevice(const std::string& prefix, const std::string& device, int mbit) {
+  RunCommand(prefix + "tc qdisc del dev " + device + " root");
   if (mbit <= 0) return absl::OkStatus();
-  // Token bucket: a burst of about 1 ms at the rate (at least 32 KiB), a 50 ms queue.
   const int burst = std::max(32 * 1024, mbit * 1000 / 8);
   std::string output;
-  if (RunCommand(absl::StrCat(in_ns, "tc qdisc add dev eth0 root tbf rate ", mbit, "mbit burst ",
-                              burst, " latency 50ms"),
+  if (RunCommand(absl::StrCat(prefix, "tc qdisc add dev ", device, " root tbf rate ", mbit,
+                              "mbit burst ", burst, " latency 50ms"),
                  &output) != 0) {
     return absl::FailedPreconditionError("tc failed: " + output);
   }
   return absl::OkStatus();
 }
+
+}  // namespace
+
+absl::Status NetnsHosts::Shape(int host, int mbit) const {
+  return ShapeDevice("ip netns exec " + Namespace(host) + " ", "eth0", mbit);
+}
+
+absl::Status NetnsHosts::ShapeOwn(int mbit) const { return ShapeDevice("", root_link_, mbit); }
 
 }  // namespace strata::testing

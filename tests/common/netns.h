@@ -27,11 +27,14 @@ class NetnsHosts {
   std::string Namespace(int host) const;  // host in [1, count]
   std::string Address(int host) const;    // its IPv4 address
   std::string OwnAddress() const;         // the test's address on the bridge
+  const std::string& OwnDevice() const { return root_link_; }
   // Starts argv inside the host's namespace (a child that dies with the test).
   pid_t Spawn(int host, const std::vector<std::string>& argv,
               const std::vector<std::string>& env = {}) const;
   // Limits the host's outgoing traffic to `mbit` Mbit/s (0 removes the limit).
   absl::Status Shape(int host, int mbit) const;
+  // The same for the test's own traffic into the bridge.
+  absl::Status ShapeOwn(int mbit) const;
 
  private:
   NetnsHosts() = default;

@@ -1,0 +1,48 @@
+// Memory nodes for benchmarks: started as real memory_node processes (standalone, without
+// a scheduler) and configured by RPC, as the control plane would.
+#ifndef STRATA_COMPUTE_NODE_BENCH_MEMORY_NODES_H_
+#define STRATA_COMPUTE_NODE_BENCH_MEMORY_NODES_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/model_config.h"
+#include "compute_node/remote_attention.h"
+#include "deploy/local/supervisor.h"
+#include "proto/control.pb.h"
+
+namespace strata::bench {
+
+// The memory_node binary beside this benchmark in bazel-bin.
+std::string MemoryNodeBinary();
+
+// A TCP port that was free a moment ago.
+int FreePort();
+
+struct StartedMemoryNode {
+  std::string control;  // host:port of its gRPC service
+  std::string data;     // its data-plane address
+};
+
+// Configures the memory node at `control` (retrying until it answers) as `pool` with
+// `slots` KV slots for the model.
+absl::StatusOr<StartedMemoryNode> ConfigureMemoryNode(const std::string& control, uint32_t pool,
+                                                      const ModelConfig& model, int64_t slots);
+
+control::NodeStatus MemoryNodeStatus(const std::string& control);
+
+// Starts `count` memory nodes on loopback with UCX `tls`, `threads` each, configured with
+// `slots` each; they stop with `supervisor`.
+absl::StatusOr<std::vector<StartedMemoryNode>> StartMemoryNodes(Supervisor& supervisor, int count,
+                                                                const std::string& tls, int threads,
+                                                                const ModelConfig& model,
+                                                                int64_t slots);
+
+// The addresses RemoteAttention needs.
+std::vector<MemoryNodeAddress> Addresses(const std::vector<StartedMemoryNode>& nodes);
+
+}  // namespace strata::bench
+
+#endif  // STRATA_COMPUTE_NODE_BENCH_MEMORY_NODES_H_
