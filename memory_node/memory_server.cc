@@ -50,8 +50,11 @@ absl::StatusOr<std::unique_ptr<MemoryServer>> MemoryServer::Create(MemoryServerO
 
 MemoryServer::~MemoryServer() {
   {
-    std::lock_guard<std::mutex> lock(queue_mu_);
+    std::unique_lock<std::mutex> lock(queue_mu_);
     stop_ = true;
+    queue_cv_.notify_all();
+    // A frame being handled on the transport thread finishes before the transport goes.
+    queue_cv_.wait(lock, [&] { return !worker_busy_; });
   }
   queue_cv_.notify_all();
   if (worker_.joinable()) worker_.join();
@@ -217,7 +220,7 @@ void MemoryServer::Deliver(PeerId from, std::span<const uint8_t> header,
   Recycle(pool_mu_, free_buffers_, std::move(work.payload));
   std::lock_guard<std::mutex> lock(queue_mu_);
   worker_busy_ = false;
-  if (!queue_.empty()) queue_cv_.notify_all();
+  queue_cv_.notify_all();
 }
 
 void MemoryServer::RunWorker() {
@@ -235,6 +238,7 @@ void MemoryServer::RunWorker() {
     Recycle(pool_mu_, free_buffers_, std::move(work.payload));
     std::lock_guard<std::mutex> lock(queue_mu_);
     worker_busy_ = false;
+    queue_cv_.notify_all();
   }
 }
 
