@@ -462,7 +462,12 @@ void Scheduler::PublishStats() {
       ++s.num_running;
       if (req->pool && *req->pool < s.pools.size()) {
         for (const auto& seq : req->seqs) {
-          s.pools[*req->pool].stats.live_positions += static_cast<int64_t>(seq->table.size());
+          const int64_t length = static_cast<int64_t>(seq->table.size());
+          s.pools[*req->pool].stats.live_positions += length;
+          // What pages of kPagedCompareTokens would waste on this sequence's last page.
+          s.kv_paged_waste_slots +=
+              (length + kPagedCompareTokens - 1) / kPagedCompareTokens * kPagedCompareTokens -
+              length;
         }
       }
     } else if (req->state == Request::State::kWaiting) {

@@ -3,7 +3,8 @@
 // nodes of 4 GiB each, UCX shared memory), on the demo shape, with the real scheduler and
 // forward pass. It reports:
 //   - the most sequences running at once, and the generation throughput at that point;
-//   - live KV tokens over the KV budget at the peak (token-granular allocation);
+//   - live KV tokens over the KV budget at the peak (token-granular allocation), and what
+//     16-token pages would have wasted on the same sequences;
 //   - in disaggregated mode, this process's (the compute node's) RSS growth per admitted
 //     sequence.
 //
@@ -62,6 +63,7 @@ struct Result {
   int64_t submitted = 0;
   int64_t peak_running = 0;
   double peak_kv_fraction = 0;  // used slots / total slots at the peak
+  double paged_waste = 0;       // slots 16-token pages would waste / total slots, at the peak
   double decode_tok_s = 0;      // generated tokens per second while the most sequences run
   double rss_per_sequence = 0;  // compute-node RSS growth per admitted sequence
   int64_t kv_tokens = 0;        // budget in tokens
@@ -169,6 +171,7 @@ Result RunMode(const ModelWeights& weights, bool disaggregated) {
     if (s.num_running > result.peak_running) {
       result.peak_running = s.num_running;
       result.peak_kv_fraction = total > 0 ? static_cast<double>(used) / total : 0;
+      result.paged_waste = total > 0 ? static_cast<double>(s.kv_paged_waste_slots) / total : 0;
       rss_at_peak = RssBytes();
     } else if (s.num_running == result.peak_running && total > 0) {
       result.peak_kv_fraction =
@@ -213,15 +216,17 @@ int Run() {
       "%d threads\n",
       static_cast<long long>(per_token), absl::GetFlag(FLAGS_prompt_tokens),
       absl::GetFlag(FLAGS_max_tokens), omp_get_max_threads());
-  std::printf("%14s %10s %9s %12s %9s %11s %14s %8s\n", "mode", "kv_tokens", "submitted",
-              "max_running", "kv_used", "decode_t/s", "rss_per_seq_B", "seconds");
+  std::printf("%14s %10s %9s %12s %9s %11s %11s %14s %8s\n", "mode", "kv_tokens", "submitted",
+              "max_running", "kv_used", "paged_waste", "decode_t/s", "rss_per_seq_B",
+              "seconds");
   std::vector<std::pair<std::string, Result>> results;
   for (const std::string mode : {"colocated", "disaggregated"}) {
     if (absl::GetFlag(FLAGS_modes).find(mode) == std::string::npos) continue;
     const Result r = RunMode(**weights, mode == "disaggregated");
-    std::printf("%14s %10lld %9lld %12lld %8.1f%% %11.1f %14.0f %8.1f\n", mode.c_str(),
-                static_cast<long long>(r.kv_tokens), static_cast<long long>(r.submitted),
-                static_cast<long long>(r.peak_running), 100 * r.peak_kv_fraction, r.decode_tok_s,
+    std::printf("%14s %10lld %9lld %12lld %8.1f%% %10.2f%% %11.1f %14.0f %8.1f\n",
+                mode.c_str(), static_cast<long long>(r.kv_tokens),
+                static_cast<long long>(r.submitted), static_cast<long long>(r.peak_running),
+                100 * r.peak_kv_fraction, 100 * r.paged_waste, r.decode_tok_s,
                 r.rss_per_sequence, r.seconds);
     std::fflush(stdout);
     results.emplace_back(mode, r);

@@ -1,0 +1,281 @@
+// Request-level benchmark client: replays a synthetic workload against a running strata
+// server and reports what `vllm bench serve` reports: request throughput, output tokens/s,
+// and mean/p50/p99 of time to first token (TTFT), time per output token (TPOT),
+// inter-token latency (ITL) and end-to-end latency.
+//
+// Workload: sessions arrive as a Poisson process at --rate per second. Prompt and output
+// lengths are drawn from log-normal distributions shaped like ShareGPT's (a long right
+// tail, scaled to this CPU model by --prompt_median and --output_median). A fraction of
+// sessions (--multi_turn) have 2-4 turns: each later turn resends the whole history (the
+// earlier prompts and the tokens the server generated) plus a new user message, after a
+// think time, so that prefix reuse matters as it does for chat. Prompts are token ids, so
+// the client needs no tokenizer.
+//
+//   serve_bench --port=8000 --rate=2 --duration_s=60
+//   tests/bench/run_serve_bench   (builds, starts deployments, sweeps the offered load)
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "tests/common/http_client.h"
+
+ABSL_FLAG(std::string, host, "127.0.0.1", "Server address (IPv4)");
+ABSL_FLAG(int, port, 8000, "Server HTTP port");
+ABSL_FLAG(std::string, model, "", "Model name (default: the first of /v1/models)");
+ABSL_FLAG(double, rate, 1.0, "Sessions per second (Poisson arrivals)");
+ABSL_FLAG(double, duration_s, 60, "How long new sessions keep arriving");
+ABSL_FLAG(int, prompt_median, 120, "Median prompt length, tokens");
+ABSL_FLAG(int, output_median, 60, "Median output length, tokens");
+ABSL_FLAG(int, max_prompt, 1024, "Longest prompt, tokens");
+ABSL_FLAG(int, max_output, 256, "Longest output, tokens");
+ABSL_FLAG(double, multi_turn, 0.3, "Fraction of sessions with 2-4 turns");
+ABSL_FLAG(double, think_s, 1.0, "Mean think time between turns, seconds");
+ABSL_FLAG(int, vocab, 32000, "Token ids are drawn from [3, vocab)");
+ABSL_FLAG(uint32_t, seed, 1, "Workload seed");
+ABSL_FLAG(std::string, label, "", "Label printed with the result line");
+ABSL_FLAG(bool, header, true, "Print the header line");
+
+namespace strata::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+struct RequestRecord {
+  bool ok = false;
+  std::string error;
+  int prompt_tokens = 0;
+  int output_tokens = 0;
+  double ttft = 0, e2e = 0;
+  std::vector<double> itl;  // gaps between token chunks
+};
+
+struct Turn {
+  std::vector<int> new_tokens;
+  int max_tokens;
+};
+
+struct Session {
+  double arrival = 0;  // seconds from the start
+  std::vector<Turn> turns;
+};
+
+class Workload {
+ public:
+  explicit Workload(uint32_t seed) : rng_(seed) {}
+
+  int LogNormal(double median, double sigma, int lo, int hi) {
+    std::lognormal_distribution<double> d(std::log(median), sigma);
+    return std::clamp(static_cast<int>(d(rng_)), lo, hi);
+  }
+  std::vector<int> Tokens(int n) {
+    std::vector<int> out(n);
+    for (int& t : out) t = 3 + static_cast<int>(rng_() % (absl::GetFlag(FLAGS_vocab) - 3));
+    return out;
+  }
+  std::vector<Session> Sessions() {
+    std::vector<Session> out;
+    std::exponential_distribution<double> gap(absl::GetFlag(FLAGS_rate));
+    std::uniform_real_distribution<double> unit(0, 1);
+    double t = 0;
+    while (true) {
+      t += gap(rng_);
+      if (t > absl::GetFlag(FLAGS_duration_s)) break;
+      Session s;
+      s.arrival = t;
+      const int turns =
+          unit(rng_) < absl::GetFlag(FLAGS_multi_turn) ? 2 + static_cast<int>(rng_() % 3) : 1;
+      for (int i = 0; i < turns; ++i) {
+        // Later turns add a shorter user message to the resent history.
+        const double median = absl::GetFlag(FLAGS_prompt_median) * (i == 0 ? 1.0 : 0.4);
+        s.turns.push_back({Tokens(LogNormal(median, 0.9, 4, absl::GetFlag(FLAGS_max_prompt))),
+                           LogNormal(absl::GetFlag(FLAGS_output_median), 0.7, 2,
+                                     absl::GetFlag(FLAGS_max_output))});
+      }
+      out.push_back(std::move(s));
+    }
+    return out;
+  }
+  double Think() {
+    std::exponential_distribution<double> d(1.0 / std::max(1e-3, absl::GetFlag(FLAGS_think_s)));
+    return d(rng_);
+  }
+
+ private:
+  std::mt19937 rng_;
+};
+
+// One streamed completion; `generated` gets the token ids the server produced.
+RequestRecord Complete(const std::string& model, const std::vector<int>& prompt, int max_tokens,
+                       std::vector<int>* generated) {
+  RequestRecord rec;
+  rec.prompt_tokens = static_cast<int>(prompt.size());
+  json body = {{"model", model},           {"prompt", prompt},    {"max_tokens", max_tokens},
+               {"temperature", 0.8},       {"top_p", 0.95},       {"ignore_eos", true},
+               {"stream", true},           {"logprobs", 0},       {"return_tokens_as_token_ids", true},
+               {"stream_options", {{"include_usage", true}}}};
+  const auto start = Clock::now();
+  auto last = start;
+  bool first = true;
+  std::string pending;
+  HttpResponse r = HttpRequest(
+      absl::GetFlag(FLAGS_port), "POST", "/v1/completions", body.dump(), {},
+      [&](const std::string& chunk) {
+        pending += chunk;
+        // Token events carry text or logprobs; time them as they arrive.
+        size_t end;
+        while ((end = pending.find("\n\n")) != std::string::npos) {
+          const std::string event = pending.substr(0, end);
+          pending.erase(0, end + 2);
+          if (!absl::StartsWith(event, "data: ") || event == "data: [DONE]") continue;
+          json j = json::parse(event.substr(6), nullptr, false);
+          if (j.is_discarded() || !j.contains("choices") || j["choices"].empty()) continue;
+          const json& lp = j["choices"][0]["logprobs"];
+          int n = 0;
+          if (lp.is_object() && lp.contains("tokens")) {
+            for (const auto& t : lp["tokens"]) {
+              int id = 0;
+              const std::string s = t.get<std::string>();
+              if (absl::SimpleAtoi(s.substr(s.find(':') + 1), &id)) generated->push_back(id);
+              ++n;
+            }
+          }
+          if (n == 0) continue;
+          const auto now = Clock::now();
+          if (first) {
+            rec.ttft = std::chrono::duration<double>(now - start).count();
+            first = false;
+          } else {
+            rec.itl.push_back(std::chrono::duration<double>(now - last).count());
+          }
+          last = now;
+          rec.output_tokens += n;
+        }
+        return true;
+      },
+      600);
+  rec.e2e = std::chrono::duration<double>(Clock::now() - start).count();
+  rec.ok = r.status == 200 && rec.output_tokens > 0;
+  if (!rec.ok) rec.error = absl::StrCat("HTTP ", r.status, ": ", r.body.substr(0, 200));
+  return rec;
+}
+
+struct Stats {
+  double mean = 0, p50 = 0, p99 = 0;
+};
+
+Stats Summarize(std::vector<double> v) {
+  Stats s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  double sum = 0;
+  for (double x : v) sum += x;
+  s.mean = sum / v.size();
+  s.p50 = v[v.size() / 2];
+  s.p99 = v[std::min(v.size() - 1, static_cast<size_t>(v.size() * 0.99))];
+  return s;
+}
+
+int Run() {
+  SetHttpHost(absl::GetFlag(FLAGS_host));
+  std::string model = absl::GetFlag(FLAGS_model);
+  if (model.empty()) {
+    json models = json::parse(HttpRequest(absl::GetFlag(FLAGS_port), "GET", "/v1/models").body,
+                              nullptr, false);
+    if (models.is_discarded() || models["data"].empty()) {
+      std::fprintf(stderr, "no model at %s:%d\n", absl::GetFlag(FLAGS_host).c_str(),
+                   absl::GetFlag(FLAGS_port));
+      return 1;
+    }
+    model = models["data"][0]["id"];
+  }
+  Workload workload(absl::GetFlag(FLAGS_seed));
+  const std::vector<Session> sessions = workload.Sessions();
+  std::mutex mu;
+  std::vector<RequestRecord> records;
+  std::vector<std::thread> threads;
+  const auto start = Clock::now();
+  for (const Session& session : sessions) {
+    std::this_thread::sleep_until(start + std::chrono::duration<double>(session.arrival));
+    const double think = workload.Think();
+    threads.emplace_back([&, session, think] {
+      std::vector<int> history;
+      for (const Turn& turn : session.turns) {
+        history.insert(history.end(), turn.new_tokens.begin(), turn.new_tokens.end());
+        if (static_cast<int>(history.size()) > absl::GetFlag(FLAGS_max_prompt)) {
+          break;  // the conversation outgrew the context this run allows
+        }
+        std::vector<int> generated;
+        RequestRecord rec = Complete(model, history, turn.max_tokens, &generated);
+        const bool ok = rec.ok;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          records.push_back(std::move(rec));
+        }
+        if (!ok) break;
+        history.insert(history.end(), generated.begin(), generated.end());
+        std::this_thread::sleep_for(std::chrono::duration<double>(think));
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+
+  std::vector<double> ttft, tpot, itl, e2e;
+  int64_t ok = 0, failed = 0, output = 0, input = 0;
+  std::string first_error;
+  for (const RequestRecord& r : records) {
+    if (!r.ok) {
+      ++failed;
+      if (first_error.empty()) first_error = r.error;
+      continue;
+    }
+    ++ok;
+    output += r.output_tokens;
+    input += r.prompt_tokens;
+    ttft.push_back(r.ttft);
+    e2e.push_back(r.e2e);
+    if (r.output_tokens > 1) tpot.push_back((r.e2e - r.ttft) / (r.output_tokens - 1));
+    itl.insert(itl.end(), r.itl.begin(), r.itl.end());
+  }
+  if (absl::GetFlag(FLAGS_header)) {
+    std::printf("%-14s %6s %6s %5s %7s %8s %9s  %-20s %-20s %-20s %-20s\n", "label", "rate",
+                "done", "fail", "req/s", "out_t/s", "in_t/s", "TTFT ms mean/p50/p99",
+                "TPOT ms mean/p50/p99", "ITL ms mean/p50/p99", "E2E s mean/p50/p99");
+  }
+  auto ms = [](const Stats& s) {
+    return absl::StrCat(static_cast<int>(s.mean * 1e3), "/", static_cast<int>(s.p50 * 1e3), "/",
+                        static_cast<int>(s.p99 * 1e3));
+  };
+  auto sec = [](const Stats& s) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.2f/%.2f/%.2f", s.mean, s.p50, s.p99);
+    return std::string(buf);
+  };
+  std::printf("%-14s %6.2f %6lld %5lld %7.2f %8.1f %9.1f  %-20s %-20s %-20s %-20s\n",
+              absl::GetFlag(FLAGS_label).c_str(), absl::GetFlag(FLAGS_rate),
+              static_cast<long long>(ok), static_cast<long long>(failed), ok / elapsed,
+              output / elapsed, input / elapsed, ms(Summarize(ttft)).c_str(),
+              ms(Summarize(tpot)).c_str(), ms(Summarize(itl)).c_str(), sec(Summarize(e2e)).c_str());
+  if (!first_error.empty()) std::printf("first error: %s\n", first_error.c_str());
+  return failed == 0 ? 0 : 2;
+}
+
+}  // namespace
+}  // namespace strata::testing
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return strata::testing::Run();
+}
