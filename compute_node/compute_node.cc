@@ -107,6 +107,7 @@ StepResult ComputeNode::Execute(const StepPlan& plan) {
   }
   StepResult result = engine_->Execute(plan);
   ++steps_;
+  if (options_.on_step) options_.on_step(result);
   if (local_) kv_slots_used_.store(local_->engine().num_assigned_positions());
   return result;
 }

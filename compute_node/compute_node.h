@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -34,6 +35,8 @@ struct ComputeNodeOptions {
   int64_t local_kv_budget_bytes = 1LL << 30;  // co-located mode
   bool prefault_kv = true;
   RemoteAttentionOptions remote;  // disaggregated mode
+  // Called after every step (step thread), e.g. for metrics; may be empty.
+  std::function<void(const StepResult&)> on_step;
 };
 
 class ComputeNode {

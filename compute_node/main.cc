@@ -2,6 +2,7 @@
 //
 //   compute_node --model=DIR --scheduler=HOST:PORT [--port=0] [--threads=N]
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
 #include <omp.h>
 
 #include "absl/flags/flag.h"
@@ -11,8 +12,10 @@
 #include "common/base/shutdown.h"
 #include "common/control/node_agent.h"
 #include "common/control/version.h"
+#include "common/metrics/metrics.h"
 #include "common/transport/transport_flags.h"
 #include "compute_node/compute_node.h"
+#include "compute_node/node_metrics.h"
 #include "compute_node/service.h"
 #include "kernels/cpu/isa.h"
 
@@ -34,6 +37,7 @@ ABSL_FLAG(std::string, prefill_attention, "split",
           "cached prefix on the memory node) or memory (all on the memory node)");
 ABSL_FLAG(int64_t, attention_timeout_ms, 10000,
           "Disaggregated mode: how long a layer waits for a memory node before declaring it hung");
+ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics port (-1: off, 0: any free port)");
 ABSL_FLAG(bool, verify_checksums, true, "Verify the checksum of every data-plane frame");
 
 int main(int argc, char** argv) {
@@ -54,9 +58,22 @@ int main(int argc, char** argv) {
   options.remote.prefill_policy = absl::GetFlag(FLAGS_prefill_attention);
   options.remote.layer_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_attention_timeout_ms));
   options.remote.verify_checksums = absl::GetFlag(FLAGS_verify_checksums);
+  auto registry = std::make_shared<strata::metrics::MetricsRegistry>();
+  strata::ComputeNodeMetrics node_metrics(registry, absl::GetFlag(FLAGS_name));
+  options.on_step = [&node_metrics](const strata::StepResult& r) { node_metrics.OnStep(r); };
+  options.remote.on_layer_round_trip = [&node_metrics](double s) {
+    node_metrics.OnLayerRoundTrip(s);
+  };
   auto node = strata::ComputeNode::Create(options);
   if (!node.ok()) {
     LOG(ERROR) << "cannot load the model: " << node.status();
+    return 1;
+  }
+  node_metrics.Attach(node->get());
+  auto metrics_endpoint = strata::metrics::MetricsEndpoint::StartIfEnabled(
+      absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_metrics_port), registry);
+  if (!metrics_endpoint.ok()) {
+    LOG(ERROR) << metrics_endpoint.status();
     return 1;
   }
 
@@ -70,6 +87,9 @@ int main(int argc, char** argv) {
   *info.mutable_model() = (*node)->shape();
 
   int port = 0;
+  // grpc.health.v1.Health for Kubernetes' gRPC probes: "" (the process is up) and
+  // "strata.ready" (registered and configured), refreshed below.
+  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(256 << 20);
   builder.SetMaxSendMessageSize(256 << 20);
@@ -90,6 +110,9 @@ int main(int argc, char** argv) {
   strata::NodeAgent agent(absl::GetFlag(FLAGS_scheduler), info, [&] { return (*node)->Status(); });
   agent.Start();
   while (!strata::WaitForShutdownFor(absl::Milliseconds(200))) {
+    if (auto* health = server->GetHealthCheckService()) {
+      health->SetServingStatus("strata.ready", (*node)->Status().ready());
+    }
     if (!agent.fatal_error().empty()) {
       LOG(ERROR) << "giving up: " << agent.fatal_error();
       break;
@@ -97,5 +120,6 @@ int main(int argc, char** argv) {
   }
   agent.Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  metrics_endpoint->reset();
   return agent.fatal_error().empty() ? 0 : 1;
 }

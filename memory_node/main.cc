@@ -3,6 +3,7 @@
 //   memory_node --scheduler=HOST:PORT [--name=memory-0] [--kv_budget_mib=4096]
 //               [--data_address=HOST:0] [--ucx_tls=tcp] [--threads=N]
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
 #include <omp.h>
 
 #include "absl/flags/flag.h"
@@ -12,9 +13,11 @@
 #include "common/base/shutdown.h"
 #include "common/control/node_agent.h"
 #include "common/control/version.h"
+#include "common/metrics/metrics.h"
 #include "common/transport/transport_flags.h"
 #include "kernels/cpu/isa.h"
 #include "memory_node/memory_server.h"
+#include "memory_node/node_metrics.h"
 #include "memory_node/service.h"
 
 ABSL_FLAG(std::string, scheduler, "127.0.0.1:50050",
@@ -28,6 +31,7 @@ ABSL_FLAG(std::string, data_address, "",
 ABSL_FLAG(int, threads, 0, "Attention threads (0: all cores)");
 ABSL_FLAG(int64_t, kv_budget_mib, 4096, "KV cache budget, MiB");
 ABSL_FLAG(bool, verify_checksums, true, "Verify the checksum of every data-plane frame");
+ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics port (-1: off, 0: any free port)");
 ABSL_FLAG(bool, prefault_kv, true, "Touch the KV cache when it is allocated");
 
 int main(int argc, char** argv) {
@@ -59,7 +63,19 @@ int main(int argc, char** argv) {
   info.set_data_address((*server)->data_address());
   info.set_transport((*server)->capabilities().ToString());
 
+  auto registry = std::make_shared<strata::metrics::MetricsRegistry>();
+  strata::RegisterMemoryNodeMetrics(*registry, absl::GetFlag(FLAGS_name), server->get());
+  auto metrics_endpoint = strata::metrics::MetricsEndpoint::StartIfEnabled(
+      absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_metrics_port), registry);
+  if (!metrics_endpoint.ok()) {
+    LOG(ERROR) << metrics_endpoint.status();
+    return 1;
+  }
+
   int port = 0;
+  // grpc.health.v1.Health for Kubernetes' gRPC probes: "" (the process is up) and
+  // "strata.ready" (registered and configured), refreshed below.
+  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port)),
                            grpc::InsecureServerCredentials(), &port);
@@ -81,6 +97,9 @@ int main(int argc, char** argv) {
                           [&] { return (*server)->Status(); });
   if (!standalone) agent.Start();
   while (!strata::WaitForShutdownFor(absl::Milliseconds(200))) {
+    if (auto* health = grpc_server->GetHealthCheckService()) {
+      health->SetServingStatus("strata.ready", (*server)->Status().ready());
+    }
     if (!agent.fatal_error().empty()) {
       LOG(ERROR) << "giving up: " << agent.fatal_error();
       break;
@@ -88,5 +107,6 @@ int main(int argc, char** argv) {
   }
   if (!standalone) agent.Stop();
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  metrics_endpoint->reset();
   return agent.fatal_error().empty() ? 0 : 1;
 }

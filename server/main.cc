@@ -15,6 +15,8 @@ ABSL_FLAG(int, port, 8000, "HTTP port (0: any free port)");
 ABSL_FLAG(std::string, control_host, "127.0.0.1", "Control-plane listen address");
 ABSL_FLAG(int, control_port, 50050, "Control-plane port (0: any free port)");
 ABSL_FLAG(std::string, port_file, "", "Write the bound ports here as JSON");
+ABSL_FLAG(int, grpc_port, -1, "gRPC API port (-1: off, 0: any free port)");
+ABSL_FLAG(std::string, grpc_host, "127.0.0.1", "gRPC API listen address");
 ABSL_FLAG(int, compute_nodes, 1, "Compute nodes to wait for before /health is 200");
 ABSL_FLAG(int, memory_nodes, 0, "Memory nodes to wait for (0: co-located attention)");
 ABSL_FLAG(int64_t, max_model_len, 0, "Context length (0: the model's)");
@@ -30,6 +32,11 @@ ABSL_FLAG(std::string, api_key, "", "Require 'Authorization: Bearer KEY' on /v1"
 ABSL_FLAG(int, http_threads, 2, "HTTP event-loop threads");
 ABSL_FLAG(int64_t, max_connections, 4096, "Concurrent HTTP connections");
 ABSL_FLAG(int64_t, max_body_bytes, 8 << 20, "Largest request body");
+ABSL_FLAG(int64_t, max_header_bytes, 16 << 10, "Largest request header block");
+ABSL_FLAG(int64_t, request_read_timeout_s, 15, "Seconds a client has to send a whole request");
+ABSL_FLAG(int64_t, idle_timeout_s, 65, "Seconds a keep-alive connection may sit idle");
+ABSL_FLAG(int64_t, max_stream_buffer_bytes, 4 << 20,
+          "Unread stream bytes queued for a slow client before its stream is cut");
 ABSL_FLAG(int64_t, drain_timeout_s, 30, "Seconds to let streams finish on SIGTERM");
 ABSL_FLAG(int64_t, step_timeout_s, 60, "Seconds before a compute node's step counts as hung");
 ABSL_FLAG(bool, shutdown_nodes_on_exit, false, "Ask registered nodes to exit when stopping");
@@ -45,6 +52,8 @@ int main(int argc, char** argv) {
   o.control_host = absl::GetFlag(FLAGS_control_host);
   o.control_port = absl::GetFlag(FLAGS_control_port);
   o.port_file = absl::GetFlag(FLAGS_port_file);
+  o.grpc_host = absl::GetFlag(FLAGS_grpc_host);
+  o.grpc_port = absl::GetFlag(FLAGS_grpc_port);
   o.expected_compute_nodes = absl::GetFlag(FLAGS_compute_nodes);
   o.expected_memory_nodes = absl::GetFlag(FLAGS_memory_nodes);
   o.api_key = absl::GetFlag(FLAGS_api_key);
@@ -63,6 +72,10 @@ int main(int argc, char** argv) {
   o.http.threads = absl::GetFlag(FLAGS_http_threads);
   o.http.max_connections = absl::GetFlag(FLAGS_max_connections);
   o.http.max_body_bytes = absl::GetFlag(FLAGS_max_body_bytes);
+  o.http.max_header_bytes = absl::GetFlag(FLAGS_max_header_bytes);
+  o.http.request_read_timeout = absl::Seconds(absl::GetFlag(FLAGS_request_read_timeout_s));
+  o.http.idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_idle_timeout_s));
+  o.http.max_stream_buffer_bytes = absl::GetFlag(FLAGS_max_stream_buffer_bytes);
   if (o.model_dir.empty()) {
     LOG(ERROR) << "--model is required";
     return 2;

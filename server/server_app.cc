@@ -54,6 +54,9 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions option
   RETURN_IF_ERROR(Scheduler::ValidateConfig(sc));
   app->scheduler_ = std::make_unique<Scheduler>(sc, app->tokenizer_.get());
   app->scheduler_->Start();
+  app->metrics_ = std::make_unique<ServerMetrics>(std::make_shared<metrics::MetricsRegistry>(),
+                                                  options.served_model_name, app->scheduler_.get());
+  app->scheduler_->SetObserver(app->metrics_->Observer());
 
   ControlPlaneOptions cp;
   cp.epoch = sc.epoch;
@@ -93,11 +96,31 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions option
                                                app->chat_template_.get(), api_options,
                                                [control] { return control->Serving(); });
   api::OpenAiApi* api = app->api_.get();
+  ServerMetrics* metrics = app->metrics_.get();
+  api->SetMetricsText([metrics] { return metrics->Text(); });
+  api->SetRequestObserver([metrics](const std::string& route, int status, double seconds) {
+    metrics->OnHttpRequest(route, status, seconds);
+  });
   ASSIGN_OR_RETURN(app->http_,
                    http::HttpServer::Start(options.http, [api](const http::Request& r,
                                                                std::shared_ptr<http::Responder> w) {
                      api->Handle(r, std::move(w));
                    }));
+  if (options.grpc_port >= 0) {
+    app->grpc_api_ = std::make_unique<api::GrpcApi>(app->scheduler_.get(), app->tokenizer_.get(),
+                                                    app->chat_template_.get(), api_options,
+                                                    [control] { return control->Serving(); });
+    grpc::ServerBuilder grpc_builder;
+    grpc_builder.AddListeningPort(absl::StrCat(options.grpc_host, ":", options.grpc_port),
+                                  grpc::InsecureServerCredentials(), &app->grpc_port_);
+    grpc_builder.RegisterService(app->grpc_api_.get());
+    app->grpc_server_ = grpc_builder.BuildAndStart();
+    if (app->grpc_server_ == nullptr || app->grpc_port_ == 0) {
+      return absl::UnavailableError(absl::StrCat("cannot listen on gRPC API port ",
+                                                 options.grpc_host, ":", options.grpc_port));
+    }
+    LOG(INFO) << "gRPC API on " << options.grpc_host << ":" << app->grpc_port_;
+  }
   LOG(INFO) << "serving " << options.served_model_name << " at http://" << options.http.host << ":"
             << app->http_->port() << " (control plane on port " << app->control_port_
             << ", waiting for " << options.expected_compute_nodes << " compute and "
@@ -105,7 +128,8 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions option
   if (!options.port_file.empty()) {
     const std::string tmp = options.port_file + ".tmp";
     std::ofstream(tmp) << "{\"http\": " << app->http_->port()
-                       << ", \"control\": " << app->control_port_ << "}\n";
+                       << ", \"control\": " << app->control_port_
+                       << ", \"grpc\": " << app->grpc_port_ << "}\n";
     std::filesystem::rename(tmp, options.port_file);
   }
   app->options_ = std::move(options);
@@ -116,13 +140,21 @@ void ServerApp::Shutdown(bool shutdown_nodes) {
   if (shut_down_) return;
   shut_down_ = true;
   api_->SetDraining(true);
+  if (grpc_api_) grpc_api_->SetDraining(true);
   const absl::Time deadline = absl::Now() + options_.drain_timeout;
   while (absl::Now() < deadline) {
     const SchedulerStats stats = scheduler_->Stats();
-    if (api_->active_streams() == 0 && stats.num_running == 0 && stats.num_waiting == 0) break;
+    const int64_t grpc_calls = grpc_api_ ? grpc_api_->active_calls() : 0;
+    if (api_->active_streams() == 0 && grpc_calls == 0 && stats.num_running == 0 &&
+        stats.num_waiting == 0) {
+      break;
+    }
     absl::SleepFor(absl::Milliseconds(50));
   }
   http_->Stop();
+  // Calls still open after the drain are cancelled before the scheduler stops.
+  if (grpc_server_)
+    grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   scheduler_->Stop();
   if (shutdown_nodes) control_->ShutdownNodes();
   control_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));

@@ -9,10 +9,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/api/grpc_api.h"
 #include "server/api/openai_api.h"
 #include "server/control_plane.h"
 #include "server/http/http_server.h"
 #include "server/scheduler.h"
+#include "server/server_metrics.h"
 
 namespace grpc {
 class Server;
@@ -26,8 +28,9 @@ struct ServerOptions {
   int64_t max_model_len = 0;      // 0: the model's
   std::string control_host = "127.0.0.1";
   int control_port = 50050;  // 0: any free port
-  int grpc_port = -1;        // gRPC API; -1: off, 0: any free port
-  std::string port_file;     // JSON {"http": .., "control": .., "grpc": ..} once listening
+  std::string grpc_host = "127.0.0.1";
+  int grpc_port = -1;     // gRPC API; -1: off, 0: any free port
+  std::string port_file;  // JSON {"http": .., "control": .., "grpc": ..} once listening
   int expected_compute_nodes = 1;
   int expected_memory_nodes = 0;
   absl::Duration heartbeat_timeout = absl::Seconds(3);
@@ -51,6 +54,7 @@ class ServerApp {
 
   int http_port() const { return http_->port(); }
   int control_port() const { return control_port_; }
+  int grpc_port() const { return grpc_port_; }  // 0 when the gRPC API is off
   bool Ready() const { return control_->Ready(); }
   Scheduler& scheduler() { return *scheduler_; }
 
@@ -61,11 +65,15 @@ class ServerApp {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ChatTemplate> chat_template_;
   std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<ControlPlane> control_;
   std::unique_ptr<grpc::Server> control_server_;
   std::unique_ptr<api::OpenAiApi> api_;
   std::unique_ptr<http::HttpServer> http_;
+  std::unique_ptr<api::GrpcApi> grpc_api_;
+  std::unique_ptr<grpc::Server> grpc_server_;
   int control_port_ = 0;
+  int grpc_port_ = 0;
   bool shut_down_ = false;
 };
 

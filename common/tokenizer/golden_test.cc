@@ -71,6 +71,18 @@ class GoldenTest : public ::testing::Test {
         streamed += stream.Flush();
         EXPECT_EQ(streamed, (*tokenizer)->Decode(want, true, false))
             << name << " streaming " << json(text).dump();
+        // Per-token texts (logprobs) add up to the text after the first token, spaces
+        // included (ASCII texts: a lone byte-fallback token is not a character).
+        bool ascii = true;
+        for (unsigned char ch : text) ascii &= ch < 0x80;
+        if (ascii && want.size() > 1) {
+          const std::string all = (*tokenizer)->DecodeBytes(want, false);
+          const std::string first =
+              (*tokenizer)->DecodeBytes(std::span<const int32_t>(want.data(), 1), false);
+          std::string pieces;
+          for (size_t i = 1; i < want.size(); ++i) pieces += (*tokenizer)->TokenText(want[i]);
+          EXPECT_EQ(first + pieces, all) << name << " token texts of " << json(text).dump();
+        }
         ++checked;
       }
       EXPECT_GE(checked, 36);

@@ -181,6 +181,23 @@ std::optional<int32_t> Tokenizer::TokenToId(std::string_view token) const {
   return model_->TokenToId(token);
 }
 
+std::string Tokenizer::TokenText(int32_t id) const {
+  // Decode after an anchor token and keep what the token added; the anchor is a plain
+  // letter in every supported vocabulary ("a" in byte-level BPE, "▁a" in SentencePiece).
+  for (const char* anchor_piece : {"a", "\xe2\x96\x81a", "\xc4\xa0a"}) {
+    const std::optional<int32_t> anchor = model_->TokenToId(anchor_piece);
+    if (!anchor) continue;
+    const int32_t pair[2] = {*anchor, id};
+    const std::string alone = DecodeBytes(std::span<const int32_t>(pair, 1), false);
+    const std::string both = DecodeBytes(std::span<const int32_t>(pair, 2), false);
+    if (!alone.empty() && both.compare(0, alone.size(), alone) == 0) {
+      return both.substr(alone.size());
+    }
+  }
+  const int32_t one[1] = {id};
+  return DecodeBytes(std::span<const int32_t>(one, 1), false);
+}
+
 std::string Tokenizer::IdToToken(int32_t id) const {
   auto it = added_by_id_.find(id);
   if (it != added_by_id_.end()) return added_[it->second].content;

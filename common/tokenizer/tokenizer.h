@@ -63,6 +63,11 @@ class Tokenizer {
   // The decoder chain's raw output, before UTF-8 sanitising (for streaming).
   std::string DecodeBytes(std::span<const int32_t> ids, bool skip_special_tokens) const;
 
+  // The text one token adds in the middle of a text (for logprobs): unlike Decode({id}),
+  // it keeps the leading space that SentencePiece-style decoders strip at the start of a
+  // text. Raw decoder bytes: a token holding part of a UTF-8 character gives that part.
+  std::string TokenText(int32_t id) const;
+
   // One past the largest token id (model vocabulary and added tokens).
   int32_t vocab_size() const { return vocab_size_; }
   std::optional<int32_t> TokenToId(std::string_view token) const;

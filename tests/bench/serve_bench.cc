@@ -121,9 +121,15 @@ RequestRecord Complete(const std::string& model, const std::vector<int>& prompt,
                        std::vector<int>* generated) {
   RequestRecord rec;
   rec.prompt_tokens = static_cast<int>(prompt.size());
-  json body = {{"model", model},           {"prompt", prompt},    {"max_tokens", max_tokens},
-               {"temperature", 0.8},       {"top_p", 0.95},       {"ignore_eos", true},
-               {"stream", true},           {"logprobs", 0},       {"return_tokens_as_token_ids", true},
+  json body = {{"model", model},
+               {"prompt", prompt},
+               {"max_tokens", max_tokens},
+               {"temperature", 0.8},
+               {"top_p", 0.95},
+               {"ignore_eos", true},
+               {"stream", true},
+               {"logprobs", 0},
+               {"return_tokens_as_token_ids", true},
                {"stream_options", {{"include_usage", true}}}};
   const auto start = Clock::now();
   auto last = start;
@@ -250,8 +256,8 @@ int Run() {
     itl.insert(itl.end(), r.itl.begin(), r.itl.end());
   }
   if (absl::GetFlag(FLAGS_header)) {
-    std::printf("%-14s %6s %6s %5s %7s %8s %9s  %-20s %-20s %-20s %-20s\n", "label", "rate",
-                "done", "fail", "req/s", "out_t/s", "in_t/s", "TTFT ms mean/p50/p99",
+    std::printf("%-14s %6s %6s %5s %7s %8s %9s  %-20s %-20s %-20s %-20s\n", "label", "rate", "done",
+                "fail", "req/s", "out_t/s", "in_t/s", "TTFT ms mean/p50/p99",
                 "TPOT ms mean/p50/p99", "ITL ms mean/p50/p99", "E2E s mean/p50/p99");
   }
   auto ms = [](const Stats& s) {

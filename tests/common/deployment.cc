@@ -71,6 +71,7 @@ absl::StatusOr<std::unique_ptr<Deployment>> Deployment::Start(const DeploymentOp
       "--bin_dir=" + root,
       "--model=" + d->model_dir_,
       "--port=0",
+      "--grpc_port=0",
       "--port_file=" + info_file,
       absl::StrCat("--compute_nodes=", options.compute_nodes),
       absl::StrCat("--memory_nodes=", options.memory_nodes),
@@ -111,6 +112,10 @@ absl::StatusOr<std::unique_ptr<Deployment>> Deployment::Start(const DeploymentOp
       if (!j.is_discarded() && j.contains("http")) {
         d->http_port_ = j["http"].get<int>();
         d->control_port_ = j.value("control", 0);
+        d->grpc_port_ = j.value("grpc", 0);
+        if (j.contains("metrics")) {
+          for (auto& [name, p] : j["metrics"].items()) d->metrics_ports_[name] = p.get<int>();
+        }
         if (j.contains("pids")) {
           for (auto& [name, p] : j["pids"].items()) d->pids_[name] = p.get<pid_t>();
         }

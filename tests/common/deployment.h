@@ -36,9 +36,20 @@ class Deployment {
 
   int http_port() const { return http_port_; }
   int control_port() const { return control_port_; }
+  int grpc_port() const { return grpc_port_; }  // strata.api.v1.Inference
   const std::string& model_dir() const { return model_dir_; }
   // Process id of "server", "compute-0", "memory-1", ...; -1 if unknown.
   pid_t Pid(const std::string& name) const;
+  // The /metrics port of "server", "compute-0", "memory-1", ...; 0 if unknown.
+  int MetricsPort(const std::string& name) const {
+    auto it = metrics_ports_.find(name);
+    return it == metrics_ports_.end() ? 0 : it->second;
+  }
+  std::vector<std::string> ProcessNames() const {
+    std::vector<std::string> names;
+    for (const auto& [name, pid] : pids_) names.push_back(name);
+    return names;
+  }
   // SIGTERM to the launcher; waits for it. Returns its exit status.
   int Stop();
 
@@ -47,8 +58,10 @@ class Deployment {
   pid_t launcher_ = -1;
   int http_port_ = 0;
   int control_port_ = 0;
+  int grpc_port_ = 0;
   std::string model_dir_;
   std::map<std::string, pid_t> pids_;
+  std::map<std::string, int> metrics_ports_;
 };
 
 std::string RunfilesRoot();  // $TEST_SRCDIR/strata

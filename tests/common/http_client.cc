@@ -136,11 +136,11 @@ HttpResponse HttpRequest(int port, const std::string& method, const std::string&
   return response;
 }
 
-std::string RawExchange(int port, const std::string& bytes, double timeout_s) {
+std::string RawExchange(int port, const std::string& bytes, double timeout_s, bool half_close) {
   const int fd = Connect(port, timeout_s);
   if (fd < 0) return "";
   SendAll(fd, bytes);
-  shutdown(fd, SHUT_WR);
+  if (half_close) shutdown(fd, SHUT_WR);
   std::string out;
   char tmp[16384];
   ssize_t n;

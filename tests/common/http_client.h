@@ -27,8 +27,12 @@ HttpResponse HttpRequest(int port, const std::string& method, const std::string&
                          const std::function<bool(const std::string&)>& on_chunk = nullptr,
                          double timeout_s = 60);
 
-// Sends raw bytes and returns whatever comes back (for malformed-request tests).
-std::string RawExchange(int port, const std::string& bytes, double timeout_s = 10);
+// Sends raw bytes and returns whatever comes back until the server closes (for
+// malformed-request tests). With half_close, the sending side is shut down after the
+// bytes, which the server takes as a client gone away once it has answered or given up;
+// without, the request should ask for "Connection: close".
+std::string RawExchange(int port, const std::string& bytes, double timeout_s = 10,
+                        bool half_close = true);
 
 // The "data: ..." payloads of an SSE body, in order.
 std::vector<std::string> SseEvents(const std::string& body);

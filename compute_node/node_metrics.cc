@@ -1,0 +1,115 @@
+#include "compute_node/node_metrics.h"
+
+namespace strata {
+
+ComputeNodeMetrics::ComputeNodeMetrics(std::shared_ptr<metrics::MetricsRegistry> registry,
+                                       std::string node)
+    : registry_(std::move(registry)), node_(std::move(node)) {
+  prometheus::Registry& r = registry_->registry();
+  const prometheus::Labels labels = {{"node", node_}};
+  auto counter = [&](const std::string& name, const std::string& help) {
+    return &prometheus::BuildCounter().Name(name).Help(help).Register(r).Add(labels);
+  };
+  auto gauge = [&](const std::string& name, const std::string& help) {
+    return &prometheus::BuildGauge().Name(name).Help(help).Register(r).Add(labels);
+  };
+  steps_ = counter("strata_compute_node_steps_total", "Steps executed.");
+  step_seconds_total_ = counter("strata_compute_node_step_seconds_total", "Time in steps.");
+  gemm_seconds_ = counter("strata_compute_node_gemm_seconds_total",
+                          "Time in the GEMM parts of steps (projections, FFN, logits).");
+  wait_seconds_ = counter("strata_compute_node_attention_wait_seconds_total",
+                          "Time steps spent waiting for attention (memory nodes, or local).");
+  rows_ = counter("strata_compute_node_tokens_total", "Token rows computed.");
+  failed_steps_ = counter("strata_compute_node_failed_steps_total", "Steps that failed whole.");
+  step_seconds_ = &prometheus::BuildHistogram()
+                       .Name("strata_compute_node_step_seconds")
+                       .Help("Step time on the compute node.")
+                       .Register(r)
+                       .Add(labels, metrics::FastLatencyBuckets());
+  step_rows_ = &prometheus::BuildHistogram()
+                    .Name("strata_compute_node_batch_tokens")
+                    .Help("Token rows per step.")
+                    .Register(r)
+                    .Add(labels, metrics::CountBuckets(1 << 14));
+  round_trip_ = &prometheus::BuildHistogram()
+                     .Name("strata_attention_round_trip_seconds")
+                     .Help("Per layer: first q/k/v frame sent to last attention answer received.")
+                     .Register(r)
+                     .Add(labels, metrics::FastLatencyBuckets());
+  bubble_ = &prometheus::BuildGauge()
+                 .Name("strata_pipeline_bubble_ratio")
+                 .Help(
+                     "Share of the last scrape interval's work time that a node sat idle "
+                     "waiting for the other pool (compute: waiting for attention; memory: "
+                     "waiting for q/k/v).")
+                 .Register(r)
+                 .Add({{"node", node_}, {"role", "compute"}});
+  kv_total_ = gauge("strata_compute_node_local_kv_tokens",
+                    "Local KV token slots (co-located attention; 0 when disaggregated).");
+  kv_used_ = gauge("strata_compute_node_local_kv_tokens_used", "Local KV token slots in use.");
+  bytes_ = &prometheus::BuildCounter()
+                .Name("strata_data_plane_bytes_total")
+                .Help("Data-plane bytes (headers included), by peer and direction.")
+                .Register(r);
+  errors_ = &prometheus::BuildCounter()
+                 .Name("strata_data_plane_errors_total")
+                 .Help(
+                     "Data-plane faults, by kind: checksum (payload mismatch), error_frame "
+                     "(the peer reported an error), stale (late or unexpected frames), "
+                     "timeout (no answer within the layer deadline).")
+                 .Register(r);
+  for (const char* kind : {"checksum", "error_frame", "stale", "timeout"}) {
+    errors_->Add({{"node", node_}, {"kind", kind}});
+  }
+  registry_->AddRefresh([this] { Refresh(); });
+}
+
+void ComputeNodeMetrics::OnStep(const StepResult& result) {
+  const StepTiming& t = result.timing;
+  steps_->Increment();
+  if (!result.error.empty()) failed_steps_->Increment();
+  step_seconds_total_->Increment(t.total_us * 1e-6);
+  gemm_seconds_->Increment(t.gemm_us * 1e-6);
+  wait_seconds_->Increment(t.attention_us * 1e-6);
+  rows_->Increment(static_cast<double>(t.rows));
+  step_seconds_->Observe(t.total_us * 1e-6);
+  step_rows_->Observe(static_cast<double>(t.rows));
+}
+
+void ComputeNodeMetrics::OnLayerRoundTrip(double seconds) { round_trip_->Observe(seconds); }
+
+void ComputeNodeMetrics::Attach(const ComputeNode* node) { compute_node_.store(node); }
+
+void ComputeNodeMetrics::Refresh() {
+  {
+    std::lock_guard<std::mutex> lock(window_mu_);
+    const double step = step_seconds_total_->Value(), wait = wait_seconds_->Value();
+    if (step > last_step_) bubble_->Set((wait - last_wait_) / (step - last_step_));
+    last_step_ = step;
+    last_wait_ = wait;
+  }
+  const ComputeNode* node = compute_node_.load();
+  if (node == nullptr) return;
+  const control::NodeStatus status = node->Status();
+  const bool remote = node->remote() != nullptr;
+  kv_total_->Set(remote ? 0 : static_cast<double>(status.kv_slots_total()));
+  kv_used_->Set(remote ? 0 : static_cast<double>(status.kv_slots_in_tables()));
+  if (!remote) return;
+  const RemoteAttentionStats s = node->remote()->stats();
+  for (const auto& [peer, b] : s.by_peer) {
+    metrics::SetCounterTo(bytes_->Add({{"node", node_}, {"peer", peer}, {"direction", "sent"}}),
+                          static_cast<double>(b.sent));
+    metrics::SetCounterTo(bytes_->Add({{"node", node_}, {"peer", peer}, {"direction", "received"}}),
+                          static_cast<double>(b.received));
+  }
+  metrics::SetCounterTo(errors_->Add({{"node", node_}, {"kind", "checksum"}}),
+                        static_cast<double>(s.checksum_failures));
+  metrics::SetCounterTo(errors_->Add({{"node", node_}, {"kind", "error_frame"}}),
+                        static_cast<double>(s.error_frames));
+  metrics::SetCounterTo(errors_->Add({{"node", node_}, {"kind", "stale"}}),
+                        static_cast<double>(s.stale_frames));
+  metrics::SetCounterTo(errors_->Add({{"node", node_}, {"kind", "timeout"}}),
+                        static_cast<double>(s.timeouts));
+}
+
+}  // namespace strata

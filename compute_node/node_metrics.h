@@ -1,0 +1,58 @@
+// A compute node's Prometheus metrics (served on its --metrics_port): steps and their
+// time split (GEMMs vs waiting for memory nodes), the per-layer attention round trip,
+// data-plane bytes per memory node, transport errors, and the pipeline bubble ratio (the
+// share of step time spent waiting for attention answers).
+#ifndef STRATA_COMPUTE_NODE_NODE_METRICS_H_
+#define STRATA_COMPUTE_NODE_NODE_METRICS_H_
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "common/metrics/metrics.h"
+#include "common/protocol/step.h"
+#include "compute_node/compute_node.h"
+
+namespace strata {
+
+class ComputeNodeMetrics {
+ public:
+  ComputeNodeMetrics(std::shared_ptr<metrics::MetricsRegistry> registry, std::string node);
+
+  // Step thread.
+  void OnStep(const StepResult& result);
+  void OnLayerRoundTrip(double seconds);
+  // Reads the node's transport counters at each scrape. `node` must outlive the registry's
+  // endpoint.
+  void Attach(const ComputeNode* node);
+
+ private:
+  void Refresh();
+
+  std::shared_ptr<metrics::MetricsRegistry> registry_;
+  const std::string node_;
+  std::atomic<const ComputeNode*> compute_node_{nullptr};
+
+  prometheus::Counter* steps_;
+  prometheus::Counter* step_seconds_total_;
+  prometheus::Counter* gemm_seconds_;
+  prometheus::Counter* wait_seconds_;
+  prometheus::Counter* rows_;
+  prometheus::Counter* failed_steps_;
+  prometheus::Histogram* step_seconds_;
+  prometheus::Histogram* step_rows_;
+  prometheus::Histogram* round_trip_;
+  prometheus::Gauge* bubble_;
+  prometheus::Gauge* kv_total_;
+  prometheus::Gauge* kv_used_;
+  prometheus::Family<prometheus::Counter>* bytes_;
+  prometheus::Family<prometheus::Counter>* errors_;
+
+  std::mutex window_mu_;  // the bubble ratio over the interval since the previous scrape
+  double last_step_ = 0, last_wait_ = 0;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_COMPUTE_NODE_NODE_METRICS_H_

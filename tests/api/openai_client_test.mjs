@@ -1,0 +1,242 @@
+// strata's HTTP API through the official `openai` npm client (6.x), against a running
+// server. Run by tests/api/openai_client_test.cc, which starts the deployment:
+//
+//   STRATA_NPM_DIR=... STRATA_PORT=... STRATA_API_KEY=... node --test openai_client_test.mjs
+//
+// Every test talks through the client's own request and stream parsing, so a shape the
+// client does not understand fails here the way it would fail for a user.
+import assert from "node:assert/strict";
+import path from "node:path";
+import test from "node:test";
+import { createRequire } from "node:module";
+import { pathToFileURL } from "node:url";
+
+const require = createRequire(path.join(process.env.STRATA_NPM_DIR, "package.json"));
+const { default: OpenAI } = await import(pathToFileURL(require.resolve("openai")).href);
+
+const baseURL = `http://127.0.0.1:${process.env.STRATA_PORT}/v1`;
+const apiKey = process.env.STRATA_API_KEY;
+const client = new OpenAI({ apiKey, baseURL, maxRetries: 0, timeout: 60_000 });
+const models = await client.models.list();
+const model = models.data[0].id;
+const prompt = "Once upon a time, in a small village by the sea,";
+const messages = [{ role: "user", content: "Tell me about the sea." }];
+
+async function countTokens(text) {
+  const r = await fetch(`http://127.0.0.1:${process.env.STRATA_PORT}/tokenize`, {
+    method: "POST",
+    headers: { "content-type": "application/json", authorization: `Bearer ${apiKey}` },
+    body: JSON.stringify({ model, prompt: text }),
+  });
+  return (await r.json()).count;
+}
+
+async function collect(stream) {
+  const chunks = [];
+  for await (const chunk of stream) chunks.push(chunk);
+  return chunks;
+}
+
+test("models.list", async () => {
+  assert.equal(models.data.length, 1);
+  assert.equal(models.data[0].object, "model");
+  assert.equal(typeof models.data[0].created, "number");
+  const one = await client.models.retrieve(model);
+  assert.equal(one.id, model);
+});
+
+test("completion with usage", async () => {
+  const r = await client.completions.create({ model, prompt, max_tokens: 5, temperature: 0 });
+  assert.match(r.id, /^cmpl-/);
+  assert.equal(r.object, "text_completion");
+  assert.equal(r.model, model);
+  assert.equal(r.choices.length, 1);
+  assert.equal(r.choices[0].index, 0);
+  assert.equal(typeof r.choices[0].text, "string");
+  assert.equal(r.choices[0].finish_reason, "length");
+  assert.equal(r.usage.completion_tokens, 5);
+  assert.equal(r.usage.prompt_tokens, await countTokens(prompt));
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + 5);
+});
+
+test("streamed completion equals the whole one", async () => {
+  const whole = await client.completions.create({ model, prompt, max_tokens: 12, temperature: 0 });
+  const chunks = await collect(
+    await client.completions.create({
+      model, prompt, max_tokens: 12, temperature: 0, stream: true,
+      stream_options: { include_usage: true },
+    }),
+  );
+  const text = chunks.flatMap((c) => c.choices.map((x) => x.text)).join("");
+  assert.equal(text, whole.choices[0].text);
+  const finishes = chunks.flatMap((c) => c.choices.map((x) => x.finish_reason)).filter((x) => x);
+  assert.deepEqual(finishes, ["length"]);
+  const last = chunks[chunks.length - 1];
+  assert.deepEqual(last.choices, []);
+  assert.equal(last.usage.completion_tokens, 12);
+  assert.equal(last.usage.prompt_tokens, whole.usage.prompt_tokens);
+  for (const c of chunks.slice(0, -1)) assert.ok(c.usage == null, "usage only on the last chunk");
+});
+
+test("chat, whole and streamed", async () => {
+  const whole = await client.chat.completions.create({
+    model, messages, max_completion_tokens: 10, temperature: 0,
+  });
+  assert.match(whole.id, /^chatcmpl-/);
+  assert.equal(whole.object, "chat.completion");
+  assert.equal(whole.choices[0].message.role, "assistant");
+  assert.equal(whole.choices[0].finish_reason, "length");
+  assert.equal(whole.usage.completion_tokens, 10);
+  const chunks = await collect(
+    await client.chat.completions.create({
+      model, messages, max_tokens: 10, temperature: 0, stream: true,
+    }),
+  );
+  assert.equal(chunks[0].object, "chat.completion.chunk");
+  assert.equal(chunks[0].choices[0].delta.role, "assistant", "the first chunk carries the role");
+  const text = chunks.map((c) => c.choices[0]?.delta?.content ?? "").join("");
+  assert.equal(text, whole.choices[0].message.content);
+  assert.equal(chunks[chunks.length - 1].choices[0].finish_reason, "length");
+});
+
+test("n samples with a seed are deterministic", async () => {
+  const ask = () =>
+    client.completions.create({ model, prompt, max_tokens: 8, temperature: 1.0, n: 3, seed: 42 });
+  const [a, b] = [await ask(), await ask()];
+  assert.equal(a.choices.length, 3);
+  assert.deepEqual(a.choices.map((c) => c.index).sort(), [0, 1, 2]);
+  assert.deepEqual(a.choices.map((c) => c.text), b.choices.map((c) => c.text));
+  assert.equal(a.usage.completion_tokens, 24);
+  const c = await client.completions.create({
+    model, prompt, max_tokens: 8, temperature: 1.0, n: 3, seed: 43,
+  });
+  assert.notDeepEqual(c.choices.map((x) => x.text), a.choices.map((x) => x.text));
+  const chat = () =>
+    client.chat.completions.create({ model, messages, max_tokens: 6, temperature: 0.8, n: 2, seed: 7 });
+  const [x, y] = [await chat(), await chat()];
+  assert.equal(x.choices.length, 2);
+  assert.deepEqual(x.choices.map((c) => c.message.content), y.choices.map((c) => c.message.content));
+});
+
+test("stop strings end the text and are never streamed", async () => {
+  const whole = await client.completions.create({
+    model, prompt, max_tokens: 32, temperature: 0, ignore_eos: true,
+  });
+  const text = whole.choices[0].text;
+  assert.ok(text.length >= 12, `greedy text too short: ${JSON.stringify(text)}`);
+  const stop = text.slice(Math.floor(text.length / 2), Math.floor(text.length / 2) + 3);
+  const expected = text.slice(0, text.indexOf(stop));
+  const stopped = await client.completions.create({
+    model, prompt, max_tokens: 32, temperature: 0, stop: [stop, "never-appears-xyz"],
+  });
+  assert.equal(stopped.choices[0].text, expected);
+  assert.equal(stopped.choices[0].finish_reason, "stop");
+  const chunks = await collect(
+    await client.completions.create({
+      model, prompt, max_tokens: 32, temperature: 0, stop, stream: true,
+    }),
+  );
+  const streamed = chunks.flatMap((c) => c.choices.map((x) => x.text)).join("");
+  assert.equal(streamed, expected);
+  assert.ok(!streamed.includes(stop));
+});
+
+test("logprobs in the completions and chat shapes", async () => {
+  const r = await client.completions.create({
+    model, prompt, max_tokens: 5, temperature: 0, logprobs: 2,
+  });
+  const lp = r.choices[0].logprobs;
+  assert.equal(lp.tokens.length, 5);
+  assert.equal(lp.token_logprobs.length, 5);
+  assert.equal(lp.top_logprobs.length, 5);
+  assert.equal(lp.text_offset.length, 5);
+  assert.equal(lp.tokens.join(""), r.choices[0].text);
+  for (let i = 0; i < 5; i++) {
+    assert.ok(lp.token_logprobs[i] <= 0);
+    const top = Object.values(lp.top_logprobs[i]);
+    assert.ok(top.length >= 1 && top.length <= 2);
+    // Greedy: the chosen token is the most likely one.
+    assert.ok(Math.abs(Math.max(...top) - lp.token_logprobs[i]) < 1e-4);
+  }
+  const c = await client.chat.completions.create({
+    model, messages, max_tokens: 4, temperature: 0, logprobs: true, top_logprobs: 3,
+  });
+  const content = c.choices[0].logprobs.content;
+  assert.equal(content.length, 4);
+  for (const t of content) {
+    assert.equal(typeof t.token, "string");
+    assert.ok(t.logprob <= 0);
+    assert.ok(Array.isArray(t.bytes));
+    assert.equal(t.top_logprobs.length, 3);
+    assert.ok(t.top_logprobs[0].logprob >= t.top_logprobs[2].logprob);
+  }
+});
+
+test("max_tokens bounds the output", async () => {
+  const one = await client.completions.create({ model, prompt, max_tokens: 1, temperature: 0 });
+  assert.equal(one.usage.completion_tokens, 1);
+  const many = await client.completions.create({
+    model, prompt: [prompt, "A second prompt"], max_tokens: 3, temperature: 0,
+  });
+  assert.equal(many.choices.length, 2);
+  assert.equal(many.usage.completion_tokens, 6);
+});
+
+test("errors: 400 bad parameters and over-long prompts", async () => {
+  await assert.rejects(
+    client.completions.create({ model, prompt, temperature: 5 }),
+    (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === "temperature",
+  );
+  await assert.rejects(
+    client.chat.completions.create({ model, messages: [], max_tokens: 2 }),
+    (e) => e instanceof OpenAI.BadRequestError,
+  );
+  await assert.rejects(
+    client.completions.create({ model, prompt: "word ".repeat(5000), max_tokens: 2 }),
+    (e) => e instanceof OpenAI.BadRequestError && /context|long|length/i.test(e.message),
+  );
+});
+
+test("errors: 404 unknown model", async () => {
+  await assert.rejects(
+    client.completions.create({ model: "no-such-model", prompt, max_tokens: 2 }),
+    (e) => e instanceof OpenAI.NotFoundError && e.status === 404,
+  );
+});
+
+test("errors: 401 wrong key", async () => {
+  const wrong = new OpenAI({ apiKey: "wrong-key", baseURL, maxRetries: 0 });
+  await assert.rejects(
+    wrong.completions.create({ model, prompt, max_tokens: 2 }),
+    (e) => e instanceof OpenAI.AuthenticationError && e.status === 401,
+  );
+});
+
+test("errors: 413 body over the limit", async () => {
+  // The test server runs with --max_body_bytes=262144.
+  await assert.rejects(
+    client.completions.create({ model, prompt: "x".repeat(300_000), max_tokens: 2 }),
+    (e) => e instanceof OpenAI.APIError && e.status === 413,
+  );
+});
+
+test("errors: 429 when the queue is full, and the rest completes", async () => {
+  // The test server runs with --max_waiting=2 and --max_num_seqs=4.
+  const calls = [];
+  for (let i = 0; i < 40; i++) {
+    calls.push(
+      client.completions
+        .create({ model, prompt: `${prompt} ${i}`, max_tokens: 100, ignore_eos: true })
+        .then(() => "ok", (e) => e),
+    );
+  }
+  const results = await Promise.all(calls);
+  const limited = results.filter((r) => r instanceof OpenAI.RateLimitError);
+  const ok = results.filter((r) => r === "ok");
+  assert.ok(limited.length > 0, "no request was refused");
+  assert.ok(ok.length >= 4, `only ${ok.length} completed`);
+  assert.equal(limited.length + ok.length, 40, String(results.find((r) => r !== "ok" && !(r instanceof OpenAI.RateLimitError))));
+  // Still serving.
+  const r = await client.completions.create({ model, prompt, max_tokens: 2 });
+  assert.equal(r.usage.completion_tokens, 2);
+});
