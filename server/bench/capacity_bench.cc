@@ -217,17 +217,15 @@ int Run() {
       static_cast<long long>(per_token), absl::GetFlag(FLAGS_prompt_tokens),
       absl::GetFlag(FLAGS_max_tokens), omp_get_max_threads());
   std::printf("%14s %10s %9s %12s %9s %11s %11s %14s %8s\n", "mode", "kv_tokens", "submitted",
-              "max_running", "kv_used", "paged_waste", "decode_t/s", "rss_per_seq_B",
-              "seconds");
+              "max_running", "kv_used", "paged_waste", "decode_t/s", "rss_per_seq_B", "seconds");
   std::vector<std::pair<std::string, Result>> results;
   for (const std::string mode : {"colocated", "disaggregated"}) {
     if (absl::GetFlag(FLAGS_modes).find(mode) == std::string::npos) continue;
     const Result r = RunMode(**weights, mode == "disaggregated");
-    std::printf("%14s %10lld %9lld %12lld %8.1f%% %10.2f%% %11.1f %14.0f %8.1f\n",
-                mode.c_str(), static_cast<long long>(r.kv_tokens),
-                static_cast<long long>(r.submitted), static_cast<long long>(r.peak_running),
-                100 * r.peak_kv_fraction, 100 * r.paged_waste, r.decode_tok_s,
-                r.rss_per_sequence, r.seconds);
+    std::printf("%14s %10lld %9lld %12lld %8.1f%% %10.2f%% %11.1f %14.0f %8.1f\n", mode.c_str(),
+                static_cast<long long>(r.kv_tokens), static_cast<long long>(r.submitted),
+                static_cast<long long>(r.peak_running), 100 * r.peak_kv_fraction,
+                100 * r.paged_waste, r.decode_tok_s, r.rss_per_sequence, r.seconds);
     std::fflush(stdout);
     results.emplace_back(mode, r);
   }

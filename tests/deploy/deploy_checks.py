@@ -150,8 +150,39 @@ def check_workloads(overlay, docs):
     return workloads
 
 
-def check_k8s(root):
+def binary_flags(path):
+    """The flags a binary accepts, from its --helpfull (Abseil flags)."""
+    r = subprocess.run([path, "--helpfull"], capture_output=True, text=True, timeout=60)
+    return set(re.findall(r"^\s+--([a-z0-9_]+) ", r.stdout + r.stderr, re.M))
+
+
+def check_flags(overlay, docs, binaries):
+    """Every container's command is a real binary and its --flags exist in it."""
+    for d in docs:
+        if d["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        spec = pod_spec(d)
+        for c in spec.get("containers", []) + spec.get("initContainers", []):
+            command = c.get("command", [])
+            if not check(command, f"{overlay}/{d['metadata']['name']}/{c['name']}: no command"):
+                continue
+            name = os.path.basename(command[0])
+            if not check(name in binaries, f"{overlay}/{c['name']}: {command[0]} is not a strata binary"):
+                continue
+            known = binaries[name]
+            for arg in command[1:] + c.get("args", []):
+                m = re.match(r"--([a-z0-9_]+)", arg)
+                if m:
+                    check(m.group(1) in known, f"{overlay}/{c['name']}: {name} has no flag --{m.group(1)}")
+
+
+def check_k8s(root, binary_paths=()):
+    binaries = {os.path.basename(b): binary_flags(b) for b in binary_paths}
+    for name, flags in binaries.items():
+        check(len(flags) > 5, f"{name}: could not read its flags")
     cpu = render(root, "cpu-demo")
+    if binaries:
+        check_flags("cpu-demo", cpu, binaries)
     w = check_workloads("cpu-demo", cpu)
     if w:
         for name in ("strata-scheduler", "strata-compute", "strata-memory"):
@@ -164,6 +195,8 @@ def check_k8s(root):
         init = pod_spec(w["strata-compute"]).get("initContainers", [])
         check(any("make_model" in " ".join(i["command"]) for i in init), "cpu-demo: no demo model init")
     gpu = render(root, "gpu-rdma")
+    if binaries:
+        check_flags("gpu-rdma", gpu, binaries)
     w = check_workloads("gpu-rdma", gpu)
     if w:
         compute = pod_spec(w["strata-compute"])
@@ -260,7 +293,7 @@ def check_image(root, binaries):
 def main():
     mode, root = sys.argv[1], sys.argv[2]
     if mode == "k8s":
-        check_k8s(root)
+        check_k8s(root, sys.argv[3:])
     elif mode == "grafana":
         check_grafana(root)
     elif mode == "image":
