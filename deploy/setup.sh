@@ -36,6 +36,8 @@ NPM_PACKAGES=(
   llama-tokenizer-js@1.2.2
   gpt-3-encoder@1.1.4
   openai@6.30.1
+  kubernetes-models@5.1.0
+  @kubernetes-models/validate@5.0.2
 )
 
 log() { echo "[setup] $*" >&2; }

@@ -176,11 +176,27 @@ def check_flags(overlay, docs, binaries):
                     check(m.group(1) in known, f"{overlay}/{c['name']}: {name} has no flag --{m.group(1)}")
 
 
+def check_schema(root, overlay, docs):
+    """kubernetes-models' validators plus an unknown-field walk (tests/deploy/k8s_schema.mjs)."""
+    cache = os.environ.get("STRATA_CACHE_DIR") or os.path.join(os.environ.get("HOME", "/root"), ".cache/strata")
+    npm = os.path.join(cache, "npm")
+    if not check(os.path.isdir(os.path.join(npm, "node_modules/kubernetes-models")),
+                 f"kubernetes-models is not installed under {npm}: run deploy/setup.sh"):
+        return
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as out:
+        json.dump(docs, out)
+    r = subprocess.run(["node", os.path.join(root, "tests/deploy/k8s_schema.mjs"), npm, out.name],
+                       capture_output=True, text=True)
+    print(f"{overlay}: {r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-500:]}")
+    check(r.returncode == 0, f"{overlay}: schema validation failed:\n{r.stdout}{r.stderr[-2000:]}")
+
+
 def check_k8s(root, binary_paths=()):
     binaries = {os.path.basename(b): binary_flags(b) for b in binary_paths}
     for name, flags in binaries.items():
         check(len(flags) > 5, f"{name}: could not read its flags")
     cpu = render(root, "cpu-demo")
+    check_schema(root, "cpu-demo", cpu)
     if binaries:
         check_flags("cpu-demo", cpu, binaries)
     w = check_workloads("cpu-demo", cpu)
@@ -195,6 +211,7 @@ def check_k8s(root, binary_paths=()):
         init = pod_spec(w["strata-compute"]).get("initContainers", [])
         check(any("make_model" in " ".join(i["command"]) for i in init), "cpu-demo: no demo model init")
     gpu = render(root, "gpu-rdma")
+    check_schema(root, "gpu-rdma", gpu)
     if binaries:
         check_flags("gpu-rdma", gpu, binaries)
     w = check_workloads("gpu-rdma", gpu)
