@@ -20,7 +20,7 @@ APT_PACKAGES=(
   # Tokenizer (Unicode categories, NFC, regex), JSON, HTTP.
   libicu-dev nlohmann-json3-dev libboost1.74-dev
   # Test tools: numpy reference model, promtool, network namespaces, node clients.
-  python3-numpy python3-yaml prometheus iproute2 nodejs npm clang-format git
+  python3-numpy python3-yaml python3-matplotlib prometheus iproute2 nodejs npm clang-format git
   # Kubernetes manifests are rendered with `kubectl kustomize` (any kubectl already on
   # PATH will do; else Debian's).
   kubernetes-client
