@@ -37,19 +37,16 @@ ComputeNodeMetrics::ComputeNodeMetrics(std::shared_ptr<metrics::MetricsRegistry>
                      .Register(r)
                      .Add(labels, metrics::FastLatencyBuckets());
   bubble_ = &prometheus::BuildGauge()
-                 .Name("strata_pipeline_bubble_ratio")
-                 .Help(
-                     "Share of the last scrape interval's work time that a node sat idle "
-                     "waiting for the other pool (compute: waiting for attention; memory: "
-                     "waiting for q/k/v).")
+                 .Name(metrics::kBubbleRatio)
+                 .Help(metrics::kBubbleRatioHelp)
                  .Register(r)
                  .Add({{"node", node_}, {"role", "compute"}});
   kv_total_ = gauge("strata_compute_node_local_kv_tokens",
                     "Local KV token slots (co-located attention; 0 when disaggregated).");
   kv_used_ = gauge("strata_compute_node_local_kv_tokens_used", "Local KV token slots in use.");
   bytes_ = &prometheus::BuildCounter()
-                .Name("strata_data_plane_bytes_total")
-                .Help("Data-plane bytes (headers included), by peer and direction.")
+                .Name(metrics::kDataPlaneBytes)
+                .Help(metrics::kDataPlaneBytesHelp)
                 .Register(r);
   errors_ = &prometheus::BuildCounter()
                  .Name("strata_data_plane_errors_total")

@@ -36,8 +36,8 @@ void RegisterMemoryNodeMetrics(metrics::MetricsRegistry& registry, const std::st
   prometheus::Counter* rows =
       counter("strata_memory_node_rows_total", "Query rows attended.", labels);
   auto& bytes = prometheus::BuildCounter()
-                    .Name("strata_data_plane_bytes_total")
-                    .Help("Data-plane bytes (headers included), by peer and direction.")
+                    .Name(metrics::kDataPlaneBytes)
+                    .Help(metrics::kDataPlaneBytesHelp)
                     .Register(r);
   prometheus::Counter* sent = &bytes.Add({{"node", node}, {"peer", "all"}, {"direction", "sent"}});
   prometheus::Counter* received =
@@ -53,11 +53,8 @@ void RegisterMemoryNodeMetrics(metrics::MetricsRegistry& registry, const std::st
   prometheus::Counter* malformed = &errors.Add({{"node", node}, {"kind", "malformed"}});
   prometheus::Counter* rejected = &errors.Add({{"node", node}, {"kind", "rejected_step"}});
   prometheus::Gauge* bubble = &prometheus::BuildGauge()
-                                   .Name("strata_pipeline_bubble_ratio")
-                                   .Help(
-                                       "Share of the last scrape interval's work time that a "
-                                       "node sat idle waiting for the other pool (compute: "
-                                       "waiting for attention; memory: waiting for q/k/v).")
+                                   .Name(metrics::kBubbleRatio)
+                                   .Help(metrics::kBubbleRatioHelp)
                                    .Register(r)
                                    .Add({{"node", node}, {"role", "memory"}});
 

@@ -12,6 +12,24 @@
 #include "common/model/model_config.h"
 
 namespace strata {
+namespace {
+
+// Starts a gRPC server for one service on host:port (0: any free port); *bound gets the port.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(const std::string& what,
+                                                              const std::string& host, int port,
+                                                              grpc::Service* service, int* bound) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::StrCat(host, ":", port), grpc::InsecureServerCredentials(), bound);
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || *bound == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", what, " port ", host, ":", port));
+  }
+  return server;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions options) {
   auto app = std::unique_ptr<ServerApp>(new ServerApp);
@@ -74,15 +92,9 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions option
   cp.step_deadline = options.step_timeout;
   cp.allow_mixed_isa = options.allow_mixed_isa;
   app->control_ = std::make_unique<ControlPlane>(app->scheduler_.get(), cp);
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::StrCat(options.control_host, ":", options.control_port),
-                           grpc::InsecureServerCredentials(), &app->control_port_);
-  builder.RegisterService(app->control_.get());
-  app->control_server_ = builder.BuildAndStart();
-  if (app->control_server_ == nullptr || app->control_port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on control port ",
-                                               options.control_host, ":", options.control_port));
-  }
+  ASSIGN_OR_RETURN(app->control_server_,
+                   StartGrpcServer("control", options.control_host, options.control_port,
+                                   app->control_.get(), &app->control_port_));
 
   api::ApiOptions api_options;
   api_options.served_model_name = options.served_model_name;
@@ -92,9 +104,9 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions option
   api_options.limits.vocab_size = static_cast<int32_t>(model.vocab_size);
   api_options.limits.max_n = sc.max_n;
   ControlPlane* control = app->control_.get();
+  const std::function<bool()> serving = [control] { return control->Serving(); };
   app->api_ = std::make_unique<api::OpenAiApi>(app->scheduler_.get(), app->tokenizer_.get(),
-                                               app->chat_template_.get(), api_options,
-                                               [control] { return control->Serving(); });
+                                               app->chat_template_.get(), api_options, serving);
   api::OpenAiApi* api = app->api_.get();
   ServerMetrics* metrics = app->metrics_.get();
   api->SetMetricsText([metrics] { return metrics->Text(); });
@@ -107,18 +119,12 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions option
                      api->Handle(r, std::move(w));
                    }));
   if (options.grpc_port >= 0) {
-    app->grpc_api_ = std::make_unique<api::GrpcApi>(app->scheduler_.get(), app->tokenizer_.get(),
-                                                    app->chat_template_.get(), api_options,
-                                                    [control] { return control->Serving(); });
-    grpc::ServerBuilder grpc_builder;
-    grpc_builder.AddListeningPort(absl::StrCat(options.grpc_host, ":", options.grpc_port),
-                                  grpc::InsecureServerCredentials(), &app->grpc_port_);
-    grpc_builder.RegisterService(app->grpc_api_.get());
-    app->grpc_server_ = grpc_builder.BuildAndStart();
-    if (app->grpc_server_ == nullptr || app->grpc_port_ == 0) {
-      return absl::UnavailableError(absl::StrCat("cannot listen on gRPC API port ",
-                                                 options.grpc_host, ":", options.grpc_port));
-    }
+    app->grpc_api_ =
+        std::make_unique<api::GrpcApi>(app->scheduler_.get(), app->tokenizer_.get(),
+                                       app->chat_template_.get(), api_options, serving);
+    ASSIGN_OR_RETURN(app->grpc_server_,
+                     StartGrpcServer("gRPC API", options.grpc_host, options.grpc_port,
+                                     app->grpc_api_.get(), &app->grpc_port_));
     LOG(INFO) << "gRPC API on " << options.grpc_host << ":" << app->grpc_port_;
   }
   LOG(INFO) << "serving " << options.served_model_name << " at http://" << options.http.host << ":"

@@ -32,6 +32,15 @@ class Exposer;
 
 namespace strata::metrics {
 
+// Families that compute and memory nodes both export, with one description.
+inline constexpr char kDataPlaneBytes[] = "strata_data_plane_bytes_total";
+inline constexpr char kDataPlaneBytesHelp[] =
+    "Data-plane bytes (headers included), by peer and direction.";
+inline constexpr char kBubbleRatio[] = "strata_pipeline_bubble_ratio";
+inline constexpr char kBubbleRatioHelp[] =
+    "Share of the last scrape interval's work time that a node sat idle waiting for the "
+    "other pool (compute: waiting for attention; memory: waiting for q/k/v).";
+
 // Bucket boundaries.
 std::vector<double> LatencyBuckets();          // 1 ms .. 60 s, for request-level latencies
 std::vector<double> FastLatencyBuckets();      // 10 us .. 1 s, for per-layer and per-step times

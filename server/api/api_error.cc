@@ -28,6 +28,10 @@ ApiError Overloaded(std::string message) {
   return {503, "server_overloaded", std::move(message), ""};
 }
 
+ApiError UnknownModel(const std::string& model) {
+  return NotFound("The model `" + model + "` does not exist.");
+}
+
 ApiError FromStatus(const absl::Status& status) {
   const std::string message(status.message());
   switch (status.code()) {

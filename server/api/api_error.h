@@ -22,6 +22,8 @@ ApiError BadRequest(std::string message, std::string param = "");
 ApiError NotFound(std::string message);
 ApiError Unauthorized(std::string message);
 ApiError Overloaded(std::string message);
+// 404 for a model name the server does not serve.
+ApiError UnknownModel(const std::string& model);
 // Maps a scheduler Status to the API error a client should see.
 ApiError FromStatus(const absl::Status& status);
 

@@ -280,11 +280,7 @@ std::optional<ApiError> GrpcApi::CheckCall(grpc::CallbackServerContext* context,
       return Unauthorized("missing or wrong API key (expected 'authorization: Bearer <key>')");
     }
   }
-  if (model.empty()) return BadRequest("'model' is required", "model");
-  if (model != options_.served_model_name) {
-    return NotFound(absl::StrCat("The model `", model, "` does not exist."));
-  }
-  return std::nullopt;
+  return CheckModel(model, options_.served_model_name);
 }
 
 std::variant<std::string, ApiError> GrpcApi::RenderChat(const v1::ChatMessages& messages) const {
@@ -356,9 +352,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GrpcApi::Generate(
       r.prompt_tokens =
           tokenizer_->Encode(std::get<std::string>(rendered), /*add_special_tokens=*/false);
       if (!params.max_tokens) {
-        r.max_tokens =
-            std::max<int>(1, static_cast<int>(options_.limits.max_model_len -
-                                              static_cast<int64_t>(r.prompt_tokens.size())));
+        r.max_tokens = DefaultChatMaxTokens(options_.limits, r.prompt_tokens.size());
       }
       break;
     }

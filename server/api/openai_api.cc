@@ -330,7 +330,7 @@ void OpenAiApi::Handle(const http::Request& request, std::shared_ptr<http::Respo
   if (path.rfind("/v1/models/", 0) == 0 && request.method == "GET") {
     const std::string id = path.substr(std::strlen("/v1/models/"));
     if (id != options_.served_model_name) {
-      return error(NotFound(absl::StrCat("The model `", id, "` does not exist.")));
+      return error(UnknownModel(id));
     }
     return reply(200, Dump(ModelJson()));
   }
@@ -408,6 +408,12 @@ int JsonDepth(const std::string& text) {
   return deepest;
 }
 
+// The body's "model", or "" when absent or not a string (CheckModel then asks for it).
+std::string ModelOf(const ojson& body) {
+  auto it = body.find("model");
+  return it != body.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
 // Parses a request body into a JSON object; ApiError for anything else.
 std::variant<ojson, ApiError> ParseBody(const std::string& body) {
   if (JsonDepth(body) > kMaxJsonDepth) {
@@ -448,13 +454,7 @@ void OpenAiApi::Completions(const http::Request& request,
   auto body_or = ParseBody(request.body);
   if (auto* e = std::get_if<ApiError>(&body_or)) return fail(*e);
   const ojson& body = std::get<ojson>(body_or);
-  if (!body.contains("model") || !body["model"].is_string()) {
-    return fail(BadRequest("'model' is required", "model"));
-  }
-  if (body["model"].get<std::string>() != options_.served_model_name) {
-    return fail(NotFound(
-        absl::StrCat("The model `", body["model"].get<std::string>(), "` does not exist.")));
-  }
+  if (auto e = CheckModel(ModelOf(body), options_.served_model_name)) return fail(*e);
   auto params_or = ParseParams(json::parse(Dump(body)), Endpoint::kCompletions, options_.limits);
   if (auto* e = std::get_if<ApiError>(&params_or)) return fail(*e);
   ParsedParams params = std::get<ParsedParams>(std::move(params_or));
@@ -595,13 +595,7 @@ void OpenAiApi::ChatCompletions(const http::Request& request,
   auto body_or = ParseBody(request.body);
   if (auto* e = std::get_if<ApiError>(&body_or)) return fail(*e);
   const ojson& body = std::get<ojson>(body_or);
-  if (!body.contains("model") || !body["model"].is_string()) {
-    return fail(BadRequest("'model' is required", "model"));
-  }
-  if (body["model"].get<std::string>() != options_.served_model_name) {
-    return fail(NotFound(
-        absl::StrCat("The model `", body["model"].get<std::string>(), "` does not exist.")));
-  }
+  if (auto e = CheckModel(ModelOf(body), options_.served_model_name)) return fail(*e);
   auto params_or = ParseParams(json::parse(Dump(body)), Endpoint::kChat, options_.limits);
   if (auto* e = std::get_if<ApiError>(&params_or)) return fail(*e);
   ParsedParams params = std::get<ParsedParams>(std::move(params_or));
@@ -645,8 +639,7 @@ void OpenAiApi::ChatCompletions(const http::Request& request,
 
   GenerateRequest r = params.request;
   r.external_id = job->id;
-  r.max_tokens = params.max_tokens.value_or(std::max<int>(
-      1, static_cast<int>(options_.limits.max_model_len - static_cast<int64_t>(prompt.size()))));
+  r.max_tokens = params.max_tokens.value_or(DefaultChatMaxTokens(options_.limits, prompt.size()));
   r.prompt_tokens = std::move(prompt);
 
   std::lock_guard<std::mutex> lock(job->mu);

@@ -1,5 +1,6 @@
 #include "server/api/params.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/numbers.h"
@@ -203,6 +204,17 @@ std::variant<ParsedParams, ApiError> ParseParams(const json& body, Endpoint endp
     return BadRequest("'min_tokens' must not exceed 'max_tokens'", "min_tokens");
   }
   return p;
+}
+
+std::optional<ApiError> CheckModel(const std::string& requested, const std::string& served) {
+  if (requested.empty()) return BadRequest("'model' is required", "model");
+  if (requested != served) return UnknownModel(requested);
+  return std::nullopt;
+}
+
+int DefaultChatMaxTokens(const ApiLimits& limits, size_t prompt_tokens) {
+  return std::max<int>(
+      1, static_cast<int>(limits.max_model_len - static_cast<int64_t>(prompt_tokens)));
 }
 
 }  // namespace strata::api

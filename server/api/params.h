@@ -41,6 +41,13 @@ enum class Endpoint { kCompletions, kChat };
 std::variant<ParsedParams, ApiError> ParseParams(const nlohmann::json& body, Endpoint endpoint,
                                                  const ApiLimits& limits);
 
+// The model a request names: empty is a 400 ('model' is required), another name than the
+// served one a 404; nullopt when it is the served model.
+std::optional<ApiError> CheckModel(const std::string& requested, const std::string& served);
+
+// max_tokens when a chat request gives none: the rest of the context (at least 1).
+int DefaultChatMaxTokens(const ApiLimits& limits, size_t prompt_tokens);
+
 // Typed field readers: absent or null gives nullopt; a wrong type or range is an ApiError.
 std::variant<std::optional<int64_t>, ApiError> GetInt(const nlohmann::json& body,
                                                       const std::string& name, int64_t lo,

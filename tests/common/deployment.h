@@ -45,11 +45,6 @@ class Deployment {
     auto it = metrics_ports_.find(name);
     return it == metrics_ports_.end() ? 0 : it->second;
   }
-  std::vector<std::string> ProcessNames() const {
-    std::vector<std::string> names;
-    for (const auto& [name, pid] : pids_) names.push_back(name);
-    return names;
-  }
   // SIGTERM to the launcher; waits for it. Returns its exit status.
   int Stop();
 

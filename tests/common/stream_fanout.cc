@@ -25,7 +25,8 @@ struct Conn {
   int fd = -1;
   std::string out;  // request bytes not yet written
   size_t written = 0;
-  std::string in;  // unparsed response bytes
+  std::string in;   // response bytes not yet counted
+  size_t scan = 0;  // where counting resumes in `in`
   bool headers_done = false;
   double last_event_s = -1;
   bool closed = false;
@@ -79,7 +80,6 @@ std::vector<StreamStats> RunFanout(const FanoutOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<StreamStats> stats(options.streams);
   std::vector<Conn> conns(options.streams);
-  std::vector<size_t> scans(options.streams, 0);
   const int ep = epoll_create1(EPOLL_CLOEXEC);
   int open = 0;
   for (int i = 0; i < options.streams; ++i) {
@@ -153,11 +153,11 @@ std::vector<StreamStats> RunFanout(const FanoutOptions& options) {
           if (end != std::string::npos) {
             c.headers_done = true;
             if (c.in.rfind("HTTP/1.", 0) == 0) s.status = std::atoi(c.in.substr(9, 3).c_str());
-            scans[i] = end + 4;
+            c.scan = end + 4;
           }
         }
         if (c.headers_done) {
-          const int got = CountEvents(c.in, &scans[i], &s.done);
+          const int got = CountEvents(c.in, &c.scan, &s.done);
           if (got > 0) {
             const double now = Since(start);
             if (s.first_event_s < 0) s.first_event_s = now;
@@ -165,8 +165,8 @@ std::vector<StreamStats> RunFanout(const FanoutOptions& options) {
             c.last_event_s = now;
             s.events += got;
             // Keep only the unscanned tail.
-            c.in.erase(0, scans[i]);
-            scans[i] = 0;
+            c.in.erase(0, c.scan);
+            c.scan = 0;
           }
           if (s.done) close_conn(i);
         }
