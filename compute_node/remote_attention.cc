@@ -97,7 +97,12 @@ void RemoteAttention::SetMemoryNodes(uint64_t epoch, const std::vector<MemoryNod
 
 RemoteAttentionStats RemoteAttention::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  RemoteAttentionStats s = stats_;
+  for (const auto& [peer, t] : peer_traffic_) {
+    s.by_peer[t.name].sent += t.bytes.sent;
+    s.by_peer[t.name].received += t.bytes.received;
+  }
+  return s;
 }
 
 absl::Status RemoteAttention::ConnectPool(uint32_t index, Share& share) {
@@ -136,7 +141,8 @@ absl::Status RemoteAttention::ConnectPool(uint32_t index, Share& share) {
   share.peer = *peer;
   {
     std::lock_guard<std::mutex> state_lock(mu_);
-    peer_names_[*peer] = it->second.name.empty() ? absl::StrCat("pool-", index) : it->second.name;
+    peer_traffic_[*peer].name =
+        it->second.name.empty() ? absl::StrCat("pool-", index) : it->second.name;
   }
   return absl::OkStatus();
 }
@@ -279,8 +285,8 @@ absl::Status RemoteAttention::BeginStep(const StepKvPlan& plan) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stats_.bytes_sent += sizeof(header) + bytes.size();
-      if (auto name = peer_names_.find(peer); name != peer_names_.end()) {
-        stats_.by_peer[name->second].sent += sizeof(header) + bytes.size();
+      if (auto t = peer_traffic_.find(peer); t != peer_traffic_.end()) {
+        t->second.bytes.sent += sizeof(header) + bytes.size();
       }
     }
     outcome_.bytes_sent += sizeof(header) + bytes.size();
@@ -434,8 +440,8 @@ absl::Status RemoteAttention::Attend(int layer, BatchBuffers& b, int64_t m) {
     for (const Outgoing& out : outgoing) {
       const uint64_t bytes = sizeof(FrameHeader) + out.header.payload_bytes;
       stats_.bytes_sent += bytes;
-      auto name = peer_names_.find(shares_[out.share].peer);
-      if (name != peer_names_.end()) stats_.by_peer[name->second].sent += bytes;
+      auto t = peer_traffic_.find(shares_[out.share].peer);
+      if (t != peer_traffic_.end()) t->second.bytes.sent += bytes;
     }
   }
 
@@ -571,8 +577,8 @@ void RemoteAttention::Deliver(PeerId from, std::span<const uint8_t> header_bytes
   absl::Status parsed = transport::ParseFrameHeader(header_bytes, &h);
   std::lock_guard<std::mutex> lock(mu_);
   stats_.bytes_received += header_bytes.size() + payload.size();
-  if (auto name = peer_names_.find(from); name != peer_names_.end()) {
-    stats_.by_peer[name->second].received += header_bytes.size() + payload.size();
+  if (auto t = peer_traffic_.find(from); t != peer_traffic_.end()) {
+    t->second.bytes.received += header_bytes.size() + payload.size();
   }
   if (!parsed.ok()) {
     ++stats_.stale_frames;

@@ -77,7 +77,7 @@ struct RemoteAttentionStats {
     uint64_t sent = 0;
     uint64_t received = 0;
   };
-  std::map<std::string, PeerBytes> by_peer;  // by memory-node name
+  std::map<std::string, PeerBytes> by_peer;  // by memory-node name (filled by stats())
 };
 
 class RemoteAttention : public AttentionBackend, public transport::MessageHandler {
@@ -167,7 +167,12 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
   std::vector<Expected> expected_;
   std::unordered_map<transport::PeerId, bool> dead_peers_;
   std::unordered_map<transport::PeerId, std::string> pending_errors_;  // step-level errors
-  std::unordered_map<transport::PeerId, std::string> peer_names_;
+  // Bytes per connection (under mu_), named by memory node in stats().
+  struct PeerTraffic {
+    std::string name;
+    RemoteAttentionStats::PeerBytes bytes;
+  };
+  std::unordered_map<transport::PeerId, PeerTraffic> peer_traffic_;
   RemoteAttentionStats stats_;
   bool closing_ = false;
 };
