@@ -8,6 +8,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/cpu_affinity.h"
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
 #include "common/control/node_agent.h"
@@ -26,12 +27,17 @@ ABSL_FLAG(std::string, name, "compute-0", "Node name (logs, metrics)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on");
 ABSL_FLAG(int, port, 0, "Control port (0: any free port)");
 ABSL_FLAG(int, threads, 0, "Compute threads (0: all cores)");
+ABSL_FLAG(std::string, cpus, "",
+          "Cores to run on, as a cpuset list (\"0-3,6\"); empty: wherever the kernel puts it. "
+          "With --threads=0 the thread count follows the list");
 ABSL_FLAG(int64_t, kv_budget_mib, 1024, "Local KV cache for co-located mode, MiB");
 ABSL_FLAG(int64_t, max_batch_rows, 2048, "Rows (tokens) per step");
 ABSL_FLAG(int64_t, max_model_len, 0, "Context length (0: the model's)");
 ABSL_FLAG(bool, prefault_kv, true, "Touch the KV cache at start-up");
 ABSL_FLAG(int, attention_minibatches, 2,
           "Disaggregated mode: mini-batches per memory node and layer (1: no overlap)");
+ABSL_FLAG(int, attention_min_minibatch_rows, 16,
+          "Disaggregated mode: rows a mini-batch has at least (a smaller share goes whole)");
 ABSL_FLAG(std::string, prefill_attention, "split",
           "Disaggregated mode: where prefill chunks attend to themselves: split (here, the "
           "cached prefix on the memory node) or memory (all on the memory node)");
@@ -44,7 +50,12 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   strata::InstallShutdownHandlers();
   strata::SetLogTag(absl::GetFlag(FLAGS_name));
-  if (absl::GetFlag(FLAGS_threads) > 0) omp_set_num_threads(absl::GetFlag(FLAGS_threads));
+  if (absl::Status cpus =
+          strata::ApplyCpuFlags(absl::GetFlag(FLAGS_cpus), absl::GetFlag(FLAGS_threads));
+      !cpus.ok()) {
+    LOG(ERROR) << "--cpus: " << cpus.message();
+    return 2;
+  }
 
   strata::ComputeNodeOptions options;
   options.model_dir = absl::GetFlag(FLAGS_model);
@@ -55,6 +66,7 @@ int main(int argc, char** argv) {
   options.prefault_kv = absl::GetFlag(FLAGS_prefault_kv);
   options.remote.transport = strata::transport::TransportConfigFromFlags();
   options.remote.minibatches = absl::GetFlag(FLAGS_attention_minibatches);
+  options.remote.min_minibatch_rows = absl::GetFlag(FLAGS_attention_min_minibatch_rows);
   options.remote.prefill_policy = absl::GetFlag(FLAGS_prefill_attention);
   options.remote.layer_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_attention_timeout_ms));
   options.remote.verify_checksums = absl::GetFlag(FLAGS_verify_checksums);

@@ -255,8 +255,12 @@ absl::Status RemoteAttention::BeginStep(const StepKvPlan& plan) {
       }
       a = b;
     }
-    share.share.minibatch_rows =
-        SplitMinibatches(static_cast<int>(rows.size()), options_.minibatches);
+    // Mini-batches only pay where a transfer is long against a frame's fixed costs (a
+    // wake-up on each side): small shares go whole.
+    const int n = static_cast<int>(rows.size());
+    const int count =
+        std::max(1, std::min(options_.minibatches, n / std::max(1, options_.min_minibatch_rows)));
+    share.share.minibatch_rows = SplitMinibatches(n, count);
     share.layouts = LayoutMinibatches(share.share, dims_);
   }
 
@@ -459,12 +463,7 @@ absl::Status RemoteAttention::Attend(int layer, BatchBuffers& b, int64_t m) {
   {
     std::unique_lock<std::mutex> lock(mu_);
     const auto deadline = wait_start + absl::ToChronoNanoseconds(options_.layer_timeout);
-    cv_.wait_until(lock, deadline, [&] {
-      for (const Expected& e : expected_) {
-        if (!e.arrived && !dead_peers_.count(e.peer)) return false;
-      }
-      return true;
-    });
+    cv_.wait_until(lock, deadline, [&] { return LayerSettledLocked(); });
     answers = std::move(expected_);
     expected_.clear();
     layer_ = -1;
@@ -542,6 +541,13 @@ absl::Status RemoteAttention::Attend(int layer, BatchBuffers& b, int64_t m) {
   }
   outcome_.merge_us += MicrosSince(merge_start);
   return absl::OkStatus();
+}
+
+bool RemoteAttention::LayerSettledLocked() const {
+  for (const Expected& e : expected_) {
+    if (!e.arrived && !dead_peers_.count(e.peer)) return false;
+  }
+  return true;
 }
 
 AttentionStepOutcome RemoteAttention::EndStep() {
@@ -624,7 +630,9 @@ void RemoteAttention::Deliver(PeerId from, std::span<const uint8_t> header_bytes
         std::memcpy(e.dest.data(), payload.data(), payload.size());
       }
     }
-    cv_.notify_all();
+    // Wake the step thread once, for the last answer: every wake-up before it would take a
+    // core from the memory nodes that share this machine, only to sleep again.
+    if (LayerSettledLocked()) cv_.notify_all();
     return;
   }
   ++stats_.stale_frames;

@@ -139,6 +139,8 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
   };
 
   RemoteAttention(const ModelConfig& config, RemoteAttentionOptions options);
+  // Whether every answer of the current layer is in, or its peer is dead (mu_ held).
+  bool LayerSettledLocked() const;
   void FailShare(Share& share, const std::string& why, bool dead);
   absl::Status ConnectPool(uint32_t pool, Share& share);
   void RunLocal(const std::vector<const LocalRow*>& rows, BatchBuffers& b, const float* states);

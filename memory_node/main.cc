@@ -9,6 +9,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/cpu_affinity.h"
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
 #include "common/control/node_agent.h"
@@ -29,6 +30,9 @@ ABSL_FLAG(int, port, 0, "Control port (0: any free port)");
 ABSL_FLAG(std::string, data_address, "",
           "Data-plane listen address, HOST:PORT (default: --host, any port)");
 ABSL_FLAG(int, threads, 0, "Attention threads (0: all cores)");
+ABSL_FLAG(std::string, cpus, "",
+          "Cores to run on, as a cpuset list (\"0-3,6\"); empty: wherever the kernel puts it. "
+          "With --threads=0 the thread count follows the list");
 ABSL_FLAG(int64_t, kv_budget_mib, 4096, "KV cache budget, MiB");
 ABSL_FLAG(bool, verify_checksums, true, "Verify the checksum of every data-plane frame");
 ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics port (-1: off, 0: any free port)");
@@ -38,7 +42,12 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   strata::InstallShutdownHandlers();
   strata::SetLogTag(absl::GetFlag(FLAGS_name));
-  if (absl::GetFlag(FLAGS_threads) > 0) omp_set_num_threads(absl::GetFlag(FLAGS_threads));
+  if (absl::Status cpus =
+          strata::ApplyCpuFlags(absl::GetFlag(FLAGS_cpus), absl::GetFlag(FLAGS_threads));
+      !cpus.ok()) {
+    LOG(ERROR) << "--cpus: " << cpus.message();
+    return 2;
+  }
 
   strata::MemoryServerOptions options;
   options.transport = strata::transport::TransportConfigFromFlags();
@@ -90,23 +99,28 @@ int main(int argc, char** argv) {
   info.set_control_address(absl::StrCat(absl::GetFlag(FLAGS_host), ":", port));
   LOG(INFO) << "memory node listening on " << info.control_address() << " (control) and "
             << info.data_address() << " (data: " << info.transport() << "), " << info.cpu_isa()
-            << " kernels, " << omp_get_max_threads() << " threads";
+            << " kernels, " << omp_get_max_threads() << " threads on cores "
+            << strata::FormatCpuList(strata::AllowedCpus());
 
-  const bool standalone = absl::GetFlag(FLAGS_scheduler).empty();
-  strata::NodeAgent agent(absl::GetFlag(FLAGS_scheduler), info,
-                          [&] { return (*server)->Status(); });
-  if (!standalone) agent.Start();
+  // Standalone (no --scheduler): configured by direct RPC, as benchmarks do.
+  std::unique_ptr<strata::NodeAgent> agent;
+  if (!absl::GetFlag(FLAGS_scheduler).empty()) {
+    agent = std::make_unique<strata::NodeAgent>(absl::GetFlag(FLAGS_scheduler), info,
+                                                [&] { return (*server)->Status(); });
+    agent->Start();
+  }
+  std::string fatal;
   while (!strata::WaitForShutdownFor(absl::Milliseconds(200))) {
     if (auto* health = grpc_server->GetHealthCheckService()) {
       health->SetServingStatus("strata.ready", (*server)->Status().ready());
     }
-    if (!agent.fatal_error().empty()) {
-      LOG(ERROR) << "giving up: " << agent.fatal_error();
+    if (agent != nullptr && !(fatal = agent->fatal_error()).empty()) {
+      LOG(ERROR) << "giving up: " << fatal;
       break;
     }
   }
-  if (!standalone) agent.Stop();
+  if (agent != nullptr) agent->Stop();
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   metrics_endpoint->reset();
-  return agent.fatal_error().empty() ? 0 : 1;
+  return fatal.empty() ? 0 : 1;
 }

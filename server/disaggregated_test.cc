@@ -99,6 +99,7 @@ class Deployment {
         options.transport = tc;
         options.prefill_policy = t.prefill_policy;
         options.minibatches = t.minibatches;
+        options.min_minibatch_rows = 1;  // small test batches still split
         options.layer_timeout = absl::Seconds(20);
         auto remote = RemoteAttention::Create(c, options);
         EXPECT_TRUE(remote.ok()) << remote.status();

@@ -435,7 +435,17 @@ void Scheduler::MaybeRemoveRequest(Request* req) {
   }
   req->state = Request::State::kDone;
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), req), waiting_.end());
+  if (defer_removals_) {
+    deferred_removals_.push_back(req->id);
+    return;
+  }
   requests_.erase(req->id);
+}
+
+void Scheduler::RemoveDeferred() {
+  defer_removals_ = false;
+  for (uint64_t id : deferred_removals_) requests_.erase(id);
+  deferred_removals_.clear();
 }
 
 void Scheduler::PublishStats() {

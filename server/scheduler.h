@@ -163,6 +163,8 @@ class Scheduler {
                       const std::string& text);
   void FailRequest(Request* req, FinishReason reason, const absl::Status& status);
   void MaybeRemoveRequest(Request* req);
+  // Erases the requests MaybeRemoveRequest finished while removals were deferred.
+  void RemoveDeferred();
   void CheckTimeouts();
   void PublishStats();
   PolicyKey KeyOf(const Request* req) const;
@@ -184,6 +186,10 @@ class Scheduler {
 
   // Scheduler-thread state.
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
+  // While a step's result is applied, finished requests stay allocated (state kDone) until
+  // it is done, because it holds pointers to them and their sequences.
+  bool defer_removals_ = false;
+  std::vector<uint64_t> deferred_removals_;
   std::vector<Request*> waiting_;  // kept in policy order at admission time
   std::vector<std::unique_ptr<Pool>> pools_;
   std::vector<std::unique_ptr<Executor>> executors_;

@@ -3,6 +3,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "server/scheduler.h"
@@ -414,6 +415,10 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
 }
 
 void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, absl::Time started) {
+  // Requests that fail or finish below are erased only on the way out: by_id and involved
+  // point into them.
+  defer_removals_ = true;
+  absl::Cleanup remove_deferred = [this] { RemoveDeferred(); };
   Executor& ex = *executors_[executor];
   ex.busy = false;
   const absl::Time now = absl::Now();
@@ -566,7 +571,7 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
   }
   // Cancellations and timeouts that arrived while the step ran.
   for (Request* req : involved) {
-    if (!requests_.count(req->id) || req->state == Request::State::kDone) continue;
+    if (req->state == Request::State::kDone) continue;
     if (req->pending_finish == FinishReason::kAbort) {
       FailRequest(req, FinishReason::kAbort, absl::CancelledError("cancelled by the client"));
     } else if (req->pending_finish == FinishReason::kTimeout) {

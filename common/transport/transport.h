@@ -55,6 +55,13 @@ struct TransportConfig {
   // UCX configuration overrides, as UCX_<KEY> environment variables would set them
   // (e.g. {"TLS", "tcp"}, {"NET_DEVICES", "lo"}). The environment applies otherwise.
   std::map<std::string, std::string> ucx_options;
+  // UCX: messages whose payload is at most this many bytes are always sent eagerly (copied
+  // through UCX's buffers), never by rendezvous. A rendezvous handshake needs the sender's
+  // transport thread to wake up again mid-message, which with blocking waits costs a
+  // wake-up on each side; over shared memory two copies of a few hundred KiB are cheaper.
+  // -1: 256 KiB where the UCX transports include shared memory (sm, posix, sysv), else 0;
+  // 0: UCX's own thresholds.
+  int64_t eager_max_bytes = -1;
   // How long Connect waits for the peer's handshake.
   absl::Duration connect_timeout = absl::Seconds(10);
 };

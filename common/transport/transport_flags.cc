@@ -6,6 +6,9 @@ ABSL_FLAG(std::string, transport, "ucx", "Data-plane transport: ucx or inproc");
 ABSL_FLAG(std::string, ucx_tls, "",
           "UCX transports, as UCX_TLS (e.g. tcp, or sm,self,tcp); empty: the environment's");
 ABSL_FLAG(std::string, ucx_net_devices, "", "UCX network devices, as UCX_NET_DEVICES");
+ABSL_FLAG(int64_t, ucx_eager_max_bytes, -1,
+          "Messages up to this size go eagerly, never by rendezvous (-1: 256 KiB when "
+          "--ucx_tls names shared memory, else UCX's choice; 0: UCX's choice)");
 ABSL_FLAG(std::string, transport_error_mode, "peer",
           "peer: detect dead peers (tcp, InfiniBand); none: allows UCX shared memory");
 
@@ -15,6 +18,7 @@ TransportConfig TransportConfigFromFlags() {
   TransportConfig config;
   config.backend = absl::GetFlag(FLAGS_transport);
   config.error_mode = absl::GetFlag(FLAGS_transport_error_mode);
+  config.eager_max_bytes = absl::GetFlag(FLAGS_ucx_eager_max_bytes);
   if (!absl::GetFlag(FLAGS_ucx_tls).empty())
     config.ucx_options["TLS"] = absl::GetFlag(FLAGS_ucx_tls);
   if (!absl::GetFlag(FLAGS_ucx_net_devices).empty()) {

@@ -110,6 +110,10 @@ std::vector<Backend> Backends() {
   sm.ucx_options = {{"TLS", "sm,self,tcp"}, {"NET_DEVICES", "lo"}};
   sm.error_mode = "none";
   out.push_back({"ucx_sm", sm, false});
+  // Forced eager sends over tcp too, past UCX's own threshold.
+  TransportConfig tcp_eager = tcp;
+  tcp_eager.eager_max_bytes = 1 << 20;
+  out.push_back({"ucx_tcp_eager", tcp_eager, true});
   return out;
 }
 
@@ -185,8 +189,9 @@ TEST_P(TransportTest, RoundTripOfHeaderAndGatheredPayload) {
 TEST_P(TransportTest, LargePayloadsLandInPlaceAndInOrder) {
   MakePair();
   server_rx_.set_place_into_buffer(true);
-  // Sizes cross UCX's eager/rendezvous threshold.
-  const std::vector<size_t> sizes = {16, 4096, 300000, 4 << 20, 100};
+  // Sizes cross UCX's eager/rendezvous threshold, and the forced-eager limit of shared
+  // memory (256 KiB: 200000 and 262144 go eagerly in many fragments, 262145 does not).
+  const std::vector<size_t> sizes = {16, 4096, 300000, 4 << 20, 200000, 262144, 262145, 100};
   std::vector<std::vector<uint8_t>> payloads;
   for (size_t i = 0; i < sizes.size(); ++i) payloads.push_back(Bytes(sizes[i], 10 + i));
   std::atomic<int> done{0};
@@ -278,6 +283,10 @@ TEST_P(TransportTest, ReportsCapabilities) {
   EXPECT_FALSE(c.ToString().empty());
   if (c.backend == "ucx") {
     EXPECT_NE(c.details.find(GetParam().config.ucx_options.at("TLS")), std::string::npos)
+        << c.details;
+    // Shared memory sends up to 256 KiB eagerly by default; tcp leaves it to UCX.
+    EXPECT_EQ(c.details.find("eager up to 262144 bytes") != std::string::npos,
+              GetParam().name == "ucx_sm")
         << c.details;
   }
 }

@@ -288,6 +288,7 @@ class UcxTransport final : public Transport {
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int epoll_fd_ = -1;
+  size_t eager_max_bytes_ = 0;  // TransportConfig::eager_max_bytes, resolved
   std::thread thread_;
 
   // Held by the transport thread except while it sleeps, and by a thread that starts a
@@ -369,6 +370,14 @@ absl::Status UcxTransport::Init() {
     const char* env = std::getenv(("UCX_" + key).c_str());
     return std::string(env != nullptr ? env : "all");
   };
+  eager_max_bytes_ = static_cast<size_t>(std::max<int64_t>(0, config_.eager_max_bytes));
+  if (config_.eager_max_bytes < 0) {
+    bool shared_memory = false;
+    for (absl::string_view tl : absl::StrSplit(option("TLS"), ',')) {
+      shared_memory = shared_memory || tl == "sm" || tl == "shm" || tl == "posix" || tl == "sysv";
+    }
+    eager_max_bytes_ = shared_memory ? size_t{256} << 10 : 0;
+  }
   capabilities_.backend = "ucx";
   capabilities_.detects_dead_peers = config_.error_mode == "peer";
   capabilities_.one_sided_put = true;
@@ -376,7 +385,9 @@ absl::Status UcxTransport::Init() {
   capabilities_.details =
       absl::StrCat("UCX ", major, ".", minor, ".", release, ", TLS=", option("TLS"),
                    ", NET_DEVICES=", option("NET_DEVICES"), ", error mode ", config_.error_mode,
-                   ", max AM header ", worker_attr.max_am_header, " bytes");
+                   ", max AM header ", worker_attr.max_am_header, " bytes",
+                   eager_max_bytes_ > 0 ? absl::StrCat(", eager up to ", eager_max_bytes_, " bytes")
+                                        : std::string());
 
   for (Tag tag = 0; tag <= kMaxTag; ++tag) {
     tag_args_[tag] = {this, tag};
@@ -924,6 +935,9 @@ void UcxTransport::StartSend(std::unique_ptr<SendContext> ctx, Tag tag) {
                        UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_FLAGS;
   param.cb.send = &UcxTransport::OnSendDone;
   param.flags = UCP_AM_SEND_FLAG_REPLY;
+  size_t payload_bytes = 0;
+  for (const ucp_dt_iov_t& part : ctx->iov) payload_bytes += part.length;
+  if (payload_bytes <= eager_max_bytes_) param.flags |= UCP_AM_SEND_FLAG_EAGER;
   const void* buffer = nullptr;
   size_t count = 0;
   if (ctx->iov.size() == 1) {

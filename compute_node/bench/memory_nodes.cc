@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/cpu_affinity.h"
 #include "proto/control.grpc.pb.h"
 
 namespace strata::bench {
@@ -76,23 +77,30 @@ absl::StatusOr<StartedMemoryNode> ConfigureMemoryNode(const std::string& control
 
 absl::StatusOr<std::vector<StartedMemoryNode>> StartMemoryNodes(Supervisor& supervisor, int count,
                                                                 const std::string& tls, int threads,
-                                                                const ModelConfig& model,
-                                                                int64_t slots) {
+                                                                bool pin, const ModelConfig& model,
+                                                                int64_t slots,
+                                                                std::vector<std::string> args) {
   const std::string binary = MemoryNodeBinary();
   if (!std::filesystem::exists(binary)) {
     return absl::NotFoundError("no memory_node binary at " + binary +
                                " (build //memory_node:memory_node)");
   }
   const bool shared_memory = tls.find("sm") != std::string::npos;
+  const std::vector<std::vector<int>> cpus =
+      pin ? SplitCpus(AllowedCpus(), count) : std::vector<std::vector<int>>(count);
   std::vector<StartedMemoryNode> nodes;
   for (int i = 0; i < count; ++i) {
     const int port = FreePort();
-    ChildSpec spec{absl::StrCat("memory-", i),
-                   {binary, "--scheduler=", absl::StrCat("--port=", port),
-                    absl::StrCat("--name=memory-", i), "--ucx_tls=" + tls, "--ucx_net_devices=lo",
-                    shared_memory ? "--transport_error_mode=none" : "--transport_error_mode=peer",
-                    absl::StrCat("--threads=", threads)},
-                   {{"OMP_NUM_THREADS", std::to_string(threads)}, {"OMP_WAIT_POLICY", "PASSIVE"}}};
+    const int node_threads = cpus[i].empty() ? threads : static_cast<int>(cpus[i].size());
+    ChildSpec spec{
+        absl::StrCat("memory-", i),
+        {binary, "--scheduler=", absl::StrCat("--port=", port), absl::StrCat("--name=memory-", i),
+         "--ucx_tls=" + tls, "--ucx_net_devices=lo",
+         shared_memory ? "--transport_error_mode=none" : "--transport_error_mode=peer",
+         absl::StrCat("--threads=", node_threads)},
+        {{"OMP_NUM_THREADS", std::to_string(node_threads)}, {"OMP_WAIT_POLICY", "PASSIVE"}}};
+    if (!cpus[i].empty()) spec.argv.push_back("--cpus=" + FormatCpuList(cpus[i]));
+    spec.argv.insert(spec.argv.end(), args.begin(), args.end());
     auto pid = supervisor.Spawn(spec);
     if (!pid.ok()) return pid.status();
     auto node = ConfigureMemoryNode(absl::StrCat("127.0.0.1:", port), static_cast<uint32_t>(i),

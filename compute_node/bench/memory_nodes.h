@@ -33,12 +33,15 @@ absl::StatusOr<StartedMemoryNode> ConfigureMemoryNode(const std::string& control
 
 control::NodeStatus MemoryNodeStatus(const std::string& control);
 
-// Starts `count` memory nodes on loopback with UCX `tls`, `threads` each, configured with
-// `slots` each; they stop with `supervisor`.
+// Starts `count` memory nodes on loopback with UCX `tls`, configured with `slots` each;
+// they stop with `supervisor`. With `pin`, each runs on its own share of this process's
+// cores (SplitCpus, as the launcher does) with a thread per core; otherwise `threads` each,
+// placed by the kernel. `args` are added to each node's flags.
 absl::StatusOr<std::vector<StartedMemoryNode>> StartMemoryNodes(Supervisor& supervisor, int count,
                                                                 const std::string& tls, int threads,
-                                                                const ModelConfig& model,
-                                                                int64_t slots);
+                                                                bool pin, const ModelConfig& model,
+                                                                int64_t slots,
+                                                                std::vector<std::string> args = {});
 
 // The addresses RemoteAttention needs.
 std::vector<MemoryNodeAddress> Addresses(const std::vector<StartedMemoryNode>& nodes);

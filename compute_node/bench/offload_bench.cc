@@ -50,11 +50,16 @@ ABSL_FLAG(std::string, model, "", "Model directory (default: the demo shape in /
 ABSL_FLAG(std::string, batches, "1,8,32,64", "Batch sizes (breakdown)");
 ABSL_FLAG(int, ctx, 256, "Context of every sequence");
 ABSL_FLAG(int, memory_nodes, 2, "Memory nodes (breakdown)");
+ABSL_FLAG(bool, pin_memory_nodes, true,
+          "Each memory node on its own cores, as the launcher starts them (breakdown)");
+ABSL_FLAG(int64_t, eager_max_bytes, -1,
+          "UCX eager limit on both sides (-1: the transport's default; 0: UCX's own choice)");
 ABSL_FLAG(int, minibatches, 2, "Mini-batches per memory node and layer (breakdown)");
 ABSL_FLAG(int, min_minibatch_rows, 16, "Rows a mini-batch needs at least");
 ABSL_FLAG(std::string, tls, "sm,self,tcp", "UCX transports for the data plane (breakdown)");
 ABSL_FLAG(int, iters, 8, "Timed steps per round");
-ABSL_FLAG(int, rounds, 3, "Interleaved rounds per configuration");
+ABSL_FLAG(int, rounds, 5, "Interleaved rounds per configuration");
+ABSL_FLAG(int, warmup_steps, 2, "Untimed steps of each mode before its timed ones, every round");
 ABSL_FLAG(std::string, rates_mbit, "1000,2500,10000", "Link rates (overlap)");
 ABSL_FLAG(std::string, overlap_minibatches, "1,2,4", "Mini-batch counts (overlap)");
 ABSL_FLAG(int, overlap_batch, 32, "Batch (overlap)");
@@ -127,6 +132,13 @@ struct StepRunner {
     std::vector<float> logits(RowsCapacity(batch) * weights->config.vocab_size);
     runner->Logits(*buffers, rows, logits.data());
     AttentionStepOutcome outcome = attention.EndStep();
+    if (!outcome.failed.empty()) {
+      // A step that lost rows did less work: its time would flatter the figures.
+      std::fprintf(stderr, "step %llu lost %zu request(s), first: %s\n",
+                   static_cast<unsigned long long>(step_id), outcome.failed.size(),
+                   outcome.failed.front().second.c_str());
+      std::exit(1);
+    }
     if (out != nullptr) *out = outcome;
     return Seconds(t0);
   }
@@ -142,8 +154,10 @@ int Breakdown(const ModelWeights& weights, const std::string& memory_bin) {
   const int64_t slots = static_cast<int64_t>((max_batch + n_mem - 1) / n_mem + 1) * (ctx + 64);
   Supervisor supervisor;
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  auto started = bench::StartMemoryNodes(supervisor, n_mem, absl::GetFlag(FLAGS_tls),
-                                         std::max(1, cores / n_mem), c, slots);
+  auto started = bench::StartMemoryNodes(
+      supervisor, n_mem, absl::GetFlag(FLAGS_tls), std::max(1, cores / n_mem),
+      absl::GetFlag(FLAGS_pin_memory_nodes), c, slots,
+      {absl::StrCat("--ucx_eager_max_bytes=", absl::GetFlag(FLAGS_eager_max_bytes))});
   if (!started.ok()) {
     std::fprintf(stderr, "%s\n", std::string(started.status().message()).c_str());
     return 1;
@@ -152,6 +166,7 @@ int Breakdown(const ModelWeights& weights, const std::string& memory_bin) {
   RemoteAttentionOptions options;
   options.transport.ucx_options = {{"TLS", absl::GetFlag(FLAGS_tls)}, {"NET_DEVICES", "lo"}};
   options.transport.error_mode = "none";
+  options.transport.eager_max_bytes = absl::GetFlag(FLAGS_eager_max_bytes);
   options.minibatches = absl::GetFlag(FLAGS_minibatches);
   options.min_minibatch_rows = absl::GetFlag(FLAGS_min_minibatch_rows);
   auto remote = RemoteAttention::Create(c, options);
@@ -160,10 +175,12 @@ int Breakdown(const ModelWeights& weights, const std::string& memory_bin) {
 
   const size_t q_row = c.q_size() * 2, kv_row = c.kv_size() * 2;
   std::printf(
-      "offload breakdown: demo shape, ctx %d, %d memory node(s) over UCX %s, %d "
-      "mini-batch(es), %d compute thread(s); medians of %d rounds x %d steps\n",
-      ctx, n_mem, absl::GetFlag(FLAGS_tls).c_str(), options.minibatches, omp_get_max_threads(),
-      absl::GetFlag(FLAGS_rounds), iters);
+      "offload breakdown: demo shape, ctx %d, %d memory node(s) %s over UCX %s, up to %d "
+      "mini-batch(es) of >= %d rows, %d compute thread(s); medians of %d rounds x %d steps "
+      "(after %d warm-up steps)\n",
+      ctx, n_mem, absl::GetFlag(FLAGS_pin_memory_nodes) ? "on their own cores" : "unpinned",
+      absl::GetFlag(FLAGS_tls).c_str(), options.minibatches, options.min_minibatch_rows,
+      omp_get_max_threads(), absl::GetFlag(FLAGS_rounds), iters, absl::GetFlag(FLAGS_warmup_steps));
   std::printf(
       "theoretical minimum per token and layer: %zu bytes out (q %zu + k %zu + v %zu), "
       "%zu back; plus a %zu-byte header per frame\n",
@@ -197,12 +214,13 @@ int Breakdown(const ModelWeights& weights, const std::string& memory_bin) {
     NoAttention none;
     std::vector<double> coloc, offload, gemm, wait, mem_attention, out_bytes, back_bytes, sends,
         merges;
-    // Warm-up.
-    local_sr.Run(**local, step_id++, 0, nullptr);
-    sr.Run(**remote, step_id++, 0, nullptr);
-    sr.Run(none, step_id++, 0, nullptr);
+    // Each mode gets warm-up steps in every round before it is timed: steps run back to back
+    // when serving, while here each mode waits idle while the other two run.
+    const int warmup = absl::GetFlag(FLAGS_warmup_steps);
     for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
+      for (int i = 0; i < warmup; ++i) local_sr.Run(**local, step_id++, i, nullptr);
       for (int i = 0; i < iters; ++i) coloc.push_back(local_sr.Run(**local, step_id++, i, nullptr));
+      for (int i = 0; i < warmup; ++i) sr.Run(**remote, step_id++, i, nullptr);
       std::vector<uint64_t> before;
       for (const auto& n : nodes)
         before.push_back(bench::MemoryNodeStatus(n.control).attention_us());
@@ -222,6 +240,7 @@ int Breakdown(const ModelWeights& weights, const std::string& memory_bin) {
             (bench::MemoryNodeStatus(nodes[k].control).attention_us() - before[k]) / 1e6 / iters);
       }
       mem_attention.push_back(node_max);
+      for (int i = 0; i < warmup; ++i) sr.Run(none, step_id++, i, nullptr);
       for (int i = 0; i < iters; ++i) gemm.push_back(sr.Run(none, step_id++, i, nullptr));
     }
     const double co = Median(coloc), off = Median(offload), g = Median(gemm), w = Median(wait),
@@ -236,7 +255,9 @@ int Breakdown(const ModelWeights& weights, const std::string& memory_bin) {
       "wait_ms: time the compute node waited for memory nodes per step; mem_att: attention "
       "time of the busiest memory node per step; xport_ms: the rest of the wait (transfers, "
       "wake-ups, the memory nodes' framing); frame_ms: this node's framing (checksums, "
-      "posting sends, placing answers). Bytes per token and layer include the frame headers and "
+      "posting sends, placing answers), as wall time on the step thread, which includes time "
+      "the kernel gave its core to a memory node that had just been woken. Bytes per token and "
+      "layer include the frame headers and "
       "the "
       "step descriptor, spread over the step's tokens.\n");
   supervisor.StopAll(absl::Seconds(5));

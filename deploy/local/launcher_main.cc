@@ -18,6 +18,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/base/cpu_affinity.h"
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
 #include "common/model/model_generator.h"
@@ -36,6 +37,9 @@ ABSL_FLAG(int, compute_nodes, 1, "Compute nodes (data-parallel replicas)");
 ABSL_FLAG(int, threads, 0, "Threads per compute node (0: all cores)");
 ABSL_FLAG(int, memory_threads, 0,
           "Threads per memory node (0: the cores divided among the memory nodes)");
+ABSL_FLAG(bool, pin_memory_nodes, true,
+          "Give each memory node its own cores (this machine's split among them) so the "
+          "kernel cannot queue them behind each other; the compute nodes keep all cores");
 ABSL_FLAG(int64_t, kv_budget_mib, 1024, "KV cache per compute node in co-located mode, MiB");
 ABSL_FLAG(int64_t, memory_kv_budget_mib, 1024, "KV cache per memory node, MiB");
 ABSL_FLAG(std::string, data_plane, "tcp",
@@ -131,9 +135,14 @@ int Run() {
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   const int threads =
       absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : std::max(1, cores);
-  const int memory_threads = absl::GetFlag(FLAGS_memory_threads) > 0
-                                 ? absl::GetFlag(FLAGS_memory_threads)
-                                 : std::max(1, cores / std::max(1, memory_nodes));
+  const std::vector<std::vector<int>> memory_cpus =
+      absl::GetFlag(FLAGS_pin_memory_nodes) ? SplitCpus(AllowedCpus(), memory_nodes)
+                                            : std::vector<std::vector<int>>(memory_nodes);
+  auto memory_threads = [&](int node) {
+    if (absl::GetFlag(FLAGS_memory_threads) > 0) return absl::GetFlag(FLAGS_memory_threads);
+    if (!memory_cpus[node].empty()) return static_cast<int>(memory_cpus[node].size());
+    return std::max(1, cores / std::max(1, memory_nodes));
+  };
   // The data plane on one machine: loopback TCP, or shared memory (with TCP to connect).
   std::vector<std::string> transport_args =
       data_plane == "tcp"
@@ -217,9 +226,10 @@ int Run() {
     ChildSpec spec{
         name,
         {bin + "/memory_node/memory_node", "--scheduler=" + scheduler, "--name=" + name,
-         absl::StrCat("--threads=", memory_threads),
+         absl::StrCat("--threads=", memory_threads(i)),
          absl::StrCat("--kv_budget_mib=", absl::GetFlag(FLAGS_memory_kv_budget_mib))},
-        {{"OMP_NUM_THREADS", std::to_string(memory_threads)}, {"OMP_WAIT_POLICY", "PASSIVE"}}};
+        {{"OMP_NUM_THREADS", std::to_string(memory_threads(i))}, {"OMP_WAIT_POLICY", "PASSIVE"}}};
+    if (!memory_cpus[i].empty()) spec.argv.push_back("--cpus=" + FormatCpuList(memory_cpus[i]));
     spec.argv.insert(spec.argv.end(), transport_args.begin(), transport_args.end());
     with_metrics(spec);
     spec.argv.insert(spec.argv.end(), node_args.begin(), node_args.end());

@@ -96,7 +96,7 @@ Result RunMode(const ModelWeights& weights, bool disaggregated) {
     const int n = absl::GetFlag(FLAGS_memory_nodes);
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
     auto nodes = bench::StartMemoryNodes(supervisor, n, absl::GetFlag(FLAGS_tls),
-                                         std::max(1, cores / n), c, slots);
+                                         std::max(1, cores / n), /*pin=*/true, c, slots);
     if (!nodes.ok()) {
       std::fprintf(stderr, "%s\n", std::string(nodes.status().message()).c_str());
       std::exit(1);

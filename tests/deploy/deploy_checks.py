@@ -66,6 +66,15 @@ def check_workloads(overlay, docs):
     if memory:
         check(memory["spec"].get("serviceName") in by_kind(docs, "Service"),
               f"{overlay}: the memory StatefulSet's serviceName must be a Service")
+        # Exclusive cores under the static CPU manager: Guaranteed QoS, whole cores.
+        for c in pod_spec(memory)["containers"]:
+            res = c.get("resources", {})
+            check(res.get("requests") == res.get("limits"),
+                  f"{overlay}/strata-memory/{c['name']}: requests differ from limits "
+                  "(not Guaranteed, so no exclusive cores)")
+            cpu = str(res.get("limits", {}).get("cpu", ""))
+            check(cpu.isdigit() and int(cpu) >= 1,
+                  f"{overlay}/strata-memory/{c['name']}: cpu {cpu!r} is not a whole number of cores")
     configmaps = by_kind(docs, "ConfigMap")
     topology = [c for n, c in configmaps.items() if n.startswith("strata-topology")]
     check(len(topology) == 1, f"{overlay}: one topology ConfigMap")

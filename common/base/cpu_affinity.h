@@ -1,0 +1,47 @@
+// CPU affinity for node processes: which cores a process may run on.
+//
+// Nodes that share a machine (a compute node and its memory nodes on one host, as the local
+// launcher deploys them) otherwise leave placement to the kernel, which wakes a process on
+// the core of the thread that woke it: two memory nodes woken by one compute node then
+// queue behind each other on one core while another core idles. Giving each memory node
+// its own cores keeps their attention in parallel. Kubernetes' static CPU manager policy
+// does the same for pods with whole-core requests.
+//
+// Lists use the kernel's cpuset syntax: "0-3,6" is cores 0, 1, 2, 3 and 6.
+#ifndef STRATA_COMMON_BASE_CPU_AFFINITY_H_
+#define STRATA_COMMON_BASE_CPU_AFFINITY_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace strata {
+
+// Parses a cpuset list into ascending, distinct core numbers. Refuses empty lists,
+// reversed ranges, negative or huge numbers and stray characters.
+absl::StatusOr<std::vector<int>> ParseCpuList(const std::string& list);
+
+// Formats cores as a cpuset list, ranges collapsed ("0-3,6").
+std::string FormatCpuList(const std::vector<int>& cpus);
+
+// The cores this process may run on now, ascending.
+std::vector<int> AllowedCpus();
+
+// Restricts the calling thread, and every thread it starts from now on, to `list`. Call it
+// first in main, before any thread exists (OpenMP also sizes its default team from it).
+// Fails for cores outside AllowedCpus().
+absl::Status PinProcessToCpus(const std::string& list);
+
+// What a node's main does with its --cpus and --threads flags: pins the process to `cpus`
+// (when not empty) and sets OpenMP's team size to `threads`, or, when that is 0, to the
+// number of cores pinned to (OpenMP sized its default before main ran).
+absl::Status ApplyCpuFlags(const std::string& cpus, int threads);
+
+// Splits `cpus` into `parts` disjoint groups as even as possible (part i gets every
+// parts-th core from i on); with fewer cores than parts, parts share cores round-robin.
+std::vector<std::vector<int>> SplitCpus(const std::vector<int>& cpus, int parts);
+
+}  // namespace strata
+
+#endif  // STRATA_COMMON_BASE_CPU_AFFINITY_H_

@@ -1,0 +1,135 @@
+// Remote attention against a real memory server over the in-process transport: how a
+// memory node's share of a step is cut into mini-batches (the count asked for, but none
+// smaller than min_minibatch_rows), and that the cut never changes the output.
+#include "compute_node/remote_attention.h"
+
+#include <random>
+
+#include "compute_node/model_runner.h"
+#include "gtest/gtest.h"
+#include "memory_node/memory_server.h"
+
+namespace strata {
+namespace {
+
+constexpr uint64_t kEpoch = 3;
+
+ModelConfig Shape() {
+  ModelConfig c;
+  c.hidden_size = 128;
+  c.intermediate_size = 256;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 32;
+  c.vocab_size = 64;
+  return c;
+}
+
+// One memory server and a remote attention client with the given mini-batching.
+struct Pair {
+  std::unique_ptr<MemoryServer> server;
+  std::unique_ptr<RemoteAttention> remote;
+
+  Pair(const ModelConfig& c, int minibatches, int min_rows, int64_t slots) {
+    static int instance = 0;
+    MemoryServerOptions server_options;
+    server_options.transport.backend = "inproc";
+    server_options.data_address = "remote-attention-test-" + std::to_string(++instance);
+    server_options.prefault_kv = false;
+    server = std::move(*MemoryServer::Create(server_options));
+    control::MemoryConfig mc;
+    mc.set_epoch(kEpoch);
+    mc.set_pool_index(0);
+    mc.mutable_model()->set_name("test");
+    mc.mutable_model()->set_num_layers(c.num_layers);
+    mc.mutable_model()->set_num_heads(c.num_heads);
+    mc.mutable_model()->set_num_kv_heads(c.num_kv_heads);
+    mc.mutable_model()->set_head_dim(c.head_dim);
+    mc.mutable_model()->set_kv_dtype("bf16");
+    mc.set_num_slots(slots);
+    EXPECT_TRUE(server->Configure(mc).ok());
+    RemoteAttentionOptions options;
+    options.transport.backend = "inproc";
+    options.minibatches = minibatches;
+    options.min_minibatch_rows = min_rows;
+    remote = std::move(*RemoteAttention::Create(c, options));
+    remote->SetMemoryNodes(kEpoch, {{0, "memory-0", server->data_address()}});
+  }
+};
+
+// Runs `steps` decode steps of `requests` sequences (positions 0..steps-1) through `pair`
+// with q/k/v drawn from `seed`; returns the attention output rows of every step and layer
+// and adds the layer frames sent to `*frames`.
+std::vector<uint16_t> Decode(Pair& pair, const ModelConfig& c, int requests, int steps,
+                             uint32_t seed, uint64_t* frames) {
+  BatchBuffers b(c, requests);
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> bits(0x3c00, 0x4040);  // bf16 in about [0.008, 3]
+  std::vector<uint16_t> outputs;
+  const uint64_t frames_before = pair.remote->stats().layer_frames;
+  for (int step = 0; step < steps; ++step) {
+    StepKvPlan plan;
+    plan.step_id = 100 + step;
+    for (int r = 0; r < requests; ++r) {
+      if (step == 0) {
+        SlotAssignment a;
+        a.request_id = r + 1;
+        for (int p = 0; p < steps; ++p) a.slots.push_back(r * steps + p);
+        plan.assignments.push_back(a);
+      }
+      plan.rows.push_back({static_cast<uint64_t>(r + 1), step, -1, 0});
+    }
+    EXPECT_TRUE(pair.remote->BeginStep(plan).ok());
+    for (int layer = 0; layer < c.num_layers; ++layer) {
+      for (size_t i = 0; i < requests * c.q_size(); ++i) b.q[i] = bits(rng);
+      for (size_t i = 0; i < requests * c.kv_size(); ++i) b.k[i] = bits(rng);
+      for (size_t i = 0; i < requests * c.kv_size(); ++i) b.v[i] = bits(rng);
+      EXPECT_TRUE(pair.remote->Attend(layer, b, requests).ok());
+      outputs.insert(outputs.end(), b.attn.begin(), b.attn.begin() + requests * c.q_size());
+    }
+    const AttentionStepOutcome outcome = pair.remote->EndStep();
+    EXPECT_TRUE(outcome.failed.empty()) << outcome.failed.front().second;
+  }
+  *frames += pair.remote->stats().layer_frames - frames_before;
+  return outputs;
+}
+
+TEST(RemoteAttentionTest, MinibatchesKeepAMinimumSize) {
+  const ModelConfig c = Shape();
+  struct Case {
+    int requests, minibatches, min_rows, frames_per_layer;
+  };
+  // (rows, asked for, minimum) -> frames: min(asked, rows / minimum), at least 1.
+  for (const Case& t : std::vector<Case>{{5, 4, 8, 1},
+                                         {16, 4, 8, 2},
+                                         {23, 4, 8, 2},
+                                         {40, 4, 8, 4},
+                                         {40, 4, 1, 4},
+                                         {3, 4, 1, 3},
+                                         {40, 1, 1, 1}}) {
+    Pair pair(c, t.minibatches, t.min_rows, 4 * t.requests);
+    uint64_t frames = 0;
+    Decode(pair, c, t.requests, 2, 1, &frames);
+    EXPECT_EQ(frames, static_cast<uint64_t>(2 * c.num_layers * t.frames_per_layer))
+        << t.requests << " rows, " << t.minibatches << " mini-batches of at least " << t.min_rows;
+  }
+}
+
+TEST(RemoteAttentionTest, MinibatchingDoesNotChangeTheOutput) {
+  const ModelConfig c = Shape();
+  const int requests = 24, steps = 5;
+  Pair whole(c, 1, 1, requests * steps);
+  Pair split(c, 3, 1, requests * steps);
+  uint64_t whole_frames = 0, split_frames = 0;
+  const auto a = Decode(whole, c, requests, steps, 7, &whole_frames);
+  const auto b = Decode(split, c, requests, steps, 7, &split_frames);
+  EXPECT_EQ(split_frames, 3 * whole_frames);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(a, b);
+  // Not all zeros (a failed share would be).
+  EXPECT_NE(std::count(a.begin(), a.end(), 0), static_cast<long>(a.size()));
+}
+
+}  // namespace
+}  // namespace strata
