@@ -7,11 +7,14 @@
 #include <sys/wait.h>
 
 #include <atomic>
+#include <fstream>
 #include <future>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/base/cpu_affinity.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/deployment.h"
@@ -130,6 +133,18 @@ std::vector<Completion> CompleteAll(int port, const std::vector<std::vector<int>
   return out;
 }
 
+// The cores a process may run on, as /proc lists them ("0-1,3"), normalised.
+std::string CpusOf(pid_t pid) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Cpus_allowed_list:", 0) != 0) continue;
+    auto cpus = ParseCpuList(std::string(absl::StripAsciiWhitespace(line.substr(18))));
+    return cpus.ok() ? FormatCpuList(*cpus) : "unparsable: " + line;
+  }
+  return "no Cpus_allowed_list";
+}
+
 DeploymentOptions Offloaded(int memory_nodes) {
   DeploymentOptions o;
   o.model_shape = "tiny-gqa";
@@ -160,8 +175,13 @@ TEST(OffloadTest, OutputsEqualCoLocatedAcrossProcesses) {
   }
   auto d = Deployment::Start(Offloaded(2));
   ASSERT_TRUE(d.ok()) << d.status();
-  EXPECT_NE((*d)->Pid("memory-0"), -1);
-  EXPECT_NE((*d)->Pid("memory-1"), -1);
+  // The launcher gives each memory node its own share of the cores.
+  const auto shares = SplitCpus(AllowedCpus(), 2);
+  for (int i = 0; i < 2; ++i) {
+    const pid_t pid = (*d)->Pid(absl::StrCat("memory-", i));
+    ASSERT_NE(pid, -1);
+    EXPECT_EQ(CpusOf(pid), FormatCpuList(shares[i])) << "memory-" << i;
+  }
   const auto got = CompleteAll((*d)->http_port(), prompts, 12);
   for (size_t i = 0; i < prompts.size(); ++i) {
     ASSERT_EQ(reference[i].status, 200) << reference[i].error;
