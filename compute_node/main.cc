@@ -8,7 +8,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
-#include "common/base/cpu_affinity.h"
+#include "common/base/cpu_flags.h"
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
 #include "common/control/node_agent.h"
@@ -27,9 +27,6 @@ ABSL_FLAG(std::string, name, "compute-0", "Node name (logs, metrics)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on");
 ABSL_FLAG(int, port, 0, "Control port (0: any free port)");
 ABSL_FLAG(int, threads, 0, "Compute threads (0: all cores)");
-ABSL_FLAG(std::string, cpus, "",
-          "Cores to run on, as a cpuset list (\"0-3,6\"); empty: wherever the kernel puts it. "
-          "With --threads=0 the thread count follows the list");
 ABSL_FLAG(int64_t, kv_budget_mib, 1024, "Local KV cache for co-located mode, MiB");
 ABSL_FLAG(int64_t, max_batch_rows, 2048, "Rows (tokens) per step");
 ABSL_FLAG(int64_t, max_model_len, 0, "Context length (0: the model's)");
@@ -50,9 +47,7 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   strata::InstallShutdownHandlers();
   strata::SetLogTag(absl::GetFlag(FLAGS_name));
-  if (absl::Status cpus =
-          strata::ApplyCpuFlags(absl::GetFlag(FLAGS_cpus), absl::GetFlag(FLAGS_threads));
-      !cpus.ok()) {
+  if (absl::Status cpus = strata::ApplyCpusFlag(absl::GetFlag(FLAGS_threads)); !cpus.ok()) {
     LOG(ERROR) << "--cpus: " << cpus.message();
     return 2;
   }

@@ -10,6 +10,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/cpu_affinity.h"
+#include "common/base/cpu_flags.h"
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
 #include "common/control/node_agent.h"
@@ -30,9 +31,6 @@ ABSL_FLAG(int, port, 0, "Control port (0: any free port)");
 ABSL_FLAG(std::string, data_address, "",
           "Data-plane listen address, HOST:PORT (default: --host, any port)");
 ABSL_FLAG(int, threads, 0, "Attention threads (0: all cores)");
-ABSL_FLAG(std::string, cpus, "",
-          "Cores to run on, as a cpuset list (\"0-3,6\"); empty: wherever the kernel puts it. "
-          "With --threads=0 the thread count follows the list");
 ABSL_FLAG(int64_t, kv_budget_mib, 4096, "KV cache budget, MiB");
 ABSL_FLAG(bool, verify_checksums, true, "Verify the checksum of every data-plane frame");
 ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics port (-1: off, 0: any free port)");
@@ -42,9 +40,7 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   strata::InstallShutdownHandlers();
   strata::SetLogTag(absl::GetFlag(FLAGS_name));
-  if (absl::Status cpus =
-          strata::ApplyCpuFlags(absl::GetFlag(FLAGS_cpus), absl::GetFlag(FLAGS_threads));
-      !cpus.ok()) {
+  if (absl::Status cpus = strata::ApplyCpusFlag(absl::GetFlag(FLAGS_threads)); !cpus.ok()) {
     LOG(ERROR) << "--cpus: " << cpus.message();
     return 2;
   }

@@ -6,7 +6,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -76,8 +78,8 @@ absl::StatusOr<StartedMemoryNode> ConfigureMemoryNode(const std::string& control
 }
 
 absl::StatusOr<std::vector<StartedMemoryNode>> StartMemoryNodes(Supervisor& supervisor, int count,
-                                                                const std::string& tls, int threads,
-                                                                bool pin, const ModelConfig& model,
+                                                                const std::string& tls, bool pin,
+                                                                const ModelConfig& model,
                                                                 int64_t slots,
                                                                 std::vector<std::string> args) {
   const std::string binary = MemoryNodeBinary();
@@ -91,7 +93,9 @@ absl::StatusOr<std::vector<StartedMemoryNode>> StartMemoryNodes(Supervisor& supe
   std::vector<StartedMemoryNode> nodes;
   for (int i = 0; i < count; ++i) {
     const int port = FreePort();
-    const int node_threads = cpus[i].empty() ? threads : static_cast<int>(cpus[i].size());
+    const int node_threads =
+        cpus[i].empty() ? std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / count)
+                        : static_cast<int>(cpus[i].size());
     ChildSpec spec{
         absl::StrCat("memory-", i),
         {binary, "--scheduler=", absl::StrCat("--port=", port), absl::StrCat("--name=memory-", i),

@@ -153,10 +153,8 @@ int Breakdown(const ModelWeights& weights, const std::string& memory_bin) {
   const int max_batch = *std::max_element(batches.begin(), batches.end());
   const int64_t slots = static_cast<int64_t>((max_batch + n_mem - 1) / n_mem + 1) * (ctx + 64);
   Supervisor supervisor;
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
   auto started = bench::StartMemoryNodes(
-      supervisor, n_mem, absl::GetFlag(FLAGS_tls), std::max(1, cores / n_mem),
-      absl::GetFlag(FLAGS_pin_memory_nodes), c, slots,
+      supervisor, n_mem, absl::GetFlag(FLAGS_tls), absl::GetFlag(FLAGS_pin_memory_nodes), c, slots,
       {absl::StrCat("--ucx_eager_max_bytes=", absl::GetFlag(FLAGS_eager_max_bytes))});
   if (!started.ok()) {
     std::fprintf(stderr, "%s\n", std::string(started.status().message()).c_str());
@@ -257,9 +255,8 @@ int Breakdown(const ModelWeights& weights, const std::string& memory_bin) {
       "wake-ups, the memory nodes' framing); frame_ms: this node's framing (checksums, "
       "posting sends, placing answers), as wall time on the step thread, which includes time "
       "the kernel gave its core to a memory node that had just been woken. Bytes per token and "
-      "layer include the frame headers and "
-      "the "
-      "step descriptor, spread over the step's tokens.\n");
+      "layer include the frame headers and the step descriptor, spread over the step's "
+      "tokens.\n");
   supervisor.StopAll(absl::Seconds(5));
   return 0;
 }
