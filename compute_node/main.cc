@@ -11,9 +11,11 @@
 #include "common/base/cpu_flags.h"
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
+#include "common/control/cluster_flags.h"
 #include "common/control/node_agent.h"
 #include "common/control/version.h"
 #include "common/metrics/metrics.h"
+#include "common/model/model_config.h"
 #include "common/transport/transport_flags.h"
 #include "compute_node/compute_node.h"
 #include "compute_node/node_metrics.h"
@@ -52,6 +54,17 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  // The model directory's errors come before the secret's.
+  if (auto config = strata::LoadModelConfig(absl::GetFlag(FLAGS_model)); !config.ok()) {
+    LOG(ERROR) << "cannot load the model: " << config.status();
+    return 1;
+  }
+  auto auth = strata::ClusterAuthFromFlags();
+  if (!auth.ok()) {
+    LOG(ERROR) << auth.status().message();
+    return 2;
+  }
+
   strata::ComputeNodeOptions options;
   options.model_dir = absl::GetFlag(FLAGS_model);
   options.served_model_name = absl::GetFlag(FLAGS_served_model_name);
@@ -60,6 +73,7 @@ int main(int argc, char** argv) {
   options.local_kv_budget_bytes = absl::GetFlag(FLAGS_kv_budget_mib) << 20;
   options.prefault_kv = absl::GetFlag(FLAGS_prefault_kv);
   options.remote.transport = strata::transport::TransportConfigFromFlags();
+  options.remote.transport.auth_key = (*auth)->data_plane_key();
   options.remote.minibatches = absl::GetFlag(FLAGS_attention_minibatches);
   options.remote.min_minibatch_rows = absl::GetFlag(FLAGS_attention_min_minibatch_rows);
   options.remote.prefill_policy = absl::GetFlag(FLAGS_prefill_attention);
@@ -101,8 +115,8 @@ int main(int argc, char** argv) {
   builder.SetMaxReceiveMessageSize(256 << 20);
   builder.SetMaxSendMessageSize(256 << 20);
   builder.AddListeningPort(absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port)),
-                           grpc::InsecureServerCredentials(), &port);
-  strata::ComputeNodeService service(node->get(), info);
+                           (*auth)->ServerCredentials(), &port);
+  strata::ComputeNodeService service(node->get(), info, *auth);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -114,7 +128,8 @@ int main(int argc, char** argv) {
   LOG(INFO) << "compute node listening on " << info.control_address() << " (" << info.cpu_isa()
             << " kernels, " << omp_get_max_threads() << " threads)";
 
-  strata::NodeAgent agent(absl::GetFlag(FLAGS_scheduler), info, [&] { return (*node)->Status(); });
+  strata::NodeAgent agent(
+      absl::GetFlag(FLAGS_scheduler), info, [&] { return (*node)->Status(); }, *auth);
   agent.Start();
   while (!strata::WaitForShutdownFor(absl::Milliseconds(200))) {
     if (auto* health = server->GetHealthCheckService()) {

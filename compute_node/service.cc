@@ -14,9 +14,10 @@ grpc::Status ToGrpc(const absl::Status& status) {
 
 }  // namespace
 
-grpc::Status ComputeNodeService::Configure(grpc::ServerContext*,
+grpc::Status ComputeNodeService::Configure(grpc::ServerContext* context,
                                            const control::ComputeConfig* request,
                                            control::ComputeConfigAck* response) {
+  if (grpc::Status auth = auth_->Check(context); !auth.ok()) return auth;
   auto ack = node_->Configure(*request);
   if (!ack.ok()) return ToGrpc(ack.status());
   *response = *ack;
@@ -26,6 +27,7 @@ grpc::Status ComputeNodeService::Configure(grpc::ServerContext*,
 grpc::Status ComputeNodeService::RunSteps(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<control::StepResult, control::StepPlan>* stream) {
+  if (grpc::Status auth = auth_->Check(context); !auth.ok()) return auth;
   control::StepPlan wire;
   while (stream->Read(&wire)) {
     StepResult result;
@@ -45,15 +47,18 @@ grpc::Status ComputeNodeService::RunSteps(
   return grpc::Status::OK;
 }
 
-grpc::Status ComputeNodeService::Health(grpc::ServerContext*, const control::HealthRequest*,
+grpc::Status ComputeNodeService::Health(grpc::ServerContext* context, const control::HealthRequest*,
                                         control::HealthResponse* response) {
+  if (grpc::Status auth = auth_->Check(context); !auth.ok()) return auth;
   *response->mutable_node() = info_;
   *response->mutable_status() = node_->Status();
   return grpc::Status::OK;
 }
 
-grpc::Status ComputeNodeService::Shutdown(grpc::ServerContext*, const control::ShutdownRequest*,
+grpc::Status ComputeNodeService::Shutdown(grpc::ServerContext* context,
+                                          const control::ShutdownRequest*,
                                           control::ShutdownResponse*) {
+  if (grpc::Status auth = auth_->Check(context); !auth.ok()) return auth;
   LOG(INFO) << "shutdown requested by the scheduler";
   RequestShutdown();
   return grpc::Status::OK;

@@ -3,6 +3,9 @@
 #ifndef STRATA_COMPUTE_NODE_SERVICE_H_
 #define STRATA_COMPUTE_NODE_SERVICE_H_
 
+#include <memory>
+
+#include "common/control/cluster_auth.h"
 #include "compute_node/compute_node.h"
 #include "proto/control.grpc.pb.h"
 
@@ -10,9 +13,11 @@ namespace strata {
 
 class ComputeNodeService final : public control::ComputeNode::Service {
  public:
-  // `node` must outlive the service; `info` is what Health reports.
-  ComputeNodeService(ComputeNode* node, control::NodeInfo info)
-      : node_(node), info_(std::move(info)) {}
+  // `node` must outlive the service; `info` is what Health reports. Every call must carry
+  // the deployment's credentials (`auth`), Shutdown and Health included.
+  ComputeNodeService(ComputeNode* node, control::NodeInfo info,
+                     std::shared_ptr<const ClusterAuth> auth)
+      : node_(node), info_(std::move(info)), auth_(std::move(auth)) {}
 
   grpc::Status Configure(grpc::ServerContext* context, const control::ComputeConfig* request,
                          control::ComputeConfigAck* response) override;
@@ -27,6 +32,7 @@ class ComputeNodeService final : public control::ComputeNode::Service {
  private:
   ComputeNode* node_;
   control::NodeInfo info_;
+  std::shared_ptr<const ClusterAuth> auth_;
 };
 
 }  // namespace strata

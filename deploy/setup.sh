@@ -16,7 +16,7 @@ APT_PACKAGES=(
   protobuf-compiler protobuf-compiler-grpc libgrpc++-dev libprotobuf-dev
   prometheus-cpp-dev libgtest-dev libgmock-dev
   # Data plane, compute, storage.
-  libucx-dev libdnnl-dev liburing-dev
+  libucx-dev libdnnl-dev liburing-dev libssl-dev openssl
   # Tokenizer (Unicode categories, NFC, regex), JSON, HTTP.
   libicu-dev nlohmann-json3-dev libboost1.74-dev
   # Test tools: numpy reference model, promtool, network namespaces, node clients.

@@ -13,6 +13,7 @@
 #include "common/base/cpu_flags.h"
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
+#include "common/control/cluster_flags.h"
 #include "common/control/node_agent.h"
 #include "common/control/version.h"
 #include "common/metrics/metrics.h"
@@ -45,8 +46,15 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  auto auth = strata::ClusterAuthFromFlags();
+  if (!auth.ok()) {
+    LOG(ERROR) << auth.status().message();
+    return 2;
+  }
+
   strata::MemoryServerOptions options;
   options.transport = strata::transport::TransportConfigFromFlags();
+  options.transport.auth_key = (*auth)->data_plane_key();
   options.data_address = absl::GetFlag(FLAGS_data_address).empty()
                              ? absl::StrCat(absl::GetFlag(FLAGS_host), ":0")
                              : absl::GetFlag(FLAGS_data_address);
@@ -83,8 +91,8 @@ int main(int argc, char** argv) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port)),
-                           grpc::InsecureServerCredentials(), &port);
-  strata::MemoryNodeService service(server->get(), info);
+                           (*auth)->ServerCredentials(), &port);
+  strata::MemoryNodeService service(server->get(), info, *auth);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
   if (grpc_server == nullptr || port == 0) {
@@ -101,8 +109,8 @@ int main(int argc, char** argv) {
   // Standalone (no --scheduler): configured by direct RPC, as benchmarks do.
   std::unique_ptr<strata::NodeAgent> agent;
   if (!absl::GetFlag(FLAGS_scheduler).empty()) {
-    agent = std::make_unique<strata::NodeAgent>(absl::GetFlag(FLAGS_scheduler), info,
-                                                [&] { return (*server)->Status(); });
+    agent = std::make_unique<strata::NodeAgent>(
+        absl::GetFlag(FLAGS_scheduler), info, [&] { return (*server)->Status(); }, *auth);
     agent->Start();
   }
   std::string fatal;

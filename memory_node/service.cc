@@ -5,9 +5,10 @@
 
 namespace strata {
 
-grpc::Status MemoryNodeService::Configure(grpc::ServerContext*,
+grpc::Status MemoryNodeService::Configure(grpc::ServerContext* context,
                                           const control::MemoryConfig* request,
                                           control::MemoryConfigAck* response) {
+  if (grpc::Status auth = auth_->Check(context); !auth.ok()) return auth;
   auto ack = server_->Configure(*request);
   if (!ack.ok()) {
     LOG(ERROR) << "configuration refused: " << ack.status();
@@ -18,15 +19,18 @@ grpc::Status MemoryNodeService::Configure(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status MemoryNodeService::Health(grpc::ServerContext*, const control::HealthRequest*,
+grpc::Status MemoryNodeService::Health(grpc::ServerContext* context, const control::HealthRequest*,
                                        control::HealthResponse* response) {
+  if (grpc::Status auth = auth_->Check(context); !auth.ok()) return auth;
   *response->mutable_node() = info_;
   *response->mutable_status() = server_->Status();
   return grpc::Status::OK;
 }
 
-grpc::Status MemoryNodeService::Shutdown(grpc::ServerContext*, const control::ShutdownRequest*,
+grpc::Status MemoryNodeService::Shutdown(grpc::ServerContext* context,
+                                         const control::ShutdownRequest*,
                                          control::ShutdownResponse*) {
+  if (grpc::Status auth = auth_->Check(context); !auth.ok()) return auth;
   LOG(INFO) << "shutdown requested by the scheduler";
   RequestShutdown();
   return grpc::Status::OK;

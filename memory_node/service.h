@@ -3,6 +3,9 @@
 #ifndef STRATA_MEMORY_NODE_SERVICE_H_
 #define STRATA_MEMORY_NODE_SERVICE_H_
 
+#include <memory>
+
+#include "common/control/cluster_auth.h"
 #include "memory_node/memory_server.h"
 #include "proto/control.grpc.pb.h"
 
@@ -10,9 +13,11 @@ namespace strata {
 
 class MemoryNodeService final : public control::MemoryNode::Service {
  public:
-  // `server` must outlive the service; `info` is what Health reports.
-  MemoryNodeService(MemoryServer* server, control::NodeInfo info)
-      : server_(server), info_(std::move(info)) {}
+  // `server` must outlive the service; `info` is what Health reports. Every call must carry
+  // the deployment's credentials (`auth`), Shutdown and Health included.
+  MemoryNodeService(MemoryServer* server, control::NodeInfo info,
+                    std::shared_ptr<const ClusterAuth> auth)
+      : server_(server), info_(std::move(info)), auth_(std::move(auth)) {}
 
   grpc::Status Configure(grpc::ServerContext* context, const control::MemoryConfig* request,
                          control::MemoryConfigAck* response) override;
@@ -24,6 +29,7 @@ class MemoryNodeService final : public control::MemoryNode::Service {
  private:
   MemoryServer* server_;
   control::NodeInfo info_;
+  std::shared_ptr<const ClusterAuth> auth_;
 };
 
 }  // namespace strata

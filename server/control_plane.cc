@@ -1,6 +1,7 @@
 #include "server/control_plane.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/base/crypto.h"
 #include "common/base/logging.h"
 #include "common/control/version.h"
 #include "server/grpc_executor.h"
@@ -17,6 +18,7 @@ grpc::Status Refuse(const std::string& why) {
 
 ControlPlane::ControlPlane(Scheduler* scheduler, ControlPlaneOptions options)
     : scheduler_(scheduler), options_(std::move(options)) {
+  CHECK(options_.auth != nullptr) << "the control plane needs credentials";
   scheduler_->SetPoolDeathHandler([this](PoolIndex pool) { OnPoolDeath(pool); });
   worker_ = std::thread([this] { Work(); });
   monitor_ = std::thread([this] { Monitor(); });
@@ -53,9 +55,14 @@ void ControlPlane::Stop() {
   monitor_.join();
 }
 
-grpc::Status ControlPlane::Register(grpc::ServerContext*, const control::RegisterRequest* request,
+grpc::Status ControlPlane::Register(grpc::ServerContext* context,
+                                    const control::RegisterRequest* request,
                                     control::RegisterResponse* response) {
+  if (grpc::Status auth = options_.auth->Check(context); !auth.ok()) return auth;
   const control::NodeInfo& info = request->node();
+  if (info.name().empty() || info.name().size() > 253) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a node name must have 1-253 bytes");
+  }
   if (info.protocol_version() != kProtocolVersion) {
     return Refuse(absl::StrCat("node ", info.name(), " speaks protocol version ",
                                info.protocol_version(), "; this scheduler speaks ",
@@ -83,6 +90,27 @@ grpc::Status ControlPlane::Register(grpc::ServerContext*, const control::Registe
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
+  // A node that comes back under the same name replaces its dead record; a live one keeps
+  // its name until it misses its heartbeat deadline.
+  const absl::Time now = absl::Now();
+  for (auto it = nodes_.begin(); it != nodes_.end(); ++it) {
+    if (it->second.view.info.name() == info.name()) {
+      if (it->second.view.alive && now - it->second.view.last_seen <= options_.heartbeat_timeout) {
+        LOG_FIRST_N(WARNING, 20) << "refused to register a second " << info.name()
+                                 << " while the first is alive";
+        return grpc::Status(
+            grpc::StatusCode::ALREADY_EXISTS,
+            absl::StrCat("node ", info.name(), " is registered and alive (last heartbeat ",
+                         absl::FormatDuration(
+                             absl::Trunc(now - it->second.view.last_seen, absl::Milliseconds(1))),
+                         " ago); the name is free once it misses its heartbeat deadline of ",
+                         absl::FormatDuration(options_.heartbeat_timeout)));
+      }
+      if (it->second.view.alive) MarkDead(it->second, "registered again");
+      nodes_.erase(it);
+      break;
+    }
+  }
   if (isa_.empty()) {
     isa_ = info.cpu_isa();
   } else if (info.cpu_isa() != isa_ && !options_.allow_mixed_isa) {
@@ -91,19 +119,13 @@ grpc::Status ControlPlane::Register(grpc::ServerContext*, const control::Registe
                                "; mixed kernel paths break bit-identical results "
                                "(set --allow_mixed_isa to accept)"));
   }
-  // A node that comes back under the same name replaces its dead record.
-  for (auto it = nodes_.begin(); it != nodes_.end(); ++it) {
-    if (it->second.view.info.name() == info.name()) {
-      if (it->second.view.alive) MarkDead(it->second, "registered again");
-      nodes_.erase(it);
-      break;
-    }
-  }
   Node node;
   node.view.id = next_id_++;
   node.view.info = info;
   node.view.alive = true;
-  node.view.last_seen = absl::Now();
+  node.view.last_seen = now;
+  node.session_token = HexEncode(SecureRandomBytes(16));
+  response->set_session_token(node.session_token);
   const uint64_t id = node.view.id;
   nodes_.emplace(id, std::move(node));
   to_configure_.push_back(id);
@@ -116,12 +138,15 @@ grpc::Status ControlPlane::Register(grpc::ServerContext*, const control::Registe
   return grpc::Status::OK;
 }
 
-grpc::Status ControlPlane::Heartbeat(grpc::ServerContext*, const control::HeartbeatRequest* request,
+grpc::Status ControlPlane::Heartbeat(grpc::ServerContext* context,
+                                     const control::HeartbeatRequest* request,
                                      control::HeartbeatResponse* response) {
+  if (grpc::Status auth = options_.auth->Check(context); !auth.ok()) return auth;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = nodes_.find(request->node_id());
-  const bool known =
-      it != nodes_.end() && it->second.view.alive && request->epoch() == options_.epoch;
+  const bool known = it != nodes_.end() && it->second.view.alive &&
+                     request->epoch() == options_.epoch &&
+                     ConstantTimeEquals(request->session_token(), it->second.session_token);
   response->set_known(known);
   if (known) {
     it->second.view.last_seen = absl::Now();
@@ -193,10 +218,11 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
     info = nodes_.at(id).view.info;
     config = ComputeConfigLocked();
   }
-  auto executor =
-      std::make_unique<GrpcExecutor>(info.name(), info.control_address(), options_.step_deadline);
+  auto executor = std::make_unique<GrpcExecutor>(info.name(), info.control_address(),
+                                                 options_.step_deadline, options_.auth);
   auto stub = control::ComputeNode::NewStub(executor->channel());
   grpc::ClientContext context;
+  options_.auth->Attach(&context);
   // Allocating and touching a large local KV cache takes a while.
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
   control::ComputeConfigAck ack;
@@ -266,9 +292,10 @@ void ControlPlane::ConfigureMemory(uint64_t id) {
     }
     return;
   }
-  auto channel = grpc::CreateChannel(info.control_address(), grpc::InsecureChannelCredentials());
+  auto channel = options_.auth->CreateChannel(info.control_address());
   auto stub = control::MemoryNode::NewStub(channel);
   grpc::ClientContext context;
+  options_.auth->Attach(&context);
   // Allocating and touching gigabytes of KV cache takes a while (about 3 s per GiB here).
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(600));
   control::MemoryConfigAck ack;
@@ -320,6 +347,7 @@ void ControlPlane::ReconfigureComputeNodes() {
   for (const auto& [name, channel] : targets) {
     auto stub = control::ComputeNode::NewStub(channel);
     grpc::ClientContext context;
+    options_.auth->Attach(&context);
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     control::ComputeConfigAck ack;
     const grpc::Status status = stub->Configure(&context, config, &ack);
@@ -376,6 +404,7 @@ void ControlPlane::ShutdownNodes() {
   }
   for (const Target& target : targets) {
     grpc::ClientContext context;
+    options_.auth->Attach(&context);
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
     control::ShutdownResponse response;
     if (target.compute) {

@@ -7,7 +7,12 @@
 // becomes a pool), a memory node gets the model shape and its slot count. A node whose
 // heartbeats stop for `heartbeat_timeout` is declared dead: its executor or pool is taken
 // out of the scheduler (requests move elsewhere). A dead node that comes back registers
-// again and is re-admitted, empty.
+// again and is re-admitted, empty. A registration under the name of a node that is still
+// alive is refused (ALREADY_EXISTS) until that node misses its heartbeat deadline, so nobody
+// can push a live node out by registering in its place.
+//
+// Every call in both directions carries options.auth's credentials; Register and Heartbeat
+// refuse calls without them (UNAUTHENTICATED).
 //
 // Thread-safety: gRPC handlers, the worker and the monitor share state under a mutex.
 #ifndef STRATA_SERVER_CONTROL_PLANE_H_
@@ -27,6 +32,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/control/cluster_auth.h"
 #include "proto/control.grpc.pb.h"
 #include "server/scheduler.h"
 
@@ -41,6 +47,8 @@ struct ControlPlaneOptions {
   absl::Duration heartbeat_timeout = absl::Seconds(3);
   absl::Duration step_deadline = absl::Seconds(60);
   bool allow_mixed_isa = false;
+  // Credentials every call in and out must carry (required).
+  std::shared_ptr<const ClusterAuth> auth;
 };
 
 struct NodeView {
@@ -78,6 +86,7 @@ class ControlPlane final : public control::Scheduler::Service {
     int executor = -1;  // compute nodes
     int pool = -1;      // memory nodes, and co-located compute nodes
     std::shared_ptr<grpc::Channel> channel;
+    std::string session_token;  // what its heartbeats must present
   };
   void Work();
   void Monitor();

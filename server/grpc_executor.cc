@@ -7,8 +7,8 @@
 namespace strata {
 
 GrpcExecutor::GrpcExecutor(std::string name, const std::string& address,
-                           absl::Duration step_deadline)
-    : name_(std::move(name)), step_deadline_(step_deadline) {
+                           absl::Duration step_deadline, std::shared_ptr<const ClusterAuth> auth)
+    : name_(std::move(name)), auth_(std::move(auth)), step_deadline_(step_deadline) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   args.SetMaxSendMessageSize(256 << 20);
@@ -16,7 +16,7 @@ GrpcExecutor::GrpcExecutor(std::string name, const std::string& address,
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  channel_ = auth_->CreateChannel(address, args);
   stub_ = control::ComputeNode::NewStub(channel_);
   worker_ = std::thread([this] { Run(); });
   watchdog_ = std::thread([this] { Watchdog(); });
@@ -59,6 +59,7 @@ StepResult GrpcExecutor::RunOne(const StepPlan& plan) {
   failure.step_id = plan.step_id;
   if (stream_ == nullptr) {
     auto context = std::make_unique<grpc::ClientContext>();
+    auth_->Attach(context.get());
     auto stream = stub_->RunSteps(context.get());
     std::lock_guard<std::mutex> lock(mu_);
     context_ = std::move(context);

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "absl/time/time.h"
+#include "common/control/cluster_auth.h"
 #include "proto/control.grpc.pb.h"
 #include "server/step_executor.h"
 
@@ -25,7 +26,9 @@ namespace strata {
 
 class GrpcExecutor : public StepExecutor {
  public:
-  GrpcExecutor(std::string name, const std::string& address, absl::Duration step_deadline);
+  // Calls carry `auth`'s credentials.
+  GrpcExecutor(std::string name, const std::string& address, absl::Duration step_deadline,
+               std::shared_ptr<const ClusterAuth> auth);
   ~GrpcExecutor() override;
 
   std::string name() const override { return name_; }
@@ -39,6 +42,7 @@ class GrpcExecutor : public StepExecutor {
   StepResult RunOne(const StepPlan& plan);
 
   std::string name_;
+  std::shared_ptr<const ClusterAuth> auth_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<control::ComputeNode::Stub> stub_;
   absl::Duration step_deadline_;

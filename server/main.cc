@@ -6,6 +6,7 @@
 #include "absl/flags/parse.h"
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
+#include "common/control/cluster_flags.h"
 #include "server/server_app.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory (config.json, tokenizer)");
@@ -28,7 +29,10 @@ ABSL_FLAG(int64_t, max_waiting, 1024, "Queued requests before refusing with 429"
 ABSL_FLAG(std::string, policy, "fifo", "Scheduling policy: fifo or priority");
 ABSL_FLAG(bool, enable_prefix_caching, true, "Reuse cached prompt prefixes");
 ABSL_FLAG(int64_t, request_timeout_s, 0, "Per-request timeout, seconds (0: none)");
-ABSL_FLAG(std::string, api_key, "", "Require 'Authorization: Bearer KEY' on /v1");
+ABSL_FLAG(std::string, api_key, "",
+          "Require 'Authorization: Bearer KEY' on /v1 and the gRPC API (visible in ps: prefer "
+          "--api_key_file or STRATA_API_KEY)");
+ABSL_FLAG(std::string, api_key_file, "", "Read the API key from this file (mode 0600)");
 ABSL_FLAG(int, http_threads, 2, "HTTP event-loop threads");
 ABSL_FLAG(int64_t, max_connections, 4096, "Concurrent HTTP connections");
 ABSL_FLAG(int64_t, max_body_bytes, 8 << 20, "Largest request body");
@@ -56,7 +60,14 @@ int main(int argc, char** argv) {
   o.grpc_port = absl::GetFlag(FLAGS_grpc_port);
   o.expected_compute_nodes = absl::GetFlag(FLAGS_compute_nodes);
   o.expected_memory_nodes = absl::GetFlag(FLAGS_memory_nodes);
-  o.api_key = absl::GetFlag(FLAGS_api_key);
+  auto api_key = strata::ApiKeyFromFlags(absl::GetFlag(FLAGS_api_key),
+                                         absl::GetFlag(FLAGS_api_key_file), "STRATA_API_KEY");
+  if (!api_key.ok()) {
+    LOG(ERROR) << api_key.status().message();
+    return 2;
+  }
+  o.api_key = *api_key;
+  o.cluster_auth = strata::ClusterAuthOptionsFromFlags();
   o.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
   o.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
   o.scheduler.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);

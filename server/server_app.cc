@@ -15,11 +15,11 @@ namespace strata {
 namespace {
 
 // Starts a gRPC server for one service on host:port (0: any free port); *bound gets the port.
-absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(const std::string& what,
-                                                              const std::string& host, int port,
-                                                              grpc::Service* service, int* bound) {
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
+    const std::string& what, const std::string& host, int port, grpc::Service* service,
+    std::shared_ptr<grpc::ServerCredentials> credentials, int* bound) {
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::StrCat(host, ":", port), grpc::InsecureServerCredentials(), bound);
+  builder.AddListeningPort(absl::StrCat(host, ":", port), std::move(credentials), bound);
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || *bound == 0) {
@@ -54,6 +54,8 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions option
     LOG(WARNING) << options.model_dir
                  << " has no tokenizer.json: prompts must be token ids, chat is off";
   }
+  ASSIGN_OR_RETURN(std::shared_ptr<const ClusterAuth> auth,
+                   ClusterAuth::Load(options.cluster_auth));
 
   const int64_t max_model_len =
       options.max_model_len > 0 ? options.max_model_len : model.max_position_embeddings;
@@ -91,10 +93,12 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions option
   cp.heartbeat_timeout = options.heartbeat_timeout;
   cp.step_deadline = options.step_timeout;
   cp.allow_mixed_isa = options.allow_mixed_isa;
+  cp.auth = auth;
   app->control_ = std::make_unique<ControlPlane>(app->scheduler_.get(), cp);
-  ASSIGN_OR_RETURN(app->control_server_,
-                   StartGrpcServer("control", options.control_host, options.control_port,
-                                   app->control_.get(), &app->control_port_));
+  ASSIGN_OR_RETURN(
+      app->control_server_,
+      StartGrpcServer("control", options.control_host, options.control_port, app->control_.get(),
+                      auth->ServerCredentials(), &app->control_port_));
 
   api::ApiOptions api_options;
   api_options.served_model_name = options.served_model_name;
@@ -122,9 +126,10 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions option
     app->grpc_api_ =
         std::make_unique<api::GrpcApi>(app->scheduler_.get(), app->tokenizer_.get(),
                                        app->chat_template_.get(), api_options, serving);
-    ASSIGN_OR_RETURN(app->grpc_server_,
-                     StartGrpcServer("gRPC API", options.grpc_host, options.grpc_port,
-                                     app->grpc_api_.get(), &app->grpc_port_));
+    ASSIGN_OR_RETURN(
+        app->grpc_server_,
+        StartGrpcServer("gRPC API", options.grpc_host, options.grpc_port, app->grpc_api_.get(),
+                        grpc::InsecureServerCredentials(), &app->grpc_port_));
     LOG(INFO) << "gRPC API on " << options.grpc_host << ":" << app->grpc_port_;
   }
   LOG(INFO) << "serving " << options.served_model_name << " at http://" << options.http.host << ":"
@@ -145,10 +150,12 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions option
 void ServerApp::Shutdown(bool shutdown_nodes) {
   if (shut_down_) return;
   shut_down_ = true;
-  api_->SetDraining(true);
+  // Start may have failed half-way (a bad model directory, a port in use): stop only what
+  // was started.
+  if (api_) api_->SetDraining(true);
   if (grpc_api_) grpc_api_->SetDraining(true);
   const absl::Time deadline = absl::Now() + options_.drain_timeout;
-  while (absl::Now() < deadline) {
+  while (api_ && scheduler_ && absl::Now() < deadline) {
     const SchedulerStats stats = scheduler_->Stats();
     const int64_t grpc_calls = grpc_api_ ? grpc_api_->active_calls() : 0;
     if (api_->active_streams() == 0 && grpc_calls == 0 && stats.num_running == 0 &&
@@ -157,14 +164,15 @@ void ServerApp::Shutdown(bool shutdown_nodes) {
     }
     absl::SleepFor(absl::Milliseconds(50));
   }
-  http_->Stop();
+  if (http_) http_->Stop();
   // Calls still open after the drain are cancelled before the scheduler stops.
   if (grpc_server_)
     grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  scheduler_->Stop();
-  if (shutdown_nodes) control_->ShutdownNodes();
-  control_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  control_->Stop();
+  if (scheduler_) scheduler_->Stop();
+  if (shutdown_nodes && control_) control_->ShutdownNodes();
+  if (control_server_)
+    control_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  if (control_) control_->Stop();
 }
 
 ServerApp::~ServerApp() { Shutdown(false); }

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/control/cluster_auth.h"
 #include "server/api/grpc_api.h"
 #include "server/api/openai_api.h"
 #include "server/control_plane.h"
@@ -38,6 +39,9 @@ struct ServerOptions {
   absl::Duration drain_timeout = absl::Seconds(30);
   bool allow_mixed_isa = false;
   std::string api_key;
+  // The deployment's credentials, loaded after the model directory is checked (so that its
+  // errors come first).
+  ClusterAuthOptions cluster_auth;
   SchedulerConfig scheduler;
   http::HttpServerOptions http;
 };

@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/crypto.h"
 #include "common/base/logging.h"
 #include "prometheus/exposer.h"
 #include "prometheus/text_serializer.h"
@@ -29,6 +30,21 @@ std::vector<double> CountBuckets(double max) {
 void MetricsRegistry::AddRefresh(std::function<void()> refresh) {
   std::lock_guard<std::mutex> lock(refresh_mu_);
   refresh_.push_back(std::move(refresh));
+}
+
+MetricsRegistry::MetricsRegistry() : registry_(std::make_shared<prometheus::Registry>()) {
+  auto& refused = prometheus::BuildCounter()
+                      .Name("strata_unauthenticated_total")
+                      .Help(
+                          "Internal calls and connections refused for missing or wrong cluster "
+                          "credentials, by channel: control (gRPC) or data_plane (bootstrap).")
+                      .Register(*registry_);
+  prometheus::Counter* control = &refused.Add({{"channel", "control"}});
+  prometheus::Counter* data_plane = &refused.Add({{"channel", "data_plane"}});
+  AddRefresh([control, data_plane] {
+    SetCounterTo(*control, static_cast<double>(ProcessAuthRefusals().control.load()));
+    SetCounterTo(*data_plane, static_cast<double>(ProcessAuthRefusals().data_plane.load()));
+  });
 }
 
 std::vector<prometheus::MetricFamily> MetricsRegistry::Collect() const {

@@ -46,9 +46,11 @@ std::vector<double> LatencyBuckets();          // 1 ms .. 60 s, for request-leve
 std::vector<double> FastLatencyBuckets();      // 10 us .. 1 s, for per-layer and per-step times
 std::vector<double> CountBuckets(double max);  // 1, 2, 4, ... up to max
 
+// Every registry also exports strata_unauthenticated_total{channel}: the process's calls and
+// connections refused for missing or wrong cluster credentials (common/base/crypto.h).
 class MetricsRegistry : public prometheus::Collectable {
  public:
-  MetricsRegistry() : registry_(std::make_shared<prometheus::Registry>()) {}
+  MetricsRegistry();
 
   prometheus::Registry& registry() { return *registry_; }
 

@@ -64,6 +64,10 @@ struct TransportConfig {
   int64_t eager_max_bytes = -1;
   // How long Connect waits for the peer's handshake.
   absl::Duration connect_timeout = absl::Seconds(10);
+  // UCX: key of the bootstrap's mutual HMAC challenge (the deployment's data-plane key,
+  // common/control/cluster_auth.h). Both ends must hold the same key; "" is the key of
+  // deployments run with --insecure_control_plane.
+  std::string auth_key;
 };
 
 // What a transport can do, reported at start-up and at registration.

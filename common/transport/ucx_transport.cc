@@ -24,6 +24,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/base/crypto.h"
 #include "common/base/logging.h"
 #include "common/transport/handshake.h"
 
@@ -74,9 +75,18 @@ absl::StatusOr<sockaddr_storage> Resolve(const std::string& address, socklen_t* 
 // connection manager aborts the process on some peer failures, in an assertion of its
 // connection-manager lane; endpoints made from worker addresses have no such lane.)
 //
-// Bootstrap message, each way: magic, byte count, worker address.
+// The swap is authenticated both ways with the deployment's data-plane key K (see
+// TransportConfig::auth_key), so only processes that hold the secret learn a worker address
+// or get an endpoint (messages from endpoints made any other way are dropped, OnMessage):
+//   client -> server  magic, client nonce Nc (16 bytes)
+//   server -> client  magic, server nonce Ns, HMAC(K, "server" Nc Ns)
+//   client -> server  magic, HMAC(K, "client" Nc Ns A), |A|, A      (A: client's address)
+//   server -> client  magic, HMAC(K, "address" Nc Ns B), |B|, B     (B: server's address)
+// Each side checks the other's MAC before it sends its address, and the MACs cover the
+// addresses, so a man in the middle can neither learn nor swap them.
 constexpr uint32_t kBootstrapMagic = 0x53545242;  // "STRB"
 constexpr uint32_t kMaxWorkerAddress = 1 << 20;
+constexpr size_t kNonceBytes = 16;
 
 absl::Status WriteAll(int fd, const void* data, size_t size) {
   const char* p = static_cast<const char*>(data);
@@ -103,26 +113,64 @@ absl::Status ReadAll(int fd, void* data, size_t size) {
   return absl::OkStatus();
 }
 
-absl::Status SendWorkerAddress(int fd, const std::string& address) {
-  const uint32_t header[2] = {kBootstrapMagic, static_cast<uint32_t>(address.size())};
-  absl::Status s = WriteAll(fd, header, sizeof(header));
+absl::StatusOr<std::string> ReadBytes(int fd, size_t size) {
+  std::string out(size, '\0');
+  absl::Status s = ReadAll(fd, out.data(), size);
   if (!s.ok()) return s;
-  return WriteAll(fd, address.data(), address.size());
+  return out;
 }
 
-absl::StatusOr<std::string> ReceiveWorkerAddress(int fd) {
-  uint32_t header[2];
-  absl::Status s = ReadAll(fd, header, sizeof(header));
+absl::Status ReadMagic(int fd) {
+  uint32_t magic = 0;
+  absl::Status s = ReadAll(fd, &magic, sizeof(magic));
   if (!s.ok()) return s;
-  if (header[0] != kBootstrapMagic) {
+  if (magic != kBootstrapMagic) {
     return absl::InvalidArgumentError("not a strata data-plane peer (bad bootstrap magic)");
   }
-  if (header[1] == 0 || header[1] > kMaxWorkerAddress) {
+  return absl::OkStatus();
+}
+
+// magic, then the parts as they are.
+absl::Status SendParts(int fd, std::initializer_list<std::string_view> parts) {
+  std::string message(sizeof(kBootstrapMagic), '\0');
+  std::memcpy(message.data(), &kBootstrapMagic, sizeof(kBootstrapMagic));
+  for (std::string_view part : parts) message.append(part);
+  return WriteAll(fd, message.data(), message.size());
+}
+
+std::string LengthBytes(const std::string& address) {
+  const uint32_t size = static_cast<uint32_t>(address.size());
+  return std::string(reinterpret_cast<const char*>(&size), sizeof(size));
+}
+
+std::string Mac(const std::string& key, std::string_view label, const std::string& nonces,
+                std::string_view address = {}) {
+  std::string message(label);
+  message += nonces;
+  message += address;
+  return HmacSha256(key, message);
+}
+
+// A MAC and a worker address: MAC, byte count, address. The MAC covers the address.
+absl::StatusOr<std::string> ReceiveSignedAddress(int fd, const std::string& key,
+                                                 std::string_view label,
+                                                 const std::string& nonces) {
+  absl::Status s = ReadMagic(fd);
+  if (!s.ok()) return s;
+  auto mac = ReadBytes(fd, kHmacSha256Bytes);
+  if (!mac.ok()) return mac.status();
+  uint32_t size = 0;
+  s = ReadAll(fd, &size, sizeof(size));
+  if (!s.ok()) return s;
+  if (size == 0 || size > kMaxWorkerAddress) {
     return absl::InvalidArgumentError("bootstrap worker address of a bad size");
   }
-  std::string address(header[1], '\0');
-  s = ReadAll(fd, address.data(), address.size());
-  if (!s.ok()) return s;
+  auto address = ReadBytes(fd, size);
+  if (!address.ok()) return address.status();
+  if (!ConstantTimeEquals(*mac, Mac(key, label, nonces, *address))) {
+    return absl::UnauthenticatedError(
+        "the peer does not hold this deployment's secret (data-plane bootstrap MAC mismatch)");
+  }
   return address;
 }
 
@@ -134,9 +182,50 @@ void SetSocketTimeouts(int fd, absl::Duration timeout) {
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
-// Connects (with a deadline), sends ours and returns the peer's worker address.
+// The client's side of the bootstrap on a connected socket: returns the server's address.
+absl::StatusOr<std::string> ClientBootstrap(int fd, const std::string& ours,
+                                            const std::string& key) {
+  const std::string client_nonce = SecureRandomBytes(kNonceBytes);
+  absl::Status s = SendParts(fd, {client_nonce});
+  if (!s.ok()) return s;
+  s = ReadMagic(fd);
+  if (!s.ok()) return s;
+  auto server_nonce = ReadBytes(fd, kNonceBytes);
+  if (!server_nonce.ok()) return server_nonce.status();
+  auto server_mac = ReadBytes(fd, kHmacSha256Bytes);
+  if (!server_mac.ok()) return server_mac.status();
+  const std::string nonces = client_nonce + *server_nonce;
+  if (!ConstantTimeEquals(*server_mac, Mac(key, "server", nonces))) {
+    return absl::UnauthenticatedError(
+        "the peer does not hold this deployment's secret (data-plane bootstrap MAC mismatch)");
+  }
+  s = SendParts(fd, {Mac(key, "client", nonces, ours), LengthBytes(ours), ours});
+  if (!s.ok()) return s;
+  return ReceiveSignedAddress(fd, key, "address", nonces);
+}
+
+// The server's side: returns the client's address once it proved that it holds the key.
+absl::StatusOr<std::string> ServerBootstrap(int fd, const std::string& ours,
+                                            const std::string& key) {
+  absl::Status s = ReadMagic(fd);
+  if (!s.ok()) return s;
+  auto client_nonce = ReadBytes(fd, kNonceBytes);
+  if (!client_nonce.ok()) return client_nonce.status();
+  const std::string server_nonce = SecureRandomBytes(kNonceBytes);
+  const std::string nonces = *client_nonce + server_nonce;
+  s = SendParts(fd, {server_nonce, Mac(key, "server", nonces)});
+  if (!s.ok()) return s;
+  auto theirs = ReceiveSignedAddress(fd, key, "client", nonces);
+  if (!theirs.ok()) return theirs.status();
+  s = SendParts(fd, {Mac(key, "address", nonces, ours), LengthBytes(ours), ours});
+  if (!s.ok()) return s;
+  return theirs;
+}
+
+// Connects (with a deadline), runs the client's bootstrap and returns the peer's address.
 absl::StatusOr<std::string> BootstrapClient(const sockaddr_storage& addr, socklen_t length,
-                                            const std::string& ours, absl::Duration timeout) {
+                                            const std::string& ours, const std::string& key,
+                                            absl::Duration timeout) {
   const int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::InternalError("socket() failed");
   int rc = connect(fd, reinterpret_cast<const sockaddr*>(&addr), length);
@@ -162,8 +251,7 @@ absl::StatusOr<std::string> BootstrapClient(const sockaddr_storage& addr, sockle
   const int flags = fcntl(fd, F_GETFL);
   fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
   SetSocketTimeouts(fd, timeout);
-  absl::Status s = SendWorkerAddress(fd, ours);
-  absl::StatusOr<std::string> theirs = s.ok() ? ReceiveWorkerAddress(fd) : s;
+  absl::StatusOr<std::string> theirs = ClientBootstrap(fd, ours, key);
   close(fd);
   return theirs;
 }
@@ -597,13 +685,13 @@ void UcxTransport::AcceptBootstrap() {
   while (true) {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) return;  // EAGAIN: no more
-    // The client sends its address at once; a slow or bogus one costs at most a second.
+    // The client answers at once; a slow or bogus one costs at most a second.
     SetSocketTimeouts(fd, absl::Seconds(1));
-    absl::StatusOr<std::string> theirs = ReceiveWorkerAddress(fd);
-    absl::Status status = theirs.ok() ? SendWorkerAddress(fd, worker_address_) : theirs.status();
+    absl::StatusOr<std::string> theirs = ServerBootstrap(fd, worker_address_, config_.auth_key);
     close(fd);
-    if (!status.ok()) {
-      LOG_FIRST_N(WARNING, 10) << "refused a data-plane connection: " << status.message();
+    if (!theirs.ok()) {
+      if (absl::IsUnauthenticated(theirs.status())) ++ProcessAuthRefusals().data_plane;
+      LOG_FIRST_N(WARNING, 10) << "refused a data-plane connection: " << theirs.status().message();
       continue;
     }
     const PeerId id = AddPeer(nullptr);
@@ -636,10 +724,14 @@ absl::StatusOr<PeerId> UcxTransport::Connect(const std::string& address) {
   auto addr = Resolve(address, &length);
   if (!addr.ok()) return addr.status();
   absl::StatusOr<std::string> theirs =
-      BootstrapClient(*addr, length, worker_address_, config_.connect_timeout);
+      BootstrapClient(*addr, length, worker_address_, config_.auth_key, config_.connect_timeout);
   if (!theirs.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot connect to ", address, ": ", theirs.status().message()));
+    // A refused secret keeps its code (UNAUTHENTICATED): retrying does not help.
+    const absl::StatusCode code = absl::IsUnauthenticated(theirs.status())
+                                      ? absl::StatusCode::kUnauthenticated
+                                      : absl::StatusCode::kUnavailable;
+    return absl::Status(
+        code, absl::StrCat("cannot connect to ", address, ": ", theirs.status().message()));
   }
   auto waiter = std::make_shared<Waiter<absl::StatusOr<PeerId>>>();
   auto id_waiter = std::make_shared<Waiter<PeerId>>();

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/cpu_affinity.h"
+#include "common/base/logging.h"
 #include "proto/control.grpc.pb.h"
 
 namespace strata::bench {
@@ -20,6 +21,34 @@ namespace strata::bench {
 std::string MemoryNodeBinary() {
   std::filesystem::path self = std::filesystem::canonical("/proc/self/exe");
   return (self.parent_path() / "../../memory_node/memory_node").lexically_normal().string();
+}
+
+namespace {
+
+struct Credentials {
+  std::string secret_file;
+  std::shared_ptr<const ClusterAuth> auth;
+};
+
+const Credentials& BenchCredentials() {
+  static const Credentials* credentials = [] {
+    char dir[] = "/tmp/strata-bench-XXXXXX";
+    CHECK(mkdtemp(dir) != nullptr) << "mkdtemp failed";
+    const std::string file = std::string(dir) + "/cluster-secret";
+    CHECK_OK(WriteClusterSecret(file));
+    auto auth = ClusterAuth::Load({.secret_file = file});
+    CHECK_OK(auth.status());
+    return new Credentials{file, *auth};
+  }();
+  return *credentials;
+}
+
+}  // namespace
+
+std::shared_ptr<const ClusterAuth> BenchAuth() { return BenchCredentials().auth; }
+
+std::string ClusterSecretFlag() {
+  return "--cluster_secret_file=" + BenchCredentials().secret_file;
 }
 
 int FreePort() {
@@ -35,9 +64,9 @@ int FreePort() {
 }
 
 control::NodeStatus MemoryNodeStatus(const std::string& control) {
-  auto stub = control::MemoryNode::NewStub(
-      grpc::CreateChannel(control, grpc::InsecureChannelCredentials()));
+  auto stub = control::MemoryNode::NewStub(BenchAuth()->CreateChannel(control));
   grpc::ClientContext context;
+  BenchAuth()->Attach(&context);
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   control::HealthResponse response;
   stub->Health(&context, control::HealthRequest(), &response);
@@ -46,10 +75,10 @@ control::NodeStatus MemoryNodeStatus(const std::string& control) {
 
 absl::StatusOr<StartedMemoryNode> ConfigureMemoryNode(const std::string& control, uint32_t pool,
                                                       const ModelConfig& c, int64_t slots) {
-  auto stub = control::MemoryNode::NewStub(
-      grpc::CreateChannel(control, grpc::InsecureChannelCredentials()));
+  auto stub = control::MemoryNode::NewStub(BenchAuth()->CreateChannel(control));
   for (int attempt = 0; attempt < 300; ++attempt) {
     grpc::ClientContext context;
+    BenchAuth()->Attach(&context);
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
     control::HealthResponse health;
     if (!stub->Health(&context, control::HealthRequest(), &health).ok()) {
@@ -68,6 +97,7 @@ absl::StatusOr<StartedMemoryNode> ConfigureMemoryNode(const std::string& control
     m->set_kv_dtype("bf16");
     config.set_num_slots(slots);
     grpc::ClientContext configure;
+    BenchAuth()->Attach(&configure);
     configure.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(600));
     control::MemoryConfigAck ack;
     grpc::Status status = stub->Configure(&configure, config, &ack);
@@ -101,7 +131,7 @@ absl::StatusOr<std::vector<StartedMemoryNode>> StartMemoryNodes(Supervisor& supe
         {binary, "--scheduler=", absl::StrCat("--port=", port), absl::StrCat("--name=memory-", i),
          "--ucx_tls=" + tls, "--ucx_net_devices=lo",
          shared_memory ? "--transport_error_mode=none" : "--transport_error_mode=peer",
-         absl::StrCat("--threads=", node_threads)},
+         absl::StrCat("--threads=", node_threads), ClusterSecretFlag()},
         {{"OMP_NUM_THREADS", std::to_string(node_threads)}, {"OMP_WAIT_POLICY", "PASSIVE"}}};
     if (!cpus[i].empty()) spec.argv.push_back("--cpus=" + FormatCpuList(cpus[i]));
     spec.argv.insert(spec.argv.end(), args.begin(), args.end());

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/control/cluster_auth.h"
 #include "common/model/model_config.h"
 #include "compute_node/remote_attention.h"
 #include "deploy/local/supervisor.h"
@@ -17,6 +18,12 @@ namespace strata::bench {
 
 // The memory_node binary beside this benchmark in bazel-bin.
 std::string MemoryNodeBinary();
+
+// The benchmark deployment's credentials: a random secret made once per process in a private
+// temporary directory. Memory nodes get ClusterSecretFlag(); the benchmark's own calls and
+// data-plane connections use BenchAuth().
+std::shared_ptr<const ClusterAuth> BenchAuth();
+std::string ClusterSecretFlag();
 
 // A TCP port that was free a moment ago.
 int FreePort();

@@ -165,6 +165,7 @@ int Breakdown(const ModelWeights& weights, const std::string& memory_bin) {
   options.transport.ucx_options = {{"TLS", absl::GetFlag(FLAGS_tls)}, {"NET_DEVICES", "lo"}};
   options.transport.error_mode = "none";
   options.transport.eager_max_bytes = absl::GetFlag(FLAGS_eager_max_bytes);
+  options.transport.auth_key = bench::BenchAuth()->data_plane_key();
   options.minibatches = absl::GetFlag(FLAGS_minibatches);
   options.min_minibatch_rows = absl::GetFlag(FLAGS_min_minibatch_rows);
   auto remote = RemoteAttention::Create(c, options);
@@ -284,7 +285,7 @@ int Overlap(const ModelWeights& weights, const std::string& memory_bin) {
       1,
       {"/usr/bin/taskset", "-c", "1", memory_bin, "--scheduler=", absl::StrCat("--port=", port),
        "--host=" + address, "--name=memory-0", "--ucx_tls=tcp", "--ucx_net_devices=eth0",
-       "--transport_error_mode=peer", "--threads=1"},
+       "--transport_error_mode=peer", "--threads=1", bench::ClusterSecretFlag()},
       {"OMP_NUM_THREADS=1", "OMP_WAIT_POLICY=PASSIVE"});
   auto configured = bench::ConfigureMemoryNode(absl::StrCat(address, ":", port), 0, c,
                                                static_cast<int64_t>(batch) * (ctx + 64));
@@ -310,6 +311,7 @@ int Overlap(const ModelWeights& weights, const std::string& memory_bin) {
     for (int mb : ParseList(absl::GetFlag(FLAGS_overlap_minibatches))) {
       RemoteAttentionOptions options;
       options.transport.ucx_options = {{"TLS", "tcp"}, {"NET_DEVICES", (*hosts)->OwnDevice()}};
+      options.transport.auth_key = bench::BenchAuth()->data_plane_key();
       options.minibatches = mb;
       options.min_minibatch_rows = 1;
       auto remote = RemoteAttention::Create(c, options);

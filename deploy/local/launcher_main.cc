@@ -21,6 +21,7 @@
 #include "common/base/cpu_affinity.h"
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
+#include "common/control/cluster_flags.h"
 #include "common/model/model_generator.h"
 #include "deploy/local/supervisor.h"
 #include "nlohmann/json.hpp"
@@ -52,7 +53,10 @@ ABSL_FLAG(std::string, node_args, "", "Extra flags for compute and memory nodes,
 ABSL_FLAG(bool, node_metrics, true, "Give every node a /metrics port (listed in --port_file)");
 ABSL_FLAG(std::string, bin_dir, "", "Where the built binaries are (bazel-bin)");
 ABSL_FLAG(std::string, port_file, "", "Write ports and process ids here (JSON) once healthy");
-ABSL_FLAG(std::string, api_key, "", "Require this API key");
+ABSL_FLAG(std::string, api_key, "",
+          "Require this API key (visible in ps: prefer --api_key_file or STRATA_API_KEY)");
+ABSL_FLAG(std::string, api_key_file, "", "Require the API key in this file (mode 0600)");
+
 ABSL_FLAG(std::string, server_args, "", "Extra server flags, comma-separated");
 ABSL_FLAG(int, health_timeout_s, 600, "Seconds to wait for /health");
 
@@ -155,9 +159,40 @@ int Run() {
        absl::StrSplit(absl::GetFlag(FLAGS_node_args), ',', absl::SkipEmpty())) {
     node_args.emplace_back(extra);
   }
+  auto api_key = ApiKeyFromFlags(absl::GetFlag(FLAGS_api_key), absl::GetFlag(FLAGS_api_key_file),
+                                 "STRATA_API_KEY");
+  if (!api_key.ok()) {
+    std::cerr << "launcher: " << api_key.status().message() << "\n";
+    return 2;
+  }
+  // mkdtemp makes the directory 0700: only this user can read the secret in it.
   char run_template[] = "/tmp/strata-run-XXXXXX";
   const std::string run_dir = mkdtemp(run_template);
   const std::string ports_file = run_dir + "/ports.json";
+  // The deployment's secret: --cluster_secret_file when given, else a random one for this
+  // run, which only ever travels as a file name.
+  ClusterAuthOptions auth = ClusterAuthOptionsFromFlags();
+  if (!auth.insecure && auth.secret_file.empty()) {
+    auth.secret_file = run_dir + "/cluster-secret";
+    if (absl::Status s = WriteClusterSecret(auth.secret_file); !s.ok()) {
+      std::cerr << "launcher: " << s.message() << "\n";
+      return 1;
+    }
+  }
+  if (auto checked = ClusterAuth::Load(auth); !checked.ok()) {
+    std::cerr << "launcher: " << checked.status().message() << "\n";
+    return 2;
+  }
+  std::vector<std::string> auth_args = {
+      auth.insecure ? "--insecure_control_plane" : "--cluster_secret_file=" + auth.secret_file};
+  if (!auth.tls_cert_file.empty()) {
+    auth_args.push_back("--control_tls_cert=" + auth.tls_cert_file);
+    auth_args.push_back("--control_tls_key=" + auth.tls_key_file);
+    auth_args.push_back("--control_tls_ca=" + auth.tls_ca_file);
+    if (!auth.tls_server_name.empty()) {
+      auth_args.push_back("--control_tls_server_name=" + auth.tls_server_name);
+    }
+  }
 
   Supervisor supervisor;
   std::vector<std::string> server_argv = {
@@ -171,21 +206,21 @@ int Run() {
       absl::StrCat("--memory_nodes=", memory_nodes),
       absl::StrCat("--grpc_port=", absl::GetFlag(FLAGS_grpc_port)),
       "--grpc_host=" + absl::GetFlag(FLAGS_host)};
+  server_argv.insert(server_argv.end(), auth_args.begin(), auth_args.end());
   if (!absl::GetFlag(FLAGS_served_model_name).empty()) {
     server_argv.push_back("--served_model_name=" + absl::GetFlag(FLAGS_served_model_name));
   }
   if (absl::GetFlag(FLAGS_max_model_len) > 0) {
     server_argv.push_back(absl::StrCat("--max_model_len=", absl::GetFlag(FLAGS_max_model_len)));
   }
-  if (!absl::GetFlag(FLAGS_api_key).empty())
-    server_argv.push_back("--api_key=" + absl::GetFlag(FLAGS_api_key));
   for (absl::string_view extra :
        absl::StrSplit(absl::GetFlag(FLAGS_server_args), ',', absl::SkipEmpty())) {
     server_argv.emplace_back(extra);
   }
-  const std::map<std::string, std::string> quiet_omp = {{"OMP_NUM_THREADS", "1"},
-                                                        {"OMP_WAIT_POLICY", "PASSIVE"}};
-  if (!supervisor.Spawn({"server", server_argv, quiet_omp}).ok()) return 1;
+  // The API key goes to the server in its environment, not on its command line.
+  const std::map<std::string, std::string> server_env = {
+      {"OMP_NUM_THREADS", "1"}, {"OMP_WAIT_POLICY", "PASSIVE"}, {"STRATA_API_KEY", *api_key}};
+  if (!supervisor.Spawn({"server", server_argv, server_env}).ok()) return 1;
 
   // The server's control port, from its port file.
   int control_port = 0, http_port = 0, grpc_port = 0;
@@ -215,7 +250,12 @@ int Run() {
   }
   const std::string scheduler = absl::StrCat("127.0.0.1:", control_port);
   std::map<std::string, int> metrics_ports;  // node name -> its /metrics port
-  auto with_metrics = [&](ChildSpec& spec) {
+  std::map<std::string, int> control_ports;  // node name -> its gRPC control port
+  auto with_ports = [&](ChildSpec& spec) {
+    if (const int control = FreePort(); control != 0) {
+      control_ports[spec.name] = control;
+      spec.argv.push_back(absl::StrCat("--port=", control));
+    }
     const int port = absl::GetFlag(FLAGS_node_metrics) ? FreePort() : 0;
     if (port == 0) return;
     metrics_ports[spec.name] = port;
@@ -230,8 +270,9 @@ int Run() {
          absl::StrCat("--kv_budget_mib=", absl::GetFlag(FLAGS_memory_kv_budget_mib))},
         {{"OMP_NUM_THREADS", std::to_string(memory_threads(i))}, {"OMP_WAIT_POLICY", "PASSIVE"}}};
     if (!memory_cpus[i].empty()) spec.argv.push_back("--cpus=" + FormatCpuList(memory_cpus[i]));
+    spec.argv.insert(spec.argv.end(), auth_args.begin(), auth_args.end());
     spec.argv.insert(spec.argv.end(), transport_args.begin(), transport_args.end());
-    with_metrics(spec);
+    with_ports(spec);
     spec.argv.insert(spec.argv.end(), node_args.begin(), node_args.end());
     if (!supervisor.Spawn(spec).ok()) return 1;
   }
@@ -249,8 +290,9 @@ int Run() {
     if (absl::GetFlag(FLAGS_max_model_len) > 0) {
       spec.argv.push_back(absl::StrCat("--max_model_len=", absl::GetFlag(FLAGS_max_model_len)));
     }
+    spec.argv.insert(spec.argv.end(), auth_args.begin(), auth_args.end());
     spec.argv.insert(spec.argv.end(), transport_args.begin(), transport_args.end());
-    with_metrics(spec);
+    with_ports(spec);
     spec.argv.insert(spec.argv.end(), node_args.begin(), node_args.end());
     if (!supervisor.Spawn(spec).ok()) return 1;
   }
@@ -283,6 +325,7 @@ int Run() {
     for (const std::string& name : supervisor.Names()) info["pids"][name] = supervisor.Pid(name);
     info["metrics"]["server"] = http_port;  // the server's /metrics is on its HTTP port
     for (const auto& [name, port] : metrics_ports) info["metrics"][name] = port;
+    for (const auto& [name, port] : control_ports) info["control_ports"][name] = port;
     const std::string tmp = absl::GetFlag(FLAGS_port_file) + ".tmp";
     std::ofstream(tmp) << info.dump() << "\n";
     std::filesystem::rename(tmp, absl::GetFlag(FLAGS_port_file));

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/logging.h"
 #include "common/model/model_generator.h"
 #include "nlohmann/json.hpp"
 
@@ -78,7 +79,8 @@ absl::StatusOr<std::unique_ptr<Deployment>> Deployment::Start(const DeploymentOp
       absl::StrCat("--threads=", options.threads),
       absl::StrCat("--kv_budget_mib=", options.kv_budget_mib),
       absl::StrCat("--memory_kv_budget_mib=", options.memory_kv_budget_mib),
-      "--health_timeout_s=120"};
+      "--health_timeout_s=120",
+      ClusterSecretFlag()};
   if (!options.api_key.empty()) args.push_back("--api_key=" + options.api_key);
   std::string server_args;
   for (const std::string& a : options.server_args)
@@ -116,6 +118,11 @@ absl::StatusOr<std::unique_ptr<Deployment>> Deployment::Start(const DeploymentOp
         if (j.contains("metrics")) {
           for (auto& [name, p] : j["metrics"].items()) d->metrics_ports_[name] = p.get<int>();
         }
+        if (j.contains("control_ports")) {
+          for (auto& [name, p] : j["control_ports"].items()) {
+            d->control_ports_[name] = p.get<int>();
+          }
+        }
         if (j.contains("pids")) {
           for (auto& [name, p] : j["pids"].items()) d->pids_[name] = p.get<pid_t>();
         }
@@ -125,6 +132,23 @@ absl::StatusOr<std::unique_ptr<Deployment>> Deployment::Start(const DeploymentOp
     absl::SleepFor(absl::Milliseconds(100));
   }
   return absl::DeadlineExceededError("the deployment did not become healthy");
+}
+
+std::string TestClusterSecretFile() {
+  static const std::string* file = [] {
+    auto* path = new std::string(absl::StrCat(TestTmpDir(), "/cluster-secret-", getpid()));
+    if (!std::filesystem::exists(*path)) CHECK_OK(WriteClusterSecret(*path));
+    return path;
+  }();
+  return *file;
+}
+
+std::string ClusterSecretFlag() { return "--cluster_secret_file=" + TestClusterSecretFile(); }
+
+std::shared_ptr<const ClusterAuth> TestClusterAuth() {
+  auto auth = ClusterAuth::Load({.secret_file = TestClusterSecretFile()});
+  CHECK_OK(auth.status());
+  return *auth;
 }
 
 int FreePort() {

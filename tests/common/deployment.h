@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/control/cluster_auth.h"
 
 namespace strata::testing {
 
@@ -45,6 +46,11 @@ class Deployment {
     auto it = metrics_ports_.find(name);
     return it == metrics_ports_.end() ? 0 : it->second;
   }
+  // The gRPC control port of "compute-0", "memory-1", ...; 0 if unknown.
+  int ControlPort(const std::string& name) const {
+    auto it = control_ports_.find(name);
+    return it == control_ports_.end() ? 0 : it->second;
+  }
   // SIGTERM to the launcher; waits for it. Returns its exit status.
   int Stop();
 
@@ -57,7 +63,14 @@ class Deployment {
   std::string model_dir_;
   std::map<std::string, pid_t> pids_;
   std::map<std::string, int> metrics_ports_;
+  std::map<std::string, int> control_ports_;
 };
+
+// The cluster secret of every test deployment: a 0600 file in TEST_TMPDIR, made once.
+std::string TestClusterSecretFile();
+std::string ClusterSecretFlag();  // "--cluster_secret_file=" + TestClusterSecretFile()
+// Credentials from that secret, for a test's own control-plane calls and data-plane peers.
+std::shared_ptr<const ClusterAuth> TestClusterAuth();
 
 std::string RunfilesRoot();  // $TEST_SRCDIR/strata
 std::string NpmDir();        // $STRATA_CACHE_DIR/npm

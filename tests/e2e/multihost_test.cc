@@ -70,12 +70,12 @@ TEST(MultiHostTest, NodesOnSeparateHostsServeTheSameTokens) {
   std::remove(port_file.c_str());
   const std::vector<std::string> env = {"OMP_NUM_THREADS=1", "OMP_WAIT_POLICY=PASSIVE"};
   std::vector<pid_t> pids;
-  pids.push_back(
-      (*hosts)->Spawn(1,
-                      {root + "/server/server", "--model=" + *model, "--host=" + scheduler_host,
-                       "--control_host=" + scheduler_host, "--port=0", "--control_port=0",
-                       "--port_file=" + port_file, "--compute_nodes=1", "--memory_nodes=2"},
-                      env));
+  pids.push_back((*hosts)->Spawn(
+      1,
+      {root + "/server/server", "--model=" + *model, "--host=" + scheduler_host,
+       "--control_host=" + scheduler_host, "--port=0", "--control_port=0",
+       "--port_file=" + port_file, "--compute_nodes=1", "--memory_nodes=2", ClusterSecretFlag()},
+      env));
   int http_port = 0, control_port = 0;
   for (int i = 0; i < 300 && control_port == 0; ++i) {
     std::ifstream in(port_file);
@@ -100,14 +100,15 @@ TEST(MultiHostTest, NodesOnSeparateHostsServeTheSameTokens) {
                                      "--host=" + (*hosts)->Address(host),
                                      "--kv_budget_mib=32",
                                      "--threads=1",
-                                     "--prefault_kv=false"};
+                                     "--prefault_kv=false",
+                                     ClusterSecretFlag()};
     argv.insert(argv.end(), ucx.begin(), ucx.end());
     pids.push_back((*hosts)->Spawn(host, argv, env));
   }
   std::vector<std::string> compute = {root + "/compute_node/compute_node", "--model=" + *model,
                                       "--scheduler=" + scheduler,          "--name=compute-0",
                                       "--host=" + (*hosts)->Address(2),    "--threads=1",
-                                      "--attention_timeout_ms=5000"};
+                                      "--attention_timeout_ms=5000",       ClusterSecretFlag()};
   compute.insert(compute.end(), ucx.begin(), ucx.end());
   pids.push_back((*hosts)->Spawn(2, compute, env));
 

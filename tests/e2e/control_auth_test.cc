@@ -1,0 +1,298 @@
+// The internal plane as an attacker sees it: a client built from proto/ that does not hold
+// the deployment's secret calls every method of every control service (the scheduler's,
+// a compute node's, a memory node's), tries the attacks that worked before authentication
+// (Configure with another epoch, Shutdown, Register under a live node's name, heartbeats),
+// and dials the data-plane bootstrap. Every call is refused with UNAUTHENTICATED and
+// counted, and the deployment keeps serving. The processes also refuse to start without a
+// usable secret, with errors that name the flag (after the model directory's errors).
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/transport/transport.h"
+#include "gtest/gtest.h"
+#include "proto/control.grpc.pb.h"
+#include "tests/common/deployment.h"
+#include "tests/common/http_client.h"
+
+namespace strata::testing {
+namespace {
+
+std::shared_ptr<grpc::Channel> Channel(int port) {
+  return grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+}
+
+// One message on any method (unary or streaming), then the call's status. `token`: the
+// cluster-token metadata to send ("" for none).
+grpc::Status Call(int port, const std::string& method, const std::string& token,
+                  const std::string& bytes = "", std::string* reply_bytes = nullptr) {
+  grpc::GenericStub stub(Channel(port));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  if (!token.empty()) context.AddMetadata(kClusterTokenMetadata, token);
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareCall(&context, method, &cq);
+  void* tag;
+  bool ok;
+  call->StartCall(reinterpret_cast<void*>(1));
+  cq.Next(&tag, &ok);
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer message(&slice, 1), reply;
+  call->Write(message, reinterpret_cast<void*>(2));
+  cq.Next(&tag, &ok);
+  call->WritesDone(reinterpret_cast<void*>(3));
+  cq.Next(&tag, &ok);
+  call->Read(&reply, reinterpret_cast<void*>(4));
+  cq.Next(&tag, &ok);
+  if (ok && reply_bytes != nullptr) {
+    std::vector<grpc::Slice> slices;
+    (void)reply.Dump(&slices);
+    for (const grpc::Slice& s : slices) {
+      reply_bytes->append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+  }
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return status;
+}
+
+std::vector<std::string> Methods(const google::protobuf::ServiceDescriptor* service) {
+  std::vector<std::string> out;
+  for (int i = 0; i < service->method_count(); ++i) {
+    out.push_back(absl::StrCat("/", service->full_name(), "/", service->method(i)->name()));
+  }
+  return out;
+}
+
+// strata_unauthenticated_total{channel="control"} on a /metrics port.
+double Refused(int metrics_port) {
+  const HttpResponse r = HttpRequest(metrics_port, "GET", "/metrics");
+  const std::string key = "strata_unauthenticated_total{channel=\"control\"} ";
+  const size_t at = r.body.find(key);
+  return at == std::string::npos ? -1 : std::stod(r.body.substr(at + key.size()));
+}
+
+int Generate(int http_port) {
+  return HttpRequest(http_port, "POST", "/v1/completions",
+                     R"({"model":"tiny","prompt":"Hello there","max_tokens":4})")
+      .status;
+}
+
+TEST(ControlAuthTest, EveryInternalCallWithoutTheSecretIsRefused) {
+  DeploymentOptions options;
+  options.memory_nodes = 1;
+  options.server_args = {"--served_model_name=tiny"};
+  auto d = Deployment::Start(options);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(Generate((*d)->http_port()), 200);
+  const int scheduler = (*d)->control_port();
+  const int compute = (*d)->ControlPort("compute-0");
+  const int memory = (*d)->ControlPort("memory-0");
+  ASSERT_NE(compute, 0);
+  ASSERT_NE(memory, 0);
+
+  // Every method of every control service, with no token and with a forged one.
+  const std::vector<std::pair<int, const google::protobuf::ServiceDescriptor*>> services = {
+      {scheduler, control::RegisterRequest::descriptor()->file()->FindServiceByName("Scheduler")},
+      {compute, control::RegisterRequest::descriptor()->file()->FindServiceByName("ComputeNode")},
+      {memory, control::RegisterRequest::descriptor()->file()->FindServiceByName("MemoryNode")}};
+  int calls = 0;
+  for (const auto& [port, service] : services) {
+    ASSERT_NE(service, nullptr);
+    for (const std::string& method : Methods(service)) {
+      for (const std::string& token : {std::string(), std::string(64, 'a')}) {
+        const grpc::Status s = Call(port, method, token);
+        EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+            << method << " with " << (token.empty() ? "no token" : "a forged token") << ": "
+            << s.error_message();
+        ++calls;
+      }
+    }
+  }
+  EXPECT_EQ(calls, 2 * (2 + 4 + 3));
+
+  // The attacks of the review, as typed calls without credentials.
+  {
+    control::ComputeConfig config;
+    config.set_epoch(12345);
+    grpc::ClientContext c;
+    control::ComputeConfigAck ack;
+    EXPECT_EQ(
+        control::ComputeNode::NewStub(Channel(compute))->Configure(&c, config, &ack).error_code(),
+        grpc::StatusCode::UNAUTHENTICATED);
+  }
+  {
+    control::MemoryConfig config;
+    config.set_epoch(12345);
+    config.set_num_slots(10);
+    grpc::ClientContext c;
+    control::MemoryConfigAck ack;
+    EXPECT_EQ(
+        control::MemoryNode::NewStub(Channel(memory))->Configure(&c, config, &ack).error_code(),
+        grpc::StatusCode::UNAUTHENTICATED);
+  }
+  for (const int port : {compute, memory}) {
+    grpc::ClientContext c;
+    control::ShutdownResponse r;
+    const grpc::Status s = port == compute
+                               ? control::ComputeNode::NewStub(Channel(port))->Shutdown(&c, {}, &r)
+                               : control::MemoryNode::NewStub(Channel(port))->Shutdown(&c, {}, &r);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  for (int i = 0; i < 20; ++i) {
+    control::RegisterRequest request;
+    request.mutable_node()->set_name("compute-0");
+    request.mutable_node()->set_role(control::ROLE_COMPUTE);
+    request.mutable_node()->set_protocol_version(1);
+    grpc::ClientContext c;
+    control::RegisterResponse response;
+    EXPECT_EQ(control::Scheduler::NewStub(Channel(scheduler))
+                  ->Register(&c, request, &response)
+                  .error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+
+  // Even with the secret, a live node's name cannot be taken over.
+  {
+    control::RegisterRequest request;
+    request.mutable_node()->set_name("memory-0");
+    request.mutable_node()->set_role(control::ROLE_MEMORY);
+    request.mutable_node()->set_protocol_version(1);
+    request.mutable_node()->set_cpu_isa("whatever");
+    grpc::ClientContext c;
+    TestClusterAuth()->Attach(&c);
+    control::RegisterResponse response;
+    const grpc::Status s =
+        control::Scheduler::NewStub(Channel(scheduler))->Register(&c, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS) << s.error_message();
+  }
+
+  // grpc.health.v1 stays open for kubelet: Check({service: ""}) is SERVING (field 1 = 1).
+  for (const int port : {compute, memory}) {
+    std::string reply;
+    const grpc::Status s = Call(port, "/grpc.health.v1.Health/Check", "", "", &reply);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(reply, std::string("\x08\x01", 2));
+  }
+
+  // The data-plane bootstrap of the memory node refuses a peer without the key.
+  {
+    grpc::ClientContext c;
+    TestClusterAuth()->Attach(&c);
+    control::HealthResponse health;
+    ASSERT_TRUE(control::MemoryNode::NewStub(Channel(memory))->Health(&c, {}, &health).ok());
+    transport::TransportConfig tc;
+    tc.ucx_options = {{"TLS", "tcp"}, {"NET_DEVICES", "lo"}};
+    tc.auth_key = "not this deployment's key";
+    auto client = transport::Transport::Create(tc);
+    ASSERT_TRUE(client.ok());
+    auto peer = (*client)->Connect(health.node().data_address());
+    ASSERT_FALSE(peer.ok());
+    EXPECT_EQ(peer.status().code(), absl::StatusCode::kUnauthenticated) << peer.status();
+  }
+
+  // Refusals are counted in every process, and the deployment still serves.
+  EXPECT_GE(Refused((*d)->MetricsPort("server")), 2 * 2 + 20);
+  EXPECT_GE(Refused((*d)->MetricsPort("compute-0")), 2 * 4 + 2);
+  EXPECT_GE(Refused((*d)->MetricsPort("memory-0")), 2 * 3 + 2);
+  EXPECT_EQ(HttpRequest((*d)->http_port(), "GET", "/health").status, 200);
+  EXPECT_EQ(Generate((*d)->http_port()), 200);
+  EXPECT_EQ((*d)->Stop(), 0);
+}
+
+// Runs a binary with `args` and returns its exit status and combined output.
+std::pair<int, std::string> RunToExit(const std::string& binary,
+                                      const std::vector<std::string>& args) {
+  std::string command = binary;
+  for (const std::string& a : args) command += " '" + a + "'";
+  command += " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string output;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) output.append(buf, n);
+  const int status = pclose(pipe);
+  return {status, output};
+}
+
+std::string WriteFile(const std::string& name, const std::string& text, mode_t mode) {
+  const std::string path = TestTmpDir() + "/" + name;
+  std::filesystem::remove(path);
+  std::ofstream(path) << text;
+  chmod(path.c_str(), mode);
+  return path;
+}
+
+TEST(ControlAuthTest, ProcessesRefuseToStartWithoutAUsableSecret) {
+  auto model = TestModel("tiny");
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::string root = RunfilesRoot();
+  const std::string server = root + "/server/server";
+  const std::string compute = root + "/compute_node/compute_node";
+  const std::string memory = root + "/memory_node/memory_node";
+  const std::string model_flag = "--model=" + *model;
+  const std::string open = "--cluster_secret_file=" + WriteFile("open", std::string(32, 'x'), 0644);
+  const std::string empty = "--cluster_secret_file=" + WriteFile("empty", "", 0600);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{server, model_flag, "--port=0", "--control_port=0"}, "--cluster_secret_file"},
+      {{compute, model_flag}, "--cluster_secret_file"},
+      {{memory, "--scheduler="}, "--cluster_secret_file"},
+      {{server, model_flag, "--port=0", "--control_port=0", open}, "chmod 600"},
+      {{compute, model_flag, open}, "chmod 600"},
+      {{memory, empty}, "empty"},
+      {{memory, "--cluster_secret_file=/nonexistent/secret"}, "/nonexistent/secret"},
+      // The model directory's errors come before the secret's.
+      {{server, "--model=/nonexistent/model", "--port=0", "--control_port=0"},
+       "/nonexistent/model/config.json"},
+      {{compute, "--model=/nonexistent/model"}, "/nonexistent/model/config.json"},
+  };
+  for (const auto& [argv, want] : cases) {
+    const auto [status, output] =
+        RunToExit(argv[0], std::vector<std::string>(argv.begin() + 1, argv.end()));
+    std::string shown;
+    for (const std::string& a : argv) shown += a + " ";
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0)
+        << shown << "exited with status " << status;
+    EXPECT_NE(output.find(want), std::string::npos) << shown << "\n" << output;
+  }
+}
+
+// A bad config.json is a clear error naming the file and a non-zero exit (it was a
+// segfault in the server, exit 139, for {} and for text that is not JSON).
+TEST(ControlAuthTest, BadModelConfigIsAClearErrorNotACrash) {
+  auto model = TestModel("tiny");
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::string root = RunfilesRoot();
+  for (const std::string& config : {std::string("{}"), std::string("this is not json"),
+                                    std::string(R"({"num_hidden_layers": "two"})")}) {
+    const std::string dir = TestTmpDir() + "/bad-model";
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    std::filesystem::copy(*model, dir, std::filesystem::copy_options::recursive);
+    std::ofstream(dir + "/config.json", std::ios::trunc) << config;
+    for (const std::string& binary :
+         {root + "/server/server", root + "/compute_node/compute_node"}) {
+      std::vector<std::string> args = {"--model=" + dir, "--port=0", ClusterSecretFlag()};
+      if (binary.ends_with("/server")) args.push_back("--control_port=0");
+      const auto [status, output] = RunToExit(binary, args);
+      EXPECT_TRUE(WIFEXITED(status)) << binary << " on " << config << ": status " << status << "\n"
+                                     << output;
+      EXPECT_NE(WEXITSTATUS(status), 0) << binary << " on " << config;
+      EXPECT_NE(output.find("config.json"), std::string::npos) << binary << "\n" << output;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata::testing
