@@ -82,10 +82,15 @@ StepResult GrpcExecutor::RunOne(const StepPlan& plan) {
   const grpc::Status status = stream_->Finish();
   failure.error = absl::StrCat("compute node ", name_,
                                " failed: ", status.ok() ? "stream closed" : status.error_message());
+  failure.node_unreachable = status.ok() || status.error_code() == grpc::StatusCode::UNAVAILABLE;
   std::lock_guard<std::mutex> lock(mu_);
   stream_.reset();
   context_.reset();
   return failure;
+}
+
+bool GrpcExecutor::Reachable() {
+  return channel_->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY;
 }
 
 void GrpcExecutor::Run() {

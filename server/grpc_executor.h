@@ -33,6 +33,7 @@ class GrpcExecutor : public StepExecutor {
 
   std::string name() const override { return name_; }
   void Submit(StepPlan plan, StepResultSink sink) override;
+  bool Reachable() override;
 
   std::shared_ptr<grpc::Channel> channel() const { return channel_; }
 

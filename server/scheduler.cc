@@ -484,7 +484,7 @@ void Scheduler::PublishStats() {
       ++s.num_waiting;
     }
   }
-  for (const auto& e : executors_) s.alive_executors += e->alive ? 1 : 0;
+  for (const auto& e : executors_) s.alive_executors += e->alive && e->reachable ? 1 : 0;
   s.kv_usage = total > 0 ? static_cast<double>(used) / total : 0.0;
   std::lock_guard<std::mutex> lock(stats_mu_);
   stats_ = std::move(s);

@@ -73,7 +73,8 @@ struct Scheduler::Pool {
 struct Scheduler::Executor {
   std::unique_ptr<StepExecutor> impl;
   std::optional<PoolIndex> local_pool;  // co-located mode
-  bool alive = true;
+  bool alive = true;                    // the control plane's view (heartbeats)
+  bool reachable = true;  // false from a step that could not reach it until Reachable()
   bool busy = false;
   StepPlan in_flight;
   absl::Time started;

@@ -19,7 +19,11 @@ constexpr int kMaxStepFailures = 2;
 void Scheduler::ScheduleIdleExecutors() {
   for (size_t e = 0; e < executors_.size(); ++e) {
     Executor& ex = *executors_[e];
-    if (!ex.alive || ex.busy) continue;
+    if (!ex.reachable && ex.impl->Reachable()) {
+      ex.reachable = true;
+      LOG(INFO) << "compute node " << ex.impl->name() << " is reachable again";
+    }
+    if (!ex.alive || !ex.reachable || ex.busy) continue;
     StepPlan plan;
     if (!BuildPlan(static_cast<int>(e), &plan)) continue;
     ex.busy = true;
@@ -448,15 +452,53 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
   if (!result.error.empty()) {
     LOG(ERROR) << "step " << plan.step_id << " on " << ex.impl->name()
                << " failed: " << result.error;
+    // A node that cannot be reached is out of service at once (before its heartbeats stop),
+    // and its requests wait for another: losing the node is not their fault.
+    const bool lost = result.node_unreachable && !ex.impl->Reachable();
+    if (lost && ex.reachable) {
+      ex.reachable = false;
+      LOG(WARNING) << "compute node " << ex.impl->name() << " is unreachable";
+    }
+    bool other_node = false;
+    for (size_t e = 0; e < executors_.size(); ++e) {
+      other_node = other_node || (static_cast<int>(e) != executor && executors_[e]->alive &&
+                                  executors_[e]->reachable);
+    }
     for (Request* req : involved) {
-      if (++req->step_failures > kMaxStepFailures) {
-        FailRequest(
-            req, FinishReason::kError,
-            absl::InternalError(absl::StrCat("the compute node failed this request's step ",
-                                             req->step_failures, " times: ", result.error)));
+      if (lost && !other_node) {
+        FailRequest(req, FinishReason::kError,
+                    absl::UnavailableError("no compute node is available"));
+      } else if (lost) {
+        req->executor = -1;
+        for (auto& s : req->seqs) s->setup_sent = false;
+        Preempt(req);
+      } else if (++req->step_failures > kMaxStepFailures) {
+        // The detail (node names, addresses) is in the log, not in the client's error.
+        FailRequest(req, FinishReason::kError,
+                    absl::InternalError(absl::StrCat("a compute node failed this request's step ",
+                                                     req->step_failures, " times")));
       } else {
         Preempt(req);
       }
+    }
+    if (lost) {
+      // The other requests look for another node too; with none left, they fail like the
+      // requests of this step rather than wait for a node that may never return.
+      std::vector<Request*> others;
+      for (auto& [id, req] : requests_) {
+        if (req->state == Request::State::kDone || req->in_flight) continue;
+        if (!other_node) {
+          others.push_back(req.get());
+        } else if (req->executor == executor) {
+          req->executor = -1;
+          for (auto& s : req->seqs) s->setup_sent = false;
+        }
+      }
+      for (Request* req : others) {
+        FailRequest(req, FinishReason::kError,
+                    absl::UnavailableError("no compute node is available"));
+      }
+      PublishStats();
     }
     return;
   }

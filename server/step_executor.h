@@ -20,6 +20,10 @@ class StepExecutor {
   // Starts the plan. Exactly one result comes back through the sink, with `error` set if the
   // node failed; a plan is never lost silently. Not called again before that result.
   virtual void Submit(StepPlan plan, StepResultSink sink) = 0;
+  // Whether the node can be reached now (a remote node: its connection is up, reconnecting
+  // if need be). The scheduler stops counting a node whose steps failed as unreachable
+  // until this turns true again. Thread-safe.
+  virtual bool Reachable() { return true; }
 };
 
 }  // namespace strata

@@ -95,6 +95,9 @@ struct StepResult {
   std::vector<PoolIndex> dead_pools;
   StepTiming timing;
   std::string error;  // non-empty: the whole step failed
+  // Set on the scheduler's side (never sent): the step failed because the compute node could
+  // not be reached (its connection broke or was refused), not because of the plan.
+  bool node_unreachable = false;
 };
 
 }  // namespace strata

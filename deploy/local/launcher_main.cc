@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -59,6 +60,9 @@ ABSL_FLAG(std::string, api_key_file, "", "Require the API key in this file (mode
 
 ABSL_FLAG(std::string, server_args, "", "Extra server flags, comma-separated");
 ABSL_FLAG(int, health_timeout_s, 600, "Seconds to wait for /health");
+ABSL_FLAG(bool, restart_nodes, true,
+          "Start a compute or memory node again when it exits, with backoff (1 s doubling to "
+          "30 s); off for tests that watch a node stay dead");
 
 namespace strata {
 namespace {
@@ -249,8 +253,9 @@ int Run() {
     return 1;
   }
   const std::string scheduler = absl::StrCat("127.0.0.1:", control_port);
-  std::map<std::string, int> metrics_ports;  // node name -> its /metrics port
-  std::map<std::string, int> control_ports;  // node name -> its gRPC control port
+  std::map<std::string, ChildSpec> node_specs;  // to restart a node as it was started
+  std::map<std::string, int> metrics_ports;     // node name -> its /metrics port
+  std::map<std::string, int> control_ports;     // node name -> its gRPC control port
   auto with_ports = [&](ChildSpec& spec) {
     if (const int control = FreePort(); control != 0) {
       control_ports[spec.name] = control;
@@ -275,6 +280,7 @@ int Run() {
     with_ports(spec);
     spec.argv.insert(spec.argv.end(), node_args.begin(), node_args.end());
     if (!supervisor.Spawn(spec).ok()) return 1;
+    node_specs[spec.name] = spec;
   }
   for (int i = 0; i < absl::GetFlag(FLAGS_compute_nodes); ++i) {
     const std::string name = absl::StrCat("compute-", i);
@@ -295,6 +301,7 @@ int Run() {
     with_ports(spec);
     spec.argv.insert(spec.argv.end(), node_args.begin(), node_args.end());
     if (!supervisor.Spawn(spec).ok()) return 1;
+    node_specs[spec.name] = spec;
   }
 
   const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_health_timeout_s));
@@ -331,16 +338,41 @@ int Run() {
     std::filesystem::rename(tmp, absl::GetFlag(FLAGS_port_file));
   }
 
+  // Nodes that exit are started again, as Kubernetes would: after 1 s, doubling up to 30 s
+  // while they keep failing within a minute of their start. Never during shutdown.
+  struct Restart {
+    std::optional<absl::Time> due;
+    absl::Duration backoff = absl::Seconds(1);
+    absl::Time started = absl::InfinitePast();
+  };
+  std::map<std::string, Restart> restarts;
   int exit_code = 0;
   while (!WaitForShutdownFor(absl::Milliseconds(200))) {
     std::string name;
     int status;
+    const absl::Time now = absl::Now();
     if (supervisor.Reap(&name, &status)) {
       std::cerr << "launcher: " << name << " exited (status " << status << ")\n";
       if (name == "server") {
         exit_code = 1;
         break;
       }
+      if (absl::GetFlag(FLAGS_restart_nodes) && node_specs.count(name)) {
+        Restart& r = restarts[name];
+        if (now - r.started > absl::Minutes(1)) r.backoff = absl::Seconds(1);
+        r.due = now + r.backoff;
+        std::cerr << "launcher: restarting " << name << " in " << absl::FormatDuration(r.backoff)
+                  << "\n";
+        r.backoff = std::min(2 * r.backoff, absl::Seconds(30));
+      }
+    }
+    for (auto& [node, r] : restarts) {
+      if (!r.due || now < *r.due) continue;
+      r.due.reset();
+      r.started = now;
+      auto pid = supervisor.Spawn(node_specs[node]);
+      std::cerr << "launcher: restarted " << node
+                << (pid.ok() ? absl::StrCat(" as process ", *pid) : " (failed)") << "\n";
     }
   }
   // The server drains first (streams in flight finish), then the nodes go.

@@ -80,7 +80,8 @@ absl::StatusOr<std::unique_ptr<Deployment>> Deployment::Start(const DeploymentOp
       absl::StrCat("--kv_budget_mib=", options.kv_budget_mib),
       absl::StrCat("--memory_kv_budget_mib=", options.memory_kv_budget_mib),
       "--health_timeout_s=120",
-      ClusterSecretFlag()};
+      ClusterSecretFlag(),
+      absl::StrCat("--restart_nodes=", options.restart_nodes ? "true" : "false")};
   if (!options.api_key.empty()) args.push_back("--api_key=" + options.api_key);
   std::string server_args;
   for (const std::string& a : options.server_args)

@@ -26,6 +26,9 @@ struct DeploymentOptions {
   int64_t kv_budget_mib = 64;
   int64_t memory_kv_budget_mib = 64;
   std::string api_key;
+  // The launcher restarts nodes that exit; most tests kill nodes to watch the failure, so
+  // here it is off unless a test asks for it.
+  bool restart_nodes = false;
   std::vector<std::string> server_args;
   std::vector<std::string> launcher_args;
 };

@@ -117,6 +117,19 @@ def check_workloads(overlay, docs):
             for arg in c.get("args", []):
                 for var in re.findall(r"\$\((\w+)\)", arg):
                     check(var in defined, f"{overlay}/{name}: $({var}) is not defined")
+            # Every process reads the cluster secret from a Secret volume only its owner can read.
+            secret_args = [a for a in c.get("args", []) if a.startswith("--cluster_secret_file=")]
+            check(len(secret_args) == 1, f"{overlay}/{name}: no --cluster_secret_file")
+            if secret_args:
+                path = secret_args[0].split("=", 1)[1]
+                mounts = [m for m in c.get("volumeMounts", []) if path.startswith(m["mountPath"] + "/")]
+                check(len(mounts) == 1, f"{overlay}/{name}: the secret file is on no volume")
+                for m in mounts:
+                    vol = [v for v in spec.get("volumes", []) if v["name"] == m["name"]][0]
+                    check(vol.get("secret", {}).get("secretName") == "strata-cluster-secret",
+                          f"{overlay}/{name}: the cluster secret must come from the Secret strata-cluster-secret")
+                    check(vol.get("secret", {}).get("defaultMode") == 0o400,
+                          f"{overlay}/{name}: the cluster secret must be mounted with mode 0400")
             for m in c.get("volumeMounts", []):
                 if m["name"] == "model":
                     vol = [v for v in spec.get("volumes", []) if v["name"] == "model"][0]

@@ -1,0 +1,73 @@
+// Faults as a client sees them: while the only compute node is gone, every request gets 503
+// (never a 500, and never an internal address), from the moment its connection breaks, not
+// only once its heartbeats have been missed.
+#include <signal.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/common/deployment.h"
+#include "tests/common/http_client.h"
+
+namespace strata::testing {
+namespace {
+
+TEST(FaultTest, RequestsAfterTheComputeNodeDiesGet503WithNothingInternal) {
+  DeploymentOptions options;
+  options.server_args = {"--served_model_name=tiny"};
+  auto d = Deployment::Start(options);
+  ASSERT_TRUE(d.ok()) << d.status();
+  const std::string body = R"({"model":"tiny","prompt":"Hello there","max_tokens":4})";
+  ASSERT_EQ(HttpRequest((*d)->http_port(), "POST", "/v1/completions", body).status, 200);
+  ASSERT_EQ(kill((*d)->Pid("compute-0"), SIGKILL), 0);
+  // The heartbeat deadline is 3 s; ask throughout it and past it.
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  int requests = 0, refused = 0;
+  while (absl::Now() < until) {
+    const HttpResponse r = HttpRequest((*d)->http_port(), "POST", "/v1/completions", body, {},
+                                       nullptr, /*timeout_s=*/30);
+    ++requests;
+    EXPECT_EQ(r.status, 503) << "request " << requests << ": " << r.body;
+    refused += r.status == 503;
+    EXPECT_EQ(r.body.find("127.0.0.1"), std::string::npos) << r.body;
+    EXPECT_EQ(r.body.find("compute-0"), std::string::npos) << r.body;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_GT(requests, 10);
+  EXPECT_EQ(refused, requests);
+  EXPECT_EQ(HttpRequest((*d)->http_port(), "GET", "/health").status, 503);
+  (*d)->Stop();
+}
+
+// With restarts on (the launcher's default), a node that dies comes back by itself.
+TEST(FaultTest, TheLauncherRestartsANodeThatDied) {
+  DeploymentOptions options;
+  options.server_args = {"--served_model_name=tiny"};
+  options.memory_nodes = 1;
+  options.restart_nodes = true;
+  auto d = Deployment::Start(options);
+  ASSERT_TRUE(d.ok()) << d.status();
+  const std::string body = R"({"model":"tiny","prompt":"Hello there","max_tokens":4})";
+  const HttpResponse before = HttpRequest((*d)->http_port(), "POST", "/v1/completions", body);
+  ASSERT_EQ(before.status, 200);
+  for (const std::string node : {"compute-0", "memory-0"}) {
+    const pid_t pid = (*d)->Pid(node);
+    ASSERT_GT(pid, 0);
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+    // Down (heartbeats missed), then back: restarted, registered and configured again.
+    bool down = false, back = false;
+    for (int i = 0; i < 600 && !back; ++i) {
+      const int health = HttpRequest((*d)->http_port(), "GET", "/health").status;
+      const int ok = HttpRequest((*d)->http_port(), "POST", "/v1/completions", body).status;
+      down = down || health == 503 || ok != 200;
+      back = down && health == 200 && ok == 200;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    EXPECT_TRUE(down) << node;
+    EXPECT_TRUE(back) << node << " did not come back";
+  }
+  (*d)->Stop();
+}
+
+}  // namespace
+}  // namespace strata::testing
