@@ -36,9 +36,23 @@ int64_t ComputeNode::local_kv_slots() const {
 
 absl::StatusOr<control::ComputeConfigAck> ComputeNode::Configure(
     const control::ComputeConfig& config) {
-  std::lock_guard<std::mutex> lock(mu_);
   control::ComputeConfigAck ack;
   const bool disaggregated = config.disaggregated() || config.memory_nodes_size() > 0;
+  if (RemoteAttention* remote = remote_ready_.load();
+      disaggregated && remote != nullptr && remote_epoch_.load() == config.epoch()) {
+    // The same scheduler with another set of memory nodes (one died, one came back): no
+    // need to wait for the step in flight, which may be waiting on the node that is gone.
+    // Closing its connection ends that wait now rather than at the layer deadline.
+    std::vector<MemoryNodeAddress> nodes;
+    for (const control::MemoryNodeAddress& m : config.memory_nodes()) {
+      nodes.push_back({m.pool_index(), m.name(), m.data_address()});
+    }
+    remote->SetMemoryNodes(config.epoch(), nodes);
+    LOG(INFO) << "disaggregated mode: " << nodes.size() << " memory node(s)";
+    ack.set_local_kv_slots(0);
+    return ack;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
   if (epoch_ != config.epoch()) {
     // A new scheduler: forget every request of the previous one.
     engine_.reset();
@@ -64,6 +78,8 @@ absl::StatusOr<control::ComputeConfigAck> ComputeNode::Configure(
           runner_.get(), remote_.get(), StepEngineOptions{options_.max_batch_rows, max_model_len_});
     }
     ready_.store(true);
+    remote_epoch_.store(config.epoch());
+    remote_ready_.store(remote_.get());
     LOG(INFO) << "disaggregated mode: " << nodes.size() << " memory node(s)";
     ack.set_local_kv_slots(0);
     return ack;

@@ -74,6 +74,11 @@ class ComputeNode {
   std::atomic<bool> ready_{false};
   std::atomic<int64_t> kv_slots_total_{0};
   std::atomic<int64_t> kv_slots_used_{0};
+  // Disaggregated and configured for this epoch: a new memory-node list for it is applied
+  // without the step lock, so that a step waiting on a node that is gone stops waiting.
+  // remote_ lives as long as the node once made.
+  std::atomic<RemoteAttention*> remote_ready_{nullptr};
+  std::atomic<uint64_t> remote_epoch_{0};
 };
 
 }  // namespace strata

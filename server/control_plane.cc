@@ -332,7 +332,7 @@ void ControlPlane::ConfigureMemory(uint64_t id) {
 
 void ControlPlane::ReconfigureComputeNodes() {
   if (options_.expected_memory_nodes == 0) return;
-  std::vector<std::pair<std::string, std::shared_ptr<grpc::Channel>>> targets;
+  std::vector<std::pair<uint64_t, std::shared_ptr<grpc::Channel>>> targets;
   control::ComputeConfig config;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -340,20 +340,37 @@ void ControlPlane::ReconfigureComputeNodes() {
     for (const auto& [id, node] : nodes_) {
       if (node.view.info.role() == control::ROLE_COMPUTE && node.view.alive &&
           node.view.configured && node.channel) {
-        targets.emplace_back(node.view.info.name(), node.channel);
+        targets.emplace_back(id, node.channel);
       }
     }
   }
-  for (const auto& [name, channel] : targets) {
+  // Each compute node must learn the new list: a node that misses it keeps waiting on a
+  // memory node that is gone. Retried with backoff until it takes, the node dies, or the
+  // control plane stops; every attempt sends the newest list.
+  for (const auto& [id, channel] : targets) {
     auto stub = control::ComputeNode::NewStub(channel);
-    grpc::ClientContext context;
-    options_.auth->Attach(&context);
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    control::ComputeConfigAck ack;
-    const grpc::Status status = stub->Configure(&context, config, &ack);
-    if (!status.ok()) {
-      LOG(WARNING) << "could not tell compute node " << name
-                   << " about the memory nodes: " << status.error_message();
+    absl::Duration backoff = absl::Milliseconds(100);
+    for (int attempt = 1;; ++attempt) {
+      std::string name;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = nodes_.find(id);
+        if (stop_ || it == nodes_.end() || !it->second.view.alive) break;
+        name = it->second.view.info.name();
+        config = ComputeConfigLocked();
+      }
+      grpc::ClientContext context;
+      options_.auth->Attach(&context);
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      control::ComputeConfigAck ack;
+      const grpc::Status status = stub->Configure(&context, config, &ack);
+      if (status.ok()) break;
+      LOG(WARNING) << "could not tell compute node " << name << " about the memory nodes (attempt "
+                   << attempt << "): " << status.error_message() << "; retrying in "
+                   << absl::FormatDuration(backoff);
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, absl::ToChronoMilliseconds(backoff), [&] { return stop_; });
+      backoff = std::min(2 * backoff, absl::Seconds(2));
     }
   }
   LOG(INFO) << "compute nodes now use " << config.memory_nodes_size() << " memory node(s)";

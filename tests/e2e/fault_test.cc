@@ -3,6 +3,9 @@
 // only once its heartbeats have been missed.
 #include <signal.h>
 
+#include <thread>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -36,6 +39,41 @@ TEST(FaultTest, RequestsAfterTheComputeNodeDiesGet503WithNothingInternal) {
   EXPECT_GT(requests, 10);
   EXPECT_EQ(refused, requests);
   EXPECT_EQ(HttpRequest((*d)->http_port(), "GET", "/health").status, 503);
+  (*d)->Stop();
+}
+
+// A memory node that hangs (SIGSTOP) stalls the steps that wait on it only until the
+// scheduler declares it dead (3 s of missed heartbeats) and tells the compute node, not for
+// the whole per-layer deadline (here 60 s): the compute node takes the new list of memory
+// nodes without waiting for the step in flight.
+TEST(FaultTest, AHungMemoryNodeStallsStepsOnlyUntilItIsDeclaredDead) {
+  DeploymentOptions options;
+  options.server_args = {"--served_model_name=tiny"};
+  options.memory_nodes = 2;
+  options.launcher_args = {"--attention_timeout_ms=60000"};
+  auto d = Deployment::Start(options);
+  ASSERT_TRUE(d.ok()) << d.status();
+  const std::string body = R"({"model":"tiny","prompt":"Hello there","max_tokens":16})";
+  ASSERT_EQ(HttpRequest((*d)->http_port(), "POST", "/v1/completions", body).status, 200);
+  const pid_t hung = (*d)->Pid("memory-1");
+  ASSERT_EQ(kill(hung, SIGSTOP), 0);
+  const absl::Time start = absl::Now();
+  std::vector<std::thread> clients;
+  std::vector<int> statuses(4, 0);
+  for (int i = 0; i < 4; ++i) {
+    clients.emplace_back([&, i] {
+      statuses[i] = HttpRequest((*d)->http_port(), "POST", "/v1/completions", body, {}, nullptr,
+                                /*timeout_s=*/120)
+                        .status;
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  const absl::Duration took = absl::Now() - start;
+  kill(hung, SIGCONT);
+  // Requests on the hung node are moved to the other one (or fail cleanly); none waits for
+  // the 60 s layer deadline.
+  for (int s : statuses) EXPECT_TRUE(s == 200 || s == 503) << s;
+  EXPECT_LT(took, absl::Seconds(20)) << "requests took " << absl::FormatDuration(took);
   (*d)->Stop();
 }
 
