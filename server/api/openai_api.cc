@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "common/base/logging.h"
 #include "common/tokenizer/utf8.h"
+#include "server/api/json_body.h"
 
 namespace strata::api {
 namespace {
@@ -352,10 +353,16 @@ void OpenAiApi::Handle(const http::Request& request, std::shared_ptr<http::Respo
           "no compute node or KV pool is available right now (starting, or a node is down); "
           "retry later"));
     }
-    if (path == "/v1/completions") return Completions(request, responder);
-    if (path == "/v1/chat/completions") return ChatCompletions(request, responder);
-    if (path == "/tokenize") return Tokenize(request, responder);
-    return Detokenize(request, responder);
+    // These parse a body: JSON, validation, chat template, tokenizer, in time that grows
+    // with its size. That runs on a worker thread, so that the event loop goes on serving
+    // other connections (/health among them) meanwhile.
+    void (OpenAiApi::*route)(const http::Request&, std::shared_ptr<http::Responder>) =
+        path == "/v1/completions"        ? &OpenAiApi::Completions
+        : path == "/v1/chat/completions" ? &OpenAiApi::ChatCompletions
+        : path == "/tokenize"            ? &OpenAiApi::Tokenize
+                                         : &OpenAiApi::Detokenize;
+    responder->Offload([this, route, request, responder] { (this->*route)(request, responder); });
+    return;
   }
   error(NotFound(absl::StrCat("no route ", request.method, " ", path)));
 }
@@ -375,56 +382,10 @@ void OpenAiApi::Models(std::shared_ptr<http::Responder> responder) {
 
 namespace {
 
-// Deepest array/object nesting a request may have. Real requests (tool schemas included)
-// stay far below; the limit keeps hostile nesting from recursing through the stack when
-// the parsed value is copied or destroyed.
-constexpr int kMaxJsonDepth = 64;
-
-// Nesting depth of a JSON text, counting brackets outside strings (the text need not be
-// valid JSON; the parser judges that afterwards).
-int JsonDepth(const std::string& text) {
-  int depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-      if (deepest > kMaxJsonDepth) return deepest;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return deepest;
-}
-
 // The body's "model", or "" when absent or not a string (CheckModel then asks for it).
 std::string ModelOf(const ojson& body) {
   auto it = body.find("model");
   return it != body.end() && it->is_string() ? it->get<std::string>() : "";
-}
-
-// Parses a request body into a JSON object; ApiError for anything else.
-std::variant<ojson, ApiError> ParseBody(const std::string& body) {
-  if (JsonDepth(body) > kMaxJsonDepth) {
-    return BadRequest(
-        absl::StrCat("the request body nests deeper than ", kMaxJsonDepth, " levels"));
-  }
-  ojson j = ojson::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded())
-    return BadRequest("the request body is not valid JSON (or not valid UTF-8)");
-  if (!j.is_object()) return BadRequest("the request body must be a JSON object");
-  return j;
 }
 
 std::variant<std::vector<int32_t>, ApiError> TokenList(const ojson& j, int32_t vocab,
@@ -451,7 +412,7 @@ void OpenAiApi::Completions(const http::Request& request,
     SendError(responder, e);
     finish(e.status);
   };
-  auto body_or = ParseBody(request.body);
+  auto body_or = ParseJsonBody(request.body);
   if (auto* e = std::get_if<ApiError>(&body_or)) return fail(*e);
   const ojson& body = std::get<ojson>(body_or);
   if (auto e = CheckModel(ModelOf(body), options_.served_model_name)) return fail(*e);
@@ -592,7 +553,7 @@ void OpenAiApi::ChatCompletions(const http::Request& request,
   if (chat_template_ == nullptr || tokenizer_ == nullptr) {
     return fail(BadRequest("this model has no tokenizer, so chat is unavailable"));
   }
-  auto body_or = ParseBody(request.body);
+  auto body_or = ParseJsonBody(request.body);
   if (auto* e = std::get_if<ApiError>(&body_or)) return fail(*e);
   const ojson& body = std::get<ojson>(body_or);
   if (auto e = CheckModel(ModelOf(body), options_.served_model_name)) return fail(*e);
@@ -682,7 +643,7 @@ void OpenAiApi::ChatCompletions(const http::Request& request,
 void OpenAiApi::Tokenize(const http::Request& request, std::shared_ptr<http::Responder> responder) {
   auto fail = [&](const ApiError& e) { SendError(responder, e); };
   if (tokenizer_ == nullptr) return fail(BadRequest("this model has no tokenizer"));
-  auto body_or = ParseBody(request.body);
+  auto body_or = ParseJsonBody(request.body);
   if (auto* e = std::get_if<ApiError>(&body_or)) return fail(*e);
   const ojson& body = std::get<ojson>(body_or);
   std::vector<int32_t> tokens;
@@ -720,7 +681,7 @@ void OpenAiApi::Detokenize(const http::Request& request,
                            std::shared_ptr<http::Responder> responder) {
   auto fail = [&](const ApiError& e) { SendError(responder, e); };
   if (tokenizer_ == nullptr) return fail(BadRequest("this model has no tokenizer"));
-  auto body_or = ParseBody(request.body);
+  auto body_or = ParseJsonBody(request.body);
   if (auto* e = std::get_if<ApiError>(&body_or)) return fail(*e);
   const ojson& body = std::get<ojson>(body_or);
   if (!body.contains("tokens") || !body["tokens"].is_array()) {

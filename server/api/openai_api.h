@@ -7,8 +7,10 @@
 // Server-Sent Events ending with "data: [DONE]". A client that disconnects has its
 // requests cancelled, which frees their KV.
 //
-// Thread-safety: Handle runs on HTTP threads; scheduler updates arrive on the scheduler
-// thread; per-request state is locked.
+// Thread-safety: Handle runs on an HTTP event-loop thread and answers the cheap routes
+// there; the routes that parse a body run on the HTTP server's worker threads
+// (Responder::Offload). Scheduler updates arrive on the scheduler thread; per-request
+// state is locked.
 #ifndef STRATA_SERVER_API_OPENAI_API_H_
 #define STRATA_SERVER_API_OPENAI_API_H_
 

@@ -106,14 +106,21 @@ std::variant<ParsedParams, ApiError> ParseParams(const json& body, Endpoint endp
     }
   }
 
-  // logit_bias: {"token id": bias}.
+  // logit_bias: {"token id": bias}, at most one entry per token of the vocabulary.
   if (body.contains("logit_bias") && !body["logit_bias"].is_null()) {
     const json& bias = body["logit_bias"];
     if (!bias.is_object()) return BadRequest("'logit_bias' must be an object", "logit_bias");
-    for (auto& [key, value] : bias.items()) {
+    if (bias.size() > static_cast<size_t>(std::max(limits.vocab_size, 0))) {
+      return BadRequest(absl::StrCat("'logit_bias' has ", bias.size(), " entries; at most ",
+                                     limits.vocab_size, " (the vocabulary size) are allowed"),
+                        "logit_bias");
+    }
+    s.logit_bias.reserve(bias.size());
+    for (const auto& [key, value] : bias.items()) {
       int64_t token;
       if (!absl::SimpleAtoi(key, &token) || token < 0 || token >= limits.vocab_size) {
-        return BadRequest(absl::StrCat("logit_bias key '", key, "' is not a token id"),
+        return BadRequest(absl::StrCat("logit_bias key '", key.substr(0, 32),
+                                       "' is not a token id (0 to ", limits.vocab_size - 1, ")"),
                           "logit_bias");
       }
       if (!value.is_number() || !std::isfinite(value.get<double>()) ||
@@ -123,6 +130,13 @@ std::variant<ParsedParams, ApiError> ParseParams(const json& body, Endpoint endp
       s.logit_bias.emplace_back(static_cast<int32_t>(token), value.get<float>());
     }
     std::sort(s.logit_bias.begin(), s.logit_bias.end());
+    for (size_t i = 1; i < s.logit_bias.size(); ++i) {
+      if (s.logit_bias[i].first == s.logit_bias[i - 1].first) {
+        return BadRequest(
+            absl::StrCat("logit_bias gives token ", s.logit_bias[i].first, " more than once"),
+            "logit_bias");
+      }
+    }
   }
 
   // Logprobs: completions take an integer; chat a boolean plus top_logprobs.

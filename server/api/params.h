@@ -19,7 +19,7 @@ struct ApiLimits {
   int max_logprobs = 20;
   int max_stop_sequences = 16;
   int64_t max_model_len = 4096;
-  int32_t vocab_size = 0;
+  int32_t vocab_size = 0;  // also the most logit_bias entries a request may give
 };
 
 // What the request asked for beyond GenerateRequest.

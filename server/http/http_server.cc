@@ -5,6 +5,7 @@
 #include <boost/beast/http.hpp>
 #include <deque>
 #include <optional>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -33,6 +34,8 @@ struct HttpServer::Impl {
   Handler handler;
   HttpServerStats* stats = nullptr;
   net::io_context ioc;
+  // Declared after ioc, so destroyed first: work still queued holds sessions of ioc.
+  std::optional<net::thread_pool> workers;
   std::optional<tcp::acceptor> acceptor;
   std::vector<std::thread> threads;
   std::atomic<bool> stopped{false};
@@ -53,6 +56,7 @@ class SessionResponder : public Responder {
                    std::vector<std::pair<std::string, std::string>> headers) override;
   void Write(std::string chunk) override;
   void End() override;
+  void Offload(std::function<void()> work) override;
   void OnClose(std::function<void()> callback) override;
   bool closed() const override { return closed_.load(); }
 
@@ -91,12 +95,14 @@ class Session : public std::enable_shared_from_this<Session> {
   void Start() { WaitForRequest(); }
 
   // --- called through SessionResponder, always posted to the strand ---
-  void Enqueue(std::string bytes, bool last) {
+  // `streamed`: a part of a chunked response, whose unread bytes are capped.
+  void Enqueue(std::string bytes, bool last, bool streamed) {
     net::post(stream_.get_executor(),
-              [self = shared_from_this(), bytes = std::move(bytes), last]() mutable {
-                self->EnqueueOnStrand(std::move(bytes), last);
+              [self = shared_from_this(), bytes = std::move(bytes), last, streamed]() mutable {
+                self->EnqueueOnStrand(std::move(bytes), last, streamed);
               });
   }
+  void Offload(std::function<void()> work) { net::post(*server_->workers, std::move(work)); }
   void SetCloseAfterResponse() { keep_alive_ = false; }
   bool keep_alive() const { return keep_alive_; }
 
@@ -162,6 +168,11 @@ class Session : public std::enable_shared_from_this<Session> {
                             [self = shared_from_this()](beast::error_code ec, size_t n) {
                               self->watching_ = false;
                               self->buffer_.commit(n);
+                              if (std::exchange(self->watch_cancelled_, false) &&
+                                  ec == net::error::operation_aborted && !self->closed_) {
+                                // Stopped when the response ended: go on to the next request.
+                                return self->WaitForRequest();
+                              }
                               if (ec) {
                                 self->client_gone_ = true;
                                 if (!self->response_done_ && self->responder_)
@@ -191,15 +202,18 @@ class Session : public std::enable_shared_from_this<Session> {
     std::string bytes = absl::StrCat(
         StatusLine(status), "Content-Type: application/json\r\nContent-Length: ", body.size(),
         "\r\nConnection: close\r\n\r\n", body);
-    EnqueueOnStrand(std::move(bytes), true);
+    EnqueueOnStrand(std::move(bytes), /*last=*/true, /*streamed=*/false);
   }
 
-  void EnqueueOnStrand(std::string bytes, bool last) {
+  // A whole response is queued as one piece however large: it is already in memory, and
+  // cutting it off would lose work done. The cap is for streams, which grow while the
+  // client does not read.
+  void EnqueueOnStrand(std::string bytes, bool last, bool streamed) {
     if (closed_) return;
     queued_bytes_ += bytes.size();
     queue_.push_back(std::move(bytes));
     if (last) last_queued_ = true;
-    if (queued_bytes_ > static_cast<size_t>(server_->options.max_stream_buffer_bytes)) {
+    if (streamed && queued_bytes_ > static_cast<size_t>(server_->options.max_stream_buffer_bytes)) {
       ++server_->stats->slow_clients_dropped;
       LOG_FIRST_N(WARNING, 5) << "dropping " << peer_ << ": " << queued_bytes_
                               << " bytes queued that the client does not read";
@@ -234,7 +248,15 @@ class Session : public std::enable_shared_from_this<Session> {
     if (responder_) responder_->MarkDone();
     responder_.reset();
     if (!keep_alive_ || client_gone_ || server_->stopped.load()) return Close();
-    if (watching_) return;  // the watch read turns into the wait for the next request
+    if (watching_) {
+      // The watch read has no deadline, and a request the client pipelined may be buffered
+      // already: stop it; its handler then waits for the next request (idle timeout) or
+      // reads the buffered one.
+      watch_cancelled_ = true;
+      beast::error_code ec;
+      stream_.socket().cancel(ec);
+      return;
+    }
     WaitForRequest();
   }
 
@@ -264,6 +286,7 @@ class Session : public std::enable_shared_from_this<Session> {
   size_t queued_bytes_ = 0;
   bool writing_ = false;
   bool watching_ = false;
+  bool watch_cancelled_ = false;  // the watch read was cancelled as the response ended
   bool last_queued_ = false;
   bool response_done_ = true;
   bool keep_alive_ = true;
@@ -287,14 +310,14 @@ void SessionResponder::Send(int status, const std::string& content_type, std::st
   std::string bytes = HeaderBlock(status, content_type, headers, session_->keep_alive());
   absl::StrAppend(&bytes, "Content-Length: ", body.size(), "\r\n\r\n");
   bytes += body;
-  session_->Enqueue(std::move(bytes), /*last=*/true);
+  session_->Enqueue(std::move(bytes), /*last=*/true, /*streamed=*/false);
 }
 
 void SessionResponder::StartStream(int status, const std::string& content_type,
                                    std::vector<std::pair<std::string, std::string>> headers) {
   std::string bytes = HeaderBlock(status, content_type, headers, session_->keep_alive());
   bytes += "Transfer-Encoding: chunked\r\n\r\n";
-  session_->Enqueue(std::move(bytes), /*last=*/false);
+  session_->Enqueue(std::move(bytes), /*last=*/false, /*streamed=*/true);
 }
 
 void SessionResponder::Write(std::string chunk) {
@@ -302,10 +325,12 @@ void SessionResponder::Write(std::string chunk) {
   std::string bytes = absl::StrFormat("%x\r\n", chunk.size());
   bytes += chunk;
   bytes += "\r\n";
-  session_->Enqueue(std::move(bytes), /*last=*/false);
+  session_->Enqueue(std::move(bytes), /*last=*/false, /*streamed=*/true);
 }
 
-void SessionResponder::End() { session_->Enqueue("0\r\n\r\n", /*last=*/true); }
+void SessionResponder::End() { session_->Enqueue("0\r\n\r\n", /*last=*/true, /*streamed=*/true); }
+
+void SessionResponder::Offload(std::function<void()> work) { session_->Offload(std::move(work)); }
 
 void SessionResponder::OnClose(std::function<void()> callback) {
   bool call_now = false;
@@ -366,6 +391,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
         absl::StrCat("cannot listen on ", options.host, ":", options.port, ": ", ec.message()));
   }
   server->port_ = impl.acceptor->local_endpoint().port();
+  impl.workers.emplace(static_cast<size_t>(std::max(1, options.worker_threads)));
   impl.Accept();
   for (int i = 0; i < std::max(1, options.threads); ++i) {
     impl.threads.emplace_back([&impl] { impl.ioc.run(); });
@@ -383,6 +409,12 @@ void HttpServer::Stop() {
   });
   impl_->ioc.stop();
   for (auto& t : impl_->threads) t.join();
+  // Work running finishes (what it sends goes nowhere: the event loop has stopped); work
+  // queued is dropped when the pool is destroyed.
+  if (impl_->workers) {
+    impl_->workers->stop();
+    impl_->workers->join();
+  }
 }
 
 }  // namespace strata::http

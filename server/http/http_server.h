@@ -5,8 +5,16 @@
 // size (431 / 413), a deadline to receive a request's headers and body (slow clients cannot
 // pin a connection), an idle timeout between requests, and a cap on bytes queued for a
 // streaming client (a client that does not read is disconnected rather than buffered
-// without bound). A client that disconnects while its request runs triggers the
-// responder's close callback, so the request can be cancelled.
+// without bound). A whole response (Responder::Send) is delivered whatever its size. A
+// client that disconnects while its request runs triggers the responder's close callback,
+// so the request can be cancelled.
+//
+// Requests pipelined on one connection (HTTP/1.1) are handled one at a time and answered
+// in the order they came.
+//
+// Handlers are called on an event-loop thread and must not block it: work that may take
+// long (parsing a large body, tokenizing a long prompt) goes to the server's worker
+// threads through Responder::Offload.
 //
 // Thread-safety: Responder methods may be called from any thread; they post to the
 // connection's strand.
@@ -29,14 +37,17 @@ namespace strata::http {
 
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8000;  // 0: any free port
-  int threads = 2;
+  int port = 8000;         // 0: any free port
+  int threads = 2;         // event-loop threads
+  int worker_threads = 2;  // threads for the work handlers pass to Responder::Offload
   int64_t max_connections = 4096;
   int64_t max_header_bytes = 16 << 10;
   int64_t max_body_bytes = 8 << 20;
   absl::Duration request_read_timeout = absl::Seconds(15);  // headers + body
   absl::Duration idle_timeout = absl::Seconds(65);          // keep-alive between requests
-  int64_t max_stream_buffer_bytes = 4 << 20;                // queued, unread by the client
+  // Bytes of a streamed (chunked) response queued and not yet read by the client; past
+  // it the client is disconnected. Whole responses are not capped.
+  int64_t max_stream_buffer_bytes = 4 << 20;
 };
 
 struct Request {
@@ -64,6 +75,9 @@ class Responder {
                            std::vector<std::pair<std::string, std::string>> headers = {}) = 0;
   virtual void Write(std::string chunk) = 0;
   virtual void End() = 0;
+  // Runs `work` on the server's worker threads instead of the event loop. Work not yet
+  // started when the server stops is dropped (with its captures).
+  virtual void Offload(std::function<void()> work) = 0;
   // Called once if the client goes away (or is cut off) before the response ended.
   virtual void OnClose(std::function<void()> callback) = 0;
   virtual bool closed() const = 0;
@@ -91,9 +105,9 @@ class HttpServer {
 
  private:
   HttpServer() = default;
+  HttpServerStats stats_;  // before impl_: connections still open at destruction update it
   std::unique_ptr<Impl> impl_;
   int port_ = 0;
-  HttpServerStats stats_;
 };
 
 }  // namespace strata::http
