@@ -1,6 +1,11 @@
 #include "compute_node/linear.h"
 
+#include <atomic>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/bfloat16.h"
@@ -104,10 +109,35 @@ absl::StatusOr<std::unique_ptr<Linear>> Linear::Create(
   return linear;
 }
 
+namespace {
+
+std::atomic<int64_t> num_gemm_primitives{0};
+
+}  // namespace
+
+int64_t NumGemmPrimitives() { return num_gemm_primitives.load(); }
+
+int64_t NumRowBuckets(int64_t max_rows) {
+  int64_t n = 0;
+  for (int64_t m = 1; m <= max_rows; m = RowsCapacity(m) + 1) ++n;
+  return n;
+}
+
 const Linear::Primitives& Linear::PrimitivesFor(int64_t bucket_m) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto& slot = primitives_[bucket_m];
-  if (slot == nullptr) {
+  struct Entry {
+    dnnl::memory::desc weights;
+    std::unique_ptr<Primitives> primitives;
+  };
+  static std::mutex mu;
+  static auto* cache = new std::map<std::tuple<int64_t, int64_t, int64_t, bool>,
+                                    std::vector<Entry>>();  // by (bucket, in, out, bias)
+  std::lock_guard<std::mutex> lock(mu);
+  std::vector<Entry>& entries = (*cache)[{bucket_m, in_, out_, has_bias_}];
+  for (const Entry& e : entries) {
+    if (e.weights == weight_desc_) return *e.primitives;
+  }
+  std::unique_ptr<Primitives> slot;
+  {
     dnnl::engine& engine = CpuEngine();
     const dnnl::memory::desc src_desc({bucket_m, in_}, dt::bf16, tag::ab);
     const dnnl::memory::desc dst_desc({bucket_m, out_}, dt::f32, tag::ab);
@@ -125,8 +155,10 @@ const Linear::Primitives& Linear::PrimitivesFor(int64_t bucket_m) const {
       return dnnl::matmul(dnnl::matmul::primitive_desc(desc, attr, engine));
     };
     slot = std::make_unique<Primitives>(Primitives{make(false), make(true)});
+    num_gemm_primitives += 2;
   }
-  return *slot;
+  entries.push_back({weight_desc_, std::move(slot)});
+  return *entries.back().primitives;
 }
 
 void Linear::Forward(int64_t m, const uint16_t* x, float* y, bool accumulate) const {

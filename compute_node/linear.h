@@ -52,6 +52,8 @@ class Linear {
     dnnl::matmul assign;
     dnnl::matmul accumulate;
   };
+  // The primitives for a bucket, from a process-wide cache shared by every Linear of the
+  // same shape (a primitive does not depend on the weights' values, only on their layout).
   const Primitives& PrimitivesFor(int64_t bucket_m) const;
 
   int64_t in_ = 0;
@@ -61,10 +63,16 @@ class Linear {
   dnnl::memory weight_;
   dnnl::memory bias_;  // f32 [1, out], or empty
   bool has_bias_ = false;
-
-  mutable std::mutex mu_;
-  mutable std::map<int64_t, std::unique_ptr<Primitives>> primitives_;  // by bucketed m
 };
+
+// oneDNN matmul primitives made so far in the process: two per row bucket met
+// (RowsCapacity) and distinct Linear shape, kept for the life of the process. All layers of
+// a model share their shapes, so the cache is bounded by
+// 2 x NumRowBuckets(max rows) x (distinct shapes, 5 for a Llama-style model), whatever the
+// number of layers; it fills as new batch sizes appear.
+int64_t NumGemmPrimitives();
+// Distinct buckets of RowsCapacity for 1..max_rows rows.
+int64_t NumRowBuckets(int64_t max_rows);
 
 // The process-wide oneDNN CPU engine.
 dnnl::engine& CpuEngine();

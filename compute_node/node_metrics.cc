@@ -1,5 +1,7 @@
 #include "compute_node/node_metrics.h"
 
+#include "compute_node/linear.h"
+
 namespace strata {
 
 ComputeNodeMetrics::ComputeNodeMetrics(std::shared_ptr<metrics::MetricsRegistry> registry,
@@ -44,6 +46,10 @@ ComputeNodeMetrics::ComputeNodeMetrics(std::shared_ptr<metrics::MetricsRegistry>
   kv_total_ = gauge("strata_compute_node_local_kv_tokens",
                     "Local KV token slots (co-located attention; 0 when disaggregated).");
   kv_used_ = gauge("strata_compute_node_local_kv_tokens_used", "Local KV token slots in use.");
+  gemm_primitives_ =
+      gauge("strata_compute_node_gemm_primitives",
+            "oneDNN matmul primitives cached (two per linear layer and batch-size bucket met; "
+            "bounded, see README.md, \"Memory of a compute node\").");
   bytes_ = &prometheus::BuildCounter()
                 .Name(metrics::kDataPlaneBytes)
                 .Help(metrics::kDataPlaneBytesHelp)
@@ -85,6 +91,7 @@ void ComputeNodeMetrics::Refresh() {
     last_step_ = step;
     last_wait_ = wait;
   }
+  gemm_primitives_->Set(static_cast<double>(NumGemmPrimitives()));
   const ComputeNode* node = compute_node_.load();
   if (node == nullptr) return;
   const control::NodeStatus status = node->Status();

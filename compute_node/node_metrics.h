@@ -46,6 +46,7 @@ class ComputeNodeMetrics {
   prometheus::Gauge* bubble_;
   prometheus::Gauge* kv_total_;
   prometheus::Gauge* kv_used_;
+  prometheus::Gauge* gemm_primitives_;
   prometheus::Family<prometheus::Counter>* bytes_;
   prometheus::Family<prometheus::Counter>* errors_;
 
