@@ -1,6 +1,7 @@
 #include "server/control_plane.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/base/crypto.h"
 #include "common/base/logging.h"
 #include "common/control/version.h"
@@ -386,6 +387,36 @@ bool ControlPlane::Ready() const {
   }
   return compute >= options_.expected_compute_nodes && memory >= options_.expected_memory_nodes &&
          scheduler_->HasCapacity();
+}
+
+std::string ControlPlane::Missing() const {
+  int compute = 0, memory = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, node] : nodes_) {
+      if (!node.view.alive || !node.view.configured) continue;
+      compute += node.view.info.role() == control::ROLE_COMPUTE;
+      memory += node.view.info.role() == control::ROLE_MEMORY;
+    }
+  }
+  const SchedulerStats stats = scheduler_->Stats();
+  std::vector<std::string> missing;
+  if (stats.alive_executors == 0 || compute < options_.expected_compute_nodes) {
+    missing.push_back(absl::StrCat("a compute node (", stats.alive_executors, " of ",
+                                   options_.expected_compute_nodes, " ready)"));
+  }
+  if (options_.expected_memory_nodes > 0 && memory < options_.expected_memory_nodes) {
+    missing.push_back(
+        absl::StrCat("memory nodes (", memory, " of ", options_.expected_memory_nodes, " ready)"));
+  }
+  bool pool = false;
+  for (const PoolStatus& p : stats.pools) pool = pool || p.alive;
+  // Co-located, the pool is the compute node's own cache and goes with it.
+  if (!pool && (options_.expected_memory_nodes > 0 || missing.empty())) {
+    missing.push_back("a KV pool");
+  }
+  if (missing.empty()) return "the scheduler";
+  return absl::StrJoin(missing, " and ");
 }
 
 bool ControlPlane::Serving() const {

@@ -76,6 +76,9 @@ class ControlPlane final : public control::Scheduler::Service {
   // What /health reports: the deployment became Ready once, and can still serve (a live
   // compute node and a live KV pool), possibly degraded while a node is down.
   bool Serving() const;
+  // What keeps the deployment from serving, for /health: the node kinds short of what is
+  // expected, with counts, or the KV pools.
+  std::string Missing() const;
   std::vector<NodeView> Nodes() const;
   // Asks every live node to exit (best effort, with a deadline).
   void ShutdownNodes();

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+
 namespace strata {
 
 const char* FinishReasonName(FinishReason reason) {
@@ -75,7 +77,13 @@ OutputProcessor::Delta OutputProcessor::Push(int32_t token) {
     finished_ = true;
     return delta;
   }
-  if (detokenizer_) held_ += detokenizer_->Push(token);
+  if (detokenizer_) {
+    held_ += detokenizer_->Push(token);
+  } else {
+    // A model without a tokenizer: the text is the ids, as vLLM writes tokens for
+    // return_tokens_as_token_ids, rather than nothing.
+    absl::StrAppend(&held_, "token_id:", token);
+  }
   // A stop string anywhere in the held text ends the sequence there.
   size_t first = std::string::npos;
   const std::string* matched = nullptr;

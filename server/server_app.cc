@@ -114,6 +114,7 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions option
   api::OpenAiApi* api = app->api_.get();
   ServerMetrics* metrics = app->metrics_.get();
   api->SetMetricsText([metrics] { return metrics->Text(); });
+  api->SetHealthDetail([control] { return control->Missing(); });
   api->SetRequestObserver([metrics](const std::string& route, int status, double seconds) {
     metrics->OnHttpRequest(route, status, seconds);
   });

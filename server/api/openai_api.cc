@@ -301,8 +301,9 @@ void OpenAiApi::Handle(const http::Request& request, std::shared_ptr<http::Respo
 
   if (path == "/health") {
     if (healthy_()) return reply(200, R"({"status":"ok"})");
-    return reply(
-        503, R"({"status":"unavailable","message":"waiting for a compute node and a KV pool"})");
+    const std::string missing = missing_ ? missing_() : "a compute node and a KV pool";
+    return reply(503,
+                 Dump(json({{"status", "unavailable"}, {"message", "waiting for " + missing}})));
   }
   if (path == "/ready") {
     if (healthy_() && !draining_) return reply(200, R"({"ready":true})");
@@ -372,7 +373,7 @@ nlohmann::json OpenAiApi::ModelJson() const {
           {"object", "model"},
           {"created", created_},
           {"owned_by", "strata"},
-          {"root", options_.model_path},
+          {"root", options_.served_model_name},
           {"max_model_len", options_.limits.max_model_len}};
 }
 

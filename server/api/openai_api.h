@@ -50,6 +50,8 @@ class OpenAiApi {
   // While draining, /ready answers 503 and new generation requests are refused.
   void SetDraining(bool draining) { draining_ = draining; }
   void SetMetricsText(std::function<std::string()> metrics) { metrics_ = std::move(metrics); }
+  // What /health's 503 says is missing (e.g. "compute nodes (0 of 1 ready)").
+  void SetHealthDetail(std::function<std::string()> missing) { missing_ = std::move(missing); }
   void SetRequestObserver(RequestObserver observer) { observer_ = std::move(observer); }
   int64_t active_streams() const { return active_streams_.load(); }
 
@@ -69,6 +71,7 @@ class OpenAiApi {
   const ChatTemplate* chat_template_;
   ApiOptions options_;
   std::function<bool()> healthy_;
+  std::function<std::string()> missing_;
   std::function<std::string()> metrics_;
   RequestObserver observer_;
   std::atomic<bool> draining_{false};

@@ -38,7 +38,11 @@ TEST(FaultTest, RequestsAfterTheComputeNodeDiesGet503WithNothingInternal) {
   }
   EXPECT_GT(requests, 10);
   EXPECT_EQ(refused, requests);
-  EXPECT_EQ(HttpRequest((*d)->http_port(), "GET", "/health").status, 503);
+  // /health names what is missing: the compute node, not a KV pool too.
+  const HttpResponse health = HttpRequest((*d)->http_port(), "GET", "/health");
+  EXPECT_EQ(health.status, 503);
+  EXPECT_NE(health.body.find("a compute node (0 of 1 ready)"), std::string::npos) << health.body;
+  EXPECT_EQ(health.body.find("KV pool"), std::string::npos) << health.body;
   (*d)->Stop();
 }
 

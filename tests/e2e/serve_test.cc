@@ -3,6 +3,9 @@
 // prompt with greedy text, logprobs and token_id:N tokens, matching the in-process runtime.
 #include <signal.h>
 
+#include <filesystem>
+#include <regex>
+
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/deployment.h"
@@ -42,6 +45,45 @@ Deployment* ServeTest::deployment_ = nullptr;
 TEST_F(ServeTest, HealthIsOkOnceNodesRegistered) {
   EXPECT_EQ(HttpRequest(deployment_->http_port(), "GET", "/health").status, 200);
   EXPECT_NE(deployment_->Pid("compute-0"), -1);
+}
+
+TEST_F(ServeTest, ModelsShowTheServedNameNotThePath) {
+  const HttpResponse r = HttpRequest(deployment_->http_port(), "GET", "/v1/models");
+  ASSERT_EQ(r.status, 200);
+  const json models = json::parse(r.body);
+  EXPECT_EQ(models["data"][0]["id"], "tiny");
+  EXPECT_EQ(models["data"][0]["root"], "tiny");
+  EXPECT_EQ(r.body.find(deployment_->model_dir()), std::string::npos) << r.body;
+}
+
+// A model directory without tokenizer files: token-id prompts work and the completion's
+// text is its token ids, never an empty string.
+TEST(NoTokenizerTest, CompletionTextIsTheTokenIds) {
+  auto model = TestModel("tiny");
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::string dir = TestTmpDir() + "/no-tokenizer/tiny";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  for (const auto& entry : std::filesystem::directory_iterator(*model)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("tokenizer", 0) == 0) continue;
+    std::filesystem::copy(entry.path(), dir + "/" + name);
+  }
+  DeploymentOptions options;
+  options.model_dir = dir;
+  auto d = Deployment::Start(options);
+  ASSERT_TRUE(d.ok()) << d.status();
+  const HttpResponse r =
+      HttpRequest((*d)->http_port(), "POST", "/v1/completions",
+                  R"({"model":"tiny","prompt":[1,5,9],"max_tokens":4,"ignore_eos":true})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json body = json::parse(r.body);
+  const std::string text = body["choices"][0]["text"];
+  EXPECT_TRUE(std::regex_match(text, std::regex("(token_id:[0-9]+){4}"))) << text;
+  const HttpResponse words = HttpRequest((*d)->http_port(), "POST", "/v1/completions",
+                                         R"({"model":"tiny","prompt":"hello","max_tokens":4})");
+  EXPECT_EQ(words.status, 400) << words.body;
+  (*d)->Stop();
 }
 
 TEST_F(ServeTest, CompletionFromStringAndFromTokenIds) {
