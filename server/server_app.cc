@@ -54,8 +54,6 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions option
     LOG(WARNING) << options.model_dir
                  << " has no tokenizer.json: prompts must be token ids, chat is off";
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<const ClusterAuth> auth,
-                   ClusterAuth::Load(options.cluster_auth));
 
   const int64_t max_model_len =
       options.max_model_len > 0 ? options.max_model_len : model.max_position_embeddings;
@@ -72,6 +70,9 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions option
   sc.epoch =
       std::random_device{}() | (static_cast<uint64_t>(absl::ToUnixSeconds(absl::Now())) << 32);
   RETURN_IF_ERROR(Scheduler::ValidateConfig(sc));
+  // The secret is checked after the model directory and the flags, so their errors come first.
+  ASSIGN_OR_RETURN(std::shared_ptr<const ClusterAuth> auth,
+                   ClusterAuth::Load(options.cluster_auth));
   app->scheduler_ = std::make_unique<Scheduler>(sc, app->tokenizer_.get());
   app->scheduler_->Start();
   app->metrics_ = std::make_unique<ServerMetrics>(std::make_shared<metrics::MetricsRegistry>(),

@@ -5,7 +5,6 @@
 // and dials the data-plane bootstrap. Every call is refused with UNAUTHENTICATED and
 // counted, and the deployment keeps serving. The processes also refuse to start without a
 // usable secret, with errors that name the flag (after the model directory's errors).
-#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
 
@@ -19,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "proto/control.grpc.pb.h"
 #include "tests/common/deployment.h"
+#include "tests/common/grpc_raw.h"
 #include "tests/common/http_client.h"
 
 namespace strata::testing {
@@ -32,38 +32,11 @@ std::shared_ptr<grpc::Channel> Channel(int port) {
 // cluster-token metadata to send ("" for none).
 grpc::Status Call(int port, const std::string& method, const std::string& token,
                   const std::string& bytes = "", std::string* reply_bytes = nullptr) {
-  grpc::GenericStub stub(Channel(port));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  if (!token.empty()) context.AddMetadata(kClusterTokenMetadata, token);
-  grpc::CompletionQueue cq;
-  auto call = stub.PrepareCall(&context, method, &cq);
-  void* tag;
-  bool ok;
-  call->StartCall(reinterpret_cast<void*>(1));
-  cq.Next(&tag, &ok);
-  grpc::Slice slice(bytes);
-  grpc::ByteBuffer message(&slice, 1), reply;
-  call->Write(message, reinterpret_cast<void*>(2));
-  cq.Next(&tag, &ok);
-  call->WritesDone(reinterpret_cast<void*>(3));
-  cq.Next(&tag, &ok);
-  call->Read(&reply, reinterpret_cast<void*>(4));
-  cq.Next(&tag, &ok);
-  if (ok && reply_bytes != nullptr) {
-    std::vector<grpc::Slice> slices;
-    (void)reply.Dump(&slices);
-    for (const grpc::Slice& s : slices) {
-      reply_bytes->append(reinterpret_cast<const char*>(s.begin()), s.size());
-    }
-  }
-  grpc::Status status;
-  call->Finish(&status, reinterpret_cast<void*>(5));
-  cq.Next(&tag, &ok);
-  cq.Shutdown();
-  while (cq.Next(&tag, &ok)) {
-  }
-  return status;
+  RawCallResult r = RawGrpcCall(port, method, bytes, [&](grpc::ClientContext* c) {
+    if (!token.empty()) c->AddMetadata(kClusterTokenMetadata, token);
+  });
+  if (reply_bytes != nullptr) *reply_bytes = r.reply;
+  return r.status;
 }
 
 std::vector<std::string> Methods(const google::protobuf::ServiceDescriptor* service) {
@@ -256,6 +229,7 @@ TEST(ControlAuthTest, ProcessesRefuseToStartWithoutAUsableSecret) {
       {{server, "--model=/nonexistent/model", "--port=0", "--control_port=0"},
        "/nonexistent/model/config.json"},
       {{compute, "--model=/nonexistent/model"}, "/nonexistent/model/config.json"},
+      {{server, model_flag, "--port=0", "--control_port=0", "--policy=bogus"}, "bogus"},
   };
   for (const auto& [argv, want] : cases) {
     const auto [status, output] =

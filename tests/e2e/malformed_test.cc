@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "proto/control.grpc.pb.h"
 #include "tests/common/deployment.h"
+#include "tests/common/grpc_raw.h"
 #include "tests/common/http_client.h"
 
 namespace strata::testing {
@@ -69,30 +70,11 @@ grpc::Status RawUnary(int port, const std::string& method, const std::string& by
 // Raw bytes as one message of a bidirectional stream: whether any reply came back.
 bool RawStreamGotReply(int port, const std::string& method, const std::string& bytes,
                        bool authenticated = true) {
-  grpc::GenericStub stub(Channel(port));
-  grpc::ClientContext context;
-  if (authenticated) TestClusterAuth()->Attach(&context);
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  grpc::CompletionQueue cq;
-  auto call = stub.PrepareCall(&context, method, &cq);
-  void* tag;
-  bool ok;
-  call->StartCall(reinterpret_cast<void*>(1));
-  cq.Next(&tag, &ok);
-  grpc::Slice slice(bytes);
-  grpc::ByteBuffer message(&slice, 1), reply;
-  call->Write(message, reinterpret_cast<void*>(2));
-  cq.Next(&tag, &ok);
-  call->Read(&reply, reinterpret_cast<void*>(3));
-  cq.Next(&tag, &ok);
-  const bool got_reply = ok;
-  grpc::Status status;
-  call->Finish(&status, reinterpret_cast<void*>(4));
-  cq.Next(&tag, &ok);
-  cq.Shutdown();
-  while (cq.Next(&tag, &ok)) {
-  }
-  return got_reply;
+  return RawGrpcCall(port, method, bytes,
+                     [&](grpc::ClientContext* c) {
+                       if (authenticated) TestClusterAuth()->Attach(c);
+                     })
+      .got_reply;
 }
 
 std::string Garbage(size_t n, uint32_t seed) {
@@ -345,6 +327,26 @@ TEST(MalformedTest, ComputeNodeRejectsBadPlansAndGarbage) {
   EXPECT_FALSE(run(plan).error().empty());
   plan.set_epoch(4);  // another scheduler's plan
   EXPECT_FALSE(run(plan).error().empty());
+  // Fuzz, with credentials: random and truncated Configure and RunSteps payloads. None may
+  // crash the node or change its configuration, unless it parsed into one it accepted.
+  std::mt19937 rng(7);
+  const std::string good_config = config.SerializeAsString();
+  int accepted = 0;
+  for (int i = 0; i < 100; ++i) {
+    std::string payload = Garbage(rng() % 1500, rng());
+    if (i % 3 == 0) payload = good_config.substr(0, rng() % (good_config.size() + 1)) + payload;
+    accepted += RawUnary(control, "/strata.control.ComputeNode/Configure", payload).ok();
+    if (i % 10 == 0) {
+      RawStreamGotReply(control, "/strata.control.ComputeNode/RunSteps", payload);
+    }
+  }
+  if (accepted > 0) {
+    grpc::ClientContext context;
+    TestClusterAuth()->Attach(&context);
+    control::ComputeConfigAck ack;
+    ASSERT_TRUE(
+        control::ComputeNode::NewStub(Channel(control))->Configure(&context, config, &ack).ok());
+  }
   // A sound plan still runs.
   plan.set_epoch(3);
   plan.mutable_assignments(0)->set_slots(0, 0);
