@@ -103,7 +103,7 @@ TEST(Linear, FusedPartsBiasAndAccumulate) {
   }
 }
 
-// ARCHITECTURE.md: GEMM rows must not depend on the batch size or the thread count.
+// docs/architecture.md: GEMM rows must not depend on the batch size or the thread count.
 TEST(Linear, RowsIndependentOfBatchSizeAndThreads) {
   const int64_t in = 768, out = 2048;
   Weight w = MakeWeight(out, in, 7);

@@ -1,4 +1,4 @@
-// Determinism of the co-located forward pass (ARCHITECTURE.md, "Determinism"): the logits of
+// Determinism of the co-located forward pass (docs/architecture.md, "Determinism"): the logits of
 // a row are bit-identical whatever else is in the batch, however the prompt is chunked, at
 // any thread count, and whether a position is reached by prefill or by decode.
 #include "compute_node/model_runner.h"

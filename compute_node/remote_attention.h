@@ -7,7 +7,7 @@
 // of mini-batch i+1 overlaps attention on mini-batch i at the memory node, and answers
 // stream back while later mini-batches compute.
 //
-// Prefill chunks follow the policy (ARCHITECTURE.md, "A step of decoding"):
+// Prefill chunks follow the policy (docs/architecture.md, "A step of decoding"):
 //   "split"  (Lamina): for a chunk starting at position s, the memory node folds the tiles
 //            below ceil(s / 64) (the cached prefix, and the chunk's share of the tile that
 //            straddles s) and returns the fold state; this node continues the fold over the

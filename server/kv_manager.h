@@ -1,5 +1,5 @@
 // The scheduler's KV ledger: the only allocator of KV slots in a strata deployment
-// (ARCHITECTURE.md). Memory nodes (or, in co-located mode, compute nodes) hold the memory
+// (docs/architecture.md). Memory nodes (or, in co-located mode, compute nodes) hold the memory
 // and write where step plans tell them; this class decides where.
 //
 // Per pool (a memory node, or a co-located compute node's own cache):

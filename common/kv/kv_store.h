@@ -1,7 +1,7 @@
 // The KV cache of one node: for every layer, K and V arrays of
 // [num_slots][num_kv_heads][head_dim] elements (bf16 or f16), addressed by token slot.
 //
-// The store never allocates slots: the scheduler owns the slot ledger (ARCHITECTURE.md)
+// The store never allocates slots: the scheduler owns the slot ledger (docs/architecture.md)
 // and tells this node where each token goes. The memory is reserved and pre-faulted at
 // construction (first touch costs ~3 s/GiB here), with transparent huge pages requested.
 //

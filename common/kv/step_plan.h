@@ -12,7 +12,7 @@ namespace strata {
 
 // table[start + i] = slots[i] for the request, after truncating its table to `start`
 // entries. The scheduler sends a request's full table once, then only new extents
-// (ARCHITECTURE.md: diffs). Truncation serves preemption and re-prefill.
+// (docs/architecture.md: diffs). Truncation serves preemption and re-prefill.
 struct SlotAssignment {
   uint64_t request_id = 0;
   int32_t start = 0;

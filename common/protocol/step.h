@@ -1,7 +1,7 @@
 // One step of one batch, as the scheduler plans it and a compute node executes it. Plain
 // structs; the gRPC edge converts them to and from proto/control.proto (step_proto.h).
 //
-// A plan carries diffs (ARCHITECTURE.md): a request's fixed data (sampling parameters,
+// A plan carries diffs (docs/architecture.md): a request's fixed data (sampling parameters,
 // prompt length) once in `setups`; its KV slot extents as they grow in `assignments`; the
 // rows to compute in `chunks`; and, once it is done, a `release` that drops its caches on
 // the compute node and its slot table on the memory node that held it.

@@ -1,4 +1,4 @@
-// Framing of data-plane messages between compute and memory nodes (ARCHITECTURE.md,
+// Framing of data-plane messages between compute and memory nodes (docs/architecture.md,
 // "A step of decoding").
 //
 // Every message carries a fixed 64-byte FrameHeader as its transport header: magic,

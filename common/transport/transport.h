@@ -1,4 +1,4 @@
-// The data plane: tagged messages between nodes (ARCHITECTURE.md, "Planes").
+// The data plane: tagged messages between nodes (docs/architecture.md, "Planes").
 //
 // A message is a small header plus a payload, sent to a peer and handed to the receiver's
 // handler for its tag. Messages to one peer arrive in the order they were sent. Every

@@ -8,7 +8,7 @@
 // the empty state. Decode, chunked prefill, splitting the tiles over threads ("split-K":
 // tile states computed in parallel, then folded in order) and splitting them between a
 // memory node (the cached prefix) and a compute node (the rest) therefore all perform the
-// same arithmetic, and their results are bit-identical. See ARCHITECTURE.md,
+// same arithmetic, and their results are bit-identical. See docs/architecture.md,
 // "Determinism". Results do depend on the instruction set: all nodes of one deployment
 // must run the same path (kernels/cpu/isa.h).
 //
