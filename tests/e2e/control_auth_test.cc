@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -173,6 +174,29 @@ TEST(ControlAuthTest, EveryInternalCallWithoutTheSecretIsRefused) {
     auto peer = (*client)->Connect(health.node().data_address());
     ASSERT_FALSE(peer.ok());
     EXPECT_EQ(peer.status().code(), absl::StatusCode::kUnauthenticated) << peer.status();
+  }
+
+  // Fuzz of the scheduler's side, with credentials: random and mutated Register and
+  // Heartbeat payloads. A heartbeat never revives or replaces a node (it needs the node's id,
+  // epoch and session token), and a registration under a live node's name is refused, so
+  // the deployment keeps serving with the nodes it had.
+  {
+    control::RegisterRequest real;
+    real.mutable_node()->set_name("compute-0");
+    real.mutable_node()->set_role(control::ROLE_COMPUTE);
+    real.mutable_node()->set_protocol_version(1);
+    const std::string seed = real.SerializeAsString();
+    std::mt19937 rng(11);
+    auto with_token = [](grpc::ClientContext* c) { TestClusterAuth()->Attach(c); };
+    for (int i = 0; i < 100; ++i) {
+      std::string payload(rng() % 600, '\0');
+      for (char& ch : payload) ch = static_cast<char>(rng());
+      if (i % 2 == 0) payload = seed.substr(0, rng() % (seed.size() + 1)) + payload;
+      RawGrpcCall(scheduler, "/strata.control.Scheduler/Heartbeat", payload, with_token);
+      const RawCallResult r =
+          RawGrpcCall(scheduler, "/strata.control.Scheduler/Register", payload, with_token);
+      EXPECT_NE(r.status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    }
   }
 
   // Refusals are counted in every process, and the deployment still serves.
