@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "common/kv/attention_engine.h"
-#include "common/kv/step_plan.h"
+#include "common/protocol/step_plan.h"
 #include "compute_node/model_runner.h"
+#include "memory_node/attention_engine.h"
 
 namespace strata {
 

@@ -30,10 +30,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/kv/attention_engine.h"
 #include "common/protocol/attention_wire.h"
 #include "common/transport/frame.h"
 #include "common/transport/transport.h"
+#include "memory_node/attention_engine.h"
 #include "proto/control.pb.h"
 
 namespace strata {

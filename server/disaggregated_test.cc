@@ -16,8 +16,8 @@
 #include "compute_node/step_engine.h"
 #include "gtest/gtest.h"
 #include "memory_node/memory_server.h"
-#include "server/in_process_executor.h"
 #include "server/scheduler.h"
+#include "server/testing/in_process_executor.h"
 
 namespace strata {
 namespace {

@@ -14,7 +14,7 @@
 #include "compute_node/model_weights.h"
 #include "compute_node/step_engine.h"
 #include "gtest/gtest.h"
-#include "server/in_process_executor.h"
+#include "server/testing/in_process_executor.h"
 
 namespace strata {
 namespace {

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/kv/step_plan.h"
+#include "common/protocol/step_plan.h"
 
 namespace strata {
 

@@ -10,8 +10,8 @@
 #include "absl/status/statusor.h"
 #include "common/control/cluster_auth.h"
 #include "common/model/model_config.h"
+#include "common/process/supervisor.h"
 #include "compute_node/remote_attention.h"
-#include "deploy/local/supervisor.h"
 #include "proto/control.pb.h"
 
 namespace strata::bench {

@@ -36,12 +36,12 @@
 #include "absl/time/clock.h"
 #include "common/bench/read_probe.h"
 #include "common/model/model_generator.h"
+#include "common/process/supervisor.h"
 #include "compute_node/attention_backend.h"
 #include "compute_node/bench/memory_nodes.h"
 #include "compute_node/model_runner.h"
 #include "compute_node/model_weights.h"
 #include "compute_node/remote_attention.h"
-#include "deploy/local/supervisor.h"
 #include "proto/control.grpc.pb.h"
 #include "tests/common/netns.h"
 

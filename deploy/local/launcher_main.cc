@@ -24,7 +24,7 @@
 #include "common/base/shutdown.h"
 #include "common/control/cluster_flags.h"
 #include "common/model/model_generator.h"
-#include "deploy/local/supervisor.h"
+#include "common/process/supervisor.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, model, "",

@@ -30,8 +30,8 @@
 #include "compute_node/model_weights.h"
 #include "compute_node/remote_attention.h"
 #include "compute_node/step_engine.h"
-#include "server/in_process_executor.h"
 #include "server/scheduler.h"
+#include "server/testing/in_process_executor.h"
 
 ABSL_FLAG(std::string, model, "", "Model directory (default: the demo shape in /tmp)");
 ABSL_FLAG(std::string, modes, "colocated,disaggregated", "Which modes to run");

@@ -84,7 +84,7 @@ int Run() {
       const double kv_bytes = 2.0 * slots * row_elems * 2;
       const int layers =
           std::max(2, static_cast<int>(absl::GetFlag(FLAGS_rotate_mb) * 1e6 / kv_bytes + 0.999));
-      // Huge pages, as the KV store asks for them (common/kv/kv_store.cc).
+      // Huge pages, as the KV store asks for them (memory_node/kv_store.cc).
       const size_t kv_elems = static_cast<size_t>(layers) * 2 * slots * row_elems;
       const size_t kv_alloc = (kv_elems * 2 + (2u << 20) - 1) & ~((2ull << 20) - 1);
       auto* kv = static_cast<uint16_t*>(aligned_alloc(2u << 20, kv_alloc));

@@ -1,4 +1,4 @@
-#include "common/kv/attention_engine.h"
+#include "memory_node/attention_engine.h"
 
 #include <cmath>
 #include <cstring>

@@ -1,8 +1,8 @@
 // A compute node in the scheduler's own process: a StepEngine run on a worker thread. Used
 // by scheduler tests and benchmarks, which then exercise the real forward pass without
 // gRPC in between.
-#ifndef STRATA_SERVER_IN_PROCESS_EXECUTOR_H_
-#define STRATA_SERVER_IN_PROCESS_EXECUTOR_H_
+#ifndef STRATA_SERVER_TESTING_IN_PROCESS_EXECUTOR_H_
+#define STRATA_SERVER_TESTING_IN_PROCESS_EXECUTOR_H_
 
 #include <condition_variable>
 #include <deque>
@@ -38,4 +38,4 @@ class InProcessExecutor : public StepExecutor {
 
 }  // namespace strata
 
-#endif  // STRATA_SERVER_IN_PROCESS_EXECUTOR_H_
+#endif  // STRATA_SERVER_TESTING_IN_PROCESS_EXECUTOR_H_

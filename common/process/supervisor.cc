@@ -1,4 +1,4 @@
-#include "deploy/local/supervisor.h"
+#include "common/process/supervisor.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

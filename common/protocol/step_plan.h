@@ -2,8 +2,8 @@
 // about one step of one batch: which requests' KV slot tables change, and which request and
 // position each row of the batch belongs to. Plain structs: protos are converted to these
 // at the transport edge.
-#ifndef STRATA_COMMON_KV_STEP_PLAN_H_
-#define STRATA_COMMON_KV_STEP_PLAN_H_
+#ifndef STRATA_COMMON_PROTOCOL_STEP_PLAN_H_
+#define STRATA_COMMON_PROTOCOL_STEP_PLAN_H_
 
 #include <cstdint>
 #include <vector>
@@ -45,4 +45,4 @@ struct StepKvPlan {
 
 }  // namespace strata
 
-#endif  // STRATA_COMMON_KV_STEP_PLAN_H_
+#endif  // STRATA_COMMON_PROTOCOL_STEP_PLAN_H_

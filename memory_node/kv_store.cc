@@ -1,4 +1,4 @@
-#include "common/kv/kv_store.h"
+#include "memory_node/kv_store.h"
 
 #include <sys/mman.h>
 

@@ -1,4 +1,4 @@
-#include "server/in_process_executor.h"
+#include "server/testing/in_process_executor.h"
 
 namespace strata {
 

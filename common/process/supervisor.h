@@ -3,8 +3,8 @@
 //
 // Children get their own process group (so a terminal's Ctrl-C reaches the launcher,
 // which stops them in order) and die with the launcher (PR_SET_PDEATHSIG).
-#ifndef STRATA_DEPLOY_LOCAL_SUPERVISOR_H_
-#define STRATA_DEPLOY_LOCAL_SUPERVISOR_H_
+#ifndef STRATA_COMMON_PROCESS_SUPERVISOR_H_
+#define STRATA_COMMON_PROCESS_SUPERVISOR_H_
 
 #include <sys/types.h>
 
@@ -46,4 +46,4 @@ int HttpGetStatus(int port, const std::string& path, absl::Duration timeout);
 
 }  // namespace strata
 
-#endif  // STRATA_DEPLOY_LOCAL_SUPERVISOR_H_
+#endif  // STRATA_COMMON_PROCESS_SUPERVISOR_H_

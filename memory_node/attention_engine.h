@@ -21,8 +21,8 @@
 //
 // Thread-safety: Prepare and AttendRows are called from one thread at a time (kernels use
 // OpenMP inside).
-#ifndef STRATA_COMMON_KV_ATTENTION_ENGINE_H_
-#define STRATA_COMMON_KV_ATTENTION_ENGINE_H_
+#ifndef STRATA_MEMORY_NODE_ATTENTION_ENGINE_H_
+#define STRATA_MEMORY_NODE_ATTENTION_ENGINE_H_
 
 #include <cstdint>
 #include <memory>
@@ -31,9 +31,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/kv/kv_store.h"
-#include "common/kv/step_plan.h"
+#include "common/protocol/step_plan.h"
 #include "kernels/cpu/attention.h"
+#include "memory_node/kv_store.h"
 
 namespace strata {
 
@@ -114,4 +114,4 @@ class AttentionEngine {
 
 }  // namespace strata
 
-#endif  // STRATA_COMMON_KV_ATTENTION_ENGINE_H_
+#endif  // STRATA_MEMORY_NODE_ATTENTION_ENGINE_H_

@@ -7,8 +7,8 @@
 //
 // Thread-safety: concurrent writes to distinct slots and reads of slots nobody writes are
 // safe; the owner (AttentionEngine) serialises steps.
-#ifndef STRATA_COMMON_KV_KV_STORE_H_
-#define STRATA_COMMON_KV_KV_STORE_H_
+#ifndef STRATA_MEMORY_NODE_KV_STORE_H_
+#define STRATA_MEMORY_NODE_KV_STORE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -67,4 +67,4 @@ class KvStore {
 
 }  // namespace strata
 
-#endif  // STRATA_COMMON_KV_KV_STORE_H_
+#endif  // STRATA_MEMORY_NODE_KV_STORE_H_
