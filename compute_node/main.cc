@@ -33,14 +33,16 @@ ABSL_FLAG(int64_t, kv_budget_mib, 1024, "Local KV cache for co-located mode, MiB
 ABSL_FLAG(int64_t, max_batch_rows, 2048, "Rows (tokens) per step");
 ABSL_FLAG(int64_t, max_model_len, 0, "Context length (0: the model's)");
 ABSL_FLAG(bool, prefault_kv, true, "Touch the KV cache at start-up");
-ABSL_FLAG(int, attention_minibatches, 2,
+// Defaults come from the options structs, declared once there.
+ABSL_FLAG(int, attention_minibatches, strata::RemoteAttentionOptions().minibatches,
           "Disaggregated mode: mini-batches per memory node and layer (1: no overlap)");
-ABSL_FLAG(int, attention_min_minibatch_rows, 16,
+ABSL_FLAG(int, attention_min_minibatch_rows, strata::RemoteAttentionOptions().min_minibatch_rows,
           "Disaggregated mode: rows a mini-batch has at least (a smaller share goes whole)");
-ABSL_FLAG(std::string, prefill_attention, "split",
+ABSL_FLAG(std::string, prefill_attention, strata::RemoteAttentionOptions().prefill_policy,
           "Disaggregated mode: where prefill chunks attend to themselves: split (here, the "
           "cached prefix on the memory node) or memory (all on the memory node)");
-ABSL_FLAG(int64_t, attention_timeout_ms, 10000,
+ABSL_FLAG(int64_t, attention_timeout_ms,
+          absl::ToInt64Milliseconds(strata::RemoteAttentionOptions().layer_timeout),
           "Disaggregated mode: how long a layer waits for a memory node before declaring it hung");
 ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics port (-1: off, 0: any free port)");
 ABSL_FLAG(bool, verify_checksums, true, "Verify the checksum of every data-plane frame");

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
+#include "common/base/stopwatch.h"
 #include "kernels/cpu/attention.h"
 
 namespace strata {
@@ -18,12 +19,6 @@ using transport::FrameKind;
 using transport::PeerId;
 
 constexpr int kTile = kernels::kAttentionTileTokens;
-
-uint64_t MicrosSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
-                                                               start)
-      .count();
-}
 
 }  // namespace
 

@@ -2,24 +2,18 @@
 
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
+#include "common/control/grpc_status.h"
 #include "common/protocol/step_proto.h"
 
 namespace strata {
-namespace {
-
-grpc::Status ToGrpc(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
-
-}  // namespace
+namespace {}  // namespace
 
 grpc::Status ComputeNodeService::Configure(grpc::ServerContext* context,
                                            const control::ComputeConfig* request,
                                            control::ComputeConfigAck* response) {
   if (grpc::Status auth = auth_->Check(context); !auth.ok()) return auth;
   auto ack = node_->Configure(*request);
-  if (!ack.ok()) return ToGrpc(ack.status());
+  if (!ack.ok()) return ToGrpcStatus(ack.status());
   *response = *ack;
   return grpc::Status::OK;
 }

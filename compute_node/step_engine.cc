@@ -5,17 +5,9 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/stopwatch.h"
 
 namespace strata {
-namespace {
-
-uint64_t MicrosSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
-                                                               start)
-      .count();
-}
-
-}  // namespace
 
 StepEngine::StepEngine(const ModelRunner* runner, AttentionBackend* attention,
                        StepEngineOptions options)

@@ -2,6 +2,7 @@
 
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
+#include "common/control/grpc_status.h"
 
 namespace strata {
 
@@ -12,8 +13,7 @@ grpc::Status MemoryNodeService::Configure(grpc::ServerContext* context,
   auto ack = server_->Configure(*request);
   if (!ack.ok()) {
     LOG(ERROR) << "configuration refused: " << ack.status();
-    return grpc::Status(static_cast<grpc::StatusCode>(ack.status().code()),
-                        std::string(ack.status().message()));
+    return ToGrpcStatus(ack.status());
   }
   *response = *ack;
   return grpc::Status::OK;

@@ -9,6 +9,7 @@
 #include "common/control/cluster_flags.h"
 #include "server/server_app.h"
 
+// Scheduler defaults come from SchedulerConfig, declared once there.
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory (config.json, tokenizer)");
 ABSL_FLAG(std::string, served_model_name, "", "Model name in the API (default: directory name)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "HTTP listen address");
@@ -21,13 +22,19 @@ ABSL_FLAG(std::string, grpc_host, "127.0.0.1", "gRPC API listen address");
 ABSL_FLAG(int, compute_nodes, 1, "Compute nodes to wait for before /health is 200");
 ABSL_FLAG(int, memory_nodes, 0, "Memory nodes to wait for (0: co-located attention)");
 ABSL_FLAG(int64_t, max_model_len, 0, "Context length (0: the model's)");
-ABSL_FLAG(int64_t, max_num_seqs, 256, "Sequences per step");
-ABSL_FLAG(int64_t, max_num_batched_tokens, 2048, "Rows per step");
-ABSL_FLAG(int64_t, max_prefill_tokens, 2048, "Prompt rows per step");
-ABSL_FLAG(int64_t, prefill_chunk_tokens, 512, "Prefill chunk size (0: no chunking)");
-ABSL_FLAG(int64_t, max_waiting, 1024, "Queued requests before refusing with 429");
-ABSL_FLAG(std::string, policy, "fifo", "Scheduling policy: fifo or priority");
-ABSL_FLAG(bool, enable_prefix_caching, true, "Reuse cached prompt prefixes");
+ABSL_FLAG(int64_t, max_num_seqs, strata::SchedulerConfig().max_num_seqs, "Sequences per step");
+ABSL_FLAG(int64_t, max_num_batched_tokens, strata::SchedulerConfig().max_num_batched_tokens,
+          "Rows per step");
+ABSL_FLAG(int64_t, max_prefill_tokens, strata::SchedulerConfig().max_prefill_tokens,
+          "Prompt rows per step");
+ABSL_FLAG(int64_t, prefill_chunk_tokens, strata::SchedulerConfig().prefill_chunk_tokens,
+          "Prefill chunk size (0: no chunking)");
+ABSL_FLAG(int64_t, max_waiting, strata::SchedulerConfig().max_waiting,
+          "Queued requests before refusing with 429");
+ABSL_FLAG(std::string, policy, strata::SchedulerConfig().policy,
+          "Scheduling policy: fifo or priority");
+ABSL_FLAG(bool, enable_prefix_caching, strata::SchedulerConfig().enable_prefix_caching,
+          "Reuse cached prompt prefixes");
 ABSL_FLAG(int64_t, request_timeout_s, 0, "Per-request timeout, seconds (0: none)");
 ABSL_FLAG(std::string, api_key, "",
           "Require 'Authorization: Bearer KEY' on /v1 and the gRPC API (visible in ps: prefer "

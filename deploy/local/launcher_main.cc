@@ -47,9 +47,10 @@ ABSL_FLAG(int64_t, memory_kv_budget_mib, 1024, "KV cache per memory node, MiB");
 ABSL_FLAG(std::string, data_plane, "tcp",
           "tcp: UCX over loopback TCP, which detects dead peers; sm: UCX shared memory, "
           "faster, for benchmarks (a dead peer is found by deadlines only)");
-ABSL_FLAG(int, attention_minibatches, 2, "Mini-batches per memory node and layer");
-ABSL_FLAG(std::string, prefill_attention, "split", "split or memory (see compute_node)");
-ABSL_FLAG(int64_t, attention_timeout_ms, 10000, "Per-layer deadline on memory nodes");
+// 0 or "": the compute node's own default (compute_node --helpfull).
+ABSL_FLAG(int, attention_minibatches, 0, "Mini-batches per memory node and layer");
+ABSL_FLAG(std::string, prefill_attention, "", "split or memory (see compute_node)");
+ABSL_FLAG(int64_t, attention_timeout_ms, 0, "Per-layer deadline on memory nodes");
 ABSL_FLAG(std::string, node_args, "", "Extra flags for compute and memory nodes, comma-separated");
 ABSL_FLAG(bool, node_metrics, true, "Give every node a /metrics port (listed in --port_file)");
 ABSL_FLAG(std::string, bin_dir, "", "Where the built binaries are (bazel-bin)");
@@ -288,13 +289,21 @@ int Run() {
         name,
         {bin + "/compute_node/compute_node", "--model=" + model, "--scheduler=" + scheduler,
          "--name=" + name, absl::StrCat("--threads=", threads),
-         absl::StrCat("--kv_budget_mib=", absl::GetFlag(FLAGS_kv_budget_mib)),
-         absl::StrCat("--attention_minibatches=", absl::GetFlag(FLAGS_attention_minibatches)),
-         "--prefill_attention=" + absl::GetFlag(FLAGS_prefill_attention),
-         absl::StrCat("--attention_timeout_ms=", absl::GetFlag(FLAGS_attention_timeout_ms))},
+         absl::StrCat("--kv_budget_mib=", absl::GetFlag(FLAGS_kv_budget_mib))},
         {{"OMP_NUM_THREADS", std::to_string(threads)}, {"OMP_WAIT_POLICY", "PASSIVE"}}};
     if (absl::GetFlag(FLAGS_max_model_len) > 0) {
       spec.argv.push_back(absl::StrCat("--max_model_len=", absl::GetFlag(FLAGS_max_model_len)));
+    }
+    if (absl::GetFlag(FLAGS_attention_minibatches) > 0) {
+      spec.argv.push_back(
+          absl::StrCat("--attention_minibatches=", absl::GetFlag(FLAGS_attention_minibatches)));
+    }
+    if (!absl::GetFlag(FLAGS_prefill_attention).empty()) {
+      spec.argv.push_back("--prefill_attention=" + absl::GetFlag(FLAGS_prefill_attention));
+    }
+    if (absl::GetFlag(FLAGS_attention_timeout_ms) > 0) {
+      spec.argv.push_back(
+          absl::StrCat("--attention_timeout_ms=", absl::GetFlag(FLAGS_attention_timeout_ms)));
     }
     spec.argv.insert(spec.argv.end(), auth_args.begin(), auth_args.end());
     spec.argv.insert(spec.argv.end(), transport_args.begin(), transport_args.end());
