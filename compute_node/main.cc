@@ -38,7 +38,7 @@ ABSL_FLAG(int, attention_minibatches, strata::RemoteAttentionOptions().minibatch
           "Disaggregated mode: mini-batches per memory node and layer (1: no overlap)");
 ABSL_FLAG(int, attention_min_minibatch_rows, strata::RemoteAttentionOptions().min_minibatch_rows,
           "Disaggregated mode: rows a mini-batch has at least (a smaller share goes whole)");
-ABSL_FLAG(std::string, prefill_attention, strata::RemoteAttentionOptions().prefill_policy,
+ABSL_FLAG(strata::PrefillPolicy, prefill_attention, strata::RemoteAttentionOptions().prefill_policy,
           "Disaggregated mode: where prefill chunks attend to themselves: split (here, the "
           "cached prefix on the memory node) or memory (all on the memory node)");
 ABSL_FLAG(int64_t, attention_timeout_ms,

@@ -30,10 +30,6 @@ RemoteAttention::RemoteAttention(const ModelConfig& config, RemoteAttentionOptio
 
 absl::StatusOr<std::unique_ptr<RemoteAttention>> RemoteAttention::Create(
     const ModelConfig& config, RemoteAttentionOptions options) {
-  if (options.prefill_policy != "split" && options.prefill_policy != "memory") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prefill attention policy \"", options.prefill_policy, "\" (want split or memory)"));
-  }
   if (options.minibatches < 1) return absl::InvalidArgumentError("mini-batches must be >= 1");
   auto remote = std::unique_ptr<RemoteAttention>(new RemoteAttention(config, options));
   ASSIGN_OR_RETURN(remote->transport_, transport::Transport::Create(options.transport));
@@ -51,7 +47,7 @@ absl::StatusOr<std::unique_ptr<RemoteAttention>> RemoteAttention::Create(
   });
   LOG(INFO) << "disaggregated attention over " << remote->transport_->capabilities().ToString()
             << "; " << options.minibatches << " mini-batch(es) per memory node, prefill "
-            << options.prefill_policy;
+            << AbslUnparseFlag(options.prefill_policy);
   return remote;
 }
 
@@ -216,7 +212,7 @@ absl::Status RemoteAttention::BeginStep(const StepKvPlan& plan) {
   }
 
   // Tile limits of prefill chunks (runs of one request at consecutive positions).
-  const bool split = options_.prefill_policy == "split";
+  const bool split = options_.prefill_policy == PrefillPolicy::kSplit;
   for (Share& share : shares_) {
     std::vector<AttentionRowPlan>& rows = share.share.plan.rows;
     for (size_t a = 0; a < rows.size();) {

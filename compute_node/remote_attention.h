@@ -38,6 +38,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/base/enum_names.h"
 #include "common/model/model_config.h"
 #include "common/protocol/attention_wire.h"
 #include "common/transport/frame.h"
@@ -46,11 +47,21 @@
 
 namespace strata {
 
+// Where a prefill chunk attends to itself: kSplit on the compute node (the cached prefix on
+// the memory node, the two merged), kMemory all on the memory node.
+enum class PrefillPolicy { kSplit, kMemory };
+inline constexpr EnumName<PrefillPolicy> kPrefillPolicyNames[] = {
+    {PrefillPolicy::kSplit, "split"}, {PrefillPolicy::kMemory, "memory"}};
+inline bool AbslParseFlag(absl::string_view text, PrefillPolicy* out, std::string* error) {
+  return ParseEnumName(text, kPrefillPolicyNames, out, error);
+}
+inline std::string AbslUnparseFlag(PrefillPolicy p) { return EnumNameOf(p, kPrefillPolicyNames); }
+
 struct RemoteAttentionOptions {
   transport::TransportConfig transport;
-  int minibatches = 2;                   // per memory node and layer; 1: no overlap
-  int min_minibatch_rows = 16;           // fewer rows than this per mini-batch: fewer of them
-  std::string prefill_policy = "split";  // "split" or "memory"
+  int minibatches = 2;          // per memory node and layer; 1: no overlap
+  int min_minibatch_rows = 16;  // fewer rows than this per mini-batch: fewer of them
+  PrefillPolicy prefill_policy = PrefillPolicy::kSplit;
   absl::Duration layer_timeout = absl::Seconds(10);
   bool verify_checksums = true;
   // Called on the step thread after each layer with the seconds from its first send to its

@@ -34,7 +34,7 @@ struct Pair {
   Pair(const ModelConfig& c, int minibatches, int min_rows, int64_t slots) {
     static int instance = 0;
     MemoryServerOptions server_options;
-    server_options.transport.backend = "inproc";
+    server_options.transport.backend = transport::Backend::kInproc;
     server_options.data_address = "remote-attention-test-" + std::to_string(++instance);
     server_options.prefault_kv = false;
     server = std::move(*MemoryServer::Create(server_options));
@@ -50,7 +50,7 @@ struct Pair {
     mc.set_num_slots(slots);
     EXPECT_TRUE(server->Configure(mc).ok());
     RemoteAttentionOptions options;
-    options.transport.backend = "inproc";
+    options.transport.backend = transport::Backend::kInproc;
     options.minibatches = minibatches;
     options.min_minibatch_rows = min_rows;
     remote = std::move(*RemoteAttention::Create(c, options));

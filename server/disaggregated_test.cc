@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <random>
 
+#include "common/base/logging.h"
 #include "common/model/model_generator.h"
 #include "compute_node/attention_backend.h"
 #include "compute_node/model_runner.h"
@@ -60,7 +61,8 @@ class Deployment {
     scheduler_ = std::make_unique<Scheduler>(config, nullptr);
     const ModelConfig& c = weights->config;
     transport::TransportConfig tc;
-    tc.backend = t.backend;
+    std::string error;
+    CHECK(AbslParseFlag(t.backend, &tc.backend, &error)) << error;
     if (t.backend == "ucx") tc.ucx_options = {{"TLS", "tcp"}, {"NET_DEVICES", "lo"}};
     std::vector<MemoryNodeAddress> addresses;
     for (int i = 0; i < t.memory_nodes; ++i) {
@@ -97,7 +99,7 @@ class Deployment {
       } else {
         RemoteAttentionOptions options;
         options.transport = tc;
-        options.prefill_policy = t.prefill_policy;
+        CHECK(AbslParseFlag(t.prefill_policy, &options.prefill_policy, &error)) << error;
         options.minibatches = t.minibatches;
         options.min_minibatch_rows = 1;  // small test batches still split
         options.layer_timeout = absl::Seconds(20);

@@ -31,7 +31,7 @@ ABSL_FLAG(int64_t, prefill_chunk_tokens, strata::SchedulerConfig().prefill_chunk
           "Prefill chunk size (0: no chunking)");
 ABSL_FLAG(int64_t, max_waiting, strata::SchedulerConfig().max_waiting,
           "Queued requests before refusing with 429");
-ABSL_FLAG(std::string, policy, strata::SchedulerConfig().policy,
+ABSL_FLAG(strata::PolicyKind, policy, strata::SchedulerConfig().policy,
           "Scheduling policy: fifo or priority");
 ABSL_FLAG(bool, enable_prefix_caching, strata::SchedulerConfig().enable_prefix_caching,
           "Reuse cached prompt prefixes");

@@ -22,11 +22,14 @@ class PriorityPolicy : public SchedulingPolicy {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SchedulingPolicy>> MakePolicy(const std::string& name) {
-  if (name == "fifo" || name == "fcfs") return std::unique_ptr<SchedulingPolicy>(new FifoPolicy);
-  if (name == "priority") return std::unique_ptr<SchedulingPolicy>(new PriorityPolicy);
-  return absl::InvalidArgumentError("unknown scheduling policy \"" + name +
-                                    "\" (known: fifo, priority)");
+std::unique_ptr<SchedulingPolicy> MakePolicy(PolicyKind kind) {
+  switch (kind) {
+    case PolicyKind::kPriority:
+      return std::make_unique<PriorityPolicy>();
+    case PolicyKind::kFifo:
+      break;
+  }
+  return std::make_unique<FifoPolicy>();
 }
 
 }  // namespace strata

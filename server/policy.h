@@ -4,7 +4,8 @@
 //
 // Adding a policy: implement SchedulingPolicy (both methods must be strict weak orders over
 // the fields of PolicyKey and must not depend on anything else, so that a decision can be
-// replayed), add a name in MakePolicy, and document it in README.md ("Scheduling policies").
+// replayed), add it to PolicyKind and kPolicyNames, and document it in README.md
+// ("Scheduling policies").
 #ifndef STRATA_SERVER_POLICY_H_
 #define STRATA_SERVER_POLICY_H_
 
@@ -12,9 +13,18 @@
 #include <memory>
 #include <string>
 
-#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/base/enum_names.h"
 
 namespace strata {
+
+enum class PolicyKind { kFifo, kPriority };
+inline constexpr EnumName<PolicyKind> kPolicyNames[] = {
+    {PolicyKind::kFifo, "fifo"}, {PolicyKind::kFifo, "fcfs"}, {PolicyKind::kPriority, "priority"}};
+inline bool AbslParseFlag(absl::string_view text, PolicyKind* out, std::string* error) {
+  return ParseEnumName(text, kPolicyNames, out, error);
+}
+inline std::string AbslUnparseFlag(PolicyKind k) { return EnumNameOf(k, kPolicyNames); }
 
 struct PolicyKey {
   int priority = 0;
@@ -29,7 +39,7 @@ class SchedulingPolicy {
   virtual bool Before(const PolicyKey& a, const PolicyKey& b) const = 0;
 };
 
-absl::StatusOr<std::unique_ptr<SchedulingPolicy>> MakePolicy(const std::string& name);
+std::unique_ptr<SchedulingPolicy> MakePolicy(PolicyKind kind);
 
 }  // namespace strata
 

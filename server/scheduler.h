@@ -60,7 +60,7 @@ struct SchedulerConfig {
   int block_tokens = 16;                  // prefix-cache granularity
   bool enable_prefix_caching = true;
   int max_n = 16;
-  std::string policy = "fifo";
+  PolicyKind policy = PolicyKind::kFifo;
   absl::Duration default_timeout = absl::ZeroDuration();  // zero: none
   uint64_t cache_salt = 0;  // separates prefix caches of different models
   std::vector<int32_t> eos_token_ids;

@@ -374,7 +374,7 @@ TEST_F(SchedulerTest, NSamplesShareThePromptAndAreSeededDeterministically) {
 
 TEST_F(SchedulerTest, PriorityPolicyAdmitsUrgentRequestsFirst) {
   SchedulerConfig c = Config();
-  c.policy = "priority";
+  c.policy = PolicyKind::kPriority;
   c.max_num_seqs = 1;
   Harness h(weights_, c, 4096);
   GenerateRequest low = Greedy(Prompt(20, 1), 6);

@@ -76,7 +76,7 @@ class InprocTransport final : public Transport {
 
   Capabilities capabilities() const override {
     Capabilities c;
-    c.backend = "inproc";
+    c.backend = EnumNameOf(Backend::kInproc, kBackendNames);
     c.details = "in-process queues";
     c.detects_dead_peers = true;
     return c;

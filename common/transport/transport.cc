@@ -18,10 +18,13 @@ std::string Capabilities::ToString() const {
 }
 
 absl::StatusOr<std::unique_ptr<Transport>> Transport::Create(const TransportConfig& config) {
-  if (config.backend == "ucx") return CreateUcxTransport(config);
-  if (config.backend == "inproc") return CreateInprocTransport(config);
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown transport \"", config.backend, "\" (known: ucx, inproc)"));
+  switch (config.backend) {
+    case Backend::kUcx:
+      return CreateUcxTransport(config);
+    case Backend::kInproc:
+      return CreateInprocTransport(config);
+  }
+  return absl::InvalidArgumentError("unknown transport backend");
 }
 
 absl::StatusOr<RemoteRegion> Transport::RegisterRegion(void*, size_t) {

@@ -17,7 +17,7 @@
 //     Connections are made through UCX's socket-address listener ("host:port").
 //   - "inproc": queues between transports of one process, for tests. Addresses are names.
 //
-// Peer failure: with error_mode "peer" a dead peer (closed connection) is reported through
+// Peer failure: with ErrorMode::kPeer a dead peer (closed connection) is reported through
 // the peer handler and every send to it fails. UCX's shared-memory transports cannot
 // detect a dead peer; endpoints that must survive one run over tcp (README.md, "Data
 // plane"). A hung peer is never detected by the transport: callers put deadlines on every
@@ -39,8 +39,26 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/base/enum_names.h"
 
 namespace strata::transport {
+
+enum class Backend { kUcx, kInproc };
+inline constexpr EnumName<Backend> kBackendNames[] = {{Backend::kUcx, "ucx"},
+                                                      {Backend::kInproc, "inproc"}};
+// UCX's peer-failure handling: kPeer detects dead peers (needs tcp or IB); kNone allows
+// shared memory, which cannot.
+enum class ErrorMode { kPeer, kNone };
+inline constexpr EnumName<ErrorMode> kErrorModeNames[] = {{ErrorMode::kPeer, "peer"},
+                                                          {ErrorMode::kNone, "none"}};
+inline bool AbslParseFlag(absl::string_view text, Backend* out, std::string* error) {
+  return ParseEnumName(text, kBackendNames, out, error);
+}
+inline std::string AbslUnparseFlag(Backend b) { return EnumNameOf(b, kBackendNames); }
+inline bool AbslParseFlag(absl::string_view text, ErrorMode* out, std::string* error) {
+  return ParseEnumName(text, kErrorModeNames, out, error);
+}
+inline std::string AbslUnparseFlag(ErrorMode m) { return EnumNameOf(m, kErrorModeNames); }
 
 // A connection to one peer, local to one transport.
 using PeerId = uint64_t;
@@ -49,9 +67,8 @@ using Tag = uint16_t;
 inline constexpr Tag kMaxTag = 15;
 
 struct TransportConfig {
-  std::string backend = "ucx";  // "ucx" or "inproc"
-  // UCX: "peer" (detect dead peers; needs a transport that can, such as tcp) or "none".
-  std::string error_mode = "peer";
+  Backend backend = Backend::kUcx;
+  ErrorMode error_mode = ErrorMode::kPeer;  // UCX only
   // UCX configuration overrides, as UCX_<KEY> environment variables would set them
   // (e.g. {"TLS", "tcp"}, {"NET_DEVICES", "lo"}). The environment applies otherwise.
   std::map<std::string, std::string> ucx_options;

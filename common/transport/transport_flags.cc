@@ -2,14 +2,16 @@
 
 #include "absl/flags/flag.h"
 
-ABSL_FLAG(std::string, transport, "ucx", "Data-plane transport: ucx or inproc");
+ABSL_FLAG(strata::transport::Backend, transport, strata::transport::TransportConfig().backend,
+          "Data-plane transport: ucx or inproc");
 ABSL_FLAG(std::string, ucx_tls, "",
           "UCX transports, as UCX_TLS (e.g. tcp, or sm,self,tcp); empty: the environment's");
 ABSL_FLAG(std::string, ucx_net_devices, "", "UCX network devices, as UCX_NET_DEVICES");
 ABSL_FLAG(int64_t, ucx_eager_max_bytes, -1,
           "Messages up to this size go eagerly, never by rendezvous (-1: 256 KiB when "
           "--ucx_tls names shared memory, else UCX's choice; 0: UCX's choice)");
-ABSL_FLAG(std::string, transport_error_mode, "peer",
+ABSL_FLAG(strata::transport::ErrorMode, transport_error_mode,
+          strata::transport::TransportConfig().error_mode,
           "peer: detect dead peers (tcp, InfiniBand); none: allows UCX shared memory");
 
 namespace strata::transport {

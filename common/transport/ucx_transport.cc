@@ -466,16 +466,16 @@ absl::Status UcxTransport::Init() {
     }
     eager_max_bytes_ = shared_memory ? size_t{256} << 10 : 0;
   }
-  capabilities_.backend = "ucx";
-  capabilities_.detects_dead_peers = config_.error_mode == "peer";
+  capabilities_.backend = EnumNameOf(Backend::kUcx, kBackendNames);
+  capabilities_.detects_dead_peers = config_.error_mode == ErrorMode::kPeer;
   capabilities_.one_sided_put = true;
   capabilities_.device_memory = (context_attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
-  capabilities_.details =
-      absl::StrCat("UCX ", major, ".", minor, ".", release, ", TLS=", option("TLS"),
-                   ", NET_DEVICES=", option("NET_DEVICES"), ", error mode ", config_.error_mode,
-                   ", max AM header ", worker_attr.max_am_header, " bytes",
-                   eager_max_bytes_ > 0 ? absl::StrCat(", eager up to ", eager_max_bytes_, " bytes")
-                                        : std::string());
+  capabilities_.details = absl::StrCat(
+      "UCX ", major, ".", minor, ".", release, ", TLS=", option("TLS"),
+      ", NET_DEVICES=", option("NET_DEVICES"), ", error mode ", AbslUnparseFlag(config_.error_mode),
+      ", max AM header ", worker_attr.max_am_header, " bytes",
+      eager_max_bytes_ > 0 ? absl::StrCat(", eager up to ", eager_max_bytes_, " bytes")
+                           : std::string());
 
   for (Tag tag = 0; tag <= kMaxTag; ++tag) {
     tag_args_[tag] = {this, tag};
@@ -594,8 +594,8 @@ PeerId UcxTransport::AddPeer(ucp_ep_h ep) {
 absl::StatusOr<ucp_ep_h> UcxTransport::CreateEndpoint(ucp_ep_params_t params, PeerId id) {
   auto arg = std::make_unique<ErrorArg>(ErrorArg{this, id});
   params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-  params.err_mode =
-      config_.error_mode == "peer" ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+  params.err_mode = config_.error_mode == ErrorMode::kPeer ? UCP_ERR_HANDLING_MODE_PEER
+                                                           : UCP_ERR_HANDLING_MODE_NONE;
   params.err_handler.cb = &UcxTransport::OnEndpointError;
   params.err_handler.arg = arg.get();
   ucp_ep_h ep = nullptr;
@@ -1141,10 +1141,6 @@ void UcxTransport::PutWithFlag(PeerId peer_id, const RemoteRegion& region, uint6
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Transport>> CreateUcxTransport(const TransportConfig& config) {
-  if (config.error_mode != "peer" && config.error_mode != "none") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("error mode \"", config.error_mode, "\" (want peer or none)"));
-  }
   auto transport = std::make_unique<UcxTransport>(config);
   absl::Status status = transport->Init();
   if (!status.ok()) return status;

@@ -163,7 +163,7 @@ int Breakdown(const ModelWeights& weights, const std::string& memory_bin) {
   const std::vector<bench::StartedMemoryNode>& nodes = *started;
   RemoteAttentionOptions options;
   options.transport.ucx_options = {{"TLS", absl::GetFlag(FLAGS_tls)}, {"NET_DEVICES", "lo"}};
-  options.transport.error_mode = "none";
+  options.transport.error_mode = transport::ErrorMode::kNone;
   options.transport.eager_max_bytes = absl::GetFlag(FLAGS_eager_max_bytes);
   options.transport.auth_key = bench::BenchAuth()->data_plane_key();
   options.minibatches = absl::GetFlag(FLAGS_minibatches);

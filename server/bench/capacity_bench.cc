@@ -102,7 +102,7 @@ Result RunMode(const ModelWeights& weights, bool disaggregated) {
     }
     RemoteAttentionOptions options;
     options.transport.ucx_options = {{"TLS", absl::GetFlag(FLAGS_tls)}, {"NET_DEVICES", "lo"}};
-    options.transport.error_mode = "none";
+    options.transport.error_mode = transport::ErrorMode::kNone;
     options.transport.auth_key = bench::BenchAuth()->data_plane_key();
     options.layer_timeout = absl::Seconds(120);
     auto remote = RemoteAttention::Create(c, options);

@@ -75,7 +75,9 @@ class Counter : public MessageHandler {
 TransportConfig Config() {
   TransportConfig config;
   config.ucx_options = {{"TLS", absl::GetFlag(FLAGS_tls)}, {"NET_DEVICES", "lo"}};
-  config.error_mode = absl::GetFlag(FLAGS_tls).find("sm") != std::string::npos ? "none" : "peer";
+  config.error_mode = absl::GetFlag(FLAGS_tls).find("sm") != std::string::npos
+                          ? transport::ErrorMode::kNone
+                          : transport::ErrorMode::kPeer;
   return config;
 }
 
