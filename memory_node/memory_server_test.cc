@@ -29,7 +29,7 @@ class Client : public transport::MessageHandler {
  public:
   explicit Client(const std::string& address) {
     transport::TransportConfig config;
-    config.backend = "inproc";
+    config.backend = transport::Backend::kInproc;
     transport_ = *transport::Transport::Create(config);
     transport_->SetHandler(transport::kFrameTag, this);
     auto peer = transport_->Connect(address);
@@ -85,7 +85,7 @@ class MemoryServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     MemoryServerOptions options;
-    options.transport.backend = "inproc";
+    options.transport.backend = transport::Backend::kInproc;
     options.data_address = "memory-test-" + std::to_string(++counter);
     options.prefault_kv = false;
     auto server = MemoryServer::Create(options);
