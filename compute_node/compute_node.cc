@@ -28,6 +28,20 @@ absl::StatusOr<std::unique_ptr<ComputeNode>> ComputeNode::Create(
   return node;
 }
 
+namespace {
+
+// Points `remote` at the memory nodes of `config`.
+void SetMemoryNodes(RemoteAttention* remote, const control::ComputeConfig& config) {
+  std::vector<MemoryNodeAddress> nodes;
+  for (const control::MemoryNodeAddress& m : config.memory_nodes()) {
+    nodes.push_back({m.pool_index(), m.name(), m.data_address()});
+  }
+  remote->SetMemoryNodes(config.epoch(), nodes);
+  LOG(INFO) << "disaggregated mode: " << nodes.size() << " memory node(s)";
+}
+
+}  // namespace
+
 int64_t ComputeNode::local_kv_slots() const {
   const ModelConfig& c = weights_->config;
   const int64_t per_token = 2 * c.num_layers * c.kv_size() * 2;
@@ -43,12 +57,7 @@ absl::StatusOr<control::ComputeConfigAck> ComputeNode::Configure(
     // The same scheduler with another set of memory nodes (one died, one came back): no
     // need to wait for the step in flight, which may be waiting on the node that is gone.
     // Closing its connection ends that wait now rather than at the layer deadline.
-    std::vector<MemoryNodeAddress> nodes;
-    for (const control::MemoryNodeAddress& m : config.memory_nodes()) {
-      nodes.push_back({m.pool_index(), m.name(), m.data_address()});
-    }
-    remote->SetMemoryNodes(config.epoch(), nodes);
-    LOG(INFO) << "disaggregated mode: " << nodes.size() << " memory node(s)";
+    SetMemoryNodes(remote, config);
     ack.set_local_kv_slots(0);
     return ack;
   }
@@ -68,11 +77,7 @@ absl::StatusOr<control::ComputeConfigAck> ComputeNode::Configure(
     if (remote_ == nullptr) {
       ASSIGN_OR_RETURN(remote_, RemoteAttention::Create(weights_->config, options_.remote));
     }
-    std::vector<MemoryNodeAddress> nodes;
-    for (const control::MemoryNodeAddress& m : config.memory_nodes()) {
-      nodes.push_back({m.pool_index(), m.name(), m.data_address()});
-    }
-    remote_->SetMemoryNodes(config.epoch(), nodes);
+    SetMemoryNodes(remote_.get(), config);
     if (engine_ == nullptr) {
       engine_ = std::make_unique<StepEngine>(
           runner_.get(), remote_.get(), StepEngineOptions{options_.max_batch_rows, max_model_len_});
@@ -80,7 +85,6 @@ absl::StatusOr<control::ComputeConfigAck> ComputeNode::Configure(
     ready_.store(true);
     remote_epoch_.store(config.epoch());
     remote_ready_.store(remote_.get());
-    LOG(INFO) << "disaggregated mode: " << nodes.size() << " memory node(s)";
     ack.set_local_kv_slots(0);
     return ack;
   }

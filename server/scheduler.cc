@@ -89,9 +89,7 @@ void Scheduler::SetExecutorAlive(int executor, bool alive) {
     // (co-located: the pool was the node's own cache).
     if (e.local_pool) SetPoolAliveNow(*e.local_pool, false, -1);
     for (auto& [id, req] : requests_) {
-      if (req->executor != executor || req->in_flight) continue;
-      req->executor = -1;
-      for (auto& s : req->seqs) s->setup_sent = false;
+      if (req->executor == executor && !req->in_flight) ForgetExecutor(req.get());
     }
     e.pending_releases.clear();
   });

@@ -156,6 +156,8 @@ class Scheduler {
   void OnStepResult(int executor, StepPlan plan, StepResult result, absl::Time started);
   bool Place(Request* req, int executor);
   void Preempt(Request* req);
+  // The request no longer has a compute node: the next one gets its setup again.
+  void ForgetExecutor(Request* req);
   void ReleaseKv(Sequence* seq);
   void RegisterBlocks(Sequence* seq);
   void ShareParentPrompt(Sequence* child, Sequence* owner);

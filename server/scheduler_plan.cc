@@ -82,6 +82,11 @@ void Scheduler::ShareParentPrompt(Sequence* child, Sequence* owner) {
   child->waiting_for_owner = false;
 }
 
+void Scheduler::ForgetExecutor(Request* req) {
+  req->executor = -1;
+  for (auto& s : req->seqs) s->setup_sent = false;
+}
+
 void Scheduler::Preempt(Request* req) {
   for (auto& seq : req->seqs) {
     if (seq->finished) continue;
@@ -465,13 +470,12 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
                                   executors_[e]->reachable);
     }
     for (Request* req : involved) {
-      if (lost && !other_node) {
-        FailRequest(req, FinishReason::kError,
-                    absl::UnavailableError("no compute node is available"));
-      } else if (lost) {
-        req->executor = -1;
-        for (auto& s : req->seqs) s->setup_sent = false;
-        Preempt(req);
+      if (lost) {
+        // Another node takes it; with none left it fails below, with the rest.
+        if (other_node) {
+          ForgetExecutor(req);
+          Preempt(req);
+        }
       } else if (++req->step_failures > kMaxStepFailures) {
         // The detail (node names, addresses) is in the log, not in the client's error.
         FailRequest(req, FinishReason::kError,
@@ -482,19 +486,18 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
       }
     }
     if (lost) {
-      // The other requests look for another node too; with none left, they fail like the
-      // requests of this step rather than wait for a node that may never return.
-      std::vector<Request*> others;
+      // Requests placed on the lost node look for another one. With none left, every request
+      // fails (503) rather than wait for a node that may never return.
+      std::vector<Request*> failing;
       for (auto& [id, req] : requests_) {
         if (req->state == Request::State::kDone || req->in_flight) continue;
         if (!other_node) {
-          others.push_back(req.get());
+          failing.push_back(req.get());
         } else if (req->executor == executor) {
-          req->executor = -1;
-          for (auto& s : req->seqs) s->setup_sent = false;
+          ForgetExecutor(req.get());
         }
       }
-      for (Request* req : others) {
+      for (Request* req : failing) {
         FailRequest(req, FinishReason::kError,
                     absl::UnavailableError("no compute node is available"));
       }
