@@ -1,0 +1,45 @@
+// The bootstrap of a UCX data-plane connection (internal to the UCX backend).
+//
+// Connections are bootstrapped over a plain TCP socket that swaps UCX worker addresses;
+// both sides then create UCP endpoints from those addresses. (UCX 1.13's socket-address
+// connection manager aborts the process on some peer failures, in an assertion of its
+// connection-manager lane; endpoints made from worker addresses have no such lane.)
+//
+// The swap is authenticated both ways with the deployment's data-plane key K (see
+// TransportConfig::auth_key), so only processes that hold the secret learn a worker address
+// or get an endpoint (messages from endpoints made any other way are dropped, OnMessage):
+//   client -> server  magic, client nonce Nc (16 bytes)
+//   server -> client  magic, server nonce Ns, HMAC(K, "server" Nc Ns)
+//   client -> server  magic, HMAC(K, "client" Nc Ns A), |A|, A      (A: client's address)
+//   server -> client  magic, HMAC(K, "address" Nc Ns B), |B|, B     (B: server's address)
+// Each side checks the other's MAC before it sends its address, and the MACs cover the
+// addresses, so a man in the middle can neither learn nor swap them.
+#ifndef STRATA_COMMON_TRANSPORT_UCX_BOOTSTRAP_H_
+#define STRATA_COMMON_TRANSPORT_UCX_BOOTSTRAP_H_
+
+#include <sys/socket.h>
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace strata::transport {
+
+// Send and receive timeouts on a blocking socket.
+void SetSocketTimeouts(int fd, absl::Duration timeout);
+
+// The server's side on an accepted socket: returns the client's worker address once the
+// client proved that it holds `key`; UNAUTHENTICATED when it did not.
+absl::StatusOr<std::string> ServerBootstrap(int fd, const std::string& ours,
+                                            const std::string& key);
+
+// Connects to `addr` (with a deadline), runs the client's side and returns the server's
+// worker address; UNAUTHENTICATED when the server does not hold `key`.
+absl::StatusOr<std::string> BootstrapClient(const sockaddr_storage& addr, socklen_t length,
+                                            const std::string& ours, const std::string& key,
+                                            absl::Duration timeout);
+
+}  // namespace strata::transport
+
+#endif  // STRATA_COMMON_TRANSPORT_UCX_BOOTSTRAP_H_
