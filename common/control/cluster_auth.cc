@@ -34,29 +34,28 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, const std::string&
 
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const std::string& flag,
                                            size_t min_bytes) {
-  const char* kFlag = flag.c_str();
   struct stat st;
   if (stat(path.c_str(), &st) != 0) {
     return absl::NotFoundError(
-        absl::StrCat(kFlag, "=", path, ": no such file (", std::strerror(errno), ")"));
+        absl::StrCat(flag, "=", path, ": no such file (", std::strerror(errno), ")"));
   }
   if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(kFlag, "=", path, ": not a regular file"));
+    return absl::InvalidArgumentError(absl::StrCat(flag, "=", path, ": not a regular file"));
   }
   if ((st.st_mode & 077) != 0) {
     return absl::PermissionDeniedError(absl::StrFormat(
-        "%s=%s: the secret is accessible to group or others (mode %04o); run chmod 600 on it",
-        kFlag, path, st.st_mode & 07777));
+        "%s=%s: the secret is accessible to group or others (mode %04o); run chmod 600 on it", flag,
+        path, st.st_mode & 07777));
   }
   auto text = ReadFile(path, flag);
   if (!text.ok()) return text.status();
   std::string secret(absl::StripTrailingAsciiWhitespace(*text));
   if (secret.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(kFlag, "=", path, ": the file is empty"));
+    return absl::InvalidArgumentError(absl::StrCat(flag, "=", path, ": the file is empty"));
   }
   if (secret.size() < min_bytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat(kFlag, "=", path, ": the secret has ", secret.size(), " bytes; use at least ",
+        absl::StrCat(flag, "=", path, ": the secret has ", secret.size(), " bytes; use at least ",
                      min_bytes, " (e.g. head -c 32 /dev/urandom | base64)"));
   }
   return secret;
