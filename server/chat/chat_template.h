@@ -14,7 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
-#include "server/chat/jinja.h"
+#include "server/jinja/jinja.h"
 
 namespace strata {
 

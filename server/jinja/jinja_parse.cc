@@ -7,9 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/tokenizer/utf8.h"
-#include "server/chat/jinja.h"
-#include "server/chat/jinja_ast.h"
-#include "server/chat/jinja_lex.h"
+#include "server/jinja/jinja.h"
+#include "server/jinja/jinja_ast.h"
+#include "server/jinja/jinja_lex.h"
 
 namespace strata::jinja {
 namespace {

@@ -1,5 +1,5 @@
 // The lexer of the Jinja interpreter (see jinja_lex.h).
-#include "server/chat/jinja_lex.h"
+#include "server/jinja/jinja_lex.h"
 
 #include <cctype>
 #include <cstdlib>

@@ -8,20 +8,21 @@
 // break/continue), macro and call of macros, generation (rendered as its body);
 // expressions with Python semantics: literals, lists, dicts, attribute and item access,
 // slices, calls, arithmetic, ~, comparisons, in, and/or/not, is-tests, inline if/else and
-// filters. The allowed filters, tests, functions and methods are listed in jinja.cc;
-// a template that uses anything else fails to parse, naming the construct, so an
-// unsupported template is an error at model load rather than at request time.
+// filters. The allowed filters, tests, functions and methods are listed in
+// jinja_filters.cc, jinja_is_tests.cc and jinja_methods.cc; a template that uses anything
+// else fails to parse, naming the construct, so an unsupported template is an error at
+// model load rather than at request time.
 //
 // Thread-safety: a parsed Template is immutable; Render may run concurrently.
-#ifndef STRATA_SERVER_CHAT_JINJA_H_
-#define STRATA_SERVER_CHAT_JINJA_H_
+#ifndef STRATA_SERVER_JINJA_JINJA_H_
+#define STRATA_SERVER_JINJA_JINJA_H_
 
 #include <memory>
 #include <string>
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "server/chat/jinja_value.h"
+#include "server/jinja/jinja_value.h"
 
 namespace strata::jinja {
 
@@ -43,4 +44,4 @@ class Template {
 
 }  // namespace strata::jinja
 
-#endif  // STRATA_SERVER_CHAT_JINJA_H_
+#endif  // STRATA_SERVER_JINJA_JINJA_H_

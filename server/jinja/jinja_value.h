@@ -1,8 +1,8 @@
 // Values of strata's Jinja interpreter, with Python's semantics (Jinja templates are
 // written against Python objects): None, undefined, bool, int, float, str, list, dict
 // (insertion ordered), namespace and callables.
-#ifndef STRATA_SERVER_CHAT_JINJA_VALUE_H_
-#define STRATA_SERVER_CHAT_JINJA_VALUE_H_
+#ifndef STRATA_SERVER_JINJA_JINJA_VALUE_H_
+#define STRATA_SERVER_JINJA_JINJA_VALUE_H_
 
 #include <cstdint>
 #include <functional>
@@ -101,4 +101,4 @@ absl::StatusOr<int> Compare(const Value& a, const Value& b);
 
 }  // namespace strata::jinja
 
-#endif  // STRATA_SERVER_CHAT_JINJA_VALUE_H_
+#endif  // STRATA_SERVER_JINJA_JINJA_VALUE_H_

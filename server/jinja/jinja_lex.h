@@ -1,8 +1,8 @@
 // The lexer of the Jinja interpreter (internal): splits a template into chunks of literal
 // text and the tokens of each tag, applying whitespace control and Hugging Face's
 // trim_blocks / lstrip_blocks. jinja_parse.cc parses the chunks.
-#ifndef STRATA_SERVER_CHAT_JINJA_LEX_H_
-#define STRATA_SERVER_CHAT_JINJA_LEX_H_
+#ifndef STRATA_SERVER_JINJA_JINJA_LEX_H_
+#define STRATA_SERVER_JINJA_JINJA_LEX_H_
 
 #include <string>
 #include <vector>
@@ -35,4 +35,4 @@ absl::StatusOr<std::vector<Chunk>> Lex(const std::string& src);
 
 }  // namespace strata::jinja
 
-#endif  // STRATA_SERVER_CHAT_JINJA_LEX_H_
+#endif  // STRATA_SERVER_JINJA_JINJA_LEX_H_

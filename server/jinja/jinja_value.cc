@@ -1,4 +1,4 @@
-#include "server/chat/jinja_value.h"
+#include "server/jinja/jinja_value.h"
 
 #include <cmath>
 #include <cstdio>

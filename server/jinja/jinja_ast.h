@@ -1,7 +1,7 @@
 // The syntax tree of a parsed template, and the registries of names the evaluator knows.
 // Private to server/chat.
-#ifndef STRATA_SERVER_CHAT_JINJA_AST_H_
-#define STRATA_SERVER_CHAT_JINJA_AST_H_
+#ifndef STRATA_SERVER_JINJA_JINJA_AST_H_
+#define STRATA_SERVER_JINJA_JINJA_AST_H_
 
 #include <memory>
 #include <set>
@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "server/chat/jinja_value.h"
+#include "server/jinja/jinja_value.h"
 
 namespace strata::jinja {
 
@@ -77,7 +77,7 @@ struct Node {
 };
 using NodePtr = std::shared_ptr<Node>;
 
-// Names the evaluator implements (jinja_eval.cc); the parser rejects anything else.
+// Names the built-ins implement (jinja_builtins.h); the parser rejects anything else.
 const std::set<std::string>& KnownFilters();
 const std::set<std::string>& KnownTests();
 const std::set<std::string>& KnownFunctions();
@@ -85,4 +85,4 @@ const std::set<std::string>& KnownMethods();
 
 }  // namespace strata::jinja
 
-#endif  // STRATA_SERVER_CHAT_JINJA_AST_H_
+#endif  // STRATA_SERVER_JINJA_JINJA_AST_H_
