@@ -288,4 +288,9 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateInprocTransport(const Transport
   return std::unique_ptr<Transport>(new InprocTransport);
 }
 
+namespace {
+[[maybe_unused]] const bool registered =
+    RegisterTransportBackend(Backend::kInproc, &CreateInprocTransport);
+}  // namespace
+
 }  // namespace strata::transport

@@ -1,12 +1,11 @@
 #include "common/transport/transport.h"
 
+#include <array>
 #include <condition_variable>
 #include <mutex>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "common/transport/inproc_transport.h"
-#include "common/transport/ucx_transport.h"
 
 namespace strata::transport {
 
@@ -17,14 +16,30 @@ std::string Capabilities::ToString() const {
                       "; device memory: ", device_memory ? "yes" : "no");
 }
 
+namespace {
+
+// One slot per Backend, filled by static initializers before main; read-only after.
+std::array<TransportFactory, std::size(kBackendNames)>& Factories() {
+  static std::array<TransportFactory, std::size(kBackendNames)> factories{};
+  return factories;
+}
+
+}  // namespace
+
+bool RegisterTransportBackend(Backend backend, TransportFactory factory) {
+  Factories()[static_cast<size_t>(backend)] = factory;
+  return true;
+}
+
 absl::StatusOr<std::unique_ptr<Transport>> Transport::Create(const TransportConfig& config) {
-  switch (config.backend) {
-    case Backend::kUcx:
-      return CreateUcxTransport(config);
-    case Backend::kInproc:
-      return CreateInprocTransport(config);
+  const size_t index = static_cast<size_t>(config.backend);
+  if (index >= Factories().size()) return absl::InvalidArgumentError("unknown transport backend");
+  if (Factories()[index] == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("transport backend '",
+                                                      EnumNameOf(config.backend, kBackendNames),
+                                                      "' is not linked into this binary"));
   }
-  return absl::InvalidArgumentError("unknown transport backend");
+  return Factories()[index](config);
 }
 
 absl::StatusOr<RemoteRegion> Transport::RegisterRegion(void*, size_t) {

@@ -127,6 +127,9 @@ struct RemoteRegion {
 
 class Transport {
  public:
+  // A transport of `config.backend`. The backends are separate libraries
+  // (//common/transport:ucx_transport, :inproc_transport); a binary has those it links, and
+  // Create fails with FailedPrecondition for any other.
   static absl::StatusOr<std::unique_ptr<Transport>> Create(const TransportConfig& config);
   virtual ~Transport() = default;
 
@@ -159,6 +162,11 @@ class Transport {
                            std::span<const uint8_t> data, uint64_t flag_address,
                            uint64_t flag_value, SendDone done);
 };
+
+// Makes `backend` available to Transport::Create. Each backend's library calls this from a
+// static initializer (its target is alwayslink), so linking the library is what enables it.
+using TransportFactory = absl::StatusOr<std::unique_ptr<Transport>> (*)(const TransportConfig&);
+bool RegisterTransportBackend(Backend backend, TransportFactory factory);
 
 // Convenience for tests and simple callers: blocks until `done` of a send runs.
 absl::Status SendAndWait(Transport& transport, PeerId peer, Tag tag,

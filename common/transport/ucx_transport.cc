@@ -962,4 +962,9 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateUcxTransport(const TransportCon
   return transport;
 }
 
+namespace {
+[[maybe_unused]] const bool registered =
+    RegisterTransportBackend(Backend::kUcx, &CreateUcxTransport);
+}  // namespace
+
 }  // namespace strata::transport
