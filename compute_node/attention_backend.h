@@ -19,9 +19,9 @@ namespace strata {
 
 // What went wrong for part of a step, and what the step cost on the wire.
 struct AttentionStepOutcome {
-  std::vector<uint32_t> dead_pools;  // memory nodes found dead or hung during the step
+  std::vector<PoolIndex> dead_pools;  // memory nodes found dead or hung during the step
   // Requests whose rows got no attention output (their results must be discarded).
-  std::vector<std::pair<uint64_t, std::string>> failed;
+  std::vector<std::pair<SequenceId, std::string>> failed;
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   uint64_t wait_us = 0;   // time spent waiting for memory nodes

@@ -34,7 +34,7 @@ namespace {
 void SetMemoryNodes(RemoteAttention* remote, const control::ComputeConfig& config) {
   std::vector<MemoryNodeAddress> nodes;
   for (const control::MemoryNodeAddress& m : config.memory_nodes()) {
-    nodes.push_back({m.pool_index(), m.name(), m.data_address()});
+    nodes.push_back({PoolIndex(m.pool_index()), m.name(), m.data_address()});
   }
   remote->SetMemoryNodes(config.epoch(), nodes);
   LOG(INFO) << "disaggregated mode: " << nodes.size() << " memory node(s)";

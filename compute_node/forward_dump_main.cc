@@ -85,12 +85,13 @@ int Run() {
     StepKvPlan plan;
     if (assign) {
       SlotAssignment a;
-      a.request_id = 1;
+      a.request_id = SequenceId(1);
       a.start = start;
       for (int32_t p = start; p < start + count; ++p) a.slots.push_back(p);
       plan.assignments.push_back(a);
     }
-    for (int32_t p = start; p < start + count; ++p) plan.rows.push_back({1, p, -1});
+    for (int32_t p = start; p < start + count; ++p)
+      plan.rows.push_back({SequenceId(1), PoolIndex(0), p, -1});
     return ForwardLayers(runner, **attention, buffers, plan, tokens.data() + start);
   };
   auto record_last = [&](int32_t rows) {

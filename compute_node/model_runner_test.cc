@@ -47,11 +47,11 @@ class Fixture : public ::testing::Test {
     std::vector<int32_t> tokens;
     for (auto& [seq, start, count] : parts) {
       SlotAssignment a;
-      a.request_id = seq->id;
+      a.request_id = SequenceId(seq->id);
       a.start = start;
       for (int p = start; p < start + count; ++p) {
         a.slots.push_back(static_cast<int32_t>(seq->id * 1000 + p));
-        plan.rows.push_back({seq->id, p, -1});
+        plan.rows.push_back({SequenceId(seq->id), PoolIndex(0), p, -1});
         tokens.push_back(seq->tokens[p]);
       }
       plan.assignments.push_back(a);
@@ -163,19 +163,19 @@ TEST_F(Fixture, BadPlansAreRejectedWithoutSideEffects) {
   Sequence a = RandomSequence(7, 10, 7);
   Step(runner, *attn, {{&a, 0, 10}});
   StepKvPlan bad;
-  bad.rows.push_back({7, 12, -1});  // beyond the 10 assigned slots
+  bad.rows.push_back({SequenceId(7), PoolIndex(0), 12, -1});  // beyond the 10 assigned slots
   BatchBuffers b(runner.config(), 1);
   const int32_t token = 5;
   EXPECT_EQ(ForwardLayers(runner, *attn, b, bad, &token).code(),
             absl::StatusCode::kInvalidArgument);
   StepKvPlan out_of_store;
-  out_of_store.assignments.push_back({7, 10, {999999}});
-  out_of_store.rows.push_back({7, 10, -1});
+  out_of_store.assignments.push_back({SequenceId(7), PoolIndex(0), 10, {999999}});
+  out_of_store.rows.push_back({SequenceId(7), PoolIndex(0), 10, -1});
   EXPECT_EQ(ForwardLayers(runner, *attn, b, out_of_store, &token).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(attn->engine().num_assigned_positions(), 10) << "a rejected plan changed the tables";
   StepKvPlan unknown;
-  unknown.rows.push_back({99, 0, -1});
+  unknown.rows.push_back({SequenceId(99), PoolIndex(0), 0, -1});
   EXPECT_EQ(ForwardLayers(runner, *attn, b, unknown, &token).code(),
             absl::StatusCode::kInvalidArgument);
 }

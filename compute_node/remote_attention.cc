@@ -1,7 +1,6 @@
 #include "compute_node/remote_attention.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -63,7 +62,7 @@ void RemoteAttention::SetMemoryNodes(uint64_t epoch, const std::vector<MemoryNod
   std::vector<PeerId> to_close;
   {
     std::lock_guard<std::mutex> lock(config_mu_);
-    std::map<uint32_t, Pool> next;
+    std::map<PoolIndex, Pool> next;
     for (const MemoryNodeAddress& node : nodes) {
       Pool pool;
       pool.name = node.name;
@@ -96,7 +95,7 @@ RemoteAttentionStats RemoteAttention::stats() const {
   return s;
 }
 
-absl::Status RemoteAttention::ConnectPool(uint32_t index, Share& share) {
+absl::Status RemoteAttention::ConnectPool(PoolIndex index, Share& share) {
   std::string address;
   {
     std::lock_guard<std::mutex> lock(config_mu_);
@@ -145,7 +144,7 @@ void RemoteAttention::FailShare(Share& share, const std::string& why, bool dead)
   LOG(WARNING) << "step " << step_id_ << ": memory node of pool " << share.pool
                << (dead ? " is dead or hung: " : " failed its rows: ") << why << " ("
                << share.share.plan.rows.size() << " rows, " << share.share.plan.assignments.size()
-               << " slot assignments, " << share.share.plan.released.size() << " releases)";
+               << " slot assignments, " << share.share.plan.releases.size() << " releases)";
   if (dead) {
     outcome_.dead_pools.push_back(share.pool);
     if (share.peer != 0) {
@@ -154,11 +153,11 @@ void RemoteAttention::FailShare(Share& share, const std::string& why, bool dead)
       dead_peers_[share.peer] = true;
     }
   }
-  std::vector<uint64_t> ids;
+  std::vector<SequenceId> ids;
   for (const AttentionRowPlan& r : share.share.plan.rows) ids.push_back(r.request_id);
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  for (uint64_t id : ids) {
+  for (SequenceId id : ids) {
     outcome_.failed.emplace_back(
         id, absl::StrCat("memory node of pool ", share.pool, " failed: ", why));
   }
@@ -177,8 +176,8 @@ absl::Status RemoteAttention::BeginStep(const StepKvPlan& plan) {
     epoch = epoch_;
   }
   // One share per pool, in row order; pools with only table changes come after.
-  std::map<uint32_t, size_t> share_of_pool;
-  auto share_for = [&](uint32_t pool) -> Share& {
+  std::map<PoolIndex, size_t> share_of_pool;
+  auto share_for = [&](PoolIndex pool) -> Share& {
     auto it = share_of_pool.find(pool);
     if (it != share_of_pool.end()) return shares_[it->second];
     share_of_pool[pool] = shares_.size();
@@ -193,7 +192,7 @@ absl::Status RemoteAttention::BeginStep(const StepKvPlan& plan) {
     return shares_.back();
   };
   for (int i = 0; i < rows_; ++i) {
-    const uint32_t pool = plan.rows[i].pool;
+    const PoolIndex pool = plan.rows[i].pool;
     if (i > 0 && plan.rows[i - 1].pool != pool && share_of_pool.count(pool)) {
       return absl::InvalidArgumentError(
           absl::StrCat("step ", plan.step_id, ": rows of pool ", pool, " are not contiguous"));
@@ -206,7 +205,7 @@ absl::Status RemoteAttention::BeginStep(const StepKvPlan& plan) {
     std::lock_guard<std::mutex> lock(mu_);
     pending_errors_.clear();
   }
-  for (const TableRelease& r : plan.released) share_for(r.pool).share.plan.released.push_back(r);
+  for (const TableRelease& r : plan.releases) share_for(r.pool).share.plan.releases.push_back(r);
   for (const SlotAssignment& a : plan.assignments) {
     share_for(a.pool).share.plan.assignments.push_back(a);
   }
@@ -349,7 +348,7 @@ absl::Status RemoteAttention::Attend(int layer, BatchBuffers& b, int64_t m) {
     std::lock_guard<std::mutex> lock(config_mu_);
     epoch = epoch_;
   }
-  const auto send_start = std::chrono::steady_clock::now();
+  const Stopwatch send_watch;
   // Register every answer before the first frame leaves: answers can be fast.
   struct Outgoing {
     size_t share;
@@ -440,7 +439,7 @@ absl::Status RemoteAttention::Attend(int layer, BatchBuffers& b, int64_t m) {
     }
   }
 
-  outcome_.send_us += MicrosSince(send_start);
+  outcome_.send_us += send_watch.ElapsedMicros();
   // While the memory nodes work: chunks that this node attends entirely.
   std::vector<const LocalRow*> whole;
   for (const LocalRow& r : local_rows_) {
@@ -449,22 +448,21 @@ absl::Status RemoteAttention::Attend(int layer, BatchBuffers& b, int64_t m) {
   RunLocal(whole, b, nullptr);
 
   // Wait for every answer, a dead peer, or the deadline.
-  const auto wait_start = std::chrono::steady_clock::now();
+  const Stopwatch wait_watch;
   std::vector<Expected> answers;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    const auto deadline = wait_start + absl::ToChronoNanoseconds(options_.layer_timeout);
-    cv_.wait_until(lock, deadline, [&] { return LayerSettledLocked(); });
+    cv_.wait_for(lock, absl::ToChronoNanoseconds(options_.layer_timeout),
+                 [&] { return LayerSettledLocked(); });
     answers = std::move(expected_);
     expected_.clear();
     layer_ = -1;
   }
-  outcome_.wait_us += MicrosSince(wait_start);
+  outcome_.wait_us += wait_watch.ElapsedMicros();
   if (options_.on_layer_round_trip) {
-    options_.on_layer_round_trip(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - send_start).count());
+    options_.on_layer_round_trip(send_watch.ElapsedSeconds());
   }
-  const auto merge_start = std::chrono::steady_clock::now();
+  const Stopwatch merge_watch;
 
   for (const Expected& e : answers) {
     Share& share = shares_[e.share];
@@ -530,7 +528,7 @@ absl::Status RemoteAttention::Attend(int layer, BatchBuffers& b, int64_t m) {
       std::memset(attn_base + (share.first_row + r) * q_row, 0, q_row);
     }
   }
-  outcome_.merge_us += MicrosSince(merge_start);
+  outcome_.merge_us += merge_watch.ElapsedMicros();
   return absl::OkStatus();
 }
 

@@ -70,7 +70,7 @@ struct RemoteAttentionOptions {
 };
 
 struct MemoryNodeAddress {
-  uint32_t pool = 0;
+  PoolIndex pool;
   std::string name;
   std::string data_address;
 };
@@ -121,7 +121,7 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
   };
   // One memory node's part of the current step.
   struct Share {
-    uint32_t pool = 0;
+    PoolIndex pool;
     transport::PeerId peer = 0;
     int first_row = 0;  // rows [first_row, first_row + rows) of the batch
     StepShare share;
@@ -153,7 +153,7 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
   // Whether every answer of the current layer is in, or its peer is dead (mu_ held).
   bool LayerSettledLocked() const;
   void FailShare(Share& share, const std::string& why, bool dead);
-  absl::Status ConnectPool(uint32_t pool, Share& share);
+  absl::Status ConnectPool(PoolIndex pool, Share& share);
   void RunLocal(const std::vector<const LocalRow*>& rows, BatchBuffers& b, const float* states);
 
   ModelConfig config_;
@@ -163,7 +163,7 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
 
   std::mutex config_mu_;
   uint64_t epoch_ = 0;
-  std::map<uint32_t, Pool> pools_;
+  std::map<PoolIndex, Pool> pools_;
 
   // Step state (step thread), with `expected_` and the counters shared with the transport
   // thread under mu_.

@@ -54,7 +54,7 @@ struct Pair {
     options.minibatches = minibatches;
     options.min_minibatch_rows = min_rows;
     remote = std::move(*RemoteAttention::Create(c, options));
-    remote->SetMemoryNodes(kEpoch, {{0, "memory-0", server->data_address()}});
+    remote->SetMemoryNodes(kEpoch, {{PoolIndex(0), "memory-0", server->data_address()}});
   }
 };
 
@@ -74,11 +74,11 @@ std::vector<uint16_t> Decode(Pair& pair, const ModelConfig& c, int requests, int
     for (int r = 0; r < requests; ++r) {
       if (step == 0) {
         SlotAssignment a;
-        a.request_id = r + 1;
+        a.request_id = SequenceId(r + 1);
         for (int p = 0; p < steps; ++p) a.slots.push_back(r * steps + p);
         plan.assignments.push_back(a);
       }
-      plan.rows.push_back({static_cast<uint64_t>(r + 1), step, -1, 0});
+      plan.rows.push_back({SequenceId(static_cast<uint64_t>(r + 1)), PoolIndex(0), step, -1});
     }
     EXPECT_TRUE(pair.remote->BeginStep(plan).ok());
     for (int layer = 0; layer < c.num_layers; ++layer) {

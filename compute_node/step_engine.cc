@@ -1,7 +1,6 @@
 #include "compute_node/step_engine.h"
 
 #include <algorithm>
-#include <chrono>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
@@ -17,18 +16,18 @@ StepEngine::StepEngine(const ModelRunner* runner, AttentionBackend* attention,
       buffers_(runner->config(), options.max_batch_rows) {}
 
 StepResult StepEngine::Execute(const StepPlan& plan) {
-  const auto start = std::chrono::steady_clock::now();
+  const Stopwatch watch;
   StepResult result;
   result.step_id = plan.step_id;
   const ModelConfig& config = runner_->config();
 
   // Releases first, then setups (a re-admitted request is released and set up again).
-  for (const PoolRelease& r : plan.releases) requests_.erase(r.request_id);
+  for (const TableRelease& r : plan.releases) requests_.erase(r.request_id);
   for (const RequestSetup& s : plan.setups) {
     RequestCache cache;
     cache.sampling = s.sampling;
     cache.prompt_len = s.prompt_len;
-    if (s.parent_request_id != 0) {
+    if (s.parent_request_id != SequenceId()) {
       auto parent = requests_.find(s.parent_request_id);
       if (parent == requests_.end()) {
         result.error =
@@ -59,10 +58,8 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
       [](const SequenceChunk* a, const SequenceChunk* b) { return a->pool < b->pool; });
   StepKvPlan kv;
   kv.step_id = plan.step_id;
-  for (const PoolRelease& r : plan.releases) kv.released.push_back({r.request_id, r.pool});
-  for (const PoolSlotAssignment& a : plan.assignments) {
-    kv.assignments.push_back({a.request_id, a.start, a.slots, a.pool});
-  }
+  kv.releases = plan.releases;
+  kv.assignments = plan.assignments;
   std::vector<int32_t> tokens;
   std::vector<int32_t> last_rows;  // per chunk with samples
   std::vector<const SequenceChunk*> sampled_chunks;
@@ -84,7 +81,7 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
                                     " outside the vocabulary of ", config.vocab_size);
         return result;
       }
-      kv.rows.push_back({c->request_id, c->start_position + static_cast<int32_t>(i), -1, c->pool});
+      kv.rows.push_back({c->request_id, c->pool, c->start_position + static_cast<int32_t>(i), -1});
       tokens.push_back(t);
     }
     if (!c->samples.empty()) {
@@ -128,9 +125,9 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
     result.error = std::string(status.message());
     return result;
   }
-  std::unordered_set<uint64_t> failed;
+  std::unordered_set<SequenceId> failed;
   for (const auto& [id, why] : result.failed) failed.insert(id);
-  const auto sample_start = std::chrono::steady_clock::now();
+  const Stopwatch sample_watch;
   if (!last_rows.empty()) {
     const int64_t vocab = config.vocab_size;
     logits_.resize(RowsCapacity(last_rows.size()) * vocab);
@@ -170,8 +167,8 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
                           std::move(out.top_logprobs)};
     }
   }
-  result.timing.sample_us = MicrosSince(sample_start);
-  result.timing.total_us = MicrosSince(start);
+  result.timing.sample_us = sample_watch.ElapsedMicros();
+  result.timing.total_us = watch.ElapsedMicros();
   // The rest of the step: GEMMs, norms, RoPE, and local attention when co-located.
   const uint64_t other = result.timing.attention_us + result.timing.sample_us;
   result.timing.gemm_us = result.timing.total_us > other ? result.timing.total_us - other : 0;

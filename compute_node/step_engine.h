@@ -56,7 +56,7 @@ class StepEngine {
   StepEngineOptions options_;
   BatchBuffers buffers_;
   std::vector<float> logits_;
-  std::unordered_map<uint64_t, RequestCache> requests_;
+  std::unordered_map<SequenceId, RequestCache> requests_;
   uint64_t steps_executed_ = 0;
 };
 

@@ -45,14 +45,14 @@ absl::StatusOr<PreparedStep> AttentionEngine::Prepare(const StepKvPlan& plan) {
   };
   // Validate the whole plan against the table sizes it would produce, so that a bad plan
   // changes nothing.
-  std::unordered_map<uint64_t, int64_t> size_after;  // -1: released
-  auto current_size = [&](uint64_t id) -> int64_t {
+  std::unordered_map<SequenceId, int64_t> size_after;  // -1: released
+  auto current_size = [&](SequenceId id) -> int64_t {
     auto it = size_after.find(id);
     if (it != size_after.end()) return it->second;
     auto table = tables_.find(id);
     return table == tables_.end() ? -1 : static_cast<int64_t>(table->second->size());
   };
-  for (const TableRelease& r : plan.released) size_after[r.request_id] = -1;
+  for (const TableRelease& r : plan.releases) size_after[r.request_id] = -1;
   for (const SlotAssignment& a : plan.assignments) {
     const int64_t existing = std::max<int64_t>(0, current_size(a.request_id));
     if (a.start < 0 || a.start > existing) {
@@ -80,7 +80,7 @@ absl::StatusOr<PreparedStep> AttentionEngine::Prepare(const StepKvPlan& plan) {
     if (r.tile_limit < -1) return invalid("row ", i, " has tile limit ", r.tile_limit);
   }
 
-  for (const TableRelease& r : plan.released) tables_.erase(r.request_id);
+  for (const TableRelease& r : plan.releases) tables_.erase(r.request_id);
   for (const SlotAssignment& a : plan.assignments) {
     std::shared_ptr<std::vector<int32_t>>& table = tables_[a.request_id];
     if (table == nullptr) {

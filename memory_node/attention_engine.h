@@ -104,7 +104,7 @@ class AttentionEngine {
   AttentionEngineConfig config_;
   kernels::AttentionParams params_;
   std::unique_ptr<KvStore> store_;
-  std::unordered_map<uint64_t, std::shared_ptr<std::vector<int32_t>>> tables_;
+  std::unordered_map<SequenceId, std::shared_ptr<std::vector<int32_t>>> tables_;
 
   PreparedStep current_;  // of BeginStep
   std::vector<uint16_t> q_gather_, out_gather_;

@@ -41,8 +41,9 @@ std::vector<int32_t> Slots(int request, int length) {
 void Fill(AttentionEngine& engine, uint64_t request, int n, uint32_t seed) {
   StepKvPlan plan;
   plan.step_id = 1000 + request;
-  plan.assignments.push_back({request, 0, Slots(request, n), 0});
-  for (int p = 0; p < n; ++p) plan.rows.push_back({request, p, 0, 0});  // write only
+  plan.assignments.push_back({SequenceId(request), PoolIndex(0), 0, Slots(request, n)});
+  for (int p = 0; p < n; ++p)
+    plan.rows.push_back({SequenceId(request), PoolIndex(0), p, 0});  // write only
   auto step = engine.Prepare(plan);
   ASSERT_TRUE(step.ok()) << step.status();
   for (int layer = 0; layer < kLayers; ++layer) {
@@ -57,29 +58,29 @@ TEST(AttentionEngine, BadPlansChangeNothing) {
   Fill(*engine, 1, 10, 1);
   const int64_t before = engine->num_assigned_positions();
   StepKvPlan bad;
-  bad.rows.push_back({1, 10, -1, 0});  // beyond the 10 assigned slots
+  bad.rows.push_back({SequenceId(1), PoolIndex(0), 10, -1});  // beyond the 10 assigned slots
   EXPECT_EQ(engine->Prepare(bad).status().code(), absl::StatusCode::kInvalidArgument);
   bad = {};
-  bad.assignments.push_back({1, 10, {4096}, 0});  // outside the store
-  bad.rows.push_back({1, 10, -1, 0});
+  bad.assignments.push_back({SequenceId(1), PoolIndex(0), 10, {4096}});  // outside the store
+  bad.rows.push_back({SequenceId(1), PoolIndex(0), 10, -1});
   EXPECT_FALSE(engine->Prepare(bad).ok());
   bad = {};
-  bad.assignments.push_back({2, 3, {5}, 0});  // starts past an empty table
+  bad.assignments.push_back({SequenceId(2), PoolIndex(0), 3, {5}});  // starts past an empty table
   EXPECT_FALSE(engine->Prepare(bad).ok());
   bad = {};
-  bad.rows.push_back({99, 0, -1, 0});  // unknown request
+  bad.rows.push_back({SequenceId(99), PoolIndex(0), 0, -1});  // unknown request
   EXPECT_FALSE(engine->Prepare(bad).ok());
   bad = {};
-  bad.released.push_back({1, 0});
-  bad.rows.push_back({1, 0, -1, 0});  // released in the same plan
+  bad.releases.push_back({SequenceId(1), PoolIndex(0)});
+  bad.rows.push_back({SequenceId(1), PoolIndex(0), 0, -1});  // released in the same plan
   EXPECT_FALSE(engine->Prepare(bad).ok());
   bad = {};
-  bad.rows.push_back({1, 3, -2, 0});
+  bad.rows.push_back({SequenceId(1), PoolIndex(0), 3, -2});
   EXPECT_FALSE(engine->Prepare(bad).ok());
   EXPECT_EQ(engine->num_assigned_positions(), before);
   EXPECT_EQ(engine->num_tables(), 1u);
   StepKvPlan good;
-  good.rows.push_back({1, 9, -1, 0});
+  good.rows.push_back({SequenceId(1), PoolIndex(0), 9, -1});
   EXPECT_TRUE(engine->Prepare(good).ok());
 }
 
@@ -88,8 +89,8 @@ TEST(AttentionEngine, FinalRowMatchesDoubleReference) {
   const int n = 150;  // three tiles, the last partial
   Fill(*engine, 1, n - 1, 3);
   StepKvPlan plan;
-  plan.assignments.push_back({1, n - 1, {Slots(1, n)[n - 1]}, 0});
-  plan.rows.push_back({1, n - 1, -1, 0});
+  plan.assignments.push_back({SequenceId(1), PoolIndex(0), n - 1, {Slots(1, n)[n - 1]}});
+  plan.rows.push_back({SequenceId(1), PoolIndex(0), n - 1, -1});
   auto step = engine->Prepare(plan);
   ASSERT_TRUE(step.ok());
   const auto q = Random(kQRow, 5), k = Random(kKvRow, 6), v = Random(kKvRow, 7);
@@ -139,17 +140,19 @@ Batch MakeBatch(AttentionEngine& engine, int32_t chunk_tile_limit) {
   for (uint64_t r = 1; r <= 3; ++r) Fill(engine, r, 60 + 50 * r, 10 * r);
   for (uint64_t r = 1; r <= 3; ++r) {
     const int pos = 60 + 50 * r;
-    b.plan.assignments.push_back({r, pos, {Slots(r, pos + 1)[pos]}, 0});
-    b.plan.rows.push_back({r, pos, -1, 0});
+    b.plan.assignments.push_back({SequenceId(r), PoolIndex(0), pos, {Slots(r, pos + 1)[pos]}});
+    b.plan.rows.push_back({SequenceId(r), PoolIndex(0), pos, -1});
   }
   // Request 4: cached prefix of 100 positions, a chunk of 90 positions [100, 190).
   Fill(engine, 4, 100, 40);
   const auto slots = Slots(4, 190);
-  b.plan.assignments.push_back({4, 100, {slots.begin() + 100, slots.end()}, 0});
+  b.plan.assignments.push_back(
+      {SequenceId(4), PoolIndex(0), 100, {slots.begin() + 100, slots.end()}});
   for (int p = 100; p < 190; ++p) {
     // Rows whose tiles all lie below the limit are final either way.
     const bool within = kernels::AttentionNumTiles(p + 1) <= chunk_tile_limit;
-    b.plan.rows.push_back({4, p, chunk_tile_limit < 0 || within ? -1 : chunk_tile_limit, 0});
+    b.plan.rows.push_back(
+        {SequenceId(4), PoolIndex(0), p, chunk_tile_limit < 0 || within ? -1 : chunk_tile_limit});
   }
   b.rows = static_cast<int>(b.plan.rows.size());
   b.q = Random(b.rows * kQRow, 77);
@@ -249,7 +252,7 @@ TEST(AttentionEngine, AStepKeepsItsTablesWhenAnotherStepChangesThem) {
   auto engine = MakeEngine();
   Fill(*engine, 1, 100, 5);
   StepKvPlan plan;
-  plan.rows.push_back({1, 99, -1, 0});
+  plan.rows.push_back({SequenceId(1), PoolIndex(0), 99, -1});
   auto first = engine->Prepare(plan);
   ASSERT_TRUE(first.ok());
   const auto q = Random(kQRow, 1), k = Random(kKvRow, 2), v = Random(kKvRow, 3);
@@ -261,7 +264,7 @@ TEST(AttentionEngine, AStepKeepsItsTablesWhenAnotherStepChangesThem) {
   StepKvPlan other;
   std::vector<int32_t> moved(50);
   for (int i = 0; i < 50; ++i) moved[i] = 3000 + i;
-  other.assignments.push_back({1, 50, moved, 0});
+  other.assignments.push_back({SequenceId(1), PoolIndex(0), 50, moved});
   ASSERT_TRUE(engine->Prepare(other).ok());
   // The first step still reads the slots it resolved.
   ASSERT_TRUE(
@@ -274,7 +277,7 @@ TEST(AttentionEngine, RejectsBadRowRangesAndLayers) {
   auto engine = MakeEngine();
   Fill(*engine, 1, 4, 1);
   StepKvPlan plan;
-  plan.rows.push_back({1, 3, -1, 0});
+  plan.rows.push_back({SequenceId(1), PoolIndex(0), 3, -1});
   auto step = engine->Prepare(plan);
   ASSERT_TRUE(step.ok());
   std::vector<uint16_t> q(kQRow), k(kKvRow), v(kKvRow), out(kQRow);

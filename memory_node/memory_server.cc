@@ -1,11 +1,13 @@
 #include "memory_node/memory_server.h"
 
-#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
+#include "common/base/stopwatch.h"
 
 namespace strata {
 namespace {
@@ -85,7 +87,7 @@ absl::StatusOr<control::MemoryConfigAck> MemoryServer::Configure(
   if (same_shape) {
     engine_->Reset();  // the scheduler starts this pool empty
     epoch_ = config.epoch();
-    pool_ = config.pool_index();
+    pool_ = PoolIndex(config.pool_index());
     LOG(INFO) << "reconfigured as pool " << pool_ << " of epoch " << epoch_ << " (KV dropped)";
   } else {
     AttentionEngineConfig engine_config;
@@ -103,7 +105,7 @@ absl::StatusOr<control::MemoryConfigAck> MemoryServer::Configure(
     dims_ = {static_cast<int>(m.num_layers()), static_cast<int>(m.num_heads()),
              static_cast<int>(m.num_kv_heads()), static_cast<int>(m.head_dim())};
     epoch_ = config.epoch();
-    pool_ = config.pool_index();
+    pool_ = PoolIndex(config.pool_index());
     LOG(INFO) << "configured as pool " << pool_ << " of epoch " << epoch_ << ": "
               << config.num_slots() << " KV slots (" << engine_->store().total_bytes() / (1 << 20)
               << " MiB) for " << m.name() << " in " << absl::FormatDuration(absl::Now() - start);
@@ -384,10 +386,10 @@ void MemoryServer::HandleLayer(PeerId peer, const FrameHeader& header,
             reinterpret_cast<const uint16_t*>(payload.data() + m->q_bytes + m->kv_bytes);
         auto* out = reinterpret_cast<uint16_t*>(reply->data());
         auto* partial = reinterpret_cast<float*>(reply->data() + m->out_bytes);
-        const auto start = std::chrono::steady_clock::now();
+        const Stopwatch watch;
         absl::Status status = engine_->AttendRows(state.prepared, header.layer, m->begin, m->end, q,
                                                   k, v, out, m->partials > 0 ? partial : nullptr);
-        seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        seconds = watch.ElapsedSeconds();
         if (!status.ok()) {
           error = std::string(status.message());
           state.error = error;

@@ -121,7 +121,7 @@ class MemoryServer : public transport::MessageHandler {
   std::unique_ptr<AttentionEngine> engine_;
   AttentionDims dims_;
   uint64_t epoch_ = 0;
-  uint32_t pool_ = 0;
+  PoolIndex pool_;
   std::unordered_map<transport::PeerId, PeerState> peers_;
 
   // Buffers received but not yet run, by data pointer (transport thread only).

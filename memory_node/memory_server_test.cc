@@ -7,6 +7,7 @@
 #include <deque>
 #include <random>
 
+#include "absl/time/time.h"
 #include "common/base/bfloat16.h"
 #include "gtest/gtest.h"
 
@@ -63,8 +64,9 @@ class Client : public transport::MessageHandler {
   }
   Reply Next() {
     std::unique_lock<std::mutex> lock(mu_);
-    EXPECT_TRUE(cv_.wait_for(lock, std::chrono::seconds(20), [&] { return !replies_.empty(); }))
-        << "no reply";
+    EXPECT_TRUE(cv_.wait_for(lock, absl::ToChronoNanoseconds(absl::Seconds(20)), [&] {
+      return !replies_.empty();
+    })) << "no reply";
     if (replies_.empty()) return {};
     Reply r = std::move(replies_.front());
     replies_.pop_front();
@@ -114,12 +116,12 @@ class MemoryServerTest : public ::testing::Test {
     StepShare share;
     share.step_id = step;
     share.epoch = kEpoch;
-    share.pool = 3;
+    share.pool = PoolIndex(3);
     share.num_layers = kLayers;
     std::vector<int32_t> slots(n);
     for (int i = 0; i < n; ++i) slots[i] = 999 - 3 * i;
-    share.plan.assignments.push_back({1, 0, slots, 3});
-    for (int i = 0; i < n; ++i) share.plan.rows.push_back({1, i, -1, 3});
+    share.plan.assignments.push_back({SequenceId(1), PoolIndex(3), 0, slots});
+    for (int i = 0; i < n; ++i) share.plan.rows.push_back({SequenceId(1), PoolIndex(3), i, -1});
     share.minibatch_rows = SplitMinibatches(n, 2);
     return share;
   }
@@ -239,11 +241,11 @@ TEST_F(MemoryServerTest, BadFramesGetErrorsAndTheServerKeepsServing) {
   client_->Send(step, junk);
   expect_error("garbage descriptor");
   StepShare other = Share(6, 4);
-  other.pool = 4;
+  other.pool = PoolIndex(4);
   SendStep(other);
   expect_error("wrong pool");
   StepShare beyond = Share(6, 4);
-  beyond.plan.rows.push_back({1, 40, -1, 3});  // position beyond its table
+  beyond.plan.rows.push_back({SequenceId(1), PoolIndex(3), 40, -1});  // position beyond its table
   beyond.minibatch_rows = {5};
   SendStep(beyond);
   expect_error("bad plan");

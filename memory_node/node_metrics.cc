@@ -1,7 +1,8 @@
 #include "memory_node/node_metrics.h"
 
 #include <algorithm>
-#include <chrono>
+
+#include "common/base/stopwatch.h"
 
 namespace strata {
 
@@ -59,7 +60,7 @@ void RegisterMemoryNodeMetrics(metrics::MetricsRegistry& registry, const std::st
                                    .Add({{"node", node}, {"role", "memory"}});
 
   struct Window {
-    std::chrono::steady_clock::time_point at = std::chrono::steady_clock::now();
+    Stopwatch since;  // the start of the interval
     double attention = 0;
     uint64_t frames = 0;
   };
@@ -80,14 +81,13 @@ void RegisterMemoryNodeMetrics(metrics::MetricsRegistry& registry, const std::st
     metrics::SetCounterTo(*malformed, static_cast<double>(s.malformed_frames));
     metrics::SetCounterTo(*rejected, static_cast<double>(s.rejected_steps));
     // Idle share of an interval in which frames flowed; 0 when nothing was asked of it.
-    const auto now = std::chrono::steady_clock::now();
-    const double wall = std::chrono::duration<double>(now - window->at).count();
+    const double wall = window->since.ElapsedSeconds();
+    window->since.Reset();
     if (s.layer_frames > window->frames && wall > 0) {
       bubble->Set(std::clamp(1.0 - (s.attention_seconds - window->attention) / wall, 0.0, 1.0));
     } else {
       bubble->Set(0);
     }
-    window->at = now;
     window->attention = s.attention_seconds;
     window->frames = s.layer_frames;
   });

@@ -2,6 +2,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/base/crypto.h"
 #include "common/base/logging.h"
 #include "common/control/version.h"
@@ -30,8 +32,7 @@ void ControlPlane::OnPoolDeath(PoolIndex pool) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [id, node] : nodes_) {
-      if (node.view.info.role() == control::ROLE_MEMORY && node.pool == static_cast<int>(pool) &&
-          node.view.alive) {
+      if (node.view.info.role() == control::ROLE_MEMORY && node.pool == pool && node.view.alive) {
         // The node may still answer heartbeats (a hang that passed); it must register again
         // and come back empty.
         MarkDead(node, "a compute node found it dead or hung during a step");
@@ -161,13 +162,13 @@ void ControlPlane::MarkDead(Node& node, const std::string& why) {
   node.view.alive = false;
   LOG(WARNING) << "node " << node.view.info.name() << " is dead: " << why;
   if (node.executor >= 0) scheduler_->SetExecutorAlive(node.executor, false);
-  if (node.pool >= 0) scheduler_->SetPoolAlive(node.pool, false);
+  if (node.pool) scheduler_->SetPoolAlive(*node.pool, false);
 }
 
 void ControlPlane::Monitor() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
-    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    cv_.wait_for(lock, absl::ToChronoNanoseconds(absl::Milliseconds(100)));
     const absl::Time now = absl::Now();
     bool memory_changed = false;
     for (auto& [id, node] : nodes_) {
@@ -225,7 +226,7 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
   grpc::ClientContext context;
   options_.auth->Attach(&context);
   // Allocating and touching a large local KV cache takes a while.
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
   control::ComputeConfigAck ack;
   const grpc::Status status = stub->Configure(&context, config, &ack);
   std::lock_guard<std::mutex> lock(mu_);
@@ -239,9 +240,8 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
   node.channel = executor->channel();
   std::optional<PoolIndex> local_pool;
   if (options_.expected_memory_nodes == 0) {
-    node.pool = static_cast<int>(
-        scheduler_->AddPool(info.name(), static_cast<int64_t>(ack.local_kv_slots())));
-    local_pool = static_cast<PoolIndex>(node.pool);
+    node.pool = scheduler_->AddPool(info.name(), static_cast<int64_t>(ack.local_kv_slots()));
+    local_pool = node.pool;
   }
   node.executor = scheduler_->AddExecutor(std::move(executor), local_pool);
   node.view.configured = true;
@@ -256,9 +256,9 @@ control::ComputeConfig ControlPlane::ComputeConfigLocked() const {
   config.set_disaggregated(options_.expected_memory_nodes > 0);
   for (const auto& [other_id, other] : nodes_) {
     if (other.view.info.role() == control::ROLE_MEMORY && other.view.alive &&
-        other.view.configured && other.pool >= 0) {
+        other.view.configured && other.pool) {
       auto* m = config.add_memory_nodes();
-      m->set_pool_index(other.pool);
+      m->set_pool_index(other.pool->value());
       m->set_name(other.view.info.name());
       m->set_data_address(other.view.info.data_address());
     }
@@ -269,7 +269,7 @@ control::ComputeConfig ControlPlane::ComputeConfigLocked() const {
 void ControlPlane::ConfigureMemory(uint64_t id) {
   control::NodeInfo info;
   control::MemoryConfig config;
-  int pool = -1;
+  std::optional<PoolIndex> pool;
   {
     std::lock_guard<std::mutex> lock(mu_);
     info = nodes_.at(id).view.info;
@@ -280,7 +280,7 @@ void ControlPlane::ConfigureMemory(uint64_t id) {
     auto known = pool_of_name_.find(info.name());
     if (known != pool_of_name_.end()) pool = known->second;
     config.set_epoch(options_.epoch);
-    config.set_pool_index(pool >= 0 ? pool : static_cast<int>(pool_of_name_.size()));
+    config.set_pool_index(pool ? pool->value() : static_cast<uint32_t>(pool_of_name_.size()));
     *config.mutable_model() = m;
     config.set_num_slots(slots);
   }
@@ -298,7 +298,7 @@ void ControlPlane::ConfigureMemory(uint64_t id) {
   grpc::ClientContext context;
   options_.auth->Attach(&context);
   // Allocating and touching gigabytes of KV cache takes a while (about 3 s per GiB here).
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(600));
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(600)));
   control::MemoryConfigAck ack;
   const grpc::Status status = stub->Configure(&context, config, &ack);
   {
@@ -312,19 +312,18 @@ void ControlPlane::ConfigureMemory(uint64_t id) {
     }
     if (!node.view.alive) return;  // died while configuring
     node.channel = channel;
-    if (pool < 0) {
+    if (!pool) {
       // Pools are only added here, one at a time, so the index the node was given is the
       // one the scheduler hands out.
-      pool =
-          static_cast<int>(scheduler_->AddPool(info.name(), static_cast<int64_t>(ack.num_slots())));
-      CHECK_EQ(pool, static_cast<int>(config.pool_index())) << "pool indices diverged";
-      pool_of_name_[info.name()] = pool;
+      pool = scheduler_->AddPool(info.name(), static_cast<int64_t>(ack.num_slots()));
+      CHECK_EQ(pool->value(), config.pool_index()) << "pool indices diverged";
+      pool_of_name_[info.name()] = *pool;
     } else {
-      scheduler_->SetPoolAlive(pool, true, static_cast<int64_t>(ack.num_slots()));
+      scheduler_->SetPoolAlive(*pool, true, static_cast<int64_t>(ack.num_slots()));
     }
     node.pool = pool;
     node.view.configured = true;
-    LOG(INFO) << "memory node " << info.name() << " is ready: pool " << pool << ", "
+    LOG(INFO) << "memory node " << info.name() << " is ready: pool " << *pool << ", "
               << ack.num_slots() << " KV slots (" << ack.kv_bytes() / (1 << 20)
               << " MiB), data plane at " << info.data_address() << " over " << info.transport();
   }
@@ -362,7 +361,7 @@ void ControlPlane::ReconfigureComputeNodes() {
       }
       grpc::ClientContext context;
       options_.auth->Attach(&context);
-      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
       control::ComputeConfigAck ack;
       const grpc::Status status = stub->Configure(&context, config, &ack);
       if (status.ok()) break;
@@ -453,7 +452,7 @@ void ControlPlane::ShutdownNodes() {
   for (const Target& target : targets) {
     grpc::ClientContext context;
     options_.auth->Attach(&context);
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
     control::ShutdownResponse response;
     if (target.compute) {
       control::ComputeNode::NewStub(target.channel)

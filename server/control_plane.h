@@ -27,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -86,8 +87,8 @@ class ControlPlane final : public control::Scheduler::Service {
  private:
   struct Node {
     NodeView view;
-    int executor = -1;  // compute nodes
-    int pool = -1;      // memory nodes, and co-located compute nodes
+    int executor = -1;              // compute nodes
+    std::optional<PoolIndex> pool;  // memory nodes, and co-located compute nodes
     std::shared_ptr<grpc::Channel> channel;
     std::string session_token;  // what its heartbeats must present
   };
@@ -111,7 +112,7 @@ class ControlPlane final : public control::Scheduler::Service {
   std::deque<uint64_t> to_configure_;
   std::atomic<bool> to_reconfigure_{false};
   mutable std::atomic<bool> ever_ready_{false};
-  std::map<std::string, int> pool_of_name_;  // memory nodes keep their pool across restarts
+  std::map<std::string, PoolIndex> pool_of_name_;  // memory nodes keep their pool across restarts
   bool stop_ = false;
   std::thread worker_, monitor_;
 };

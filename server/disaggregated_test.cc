@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <random>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/base/logging.h"
 #include "common/model/model_generator.h"
 #include "compute_node/attention_backend.h"
@@ -84,8 +86,7 @@ class Deployment {
       mc.mutable_model()->set_kv_dtype("bf16");
       mc.set_num_slots(slots_per_pool);
       EXPECT_TRUE((*server)->Configure(mc).ok());
-      addresses.push_back(
-          {static_cast<uint32_t>(i), absl::StrCat("memory-", i), (*server)->data_address()});
+      addresses.push_back({PoolIndex(i), absl::StrCat("memory-", i), (*server)->data_address()});
       memory_.push_back(std::move(*server));
       scheduler_->AddPool(absl::StrCat("memory-", i), slots_per_pool);
     }
@@ -146,7 +147,7 @@ class Deployment {
 
   bool Wait(const std::vector<std::shared_ptr<Outcome>>& outcomes) {
     std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, std::chrono::seconds(240), [&] {
+    return cv_.wait_for(lock, absl::ToChronoNanoseconds(absl::Seconds(240)), [&] {
       for (const auto& o : outcomes) {
         if (!o->done) return false;
       }
@@ -277,7 +278,8 @@ TEST_F(DisaggregatedTest, ADeadMemoryNodeOnlyMovesItsRequests) {
   for (const auto& r : requests) outcomes.push_back(d.Submit(r));
   {
     std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return steps >= 6; }));
+    ASSERT_TRUE(cv.wait_for(lock, absl::ToChronoNanoseconds(absl::Seconds(60)),
+                            [&] { return steps >= 6; }));
   }
   // Memory node 1 goes away mid-generation (its transport closes with it).
   d.memory()[1].reset();
@@ -306,7 +308,7 @@ TEST_F(DisaggregatedTest, LosingTheOnlyMemoryNodeFailsItsRequestsClearly) {
   r.ignore_eos = true;
   auto outcome = d.Submit(r);
   for (int i = 0; i < 200 && outcome->tokens.size() < 3; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    absl::SleepFor(absl::Milliseconds(20));
   }
   d.memory()[0].reset();
   ASSERT_TRUE(d.Wait({outcome}));

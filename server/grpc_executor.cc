@@ -1,6 +1,8 @@
 #include "server/grpc_executor.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/base/logging.h"
 #include "common/protocol/step_proto.h"
 
@@ -44,7 +46,7 @@ void GrpcExecutor::Submit(StepPlan plan, StepResultSink sink) {
 void GrpcExecutor::Watchdog() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
-    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    cv_.wait_for(lock, absl::ToChronoNanoseconds(absl::Milliseconds(100)));
     if (context_ != nullptr && absl::Now() > step_deadline_at_) {
       LOG(ERROR) << "compute node " << name_ << " did not finish a step within "
                  << absl::FormatDuration(step_deadline_) << "; cancelling its stream";

@@ -25,7 +25,7 @@ using SlotContents = std::map<int32_t, std::pair<int32_t, int32_t>>;
 
 class PoolModel {
  public:
-  explicit PoolModel(int64_t slots) : pool_(0, slots, kBlock) {}
+  explicit PoolModel(int64_t slots) : pool_(PoolIndex(0), slots, kBlock) {}
 
   // Admits `tokens` (prompt): prefix from the cache, the rest freshly allocated and
   // "computed". Returns false if it did not fit (nothing changed).
@@ -147,7 +147,7 @@ TEST(KvPool, RandomOperationsAgainstAModel) {
 }
 
 TEST(KvPool, AllocationIsLifoAndAllOrNothing) {
-  KvPool pool(0, 8, 4);
+  KvPool pool(PoolIndex(0), 8, 4);
   std::vector<int32_t> a, b;
   ASSERT_TRUE(pool.Allocate(3, &a));
   EXPECT_EQ(a, (std::vector<int32_t>{0, 1, 2}));
@@ -159,7 +159,7 @@ TEST(KvPool, AllocationIsLifoAndAllOrNothing) {
 }
 
 TEST(KvPool, IdleCachedBlocksAreReclaimedLruFirst) {
-  KvPool pool(0, 8, 4);
+  KvPool pool(PoolIndex(0), 8, 4);
   std::vector<int32_t> t1 = {1, 2, 3, 4}, t2 = {5, 6, 7, 8};
   std::vector<int32_t> s1, s2;
   ASSERT_TRUE(pool.Allocate(4, &s1));
@@ -186,7 +186,7 @@ TEST(KvPool, IdleCachedBlocksAreReclaimedLruFirst) {
 }
 
 TEST(KvPool, HashCollisionIsAMiss) {
-  KvPool pool(0, 8, 2);
+  KvPool pool(PoolIndex(0), 8, 2);
   std::vector<int32_t> slots;
   ASSERT_TRUE(pool.Allocate(2, &slots));
   const std::vector<int32_t> real = {1, 2};

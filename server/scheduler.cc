@@ -4,6 +4,8 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/base/logging.h"
 #include "server/scheduler_internal.h"
 
@@ -99,7 +101,7 @@ PoolIndex Scheduler::AddPool(const std::string& name, int64_t num_slots) {
   PoolIndex index;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    index = static_cast<PoolIndex>(num_pools_++);
+    index = PoolIndex(num_pools_++);
     largest_pool_slots_ = std::max(largest_pool_slots_, num_slots);
   }
   Post([this, index, name, num_slots] {
@@ -119,8 +121,8 @@ void Scheduler::SetPoolAlive(PoolIndex pool, bool alive, int64_t num_slots) {
 
 void Scheduler::SetPoolAliveNow(PoolIndex pool, bool alive, int64_t num_slots) {
   {
-    if (pool >= pools_.size()) return;
-    Pool& p = *pools_[pool];
+    if (pool.value() >= pools_.size()) return;
+    Pool& p = *pools_[pool.value()];
     if (alive) {
       if (p.alive) return;
       p.alive = true;
@@ -137,7 +139,7 @@ void Scheduler::SetPoolAliveNow(PoolIndex pool, bool alive, int64_t num_slots) {
     for (auto& e : executors_) {
       auto& rel = e->pending_releases;
       rel.erase(std::remove_if(rel.begin(), rel.end(),
-                               [&](const PoolRelease& r) { return r.pool == pool; }),
+                               [&](const TableRelease& r) { return r.pool == pool; }),
                 rel.end());
     }
     bool any_alive = false;
@@ -247,7 +249,7 @@ absl::StatusOr<uint64_t> Scheduler::Submit(GenerateRequest request, UpdateCallba
     stop.skip_special_tokens = req->spec.skip_special_tokens;
     for (int i = 0; i < req->spec.n; ++i) {
       auto seq = std::make_unique<Sequence>();
-      seq->id = next_sequence_id_++;
+      seq->id = SequenceId(next_sequence_id_++);
       seq->request = req.get();
       seq->index = static_cast<uint32_t>(i);
       seq->tokens = req->spec.prompt_tokens;
@@ -312,7 +314,8 @@ void Scheduler::Loop() {
     std::deque<std::function<void()>> events;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::milliseconds(20), [&] { return !events_.empty(); });
+      cv_.wait_for(lock, absl::ToChronoNanoseconds(absl::Milliseconds(20)),
+                   [&] { return !events_.empty(); });
       events.swap(events_);
     }
     for (auto& event : events) event();
@@ -347,8 +350,8 @@ void Scheduler::CheckTimeouts() {
 
 void Scheduler::ReleaseKv(Sequence* seq) {
   Request* req = seq->request;
-  if (req->pool && *req->pool < pools_.size() && pools_[*req->pool]->alive) {
-    KvPool& kv = *pools_[*req->pool]->kv;
+  if (req->pool && req->pool->value() < pools_.size() && pools_[req->pool->value()]->alive) {
+    KvPool& kv = *pools_[req->pool->value()]->kv;
     for (const auto& [block, hash] : seq->held) kv.DropBlock(hash);
     kv.Unref(seq->table);
     if (seq->setup_sent && req->executor >= 0) {
@@ -356,7 +359,8 @@ void Scheduler::ReleaseKv(Sequence* seq) {
     }
   } else if (seq->setup_sent && req->executor >= 0) {
     // The pool is gone; the compute node still drops its cache.
-    executors_[req->executor]->pending_releases.push_back({seq->id, req->pool.value_or(0)});
+    executors_[req->executor]->pending_releases.push_back(
+        {seq->id, req->pool.value_or(PoolIndex(0))});
   }
   seq->table.clear();
   seq->held.clear();
@@ -453,7 +457,7 @@ void Scheduler::PublishStats() {
   int64_t used = 0, total = 0;
   for (size_t i = 0; i < pools_.size(); ++i) {
     PoolStatus ps;
-    ps.index = static_cast<PoolIndex>(i);
+    ps.index = PoolIndex(i);
     ps.name = pools_[i]->name;
     ps.alive = pools_[i]->alive;
     if (ps.alive) {
@@ -466,10 +470,10 @@ void Scheduler::PublishStats() {
   for (auto& [id, req] : requests_) {
     if (req->state == Request::State::kRunning) {
       ++s.num_running;
-      if (req->pool && *req->pool < s.pools.size()) {
+      if (req->pool && req->pool->value() < s.pools.size()) {
         for (const auto& seq : req->seqs) {
           const int64_t length = static_cast<int64_t>(seq->table.size());
-          s.pools[*req->pool].stats.live_positions += length;
+          s.pools[req->pool->value()].stats.live_positions += length;
           // What pages of kPagedCompareTokens would waste on this sequence's last page.
           s.kv_paged_waste_slots +=
               (length + kPagedCompareTokens - 1) / kPagedCompareTokens * kPagedCompareTokens -

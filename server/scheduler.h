@@ -69,7 +69,7 @@ struct SchedulerConfig {
 };
 
 struct PoolStatus {
-  PoolIndex index = 0;
+  PoolIndex index;
   std::string name;
   bool alive = false;
   PoolStats stats;

@@ -15,7 +15,7 @@ namespace strata {
 
 // One of a request's n output sequences. Its id is the request id on the wire.
 struct Scheduler::Sequence {
-  uint64_t id = 0;
+  SequenceId id;
   Request* request = nullptr;
   uint32_t index = 0;           // sample index among the request's n
   std::vector<int32_t> tokens;  // prompt, then outputs
@@ -78,7 +78,7 @@ struct Scheduler::Executor {
   bool busy = false;
   StepPlan in_flight;
   absl::Time started;
-  std::vector<PoolRelease> pending_releases;
+  std::vector<TableRelease> pending_releases;
 };
 
 }  // namespace strata

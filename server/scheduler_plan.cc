@@ -43,11 +43,11 @@ void Scheduler::ScheduleIdleExecutors() {
 
 void Scheduler::RegisterBlocks(Sequence* seq) {
   Request* req = seq->request;
-  if (!config_.enable_prefix_caching || !req->pool || !pools_[*req->pool]->alive) return;
+  if (!config_.enable_prefix_caching || !req->pool || !pools_[req->pool->value()]->alive) return;
   const int64_t block = config_.block_tokens;
   AppendBlockHashes(seq->tokens, config_.block_tokens, config_.cache_salt, &seq->hashes);
   const int64_t complete = std::min<int64_t>(seq->computed, seq->table.size()) / block;
-  KvPool& kv = *pools_[*req->pool]->kv;
+  KvPool& kv = *pools_[req->pool->value()]->kv;
   for (int64_t b = seq->registered_blocks;
        b < complete && b < static_cast<int64_t>(seq->hashes.size()); ++b) {
     if (kv.InsertBlock(seq->hashes[b], seq->tokens.data() + b * block,
@@ -60,7 +60,7 @@ void Scheduler::RegisterBlocks(Sequence* seq) {
 
 void Scheduler::ShareParentPrompt(Sequence* child, Sequence* owner) {
   Request* req = child->request;
-  KvPool& kv = *pools_[*req->pool]->kv;
+  KvPool& kv = *pools_[req->pool->value()]->kv;
   const int64_t prompt_len = req->prompt_len();
   child->table.assign(owner->table.begin(), owner->table.begin() + prompt_len);
   kv.Ref(child->table);
@@ -117,8 +117,8 @@ bool Scheduler::Place(Request* req, int executor) {
   std::vector<PoolIndex> candidates;
   for (size_t p = 0; p < pools_.size(); ++p) {
     if (!pools_[p]->alive) continue;
-    if (ex.local_pool && *ex.local_pool != p) continue;
-    candidates.push_back(static_cast<PoolIndex>(p));
+    if (ex.local_pool && *ex.local_pool != PoolIndex(p)) continue;
+    candidates.push_back(PoolIndex(p));
   }
   if (candidates.empty()) return false;
   std::vector<uint64_t> hashes;
@@ -130,7 +130,7 @@ bool Scheduler::Place(Request* req, int executor) {
   // Prefix first, then free capacity.
   std::vector<std::pair<int, int64_t>> order;  // (matched blocks, available)
   for (PoolIndex p : candidates) {
-    const KvPool& kv = *pools_[p]->kv;
+    const KvPool& kv = *pools_[p.value()]->kv;
     order.emplace_back(
         config_.enable_prefix_caching ? kv.MatchLength(owner->tokens, hashes, max_blocks) : 0,
         kv.available());
@@ -140,7 +140,7 @@ bool Scheduler::Place(Request* req, int executor) {
   std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return order[a] > order[b]; });
   for (size_t i : idx) {
     const PoolIndex p = candidates[i];
-    KvPool& kv = *pools_[p]->kv;
+    KvPool& kv = *pools_[p.value()]->kv;
     std::vector<int32_t> table;
     std::vector<uint64_t> held;
     const int matched =
@@ -171,7 +171,7 @@ bool Scheduler::Place(Request* req, int executor) {
       counters_.prefix_hit_tokens_total += owner->computed;
     }
     LOG_IF(INFO, first_admission) << "request " << req->id << " (" << req->spec.external_id
-                                  << ") placed on " << pools_[p]->name << " with "
+                                  << ") placed on " << pools_[p.value()]->name << " with "
                                   << owner->computed << "/" << length
                                   << " tokens from the prefix cache";
     return true;
@@ -189,7 +189,7 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
   std::unordered_set<Request*> planned;
 
   auto pool_ok = [&](const Request* r) {
-    return r->pool && *r->pool < pools_.size() && pools_[*r->pool]->alive &&
+    return r->pool && r->pool->value() < pools_.size() && pools_[r->pool->value()]->alive &&
            (!ex.local_pool || *ex.local_pool == *r->pool);
   };
 
@@ -209,7 +209,7 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
   // Makes `need` slots available in `req`'s pool by preempting running requests that rank
   // below it, are not in flight and are not in this step.
   auto make_room = [&](Request* req, int64_t need) {
-    KvPool& kv = *pools_[*req->pool]->kv;
+    KvPool& kv = *pools_[req->pool->value()]->kv;
     while (kv.available() < need) {
       Request* victim = nullptr;
       for (auto& [id, other] : requests_) {
@@ -258,7 +258,7 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
       --i;
       continue;
     }
-    KvPool& kv = *pools_[*req->pool]->kv;
+    KvPool& kv = *pools_[req->pool->value()]->kv;
     for (Sequence* s : decode) {
       const int64_t missing =
           static_cast<int64_t>(s->tokens.size()) - static_cast<int64_t>(s->table.size());
@@ -296,7 +296,7 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
       const int64_t need = end - static_cast<int64_t>(seq->table.size());
       if (need > 0) {
         if (!make_room(req, need)) continue;
-        CHECK(pools_[*req->pool]->kv->Allocate(need, &seq->table));
+        CHECK(pools_[req->pool->value()]->kv->Allocate(need, &seq->table));
       }
       add_chunk(seq, seq->computed, end);
       budget_rows -= count;
@@ -318,7 +318,7 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     const int64_t length = static_cast<int64_t>(owner->tokens.size());
     int64_t largest_alive = 0;
     for (size_t p = 0; p < pools_.size(); ++p) {
-      if (pools_[p]->alive && (!ex.local_pool || *ex.local_pool == p)) {
+      if (pools_[p]->alive && (!ex.local_pool || *ex.local_pool == PoolIndex(p))) {
         largest_alive = std::max(largest_alive, pools_[p]->num_slots);
       }
     }
@@ -362,7 +362,7 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     if (seq != owner && owner != nullptr && (owner->setup_sent || setup_done.count(owner))) {
       setup.parent_request_id = owner->id;
     }
-    if (seq->computed > 0 && setup.parent_request_id == 0) {
+    if (seq->computed > 0 && setup.parent_request_id == SequenceId()) {
       setup.history.assign(seq->tokens.begin(), seq->tokens.begin() + seq->computed);
     }
     plan->setups.push_back(std::move(setup));
@@ -371,7 +371,7 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
   auto ensure_assignment = [&](Sequence* seq) {
     Request* req = seq->request;
     if (static_cast<int64_t>(seq->table.size()) <= seq->table_sent) return;
-    PoolSlotAssignment a;
+    SlotAssignment a;
     a.request_id = seq->id;
     a.pool = *req->pool;
     a.start = static_cast<int32_t>(seq->table_sent);
@@ -441,7 +441,7 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
   if (observer_.on_step) observer_.on_step(plan, result, now - started);
 
   // Sequences of this step, by wire id.
-  std::unordered_map<uint64_t, Sequence*> by_id;
+  std::unordered_map<SequenceId, Sequence*> by_id;
   std::vector<Request*> involved;
   for (auto& [id, req] : requests_) {
     for (auto& seq : req->seqs) by_id[seq->id] = seq.get();
@@ -506,7 +506,7 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
     return;
   }
   for (PoolIndex p : result.dead_pools) {
-    if (p < pools_.size() && pools_[p]->alive) {
+    if (p.value() < pools_.size() && pools_[p.value()]->alive) {
       // Mark dead now, before the next step is built.
       SetPoolAliveNow(p, false, -1);
       if (pool_death_handler_) pool_death_handler_(p);
@@ -520,13 +520,14 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
     if (failed_now.insert(req).second) {
       // Already moved when its pool was declared dead above.
       if (req->state != Request::State::kRunning) continue;
-      const bool pool_dead = std::find(result.dead_pools.begin(), result.dead_pools.end(),
-                                       req->pool.value_or(~0u)) != result.dead_pools.end();
+      const bool pool_dead =
+          req->pool && std::find(result.dead_pools.begin(), result.dead_pools.end(), *req->pool) !=
+                           result.dead_pools.end();
       bool other_alive = false;
       for (size_t p = 0; p < pools_.size(); ++p) {
         other_alive = other_alive || (pools_[p]->alive &&
                                       std::find(result.dead_pools.begin(), result.dead_pools.end(),
-                                                p) == result.dead_pools.end());
+                                                PoolIndex(p)) == result.dead_pools.end());
       }
       if (pool_dead && other_alive) {
         for (auto& s : req->seqs) {

@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <random>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/model/model_generator.h"
 #include "compute_node/attention_backend.h"
 #include "compute_node/model_runner.h"
@@ -40,7 +42,8 @@ class Harness {
     config.vocab_size = static_cast<int32_t>(weights->config.vocab_size);
     scheduler_ = std::make_unique<Scheduler>(config, nullptr);
     scheduler_->AddPool("local", pool_slots);
-    scheduler_->AddExecutor(std::make_unique<InProcessExecutor>("compute-0", engine_.get()), 0);
+    scheduler_->AddExecutor(std::make_unique<InProcessExecutor>("compute-0", engine_.get()),
+                            PoolIndex(0));
     scheduler_->SetObserver(observer_);
     scheduler_->Start();
   }
@@ -72,7 +75,7 @@ class Harness {
 
   void Wait(const std::vector<std::shared_ptr<Outcome>>& outcomes) {
     std::unique_lock<std::mutex> lock(mu_);
-    ASSERT_TRUE(cv_.wait_for(lock, std::chrono::seconds(120), [&] {
+    ASSERT_TRUE(cv_.wait_for(lock, absl::ToChronoNanoseconds(absl::Seconds(120)), [&] {
       for (const auto& o : outcomes) {
         if (!o->done) return false;
       }
@@ -88,7 +91,7 @@ class Harness {
           s.pools[0].stats.used_slots == 0) {
         return;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      absl::SleepFor(absl::Milliseconds(10));
     }
     SchedulerStats s = scheduler_->Stats();
     FAIL() << "leak: running " << s.num_running << " waiting " << s.num_waiting << " used "
@@ -338,7 +341,7 @@ TEST_F(SchedulerTest, TimeoutAndCancelEndRequestsAndFreeKv) {
   slow.timeout = absl::Milliseconds(150);
   auto timed = *h.Submit(slow);
   auto cancelled = *h.Submit(Greedy(Prompt(30, 4), 900));
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  absl::SleepFor(absl::Milliseconds(30));
   h.scheduler().Cancel(h.ids_[1]);
   h.Wait({timed, cancelled});
   EXPECT_EQ(timed->finish[0], FinishReason::kTimeout);

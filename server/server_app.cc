@@ -7,6 +7,8 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/model/model_config.h"
@@ -168,12 +170,11 @@ void ServerApp::Shutdown(bool shutdown_nodes) {
   }
   if (http_) http_->Stop();
   // Calls still open after the drain are cancelled before the scheduler stops.
-  if (grpc_server_)
-    grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  if (grpc_server_) grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   if (scheduler_) scheduler_->Stop();
   if (shutdown_nodes && control_) control_->ShutdownNodes();
   if (control_server_)
-    control_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    control_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   if (control_) control_->Stop();
 }
 

@@ -163,7 +163,7 @@ void ServerMetrics::Refresh() {
                           static_cast<double>(n));
   }
   for (const PoolStatus& p : s.pools) {
-    const std::string name = p.name.empty() ? std::to_string(p.index) : p.name;
+    const std::string name = p.name.empty() ? std::to_string(p.index.value()) : p.name;
     auto set = [&](const char* state, int64_t v) {
       pool_tokens_->Add({{"model_name", model_}, {"pool", name}, {"state", state}})
           .Set(static_cast<double>(v));

@@ -6,7 +6,10 @@
 - kernels/ knows nothing of the server: it depends only on common/ and third_party/,
   and includes nothing from server/, compute_node/, memory_node/, deploy/ or tests/;
 - production code includes no test code: no file outside tests/ (and no *_test.cc or
-  bench/ file) includes a header from tests/.
+  bench/ file) includes a header from tests/;
+- README.md's map of the code matches the directories: every directory of the project
+  (down to the second level, third_party/ as one) is in its table, and every directory
+  the table names exists.
 
 Like format_test, it runs outside the sandbox and reads the files git tracks.
 """
@@ -72,6 +75,29 @@ for path in files:
             checked += 1
     if is_source and top != "tests" and not path.endswith("_test.cc") and "/bench/" not in path:
         check_includes(path, ["tests"])
+
+# README.md's map of the code.
+readme = open(os.path.join(root, "README.md")).read()
+start = readme.find("| Directory | What it holds |")
+if start < 0:
+    problems.append("README.md: no table of directories")
+else:
+    table = readme[start:readme.find("\n\n", start)]
+    named = set(re.findall(r"`([a-z0-9_]+(?:/[a-z0-9_]+)?)/`", table))
+    dirs = set()
+    for path in files:
+        parts = path.split("/")[:-1]
+        if not parts or parts[0].startswith("."):
+            continue
+        if parts[0] in ("third_party", "docs", "proto", "memory_node"):
+            dirs.add(parts[0])
+        else:
+            dirs.add("/".join(parts[:2]))
+    for d in sorted(dirs - named):
+        problems.append(f"README.md: the map of the code does not name {d}/")
+    for d in sorted(named - dirs):
+        problems.append(f"README.md: the map of the code names {d}/, which does not exist")
+    checked += 1
 
 for p in problems:
     print("FAIL:", p)

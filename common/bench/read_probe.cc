@@ -4,10 +4,11 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+
+#include "common/base/stopwatch.h"
 
 namespace strata {
 
@@ -20,7 +21,7 @@ ReadProbe::ReadProbe(size_t bytes) : bytes_(bytes / 4096 * 4096) {
 ReadProbe::~ReadProbe() { std::free(buffer_); }
 
 double ReadProbe::Measure() const {
-  const auto start = std::chrono::steady_clock::now();
+  const Stopwatch watch;
   int64_t sink = 0;
 #pragma omp parallel reduction(+ : sink)
   {
@@ -36,8 +37,7 @@ double ReadProbe::Measure() const {
     _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), a[0]);
     sink += lanes[0] + lanes[1] + lanes[2] + lanes[3];
   }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = watch.ElapsedSeconds();
   // Keep the loads: the sum is used.
   asm volatile("" : : "r"(sink));
   return static_cast<double>(bytes_) / seconds;

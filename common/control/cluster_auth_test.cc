@@ -9,6 +9,8 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/base/crypto.h"
 #include "proto/control.grpc.pb.h"
 
@@ -124,7 +126,7 @@ struct TestServer {
 grpc::Status Call(const ClusterAuth& client, int port, bool attach = true) {
   auto stub = control::Scheduler::NewStub(client.CreateChannel(absl::StrCat("127.0.0.1:", port)));
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   if (attach) client.Attach(&context);
   control::RegisterResponse response;
   return stub->Register(&context, control::RegisterRequest(), &response);

@@ -2,6 +2,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/base/logging.h"
 
 namespace strata {
@@ -98,7 +100,8 @@ void NodeAgent::Run() {
     if (!registered_.load()) {
       if (!Register()) {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stop_; });
+        cv_.wait_for(lock, absl::ToChronoNanoseconds(absl::Milliseconds(200)),
+                     [&] { return stop_; });
         continue;
       }
     } else {

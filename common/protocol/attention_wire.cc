@@ -9,17 +9,17 @@ std::string EncodeStepShare(const StepShare& share) {
   data::StepDescriptor d;
   d.set_step_id(share.step_id);
   d.set_epoch(share.epoch);
-  d.set_pool(share.pool);
+  d.set_pool(share.pool.value());
   d.set_num_layers(share.num_layers);
-  for (const TableRelease& r : share.plan.released) d.add_released(r.request_id);
+  for (const TableRelease& r : share.plan.releases) d.add_released(r.request_id.value());
   for (const SlotAssignment& a : share.plan.assignments) {
     data::SlotExtent* e = d.add_assignments();
-    e->set_request_id(a.request_id);
+    e->set_request_id(a.request_id.value());
     e->set_start(a.start);
     e->mutable_slots()->Add(a.slots.begin(), a.slots.end());
   }
   for (const AttentionRowPlan& r : share.plan.rows) {
-    d.add_row_request(r.request_id);
+    d.add_row_request(r.request_id.value());
     d.add_row_position(r.position);
     d.add_row_tile_limit(r.tile_limit);
   }
@@ -50,16 +50,16 @@ absl::StatusOr<StepShare> DecodeStepShare(std::span<const uint8_t> bytes) {
   StepShare share;
   share.step_id = d.step_id();
   share.epoch = d.epoch();
-  share.pool = d.pool();
+  share.pool = PoolIndex(d.pool());
   share.num_layers = d.num_layers();
-  for (uint64_t id : d.released()) share.plan.released.push_back({id, share.pool});
+  for (uint64_t id : d.released()) share.plan.releases.push_back({SequenceId(id), share.pool});
   for (const data::SlotExtent& e : d.assignments()) {
     share.plan.assignments.push_back(
-        {e.request_id(), e.start(), {e.slots().begin(), e.slots().end()}, share.pool});
+        {SequenceId(e.request_id()), share.pool, e.start(), {e.slots().begin(), e.slots().end()}});
   }
   for (int i = 0; i < rows; ++i) {
     share.plan.rows.push_back(
-        {d.row_request(i), d.row_position(i), d.row_tile_limit(i), share.pool});
+        {SequenceId(d.row_request(i)), share.pool, d.row_position(i), d.row_tile_limit(i)});
   }
   share.plan.step_id = share.step_id;
   share.minibatch_rows.assign(d.minibatch_rows().begin(), d.minibatch_rows().end());

@@ -35,9 +35,9 @@ struct AttentionDims {
 struct StepShare {
   uint64_t step_id = 0;
   uint64_t epoch = 0;
-  uint32_t pool = 0;
+  PoolIndex pool;
   uint32_t num_layers = 0;
-  StepKvPlan plan;  // released, assignments and rows of this pool only
+  StepKvPlan plan;  // releases, assignments and rows of this pool only
   std::vector<uint32_t> minibatch_rows;
 };
 

@@ -14,43 +14,29 @@
 #include <vector>
 
 #include "common/protocol/sampling_params.h"
+#include "common/protocol/step_plan.h"
 
 namespace strata {
 
-// Index of a KV pool: a memory node, or (co-located mode) the compute node's own cache.
-using PoolIndex = uint32_t;
-
 struct RequestSetup {
-  uint64_t request_id = 0;
+  SequenceId request_id;
   SamplingParams sampling;
   int32_t prompt_len = 0;
-  uint64_t parent_request_id = 0;  // n > 1: share the parent's prompt history
+  SequenceId parent_request_id;  // n > 1: share the parent's prompt history (0: none)
   // Tokens processed on another compute node before this setup (penalty counts).
   std::vector<int32_t> history;
 };
 
-struct PoolSlotAssignment {
-  uint64_t request_id = 0;
-  PoolIndex pool = 0;
-  int32_t start = 0;
-  std::vector<int32_t> slots;
-};
-
-struct PoolRelease {
-  uint64_t request_id = 0;
-  PoolIndex pool = 0;
-};
-
 struct SampleTarget {
-  uint64_t request_id = 0;
+  SequenceId request_id;
   uint32_t sample_index = 0;
   int64_t output_position = 0;
   std::vector<int32_t> banned_tokens;
 };
 
 struct SequenceChunk {
-  uint64_t request_id = 0;
-  PoolIndex pool = 0;
+  SequenceId request_id;
+  PoolIndex pool;
   int32_t start_position = 0;
   std::vector<int32_t> tokens;
   std::vector<SampleTarget> samples;  // drawn from the last row's logits
@@ -60,8 +46,8 @@ struct StepPlan {
   uint64_t step_id = 0;
   uint64_t epoch = 0;
   std::vector<RequestSetup> setups;
-  std::vector<PoolRelease> releases;
-  std::vector<PoolSlotAssignment> assignments;
+  std::vector<TableRelease> releases;
+  std::vector<SlotAssignment> assignments;
   std::vector<SequenceChunk> chunks;
 
   int64_t num_rows() const {
@@ -72,7 +58,7 @@ struct StepPlan {
 };
 
 struct SampledToken {
-  uint64_t request_id = 0;
+  SequenceId request_id;
   int32_t token = -1;
   float logprob = 0.0f;
   std::vector<std::pair<int32_t, float>> top_logprobs;
@@ -91,7 +77,7 @@ struct StepTiming {
 struct StepResult {
   uint64_t step_id = 0;
   std::vector<SampledToken> tokens;
-  std::vector<std::pair<uint64_t, std::string>> failed;  // request, reason
+  std::vector<std::pair<SequenceId, std::string>> failed;  // sequence, reason
   std::vector<PoolIndex> dead_pools;
   StepTiming timing;
   std::string error;  // non-empty: the whole step failed

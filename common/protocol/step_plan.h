@@ -1,44 +1,54 @@
-// What the attention side (a memory node, or the co-located compute node) needs to know
-// about one step of one batch: which requests' KV slot tables change, and which request and
-// position each row of the batch belongs to. Plain structs: protos are converted to these
-// at the transport edge.
+// The KV side of a step: the ids of sequences and KV pools, and what changes in the pools'
+// slot tables. The scheduler's StepPlan (step.h) carries these types as they are, and the
+// attention side (a memory node, or the co-located compute node) gets them in a
+// StepKvPlan, with one AttentionRowPlan per row of the batch. Plain structs: protos are
+// converted to these at the transport and gRPC edges.
 #ifndef STRATA_COMMON_PROTOCOL_STEP_PLAN_H_
 #define STRATA_COMMON_PROTOCOL_STEP_PLAN_H_
 
 #include <cstdint>
 #include <vector>
 
+#include "common/base/strong_id.h"
+
 namespace strata {
 
-// table[start + i] = slots[i] for the request, after truncating its table to `start`
-// entries. The scheduler sends a request's full table once, then only new extents
+// A sequence: one request's token stream and the KV it owns (a request with n > 1 choices
+// has one per choice). The scheduler's request id.
+using SequenceId = StrongId<struct SequenceIdTag, uint64_t>;
+// A KV pool: a memory node, or (co-located mode) the compute node's own cache.
+using PoolIndex = StrongId<struct PoolIndexTag, uint32_t>;
+
+// table[start + i] = slots[i] for the sequence, after truncating its table to `start`
+// entries. The scheduler sends a sequence's full table once, then only new extents
 // (docs/architecture.md: diffs). Truncation serves preemption and re-prefill.
 struct SlotAssignment {
-  uint64_t request_id = 0;
+  SequenceId request_id;
+  PoolIndex pool;  // the pool that holds the table
   int32_t start = 0;
   std::vector<int32_t> slots;
-  uint32_t pool = 0;  // the KV pool (memory node) that holds the table
 };
 
-// One row of the batch: its token's request and absolute position. The row attends
+// The sequence's table in `pool` is dropped (it finished, or moved).
+struct TableRelease {
+  SequenceId request_id;
+  PoolIndex pool;
+};
+
+// One row of the batch: its token's sequence and absolute position. The row attends
 // positions [0, position]; its own k/v goes into slot table[position].
 struct AttentionRowPlan {
-  uint64_t request_id = 0;
+  SequenceId request_id;
+  PoolIndex pool;
   int32_t position = 0;
   // Fold only tiles [0, tile_limit) here and return the partial state (split prefill);
   // -1 means all tiles and a final output; 0 means only write the row's k/v.
   int32_t tile_limit = -1;
-  uint32_t pool = 0;
-};
-
-struct TableRelease {
-  uint64_t request_id = 0;
-  uint32_t pool = 0;
 };
 
 struct StepKvPlan {
   uint64_t step_id = 0;
-  std::vector<TableRelease> released;  // tables dropped, applied first
+  std::vector<TableRelease> releases;  // applied first
   std::vector<SlotAssignment> assignments;
   std::vector<AttentionRowPlan> rows;
 };

@@ -38,33 +38,33 @@ void ToProto(const StepPlan& plan, control::StepPlan* out) {
   out->set_epoch(plan.epoch);
   for (const RequestSetup& s : plan.setups) {
     auto* setup = out->add_setups();
-    setup->set_request_id(s.request_id);
+    setup->set_request_id(s.request_id.value());
     ToProto(s.sampling, setup->mutable_sampling());
     setup->set_prompt_len(s.prompt_len);
-    setup->set_parent_request_id(s.parent_request_id);
+    setup->set_parent_request_id(s.parent_request_id.value());
     setup->mutable_history()->Add(s.history.begin(), s.history.end());
   }
-  for (const PoolRelease& r : plan.releases) {
+  for (const TableRelease& r : plan.releases) {
     auto* release = out->add_releases();
-    release->set_request_id(r.request_id);
-    release->set_pool(r.pool);
+    release->set_request_id(r.request_id.value());
+    release->set_pool(r.pool.value());
   }
-  for (const PoolSlotAssignment& a : plan.assignments) {
+  for (const SlotAssignment& a : plan.assignments) {
     auto* assignment = out->add_assignments();
-    assignment->set_request_id(a.request_id);
-    assignment->set_pool(a.pool);
+    assignment->set_request_id(a.request_id.value());
+    assignment->set_pool(a.pool.value());
     assignment->set_start(a.start);
     assignment->mutable_slots()->Add(a.slots.begin(), a.slots.end());
   }
   for (const SequenceChunk& c : plan.chunks) {
     auto* chunk = out->add_chunks();
-    chunk->set_request_id(c.request_id);
-    chunk->set_pool(c.pool);
+    chunk->set_request_id(c.request_id.value());
+    chunk->set_pool(c.pool.value());
     chunk->set_start_position(c.start_position);
     chunk->mutable_tokens()->Add(c.tokens.begin(), c.tokens.end());
     for (const SampleTarget& t : c.samples) {
       auto* target = chunk->add_samples();
-      target->set_request_id(t.request_id);
+      target->set_request_id(t.request_id.value());
       target->set_sample_index(t.sample_index);
       target->set_output_position(t.output_position);
       target->mutable_banned_tokens()->Add(t.banned_tokens.begin(), t.banned_tokens.end());
@@ -82,21 +82,24 @@ absl::StatusOr<StepPlan> FromProto(const control::StepPlan& in) {
           absl::StrCat("setup of request ", s.request_id(), " has prompt_len ", s.prompt_len()));
     }
     RequestSetup setup;
-    setup.request_id = s.request_id();
+    setup.request_id = SequenceId(s.request_id());
     setup.sampling = FromProto(s.sampling());
     setup.prompt_len = s.prompt_len();
-    setup.parent_request_id = s.parent_request_id();
+    setup.parent_request_id = SequenceId(s.parent_request_id());
     setup.history.assign(s.history().begin(), s.history().end());
     plan.setups.push_back(std::move(setup));
   }
-  for (const auto& r : in.releases()) plan.releases.push_back({r.request_id(), r.pool()});
+  for (const auto& r : in.releases())
+    plan.releases.push_back({SequenceId(r.request_id()), PoolIndex(r.pool())});
   for (const auto& a : in.assignments()) {
     if (a.start() < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("assignment of request ", a.request_id(), " starts at ", a.start()));
     }
-    plan.assignments.push_back(
-        {a.request_id(), a.pool(), a.start(), {a.slots().begin(), a.slots().end()}});
+    plan.assignments.push_back({SequenceId(a.request_id()),
+                                PoolIndex(a.pool()),
+                                a.start(),
+                                {a.slots().begin(), a.slots().end()}});
   }
   for (const auto& c : in.chunks()) {
     if (c.tokens().empty() || c.start_position() < 0) {
@@ -104,12 +107,12 @@ absl::StatusOr<StepPlan> FromProto(const control::StepPlan& in) {
           "chunk of request ", c.request_id(), " is empty or starts at ", c.start_position()));
     }
     SequenceChunk chunk;
-    chunk.request_id = c.request_id();
-    chunk.pool = c.pool();
+    chunk.request_id = SequenceId(c.request_id());
+    chunk.pool = PoolIndex(c.pool());
     chunk.start_position = c.start_position();
     chunk.tokens.assign(c.tokens().begin(), c.tokens().end());
     for (const auto& t : c.samples()) {
-      chunk.samples.push_back({t.request_id(),
+      chunk.samples.push_back({SequenceId(t.request_id()),
                                t.sample_index(),
                                t.output_position(),
                                {t.banned_tokens().begin(), t.banned_tokens().end()}});
@@ -123,7 +126,7 @@ void ToProto(const StepResult& result, control::StepResult* out) {
   out->set_step_id(result.step_id);
   for (const SampledToken& t : result.tokens) {
     auto* token = out->add_tokens();
-    token->set_request_id(t.request_id);
+    token->set_request_id(t.request_id.value());
     token->set_token(t.token);
     token->set_logprob(t.logprob);
     for (const auto& [id, lp] : t.top_logprobs) {
@@ -134,10 +137,10 @@ void ToProto(const StepResult& result, control::StepResult* out) {
   }
   for (const auto& [id, reason] : result.failed) {
     auto* f = out->add_failed();
-    f->set_request_id(id);
+    f->set_request_id(id.value());
     f->set_reason(reason);
   }
-  for (PoolIndex pool : result.dead_pools) out->add_dead_pools(pool);
+  for (PoolIndex pool : result.dead_pools) out->add_dead_pools(pool.value());
   auto* timing = out->mutable_timing();
   timing->set_total_us(result.timing.total_us);
   timing->set_gemm_us(result.timing.gemm_us);
@@ -154,14 +157,15 @@ StepResult FromProto(const control::StepResult& in) {
   result.step_id = in.step_id();
   for (const auto& t : in.tokens()) {
     SampledToken token;
-    token.request_id = t.request_id();
+    token.request_id = SequenceId(t.request_id());
     token.token = t.token();
     token.logprob = t.logprob();
     for (const auto& top : t.top()) token.top_logprobs.emplace_back(top.token(), top.logprob());
     result.tokens.push_back(std::move(token));
   }
-  for (const auto& f : in.failed()) result.failed.emplace_back(f.request_id(), f.reason());
-  result.dead_pools.assign(in.dead_pools().begin(), in.dead_pools().end());
+  for (const auto& f : in.failed())
+    result.failed.emplace_back(SequenceId(f.request_id()), f.reason());
+  for (uint32_t pool : in.dead_pools()) result.dead_pools.push_back(PoolIndex(pool));
   const auto& t = in.timing();
   result.timing = {t.total_us(),   t.gemm_us(),        t.attention_us(), t.sample_us(),
                    t.bytes_sent(), t.bytes_received(), t.rows()};

@@ -10,7 +10,7 @@ TEST(StepProto, PlanRoundTrip) {
   plan.step_id = 7;
   plan.epoch = 3;
   RequestSetup setup;
-  setup.request_id = 11;
+  setup.request_id = SequenceId(11);
   setup.prompt_len = 5;
   setup.sampling.temperature = 0.5f;
   setup.sampling.top_k = 40;
@@ -18,9 +18,10 @@ TEST(StepProto, PlanRoundTrip) {
   setup.sampling.seed = 99;
   setup.sampling.num_logprobs = 2;
   plan.setups.push_back(setup);
-  plan.releases.push_back({4, 1});
-  plan.assignments.push_back({11, 1, 0, {10, 11, 12, 13, 14}});
-  plan.chunks.push_back({11, 1, 0, {1, 2, 3, 4, 5}, {{11, 0, 0, {2}}}});
+  plan.releases.push_back({SequenceId(4), PoolIndex(1)});
+  plan.assignments.push_back({SequenceId(11), PoolIndex(1), 0, {10, 11, 12, 13, 14}});
+  plan.chunks.push_back(
+      {SequenceId(11), PoolIndex(1), 0, {1, 2, 3, 4, 5}, {{SequenceId(11), 0, 0, {2}}}});
   control::StepPlan wire;
   ToProto(plan, &wire);
   // Through bytes, as on the network.
@@ -33,7 +34,11 @@ TEST(StepProto, PlanRoundTrip) {
   ASSERT_EQ(back->setups.size(), 1u);
   EXPECT_EQ(back->setups[0].sampling.top_k, 40);
   EXPECT_EQ(back->setups[0].sampling.logit_bias, setup.sampling.logit_bias);
-  EXPECT_EQ(back->releases[0].request_id, 4u);
+  EXPECT_EQ(back->releases[0].request_id, SequenceId(4));
+  EXPECT_EQ(back->releases[0].pool, PoolIndex(1));
+  EXPECT_EQ(back->assignments[0].request_id, SequenceId(11));
+  EXPECT_EQ(back->assignments[0].pool, PoolIndex(1));
+  EXPECT_EQ(back->chunks[0].pool, PoolIndex(1));
   EXPECT_EQ(back->assignments[0].slots, (std::vector<int32_t>{10, 11, 12, 13, 14}));
   EXPECT_EQ(back->chunks[0].samples[0].banned_tokens, (std::vector<int32_t>{2}));
   EXPECT_EQ(back->num_rows(), 5);
@@ -59,9 +64,9 @@ TEST(StepProto, MalformedPlansAreRejected) {
 TEST(StepProto, ResultRoundTrip) {
   StepResult r;
   r.step_id = 2;
-  r.tokens.push_back({5, 42, -0.25f, {{42, -0.25f}, {7, -2.0f}}});
-  r.failed.emplace_back(6, "memory node 1 died");
-  r.dead_pools = {1};
+  r.tokens.push_back({SequenceId(5), 42, -0.25f, {{42, -0.25f}, {7, -2.0f}}});
+  r.failed.emplace_back(SequenceId(6), "memory node 1 died");
+  r.dead_pools = {PoolIndex(1)};
   r.timing.total_us = 1234;
   control::StepResult wire;
   ToProto(r, &wire);

@@ -13,9 +13,10 @@
 #include <mutex>
 #include <optional>
 #include <random>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/base/crypto.h"
 #include "common/transport/frame.h"
 #include "gtest/gtest.h"
@@ -234,7 +235,7 @@ TEST_P(TransportTest, LargePayloadsLandInPlaceAndInOrder) {
     EXPECT_EQ(got[i].payload, payloads[i]) << "payload " << i;
   }
   for (int i = 0; i < 200 && done.load() < static_cast<int>(sizes.size()); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_EQ(done.load(), static_cast<int>(sizes.size()));
 }
@@ -277,7 +278,7 @@ TEST_P(TransportTest, DeadPeerIsReported) {
   for (int i = 0; i < 100; ++i) {
     status = SendAndWait(*server_, server_peer_, kFrameTag, header, {}, absl::Seconds(5));
     if (!status.ok()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    absl::SleepFor(absl::Milliseconds(20));
   }
   EXPECT_FALSE(status.ok());
 }
@@ -346,12 +347,13 @@ TEST_P(TransportTest, OneSidedPutWritesDataThenFlag) {
                        });
   {
     std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(20), [&] { return result.has_value(); }));
+    ASSERT_TRUE(cv.wait_for(lock, absl::ToChronoNanoseconds(absl::Seconds(20)),
+                            [&] { return result.has_value(); }));
   }
   ASSERT_TRUE(result->ok()) << *result;
   const volatile uint64_t* flag = &target[bytes / 8];
   for (int i = 0; i < 5000 && *flag != 7; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    absl::SleepFor(absl::Milliseconds(1));
   }
   ASSERT_EQ(*flag, 7u);
   EXPECT_EQ(std::memcmp(target.data(), data.data(), bytes), 0);

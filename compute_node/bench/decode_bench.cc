@@ -16,7 +16,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -27,6 +26,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/base/bfloat16.h"
+#include "common/base/stopwatch.h"
 #include "common/bench/read_probe.h"
 #include "common/model/model_generator.h"
 #include "compute_node/attention_backend.h"
@@ -43,12 +43,6 @@ ABSL_FLAG(int, rounds, 5, "Interleaved rounds (full, GEMM-only, probe) per confi
 
 namespace strata {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
 
 // Attention that does nothing: the GEMM-only baseline.
 class NoAttention : public AttentionBackend {
@@ -124,7 +118,7 @@ int Run() {
       StepKvPlan setup;
       for (int b = 0; b < batch; ++b) {
         SlotAssignment a;
-        a.request_id = b + 1;
+        a.request_id = SequenceId(b + 1);
         for (int64_t p = 0; p < ctx + iters + 8; ++p)
           a.slots.push_back(static_cast<int32_t>(b * (ctx + iters + 8) + p));
         setup.assignments.push_back(a);
@@ -141,7 +135,8 @@ int Run() {
       auto step = [&](AttentionBackend& attention, int position) {
         StepKvPlan plan;
         for (int b = 0; b < batch; ++b)
-          plan.rows.push_back({static_cast<uint64_t>(b + 1), position, -1});
+          plan.rows.push_back(
+              {SequenceId(static_cast<uint64_t>(b + 1)), PoolIndex(0), position, -1});
         if (!ForwardLayers(runner, attention, buffers, plan, tokens.data()).ok()) std::abort();
         runner.Logits(buffers, rows, logits.data());
         for (int b = 0; b < batch; ++b) {
@@ -156,9 +151,9 @@ int Run() {
       std::vector<double> full_steps, gemm_steps, probes;
       auto time_steps = [&](AttentionBackend& attention, std::vector<double>& out) {
         for (int i = 0; i < iters; ++i) {
-          const auto t0 = Clock::now();
+          const Stopwatch watch;
           step(attention, ctx + 1 + (i % 4));
-          out.push_back(Seconds(t0, Clock::now()));
+          out.push_back(watch.ElapsedSeconds());
         }
       };
       step(**local, ctx);  // warm-up (primitive creation)

@@ -5,7 +5,6 @@
 //   bazel run -c opt //compute_node/bench:linear_bench -- --batches=1,8,64
 #include <omp.h>
 
-#include <chrono>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -16,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/base/bfloat16.h"
+#include "common/base/stopwatch.h"
 #include "common/model/safetensors.h"
 #include "compute_node/linear.h"
 
@@ -25,8 +25,6 @@ ABSL_FLAG(double, seconds, 1.0, "Approximate time per shape and batch");
 
 namespace strata {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 struct Shape {
   const char* name;
@@ -64,9 +62,9 @@ int Run() {
           3, static_cast<int>(absl::GetFlag(FLAGS_seconds) * 2e11 / (flops * copies + 1e8)));
       double best = 1e30;
       for (int it = 0; it < iters + 1; ++it) {
-        const auto t0 = Clock::now();
+        const Stopwatch watch;
         for (auto& layer : layers) layer->Forward(m, x.data(), y.data(), false);
-        const double s = std::chrono::duration<double>(Clock::now() - t0).count() / copies;
+        const double s = watch.ElapsedSeconds() / copies;
         if (it > 0) best = std::min(best, s);
       }
       std::printf("%-8s %6d %10.1f %10.1f %10.1f\n", shape.name, m, best * 1e6,

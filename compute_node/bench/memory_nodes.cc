@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/base/cpu_affinity.h"
 #include "common/base/logging.h"
 #include "proto/control.grpc.pb.h"
@@ -67,7 +68,7 @@ control::NodeStatus MemoryNodeStatus(const std::string& control) {
   auto stub = control::MemoryNode::NewStub(BenchAuth()->CreateChannel(control));
   grpc::ClientContext context;
   BenchAuth()->Attach(&context);
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   control::HealthResponse response;
   stub->Health(&context, control::HealthRequest(), &response);
   return response.status();
@@ -79,7 +80,7 @@ absl::StatusOr<StartedMemoryNode> ConfigureMemoryNode(const std::string& control
   for (int attempt = 0; attempt < 300; ++attempt) {
     grpc::ClientContext context;
     BenchAuth()->Attach(&context);
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
     control::HealthResponse health;
     if (!stub->Health(&context, control::HealthRequest(), &health).ok()) {
       absl::SleepFor(absl::Milliseconds(100));
@@ -98,7 +99,7 @@ absl::StatusOr<StartedMemoryNode> ConfigureMemoryNode(const std::string& control
     config.set_num_slots(slots);
     grpc::ClientContext configure;
     BenchAuth()->Attach(&configure);
-    configure.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(600));
+    configure.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(600)));
     control::MemoryConfigAck ack;
     grpc::Status status = stub->Configure(&configure, config, &ack);
     if (!status.ok()) return absl::InternalError(status.error_message());
@@ -148,7 +149,7 @@ absl::StatusOr<std::vector<StartedMemoryNode>> StartMemoryNodes(Supervisor& supe
 std::vector<MemoryNodeAddress> Addresses(const std::vector<StartedMemoryNode>& nodes) {
   std::vector<MemoryNodeAddress> out;
   for (size_t i = 0; i < nodes.size(); ++i) {
-    out.push_back({static_cast<uint32_t>(i), absl::StrCat("memory-", i), nodes[i].data});
+    out.push_back({PoolIndex(static_cast<uint32_t>(i)), absl::StrCat("memory-", i), nodes[i].data});
   }
   return out;
 }

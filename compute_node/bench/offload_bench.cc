@@ -23,10 +23,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -34,6 +32,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/base/stopwatch.h"
 #include "common/bench/read_probe.h"
 #include "common/model/model_generator.h"
 #include "common/process/supervisor.h"
@@ -68,12 +68,6 @@ ABSL_FLAG(std::string, memory_node_bin, "", "memory_node binary (default: next t
 namespace strata {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point a) {
-  return std::chrono::duration<double>(Clock::now() - a).count();
-}
-
 std::vector<int> ParseList(const std::string& s) {
   std::vector<int> out;
   for (absl::string_view piece : absl::StrSplit(s, ',', absl::SkipEmpty())) {
@@ -104,8 +98,8 @@ struct StepRunner {
     const int length = ctx + 64;
     for (int b = 0; b < batch; ++b) {
       SlotAssignment a;
-      a.request_id = b + 1;
-      a.pool = static_cast<uint32_t>(b % pools);
+      a.request_id = SequenceId(b + 1);
+      a.pool = PoolIndex(b % pools);
       for (int p = 0; p < length; ++p) a.slots.push_back((b / pools) * length + p);
       setup.assignments.push_back(a);
     }
@@ -117,14 +111,13 @@ struct StepRunner {
     plan.step_id = id;
     for (int pool = 0; pool < pools; ++pool) {
       for (int b = pool; b < batch; b += pools) {
-        plan.rows.push_back(
-            {static_cast<uint64_t>(b + 1), ctx + (i % 4), -1, static_cast<uint32_t>(pool)});
+        plan.rows.push_back({SequenceId(b + 1), PoolIndex(pool), ctx + (i % 4), -1});
       }
     }
     return plan;
   }
   double Run(AttentionBackend& attention, uint64_t step_id, int i, AttentionStepOutcome* out) {
-    const auto t0 = Clock::now();
+    const Stopwatch watch;
     const StepKvPlan plan = Step(step_id, i);
     if (!ForwardLayers(*runner, attention, *buffers, plan, tokens.data()).ok()) std::abort();
     std::vector<int32_t> rows(batch);
@@ -140,7 +133,7 @@ struct StepRunner {
       std::exit(1);
     }
     if (out != nullptr) *out = outcome;
-    return Seconds(t0);
+    return watch.ElapsedSeconds();
   }
 };
 
@@ -316,7 +309,7 @@ int Overlap(const ModelWeights& weights, const std::string& memory_bin) {
       options.min_minibatch_rows = 1;
       auto remote = RemoteAttention::Create(c, options);
       if (!remote.ok()) return 1;
-      (*remote)->SetMemoryNodes(1, {{0, "memory-0", configured->data}});
+      (*remote)->SetMemoryNodes(1, {{PoolIndex(0), "memory-0", configured->data}});
       StepRunner sr{&weights,
                     &runner,
                     batch,

@@ -4,13 +4,14 @@
 //   bazel run -c opt //compute_node/bench:step_profile -- --model=DIR --batch=1 --ctx=256
 #include <omp.h>
 
-#include <chrono>
 #include <cstdio>
 #include <random>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/time/time.h"
 #include "common/base/bfloat16.h"
+#include "common/base/stopwatch.h"
 #include "compute_node/attention_backend.h"
 #include "compute_node/model_runner.h"
 #include "compute_node/model_weights.h"
@@ -23,10 +24,7 @@ ABSL_FLAG(int, iters, 10, "Timed steps");
 
 namespace strata {
 namespace {
-using Clock = std::chrono::steady_clock;
-double Ms(Clock::time_point a) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - a).count();
-}
+double Ms(const Stopwatch& watch) { return absl::ToDoubleMilliseconds(watch.Elapsed()); }
 
 int Run() {
   auto config = LoadModelConfig(absl::GetFlag(FLAGS_model));
@@ -38,7 +36,7 @@ int Run() {
   StepKvPlan setup;
   for (int b = 0; b < batch; ++b) {
     SlotAssignment a;
-    a.request_id = b + 1;
+    a.request_id = SequenceId(b + 1);
     for (int p = 0; p < ctx + 16; ++p) a.slots.push_back(b * (ctx + 16) + p);
     setup.assignments.push_back(a);
   }
@@ -46,22 +44,23 @@ int Run() {
   BatchBuffers b(c, batch);
   std::vector<int32_t> tokens(batch, 100), pos(batch, ctx);
   StepKvPlan plan;
-  for (int i = 0; i < batch; ++i) plan.rows.push_back({static_cast<uint64_t>(i + 1), ctx, -1});
+  for (int i = 0; i < batch; ++i)
+    plan.rows.push_back({SequenceId(static_cast<uint64_t>(i + 1)), PoolIndex(0), ctx, -1});
   (*local)->BeginStep(plan);
   double pre = 0, attn = 0, post = 0;
   const int iters = absl::GetFlag(FLAGS_iters);
   for (int it = 0; it < iters + 2; ++it) {
     runner.Embed(b, batch, tokens.data(), pos.data());
     for (int l = 0; l < c.num_layers; ++l) {
-      auto t = Clock::now();
+      Stopwatch watch;
       runner.PreAttention(b, batch, l);
-      if (it >= 2) pre += Ms(t);
-      t = Clock::now();
+      if (it >= 2) pre += Ms(watch);
+      watch.Reset();
       (*local)->Attend(l, b, batch);
-      if (it >= 2) attn += Ms(t);
-      t = Clock::now();
+      if (it >= 2) attn += Ms(watch);
+      watch.Reset();
       runner.PostAttention(b, batch, l);
-      if (it >= 2) post += Ms(t);
+      if (it >= 2) post += Ms(watch);
     }
   }
   std::printf(
@@ -80,9 +79,9 @@ int Run() {
       const LayerWeights& lw = w.layers[l];
       int op = 0;
       auto timed = [&](auto&& f) {
-        const auto t = Clock::now();
+        const Stopwatch watch;
         f();
-        if (it >= 2) ops[op].second += Ms(t);
+        if (it >= 2) ops[op].second += Ms(watch);
         ++op;
       };
       timed([&] {

@@ -1,6 +1,5 @@
 #include "server/api/grpc_api.h"
 
-#include <chrono>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -8,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/base/logging.h"
 #include "server/api/params.h"
 
@@ -266,9 +267,7 @@ GrpcApi::GrpcApi(Scheduler* scheduler, const Tokenizer* tokenizer,
       chat_template_(chat_template),
       options_(std::move(options)),
       healthy_(std::move(healthy)),
-      created_(std::chrono::duration_cast<std::chrono::seconds>(
-                   std::chrono::system_clock::now().time_since_epoch())
-                   .count()) {}
+      created_(absl::ToUnixSeconds(absl::Now())) {}
 
 std::optional<ApiError> GrpcApi::CheckCall(grpc::CallbackServerContext* context,
                                            const std::string& model) const {

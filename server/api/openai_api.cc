@@ -1,13 +1,15 @@
 #include "server/api/openai_api.h"
 
-#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/base/logging.h"
+#include "common/base/stopwatch.h"
 #include "common/tokenizer/utf8.h"
 #include "server/api/json_body.h"
 
@@ -27,15 +29,7 @@ std::string RandomId(const std::string& prefix) {
   return absl::StrFormat("%s%016x%08x", prefix, rng(), static_cast<uint32_t>(rng()));
 }
 
-int64_t NowSeconds() {
-  return std::chrono::duration_cast<std::chrono::seconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-double Seconds(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
+int64_t NowSeconds() { return absl::ToUnixSeconds(absl::Now()); }
 
 // One API call's generation: several prompts, n samples each, aggregated into one JSON
 // response or one SSE stream. Scheduler updates arrive on the scheduler thread.
@@ -288,10 +282,10 @@ void OpenAiApi::SendError(const std::shared_ptr<http::Responder>& responder,
 }
 
 void OpenAiApi::Handle(const http::Request& request, std::shared_ptr<http::Responder> responder) {
-  const auto start = std::chrono::steady_clock::now();
+  const Stopwatch watch;
   const std::string& path = request.path;
-  auto finish = [this, path, start](int status) {
-    if (observer_) observer_(path, status, Seconds(start));
+  auto finish = [this, path, watch](int status) {
+    if (observer_) observer_(path, status, watch.ElapsedSeconds());
   };
   auto reply = [&](int status, const std::string& body, const char* type = kJson) {
     responder->Send(status, type, body);
@@ -405,9 +399,9 @@ std::variant<std::vector<int32_t>, ApiError> TokenList(const ojson& j, int32_t v
 
 void OpenAiApi::Completions(const http::Request& request,
                             std::shared_ptr<http::Responder> responder) {
-  const auto start = std::chrono::steady_clock::now();
-  auto finish = [this, start](int status) {
-    if (observer_) observer_("/v1/completions", status, Seconds(start));
+  const Stopwatch watch;
+  auto finish = [this, watch](int status) {
+    if (observer_) observer_("/v1/completions", status, watch.ElapsedSeconds());
   };
   auto fail = [&](const ApiError& e) {
     SendError(responder, e);
@@ -543,9 +537,9 @@ void OpenAiApi::Completions(const http::Request& request,
 
 void OpenAiApi::ChatCompletions(const http::Request& request,
                                 std::shared_ptr<http::Responder> responder) {
-  const auto start = std::chrono::steady_clock::now();
-  auto finish = [this, start](int status) {
-    if (observer_) observer_("/v1/chat/completions", status, Seconds(start));
+  const Stopwatch watch;
+  auto finish = [this, watch](int status) {
+    if (observer_) observer_("/v1/chat/completions", status, watch.ElapsedSeconds());
   };
   auto fail = [&](const ApiError& e) {
     SendError(responder, e);

@@ -12,17 +12,18 @@
 //   bazel-bin/server/bench/capacity_bench --prompt_tokens=2048
 #include <omp.h>
 
-#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
-#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/base/stopwatch.h"
 #include "common/model/model_generator.h"
 #include "compute_node/attention_backend.h"
 #include "compute_node/bench/memory_nodes.h"
@@ -47,8 +48,6 @@ ABSL_FLAG(double, oversubscribe, 1.15, "Sequences submitted, over what the budge
 
 namespace strata {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 int64_t RssBytes() {
   std::ifstream in("/proc/self/status");
@@ -119,7 +118,7 @@ Result RunMode(const ModelWeights& weights, bool disaggregated) {
   StepEngine engine(&runner, attention.get(),
                     {config.max_num_batched_tokens, config.max_model_len});
   scheduler.AddExecutor(std::make_unique<InProcessExecutor>("compute-0", &engine),
-                        disaggregated ? std::nullopt : std::optional<PoolIndex>(0));
+                        disaggregated ? std::nullopt : std::optional<PoolIndex>(PoolIndex(0)));
   if (!disaggregated) scheduler.AddPool("local", result.kv_tokens);
   scheduler.Start();
 
@@ -132,7 +131,7 @@ Result RunMode(const ModelWeights& weights, bool disaggregated) {
   int64_t finished = 0;
   std::mt19937 rng(5);
   const int64_t rss_before = RssBytes();
-  const auto start = Clock::now();
+  const Stopwatch watch;
   for (int64_t i = 0; i < result.submitted; ++i) {
     GenerateRequest r;
     for (int t = 0; t < prompt; ++t) r.prompt_tokens.push_back(3 + rng() % 31000);
@@ -149,19 +148,20 @@ Result RunMode(const ModelWeights& weights, bool disaggregated) {
   }
   // Sample the scheduler until everything finished.
   int64_t last_generated = 0;
-  Clock::time_point last_time = Clock::now();
+  Stopwatch since_last;
   int64_t rss_at_peak = rss_before;
   std::vector<double> decode_rates;
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu);
-      if (cv.wait_for(lock, std::chrono::milliseconds(500),
+      if (cv.wait_for(lock, absl::ToChronoNanoseconds(absl::Milliseconds(500)),
                       [&] { return finished >= result.submitted; })) {
         break;
       }
     }
     const SchedulerStats s = scheduler.Stats();
-    const auto now = Clock::now();
+    const double interval = since_last.ElapsedSeconds();
+    since_last.Reset();
     int64_t used = 0, total = 0;
     for (const PoolStatus& p : s.pools) {
       if (!p.alive) continue;
@@ -179,13 +179,11 @@ Result RunMode(const ModelWeights& weights, bool disaggregated) {
     }
     // Throughput while the most sequences run (prompts of replacements may ride along).
     if (s.num_running == result.peak_running && s.generation_tokens_total > last_generated) {
-      decode_rates.push_back((s.generation_tokens_total - last_generated) /
-                             std::chrono::duration<double>(now - last_time).count());
+      decode_rates.push_back((s.generation_tokens_total - last_generated) / interval);
     }
     last_generated = s.generation_tokens_total;
-    last_time = now;
   }
-  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  result.seconds = watch.ElapsedSeconds();
   if (!decode_rates.empty()) {
     std::sort(decode_rates.begin(), decode_rates.end());
     result.decode_tok_s = decode_rates[decode_rates.size() / 2];

@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 #include "common/base/logging.h"
 
 namespace strata::http {
@@ -261,7 +262,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void CloseAfterGrace() {
-    grace_.expires_after(std::chrono::seconds(2));
+    grace_.expires_after(absl::ToChronoNanoseconds(absl::Seconds(2)));
     grace_.async_wait([self = shared_from_this()](beast::error_code ec) {
       if (!ec) self->Close();
     });

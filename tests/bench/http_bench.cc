@@ -13,7 +13,6 @@
 //   tests/bench/run_http_bench   (builds, starts a co-located demo deployment, runs both)
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdio>
 #include <regex>
 #include <thread>
@@ -21,6 +20,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/stopwatch.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/http_client.h"
 #include "tests/common/stream_fanout.h"
@@ -37,10 +37,6 @@ namespace strata::testing {
 namespace {
 
 using json = nlohmann::json;
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // Sum and count of the server's e2e latency histogram.
 std::pair<double, double> ServerE2e(int port) {
@@ -71,19 +67,19 @@ void Overhead(int port, const std::string& model) {
     const auto [sum0, count0] = ServerE2e(port);
     std::vector<double> latencies(n);
     std::atomic<int> next{0}, failed{0};
-    const double t0 = Now();
+    const Stopwatch watch;
     std::vector<std::thread> threads;
     for (int c = 0; c < clients; ++c) {
       threads.emplace_back([&] {
         for (int i = next++; i < n; i = next++) {
-          const double s = Now();
+          const Stopwatch request;
           if (HttpRequest(port, "POST", "/v1/completions", body).status != 200) ++failed;
-          latencies[i] = Now() - s;
+          latencies[i] = request.ElapsedSeconds();
         }
       });
     }
     for (auto& t : threads) t.join();
-    const double wall = Now() - t0;
+    const double wall = watch.ElapsedSeconds();
     const auto [sum1, count1] = ServerE2e(port);
     double client_mean = 0;
     for (double l : latencies) client_mean += l / n;
@@ -112,9 +108,9 @@ void Fanout(int port, const std::string& model, int pid) {
   const long long rss0 = pid > 0 ? RssBytes(pid) : -1;
   long long peak = rss0;
   o.on_tick = [&](double, int) { peak = std::max(peak, pid > 0 ? RssBytes(pid) : -1); };
-  const double t0 = Now();
+  const Stopwatch watch;
   const auto stats = RunFanout(o);
-  const double wall = Now() - t0;
+  const double wall = watch.ElapsedSeconds();
   std::vector<double> first, gaps;
   int done = 0;
   long long events = 0;

@@ -15,7 +15,6 @@
 //   tests/bench/run_serve_bench   (builds, starts deployments, sweeps the offered load)
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <mutex>
@@ -27,6 +26,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/base/stopwatch.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/http_client.h"
 
@@ -49,7 +51,6 @@ ABSL_FLAG(bool, header, true, "Print the header line");
 namespace strata::testing {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 
 struct RequestRecord {
@@ -131,8 +132,8 @@ RequestRecord Complete(const std::string& model, const std::vector<int>& prompt,
                {"logprobs", 0},
                {"return_tokens_as_token_ids", true},
                {"stream_options", {{"include_usage", true}}}};
-  const auto start = Clock::now();
-  auto last = start;
+  const Stopwatch watch;
+  double last = 0;  // seconds from the start to the previous token event
   bool first = true;
   std::string pending;
   HttpResponse r = HttpRequest(
@@ -158,12 +159,12 @@ RequestRecord Complete(const std::string& model, const std::vector<int>& prompt,
             }
           }
           if (n == 0) continue;
-          const auto now = Clock::now();
+          const double now = watch.ElapsedSeconds();
           if (first) {
-            rec.ttft = std::chrono::duration<double>(now - start).count();
+            rec.ttft = now;
             first = false;
           } else {
-            rec.itl.push_back(std::chrono::duration<double>(now - last).count());
+            rec.itl.push_back(now - last);
           }
           last = now;
           rec.output_tokens += n;
@@ -171,7 +172,7 @@ RequestRecord Complete(const std::string& model, const std::vector<int>& prompt,
         return true;
       },
       600);
-  rec.e2e = std::chrono::duration<double>(Clock::now() - start).count();
+  rec.e2e = watch.ElapsedSeconds();
   rec.ok = r.status == 200 && rec.output_tokens > 0;
   if (!rec.ok) rec.error = absl::StrCat("HTTP ", r.status, ": ", r.body.substr(0, 200));
   return rec;
@@ -211,9 +212,9 @@ int Run() {
   std::mutex mu;
   std::vector<RequestRecord> records;
   std::vector<std::thread> threads;
-  const auto start = Clock::now();
+  const Stopwatch watch;
   for (const Session& session : sessions) {
-    std::this_thread::sleep_until(start + std::chrono::duration<double>(session.arrival));
+    absl::SleepFor(absl::Seconds(session.arrival) - watch.Elapsed());
     const double think = workload.Think();
     threads.emplace_back([&, session, think] {
       std::vector<int> history;
@@ -231,12 +232,12 @@ int Run() {
         }
         if (!ok) break;
         history.insert(history.end(), generated.begin(), generated.end());
-        std::this_thread::sleep_for(std::chrono::duration<double>(think));
+        absl::SleepFor(absl::Seconds(think));
       }
     });
   }
   for (std::thread& t : threads) t.join();
-  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  const double elapsed = watch.ElapsedSeconds();
 
   std::vector<double> ttft, tpot, itl, e2e;
   int64_t ok = 0, failed = 0, output = 0, input = 0;

@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace strata::testing {
 
@@ -13,7 +15,7 @@ RawCallResult RawGrpcCall(int port, const std::string& method, const std::string
   grpc::GenericStub stub(
       grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   if (prepare) prepare(&context);
   grpc::CompletionQueue cq;
   auto call = stub.PrepareCall(&context, method, &cq);

@@ -9,17 +9,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 
+#include "common/base/stopwatch.h"
+
 namespace strata::testing {
 namespace {
-
-double Since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 
 struct Conn {
   int fd = -1;
@@ -77,7 +74,7 @@ long long RssBytes(int pid) {
 
 std::vector<StreamStats> RunFanout(const FanoutOptions& options) {
   RaiseOpenFileLimit(options.streams + 64);
-  const auto start = std::chrono::steady_clock::now();
+  const Stopwatch watch;
   std::vector<StreamStats> stats(options.streams);
   std::vector<Conn> conns(options.streams);
   const int ep = epoll_create1(EPOLL_CLOEXEC);
@@ -112,13 +109,13 @@ std::vector<StreamStats> RunFanout(const FanoutOptions& options) {
     c.closed = true;
     epoll_ctl(ep, EPOLL_CTL_DEL, c.fd, nullptr);
     close(c.fd);
-    stats[i].end_s = Since(start);
+    stats[i].end_s = watch.ElapsedSeconds();
     --open;
   };
   std::vector<epoll_event> events(256);
   double next_tick = options.tick_s;
   char buf[16384];
-  while (open > 0 && Since(start) < options.timeout_s) {
+  while (open > 0 && watch.ElapsedSeconds() < options.timeout_s) {
     const int n = epoll_wait(ep, events.data(), static_cast<int>(events.size()), 100);
     for (int k = 0; k < n; ++k) {
       const int i = static_cast<int>(events[k].data.u32);
@@ -159,7 +156,7 @@ std::vector<StreamStats> RunFanout(const FanoutOptions& options) {
         if (c.headers_done) {
           const int got = CountEvents(c.in, &c.scan, &s.done);
           if (got > 0) {
-            const double now = Since(start);
+            const double now = watch.ElapsedSeconds();
             if (s.first_event_s < 0) s.first_event_s = now;
             if (c.last_event_s >= 0) s.max_gap_s = std::max(s.max_gap_s, now - c.last_event_s);
             c.last_event_s = now;
@@ -172,8 +169,8 @@ std::vector<StreamStats> RunFanout(const FanoutOptions& options) {
         }
       }
     }
-    if (options.on_tick && Since(start) >= next_tick) {
-      options.on_tick(Since(start), open);
+    if (options.on_tick && watch.ElapsedSeconds() >= next_tick) {
+      options.on_tick(watch.ElapsedSeconds(), open);
       next_tick += options.tick_s;
     }
   }

@@ -4,9 +4,10 @@
 #include <signal.h>
 
 #include <atomic>
-#include <chrono>
 #include <thread>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/deployment.h"
@@ -41,14 +42,14 @@ TEST(DrainTest, SigtermFinishesStreamsAndRefusesNewWork) {
                            return true;
                          });
   });
-  while (!first_chunk) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  while (!first_chunk) absl::SleepFor(absl::Milliseconds(5));
   ASSERT_EQ(kill(server, SIGTERM), 0);
 
   // Draining: not ready, and new work is refused, while the stream goes on.
   int ready = 0;
   for (int i = 0; i < 100 && ready != 503; ++i) {
     ready = HttpRequest(port, "GET", "/ready").status;
-    if (ready != 503) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (ready != 503) absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_EQ(ready, 503);
   HttpResponse refused =
@@ -78,7 +79,7 @@ TEST(DrainTest, SigtermFinishesStreamsAndRefusesNewWork) {
   bool exited = false;
   for (int i = 0; i < 200 && !exited; ++i) {
     exited = kill(server, 0) != 0;
-    if (!exited) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (!exited) absl::SleepFor(absl::Milliseconds(50));
   }
   EXPECT_TRUE(exited) << "the server did not exit after draining";
   (*d)->Stop();

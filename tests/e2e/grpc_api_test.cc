@@ -4,9 +4,9 @@
 // bad input must be refused (with the gRPC code that matches the HTTP status).
 #include <grpcpp/grpcpp.h>
 
-#include <thread>
-
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "proto/api.grpc.pb.h"
@@ -58,7 +58,7 @@ class GrpcApiTest : public ::testing::Test {
   static Generated Generate(const v1::GenerateRequest& request) {
     Generated g;
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
     auto reader = stub_->Generate(&context, request);
     v1::GenerateResponse message;
     while (reader->Read(&message)) {
@@ -322,7 +322,7 @@ TEST_F(GrpcApiTest, ACancelledCallStopsItsRequest) {
     HttpResponse metrics = HttpRequest(deployment_->http_port(), "GET", "/metrics");
     idle = metrics.body.find("strata_num_requests_running{model_name=\"" + model_ + "\"} 0") !=
            std::string::npos;
-    if (!idle) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (!idle) absl::SleepFor(absl::Milliseconds(50));
   }
   EXPECT_TRUE(idle) << "the cancelled request is still running";
   EXPECT_TRUE(Generate(TextRequest(kPrompt, 2)).status.ok());

@@ -8,7 +8,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <regex>
@@ -17,6 +16,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/base/stopwatch.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/deployment.h"
@@ -26,10 +28,6 @@ namespace strata::testing {
 namespace {
 
 using json = nlohmann::json;
-
-double SecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 // One response read off a connection that may carry more (Content-Length bodies only).
 struct RawResponse {
@@ -228,10 +226,10 @@ TEST_F(HttpLimitsTest, KeepAliveConnectionClosesWhenIdle) {
     ASSERT_TRUE(Send(fd, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
     EXPECT_EQ(ReadResponse(fd, &buffer).status, 200);
   }
-  const auto idle_start = std::chrono::steady_clock::now();
+  const Stopwatch idle_watch;
   char tmp[16];
   EXPECT_EQ(recv(fd, tmp, sizeof(tmp), 0), 0) << "the server did not close the idle connection";
-  const double idle_seconds = SecondsSince(idle_start);
+  const double idle_seconds = idle_watch.ElapsedSeconds();
   EXPECT_GT(idle_seconds, kIdleTimeoutSeconds - 1.0);
   EXPECT_LT(idle_seconds, kIdleTimeoutSeconds + 5.0);
   close(fd);
@@ -239,9 +237,9 @@ TEST_F(HttpLimitsTest, KeepAliveConnectionClosesWhenIdle) {
 
 TEST_F(HttpLimitsTest, LogitBiasOverTheVocabularyIsRefusedQuickly) {
   ASSERT_LT(vocab_size_, 100000);
-  const auto start = std::chrono::steady_clock::now();
+  const Stopwatch watch;
   HttpResponse r = HttpRequest(port(), "POST", "/v1/completions", LogitBiasBody(100000));
-  const double seconds = SecondsSince(start);
+  const double seconds = watch.ElapsedSeconds();
   ASSERT_EQ(r.status, 400) << r.body;
   const json error = json::parse(r.body)["error"];
   EXPECT_EQ(error["param"], "logit_bias");
@@ -252,10 +250,10 @@ TEST_F(HttpLimitsTest, LogitBiasOverTheVocabularyIsRefusedQuickly) {
   EXPECT_LT(seconds, 3.0);
 
   // A bias for every token of the vocabulary is allowed, and is as quick.
-  const auto full_start = std::chrono::steady_clock::now();
+  const Stopwatch full_watch;
   HttpResponse full = HttpRequest(port(), "POST", "/v1/completions", LogitBiasBody(vocab_size_));
   EXPECT_EQ(full.status, 200) << full.body.substr(0, 300);
-  EXPECT_LT(SecondsSince(full_start), 3.0);
+  EXPECT_LT(full_watch.ElapsedSeconds(), 3.0);
 
   const std::string past_vocab = absl::StrCat(
       "{\"model\":\"", model_, "\",\"prompt\":\"Hello\",\"logit_bias\":{\"", vocab_size_, "\":1}}");
@@ -275,18 +273,18 @@ TEST_F(HttpLimitsTest, HealthAnswersWhileLargeBodiesAreParsed) {
   std::vector<std::thread> clients;
   std::vector<int> statuses(2, 0);
   std::vector<double> seconds(2, 0);
-  const auto start = std::chrono::steady_clock::now();
+  const Stopwatch watch;
   for (int i = 0; i < 2; ++i) {
     clients.emplace_back([&, i] {
       statuses[i] = HttpRequest(port(), "POST", "/tokenize", body, {}, nullptr, 120).status;
-      seconds[i] = SecondsSince(start);
+      seconds[i] = watch.ElapsedSeconds();
     });
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  const auto health_start = std::chrono::steady_clock::now();
+  absl::SleepFor(absl::Milliseconds(500));
+  const Stopwatch health_watch;
   HttpResponse health = HttpRequest(port(), "GET", "/health", "", {}, nullptr, 120);
-  const double health_seconds = SecondsSince(health_start);
-  const double health_done = SecondsSince(start);
+  const double health_seconds = health_watch.ElapsedSeconds();
+  const double health_done = watch.ElapsedSeconds();
   for (std::thread& t : clients) t.join();
   std::printf("/health took %.3f s; the large requests took %.1f s and %.1f s\n", health_seconds,
               seconds[0], seconds[1]);

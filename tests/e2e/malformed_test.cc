@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/protocol/attention_wire.h"
 #include "common/transport/frame.h"
 #include "common/transport/transport.h"
@@ -40,7 +41,7 @@ bool WaitForHealth(int port, bool memory) {
   for (int i = 0; i < 300; ++i) {
     grpc::ClientContext context;
     TestClusterAuth()->Attach(&context);
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
     control::HealthResponse response;
     grpc::Status status = memory ? control::MemoryNode::NewStub(Channel(port))
                                        ->Health(&context, control::HealthRequest(), &response)
@@ -58,7 +59,7 @@ grpc::Status RawUnary(int port, const std::string& method, const std::string& by
   grpc::GenericStub stub(Channel(port));
   grpc::ClientContext context;
   if (authenticated) TestClusterAuth()->Attach(&context);
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   grpc::Slice slice(bytes);
   grpc::ByteBuffer request(&slice, 1), response;
   std::promise<grpc::Status> done;
@@ -99,7 +100,10 @@ class Collector : public transport::MessageHandler {
   }
   uint16_t Next() {
     std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, std::chrono::seconds(20), [&] { return !kinds_.empty(); })) return 0;
+    if (!cv_.wait_for(lock, absl::ToChronoNanoseconds(absl::Seconds(20)),
+                      [&] { return !kinds_.empty(); })) {
+      return 0;
+    }
     const uint16_t k = kinds_.front();
     kinds_.pop_front();
     return k;
@@ -204,10 +208,10 @@ TEST(MalformedTest, MemoryNodeRejectsBadControlAndDataMessages) {
   StepShare share;
   share.step_id = 2;
   share.epoch = 5;
-  share.pool = 0;
+  share.pool = PoolIndex(0);
   share.num_layers = 2;
-  share.plan.assignments.push_back({9, 0, {1, 2, 3}, 0});
-  for (int p = 0; p < 3; ++p) share.plan.rows.push_back({9, p, -1, 0});
+  share.plan.assignments.push_back({SequenceId(9), PoolIndex(0), 0, {1, 2, 3}});
+  for (int p = 0; p < 3; ++p) share.plan.rows.push_back({SequenceId(9), PoolIndex(0), p, -1});
   share.minibatch_rows = {3};
   const std::string body = EncodeStepShare(share);
   step.step_id = 2;
@@ -297,7 +301,7 @@ TEST(MalformedTest, ComputeNodeRejectsBadPlansAndGarbage) {
   auto run = [&](const control::StepPlan& plan) {
     grpc::ClientContext context;
     TestClusterAuth()->Attach(&context);
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
     auto stream = control::ComputeNode::NewStub(Channel(control))->RunSteps(&context);
     control::StepResult result;
     EXPECT_TRUE(stream->Write(plan));

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/stopwatch.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/deployment.h"
@@ -76,19 +77,18 @@ TEST(StreamsTest, AThousandConcurrentStreams) {
     // Once every stream is open, a fresh (non-streaming) request must still be served.
     if (open == kStreams && !fresh_sent.exchange(true)) {
       fresh = std::thread([&] {
-        const auto t0 = std::chrono::steady_clock::now();
+        const Stopwatch fresh_watch;
         HttpResponse r = HttpRequest(
             port, "POST", "/v1/completions",
             json({{"model", model}, {"prompt", "A fresh request"}, {"max_tokens", 4}}).dump());
         fresh_status = r.status;
-        fresh_seconds =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        fresh_seconds = fresh_watch.ElapsedSeconds();
       });
     }
   };
-  const auto t0 = std::chrono::steady_clock::now();
+  const Stopwatch watch;
   const std::vector<StreamStats> stats = RunFanout(fan);
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double wall = watch.ElapsedSeconds();
   if (fresh.joinable()) fresh.join();
 
   int done = 0, ok = 0;

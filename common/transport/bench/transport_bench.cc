@@ -11,17 +11,17 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
-#include <thread>
+#include <mutex>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/base/stopwatch.h"
 #include "common/transport/frame.h"
 #include "common/transport/transport.h"
 
@@ -31,8 +31,6 @@ ABSL_FLAG(int, iters, 2000, "Round trips per size (fewer for large sizes)");
 
 namespace strata::transport {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // Echoes every message back to its sender.
 class Echo : public MessageHandler {
@@ -123,22 +121,22 @@ int Run() {
     const int iters = std::max(
         20, static_cast<int>(absl::GetFlag(FLAGS_iters) * 4096 / std::max<size_t>(4096, size)));
     double post = 0;
-    const auto t0 = Clock::now();
+    const Stopwatch round_trips;
     for (int i = 0; i < iters; ++i) {
-      const auto p0 = Clock::now();
+      const Stopwatch posting;
       (*t)->Send(*peer, kFrameTag, AsBytes(header), {payload}, [](absl::Status) {});
-      post += std::chrono::duration<double>(Clock::now() - p0).count();
+      post += posting.ElapsedSeconds();
       counter.WaitFor(++received);
     }
-    const double rtt = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+    const double rtt = round_trips.ElapsedSeconds() / iters;
     // One-way stream: many sends in flight, then wait for all the echoes.
-    const auto s0 = Clock::now();
+    const Stopwatch streaming;
     for (int i = 0; i < iters; ++i) {
       (*t)->Send(*peer, kFrameTag, AsBytes(header), {payload}, [](absl::Status) {});
     }
     received += iters;
     counter.WaitFor(received);
-    const double stream = std::chrono::duration<double>(Clock::now() - s0).count();
+    const double stream = streaming.ElapsedSeconds();
     std::printf("%10zu %12.1f %12.1f %14.2f\n", size, post / iters * 1e6, rtt * 1e6,
                 2.0 * size * iters / stream / 1e9);
     std::fflush(stdout);

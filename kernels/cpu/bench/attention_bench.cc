@@ -9,7 +9,6 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -20,6 +19,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/base/stopwatch.h"
 #include "common/bench/read_probe.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/isa.h"
@@ -38,8 +38,6 @@ ABSL_FLAG(bool, probe, true, "Measure the read probe (the of_probe column needs 
 
 namespace strata::kernels {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 std::vector<int> ParseList(const std::string& s) {
   std::vector<int> out;
@@ -107,13 +105,13 @@ int Run() {
             3, static_cast<int>(absl::GetFlag(FLAGS_seconds) * 1e10 / (kv_bytes * layers)));
         double best = 1e30;
         for (int it = 0; it < iters + 1; ++it) {
-          const auto t0 = Clock::now();
+          const Stopwatch watch;
           for (int l = 0; l < layers; ++l) {
             const uint16_t* k = kv + static_cast<size_t>(l) * 2 * slots * row_elems;
             Attention(p, batch, q.data(), rows.data(), k, k + slots * row_elems, state.data(),
                       out.data());
           }
-          const double s = std::chrono::duration<double>(Clock::now() - t0).count() / layers;
+          const double s = watch.ElapsedSeconds() / layers;
           if (it > 0) best = std::min(best, s);
         }
         std::printf("%-11s %6d %6d %9.1f %9.1f %8.2f\n", CpuIsaName(isa), batch, ctx, best * 1e6,
