@@ -21,7 +21,7 @@ namespace strata {
 struct AttentionStepOutcome {
   std::vector<PoolIndex> dead_pools;  // memory nodes found dead or hung during the step
   // Requests whose rows got no attention output (their results must be discarded).
-  std::vector<std::pair<SequenceId, std::string>> failed;
+  std::vector<std::pair<SequenceId, absl::Status>> failed;
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   uint64_t wait_us = 0;   // time spent waiting for memory nodes

@@ -115,14 +115,14 @@ StepResult ComputeNode::Execute(const StepPlan& plan) {
   if (engine_ == nullptr) {
     StepResult result;
     result.step_id = plan.step_id;
-    result.error = "the compute node is not configured yet";
+    result.status = absl::FailedPreconditionError("the compute node is not configured yet");
     return result;
   }
   if (plan.epoch != epoch_) {
     StepResult result;
     result.step_id = plan.step_id;
-    result.error =
-        absl::StrCat("plan of epoch ", plan.epoch, " but the node is configured for ", epoch_);
+    result.status = absl::FailedPreconditionError(
+        absl::StrCat("plan of epoch ", plan.epoch, " but the node is configured for ", epoch_));
     return result;
   }
   StepResult result = engine_->Execute(plan);

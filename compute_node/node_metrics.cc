@@ -70,7 +70,7 @@ ComputeNodeMetrics::ComputeNodeMetrics(std::shared_ptr<metrics::MetricsRegistry>
 void ComputeNodeMetrics::OnStep(const StepResult& result) {
   const StepTiming& t = result.timing;
   steps_->Increment();
-  if (!result.error.empty()) failed_steps_->Increment();
+  if (!result.status.ok()) failed_steps_->Increment();
   step_seconds_total_->Increment(t.total_us * 1e-6);
   gemm_seconds_->Increment(t.gemm_us * 1e-6);
   wait_seconds_->Increment(t.attention_us * 1e-6);

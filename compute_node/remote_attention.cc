@@ -158,8 +158,8 @@ void RemoteAttention::FailShare(Share& share, const std::string& why, bool dead)
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   for (SequenceId id : ids) {
-    outcome_.failed.emplace_back(
-        id, absl::StrCat("memory node of pool ", share.pool, " failed: ", why));
+    outcome_.failed.emplace_back(id, absl::UnavailableError(absl::StrCat(
+                                         "memory node of pool ", share.pool, " failed: ", why)));
   }
 }
 

@@ -29,7 +29,7 @@ grpc::Status ComputeNodeService::RunSteps(
     if (!plan.ok()) {
       LOG(ERROR) << "rejected a malformed step plan: " << plan.status();
       result.step_id = wire.step_id();
-      result.error = std::string(plan.status().message());
+      result.status = plan.status();
     } else {
       result = node_->Execute(*plan);
     }

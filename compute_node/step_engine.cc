@@ -30,8 +30,8 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
     if (s.parent_request_id != SequenceId()) {
       auto parent = requests_.find(s.parent_request_id);
       if (parent == requests_.end()) {
-        result.error =
-            absl::StrCat("request ", s.request_id, " names unknown parent ", s.parent_request_id);
+        result.status = absl::InvalidArgumentError(
+            absl::StrCat("request ", s.request_id, " names unknown parent ", s.parent_request_id));
         return result;
       }
       cache.prompt_counts = parent->second.prompt_counts;
@@ -65,20 +65,23 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
   std::vector<const SequenceChunk*> sampled_chunks;
   for (const SequenceChunk* c : chunks) {
     if (!requests_.count(c->request_id)) {
-      result.error = absl::StrCat("chunk of request ", c->request_id, " before its setup");
+      result.status = absl::InvalidArgumentError(
+          absl::StrCat("chunk of request ", c->request_id, " before its setup"));
       return result;
     }
     const int64_t end = static_cast<int64_t>(c->start_position) + c->tokens.size();
     if (end > options_.max_positions) {
-      result.error = absl::StrCat("request ", c->request_id, " reaches position ", end,
-                                  " beyond the context of ", options_.max_positions);
+      result.status = absl::InvalidArgumentError(
+          absl::StrCat("request ", c->request_id, " reaches position ", end,
+                       " beyond the context of ", options_.max_positions));
       return result;
     }
     for (size_t i = 0; i < c->tokens.size(); ++i) {
       const int32_t t = c->tokens[i];
       if (t < 0 || t >= config.vocab_size) {
-        result.error = absl::StrCat("request ", c->request_id, " has token ", t,
-                                    " outside the vocabulary of ", config.vocab_size);
+        result.status = absl::InvalidArgumentError(
+            absl::StrCat("request ", c->request_id, " has token ", t, " outside the vocabulary of ",
+                         config.vocab_size));
         return result;
       }
       kv.rows.push_back({c->request_id, c->pool, c->start_position + static_cast<int32_t>(i), -1});
@@ -91,8 +94,8 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
   }
   const int64_t m = static_cast<int64_t>(tokens.size());
   if (m > options_.max_batch_rows) {
-    result.error =
-        absl::StrCat("step has ", m, " rows; this node takes at most ", options_.max_batch_rows);
+    result.status = absl::InvalidArgumentError(
+        absl::StrCat("step has ", m, " rows; this node takes at most ", options_.max_batch_rows));
     return result;
   }
   result.timing.rows = m;
@@ -122,7 +125,7 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
   result.dead_pools = outcome.dead_pools;
   result.failed = outcome.failed;
   if (!status.ok()) {
-    result.error = std::string(status.message());
+    result.status = std::move(status);
     return result;
   }
   std::unordered_set<SequenceId> failed;
@@ -146,7 +149,8 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
     result.tokens.resize(jobs.size());
     for (const Job& job : jobs) {
       if (!requests_.count(job.target->request_id)) {
-        result.error = absl::StrCat("sample target ", job.target->request_id, " has no setup");
+        result.status = absl::InvalidArgumentError(
+            absl::StrCat("sample target ", job.target->request_id, " has no setup"));
         return result;
       }
     }

@@ -4,6 +4,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/base/logging.h"
+#include "common/control/grpc_status.h"
 #include "common/protocol/step_proto.h"
 
 namespace strata {
@@ -82,8 +83,12 @@ StepResult GrpcExecutor::RunOne(const StepPlan& plan) {
   if (ok) return FromProto(reply);
   // The stream is broken: the node died, hung past the deadline, or went away.
   const grpc::Status status = stream_->Finish();
-  failure.error = absl::StrCat("compute node ", name_,
-                               " failed: ", status.ok() ? "stream closed" : status.error_message());
+  // The stream's own code (Unavailable, DeadlineExceeded, ...) is the step's.
+  failure.status =
+      status.ok()
+          ? absl::UnavailableError(absl::StrCat("compute node ", name_, " failed: stream closed"))
+          : absl::Status(FromGrpcStatus(status).code(),
+                         absl::StrCat("compute node ", name_, " failed: ", status.error_message()));
   failure.node_unreachable = status.ok() || status.error_code() == grpc::StatusCode::UNAVAILABLE;
   std::lock_guard<std::mutex> lock(mu_);
   stream_.reset();
@@ -116,7 +121,7 @@ void GrpcExecutor::Run() {
   for (auto& [plan, sink] : left) {
     StepResult r;
     r.step_id = plan.step_id;
-    r.error = "the executor is shutting down";
+    r.status = absl::CancelledError("the executor is shutting down");
     sink(std::move(r));
   }
   if (stream_) {

@@ -454,9 +454,9 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
   }
   for (Request* req : involved) req->in_flight = false;
 
-  if (!result.error.empty()) {
+  if (!result.status.ok()) {
     LOG(ERROR) << "step " << plan.step_id << " on " << ex.impl->name()
-               << " failed: " << result.error;
+               << " failed: " << result.status;
     // A node that cannot be reached is out of service at once (before its heartbeats stop),
     // and its requests wait for another: losing the node is not their fault.
     const bool lost = result.node_unreachable && !ex.impl->Reachable();
@@ -513,7 +513,7 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
     }
   }
   std::unordered_set<Request*> failed_now;
-  for (const auto& [id, reason] : result.failed) {
+  for (const auto& [id, status] : result.failed) {
     auto it = by_id.find(id);
     if (it == by_id.end()) continue;
     Request* req = it->second->request;
@@ -538,7 +538,7 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
         }
         Preempt(req);  // re-prefill on another pool
       } else {
-        FailRequest(req, FinishReason::kError, absl::UnavailableError(reason));
+        FailRequest(req, FinishReason::kError, status);
       }
     }
   }

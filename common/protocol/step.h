@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "common/protocol/sampling_params.h"
 #include "common/protocol/step_plan.h"
 
@@ -77,10 +78,11 @@ struct StepTiming {
 struct StepResult {
   uint64_t step_id = 0;
   std::vector<SampledToken> tokens;
-  std::vector<std::pair<SequenceId, std::string>> failed;  // sequence, reason
+  // Sequences that failed while the rest of the step went on (a memory node died).
+  std::vector<std::pair<SequenceId, absl::Status>> failed;
   std::vector<PoolIndex> dead_pools;
   StepTiming timing;
-  std::string error;  // non-empty: the whole step failed
+  absl::Status status;  // not OK: the whole step failed
   // Set on the scheduler's side (never sent): the step failed because the compute node could
   // not be reached (its connection broke or was refused), not because of the plan.
   bool node_unreachable = false;

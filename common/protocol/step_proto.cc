@@ -33,6 +33,19 @@ SamplingParams FromProto(const control::SamplingParams& in) {
   return p;
 }
 
+void ToProto(const absl::Status& status, control::Status* out) {
+  out->set_code(static_cast<int32_t>(status.code()));
+  out->set_message(std::string(status.message()));
+}
+
+absl::Status FromProto(const control::Status& in) {
+  if (in.code() == 0) return absl::OkStatus();
+  const bool known =
+      in.code() > 0 && in.code() <= static_cast<int>(absl::StatusCode::kUnauthenticated);
+  return absl::Status(known ? static_cast<absl::StatusCode>(in.code()) : absl::StatusCode::kUnknown,
+                      in.message());
+}
+
 void ToProto(const StepPlan& plan, control::StepPlan* out) {
   out->set_step_id(plan.step_id);
   out->set_epoch(plan.epoch);
@@ -135,10 +148,10 @@ void ToProto(const StepResult& result, control::StepResult* out) {
       top->set_logprob(lp);
     }
   }
-  for (const auto& [id, reason] : result.failed) {
+  for (const auto& [id, status] : result.failed) {
     auto* f = out->add_failed();
     f->set_request_id(id.value());
-    f->set_reason(reason);
+    ToProto(status, f->mutable_status());
   }
   for (PoolIndex pool : result.dead_pools) out->add_dead_pools(pool.value());
   auto* timing = out->mutable_timing();
@@ -149,7 +162,7 @@ void ToProto(const StepResult& result, control::StepResult* out) {
   timing->set_bytes_sent(result.timing.bytes_sent);
   timing->set_bytes_received(result.timing.bytes_received);
   timing->set_rows(result.timing.rows);
-  out->set_error(result.error);
+  if (!result.status.ok()) ToProto(result.status, out->mutable_status());
 }
 
 StepResult FromProto(const control::StepResult& in) {
@@ -164,12 +177,12 @@ StepResult FromProto(const control::StepResult& in) {
     result.tokens.push_back(std::move(token));
   }
   for (const auto& f : in.failed())
-    result.failed.emplace_back(SequenceId(f.request_id()), f.reason());
+    result.failed.emplace_back(SequenceId(f.request_id()), FromProto(f.status()));
   for (uint32_t pool : in.dead_pools()) result.dead_pools.push_back(PoolIndex(pool));
   const auto& t = in.timing();
   result.timing = {t.total_us(),   t.gemm_us(),        t.attention_us(), t.sample_us(),
                    t.bytes_sent(), t.bytes_received(), t.rows()};
-  result.error = in.error();
+  result.status = FromProto(in.status());
   return result;
 }
 

@@ -17,6 +17,10 @@ void ToProto(const StepResult& result, control::StepResult* out);
 StepResult FromProto(const control::StepResult& in);
 
 void ToProto(const SamplingParams& p, control::SamplingParams* out);
+
+// A status with its code. A code outside absl's becomes kUnknown, keeping the message.
+void ToProto(const absl::Status& status, control::Status* out);
+absl::Status FromProto(const control::Status& in);
 SamplingParams FromProto(const control::SamplingParams& in);
 
 }  // namespace strata

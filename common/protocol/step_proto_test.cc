@@ -65,7 +65,8 @@ TEST(StepProto, ResultRoundTrip) {
   StepResult r;
   r.step_id = 2;
   r.tokens.push_back({SequenceId(5), 42, -0.25f, {{42, -0.25f}, {7, -2.0f}}});
-  r.failed.emplace_back(SequenceId(6), "memory node 1 died");
+  r.failed.emplace_back(SequenceId(6), absl::UnavailableError("memory node 1 died"));
+  r.status = absl::ResourceExhaustedError("no room");
   r.dead_pools = {PoolIndex(1)};
   r.timing.total_us = 1234;
   control::StepResult wire;
@@ -75,6 +76,18 @@ TEST(StepProto, ResultRoundTrip) {
   EXPECT_EQ(back.failed, r.failed);
   EXPECT_EQ(back.dead_pools, r.dead_pools);
   EXPECT_EQ(back.timing.total_us, 1234u);
+  // Codes survive the hop.
+  EXPECT_EQ(back.failed[0].second.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(back.status, r.status);
+  StepResult ok;
+  control::StepResult ok_wire;
+  ToProto(ok, &ok_wire);
+  EXPECT_TRUE(FromProto(ok_wire).status.ok());
+  // A code this build does not know keeps its message.
+  control::Status odd;
+  odd.set_code(1234);
+  odd.set_message("from the future");
+  EXPECT_EQ(FromProto(odd), absl::UnknownError("from the future"));
 }
 
 }  // namespace

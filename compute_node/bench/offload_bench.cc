@@ -129,7 +129,7 @@ struct StepRunner {
       // A step that lost rows did less work: its time would flatter the figures.
       std::fprintf(stderr, "step %llu lost %zu request(s), first: %s\n",
                    static_cast<unsigned long long>(step_id), outcome.failed.size(),
-                   outcome.failed.front().second.c_str());
+                   std::string(outcome.failed.front().second.message()).c_str());
       std::exit(1);
     }
     if (out != nullptr) *out = outcome;
