@@ -15,7 +15,6 @@
 namespace strata::api {
 namespace {
 
-using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
 std::string CallId() {
@@ -23,12 +22,12 @@ std::string CallId() {
   return absl::StrFormat("gen-%016x%08x", rng(), static_cast<uint32_t>(rng()));
 }
 
-// The proto's sampling parameters as the JSON body the HTTP API would have received, so
-// that one validator (ParseParams) decides for both APIs.
-json ParamsJson(const v1::SamplingParams& p) {
-  json j = json::object();
+// The typed request from the proto's sampling parameters; ValidateParams then decides as
+// for the HTTP API. The gRPC API is completions-shaped: logprobs is a count.
+RequestParams ParamsFromProto(const v1::SamplingParams& p) {
+  RequestParams r;
 #define STRATA_COPY(field) \
-  if (p.has_##field()) j[#field] = p.field()
+  if (p.has_##field()) r.field = p.field()
   STRATA_COPY(max_tokens);
   STRATA_COPY(temperature);
   STRATA_COPY(top_p);
@@ -39,24 +38,19 @@ json ParamsJson(const v1::SamplingParams& p) {
   STRATA_COPY(presence_penalty);
   STRATA_COPY(frequency_penalty);
   STRATA_COPY(repetition_penalty);
-  STRATA_COPY(logprobs);
   STRATA_COPY(ignore_eos);
   STRATA_COPY(min_tokens);
   STRATA_COPY(priority);
   STRATA_COPY(include_stop_str_in_output);
   STRATA_COPY(skip_special_tokens);
 #undef STRATA_COPY
-  if (p.stop_size() > 0) j["stop"] = std::vector<std::string>(p.stop().begin(), p.stop().end());
-  if (p.stop_token_ids_size() > 0) {
-    j["stop_token_ids"] =
-        std::vector<int32_t>(p.stop_token_ids().begin(), p.stop_token_ids().end());
+  if (p.has_logprobs()) r.logprobs_count = p.logprobs();
+  r.stop.assign(p.stop().begin(), p.stop().end());
+  r.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
+  for (const auto& [token, value] : p.logit_bias()) {
+    r.logit_bias.emplace_back(std::to_string(token), value);
   }
-  if (!p.logit_bias().empty()) {
-    json bias = json::object();
-    for (const auto& [token, value] : p.logit_bias()) bias[std::to_string(token)] = value;
-    j["logit_bias"] = bias;
-  }
-  return j;
+  return r;
 }
 
 grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context, const grpc::Status& status) {
@@ -315,7 +309,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GrpcApi::Generate(
     return call;
   }
   auto params_or =
-      ParseParams(ParamsJson(request->params()), Endpoint::kCompletions, options_.limits);
+      ValidateParams(ParamsFromProto(request->params()), Endpoint::kCompletions, options_.limits);
   if (auto* e = std::get_if<ApiError>(&params_or)) {
     call->FailNow(*e);
     return call;

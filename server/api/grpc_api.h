@@ -1,8 +1,9 @@
 // strata's gRPC API (proto/api.proto): Generate (server streaming), Tokenize, Detokenize,
 // ListModels and Health, on gRPC's callback API (no thread per call).
 //
-// Sampling parameters go through the HTTP API's validation (api::ParseParams), so that
-// both APIs accept, default and refuse exactly the same things; ApiErrors become gRPC
+// Sampling parameters become the typed request both APIs build (api::RequestParams) and go
+// through the one validation (api::ValidateParams), so that both APIs accept, default and
+// refuse exactly the same things; ApiErrors become gRPC
 // status codes (400 INVALID_ARGUMENT, 401 UNAUTHENTICATED, 404 NOT_FOUND, 429
 // RESOURCE_EXHAUSTED, 503 UNAVAILABLE, 504 DEADLINE_EXCEEDED, else INTERNAL). A call the
 // client cancels cancels its request, which frees its KV.

@@ -10,214 +10,282 @@ namespace strata::api {
 
 using json = nlohmann::json;
 
-std::variant<std::optional<int64_t>, ApiError> GetInt(const json& body, const std::string& name,
-                                                      int64_t lo, int64_t hi) {
+namespace {
+
+// Unwraps a typed read or returns its error from the enclosing function.
+#define STRATA_READ(field, expr)                               \
+  {                                                            \
+    auto value_or = (expr);                                    \
+    if (auto* e = std::get_if<ApiError>(&value_or)) return *e; \
+    field = std::get<0>(value_or);                             \
+  }
+
+// JSON readers: absent or null gives nullopt; a wrong type is an error naming the field.
+std::variant<std::optional<int64_t>, ApiError> ReadInt(const json& body, const std::string& name) {
   auto it = body.find(name);
   if (it == body.end() || it->is_null()) return std::optional<int64_t>();
-  int64_t value;
   if (it->is_number_integer()) {
     if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
       return BadRequest(absl::StrCat("'", name, "' is out of range"), name);
     }
-    value = it->get<int64_t>();
-  } else if (it->is_number_float() && std::isfinite(it->get<double>()) &&
-             it->get<double>() == std::floor(it->get<double>()) &&
-             std::abs(it->get<double>()) < 9e15) {
-    value = static_cast<int64_t>(it->get<double>());
-  } else {
-    return BadRequest(absl::StrCat("'", name, "' must be an integer"), name);
+    return std::optional<int64_t>(it->get<int64_t>());
   }
-  if (value < lo || value > hi) {
-    return BadRequest(
-        absl::StrCat("'", name, "' must be between ", lo, " and ", hi, ", got ", value), name);
+  if (it->is_number_float() && std::isfinite(it->get<double>()) &&
+      it->get<double>() == std::floor(it->get<double>()) && std::abs(it->get<double>()) < 9e15) {
+    return std::optional<int64_t>(static_cast<int64_t>(it->get<double>()));
   }
-  return std::optional<int64_t>(value);
+  return BadRequest(absl::StrCat("'", name, "' must be an integer"), name);
 }
 
-std::variant<std::optional<double>, ApiError> GetNumber(const json& body, const std::string& name,
-                                                        double lo, double hi) {
+std::variant<std::optional<double>, ApiError> ReadNumber(const json& body,
+                                                         const std::string& name) {
   auto it = body.find(name);
   if (it == body.end() || it->is_null()) return std::optional<double>();
   if (!it->is_number()) return BadRequest(absl::StrCat("'", name, "' must be a number"), name);
-  const double value = it->get<double>();
-  if (!std::isfinite(value) || value < lo || value > hi) {
-    return BadRequest(absl::StrCat("'", name, "' must be between ", lo, " and ", hi), name);
-  }
-  return std::optional<double>(value);
+  return std::optional<double>(it->get<double>());
 }
 
-std::variant<std::optional<bool>, ApiError> GetBool(const json& body, const std::string& name) {
+std::variant<std::optional<bool>, ApiError> ReadBool(const json& body, const std::string& name) {
   auto it = body.find(name);
   if (it == body.end() || it->is_null()) return std::optional<bool>();
   if (!it->is_boolean()) return BadRequest(absl::StrCat("'", name, "' must be a boolean"), name);
   return std::optional<bool>(it->get<bool>());
 }
 
-namespace {
+bool Given(const json& body, const char* name) {
+  return body.contains(name) && !body[name].is_null();
+}
 
-// Unwraps a typed read or returns its error from the enclosing function.
-#define STRATA_PARAM(var, expr)                              \
-  auto var##_or = (expr);                                    \
-  if (auto* e = std::get_if<ApiError>(&var##_or)) return *e; \
-  auto var = std::get<0>(var##_or)
+// Range checks of the validator.
+std::optional<ApiError> CheckInt(const std::optional<int64_t>& value, const std::string& name,
+                                 int64_t lo, int64_t hi) {
+  if (!value || (*value >= lo && *value <= hi)) return std::nullopt;
+  return BadRequest(
+      absl::StrCat("'", name, "' must be between ", lo, " and ", hi, ", got ", *value), name);
+}
+
+std::optional<ApiError> CheckNumber(const std::optional<double>& value, const std::string& name,
+                                    double lo, double hi) {
+  if (!value || (std::isfinite(*value) && *value >= lo && *value <= hi)) return std::nullopt;
+  return BadRequest(absl::StrCat("'", name, "' must be between ", lo, " and ", hi), name);
+}
 
 }  // namespace
 
-std::variant<ParsedParams, ApiError> ParseParams(const json& body, Endpoint endpoint,
-                                                 const ApiLimits& limits) {
-  ParsedParams p;
-  GenerateRequest& r = p.request;
-  SamplingParams& s = r.sampling;
+std::variant<RequestParams, ApiError> ReadParamsJson(const json& body, Endpoint endpoint) {
+  RequestParams p;
+  STRATA_READ(p.max_tokens, ReadInt(body, "max_tokens"));
+  STRATA_READ(p.max_completion_tokens, ReadInt(body, "max_completion_tokens"));
+  STRATA_READ(p.temperature, ReadNumber(body, "temperature"));
+  STRATA_READ(p.top_p, ReadNumber(body, "top_p"));
+  STRATA_READ(p.top_k, ReadInt(body, "top_k"));
+  STRATA_READ(p.min_p, ReadNumber(body, "min_p"));
+  STRATA_READ(p.presence_penalty, ReadNumber(body, "presence_penalty"));
+  STRATA_READ(p.frequency_penalty, ReadNumber(body, "frequency_penalty"));
+  STRATA_READ(p.repetition_penalty, ReadNumber(body, "repetition_penalty"));
+  STRATA_READ(p.seed, ReadInt(body, "seed"));
+  STRATA_READ(p.n, ReadInt(body, "n"));
+  STRATA_READ(p.best_of, ReadInt(body, "best_of"));
 
-  STRATA_PARAM(max_tokens, GetInt(body, "max_tokens", 1, limits.max_model_len));
-  STRATA_PARAM(max_completion_tokens,
-               GetInt(body, "max_completion_tokens", 1, limits.max_model_len));
-  if (max_completion_tokens) {
-    p.max_tokens = static_cast<int>(*max_completion_tokens);
-  } else if (max_tokens) {
-    p.max_tokens = static_cast<int>(*max_tokens);
-  }
-  STRATA_PARAM(temperature, GetNumber(body, "temperature", 0.0, 2.0));
-  s.temperature = temperature ? static_cast<float>(*temperature) : 1.0f;
-  STRATA_PARAM(top_p, GetNumber(body, "top_p", 1e-9, 1.0));
-  s.top_p = top_p ? static_cast<float>(*top_p) : 1.0f;
-  STRATA_PARAM(top_k, GetInt(body, "top_k", -1, 1 << 30));
-  s.top_k = top_k ? static_cast<int32_t>(*top_k) : 0;
-  if (s.top_k < 0) s.top_k = 0;
-  STRATA_PARAM(min_p, GetNumber(body, "min_p", 0.0, 1.0));
-  s.min_p = min_p ? static_cast<float>(*min_p) : 0.0f;
-  STRATA_PARAM(presence, GetNumber(body, "presence_penalty", -2.0, 2.0));
-  s.presence_penalty = presence ? static_cast<float>(*presence) : 0.0f;
-  STRATA_PARAM(frequency, GetNumber(body, "frequency_penalty", -2.0, 2.0));
-  s.frequency_penalty = frequency ? static_cast<float>(*frequency) : 0.0f;
-  STRATA_PARAM(repetition, GetNumber(body, "repetition_penalty", 1e-3, 10.0));
-  s.repetition_penalty = repetition ? static_cast<float>(*repetition) : 1.0f;
-  STRATA_PARAM(seed, GetInt(body, "seed", INT64_MIN, INT64_MAX));
-  if (seed) {
-    s.seed = static_cast<uint64_t>(*seed);
-    r.has_seed = true;
-  }
-  STRATA_PARAM(n, GetInt(body, "n", 1, limits.max_n));
-  r.n = n ? static_cast<int>(*n) : 1;
-  if (body.contains("best_of") && !body["best_of"].is_null()) {
-    STRATA_PARAM(best_of, GetInt(body, "best_of", 1, limits.max_n));
-    if (best_of && *best_of != r.n) {
-      return BadRequest("best_of different from n is not supported", "best_of");
-    }
-  }
-
-  // logit_bias: {"token id": bias}, at most one entry per token of the vocabulary.
-  if (body.contains("logit_bias") && !body["logit_bias"].is_null()) {
+  // logit_bias: {"token id": bias}.
+  if (Given(body, "logit_bias")) {
     const json& bias = body["logit_bias"];
     if (!bias.is_object()) return BadRequest("'logit_bias' must be an object", "logit_bias");
-    if (bias.size() > static_cast<size_t>(std::max(limits.vocab_size, 0))) {
-      return BadRequest(absl::StrCat("'logit_bias' has ", bias.size(), " entries; at most ",
-                                     limits.vocab_size, " (the vocabulary size) are allowed"),
-                        "logit_bias");
-    }
-    s.logit_bias.reserve(bias.size());
+    p.logit_bias.reserve(bias.size());
     for (const auto& [key, value] : bias.items()) {
-      int64_t token;
-      if (!absl::SimpleAtoi(key, &token) || token < 0 || token >= limits.vocab_size) {
-        return BadRequest(absl::StrCat("logit_bias key '", key.substr(0, 32),
-                                       "' is not a token id (0 to ", limits.vocab_size - 1, ")"),
-                          "logit_bias");
-      }
-      if (!value.is_number() || !std::isfinite(value.get<double>()) ||
-          std::abs(value.get<double>()) > 100.0) {
+      if (!value.is_number()) {
         return BadRequest("logit_bias values must be numbers in [-100, 100]", "logit_bias");
       }
-      s.logit_bias.emplace_back(static_cast<int32_t>(token), value.get<float>());
-    }
-    std::sort(s.logit_bias.begin(), s.logit_bias.end());
-    for (size_t i = 1; i < s.logit_bias.size(); ++i) {
-      if (s.logit_bias[i].first == s.logit_bias[i - 1].first) {
-        return BadRequest(
-            absl::StrCat("logit_bias gives token ", s.logit_bias[i].first, " more than once"),
-            "logit_bias");
-      }
+      p.logit_bias.emplace_back(key, value.get<double>());
     }
   }
 
   // Logprobs: completions take an integer; chat a boolean plus top_logprobs.
   if (endpoint == Endpoint::kCompletions) {
-    STRATA_PARAM(logprobs, GetInt(body, "logprobs", 0, limits.max_logprobs));
-    if (logprobs) {
-      p.logprobs = true;
-      p.top_logprobs = static_cast<int>(*logprobs);
-    }
-    STRATA_PARAM(echo, GetBool(body, "echo"));
-    p.echo = echo.value_or(false);
+    STRATA_READ(p.logprobs_count, ReadInt(body, "logprobs"));
+    STRATA_READ(p.echo, ReadBool(body, "echo"));
   } else {
-    STRATA_PARAM(logprobs, GetBool(body, "logprobs"));
-    p.logprobs = logprobs.value_or(false);
-    STRATA_PARAM(top_logprobs, GetInt(body, "top_logprobs", 0, limits.max_logprobs));
-    if (top_logprobs) {
-      if (!p.logprobs) return BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs");
-      p.top_logprobs = static_cast<int>(*top_logprobs);
-    }
+    STRATA_READ(p.logprobs, ReadBool(body, "logprobs"));
+    STRATA_READ(p.top_logprobs, ReadInt(body, "top_logprobs"));
   }
-  s.num_logprobs = p.logprobs ? p.top_logprobs : -1;
 
   // stop: a string or a list of strings.
-  if (body.contains("stop") && !body["stop"].is_null()) {
+  if (Given(body, "stop")) {
     const json& stop = body["stop"];
     if (stop.is_string()) {
-      if (!stop.get<std::string>().empty()) r.stop.push_back(stop.get<std::string>());
+      p.stop.push_back(stop.get<std::string>());
     } else if (stop.is_array()) {
-      if (static_cast<int>(stop.size()) > limits.max_stop_sequences) {
-        return BadRequest(absl::StrCat("at most ", limits.max_stop_sequences, " stop sequences"),
-                          "stop");
-      }
-      for (const json& s_item : stop) {
-        if (!s_item.is_string()) return BadRequest("'stop' must hold strings", "stop");
-        if (!s_item.get<std::string>().empty()) r.stop.push_back(s_item.get<std::string>());
+      for (const json& item : stop) {
+        if (!item.is_string()) return BadRequest("'stop' must hold strings", "stop");
+        p.stop.push_back(item.get<std::string>());
       }
     } else {
       return BadRequest("'stop' must be a string or a list of strings", "stop");
     }
   }
-  if (body.contains("stop_token_ids") && !body["stop_token_ids"].is_null()) {
+  if (Given(body, "stop_token_ids")) {
     const json& ids = body["stop_token_ids"];
     if (!ids.is_array()) return BadRequest("'stop_token_ids' must be a list", "stop_token_ids");
     for (const json& id : ids) {
-      if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
-          id.get<int64_t>() >= limits.vocab_size) {
+      if (!id.is_number_integer() ||
+          (id.is_number_unsigned() && id.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))) {
         return BadRequest("'stop_token_ids' must hold token ids", "stop_token_ids");
       }
-      r.stop_token_ids.push_back(id.get<int32_t>());
+      p.stop_token_ids.push_back(id.get<int64_t>());
     }
   }
-  STRATA_PARAM(ignore_eos, GetBool(body, "ignore_eos"));
-  r.ignore_eos = ignore_eos.value_or(false);
-  STRATA_PARAM(min_tokens, GetInt(body, "min_tokens", 0, limits.max_model_len));
-  r.min_tokens = min_tokens ? static_cast<int>(*min_tokens) : 0;
-  STRATA_PARAM(priority, GetInt(body, "priority", -(1 << 30), 1 << 30));
-  r.priority = priority ? static_cast<int>(*priority) : 0;
-  STRATA_PARAM(skip_special, GetBool(body, "skip_special_tokens"));
-  r.skip_special_tokens = skip_special.value_or(true);
-  STRATA_PARAM(include_stop, GetBool(body, "include_stop_str_in_output"));
-  r.include_stop_str_in_output = include_stop.value_or(false);
-  STRATA_PARAM(token_ids, GetBool(body, "return_tokens_as_token_ids"));
-  p.return_tokens_as_token_ids = token_ids.value_or(false);
-  STRATA_PARAM(stream, GetBool(body, "stream"));
-  p.stream = stream.value_or(false);
-  if (body.contains("stream_options") && !body["stream_options"].is_null()) {
+  STRATA_READ(p.ignore_eos, ReadBool(body, "ignore_eos"));
+  STRATA_READ(p.min_tokens, ReadInt(body, "min_tokens"));
+  STRATA_READ(p.priority, ReadInt(body, "priority"));
+  STRATA_READ(p.skip_special_tokens, ReadBool(body, "skip_special_tokens"));
+  STRATA_READ(p.include_stop_str_in_output, ReadBool(body, "include_stop_str_in_output"));
+  STRATA_READ(p.return_tokens_as_token_ids, ReadBool(body, "return_tokens_as_token_ids"));
+  STRATA_READ(p.stream, ReadBool(body, "stream"));
+  if (Given(body, "stream_options")) {
     const json& options = body["stream_options"];
-    if (!options.is_object())
+    if (!options.is_object()) {
       return BadRequest("'stream_options' must be an object", "stream_options");
-    if (!p.stream) return BadRequest("'stream_options' needs 'stream': true", "stream_options");
-    STRATA_PARAM(include_usage, GetBool(options, "include_usage"));
-    p.include_usage = include_usage.value_or(false);
+    }
+    p.has_stream_options = true;
+    STRATA_READ(p.include_usage, ReadBool(options, "include_usage"));
   }
-  if (body.contains("user") && !body["user"].is_null()) {
+  if (Given(body, "user")) {
     if (!body["user"].is_string()) return BadRequest("'user' must be a string", "user");
     p.user = body["user"].get<std::string>();
   }
+  return p;
+}
+
+#undef STRATA_READ
+
+// Returns the check's error from the enclosing function.
+#define STRATA_CHECK(expr) \
+  if (auto e = (expr)) return *e
+
+std::variant<ParsedParams, ApiError> ValidateParams(const RequestParams& in, Endpoint endpoint,
+                                                    const ApiLimits& limits) {
+  ParsedParams p;
+  GenerateRequest& r = p.request;
+  SamplingParams& s = r.sampling;
+
+  STRATA_CHECK(CheckInt(in.max_tokens, "max_tokens", 1, limits.max_model_len));
+  STRATA_CHECK(
+      CheckInt(in.max_completion_tokens, "max_completion_tokens", 1, limits.max_model_len));
+  if (in.max_completion_tokens) {
+    p.max_tokens = static_cast<int>(*in.max_completion_tokens);
+  } else if (in.max_tokens) {
+    p.max_tokens = static_cast<int>(*in.max_tokens);
+  }
+  STRATA_CHECK(CheckNumber(in.temperature, "temperature", 0.0, 2.0));
+  s.temperature = static_cast<float>(in.temperature.value_or(1.0));
+  STRATA_CHECK(CheckNumber(in.top_p, "top_p", 1e-9, 1.0));
+  s.top_p = static_cast<float>(in.top_p.value_or(1.0));
+  STRATA_CHECK(CheckInt(in.top_k, "top_k", -1, 1 << 30));
+  s.top_k = std::max<int32_t>(0, static_cast<int32_t>(in.top_k.value_or(0)));
+  STRATA_CHECK(CheckNumber(in.min_p, "min_p", 0.0, 1.0));
+  s.min_p = static_cast<float>(in.min_p.value_or(0.0));
+  STRATA_CHECK(CheckNumber(in.presence_penalty, "presence_penalty", -2.0, 2.0));
+  s.presence_penalty = static_cast<float>(in.presence_penalty.value_or(0.0));
+  STRATA_CHECK(CheckNumber(in.frequency_penalty, "frequency_penalty", -2.0, 2.0));
+  s.frequency_penalty = static_cast<float>(in.frequency_penalty.value_or(0.0));
+  STRATA_CHECK(CheckNumber(in.repetition_penalty, "repetition_penalty", 1e-3, 10.0));
+  s.repetition_penalty = static_cast<float>(in.repetition_penalty.value_or(1.0));
+  if (in.seed) {
+    s.seed = static_cast<uint64_t>(*in.seed);
+    r.has_seed = true;
+  }
+  STRATA_CHECK(CheckInt(in.n, "n", 1, limits.max_n));
+  r.n = static_cast<int>(in.n.value_or(1));
+  STRATA_CHECK(CheckInt(in.best_of, "best_of", 1, limits.max_n));
+  if (in.best_of && *in.best_of != r.n) {
+    return BadRequest("best_of different from n is not supported", "best_of");
+  }
+
+  // logit_bias: at most one entry per token of the vocabulary.
+  if (in.logit_bias.size() > static_cast<size_t>(std::max(limits.vocab_size, 0))) {
+    return BadRequest(absl::StrCat("'logit_bias' has ", in.logit_bias.size(), " entries; at most ",
+                                   limits.vocab_size, " (the vocabulary size) are allowed"),
+                      "logit_bias");
+  }
+  s.logit_bias.reserve(in.logit_bias.size());
+  for (const auto& [key, value] : in.logit_bias) {
+    int64_t token;
+    if (!absl::SimpleAtoi(key, &token) || token < 0 || token >= limits.vocab_size) {
+      return BadRequest(absl::StrCat("logit_bias key '", key.substr(0, 32),
+                                     "' is not a token id (0 to ", limits.vocab_size - 1, ")"),
+                        "logit_bias");
+    }
+    if (!std::isfinite(value) || std::abs(value) > 100.0) {
+      return BadRequest("logit_bias values must be numbers in [-100, 100]", "logit_bias");
+    }
+    s.logit_bias.emplace_back(static_cast<int32_t>(token), static_cast<float>(value));
+  }
+  std::sort(s.logit_bias.begin(), s.logit_bias.end());
+  for (size_t i = 1; i < s.logit_bias.size(); ++i) {
+    if (s.logit_bias[i].first == s.logit_bias[i - 1].first) {
+      return BadRequest(
+          absl::StrCat("logit_bias gives token ", s.logit_bias[i].first, " more than once"),
+          "logit_bias");
+    }
+  }
+
+  if (endpoint == Endpoint::kCompletions) {
+    STRATA_CHECK(CheckInt(in.logprobs_count, "logprobs", 0, limits.max_logprobs));
+    if (in.logprobs_count) {
+      p.logprobs = true;
+      p.top_logprobs = static_cast<int>(*in.logprobs_count);
+    }
+    p.echo = in.echo.value_or(false);
+  } else {
+    p.logprobs = in.logprobs.value_or(false);
+    STRATA_CHECK(CheckInt(in.top_logprobs, "top_logprobs", 0, limits.max_logprobs));
+    if (in.top_logprobs) {
+      if (!p.logprobs) return BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+      p.top_logprobs = static_cast<int>(*in.top_logprobs);
+    }
+  }
+  s.num_logprobs = p.logprobs ? p.top_logprobs : -1;
+
+  if (static_cast<int>(in.stop.size()) > limits.max_stop_sequences) {
+    return BadRequest(absl::StrCat("at most ", limits.max_stop_sequences, " stop sequences"),
+                      "stop");
+  }
+  for (const std::string& stop : in.stop) {
+    if (!stop.empty()) r.stop.push_back(stop);
+  }
+  for (int64_t id : in.stop_token_ids) {
+    if (id < 0 || id >= limits.vocab_size) {
+      return BadRequest("'stop_token_ids' must hold token ids", "stop_token_ids");
+    }
+    r.stop_token_ids.push_back(static_cast<int32_t>(id));
+  }
+  r.ignore_eos = in.ignore_eos.value_or(false);
+  STRATA_CHECK(CheckInt(in.min_tokens, "min_tokens", 0, limits.max_model_len));
+  r.min_tokens = static_cast<int>(in.min_tokens.value_or(0));
+  STRATA_CHECK(CheckInt(in.priority, "priority", -(1 << 30), 1 << 30));
+  r.priority = static_cast<int>(in.priority.value_or(0));
+  r.skip_special_tokens = in.skip_special_tokens.value_or(true);
+  r.include_stop_str_in_output = in.include_stop_str_in_output.value_or(false);
+  p.return_tokens_as_token_ids = in.return_tokens_as_token_ids.value_or(false);
+  p.stream = in.stream.value_or(false);
+  if (in.has_stream_options) {
+    if (!p.stream) return BadRequest("'stream_options' needs 'stream': true", "stream_options");
+    p.include_usage = in.include_usage.value_or(false);
+  }
+  p.user = in.user;
   if (r.min_tokens > 0 && p.max_tokens && r.min_tokens > *p.max_tokens) {
     return BadRequest("'min_tokens' must not exceed 'max_tokens'", "min_tokens");
   }
   return p;
+}
+
+#undef STRATA_CHECK
+
+std::variant<ParsedParams, ApiError> ParseParams(const json& body, Endpoint endpoint,
+                                                 const ApiLimits& limits) {
+  auto typed = ReadParamsJson(body, endpoint);
+  if (auto* e = std::get_if<ApiError>(&typed)) return *e;
+  return ValidateParams(std::get<RequestParams>(typed), endpoint, limits);
 }
 
 std::optional<ApiError> CheckModel(const std::string& requested, const std::string& served) {

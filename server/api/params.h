@@ -1,12 +1,16 @@
-// Parsing and validation of the generation parameters shared by /v1/completions,
-// /v1/chat/completions and the gRPC API: OpenAI's, plus the extras vLLM accepts.
-// Type and range errors name the parameter.
+// The generation parameters shared by /v1/completions, /v1/chat/completions and the gRPC
+// API: OpenAI's, plus the extras vLLM accepts. Both APIs build one typed request,
+// RequestParams: the HTTP API from its JSON body (ReadParamsJson: type errors), the gRPC
+// API from its proto (types fixed by the proto). ValidateParams then checks ranges and
+// combinations and applies defaults, in one place for both. Errors name the parameter.
 #ifndef STRATA_SERVER_API_PARAMS_H_
 #define STRATA_SERVER_API_PARAMS_H_
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <variant>
+#include <vector>
 
 #include "nlohmann/json.hpp"
 #include "server/api/api_error.h"
@@ -37,7 +41,51 @@ struct ParsedParams {
 
 enum class Endpoint { kCompletions, kChat };
 
-// Parses the common parameters of `body` (already a JSON object).
+// What a client asked for, typed but not yet checked against ranges or each other. Absent
+// fields are nullopt (or empty).
+struct RequestParams {
+  std::optional<int64_t> max_tokens;
+  std::optional<int64_t> max_completion_tokens;
+  std::optional<double> temperature;
+  std::optional<double> top_p;
+  std::optional<int64_t> top_k;
+  std::optional<double> min_p;
+  std::optional<double> presence_penalty;
+  std::optional<double> frequency_penalty;
+  std::optional<double> repetition_penalty;
+  std::optional<int64_t> seed;
+  std::optional<int64_t> n;
+  std::optional<int64_t> best_of;
+  // Keys as the client wrote them (JSON object keys are strings); checked to be token ids.
+  std::vector<std::pair<std::string, double>> logit_bias;
+  // Completions: logprobs is a count; chat: a flag, with top_logprobs as the count.
+  std::optional<int64_t> logprobs_count;
+  std::optional<bool> logprobs;
+  std::optional<int64_t> top_logprobs;
+  std::optional<bool> echo;
+  std::vector<std::string> stop;
+  std::vector<int64_t> stop_token_ids;
+  std::optional<bool> ignore_eos;
+  std::optional<int64_t> min_tokens;
+  std::optional<int64_t> priority;
+  std::optional<bool> skip_special_tokens;
+  std::optional<bool> include_stop_str_in_output;
+  std::optional<bool> return_tokens_as_token_ids;
+  std::optional<bool> stream;
+  bool has_stream_options = false;
+  std::optional<bool> include_usage;  // stream_options.include_usage
+  std::string user;
+};
+
+// The typed request from a JSON body (already an object); a field of the wrong type is an
+// error naming it.
+std::variant<RequestParams, ApiError> ReadParamsJson(const nlohmann::json& body, Endpoint endpoint);
+
+// Ranges, combinations and defaults: the one validation both APIs use.
+std::variant<ParsedParams, ApiError> ValidateParams(const RequestParams& in, Endpoint endpoint,
+                                                    const ApiLimits& limits);
+
+// ReadParamsJson, then ValidateParams.
 std::variant<ParsedParams, ApiError> ParseParams(const nlohmann::json& body, Endpoint endpoint,
                                                  const ApiLimits& limits);
 
@@ -47,16 +95,6 @@ std::optional<ApiError> CheckModel(const std::string& requested, const std::stri
 
 // max_tokens when a chat request gives none: the rest of the context (at least 1).
 int DefaultChatMaxTokens(const ApiLimits& limits, size_t prompt_tokens);
-
-// Typed field readers: absent or null gives nullopt; a wrong type or range is an ApiError.
-std::variant<std::optional<int64_t>, ApiError> GetInt(const nlohmann::json& body,
-                                                      const std::string& name, int64_t lo,
-                                                      int64_t hi);
-std::variant<std::optional<double>, ApiError> GetNumber(const nlohmann::json& body,
-                                                        const std::string& name, double lo,
-                                                        double hi);
-std::variant<std::optional<bool>, ApiError> GetBool(const nlohmann::json& body,
-                                                    const std::string& name);
 
 }  // namespace strata::api
 
