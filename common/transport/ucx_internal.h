@@ -1,0 +1,176 @@
+// Internal to common/transport: the UCX backend's class, shared by the files that
+// implement it by role: ucx_transport.cc (set-up and the worker loop), ucx_connections.cc
+// (listening, connecting, peers and their handshake), ucx_messages.cc (sending and
+// receiving active messages) and ucx_put.cc (one-sided put). ucx_bootstrap.cc exchanges
+// worker addresses over TCP.
+//
+// Thread-safety: see UcxTransport's members.
+#ifndef STRATA_COMMON_TRANSPORT_UCX_INTERNAL_H_
+#define STRATA_COMMON_TRANSPORT_UCX_INTERNAL_H_
+
+#include <sys/socket.h>
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/transport/transport.h"
+
+namespace strata::transport::ucx_internal {
+
+// Unavailable, "<what>: <UCX's description of status>".
+absl::Status UcxError(const std::string& what, ucs_status_t status);
+// "host:port" (IPv6 hosts in brackets) to a socket address.
+absl::StatusOr<sockaddr_storage> Resolve(const std::string& address, socklen_t* length);
+// A socket address as "host:port".
+std::string FormatAddress(const sockaddr_storage& addr);
+
+// A one-shot result that a caller thread waits for.
+template <class T>
+class Waiter {
+ public:
+  void Set(T value) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (value_.has_value()) return;
+    value_ = std::move(value);
+    cv_.notify_all();
+  }
+  std::optional<T> Wait(absl::Duration timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] { return value_.has_value(); });
+    return value_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<T> value_;
+};
+
+class UcxTransport final : public Transport {
+ public:
+  explicit UcxTransport(TransportConfig config) : config_(std::move(config)) {}
+  ~UcxTransport() override;
+
+  absl::Status Init();
+  Capabilities capabilities() const override { return capabilities_; }
+  void SetHandler(Tag tag, MessageHandler* handler) override;
+  void SetPeerHandler(PeerHandler handler) override;
+  absl::StatusOr<std::string> Listen(const std::string& address) override;
+  absl::StatusOr<PeerId> Connect(const std::string& address) override;
+  void Disconnect(PeerId peer) override;
+  std::string DescribePeer(PeerId peer) override;
+  void Send(PeerId peer, Tag tag, std::span<const uint8_t> header,
+            std::vector<std::span<const uint8_t>> payload, SendDone done) override;
+  absl::StatusOr<RemoteRegion> RegisterRegion(void* base, size_t bytes) override;
+  void PutWithFlag(PeerId peer, const RemoteRegion& region, uint64_t remote_address,
+                   std::span<const uint8_t> data, uint64_t flag_address, uint64_t flag_value,
+                   SendDone done) override;
+
+ private:
+  // A received message waiting for its payload or for earlier messages: deliveries keep
+  // the order of arrival even when a rendezvous payload completes after later messages.
+  struct RecvContext {
+    UcxTransport* self;
+    PeerId peer;
+    Tag tag;
+    uint64_t sequence;
+    std::vector<uint8_t> header;
+    std::vector<uint8_t> owned;
+    std::span<uint8_t> dest;
+    bool complete = false;
+    absl::Status status;
+  };
+  struct Peer {
+    PeerId id = 0;
+    ucp_ep_h ep = nullptr;
+    bool ready = false;                                              // handshake complete
+    bool closed = false;                                             // failed or disconnected
+    std::shared_ptr<Waiter<absl::StatusOr<PeerId>>> connect_waiter;  // client side
+    std::unordered_map<std::string, ucp_rkey_h> rkeys;
+    uint64_t next_arrival = 0;
+    uint64_t next_delivery = 0;
+    std::map<uint64_t, std::unique_ptr<RecvContext>> pending;  // by arrival sequence
+  };
+  struct ErrorArg {
+    UcxTransport* self;
+    PeerId peer;
+  };
+  struct SendContext {
+    UcxTransport* self;
+    PeerId peer;
+    std::vector<uint8_t> header;
+    std::vector<ucp_dt_iov_t> iov;
+    uint64_t flag = 0;
+    SendDone done;
+  };
+  struct TagArg {
+    UcxTransport* self;
+    Tag tag;
+  };
+
+  void Post(std::function<void()> fn);
+  void Run();
+  void RunCommands();
+  Peer* FindPeer(PeerId id);
+  PeerId AddPeer(ucp_ep_h ep);
+  absl::StatusOr<ucp_ep_h> CreateEndpoint(ucp_ep_params_t params, PeerId id);
+  void ClosePeer(PeerId id, const absl::Status& why);
+  void StartSend(std::unique_ptr<SendContext> ctx, Tag tag);
+  void HandleHandshake(PeerId peer, std::span<const uint8_t> header);
+  MessageHandler* HandlerFor(Tag tag);
+  // Delivers, in arrival order, every pending message of `peer` that is complete.
+  void Flush(PeerId peer);
+
+  void AcceptBootstrap();
+  static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
+  static ucs_status_t OnMessage(void* arg, const void* header, size_t header_length, void* data,
+                                size_t length, const ucp_am_recv_param_t* param);
+  static void OnSendDone(void* request, ucs_status_t status, void* user_data);
+  static void OnRecvDone(void* request, ucs_status_t status, size_t length, void* user_data);
+
+  TransportConfig config_;
+  Capabilities capabilities_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int epoll_fd_ = -1;
+  size_t eager_max_bytes_ = 0;  // TransportConfig::eager_max_bytes, resolved
+  std::thread thread_;
+
+  // Held by the transport thread except while it sleeps, and by a thread that starts a
+  // send itself: UCX's worker is used by one thread at a time. Guards the peer maps.
+  std::mutex worker_mu_;
+  std::atomic<std::thread::id> thread_id_{};
+  std::mutex mu_;
+  std::deque<std::function<void()>> commands_;  // guarded by mu_
+  bool stop_ = false;                           // guarded by mu_
+  MessageHandler* handlers_[kMaxTag + 1] = {};  // set before traffic starts
+  TagArg tag_args_[kMaxTag + 1];
+  PeerHandler peer_handler_;
+
+  // Transport-thread state.
+  std::unordered_map<PeerId, Peer> peers_;
+  std::unordered_map<ucp_ep_h, PeerId> by_endpoint_;
+  std::unordered_map<PeerId, std::unique_ptr<ErrorArg>> error_args_;
+  PeerId next_peer_ = 1;
+  int listen_fd_ = -1;             // bootstrap listener
+  std::string worker_address_;     // this worker's UCX address, for the bootstrap
+  std::vector<void*> closing_;     // ucp_ep_close_nbx requests in flight
+  std::vector<ucp_mem_h> mapped_;  // regions registered for one-sided puts
+};
+
+}  // namespace strata::transport::ucx_internal
+
+#endif  // STRATA_COMMON_TRANSPORT_UCX_INTERNAL_H_
