@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/control/version.h"
 #include "common/transport/transport.h"
 #include "gtest/gtest.h"
 #include "proto/control.grpc.pb.h"
@@ -127,7 +128,7 @@ TEST(ControlAuthTest, EveryInternalCallWithoutTheSecretIsRefused) {
     control::RegisterRequest request;
     request.mutable_node()->set_name("compute-0");
     request.mutable_node()->set_role(control::ROLE_COMPUTE);
-    request.mutable_node()->set_protocol_version(1);
+    request.mutable_node()->set_protocol_version(strata::kProtocolVersion);
     grpc::ClientContext c;
     control::RegisterResponse response;
     EXPECT_EQ(control::Scheduler::NewStub(Channel(scheduler))
@@ -142,7 +143,7 @@ TEST(ControlAuthTest, EveryInternalCallWithoutTheSecretIsRefused) {
     control::RegisterRequest request;
     request.mutable_node()->set_name("memory-0");
     request.mutable_node()->set_role(control::ROLE_MEMORY);
-    request.mutable_node()->set_protocol_version(1);
+    request.mutable_node()->set_protocol_version(strata::kProtocolVersion);
     request.mutable_node()->set_cpu_isa("whatever");
     grpc::ClientContext c;
     TestClusterAuth()->Attach(&c);
@@ -184,7 +185,7 @@ TEST(ControlAuthTest, EveryInternalCallWithoutTheSecretIsRefused) {
     control::RegisterRequest real;
     real.mutable_node()->set_name("compute-0");
     real.mutable_node()->set_role(control::ROLE_COMPUTE);
-    real.mutable_node()->set_protocol_version(1);
+    real.mutable_node()->set_protocol_version(strata::kProtocolVersion);
     const std::string seed = real.SerializeAsString();
     std::mt19937 rng(11);
     auto with_token = [](grpc::ClientContext* c) { TestClusterAuth()->Attach(c); };
