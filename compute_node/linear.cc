@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/bfloat16.h"
 #include "common/base/logging.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/isa.h"
 
 namespace strata {
 namespace {
@@ -45,6 +47,22 @@ dnnl::engine& CpuEngine() {
   return *engine;
 }
 
+bool UseOneDnnBf16() {
+  static const bool use = [] {
+    if (kernels::ActiveCpuIsa() < kernels::CpuIsa::kAvx512) return false;
+    try {
+      const dnnl::memory::desc src({16, 64}, dt::bf16, tag::ab);
+      const dnnl::memory::desc weights({64, 64}, dt::bf16, tag::any);
+      const dnnl::memory::desc dst({16, 64}, dt::f32, tag::ab);
+      dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, dst), CpuEngine());
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return use;
+}
+
 int64_t RowsCapacity(int64_t m) {
   if (m <= 16) return m;
   if (m <= 128) return (m + 7) / 8 * 8;
@@ -72,6 +90,21 @@ absl::StatusOr<std::unique_ptr<Linear>> Linear::Create(
     ToBf16(*part, plain.data() + row * in);
     row += part->shape[0];
   }
+  std::vector<float> bias;
+  for (const TensorView* part : bias_parts) {
+    for (int64_t i = 0; i < part->num_elements(); ++i) bias.push_back(ElementAsFloat(*part, i));
+  }
+  CHECK(bias.empty() || static_cast<int64_t>(bias.size()) == out);
+  linear->has_bias_ = !bias.empty();
+  if (!UseOneDnnBf16()) {
+    linear->own_gemm_ = true;
+    linear->packed_.resize(kernels::PackedGemmWeightSize(out, in));
+    kernels::PackGemmWeight(plain.data(), out, in, linear->packed_.data());
+    linear->weight_bytes_ = linear->packed_.size() * sizeof(uint16_t);
+    linear->bias_values_ = std::move(bias);
+    return linear;
+  }
+
   dnnl::engine& engine = CpuEngine();
   dnnl::stream stream(engine);
   const dnnl::memory::desc plain_desc({in, out}, dt::bf16, tag::ba);
@@ -94,17 +127,9 @@ absl::StatusOr<std::unique_ptr<Linear>> Linear::Create(
   stream.wait();
   linear->weight_bytes_ = linear->weight_desc_.get_size();
 
-  if (!bias_parts.empty()) {
-    linear->has_bias_ = true;
+  if (linear->has_bias_) {
     linear->bias_ = dnnl::memory({{1, out}, dt::f32, tag::ab}, engine);
-    auto* bias = static_cast<float*>(linear->bias_.get_data_handle());
-    int64_t offset = 0;
-    for (const TensorView* part : bias_parts) {
-      for (int64_t i = 0; i < part->num_elements(); ++i)
-        bias[offset + i] = ElementAsFloat(*part, i);
-      offset += part->num_elements();
-    }
-    CHECK_EQ(offset, out);
+    std::memcpy(linear->bias_.get_data_handle(), bias.data(), bias.size() * sizeof(float));
   }
   return linear;
 }
@@ -163,6 +188,11 @@ const Linear::Primitives& Linear::PrimitivesFor(int64_t bucket_m) const {
 
 void Linear::Forward(int64_t m, const uint16_t* x, float* y, bool accumulate) const {
   if (m <= 0) return;
+  if (own_gemm_) {
+    kernels::GemmBf16(m, out_, in_, x, packed_.data(), has_bias_ ? bias_values_.data() : nullptr,
+                      accumulate, y);
+    return;
+  }
   const int64_t bucket = RowsCapacity(m);
   const Primitives& prims = PrimitivesFor(bucket);
   dnnl::engine& engine = CpuEngine();

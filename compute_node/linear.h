@@ -1,4 +1,5 @@
-// A linear layer y = x W^T (+ bias) on oneDNN's bf16 matmul with f32 accumulation.
+// A linear layer y = x W^T (+ bias) on oneDNN's bf16 matmul with f32 accumulation, or on
+// strata's own bf16 GEMM where oneDNN has none for the CPU (UseOneDnnBf16).
 //
 // The weight is given in Hugging Face layout, [out_features, in_features] (one or more
 // parts stacked along out_features, for fused QKV or gate/up projections), in F32, F16 or
@@ -59,6 +60,10 @@ class Linear {
   int64_t in_ = 0;
   int64_t out_ = 0;
   size_t weight_bytes_ = 0;
+  // Where oneDNN has no bf16 matmul: the weight packed for kernels::GemmBf16, and the bias.
+  bool own_gemm_ = false;
+  std::vector<uint16_t> packed_;
+  std::vector<float> bias_values_;
   dnnl::memory::desc weight_desc_;  // repacked layout
   dnnl::memory weight_;
   dnnl::memory bias_;  // f32 [1, out], or empty
@@ -76,6 +81,12 @@ int64_t NumRowBuckets(int64_t max_rows);
 
 // The process-wide oneDNN CPU engine.
 dnnl::engine& CpuEngine();
+
+// Whether linear layers run on oneDNN's bf16 matmul: where the active CPU path
+// (kernels/cpu/isa.h) is AVX-512 or later and oneDNN has the primitive. Elsewhere they run
+// on kernels::GemmBf16 (AVX2 or scalar), which multiplies the same bf16 values and sums in
+// f32, with the same independence of rows from the batch and the thread count.
+bool UseOneDnnBf16();
 
 }  // namespace strata
 
