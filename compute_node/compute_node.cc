@@ -31,13 +31,9 @@ absl::StatusOr<std::unique_ptr<ComputeNode>> ComputeNode::Create(
 namespace {
 
 // Points `remote` at the memory nodes of `config`.
-void SetMemoryNodes(RemoteAttention* remote, const control::ComputeConfig& config) {
-  std::vector<MemoryNodeAddress> nodes;
-  for (const control::MemoryNodeAddress& m : config.memory_nodes()) {
-    nodes.push_back({PoolIndex(m.pool_index()), m.name(), m.data_address()});
-  }
-  remote->SetMemoryNodes(config.epoch(), nodes);
-  LOG(INFO) << "disaggregated mode: " << nodes.size() << " memory node(s)";
+void SetMemoryNodes(RemoteAttention* remote, const ComputeConfig& config) {
+  remote->SetMemoryNodes(config.epoch, config.memory_nodes);
+  LOG(INFO) << "disaggregated mode: " << config.memory_nodes.size() << " memory node(s)";
 }
 
 }  // namespace
@@ -48,26 +44,25 @@ int64_t ComputeNode::local_kv_slots() const {
   return options_.local_kv_budget_bytes / per_token;
 }
 
-absl::StatusOr<control::ComputeConfigAck> ComputeNode::Configure(
-    const control::ComputeConfig& config) {
-  control::ComputeConfigAck ack;
-  const bool disaggregated = config.disaggregated() || config.memory_nodes_size() > 0;
+absl::StatusOr<ComputeConfigAck> ComputeNode::Configure(const ComputeConfig& config) {
+  ComputeConfigAck ack;
+  const bool disaggregated = config.disaggregated || !config.memory_nodes.empty();
   if (RemoteAttention* remote = remote_ready_.load();
-      disaggregated && remote != nullptr && remote_epoch_.load() == config.epoch()) {
+      disaggregated && remote != nullptr && remote_epoch_.load() == config.epoch) {
     // The same scheduler with another set of memory nodes (one died, one came back): no
     // need to wait for the step in flight, which may be waiting on the node that is gone.
     // Closing its connection ends that wait now rather than at the layer deadline.
     SetMemoryNodes(remote, config);
-    ack.set_local_kv_slots(0);
+    ack.local_kv_slots = 0;
     return ack;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (epoch_ != config.epoch()) {
+  if (epoch_ != config.epoch) {
     // A new scheduler: forget every request of the previous one.
     engine_.reset();
     local_.reset();
     ready_.store(false);
-    epoch_ = config.epoch();
+    epoch_ = config.epoch;
   }
   if (disaggregated) {
     if (local_ != nullptr) {
@@ -83,9 +78,9 @@ absl::StatusOr<control::ComputeConfigAck> ComputeNode::Configure(
           runner_.get(), remote_.get(), StepEngineOptions{options_.max_batch_rows, max_model_len_});
     }
     ready_.store(true);
-    remote_epoch_.store(config.epoch());
+    remote_epoch_.store(config.epoch);
     remote_ready_.store(remote_.get());
-    ack.set_local_kv_slots(0);
+    ack.local_kv_slots = 0;
     return ack;
   }
   if (remote_ != nullptr && engine_ != nullptr) {
@@ -106,7 +101,7 @@ absl::StatusOr<control::ComputeConfigAck> ComputeNode::Configure(
   }
   ready_.store(true);
   kv_slots_total_.store(local_->engine().store().num_slots());
-  ack.set_local_kv_slots(local_kv_slots());
+  ack.local_kv_slots = local_kv_slots();
   return ack;
 }
 
@@ -132,27 +127,27 @@ StepResult ComputeNode::Execute(const StepPlan& plan) {
   return result;
 }
 
-control::ModelShape ComputeNode::shape() const {
+ModelShape ComputeNode::shape() const {
   const ModelConfig& c = weights_->config;
-  control::ModelShape s;
-  s.set_name(options_.served_model_name);
-  s.set_num_layers(c.num_layers);
-  s.set_num_heads(c.num_heads);
-  s.set_num_kv_heads(c.num_kv_heads);
-  s.set_head_dim(c.head_dim);
-  s.set_kv_dtype("bf16");
-  s.set_vocab_size(c.vocab_size);
-  s.set_max_position_embeddings(max_model_len_);
+  ModelShape s;
+  s.name = options_.served_model_name;
+  s.num_layers = c.num_layers;
+  s.num_heads = c.num_heads;
+  s.num_kv_heads = c.num_kv_heads;
+  s.head_dim = c.head_dim;
+  s.kv_dtype = "bf16";
+  s.vocab_size = c.vocab_size;
+  s.max_position_embeddings = max_model_len_;
   return s;
 }
 
-control::NodeStatus ComputeNode::Status() const {
+NodeStatus ComputeNode::Status() const {
   // Never waits for a step: heartbeats must flow while a step waits on a memory node.
-  control::NodeStatus status;
-  status.set_ready(ready_.load());
-  status.set_steps_executed(steps_.load());
-  status.set_kv_slots_total(kv_slots_total_.load());
-  status.set_kv_slots_in_tables(kv_slots_used_.load());
+  NodeStatus status;
+  status.ready = ready_.load();
+  status.steps_executed = steps_.load();
+  status.kv_slots_total = kv_slots_total_.load();
+  status.kv_slots_in_tables = kv_slots_used_.load();
   return status;
 }
 

@@ -17,13 +17,13 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/protocol/node_config.h"
 #include "common/protocol/step.h"
 #include "compute_node/attention_backend.h"
 #include "compute_node/model_runner.h"
 #include "compute_node/model_weights.h"
 #include "compute_node/remote_attention.h"
 #include "compute_node/step_engine.h"
-#include "proto/control.pb.h"
 
 namespace strata {
 
@@ -45,11 +45,11 @@ class ComputeNode {
 
   // Sets the topology. Co-located: allocates the local KV cache (once). Disaggregated:
   // (re)points the data plane at the memory nodes.
-  absl::StatusOr<control::ComputeConfigAck> Configure(const control::ComputeConfig& config);
+  absl::StatusOr<ComputeConfigAck> Configure(const ComputeConfig& config);
   StepResult Execute(const StepPlan& plan);
 
-  control::ModelShape shape() const;
-  control::NodeStatus Status() const;
+  ModelShape shape() const;
+  NodeStatus Status() const;
   // Null in co-located mode.
   const RemoteAttention* remote() const { return remote_.get(); }
   const ModelConfig& model_config() const { return weights_->config; }

@@ -1,8 +1,6 @@
 // compute_node: holds the model weights and runs every layer but attention.
 //
 //   compute_node --model=DIR --scheduler=HOST:PORT [--port=0] [--threads=N]
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <omp.h>
 
 #include "absl/flags/flag.h"
@@ -12,10 +10,10 @@
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
 #include "common/control/cluster_flags.h"
-#include "common/control/node_agent.h"
-#include "common/control/version.h"
+#include "common/control/node_main.h"
 #include "common/metrics/metrics.h"
 #include "common/model/model_config.h"
+#include "common/protocol/node_config_proto.h"
 #include "common/transport/transport_flags.h"
 #include "compute_node/compute_node.h"
 #include "compute_node/node_metrics.h"
@@ -93,57 +91,21 @@ int main(int argc, char** argv) {
     return 1;
   }
   node_metrics.Attach(node->get());
-  auto metrics_endpoint = strata::metrics::MetricsEndpoint::StartIfEnabled(
-      absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_metrics_port), registry);
-  if (!metrics_endpoint.ok()) {
-    LOG(ERROR) << metrics_endpoint.status();
-    return 1;
-  }
-
-  strata::control::NodeInfo info;
-  info.set_role(strata::control::ROLE_COMPUTE);
-  info.set_name(absl::GetFlag(FLAGS_name));
-  info.set_protocol_version(strata::kProtocolVersion);
-  info.set_build_version(strata::kBuildVersion);
-  info.set_cpu_isa(strata::kernels::CpuIsaName(strata::kernels::ActiveCpuIsa()));
-  info.set_kv_budget_bytes(options.local_kv_budget_bytes);
-  *info.mutable_model() = (*node)->shape();
-
-  int port = 0;
-  // grpc.health.v1.Health for Kubernetes' gRPC probes: "" (the process is up) and
-  // "strata.ready" (registered and configured), refreshed below.
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::ServerBuilder builder;
-  builder.SetMaxReceiveMessageSize(256 << 20);
-  builder.SetMaxSendMessageSize(256 << 20);
-  builder.AddListeningPort(absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port)),
-                           (*auth)->ServerCredentials(), &port);
-  strata::ComputeNodeService service(node->get(), info, *auth);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    LOG(ERROR) << "cannot listen on " << absl::GetFlag(FLAGS_host) << ":"
-               << absl::GetFlag(FLAGS_port);
-    return 1;
-  }
-  info.set_control_address(absl::StrCat(absl::GetFlag(FLAGS_host), ":", port));
-  LOG(INFO) << "compute node listening on " << info.control_address() << " (" << info.cpu_isa()
-            << " kernels, " << omp_get_max_threads() << " threads)";
-
-  strata::NodeAgent agent(
-      absl::GetFlag(FLAGS_scheduler), info, [&] { return (*node)->Status(); }, *auth);
-  agent.Start();
-  while (!strata::WaitForShutdownFor(absl::Milliseconds(200))) {
-    if (auto* health = server->GetHealthCheckService()) {
-      health->SetServingStatus("strata.ready", (*node)->Status().ready());
-    }
-    if (!agent.fatal_error().empty()) {
-      LOG(ERROR) << "giving up: " << agent.fatal_error();
-      break;
-    }
-  }
-  agent.Stop();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  metrics_endpoint->reset();
-  return agent.fatal_error().empty() ? 0 : 1;
+  strata::NodeProcess process;
+  process.host = absl::GetFlag(FLAGS_host);
+  process.port = absl::GetFlag(FLAGS_port);
+  process.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  process.scheduler = absl::GetFlag(FLAGS_scheduler);
+  process.max_message_bytes = 256 << 20;  // step plans and results of large batches
+  process.auth = *auth;
+  process.registry = registry;
+  process.info = strata::MakeNodeInfo(strata::control::ROLE_COMPUTE, absl::GetFlag(FLAGS_name),
+                                      strata::kernels::CpuIsaName(strata::kernels::ActiveCpuIsa()));
+  process.info.set_kv_budget_bytes(options.local_kv_budget_bytes);
+  *process.info.mutable_model() = strata::ToProto((*node)->shape());
+  strata::ComputeNodeService service(node->get(), process.info, *auth);
+  process.service = &service;
+  process.status = [&] { return strata::ToProto((*node)->Status()); };
+  process.description = absl::StrCat(", ", omp_get_max_threads(), " threads");
+  return strata::ServeNode(std::move(process));
 }

@@ -94,10 +94,10 @@ void ComputeNodeMetrics::Refresh() {
   gemm_primitives_->Set(static_cast<double>(NumGemmPrimitives()));
   const ComputeNode* node = compute_node_.load();
   if (node == nullptr) return;
-  const control::NodeStatus status = node->Status();
+  const NodeStatus status = node->Status();
   const bool remote = node->remote() != nullptr;
-  kv_total_->Set(remote ? 0 : static_cast<double>(status.kv_slots_total()));
-  kv_used_->Set(remote ? 0 : static_cast<double>(status.kv_slots_in_tables()));
+  kv_total_->Set(remote ? 0 : static_cast<double>(status.kv_slots_total));
+  kv_used_->Set(remote ? 0 : static_cast<double>(status.kv_slots_in_tables));
   if (!remote) return;
   const RemoteAttentionStats s = node->remote()->stats();
   for (const auto& [peer, b] : s.by_peer) {

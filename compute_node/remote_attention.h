@@ -41,6 +41,7 @@
 #include "common/base/enum_names.h"
 #include "common/model/model_config.h"
 #include "common/protocol/attention_wire.h"
+#include "common/protocol/node_config.h"
 #include "common/transport/frame.h"
 #include "common/transport/transport.h"
 #include "compute_node/attention_backend.h"
@@ -67,12 +68,6 @@ struct RemoteAttentionOptions {
   // Called on the step thread after each layer with the seconds from its first send to its
   // last answer (the attention round trip); may be empty.
   std::function<void(double seconds)> on_layer_round_trip;
-};
-
-struct MemoryNodeAddress {
-  PoolIndex pool;
-  std::string name;
-  std::string data_address;
 };
 
 struct RemoteAttentionStats {

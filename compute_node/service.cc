@@ -3,6 +3,7 @@
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
 #include "common/control/grpc_status.h"
+#include "common/protocol/node_config_proto.h"
 #include "common/protocol/step_proto.h"
 
 namespace strata {
@@ -12,9 +13,9 @@ grpc::Status ComputeNodeService::Configure(grpc::ServerContext* context,
                                            const control::ComputeConfig* request,
                                            control::ComputeConfigAck* response) {
   if (grpc::Status auth = auth_->Check(context); !auth.ok()) return auth;
-  auto ack = node_->Configure(*request);
+  auto ack = node_->Configure(FromProto(*request));
   if (!ack.ok()) return ToGrpcStatus(ack.status());
-  *response = *ack;
+  *response = ToProto(*ack);
   return grpc::Status::OK;
 }
 
@@ -45,7 +46,7 @@ grpc::Status ComputeNodeService::Health(grpc::ServerContext* context, const cont
                                         control::HealthResponse* response) {
   if (grpc::Status auth = auth_->Check(context); !auth.ok()) return auth;
   *response->mutable_node() = info_;
-  *response->mutable_status() = node_->Status();
+  *response->mutable_status() = ToProto(node_->Status());
   return grpc::Status::OK;
 }
 

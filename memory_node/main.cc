@@ -2,8 +2,6 @@
 //
 //   memory_node --scheduler=HOST:PORT [--name=memory-0] [--kv_budget_mib=4096]
 //               [--data_address=HOST:0] [--ucx_tls=tcp] [--threads=N]
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <omp.h>
 
 #include "absl/flags/flag.h"
@@ -14,9 +12,9 @@
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
 #include "common/control/cluster_flags.h"
-#include "common/control/node_agent.h"
-#include "common/control/version.h"
+#include "common/control/node_main.h"
 #include "common/metrics/metrics.h"
+#include "common/protocol/node_config_proto.h"
 #include "common/transport/transport_flags.h"
 #include "kernels/cpu/isa.h"
 #include "memory_node/memory_server.h"
@@ -66,65 +64,25 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  strata::control::NodeInfo info;
-  info.set_role(strata::control::ROLE_MEMORY);
-  info.set_name(absl::GetFlag(FLAGS_name));
-  info.set_protocol_version(strata::kProtocolVersion);
-  info.set_build_version(strata::kBuildVersion);
-  info.set_cpu_isa(strata::kernels::CpuIsaName(strata::kernels::ActiveCpuIsa()));
-  info.set_kv_budget_bytes(absl::GetFlag(FLAGS_kv_budget_mib) << 20);
-  info.set_data_address((*server)->data_address());
-  info.set_transport((*server)->capabilities().ToString());
-
   auto registry = std::make_shared<strata::metrics::MetricsRegistry>();
   strata::RegisterMemoryNodeMetrics(*registry, absl::GetFlag(FLAGS_name), server->get());
-  auto metrics_endpoint = strata::metrics::MetricsEndpoint::StartIfEnabled(
-      absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_metrics_port), registry);
-  if (!metrics_endpoint.ok()) {
-    LOG(ERROR) << metrics_endpoint.status();
-    return 1;
-  }
 
-  int port = 0;
-  // grpc.health.v1.Health for Kubernetes' gRPC probes: "" (the process is up) and
-  // "strata.ready" (registered and configured), refreshed below.
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port)),
-                           (*auth)->ServerCredentials(), &port);
-  strata::MemoryNodeService service(server->get(), info, *auth);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
-  if (grpc_server == nullptr || port == 0) {
-    LOG(ERROR) << "cannot listen on " << absl::GetFlag(FLAGS_host) << ":"
-               << absl::GetFlag(FLAGS_port);
-    return 1;
-  }
-  info.set_control_address(absl::StrCat(absl::GetFlag(FLAGS_host), ":", port));
-  LOG(INFO) << "memory node listening on " << info.control_address() << " (control) and "
-            << info.data_address() << " (data: " << info.transport() << "), " << info.cpu_isa()
-            << " kernels, " << omp_get_max_threads() << " threads on cores "
-            << strata::FormatCpuList(strata::AllowedCpus());
-
-  // Standalone (no --scheduler): configured by direct RPC, as benchmarks do.
-  std::unique_ptr<strata::NodeAgent> agent;
-  if (!absl::GetFlag(FLAGS_scheduler).empty()) {
-    agent = std::make_unique<strata::NodeAgent>(
-        absl::GetFlag(FLAGS_scheduler), info, [&] { return (*server)->Status(); }, *auth);
-    agent->Start();
-  }
-  std::string fatal;
-  while (!strata::WaitForShutdownFor(absl::Milliseconds(200))) {
-    if (auto* health = grpc_server->GetHealthCheckService()) {
-      health->SetServingStatus("strata.ready", (*server)->Status().ready());
-    }
-    if (agent != nullptr && !(fatal = agent->fatal_error()).empty()) {
-      LOG(ERROR) << "giving up: " << fatal;
-      break;
-    }
-  }
-  if (agent != nullptr) agent->Stop();
-  grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  metrics_endpoint->reset();
-  return fatal.empty() ? 0 : 1;
+  strata::NodeProcess process;
+  process.host = absl::GetFlag(FLAGS_host);
+  process.port = absl::GetFlag(FLAGS_port);
+  process.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  process.scheduler = absl::GetFlag(FLAGS_scheduler);
+  process.auth = *auth;
+  process.registry = registry;
+  process.info = strata::MakeNodeInfo(strata::control::ROLE_MEMORY, absl::GetFlag(FLAGS_name),
+                                      strata::kernels::CpuIsaName(strata::kernels::ActiveCpuIsa()));
+  process.info.set_kv_budget_bytes(absl::GetFlag(FLAGS_kv_budget_mib) << 20);
+  process.info.set_data_address((*server)->data_address());
+  process.info.set_transport((*server)->capabilities().ToString());
+  strata::MemoryNodeService service(server->get(), process.info, *auth);
+  process.service = &service;
+  process.status = [&] { return strata::ToProto((*server)->Status()); };
+  process.description = absl::StrCat(", ", omp_get_max_threads(), " threads on cores ",
+                                     strata::FormatCpuList(strata::AllowedCpus()));
+  return strata::ServeNode(std::move(process));
 }

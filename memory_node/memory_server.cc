@@ -63,75 +63,74 @@ MemoryServer::~MemoryServer() {
   transport_.reset();  // completes every send before buffers go
 }
 
-absl::StatusOr<control::MemoryConfigAck> MemoryServer::Configure(
-    const control::MemoryConfig& config) {
-  const control::ModelShape& m = config.model();
-  if (m.num_layers() == 0 || m.num_heads() == 0 || m.num_kv_heads() == 0 || m.head_dim() == 0 ||
-      m.num_heads() % m.num_kv_heads() != 0 || m.head_dim() % 16 != 0) {
+absl::StatusOr<MemoryConfigAck> MemoryServer::Configure(const MemoryConfig& config) {
+  const ModelShape& m = config.model;
+  if (m.num_layers == 0 || m.num_heads == 0 || m.num_kv_heads == 0 || m.head_dim == 0 ||
+      m.num_heads % m.num_kv_heads != 0 || m.head_dim % 16 != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("unusable model shape: ", m.num_layers(), " layers, ", m.num_heads(),
-                     " heads, ", m.num_kv_heads(), " KV heads, head dim ", m.head_dim()));
+        absl::StrCat("unusable model shape: ", m.num_layers, " layers, ", m.num_heads, " heads, ",
+                     m.num_kv_heads, " KV heads, head dim ", m.head_dim));
   }
-  if (m.kv_dtype() != "bf16") {
-    return absl::InvalidArgumentError(absl::StrCat("KV dtype \"", m.kv_dtype(), "\""));
+  if (m.kv_dtype != "bf16") {
+    return absl::InvalidArgumentError(absl::StrCat("KV dtype \"", m.kv_dtype, "\""));
   }
-  if (config.num_slots() == 0) return absl::InvalidArgumentError("no KV slots");
+  if (config.num_slots == 0) return absl::InvalidArgumentError("no KV slots");
   std::lock_guard<std::mutex> lock(engine_mu_);
   const bool same_shape = engine_ != nullptr &&
-                          dims_.num_layers == static_cast<int>(m.num_layers()) &&
-                          dims_.num_heads == static_cast<int>(m.num_heads()) &&
-                          dims_.num_kv_heads == static_cast<int>(m.num_kv_heads()) &&
-                          dims_.head_dim == static_cast<int>(m.head_dim()) &&
-                          engine_->store().num_slots() == static_cast<int64_t>(config.num_slots());
+                          dims_.num_layers == static_cast<int>(m.num_layers) &&
+                          dims_.num_heads == static_cast<int>(m.num_heads) &&
+                          dims_.num_kv_heads == static_cast<int>(m.num_kv_heads) &&
+                          dims_.head_dim == static_cast<int>(m.head_dim) &&
+                          engine_->store().num_slots() == static_cast<int64_t>(config.num_slots);
   peers_.clear();  // steps in flight belong to the previous configuration
   if (same_shape) {
     engine_->Reset();  // the scheduler starts this pool empty
-    epoch_ = config.epoch();
-    pool_ = PoolIndex(config.pool_index());
+    epoch_ = config.epoch;
+    pool_ = config.pool;
     LOG(INFO) << "reconfigured as pool " << pool_ << " of epoch " << epoch_ << " (KV dropped)";
   } else {
     AttentionEngineConfig engine_config;
-    engine_config.store.num_layers = m.num_layers();
-    engine_config.store.num_kv_heads = m.num_kv_heads();
-    engine_config.store.head_dim = m.head_dim();
+    engine_config.store.num_layers = m.num_layers;
+    engine_config.store.num_kv_heads = m.num_kv_heads;
+    engine_config.store.head_dim = m.head_dim;
     engine_config.store.dtype = kernels::KvDType::kBF16;
-    engine_config.store.num_slots = static_cast<int64_t>(config.num_slots());
+    engine_config.store.num_slots = static_cast<int64_t>(config.num_slots);
     engine_config.store.prefault = options_.prefault_kv;
-    engine_config.num_heads = m.num_heads();
+    engine_config.num_heads = m.num_heads;
     engine_.reset();  // free the old store before allocating the new one
     ready_.store(false);
     const absl::Time start = absl::Now();
     ASSIGN_OR_RETURN(engine_, AttentionEngine::Create(engine_config));
-    dims_ = {static_cast<int>(m.num_layers()), static_cast<int>(m.num_heads()),
-             static_cast<int>(m.num_kv_heads()), static_cast<int>(m.head_dim())};
-    epoch_ = config.epoch();
-    pool_ = PoolIndex(config.pool_index());
+    dims_ = {static_cast<int>(m.num_layers), static_cast<int>(m.num_heads),
+             static_cast<int>(m.num_kv_heads), static_cast<int>(m.head_dim)};
+    epoch_ = config.epoch;
+    pool_ = config.pool;
     LOG(INFO) << "configured as pool " << pool_ << " of epoch " << epoch_ << ": "
-              << config.num_slots() << " KV slots (" << engine_->store().total_bytes() / (1 << 20)
-              << " MiB) for " << m.name() << " in " << absl::FormatDuration(absl::Now() - start);
+              << config.num_slots << " KV slots (" << engine_->store().total_bytes() / (1 << 20)
+              << " MiB) for " << m.name << " in " << absl::FormatDuration(absl::Now() - start);
   }
   ready_.store(true);
   PublishKvLocked();
-  control::MemoryConfigAck ack;
-  ack.set_num_slots(engine_->store().num_slots());
-  ack.set_kv_bytes(engine_->store().total_bytes());
+  MemoryConfigAck ack;
+  ack.num_slots = engine_->store().num_slots();
+  ack.kv_bytes = engine_->store().total_bytes();
   return ack;
 }
 
-control::NodeStatus MemoryServer::Status() const {
+NodeStatus MemoryServer::Status() const {
   // Never waits for attention or for a configuration in progress: heartbeats must flow.
-  control::NodeStatus status;
-  status.set_ready(ready_.load());
-  status.set_kv_slots_total(kv_slots_.load());
-  status.set_kv_slots_in_tables(kv_positions_.load());
+  NodeStatus status;
+  status.ready = ready_.load();
+  status.kv_slots_total = kv_slots_.load();
+  status.kv_slots_in_tables = kv_positions_.load();
   std::lock_guard<std::mutex> stats_lock(stats_mu_);
-  status.set_steps_executed(stats_.steps);
-  status.set_attention_us(static_cast<uint64_t>(stats_.attention_seconds * 1e6));
-  status.set_layer_frames(stats_.layer_frames);
-  status.set_bytes_received(stats_.bytes_received);
-  status.set_bytes_sent(stats_.bytes_sent);
-  status.set_checksum_failures(stats_.checksum_failures);
-  status.set_malformed_frames(stats_.malformed_frames);
+  status.steps_executed = stats_.steps;
+  status.attention_us = static_cast<uint64_t>(stats_.attention_seconds * 1e6);
+  status.layer_frames = stats_.layer_frames;
+  status.bytes_received = stats_.bytes_received;
+  status.bytes_sent = stats_.bytes_sent;
+  status.checksum_failures = stats_.checksum_failures;
+  status.malformed_frames = stats_.malformed_frames;
   return status;
 }
 

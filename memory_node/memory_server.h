@@ -31,10 +31,10 @@
 
 #include "absl/status/statusor.h"
 #include "common/protocol/attention_wire.h"
+#include "common/protocol/node_config.h"
 #include "common/transport/frame.h"
 #include "common/transport/transport.h"
 #include "memory_node/attention_engine.h"
-#include "proto/control.pb.h"
 
 namespace strata {
 
@@ -76,8 +76,8 @@ class MemoryServer : public transport::MessageHandler {
 
   // From the scheduler: the model shape and the number of KV slots. A new epoch drops every
   // table of the previous one (the KV store is reused when its shape is unchanged).
-  absl::StatusOr<control::MemoryConfigAck> Configure(const control::MemoryConfig& config);
-  control::NodeStatus Status() const;
+  absl::StatusOr<MemoryConfigAck> Configure(const MemoryConfig& config);
+  NodeStatus Status() const;
   MemoryServerStats stats() const;
 
   // transport::MessageHandler (the transport thread).

@@ -93,16 +93,15 @@ class MemoryServerTest : public ::testing::Test {
     auto server = MemoryServer::Create(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
-    control::MemoryConfig config;
-    config.set_epoch(kEpoch);
-    config.set_pool_index(3);
-    control::ModelShape* m = config.mutable_model();
-    m->set_num_layers(kLayers);
-    m->set_num_heads(kHeads);
-    m->set_num_kv_heads(kKvHeads);
-    m->set_head_dim(kDim);
-    m->set_kv_dtype("bf16");
-    config.set_num_slots(1000);
+    MemoryConfig config;
+    config.epoch = kEpoch;
+    config.pool = PoolIndex(3);
+    config.model.num_layers = kLayers;
+    config.model.num_heads = kHeads;
+    config.model.num_kv_heads = kKvHeads;
+    config.model.head_dim = kDim;
+    config.model.kv_dtype = "bf16";
+    config.num_slots = 1000;
     ASSERT_TRUE(server_->Configure(config).ok());
     client_ = std::make_unique<Client>(server_->data_address());
   }
@@ -270,23 +269,23 @@ TEST_F(MemoryServerTest, BadFramesGetErrorsAndTheServerKeepsServing) {
 }
 
 TEST_F(MemoryServerTest, RejectsAnUnusableConfiguration) {
-  control::MemoryConfig config;
-  config.set_epoch(1);
-  config.mutable_model()->set_num_layers(2);
-  config.mutable_model()->set_num_heads(3);
-  config.mutable_model()->set_num_kv_heads(2);  // does not divide
-  config.mutable_model()->set_head_dim(64);
-  config.mutable_model()->set_kv_dtype("bf16");
-  config.set_num_slots(10);
+  MemoryConfig config;
+  config.epoch = 1;
+  config.model.num_layers = 2;
+  config.model.num_heads = 3;
+  config.model.num_kv_heads = 2;  // does not divide
+  config.model.head_dim = 64;
+  config.model.kv_dtype = "bf16";
+  config.num_slots = 10;
   EXPECT_FALSE(server_->Configure(config).ok());
-  config.mutable_model()->set_num_heads(4);
-  config.mutable_model()->set_kv_dtype("fp8");
+  config.model.num_heads = 4;
+  config.model.kv_dtype = "fp8";
   EXPECT_FALSE(server_->Configure(config).ok());
-  config.mutable_model()->set_kv_dtype("bf16");
-  config.set_num_slots(0);
+  config.model.kv_dtype = "bf16";
+  config.num_slots = 0;
   EXPECT_FALSE(server_->Configure(config).ok());
   // The previous configuration still serves.
-  EXPECT_TRUE(server_->Status().ready());
+  EXPECT_TRUE(server_->Status().ready);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
 #include "common/control/grpc_status.h"
+#include "common/protocol/node_config_proto.h"
 
 namespace strata {
 
@@ -10,12 +11,12 @@ grpc::Status MemoryNodeService::Configure(grpc::ServerContext* context,
                                           const control::MemoryConfig* request,
                                           control::MemoryConfigAck* response) {
   if (grpc::Status auth = auth_->Check(context); !auth.ok()) return auth;
-  auto ack = server_->Configure(*request);
+  auto ack = server_->Configure(FromProto(*request));
   if (!ack.ok()) {
     LOG(ERROR) << "configuration refused: " << ack.status();
     return ToGrpcStatus(ack.status());
   }
-  *response = *ack;
+  *response = ToProto(*ack);
   return grpc::Status::OK;
 }
 
@@ -23,7 +24,7 @@ grpc::Status MemoryNodeService::Health(grpc::ServerContext* context, const contr
                                        control::HealthResponse* response) {
   if (grpc::Status auth = auth_->Check(context); !auth.ok()) return auth;
   *response->mutable_node() = info_;
-  *response->mutable_status() = server_->Status();
+  *response->mutable_status() = ToProto(server_->Status());
   return grpc::Status::OK;
 }
 

@@ -1,0 +1,76 @@
+// What the scheduler tells a node when it configures it, what the node answers, and the
+// status a node reports: plain structs. The nodes' cores (MemoryServer, ComputeNode) take
+// and return these; their gRPC services convert at the edge (node_config_proto.h).
+#ifndef STRATA_COMMON_PROTOCOL_NODE_CONFIG_H_
+#define STRATA_COMMON_PROTOCOL_NODE_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/protocol/step_plan.h"
+
+namespace strata {
+
+// The model as the KV side sees it.
+struct ModelShape {
+  std::string name;
+  uint32_t num_layers = 0;
+  uint32_t num_heads = 0;
+  uint32_t num_kv_heads = 0;
+  uint32_t head_dim = 0;
+  std::string kv_dtype;  // "bf16" or "f16"
+  uint32_t vocab_size = 0;
+  uint32_t max_position_embeddings = 0;
+};
+
+// A node's state for heartbeats, health checks and metrics.
+struct NodeStatus {
+  bool ready = false;
+  uint64_t kv_slots_total = 0;
+  uint64_t kv_slots_in_tables = 0;  // positions held in request slot tables
+  uint64_t steps_executed = 0;
+  std::string error;
+  // Memory nodes: data-plane totals since start.
+  uint64_t attention_us = 0;
+  uint64_t layer_frames = 0;
+  uint64_t bytes_received = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t checksum_failures = 0;
+  uint64_t malformed_frames = 0;
+};
+
+// Scheduler -> memory node: its pool, the model and its KV slots, for one epoch.
+struct MemoryConfig {
+  uint64_t epoch = 0;
+  PoolIndex pool;
+  ModelShape model;
+  uint64_t num_slots = 0;
+};
+
+struct MemoryConfigAck {
+  uint64_t num_slots = 0;
+  uint64_t kv_bytes = 0;
+};
+
+struct MemoryNodeAddress {
+  PoolIndex pool;
+  std::string name;
+  std::string data_address;
+};
+
+// Scheduler -> compute node: where attention runs. Co-located mode has no memory nodes; in
+// disaggregated mode the list holds the live memory nodes (possibly none for a while).
+struct ComputeConfig {
+  uint64_t epoch = 0;
+  std::vector<MemoryNodeAddress> memory_nodes;
+  bool disaggregated = false;
+};
+
+struct ComputeConfigAck {
+  uint64_t local_kv_slots = 0;  // co-located mode: slots of the node's own KV cache
+};
+
+}  // namespace strata
+
+#endif  // STRATA_COMMON_PROTOCOL_NODE_CONFIG_H_

@@ -1,0 +1,24 @@
+// Conversions between the node configuration structs (node_config.h) and their protos in
+// proto/control.proto, for the nodes' gRPC edges.
+#ifndef STRATA_COMMON_PROTOCOL_NODE_CONFIG_PROTO_H_
+#define STRATA_COMMON_PROTOCOL_NODE_CONFIG_PROTO_H_
+
+#include "common/protocol/node_config.h"
+#include "proto/control.pb.h"
+
+namespace strata {
+
+control::ModelShape ToProto(const ModelShape& shape);
+ModelShape FromProto(const control::ModelShape& in);
+
+control::NodeStatus ToProto(const NodeStatus& status);
+
+MemoryConfig FromProto(const control::MemoryConfig& in);
+control::MemoryConfigAck ToProto(const MemoryConfigAck& ack);
+
+ComputeConfig FromProto(const control::ComputeConfig& in);
+control::ComputeConfigAck ToProto(const ComputeConfigAck& ack);
+
+}  // namespace strata
+
+#endif  // STRATA_COMMON_PROTOCOL_NODE_CONFIG_PROTO_H_
