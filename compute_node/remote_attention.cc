@@ -137,7 +137,7 @@ absl::Status RemoteAttention::ConnectPool(PoolIndex index, Share& share) {
   return absl::OkStatus();
 }
 
-void RemoteAttention::FailShare(Share& share, const std::string& why, bool dead) {
+void RemoteAttention::FailShare(Share& share, const absl::Status& why, bool dead) {
   if (share.failed) return;
   share.failed = true;
   share.why = why;
@@ -158,8 +158,11 @@ void RemoteAttention::FailShare(Share& share, const std::string& why, bool dead)
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   for (SequenceId id : ids) {
-    outcome_.failed.emplace_back(id, absl::UnavailableError(absl::StrCat(
-                                         "memory node of pool ", share.pool, " failed: ", why)));
+    // The request may run again elsewhere: Unavailable, with the memory node's own status
+    // (code and message) as the reason.
+    outcome_.failed.emplace_back(
+        id, absl::UnavailableError(
+                absl::StrCat("memory node of pool ", share.pool, " failed: ", why.ToString())));
   }
 }
 
@@ -262,7 +265,7 @@ absl::Status RemoteAttention::BeginStep(const StepKvPlan& plan) {
       continue;
     }
     if (!status.ok()) {
-      FailShare(share, std::string(status.message()), /*dead=*/true);
+      FailShare(share, status, /*dead=*/true);
       continue;
     }
     auto body = std::make_shared<std::string>(EncodeStepShare(share.share));
@@ -358,13 +361,13 @@ absl::Status RemoteAttention::Attend(int layer, BatchBuffers& b, int64_t m) {
   };
   std::vector<Outgoing> outgoing;
   for (Share& share : shares_) {
-    std::string why;
+    absl::Status why;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = pending_errors_.find(share.peer);
       if (share.peer != 0 && it != pending_errors_.end()) why = it->second;
     }
-    if (!why.empty()) FailShare(share, absl::StrCat("memory node: ", why), /*dead=*/false);
+    if (!why.ok()) FailShare(share, why, /*dead=*/false);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -474,19 +477,20 @@ absl::Status RemoteAttention::Attend(int layer, BatchBuffers& b, int64_t m) {
     }
     if (!e.arrived) {
       if (dead_peer) {
-        FailShare(share, "the connection closed", /*dead=*/true);
+        FailShare(share, absl::UnavailableError("the connection closed"), /*dead=*/true);
       } else {
         {
           std::lock_guard<std::mutex> lock(mu_);
           ++stats_.timeouts;
         }
-        FailShare(share,
-                  absl::StrCat("no answer for layer ", layer, " within ",
-                               absl::FormatDuration(options_.layer_timeout)),
-                  /*dead=*/true);
+        FailShare(
+            share,
+            absl::DeadlineExceededError(absl::StrCat("no answer for layer ", layer, " within ",
+                                                     absl::FormatDuration(options_.layer_timeout))),
+            /*dead=*/true);
       }
     } else if (!e.status.ok()) {
-      FailShare(share, std::string(e.status.message()), /*dead=*/false);
+      FailShare(share, e.status, /*dead=*/false);
     } else {
       outcome_.bytes_received += sizeof(FrameHeader) + e.dest.size();
     }
@@ -587,13 +591,13 @@ void RemoteAttention::Deliver(PeerId from, std::span<const uint8_t> header_bytes
   }
   if (h.kind == static_cast<uint16_t>(FrameKind::kError)) {
     ++stats_.error_frames;
-    const std::string why(reinterpret_cast<const char*>(payload.data()),
-                          std::min<size_t>(payload.size(), 4096));
+    // The memory node's status, its code included.
+    const absl::Status why = transport::ErrorFrameStatus(h, payload);
     // The memory node gave up on this step: every answer of that peer fails.
     for (Expected& e : expected_) {
       if (e.peer == from && !e.arrived) {
         e.arrived = true;
-        e.status = absl::InternalError(absl::StrCat("memory node: ", why));
+        e.status = why;
       }
     }
     pending_errors_[from] = why;

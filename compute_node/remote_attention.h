@@ -122,7 +122,7 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
     StepShare share;
     std::vector<MinibatchLayout> layouts;
     bool failed = false;
-    std::string why;
+    absl::Status why;  // why it failed, with the memory node's code where it sent one
   };
   // An answer this node waits for: one per (share, mini-batch) of the current layer.
   struct Expected {
@@ -147,7 +147,7 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
   RemoteAttention(const ModelConfig& config, RemoteAttentionOptions options);
   // Whether every answer of the current layer is in, or its peer is dead (mu_ held).
   bool LayerSettledLocked() const;
-  void FailShare(Share& share, const std::string& why, bool dead);
+  void FailShare(Share& share, const absl::Status& why, bool dead);
   absl::Status ConnectPool(PoolIndex pool, Share& share);
   void RunLocal(const std::vector<const LocalRow*>& rows, BatchBuffers& b, const float* states);
 
@@ -174,7 +174,7 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
   int layer_ = -1;
   std::vector<Expected> expected_;
   std::unordered_map<transport::PeerId, bool> dead_peers_;
-  std::unordered_map<transport::PeerId, std::string> pending_errors_;  // step-level errors
+  std::unordered_map<transport::PeerId, absl::Status> pending_errors_;  // step-level errors
   // Bytes per connection (under mu_), named by memory node in stats().
   struct PeerTraffic {
     std::string name;

@@ -275,10 +275,10 @@ void MemoryServer::Handle(Work& work) {
         std::lock_guard<std::mutex> lock(engine_mu_);
         auto it = peers_.find(work.peer);
         if (it != peers_.end() && it->second.share.step_id == header.step_id) {
-          it->second.error = std::string(status.message());
+          it->second.error = status;
         }
       }
-      SendError(work.peer, header, std::string(status.message()));
+      SendError(work.peer, header, status);
     }
     return;
   }
@@ -293,15 +293,16 @@ void MemoryServer::Handle(Work& work) {
       std::lock_guard<std::mutex> lock(stats_mu_);
       ++stats_.malformed_frames;
     }
-      SendError(work.peer, header,
-                absl::StrCat("a memory node does not take ", transport::FrameKindName(header.kind),
-                             " frames"));
+      SendError(
+          work.peer, header,
+          absl::InvalidArgumentError(absl::StrCat(
+              "a memory node does not take ", transport::FrameKindName(header.kind), " frames")));
   }
 }
 
 void MemoryServer::HandleStep(PeerId peer, const FrameHeader& header,
                               std::span<const uint8_t> payload) {
-  std::string error;
+  absl::Status error;
   {
     std::lock_guard<std::mutex> lock(engine_mu_);
     PeerState& state = peers_[peer];
@@ -310,23 +311,24 @@ void MemoryServer::HandleStep(PeerId peer, const FrameHeader& header,
     state.share.step_id = header.step_id;
     auto share = DecodeStepShare(payload);
     if (!share.ok()) {
-      error = std::string(share.status().message());
+      error = share.status();
     } else if (engine_ == nullptr) {
-      error = "this memory node is not configured yet";
+      error = absl::FailedPreconditionError("this memory node is not configured yet");
     } else if (share->epoch != epoch_ || header.epoch != epoch_) {
-      error =
-          absl::StrCat("step of epoch ", share->epoch, "; this memory node serves epoch ", epoch_);
+      error = absl::FailedPreconditionError(
+          absl::StrCat("step of epoch ", share->epoch, "; this memory node serves epoch ", epoch_));
     } else if (share->pool != pool_) {
-      error = absl::StrCat("step for pool ", share->pool, " reached pool ", pool_);
+      error = absl::InvalidArgumentError(
+          absl::StrCat("step for pool ", share->pool, " reached pool ", pool_));
     } else if (share->num_layers != static_cast<uint32_t>(dims_.num_layers)) {
-      error = absl::StrCat("step for a model of ", share->num_layers, " layers; this one has ",
-                           dims_.num_layers);
+      error = absl::InvalidArgumentError(absl::StrCat("step for a model of ", share->num_layers,
+                                                      " layers; this one has ", dims_.num_layers));
     } else if (share->step_id != header.step_id) {
-      error = "step descriptor and frame header disagree on the step";
+      error = absl::InvalidArgumentError("step descriptor and frame header disagree on the step");
     } else {
       auto prepared = engine_->Prepare(share->plan);
       if (!prepared.ok()) {
-        error = std::string(prepared.status().message());
+        error = prepared.status();
       } else {
         state.share = std::move(*share);
         state.prepared = std::move(*prepared);
@@ -339,9 +341,9 @@ void MemoryServer::HandleStep(PeerId peer, const FrameHeader& header,
   {
     std::lock_guard<std::mutex> lock(stats_mu_);
     ++stats_.steps;
-    if (!error.empty()) ++stats_.rejected_steps;
+    if (!error.ok()) ++stats_.rejected_steps;
   }
-  if (!error.empty()) {
+  if (!error.ok()) {
     LOG_FIRST_N(WARNING, 20) << "rejected step " << header.step_id << " from peer " << peer << ": "
                              << error;
     SendError(peer, header, error);
@@ -352,31 +354,37 @@ void MemoryServer::HandleLayer(PeerId peer, const FrameHeader& header,
                                std::span<const uint8_t> payload) {
   std::shared_ptr<std::vector<uint8_t>> reply;
   FrameHeader answer;
-  std::string error;
+  absl::Status error;
   double seconds = 0;
   {
     std::lock_guard<std::mutex> lock(engine_mu_);
     auto it = peers_.find(peer);
     if (it == peers_.end() || !it->second.has_step || it->second.share.step_id != header.step_id) {
-      error = absl::StrCat("layer frame of step ", header.step_id, " without its descriptor");
-    } else if (!it->second.error.empty()) {
+      error = absl::FailedPreconditionError(
+          absl::StrCat("layer frame of step ", header.step_id, " without its descriptor"));
+    } else if (!it->second.error.ok()) {
       error = it->second.error;
     } else {
       PeerState& state = it->second;
       const MinibatchLayout* m =
           header.minibatch < state.layouts.size() ? &state.layouts[header.minibatch] : nullptr;
       if (header.layer >= static_cast<uint32_t>(dims_.num_layers)) {
-        error = absl::StrCat("layer ", header.layer, " of a ", dims_.num_layers, "-layer model");
+        error = absl::InvalidArgumentError(
+            absl::StrCat("layer ", header.layer, " of a ", dims_.num_layers, "-layer model"));
       } else if (m == nullptr) {
-        error = absl::StrCat("mini-batch ", header.minibatch, " of ", state.layouts.size());
+        error = absl::InvalidArgumentError(
+            absl::StrCat("mini-batch ", header.minibatch, " of ", state.layouts.size()));
       } else if (header.rows != static_cast<uint32_t>(m->end - m->begin)) {
-        error = absl::StrCat("mini-batch ", header.minibatch, " has ", header.rows,
-                             " rows; the descriptor says ", m->end - m->begin);
+        error = absl::InvalidArgumentError(absl::StrCat("mini-batch ", header.minibatch, " has ",
+                                                        header.rows, " rows; the descriptor says ",
+                                                        m->end - m->begin));
       } else if (header.dtype != static_cast<uint16_t>(transport::FrameDType::kBF16)) {
-        error = absl::StrCat("rows of dtype ", header.dtype, "; this node stores bf16");
+        error = absl::InvalidArgumentError(
+            absl::StrCat("rows of dtype ", header.dtype, "; this node stores bf16"));
       } else if (payload.size() != m->request_bytes()) {
-        error = absl::StrCat("layer frame of ", payload.size(), " bytes; mini-batch ",
-                             header.minibatch, " needs ", m->request_bytes());
+        error = absl::InvalidArgumentError(absl::StrCat("layer frame of ", payload.size(),
+                                                        " bytes; mini-batch ", header.minibatch,
+                                                        " needs ", m->request_bytes()));
       } else {
         reply = Buffer(m->result_bytes());
         const auto* q = reinterpret_cast<const uint16_t*>(payload.data());
@@ -390,7 +398,7 @@ void MemoryServer::HandleLayer(PeerId peer, const FrameHeader& header,
                                                   k, v, out, m->partials > 0 ? partial : nullptr);
         seconds = watch.ElapsedSeconds();
         if (!status.ok()) {
-          error = std::string(status.message());
+          error = status;
           state.error = error;
         }
         answer = header;
@@ -399,7 +407,7 @@ void MemoryServer::HandleLayer(PeerId peer, const FrameHeader& header,
       }
     }
   }
-  if (!error.empty()) {
+  if (!error.ok()) {
     {
       std::lock_guard<std::mutex> lock(stats_mu_);
       ++stats_.malformed_frames;
@@ -423,15 +431,10 @@ void MemoryServer::HandleLayer(PeerId peer, const FrameHeader& header,
       [this, reply](absl::Status) mutable { Recycle(pool_mu_, free_buffers_, std::move(reply)); });
 }
 
-void MemoryServer::SendError(PeerId peer, const FrameHeader& about, const std::string& why) {
-  FrameHeader answer = about;
-  answer.magic = transport::kFrameMagic;
-  answer.version = transport::kFrameVersion;
-  answer.kind = static_cast<uint16_t>(FrameKind::kError);
-  auto text = std::make_shared<std::string>(why.substr(0, 4096));
+void MemoryServer::SendError(PeerId peer, const FrameHeader& about, const absl::Status& why) {
+  auto text = std::make_shared<std::string>();
+  const FrameHeader answer = transport::ErrorFrameHeader(about, why, text.get());
   const std::span<const uint8_t> body(reinterpret_cast<const uint8_t*>(text->data()), text->size());
-  answer.payload_bytes = body.size();
-  answer.checksum = transport::PayloadChecksum(body);
   transport_->Send(peer, transport::kFrameTag, transport::AsBytes(answer), {body},
                    [text](absl::Status) {});
 }

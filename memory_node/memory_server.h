@@ -98,7 +98,7 @@ class MemoryServer : public transport::MessageHandler {
     StepShare share;
     PreparedStep prepared;
     std::vector<MinibatchLayout> layouts;
-    std::string error;  // non-empty: the step failed; its layer frames get this error
+    absl::Status error;  // not OK: the step failed; its layer frames get this error
   };
 
   explicit MemoryServer(MemoryServerOptions options) : options_(std::move(options)) {}
@@ -109,7 +109,7 @@ class MemoryServer : public transport::MessageHandler {
   void HandleLayer(transport::PeerId peer, const transport::FrameHeader& header,
                    std::span<const uint8_t> payload);
   void SendError(transport::PeerId peer, const transport::FrameHeader& about,
-                 const std::string& why);
+                 const absl::Status& why);
   std::shared_ptr<std::vector<uint8_t>> Buffer(size_t bytes);
 
   MemoryServerOptions options_;

@@ -200,10 +200,16 @@ TEST_F(MemoryServerTest, BadFramesGetErrorsAndTheServerKeepsServing) {
   const MinibatchLayout m = LayoutMinibatches(share, dims)[0];
   const auto payload = RandomRows(m.request_bytes(), 1);
   const uint16_t error = static_cast<uint16_t>(FrameKind::kError);
-  auto expect_error = [&](const std::string& what) {
+  // Every error frame carries the memory node's status code, not only its text.
+  auto expect_error = [&](const std::string& what, absl::StatusCode code) {
     const Reply r = client_->Next();
     EXPECT_EQ(r.header.kind, error) << what;
     EXPECT_FALSE(r.payload.empty()) << what;
+    const absl::Status status = transport::ErrorFrameStatus(r.header, r.payload);
+    EXPECT_EQ(status.code(), code) << what << ": " << status;
+    EXPECT_EQ(status.message(),
+              std::string(reinterpret_cast<const char*>(r.payload.data()), r.payload.size()))
+        << what;
   };
 
   // Corrupted payload: the checksum catches it.
@@ -211,47 +217,47 @@ TEST_F(MemoryServerTest, BadFramesGetErrorsAndTheServerKeepsServing) {
   h.payload_bytes = payload.size();
   h.checksum = transport::PayloadChecksum(payload) ^ 1;
   client_->SendRaw(transport::AsBytes(h), payload);
-  expect_error("bad checksum");
+  expect_error("bad checksum", absl::StatusCode::kDataLoss);
   // Truncated payload.
   h.checksum = transport::PayloadChecksum(payload);
   client_->SendRaw(transport::AsBytes(h), std::span<const uint8_t>(payload).first(100));
-  expect_error("truncated");
+  expect_error("truncated", absl::StatusCode::kDataLoss);
   // Wrong magic, and a header too short to read.
   FrameHeader bad = h;
   bad.magic = 0xDEADBEEF;
   client_->SendRaw(transport::AsBytes(bad), payload);
-  expect_error("bad magic");
+  expect_error("bad magic", absl::StatusCode::kInvalidArgument);
   const uint8_t junk[5] = {1, 2, 3, 4, 5};
   client_->SendRaw(junk, payload);  // nothing to answer to: dropped and counted
   // Layer beyond the model, unknown mini-batch, wrong row count, wrong step.
   client_->Send(LayerHeader(5, kLayers, 0, m.end - m.begin), payload);
-  expect_error("layer out of range");
+  expect_error("layer out of range", absl::StatusCode::kInvalidArgument);
   client_->Send(LayerHeader(5, 0, 9, m.end - m.begin), payload);
-  expect_error("unknown mini-batch");
+  expect_error("unknown mini-batch", absl::StatusCode::kInvalidArgument);
   client_->Send(LayerHeader(5, 0, 0, 1), payload);
-  expect_error("row count");
+  expect_error("row count", absl::StatusCode::kInvalidArgument);
   client_->Send(LayerHeader(77, 0, 0, m.end - m.begin), payload);
-  expect_error("no descriptor");
+  expect_error("no descriptor", absl::StatusCode::kFailedPrecondition);
   // A descriptor that is not a descriptor, one for another pool, and one with a bad plan.
   FrameHeader step;
   step.kind = static_cast<uint16_t>(FrameKind::kStep);
   step.step_id = 6;
   step.epoch = kEpoch;
   client_->Send(step, junk);
-  expect_error("garbage descriptor");
+  expect_error("garbage descriptor", absl::StatusCode::kInvalidArgument);
   StepShare other = Share(6, 4);
   other.pool = PoolIndex(4);
   SendStep(other);
-  expect_error("wrong pool");
+  expect_error("wrong pool", absl::StatusCode::kInvalidArgument);
   StepShare beyond = Share(6, 4);
   beyond.plan.rows.push_back({SequenceId(1), PoolIndex(3), 40, -1});  // position beyond its table
   beyond.minibatch_rows = {5};
   SendStep(beyond);
-  expect_error("bad plan");
+  expect_error("bad plan", absl::StatusCode::kInvalidArgument);
   StepShare stale = Share(6, 4);
   stale.epoch = kEpoch + 1;
   SendStep(stale);
-  expect_error("wrong epoch");
+  expect_error("wrong epoch", absl::StatusCode::kFailedPrecondition);
 
   const MemoryServerStats stats = server_->stats();
   EXPECT_GE(stats.checksum_failures, 1u);

@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -159,6 +160,30 @@ std::string FrameKindName(uint16_t kind) {
       return "error";
   }
   return absl::StrCat("kind-", kind);
+}
+
+FrameHeader ErrorFrameHeader(const FrameHeader& about, const absl::Status& status,
+                             std::string* text) {
+  FrameHeader answer = about;
+  answer.magic = kFrameMagic;
+  answer.version = kFrameVersion;
+  answer.kind = static_cast<uint16_t>(FrameKind::kError);
+  answer.flags = static_cast<uint16_t>(status.code());
+  *text = std::string(status.message().substr(0, kMaxErrorText));
+  const std::span<const uint8_t> body(reinterpret_cast<const uint8_t*>(text->data()), text->size());
+  answer.payload_bytes = body.size();
+  answer.checksum = PayloadChecksum(body);
+  return answer;
+}
+
+absl::Status ErrorFrameStatus(const FrameHeader& header, std::span<const uint8_t> payload) {
+  const std::string text(reinterpret_cast<const char*>(payload.data()),
+                         std::min<size_t>(payload.size(), kMaxErrorText));
+  const int code = header.flags;
+  const bool is_error = code > static_cast<int>(absl::StatusCode::kOk) &&
+                        code <= static_cast<int>(absl::StatusCode::kUnauthenticated);
+  return absl::Status(is_error ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kInternal,
+                      text);
 }
 
 }  // namespace strata::transport

@@ -12,7 +12,8 @@
 //                 mini-batch (bf16/f16 rows, as the descriptor describes)
 //   kLayerResult  bf16 attention output of the final rows, then f32 fold states
 //                 ([heads][head_dim + 2]) of the partial rows
-//   kError        UTF-8 text: why the step (or one layer message) failed
+//   kError        UTF-8 text: why the step (or one layer message) failed; the header's
+//                 `flags` carry its absl::StatusCode (ErrorFrameStatus reads both)
 #ifndef STRATA_COMMON_TRANSPORT_FRAME_H_
 #define STRATA_COMMON_TRANSPORT_FRAME_H_
 
@@ -78,6 +79,15 @@ absl::Status CheckFramePayload(const FrameHeader& header, std::span<const uint8_
                                bool verify);
 
 std::string FrameKindName(uint16_t kind);
+
+// An error frame answering `about`: its header (kind kError, the status code in `flags`)
+// and its payload, the status message cut to kMaxErrorText bytes. `status` is not OK.
+inline constexpr size_t kMaxErrorText = 4096;
+FrameHeader ErrorFrameHeader(const FrameHeader& about, const absl::Status& status,
+                             std::string* text);
+// The status an error frame carries. A code that is not an error (OK, or outside
+// absl::StatusCode) reads as Internal, so that an error frame is never taken for success.
+absl::Status ErrorFrameStatus(const FrameHeader& header, std::span<const uint8_t> payload);
 
 }  // namespace strata::transport
 
