@@ -12,7 +12,10 @@
 namespace strata {
 namespace {
 
-constexpr absl::Duration kTick = absl::Milliseconds(20);
+// How long shutdown waits for the steps in flight before failing their requests.
+constexpr absl::Duration kDrainTimeout = absl::Seconds(10);
+// How often an unreachable compute node is looked at again.
+constexpr absl::Duration kReachableRecheck = absl::Milliseconds(100);
 
 }  // namespace
 
@@ -39,28 +42,72 @@ absl::Status Scheduler::ValidateConfig(const SchedulerConfig& c) {
 }
 
 void Scheduler::Start() {
-  thread_ = std::thread([this] { Loop(); });
+  {
+    absl::MutexLock lock(&mu_);
+    if (started_ || stopping_) return;
+    started_ = true;
+  }
+  loop_.SetAfterBatch([this] { AfterBatch(); });
+  loop_.Start();
 }
 
 void Scheduler::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ || !thread_.joinable()) {
-      stopping_ = true;
+    absl::MutexLock lock(&mu_);
+    const bool first = !stopping_;
+    stopping_ = true;
+    if (!started_ || !first) {
+      if (!started_) loop_.Quit();
       return;
     }
-    stopping_ = true;
   }
-  cv_.notify_all();
-  thread_.join();
+  Post([this] { BeginShutdown(); });
+  loop_.Join();
 }
 
-void Scheduler::Post(std::function<void()> fn) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    events_.push_back(std::move(fn));
+void Scheduler::Post(EventLoop::Closure fn) { loop_.Post(std::move(fn)); }
+
+void Scheduler::AfterBatch() {
+  if (shut_down_) return;
+  if (draining_) {
+    for (const auto& e : executors_) {
+      if (e->busy) return;  // its result is an event; we look again then
+    }
+    FinishShutdown();
+    return;
   }
-  cv_.notify_one();
+  ScheduleIdleExecutors();
+  WatchUnreachable();
+  PublishStats();
+}
+
+void Scheduler::WatchUnreachable() {
+  if (watching_unreachable_) return;
+  bool any = false;
+  for (const auto& e : executors_) any = any || (e->alive && !e->reachable && !e->busy);
+  if (!any) return;
+  watching_unreachable_ = true;
+  // The timer's batch runs AfterBatch, which looks at every unreachable node again.
+  loop_.RunAfter(kReachableRecheck, [this] { watching_unreachable_ = false; });
+}
+
+// Shutdown: wait for steps in flight (their sinks post here), then fail the rest.
+void Scheduler::BeginShutdown() {
+  draining_ = true;
+  loop_.RunAfter(kDrainTimeout, [this] { FinishShutdown(); });
+}
+
+void Scheduler::FinishShutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  std::vector<Request*> all;
+  for (auto& [id, req] : requests_) all.push_back(req.get());
+  for (Request* req : all) {
+    req->in_flight = false;
+    FailRequest(req, FinishReason::kAbort, absl::UnavailableError("the server is shutting down"));
+  }
+  PublishStats();
+  loop_.Quit();
 }
 
 int Scheduler::AddExecutor(std::unique_ptr<StepExecutor> executor,
@@ -69,7 +116,7 @@ int Scheduler::AddExecutor(std::unique_ptr<StepExecutor> executor,
   // later event can name the index.
   int index;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     index = num_executors_++;
   }
   auto e = std::make_shared<std::unique_ptr<Executor>>(std::make_unique<Executor>());
@@ -100,7 +147,7 @@ void Scheduler::SetExecutorAlive(int executor, bool alive) {
 PoolIndex Scheduler::AddPool(const std::string& name, int64_t num_slots) {
   PoolIndex index;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     index = PoolIndex(num_pools_++);
     largest_pool_slots_ = std::max(largest_pool_slots_, num_slots);
   }
@@ -201,7 +248,7 @@ absl::StatusOr<uint64_t> Scheduler::Submit(GenerateRequest request, UpdateCallba
   int64_t largest_pool = 0;
   int64_t num_queued = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("the server is shutting down");
     largest_pool = largest_pool_slots_;
   }
@@ -214,7 +261,7 @@ absl::StatusOr<uint64_t> Scheduler::Submit(GenerateRequest request, UpdateCallba
   if (num_queued >= config_.max_waiting) {
     queued_.fetch_sub(1);
     {
-      std::lock_guard<std::mutex> lock(stats_mu_);
+      absl::MutexLock lock(&stats_mu_);
       ++counters_.rejected_total;
     }
     return absl::ResourceExhaustedError(
@@ -226,7 +273,11 @@ absl::StatusOr<uint64_t> Scheduler::Submit(GenerateRequest request, UpdateCallba
   }
   uint64_t id;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      queued_.fetch_sub(1);
+      return absl::UnavailableError("the server is shutting down");
+    }
     id = next_request_id_++;
   }
   Post([this, id, request = std::move(request), on_update = std::move(on_update)]() mutable {
@@ -238,7 +289,10 @@ absl::StatusOr<uint64_t> Scheduler::Submit(GenerateRequest request, UpdateCallba
     req->submitted = absl::Now();
     const absl::Duration timeout =
         req->spec.timeout > absl::ZeroDuration() ? req->spec.timeout : config_.default_timeout;
-    if (timeout > absl::ZeroDuration()) req->deadline = req->submitted + timeout;
+    if (timeout > absl::ZeroDuration()) {
+      req->deadline = req->submitted + timeout;
+      req->deadline_timer = loop_.RunAt(req->deadline, [this, id] { OnDeadline(id); });
+    }
     StopConditions stop;
     if (!req->spec.ignore_eos) stop.eos_tokens = config_.eos_token_ids;
     stop.stop_token_ids = req->spec.stop_token_ids;
@@ -257,7 +311,8 @@ absl::StatusOr<uint64_t> Scheduler::Submit(GenerateRequest request, UpdateCallba
       seq->output = std::make_unique<OutputProcessor>(tokenizer_, req->spec.prompt_tokens, stop);
       req->seqs.push_back(std::move(seq));
     }
-    waiting_.push_back(req.get());
+    for (const auto& seq : req->seqs) sequences_[seq->id] = seq.get();
+    InsertWaiting(req.get());
     requests_.emplace(id, std::move(req));
   });
   return id;
@@ -277,7 +332,7 @@ void Scheduler::Cancel(uint64_t request_id) {
 }
 
 bool Scheduler::HasCapacity() const {
-  std::lock_guard<std::mutex> lock(stats_mu_);
+  absl::MutexLock lock(&stats_mu_);
   if (stats_.alive_executors == 0) return false;
   for (const PoolStatus& p : stats_.pools) {
     if (p.alive) return true;
@@ -286,66 +341,54 @@ bool Scheduler::HasCapacity() const {
 }
 
 SchedulerStats Scheduler::Stats() const {
-  std::lock_guard<std::mutex> lock(stats_mu_);
+  absl::MutexLock lock(&stats_mu_);
   return stats_;
-}
-
-void Scheduler::Loop() {
-  while (true) {
-    std::deque<std::function<void()>> events;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, absl::ToChronoMilliseconds(kTick),
-                   [&] { return !events_.empty() || stopping_; });
-      events.swap(events_);
-      if (stopping_ && events.empty()) break;
-    }
-    for (auto& event : events) event();
-    CheckTimeouts();
-    ScheduleIdleExecutors();
-    PublishStats();
-  }
-  // Shutdown: wait for steps in flight (their sinks post here), then fail the rest.
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < deadline) {
-    bool busy = false;
-    for (const auto& e : executors_) busy = busy || e->busy;
-    if (!busy) break;
-    std::deque<std::function<void()>> events;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, absl::ToChronoNanoseconds(absl::Milliseconds(20)),
-                   [&] { return !events_.empty(); });
-      events.swap(events_);
-    }
-    for (auto& event : events) event();
-  }
-  std::vector<Request*> all;
-  for (auto& [id, req] : requests_) all.push_back(req.get());
-  for (Request* req : all) {
-    req->in_flight = false;
-    FailRequest(req, FinishReason::kAbort, absl::UnavailableError("the server is shutting down"));
-  }
-  PublishStats();
 }
 
 PolicyKey Scheduler::KeyOf(const Request* req) const { return {req->spec.priority, req->arrival}; }
 
-void Scheduler::CheckTimeouts() {
-  const absl::Time now = absl::Now();
-  std::vector<Request*> expired;
-  for (auto& [id, req] : requests_) {
-    if (req->deadline < now && req->pending_finish == FinishReason::kNone)
-      expired.push_back(req.get());
+bool Scheduler::RankOrder::operator()(const Request* a, const Request* b) const {
+  return scheduler->policy_->Before(scheduler->KeyOf(a), scheduler->KeyOf(b));
+}
+
+void Scheduler::InsertWaiting(Request* req) {
+  waiting_.insert(std::upper_bound(waiting_.begin(), waiting_.end(), req, RankOrder{this}), req);
+}
+
+void Scheduler::EraseWaiting(Request* req) {
+  auto [first, last] = std::equal_range(waiting_.begin(), waiting_.end(), req, RankOrder{this});
+  auto it = std::find(first, last, req);
+  if (it != last) waiting_.erase(it);
+}
+
+void Scheduler::SetState(Request* req, RequestState state) {
+  if (req->state == state) return;
+  if (req->state == RequestState::kRunning) running_.erase(req);
+  if (req->state == RequestState::kWaiting) EraseWaiting(req);
+  req->state = state;
+  if (state == RequestState::kRunning) running_.insert(req);
+  if (state == RequestState::kWaiting) InsertWaiting(req);
+}
+
+void Scheduler::EraseRequest(uint64_t id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  for (const auto& seq : it->second->seqs) sequences_.erase(seq->id);
+  requests_.erase(it);
+}
+
+void Scheduler::OnDeadline(uint64_t request_id) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return;
+  Request* req = it->second.get();
+  req->deadline_timer = 0;
+  if (req->state == Request::State::kDone || req->pending_finish != FinishReason::kNone) return;
+  if (req->in_flight) {
+    req->pending_finish = FinishReason::kTimeout;
+    return;
   }
-  for (Request* req : expired) {
-    if (req->in_flight) {
-      req->pending_finish = FinishReason::kTimeout;
-      continue;
-    }
-    FailRequest(req, FinishReason::kTimeout,
-                absl::DeadlineExceededError("the request exceeded its timeout"));
-  }
+  FailRequest(req, FinishReason::kTimeout,
+              absl::DeadlineExceededError("the request exceeded its timeout"));
 }
 
 void Scheduler::ReleaseKv(Sequence* seq) {
@@ -396,7 +439,7 @@ void Scheduler::FinishSequence(Sequence* seq, FinishReason reason, RequestUpdate
   su->text += text;
   su->finish = reason;
   {
-    std::lock_guard<std::mutex> lock(stats_mu_);
+    absl::MutexLock lock(&stats_mu_);
     ++counters_.finished_total[FinishReasonName(reason)];
   }
 }
@@ -433,25 +476,26 @@ void Scheduler::MaybeRemoveRequest(Request* req) {
     observer_.on_finish(req->spec, reason, req->prompt_len(), generated, now - req->submitted,
                         admitted - req->submitted, first - admitted, now - first);
   }
-  req->state = Request::State::kDone;
-  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), req), waiting_.end());
+  SetState(req, Request::State::kDone);
+  if (req->deadline_timer != 0) loop_.Cancel(req->deadline_timer);
+  req->deadline_timer = 0;
   if (defer_removals_) {
     deferred_removals_.push_back(req->id);
     return;
   }
-  requests_.erase(req->id);
+  EraseRequest(req->id);
 }
 
 void Scheduler::RemoveDeferred() {
   defer_removals_ = false;
-  for (uint64_t id : deferred_removals_) requests_.erase(id);
+  for (uint64_t id : deferred_removals_) EraseRequest(id);
   deferred_removals_.clear();
 }
 
 void Scheduler::PublishStats() {
   SchedulerStats s;
   {
-    std::lock_guard<std::mutex> lock(stats_mu_);
+    absl::MutexLock lock(&stats_mu_);
     s = counters_;
   }
   int64_t used = 0, total = 0;
@@ -467,26 +511,21 @@ void Scheduler::PublishStats() {
     }
     s.pools.push_back(ps);
   }
-  for (auto& [id, req] : requests_) {
-    if (req->state == Request::State::kRunning) {
-      ++s.num_running;
-      if (req->pool && req->pool->value() < s.pools.size()) {
-        for (const auto& seq : req->seqs) {
-          const int64_t length = static_cast<int64_t>(seq->table.size());
-          s.pools[req->pool->value()].stats.live_positions += length;
-          // What pages of kPagedCompareTokens would waste on this sequence's last page.
-          s.kv_paged_waste_slots +=
-              (length + kPagedCompareTokens - 1) / kPagedCompareTokens * kPagedCompareTokens -
-              length;
-        }
-      }
-    } else if (req->state == Request::State::kWaiting) {
-      ++s.num_waiting;
+  s.num_running = static_cast<int64_t>(running_.size());
+  s.num_waiting = static_cast<int64_t>(waiting_.size());
+  for (const Request* req : running_) {
+    if (!req->pool || req->pool->value() >= s.pools.size()) continue;
+    for (const auto& seq : req->seqs) {
+      const int64_t length = static_cast<int64_t>(seq->table.size());
+      s.pools[req->pool->value()].stats.live_positions += length;
+      // What pages of kPagedCompareTokens would waste on this sequence's last page.
+      s.kv_paged_waste_slots +=
+          (length + kPagedCompareTokens - 1) / kPagedCompareTokens * kPagedCompareTokens - length;
     }
   }
   for (const auto& e : executors_) s.alive_executors += e->alive && e->reachable ? 1 : 0;
   s.kv_usage = total > 0 ? static_cast<double>(used) / total : 0.0;
-  std::lock_guard<std::mutex> lock(stats_mu_);
+  absl::MutexLock lock(&stats_mu_);
   stats_ = std::move(s);
 }
 

@@ -20,27 +20,29 @@
 // compute node that dies has its requests re-prefilled elsewhere, or failed with a clear
 // error if nothing else is alive.
 //
-// Thread-safety: public methods are thread-safe. All state lives on the scheduler thread;
-// the methods post work to it. Update callbacks run on the scheduler thread.
+// Thread-safety: public methods are thread-safe. All state lives on the scheduler's event
+// loop (common/base/event_loop.h); the methods post work to it. The loop plans once per
+// batch of events, and sleeps until the next event or request deadline: there is no tick.
+// Update callbacks run on the loop thread.
 #ifndef STRATA_SERVER_SCHEDULER_H_
 #define STRATA_SERVER_SCHEDULER_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/base/event_loop.h"
 #include "common/tokenizer/tokenizer.h"
 #include "server/kv_manager.h"
 #include "server/output_processor.h"
@@ -86,6 +88,10 @@ struct SchedulerStats {
   int64_t prefill_rows_total = 0;  // prompt rows actually computed
   int64_t steps_total = 0;
   int64_t rejected_total = 0;
+  // Scheduler-thread time spent building plans and applying results (not the step itself).
+  int64_t plans_total = 0;
+  double plan_seconds_total = 0.0;
+  double apply_seconds_total = 0.0;
   std::map<std::string, int64_t> finished_total;  // by finish reason
   std::vector<PoolStatus> pools;
   int64_t alive_executors = 0;
@@ -143,14 +149,22 @@ class Scheduler {
   const SchedulerConfig& config() const { return config_; }
 
  private:
+  enum class RequestState { kWaiting, kRunning, kDone };
   struct Request;
   struct Sequence;
   struct Pool;
   struct Executor;
 
-  void Post(std::function<void()> fn);
+  void Post(EventLoop::Closure fn);
   void SetPoolAliveNow(PoolIndex pool, bool alive, int64_t num_slots);
-  void Loop();
+  // After each batch of events: plan idle executors (or, while stopping, see whether the
+  // steps in flight are back), then publish stats.
+  void AfterBatch();
+  void BeginShutdown();
+  void FinishShutdown();
+  void OnDeadline(uint64_t request_id);
+  // While a compute node is unreachable, look again every so often (a timer, not a tick).
+  void WatchUnreachable();
   void ScheduleIdleExecutors();
   bool BuildPlan(int executor, StepPlan* plan);
   void OnStepResult(int executor, StepPlan plan, StepResult result, absl::Time started);
@@ -167,35 +181,52 @@ class Scheduler {
   void MaybeRemoveRequest(Request* req);
   // Erases the requests MaybeRemoveRequest finished while removals were deferred.
   void RemoveDeferred();
-  void CheckTimeouts();
   void PublishStats();
   PolicyKey KeyOf(const Request* req) const;
+  // Policy order over requests (keys never change while a request lives).
+  struct RankOrder {
+    const Scheduler* scheduler;
+    bool operator()(const Request* a, const Request* b) const;
+  };
+  // The one place a request changes state: keeps running_ and waiting_ in step.
+  void SetState(Request* req, RequestState state);
+  void InsertWaiting(Request* req);
+  void EraseWaiting(Request* req);
+  void EraseRequest(uint64_t id);
 
   SchedulerConfig config_;
   const Tokenizer* tokenizer_;
   std::unique_ptr<SchedulingPolicy> policy_;
 
-  // Thread handoff.
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> events_;
-  bool stopping_ = false;
-  int num_executors_ = 0;           // guarded by mu_
-  size_t num_pools_ = 0;            // guarded by mu_
-  int64_t largest_pool_slots_ = 0;  // guarded by mu_
+  // Shared with callers' threads.
+  mutable absl::Mutex mu_;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int num_executors_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t num_pools_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t largest_pool_slots_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_request_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::atomic<int64_t> queued_{0};  // submitted, not yet admitted for the first time
-  std::thread thread_;
+  EventLoop loop_{"scheduler"};
 
-  // Scheduler-thread state.
+  // Loop-thread state.
+  bool draining_ = false;  // stopping: waiting for the steps in flight
+  bool shut_down_ = false;
+  bool watching_unreachable_ = false;
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
   // While a step's result is applied, finished requests stay allocated (state kDone) until
   // it is done, because it holds pointers to them and their sequences.
   bool defer_removals_ = false;
   std::vector<uint64_t> deferred_removals_;
-  std::vector<Request*> waiting_;  // kept in policy order at admission time
+  // Sequences by wire id, for applying results without walking every request.
+  std::unordered_map<SequenceId, Sequence*> sequences_;
+  // Requests waiting for admission, in policy order (sorted insertion).
+  std::vector<Request*> waiting_;
+  // Running requests (holding KV), in policy order. Planning walks these, never all
+  // requests, so its cost grows with the batch and not with the queue.
+  std::set<Request*, RankOrder> running_{RankOrder{this}};
   std::vector<std::unique_ptr<Pool>> pools_;
   std::vector<std::unique_ptr<Executor>> executors_;
-  uint64_t next_request_id_ = 1;
   uint64_t next_sequence_id_ = 1;
   uint64_t next_step_id_ = 1;
   uint64_t arrival_counter_ = 0;
@@ -203,9 +234,9 @@ class Scheduler {
   std::function<void(PoolIndex)> pool_death_handler_;
 
   // Published snapshot.
-  mutable std::mutex stats_mu_;
-  SchedulerStats stats_;
-  SchedulerStats counters_;  // scheduler-thread running totals
+  mutable absl::Mutex stats_mu_;
+  SchedulerStats stats_ ABSL_GUARDED_BY(stats_mu_);
+  SchedulerStats counters_ ABSL_GUARDED_BY(stats_mu_);  // running totals
 };
 
 }  // namespace strata

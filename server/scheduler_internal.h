@@ -34,7 +34,7 @@ struct Scheduler::Sequence {
 };
 
 struct Scheduler::Request {
-  enum class State { kWaiting, kRunning, kDone };
+  using State = Scheduler::RequestState;
   uint64_t id = 0;
   GenerateRequest spec;
   UpdateCallback callback;
@@ -50,6 +50,7 @@ struct Scheduler::Request {
   FinishReason last_finish = FinishReason::kStop;
   absl::Time submitted, admitted = absl::InfinitePast(), first_token = absl::InfinitePast();
   absl::Time deadline = absl::InfiniteFuture();
+  EventLoop::TimerId deadline_timer = 0;
   int64_t cached_prompt_tokens = 0;
   bool prompt_counted = false;
 

@@ -6,6 +6,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
+#include "common/base/stopwatch.h"
 #include "server/scheduler.h"
 #include "server/scheduler_internal.h"
 
@@ -25,7 +26,14 @@ void Scheduler::ScheduleIdleExecutors() {
     }
     if (!ex.alive || !ex.reachable || ex.busy) continue;
     StepPlan plan;
-    if (!BuildPlan(static_cast<int>(e), &plan)) continue;
+    const Stopwatch planning;
+    const bool built = BuildPlan(static_cast<int>(e), &plan);
+    {
+      absl::MutexLock lock(&stats_mu_);
+      counters_.plan_seconds_total += planning.ElapsedSeconds();
+      counters_.plans_total += built ? 1 : 0;
+    }
+    if (!built) continue;
     ex.busy = true;
     ex.started = absl::Now();
     ex.in_flight = plan;
@@ -35,7 +43,10 @@ void Scheduler::ScheduleIdleExecutors() {
         Executor& x = *executors_[index];
         StepPlan done = std::move(x.in_flight);
         x.in_flight = StepPlan();
+        const Stopwatch applying;
         OnStepResult(index, std::move(done), std::move(result), x.started);
+        absl::MutexLock lock(&stats_mu_);
+        counters_.apply_seconds_total += applying.ElapsedSeconds();
       });
     });
   }
@@ -97,12 +108,11 @@ void Scheduler::Preempt(Request* req) {
   for (auto& seq : req->seqs) {
     if (!seq->finished) seq->waiting_for_owner = seq.get() != owner;
   }
-  req->state = Request::State::kWaiting;
   req->pool.reset();
   req->executor = -1;
-  waiting_.push_back(req);
+  SetState(req, Request::State::kWaiting);
   {
-    std::lock_guard<std::mutex> lock(stats_mu_);
+    absl::MutexLock lock(&stats_mu_);
     ++counters_.num_preemptions_total;
   }
   LOG(INFO) << "preempted request " << req->id << " (" << req->spec.external_id
@@ -157,7 +167,7 @@ bool Scheduler::Place(Request* req, int executor) {
     owner->waiting_for_owner = false;
     req->pool = p;
     req->executor = executor;
-    req->state = Request::State::kRunning;
+    SetState(req, Request::State::kRunning);
     const bool first_admission = req->admitted == absl::InfinitePast();
     if (first_admission) {
       req->admitted = absl::Now();
@@ -165,7 +175,7 @@ bool Scheduler::Place(Request* req, int executor) {
       queued_.fetch_sub(1);
     }
     {
-      std::lock_guard<std::mutex> lock(stats_mu_);
+      absl::MutexLock lock(&stats_mu_);
       if (first_admission) counters_.prompt_tokens_total += req->prompt_len();
       counters_.prefix_query_tokens_total += length;
       counters_.prefix_hit_tokens_total += owner->computed;
@@ -195,29 +205,27 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
 
   // Running requests this executor may run, highest priority first.
   std::vector<Request*> running;
-  for (auto& [id, req] : requests_) {
-    if (req->state != Request::State::kRunning || req->in_flight) continue;
-    if (!pool_ok(req.get())) continue;
+  for (Request* req : running_) {
+    if (req->in_flight || !pool_ok(req)) continue;
     if (req->executor >= 0 && req->executor != e && executors_[req->executor]->alive) continue;
-    running.push_back(req.get());
+    running.push_back(req);
   }
   auto before = [&](const Request* a, const Request* b) {
     return policy_->Before(KeyOf(a), KeyOf(b));
   };
-  std::sort(running.begin(), running.end(), before);
 
   // Makes `need` slots available in `req`'s pool by preempting running requests that rank
   // below it, are not in flight and are not in this step.
   auto make_room = [&](Request* req, int64_t need) {
     KvPool& kv = *pools_[req->pool->value()]->kv;
     while (kv.available() < need) {
+      // The lowest-ranked running request below `req` that can give its slots up.
       Request* victim = nullptr;
-      for (auto& [id, other] : requests_) {
-        Request* o = other.get();
-        if (o == req || o->state != Request::State::kRunning || o->in_flight || planned.count(o))
-          continue;
-        if (o->pool != req->pool || !before(req, o)) continue;
-        if (victim == nullptr || before(victim, o)) victim = o;
+      for (auto it = running_.rbegin(); it != running_.rend() && before(req, *it); ++it) {
+        Request* o = *it;
+        if (o->in_flight || planned.count(o) || o->pool != req->pool) continue;
+        victim = o;
+        break;
       }
       if (victim == nullptr) return false;
       Preempt(victim);
@@ -307,10 +315,10 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
 
   // Phase 3: admissions, in policy order, while the budget lasts. A request that cannot be
   // placed now stops admission (no overtaking under FIFO).
-  std::stable_sort(waiting_.begin(), waiting_.end(), before);
-  std::vector<Request*> admitted;
   std::vector<Request*> failed;
-  for (Request* req : waiting_) {
+  // Placing a request takes it out of waiting_ (at index i); the rest stay where they are.
+  for (size_t i = 0; i < waiting_.size(); ++i) {
+    Request* req = waiting_[i];
     if (budget_rows <= 0 || budget_prefill <= 0 || budget_seqs <= 0) break;
     if (req->pending_finish != FinishReason::kNone) continue;
     Sequence* owner = req->Owner();
@@ -329,16 +337,13 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     }
     if (config_.prefill_chunk_tokens <= 0 && length > budget_rows) break;
     if (!Place(req, e)) break;
-    admitted.push_back(req);
+    --i;  // Place took it out of waiting_: index i is now the next one
     const int64_t count =
         std::min({length - owner->computed, chunk_limit, budget_rows, budget_prefill});
     add_chunk(owner, owner->computed, owner->computed + count);
     budget_rows -= count;
     budget_prefill -= count;
     --budget_seqs;
-  }
-  for (Request* req : admitted) {
-    waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), req), waiting_.end());
   }
   for (Request* req : failed) {
     FailRequest(req, FinishReason::kError,
@@ -432,7 +437,7 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
   ex.busy = false;
   const absl::Time now = absl::Now();
   {
-    std::lock_guard<std::mutex> lock(stats_mu_);
+    absl::MutexLock lock(&stats_mu_);
     ++counters_.steps_total;
     for (const SequenceChunk& c : plan.chunks) {
       if (c.samples.empty() || c.tokens.size() > 1) counters_.prefill_rows_total += c.tokens.size();
@@ -441,16 +446,14 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
   if (observer_.on_step) observer_.on_step(plan, result, now - started);
 
   // Sequences of this step, by wire id.
-  std::unordered_map<SequenceId, Sequence*> by_id;
+  const std::unordered_map<SequenceId, Sequence*>& by_id = sequences_;
   std::vector<Request*> involved;
-  for (auto& [id, req] : requests_) {
-    for (auto& seq : req->seqs) by_id[seq->id] = seq.get();
-  }
+  std::unordered_set<Request*> seen;
   for (const SequenceChunk& c : plan.chunks) {
     auto it = by_id.find(c.request_id);
     if (it == by_id.end()) continue;
     Request* req = it->second->request;
-    if (std::find(involved.begin(), involved.end(), req) == involved.end()) involved.push_back(req);
+    if (seen.insert(req).second) involved.push_back(req);
   }
   for (Request* req : involved) req->in_flight = false;
 
@@ -595,7 +598,7 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
     }
     seq->last_token_time = now;
     {
-      std::lock_guard<std::mutex> lock(stats_mu_);
+      absl::MutexLock lock(&stats_mu_);
       ++counters_.generation_tokens_total;
     }
     if (delta.finish != FinishReason::kNone) {

@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "common/base/cpu_affinity.h"
 #include "common/base/logging.h"
+#include "common/base/wait_policy.h"
 #include "proto/control.grpc.pb.h"
 
 namespace strata::bench {
@@ -127,13 +128,13 @@ absl::StatusOr<std::vector<StartedMemoryNode>> StartMemoryNodes(Supervisor& supe
     const int node_threads =
         cpus[i].empty() ? std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / count)
                         : static_cast<int>(cpus[i].size());
-    ChildSpec spec{
-        absl::StrCat("memory-", i),
-        {binary, "--scheduler=", absl::StrCat("--port=", port), absl::StrCat("--name=memory-", i),
-         "--ucx_tls=" + tls, "--ucx_net_devices=lo",
-         shared_memory ? "--transport_error_mode=none" : "--transport_error_mode=peer",
-         absl::StrCat("--threads=", node_threads), ClusterSecretFlag()},
-        {{"OMP_NUM_THREADS", std::to_string(node_threads)}, {"OMP_WAIT_POLICY", "PASSIVE"}}};
+    ChildSpec spec{absl::StrCat("memory-", i),
+                   {binary, "--scheduler=", absl::StrCat("--port=", port),
+                    absl::StrCat("--name=memory-", i), "--ucx_tls=" + tls, "--ucx_net_devices=lo",
+                    shared_memory ? "--transport_error_mode=none" : "--transport_error_mode=peer",
+                    absl::StrCat("--threads=", node_threads), ClusterSecretFlag()},
+                   // The bench process (the compute side) runs on every core: shared.
+                   OpenMpEnvironment(node_threads, CoreShare::kShared)};
     if (!cpus[i].empty()) spec.argv.push_back("--cpus=" + FormatCpuList(cpus[i]));
     spec.argv.insert(spec.argv.end(), args.begin(), args.end());
     auto pid = supervisor.Spawn(spec);

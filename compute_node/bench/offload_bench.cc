@@ -34,6 +34,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/base/stopwatch.h"
+#include "common/base/wait_policy.h"
 #include "common/bench/read_probe.h"
 #include "common/model/model_generator.h"
 #include "common/process/supervisor.h"
@@ -279,7 +280,8 @@ int Overlap(const ModelWeights& weights, const std::string& memory_bin) {
       {"/usr/bin/taskset", "-c", "1", memory_bin, "--scheduler=", absl::StrCat("--port=", port),
        "--host=" + address, "--name=memory-0", "--ucx_tls=tcp", "--ucx_net_devices=eth0",
        "--transport_error_mode=peer", "--threads=1", bench::ClusterSecretFlag()},
-      {"OMP_NUM_THREADS=1", "OMP_WAIT_POLICY=PASSIVE"});
+      // Core 1 is the memory node's alone; this process keeps core 0.
+      OpenMpEnvironmentList(1, CoreShare::kDedicated));
   auto configured = bench::ConfigureMemoryNode(absl::StrCat(address, ":", port), 0, c,
                                                static_cast<int64_t>(batch) * (ctx + 64));
   if (!configured.ok()) {

@@ -22,6 +22,7 @@
 #include "common/base/cpu_affinity.h"
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
+#include "common/base/wait_policy.h"
 #include "common/control/cluster_flags.h"
 #include "common/model/model_generator.h"
 #include "common/process/supervisor.h"
@@ -42,6 +43,9 @@ ABSL_FLAG(int, memory_threads, 0,
 ABSL_FLAG(bool, pin_memory_nodes, true,
           "Give each memory node its own cores (this machine's split among them) so the "
           "kernel cannot queue them behind each other; the compute nodes keep all cores");
+ABSL_FLAG(int64_t, omp_spin_count, -1,
+          "GOMP_SPINCOUNT for every process: how long an idle OpenMP thread spins before it "
+          "sleeps (-1: from the core layout; here every process shares the cores)");
 ABSL_FLAG(int64_t, kv_budget_mib, 1024, "KV cache per compute node in co-located mode, MiB");
 ABSL_FLAG(int64_t, memory_kv_budget_mib, 1024, "KV cache per memory node, MiB");
 ABSL_FLAG(std::string, data_plane, "tcp",
@@ -223,8 +227,12 @@ int Run() {
     server_argv.emplace_back(extra);
   }
   // The API key goes to the server in its environment, not on its command line.
-  const std::map<std::string, std::string> server_env = {
-      {"OMP_NUM_THREADS", "1"}, {"OMP_WAIT_POLICY", "PASSIVE"}, {"STRATA_API_KEY", *api_key}};
+  // Every process here may run on every core (memory nodes get cores of their own, but the
+  // compute nodes keep all of them): shared cores, a short spin (common/base/wait_policy.h).
+  const int64_t spin_count = absl::GetFlag(FLAGS_omp_spin_count);
+  std::map<std::string, std::string> server_env =
+      OpenMpEnvironment(1, CoreShare::kShared, spin_count);
+  server_env["STRATA_API_KEY"] = *api_key;
   if (!supervisor.Spawn({"server", server_argv, server_env}).ok()) return 1;
 
   // The server's control port, from its port file.
@@ -269,12 +277,11 @@ int Run() {
   };
   for (int i = 0; i < memory_nodes; ++i) {
     const std::string name = absl::StrCat("memory-", i);
-    ChildSpec spec{
-        name,
-        {bin + "/memory_node/memory_node", "--scheduler=" + scheduler, "--name=" + name,
-         absl::StrCat("--threads=", memory_threads(i)),
-         absl::StrCat("--kv_budget_mib=", absl::GetFlag(FLAGS_memory_kv_budget_mib))},
-        {{"OMP_NUM_THREADS", std::to_string(memory_threads(i))}, {"OMP_WAIT_POLICY", "PASSIVE"}}};
+    ChildSpec spec{name,
+                   {bin + "/memory_node/memory_node", "--scheduler=" + scheduler, "--name=" + name,
+                    absl::StrCat("--threads=", memory_threads(i)),
+                    absl::StrCat("--kv_budget_mib=", absl::GetFlag(FLAGS_memory_kv_budget_mib))},
+                   OpenMpEnvironment(memory_threads(i), CoreShare::kShared, spin_count)};
     if (!memory_cpus[i].empty()) spec.argv.push_back("--cpus=" + FormatCpuList(memory_cpus[i]));
     spec.argv.insert(spec.argv.end(), auth_args.begin(), auth_args.end());
     spec.argv.insert(spec.argv.end(), transport_args.begin(), transport_args.end());
@@ -290,7 +297,7 @@ int Run() {
         {bin + "/compute_node/compute_node", "--model=" + model, "--scheduler=" + scheduler,
          "--name=" + name, absl::StrCat("--threads=", threads),
          absl::StrCat("--kv_budget_mib=", absl::GetFlag(FLAGS_kv_budget_mib))},
-        {{"OMP_NUM_THREADS", std::to_string(threads)}, {"OMP_WAIT_POLICY", "PASSIVE"}}};
+        OpenMpEnvironment(threads, CoreShare::kShared, spin_count)};
     if (absl::GetFlag(FLAGS_max_model_len) > 0) {
       spec.argv.push_back(absl::StrCat("--max_model_len=", absl::GetFlag(FLAGS_max_model_len)));
     }

@@ -82,14 +82,16 @@ def stream_tokens_per_second(port, model, max_tokens):
     return (len(times) - 1) / (times[-1] - times[0])
 
 
-def run_serve(bin_dir):
+def run_serve(bin_dir, memory_nodes=0, extra_args=(), env=None, rounds=3):
+    """Median single-stream decode tokens/s of `rounds` streamed completions."""
     with tempfile.TemporaryDirectory() as run_dir:
         port_file = os.path.join(run_dir, "ports.json")
         log = open(os.path.join(run_dir, "launcher.log"), "w")
         launcher = subprocess.Popen(
             [f"{bin_dir}/deploy/local/launcher", f"--bin_dir={bin_dir}", "--port=0",
-             "--grpc_port=-1", f"--port_file={port_file}", "--memory_nodes=0",
-             "--node_metrics=false"], stdout=log, stderr=subprocess.STDOUT, env=ENV,
+             "--grpc_port=-1", f"--port_file={port_file}", f"--memory_nodes={memory_nodes}",
+             "--node_metrics=false", *extra_args], stdout=log, stderr=subprocess.STDOUT,
+            env=env or ENV,
             start_new_session=True)
         try:
             for _ in range(1200):
@@ -102,7 +104,7 @@ def run_serve(bin_dir):
             models = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models"))
             model = models["data"][0]["id"]
             stream_tokens_per_second(port, model, 16)  # warm-up
-            rates = [stream_tokens_per_second(port, model, 128) for _ in range(3)]
+            rates = [stream_tokens_per_second(port, model, 128) for _ in range(rounds)]
             return {"serve single-stream decode tok/s": statistics.median(rates)}
         finally:
             os.killpg(launcher.pid, signal.SIGTERM)

@@ -1,0 +1,102 @@
+#include "common/base/event_loop.h"
+
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "common/base/logging.h"
+
+namespace strata {
+
+EventLoop::EventLoop(std::string name) : name_(std::move(name)) {}
+
+EventLoop::~EventLoop() { Stop(); }
+
+void EventLoop::SetAfterBatch(Closure hook) {
+  CHECK(!thread_.joinable()) << name_ << ": SetAfterBatch after Start";
+  after_batch_ = std::move(hook);
+}
+
+void EventLoop::Start() {
+  CHECK(!thread_.joinable()) << name_ << ": started twice";
+  // The loop takes mu_ before it runs anything, so its closures see thread_id_ set.
+  absl::MutexLock lock(&mu_);
+  thread_ = std::thread([this] { Run(); });
+  thread_id_ = thread_.get_id();
+}
+
+bool EventLoop::Post(Closure fn) {
+  absl::MutexLock lock(&mu_);
+  if (quit_) return false;
+  posted_.push_back(std::move(fn));
+  wake_.Signal();
+  return true;
+}
+
+EventLoop::TimerId EventLoop::RunAt(absl::Time when, Closure fn) {
+  absl::MutexLock lock(&mu_);
+  if (quit_) return 0;
+  const TimerId id = next_timer_++;
+  const bool earliest = timers_.empty() || when < timers_.begin()->first.first;
+  timers_.emplace(std::make_pair(when, id), std::move(fn));
+  timer_due_.emplace(id, when);
+  if (earliest) wake_.Signal();  // the sleeping loop waits for the old earliest
+  return id;
+}
+
+bool EventLoop::Cancel(TimerId id) {
+  absl::MutexLock lock(&mu_);
+  auto it = timer_due_.find(id);
+  if (it == timer_due_.end()) return false;
+  timers_.erase({it->second, id});
+  timer_due_.erase(it);
+  return true;
+}
+
+void EventLoop::Quit() {
+  absl::MutexLock lock(&mu_);
+  quit_ = true;
+  wake_.Signal();
+}
+
+void EventLoop::Join() {
+  CHECK(!thread_.joinable() || !InLoopThread()) << name_ << ": joined from its own thread";
+  if (thread_.joinable()) thread_.join();
+}
+
+void EventLoop::Run() {
+  std::deque<Closure> batch;
+  std::vector<Closure> due;
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      while (posted_.empty() && !quit_) {
+        if (!timers_.empty() && timers_.begin()->first.first <= absl::Now()) break;
+        const absl::Time next =
+            timers_.empty() ? absl::InfiniteFuture() : timers_.begin()->first.first;
+        wake_.WaitWithDeadline(&mu_, next);
+      }
+      batch.swap(posted_);
+      if (quit_) {
+        if (batch.empty()) {
+          timers_.clear();
+          timer_due_.clear();
+          break;
+        }
+      } else {
+        const absl::Time now = absl::Now();
+        while (!timers_.empty() && timers_.begin()->first.first <= now) {
+          auto node = timers_.extract(timers_.begin());
+          timer_due_.erase(node.key().second);
+          due.push_back(std::move(node.mapped()));
+        }
+      }
+    }
+    for (Closure& fn : batch) fn();
+    for (Closure& fn : due) fn();
+    batch.clear();
+    due.clear();
+    if (after_batch_) after_batch_();
+  }
+}
+
+}  // namespace strata

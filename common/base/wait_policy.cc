@@ -1,0 +1,26 @@
+#include "common/base/wait_policy.h"
+
+#include <string>
+
+namespace strata {
+
+int64_t SpinCountFor(CoreShare share) {
+  return share == CoreShare::kDedicated ? kDedicatedCoreSpinCount : kSharedCoreSpinCount;
+}
+
+std::map<std::string, std::string> OpenMpEnvironment(int threads, CoreShare share,
+                                                     int64_t spin_count) {
+  const int64_t spins = spin_count >= 0 ? spin_count : SpinCountFor(share);
+  return {{"OMP_NUM_THREADS", std::to_string(threads < 1 ? 1 : threads)},
+          {"GOMP_SPINCOUNT", std::to_string(spins)}};
+}
+
+std::vector<std::string> OpenMpEnvironmentList(int threads, CoreShare share, int64_t spin_count) {
+  std::vector<std::string> out;
+  for (const auto& [name, value] : OpenMpEnvironment(threads, share, spin_count)) {
+    out.push_back(name + "=" + value);
+  }
+  return out;
+}
+
+}  // namespace strata

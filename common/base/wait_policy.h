@@ -1,0 +1,49 @@
+// How a node's OpenMP team waits between parallel regions: spin for a bounded time, then
+// sleep. A decode step is a few dozen GEMMs with short gaps between them (a kernel's
+// reduction, a per-layer wait for memory nodes), and parking the team in every gap costs a
+// futex wake-up per thread per GEMM: measured at half of a batch-1 step. Spinning without
+// bound is worse on shared cores, where the spinning thread holds the core that the
+// process it waits for (the server, a memory node) needs.
+//
+// libgomp spins GOMP_SPINCOUNT iterations (about 100 per microsecond by its own estimate;
+// it varies with the CPU) and then sleeps on a futex. With OMP_WAIT_POLICY unset, an
+// explicit GOMP_SPINCOUNT is the whole policy; a process with more OpenMP threads than
+// cores spins at most 100 iterations whatever is set. The environment is read when the
+// process starts, so the launcher and the manifests set it for each node they start,
+// from the core layout:
+//   - shared cores (the embedded default: every process may run on every core): a short
+//     spin, enough to cover the gap between two GEMMs of a step, not the gap between steps;
+//   - dedicated cores (Guaranteed pods with the static CPU manager): a longer spin, enough
+//     to bridge the scheduler's round trip between steps.
+// docs/architecture.md ("Threads on shared cores") gives the layout and the measurement.
+#ifndef STRATA_COMMON_BASE_WAIT_POLICY_H_
+#define STRATA_COMMON_BASE_WAIT_POLICY_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace strata {
+
+enum class CoreShare { kShared, kDedicated };
+
+// libgomp spin iterations before a thread sleeps (GOMP_SPINCOUNT).
+inline constexpr int64_t kSharedCoreSpinCount = 10000;      // about 0.1 ms
+inline constexpr int64_t kDedicatedCoreSpinCount = 300000;  // about 3 ms
+
+int64_t SpinCountFor(CoreShare share);
+
+// The OpenMP environment of a node process: OMP_NUM_THREADS and GOMP_SPINCOUNT, with
+// OMP_WAIT_POLICY unset so that the spin count is what applies. `spin_count` < 0: from
+// `share`.
+std::map<std::string, std::string> OpenMpEnvironment(int threads, CoreShare share,
+                                                     int64_t spin_count = -1);
+
+// The same, as NAME=VALUE strings for execve-style environments.
+std::vector<std::string> OpenMpEnvironmentList(int threads, CoreShare share,
+                                               int64_t spin_count = -1);
+
+}  // namespace strata
+
+#endif  // STRATA_COMMON_BASE_WAIT_POLICY_H_
