@@ -86,8 +86,10 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   const uint64_t data_bytes = file_bytes - 8 - header_bytes;
   for (auto& [name, entry] : header.items()) {
     if (name == "__metadata__") continue;
+    // A copy: lambdas may not capture a structured binding before C++20 in every compiler.
+    const std::string tensor = name;
     auto bad = [&](const std::string& what) {
-      return absl::DataLossError(absl::StrCat(path, ": tensor \"", name, "\": ", what));
+      return absl::DataLossError(absl::StrCat(path, ": tensor \"", tensor, "\": ", what));
     };
     if (!entry.is_object() || !entry.contains("dtype") || !entry["dtype"].is_string() ||
         !entry.contains("shape") || !entry["shape"].is_array() || !entry.contains("data_offsets") ||

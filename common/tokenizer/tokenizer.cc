@@ -184,7 +184,11 @@ std::optional<int32_t> Tokenizer::TokenToId(std::string_view token) const {
 std::string Tokenizer::TokenText(int32_t id) const {
   // Decode after an anchor token and keep what the token added; the anchor is a plain
   // letter in every supported vocabulary ("a" in byte-level BPE, "▁a" in SentencePiece).
-  for (const char* anchor_piece : {"a", "\xe2\x96\x81a", "\xc4\xa0a"}) {
+  for (const char* anchor_piece : {"a",
+                                   "\xe2\x96\x81"
+                                   "a",
+                                   "\xc4\xa0"
+                                   "a"}) {
     const std::optional<int32_t> anchor = model_->TokenToId(anchor_piece);
     if (!anchor) continue;
     const int32_t pair[2] = {*anchor, id};

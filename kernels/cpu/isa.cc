@@ -1,5 +1,7 @@
 #include "kernels/cpu/isa.h"
 
+#include <cpuid.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -28,6 +30,13 @@ std::atomic<int>& ActiveStorage() {
   return isa;
 }
 
+// F16C (CPUID leaf 1, ECX bit 29), read directly: not every compiler's
+// __builtin_cpu_supports knows "f16c".
+bool HasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+
 }  // namespace
 
 bool CpuSupports(CpuIsa isa) {
@@ -35,11 +44,10 @@ bool CpuSupports(CpuIsa isa) {
     case CpuIsa::kScalar:
       return true;
     case CpuIsa::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && HasF16c();
     case CpuIsa::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+             __builtin_cpu_supports("fma") && HasF16c();
     case CpuIsa::kAvx512Bf16:
       return CpuSupports(CpuIsa::kAvx512) && __builtin_cpu_supports("avx512bf16");
   }
