@@ -1,13 +1,12 @@
 #include "common/transport/inproc_transport.h"
 
 #include <condition_variable>
-#include <deque>
 #include <map>
 #include <mutex>
-#include <thread>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/event_loop.h"
 #include "common/base/logging.h"
 
 namespace strata::transport {
@@ -16,48 +15,15 @@ namespace {
 // The part of a transport that peers hold: its event queue and thread.
 class Core {
  public:
-  Core() : thread_([this] { Run(); }) {}
-  ~Core() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
+  Core() { loop_.Start(); }
+  ~Core() { loop_.Stop(); }  // runs what is queued, then ends the thread
   // False once the owning transport is gone.
-  bool Post(std::function<void()> fn) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stop_ || closed_) return false;
-    events_.push_back(std::move(fn));
-    cv_.notify_all();
-    return true;
-  }
-  void Close() {
-    std::lock_guard<std::mutex> lock(mu_);
-    closed_ = true;
-  }
+  bool Post(std::function<void()> fn) { return loop_.Post(std::move(fn)); }
+  // Refuses new events; the queued ones still run.
+  void Close() { loop_.Quit(); }
 
  private:
-  void Run() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (true) {
-      cv_.wait(lock, [&] { return stop_ || !events_.empty(); });
-      if (events_.empty()) return;  // stop_ with nothing left
-      auto fn = std::move(events_.front());
-      events_.pop_front();
-      lock.unlock();
-      fn();
-      lock.lock();
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> events_;
-  bool stop_ = false;
-  bool closed_ = false;
-  std::thread thread_;
+  EventLoop loop_{"inproc-transport"};
 };
 
 class InprocTransport;
