@@ -170,6 +170,7 @@ const Linear::Primitives& Linear::PrimitivesFor(int64_t bucket_m) const {
         has_bias_ ? dnnl::memory::desc({1, out_}, dt::f32, tag::ab) : dnnl::memory::desc();
     auto make = [&](bool accumulate) {
       dnnl::primitive_attr attr;
+      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
       if (accumulate) {
         dnnl::post_ops ops;
         ops.append_sum(1.0f);
@@ -177,9 +178,13 @@ const Linear::Primitives& Linear::PrimitivesFor(int64_t bucket_m) const {
       }
       auto desc = has_bias_ ? dnnl::matmul::desc(src_desc, weight_desc_, bias_desc, dst_desc)
                             : dnnl::matmul::desc(src_desc, weight_desc_, dst_desc);
-      return dnnl::matmul(dnnl::matmul::primitive_desc(desc, attr, engine));
+      return dnnl::matmul::primitive_desc(desc, attr, engine);
     };
-    slot = std::make_unique<Primitives>(Primitives{make(false), make(true)});
+    const auto assign = make(false);
+    const auto accumulate = make(true);
+    slot = std::make_unique<Primitives>(Primitives{dnnl::matmul(assign), dnnl::matmul(accumulate),
+                                                   assign.scratchpad_desc(),
+                                                   accumulate.scratchpad_desc()});
     num_gemm_primitives += 2;
   }
   entries.push_back({weight_desc_, std::move(slot)});
@@ -202,6 +207,12 @@ void Linear::Forward(int64_t m, const uint16_t* x, float* y, bool accumulate) co
   std::unordered_map<int, dnnl::memory> args = {
       {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weight_}, {DNNL_ARG_DST, dst}};
   if (has_bias_) args[DNNL_ARG_BIAS] = bias_;
+  // The scratchpad is this thread's: concurrent runs of a shared primitive never share one.
+  const dnnl::memory::desc& scratch_desc =
+      accumulate ? prims.accumulate_scratch : prims.assign_scratch;
+  thread_local std::vector<uint8_t> scratch;
+  if (scratch.size() < scratch_desc.get_size()) scratch.resize(scratch_desc.get_size());
+  args[DNNL_ARG_SCRATCHPAD] = dnnl::memory(scratch_desc, engine, scratch.data());
   (accumulate ? prims.accumulate : prims.assign).execute(stream, args);
   stream.wait();
 }

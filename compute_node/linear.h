@@ -49,9 +49,14 @@ class Linear {
   void Forward(int64_t m, const uint16_t* x, float* y, bool accumulate) const;
 
  private:
+  // Shared primitives run concurrently (two step threads of one process, or a compute node
+  // beside an in-process one in tests), so their scratchpad is the caller's, not oneDNN's
+  // library-wide one: with that one, concurrent runs overwrote each other's partial sums.
   struct Primitives {
     dnnl::matmul assign;
     dnnl::matmul accumulate;
+    dnnl::memory::desc assign_scratch;
+    dnnl::memory::desc accumulate_scratch;
   };
   // The primitives for a bucket, from a process-wide cache shared by every Linear of the
   // same shape (a primitive does not depend on the weights' values, only on their layout).

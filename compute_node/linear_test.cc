@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "common/base/bfloat16.h"
 #include "gtest/gtest.h"
@@ -125,6 +126,49 @@ TEST(Linear, RowsIndependentOfBatchSizeAndThreads) {
     }
   }
   omp_set_num_threads(saved);
+}
+
+// Two threads run layers of the same shape at once, as two step threads of one process do:
+// they share the cached primitives, and each must get exactly what it gets alone.
+TEST(Linear, ConcurrentCallsGiveTheBitsOfSequentialOnes) {
+  const int64_t in = 2048, out = 1024;
+  Weight w0 = MakeWeight(out, in, 11), w1 = MakeWeight(out, in, 12);
+  auto l0 = Linear::Create({&w0.view}, {}, in);
+  auto l1 = Linear::Create({&w1.view}, {}, in);
+  ASSERT_TRUE(l0.ok() && l1.ok());
+  const Linear* layers[2] = {l0->get(), l1->get()};
+  const int64_t sizes[] = {1, 5, 16, 33, 64};
+  constexpr int kInputs = 5;
+  // Inputs and the results of running them one at a time.
+  std::vector<std::vector<uint16_t>> inputs;
+  std::vector<std::vector<float>> expected[2];
+  for (int i = 0; i < kInputs; ++i) {
+    const int64_t m = sizes[i];
+    inputs.push_back(RandomRows(RowsCapacity(m), in, 100 + i));
+    for (int t = 0; t < 2; ++t) {
+      std::vector<float> y(RowsCapacity(m) * out);
+      layers[t]->Forward(m, inputs[i].data(), y.data(), false);
+      expected[t].push_back(std::move(y));
+    }
+  }
+  int mismatches[2] = {0, 0};
+  auto run = [&](int t) {
+    std::vector<float> y;
+    for (int iter = 0; iter < 600; ++iter) {
+      const int i = (iter + 2 * t) % kInputs;
+      const int64_t m = sizes[i];
+      y.assign(RowsCapacity(m) * out, 0.0f);
+      layers[t]->Forward(m, inputs[i].data(), y.data(), false);
+      if (std::memcmp(y.data(), expected[t][i].data(), m * out * sizeof(float)) != 0) {
+        ++mismatches[t];
+      }
+    }
+  };
+  std::thread a(run, 0), b(run, 1);
+  a.join();
+  b.join();
+  EXPECT_EQ(mismatches[0], 0);
+  EXPECT_EQ(mismatches[1], 0);
 }
 
 }  // namespace

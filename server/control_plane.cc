@@ -1,5 +1,7 @@
 #include "server/control_plane.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -23,8 +25,8 @@ ControlPlane::ControlPlane(Scheduler* scheduler, ControlPlaneOptions options)
     : scheduler_(scheduler), options_(std::move(options)) {
   CHECK(options_.auth != nullptr) << "the control plane needs credentials";
   scheduler_->SetPoolDeathHandler([this](PoolIndex pool) { OnPoolDeath(pool); });
-  worker_ = std::thread([this] { Work(); });
-  monitor_ = std::thread([this] { Monitor(); });
+  configure_loop_.Start();
+  monitor_loop_.Start();
 }
 
 void ControlPlane::OnPoolDeath(PoolIndex pool) {
@@ -40,8 +42,15 @@ void ControlPlane::OnPoolDeath(PoolIndex pool) {
       }
     }
   }
-  if (changed) to_reconfigure_.store(true);
-  cv_.notify_all();
+  if (changed) RequestReconfigure();
+}
+
+void ControlPlane::RequestReconfigure() {
+  if (reconfigure_pending_.exchange(true)) return;  // one is queued and sends the newest list
+  configure_loop_.Post([this] {
+    reconfigure_pending_.store(false);
+    ReconfigureComputeNodes();
+  });
 }
 
 ControlPlane::~ControlPlane() { Stop(); }
@@ -53,8 +62,9 @@ void ControlPlane::Stop() {
     stop_ = true;
   }
   cv_.notify_all();
-  worker_.join();
-  monitor_.join();
+  // Configurations still queued see stop_ and return at once.
+  monitor_loop_.Stop();
+  configure_loop_.Stop();
 }
 
 grpc::Status ControlPlane::Register(grpc::ServerContext* context,
@@ -130,8 +140,8 @@ grpc::Status ControlPlane::Register(grpc::ServerContext* context,
   response->set_session_token(node.session_token);
   const uint64_t id = node.view.id;
   nodes_.emplace(id, std::move(node));
-  to_configure_.push_back(id);
-  cv_.notify_all();
+  configure_loop_.Post([this, id] { ConfigureNode(id); });
+  monitor_loop_.Post([this] { CheckHeartbeats(); });  // its deadline may be the next one
   response->set_node_id(id);
   response->set_epoch(options_.epoch);
   response->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
@@ -165,50 +175,47 @@ void ControlPlane::MarkDead(Node& node, const std::string& why) {
   if (node.pool) scheduler_->SetPoolAlive(*node.pool, false);
 }
 
-void ControlPlane::Monitor() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stop_) {
-    cv_.wait_for(lock, absl::ToChronoNanoseconds(absl::Milliseconds(100)));
+void ControlPlane::CheckHeartbeats() {
+  if (heartbeat_timer_ != 0) monitor_loop_.Cancel(heartbeat_timer_);
+  heartbeat_timer_ = 0;
+  absl::Time next = absl::InfiniteFuture();
+  bool memory_changed = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;
     const absl::Time now = absl::Now();
-    bool memory_changed = false;
     for (auto& [id, node] : nodes_) {
-      if (node.view.alive && now - node.view.last_seen > options_.heartbeat_timeout) {
+      if (!node.view.alive) continue;
+      if (now - node.view.last_seen > options_.heartbeat_timeout) {
         MarkDead(node, absl::StrCat("no heartbeat for ",
                                     absl::FormatDuration(now - node.view.last_seen)));
         memory_changed |= node.view.info.role() == control::ROLE_MEMORY;
+      } else {
+        next = std::min(next, node.view.last_seen + options_.heartbeat_timeout);
       }
     }
-    if (memory_changed) {
-      to_reconfigure_.store(true);
-      cv_.notify_all();
-    }
+  }
+  if (memory_changed) RequestReconfigure();
+  if (next != absl::InfiniteFuture()) {
+    // Just past the earliest deadline; heartbeats that arrive meanwhile move it on.
+    heartbeat_timer_ =
+        monitor_loop_.RunAt(next + absl::Milliseconds(1), [this] { CheckHeartbeats(); });
   }
 }
 
-void ControlPlane::Work() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (true) {
-    cv_.wait(lock, [&] { return stop_ || !to_configure_.empty() || to_reconfigure_.load(); });
+void ControlPlane::ConfigureNode(uint64_t id) {
+  bool compute;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return;
-    if (to_configure_.empty()) {
-      to_reconfigure_.store(false);
-      lock.unlock();
-      ReconfigureComputeNodes();
-      lock.lock();
-      continue;
-    }
-    const uint64_t id = to_configure_.front();
-    to_configure_.pop_front();
     auto it = nodes_.find(id);
-    if (it == nodes_.end() || !it->second.view.alive) continue;
-    const bool compute = it->second.view.info.role() == control::ROLE_COMPUTE;
-    lock.unlock();
-    if (compute) {
-      ConfigureCompute(id);
-    } else {
-      ConfigureMemory(id);
-    }
-    lock.lock();
+    if (it == nodes_.end() || !it->second.view.alive) return;
+    compute = it->second.view.info.role() == control::ROLE_COMPUTE;
+  }
+  if (compute) {
+    ConfigureCompute(id);
+  } else {
+    ConfigureMemory(id);
   }
 }
 

@@ -2,7 +2,7 @@
 // registration, heartbeats, liveness, and wiring nodes into the Scheduler.
 //
 // Register validates a node (protocol version, model shape, kernel ISA) and refuses a
-// mismatch with FAILED_PRECONDITION and a reason. A worker thread then configures it: a
+// mismatch with FAILED_PRECONDITION and a reason. The configure loop then configures it: a
 // compute node gets the memory-node list (none in co-located mode, where its own KV cache
 // becomes a pool), a memory node gets the model shape and its slot count. A node whose
 // heartbeats stop for `heartbeat_timeout` is declared dead: its executor or pool is taken
@@ -14,7 +14,10 @@
 // Every call in both directions carries options.auth's credentials; Register and Heartbeat
 // refuse calls without them (UNAUTHENTICATED).
 //
-// Thread-safety: gRPC handlers, the worker and the monitor share state under a mutex.
+// Thread-safety: gRPC handlers and two event loops (common/base/event_loop.h) share state
+// under a mutex. The configure loop runs configurations one at a time (they block on RPCs);
+// the monitor loop sleeps until the next heartbeat deadline, so a long configuration never
+// delays finding a dead node.
 #ifndef STRATA_SERVER_CONTROL_PLANE_H_
 #define STRATA_SERVER_CONTROL_PLANE_H_
 
@@ -22,17 +25,16 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/base/event_loop.h"
 #include "common/control/cluster_auth.h"
 #include "proto/control.grpc.pb.h"
 #include "server/scheduler.h"
@@ -92,8 +94,13 @@ class ControlPlane final : public control::Scheduler::Service {
     std::shared_ptr<grpc::Channel> channel;
     std::string session_token;  // what its heartbeats must present
   };
-  void Work();
-  void Monitor();
+  // On configure_loop_: configure a node that registered (blocking RPCs, one at a time).
+  void ConfigureNode(uint64_t id);
+  // Coalesces requests to send compute nodes the new list of memory nodes.
+  void RequestReconfigure();
+  // On monitor_loop_: marks nodes dead whose heartbeat is overdue, then sleeps until the
+  // next deadline (a timer, not a tick).
+  void CheckHeartbeats();
   void ConfigureCompute(uint64_t id);
   void ConfigureMemory(uint64_t id);
   void ReconfigureComputeNodes();
@@ -109,12 +116,13 @@ class ControlPlane final : public control::Scheduler::Service {
   std::map<uint64_t, Node> nodes_;
   uint64_t next_id_ = 1;
   std::string isa_;
-  std::deque<uint64_t> to_configure_;
-  std::atomic<bool> to_reconfigure_{false};
+  std::atomic<bool> reconfigure_pending_{false};
   mutable std::atomic<bool> ever_ready_{false};
   std::map<std::string, PoolIndex> pool_of_name_;  // memory nodes keep their pool across restarts
-  bool stop_ = false;
-  std::thread worker_, monitor_;
+  bool stop_ = false;  // guarded by mu_; cv_ wakes a retry's back-off when it turns true
+  EventLoop configure_loop_{"control-configure"};
+  EventLoop monitor_loop_{"control-monitor"};
+  EventLoop::TimerId heartbeat_timer_ = 0;  // monitor_loop_ only
 };
 
 }  // namespace strata
