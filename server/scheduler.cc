@@ -30,6 +30,9 @@ absl::Status Scheduler::ValidateConfig(const SchedulerConfig& c) {
   if (c.max_num_seqs <= 0 || c.max_num_batched_tokens <= 0 || c.max_prefill_tokens <= 0) {
     return absl::InvalidArgumentError("batch limits must be positive");
   }
+  if (c.max_plans_in_flight < 1) {
+    return absl::InvalidArgumentError("max_plans_in_flight must be at least 1");
+  }
   if (c.max_model_len <= 0 || c.block_tokens <= 0 || c.max_n <= 0 || c.max_waiting <= 0) {
     return absl::InvalidArgumentError(
         "max_model_len, block_tokens, max_n and max_waiting must be positive");
@@ -71,7 +74,7 @@ void Scheduler::AfterBatch() {
   if (shut_down_) return;
   if (draining_) {
     for (const auto& e : executors_) {
-      if (e->busy) return;  // its result is an event; we look again then
+      if (e->busy()) return;  // its result is an event; we look again then
     }
     FinishShutdown();
     return;
@@ -84,7 +87,7 @@ void Scheduler::AfterBatch() {
 void Scheduler::WatchUnreachable() {
   if (watching_unreachable_) return;
   bool any = false;
-  for (const auto& e : executors_) any = any || (e->alive && !e->reachable && !e->busy);
+  for (const auto& e : executors_) any = any || (e->alive && !e->reachable && !e->busy());
   if (!any) return;
   watching_unreachable_ = true;
   // The timer's batch runs AfterBatch, which looks at every unreachable node again.

@@ -53,7 +53,11 @@
 namespace strata {
 
 struct SchedulerConfig {
-  int64_t max_num_seqs = 256;             // sequences with rows in one step
+  int64_t max_num_seqs = 256;  // sequences with rows in one step
+  // Plans a compute node holds at once. With more than one, the next plan (of other
+  // sequences: plans in flight never share one) waits at the node while the current one
+  // runs, instead of being built after its result is back.
+  int max_plans_in_flight = 1;
   int64_t max_num_batched_tokens = 2048;  // rows in one step
   int64_t max_prefill_tokens = 2048;      // prompt rows in one step
   int64_t prefill_chunk_tokens = 512;     // <= 0: whole prompts only (no chunking)
@@ -166,6 +170,8 @@ class Scheduler {
   // While a compute node is unreachable, look again every so often (a timer, not a tick).
   void WatchUnreachable();
   void ScheduleIdleExecutors();
+  // Sends a plan (already recorded in the executor's in_flight) and applies its result.
+  void SubmitPlan(int executor, StepPlan plan);
   bool BuildPlan(int executor, StepPlan* plan);
   void OnStepResult(int executor, StepPlan plan, StepResult result, absl::Time started);
   bool Place(Request* req, int executor);

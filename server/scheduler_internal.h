@@ -3,6 +3,7 @@
 #ifndef STRATA_SERVER_SCHEDULER_INTERNAL_H_
 #define STRATA_SERVER_SCHEDULER_INTERNAL_H_
 
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -76,9 +77,12 @@ struct Scheduler::Executor {
   std::optional<PoolIndex> local_pool;  // co-located mode
   bool alive = true;                    // the control plane's view (heartbeats)
   bool reachable = true;  // false from a step that could not reach it until Reachable()
-  bool busy = false;
-  StepPlan in_flight;
-  absl::Time started;
+  struct InFlight {
+    StepPlan plan;
+    absl::Time started;
+  };
+  std::deque<InFlight> in_flight;  // oldest first: results come back in submission order
+  bool busy() const { return !in_flight.empty(); }
   std::vector<TableRelease> pending_releases;
 };
 

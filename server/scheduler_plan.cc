@@ -24,32 +24,41 @@ void Scheduler::ScheduleIdleExecutors() {
       ex.reachable = true;
       LOG(INFO) << "compute node " << ex.impl->name() << " is reachable again";
     }
-    if (!ex.alive || !ex.reachable || ex.busy) continue;
-    StepPlan plan;
-    const Stopwatch planning;
-    const bool built = BuildPlan(static_cast<int>(e), &plan);
-    {
-      absl::MutexLock lock(&stats_mu_);
-      counters_.plan_seconds_total += planning.ElapsedSeconds();
-      counters_.plans_total += built ? 1 : 0;
-    }
-    if (!built) continue;
-    ex.busy = true;
-    ex.started = absl::Now();
-    ex.in_flight = plan;
-    const int index = static_cast<int>(e);
-    ex.impl->Submit(std::move(plan), [this, index](StepResult result) {
-      Post([this, index, result = std::move(result)]() mutable {
-        Executor& x = *executors_[index];
-        StepPlan done = std::move(x.in_flight);
-        x.in_flight = StepPlan();
-        const Stopwatch applying;
-        OnStepResult(index, std::move(done), std::move(result), x.started);
+    while (ex.alive && ex.reachable &&
+           static_cast<int>(ex.in_flight.size()) < config_.max_plans_in_flight) {
+      StepPlan plan;
+      const Stopwatch planning;
+      const bool built = BuildPlan(static_cast<int>(e), &plan);
+      {
         absl::MutexLock lock(&stats_mu_);
-        counters_.apply_seconds_total += applying.ElapsedSeconds();
-      });
-    });
+        counters_.plan_seconds_total += planning.ElapsedSeconds();
+        counters_.plans_total += built ? 1 : 0;
+      }
+      if (!built) break;
+      ex.in_flight.push_back({plan, absl::Now()});
+      SubmitPlan(static_cast<int>(e), std::move(plan));
+    }
   }
+}
+
+void Scheduler::SubmitPlan(int index, StepPlan plan) {
+  executors_[index]->impl->Submit(std::move(plan), [this, index](StepResult result) {
+    Post([this, index, result = std::move(result)]() mutable {
+      Executor& x = *executors_[index];
+      // Results come back in submission order.
+      CHECK(!x.in_flight.empty()) << "a result from " << x.impl->name() << " with no plan";
+      Executor::InFlight done = std::move(x.in_flight.front());
+      x.in_flight.pop_front();
+      if (done.plan.step_id != result.step_id && result.status.ok()) {
+        result.status = absl::InternalError(
+            absl::StrCat("step ", done.plan.step_id, " came back as step ", result.step_id));
+      }
+      const Stopwatch applying;
+      OnStepResult(index, std::move(done.plan), std::move(result), done.started);
+      absl::MutexLock lock(&stats_mu_);
+      counters_.apply_seconds_total += applying.ElapsedSeconds();
+    });
+  });
 }
 
 void Scheduler::RegisterBlocks(Sequence* seq) {
@@ -434,7 +443,6 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
   defer_removals_ = true;
   absl::Cleanup remove_deferred = [this] { RemoveDeferred(); };
   Executor& ex = *executors_[executor];
-  ex.busy = false;
   const absl::Time now = absl::Now();
   {
     absl::MutexLock lock(&stats_mu_);

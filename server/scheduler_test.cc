@@ -21,6 +21,37 @@
 namespace strata {
 namespace {
 
+// The harness's compute node, counting the plans it holds at once (the scheduler may hand it
+// up to max_plans_in_flight).
+class CountingExecutor final : public StepExecutor {
+ public:
+  explicit CountingExecutor(std::unique_ptr<StepExecutor> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  void Submit(StepPlan plan, StepResultSink sink) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++outstanding_;
+      max_outstanding_ = std::max(max_outstanding_, outstanding_);
+    }
+    inner_->Submit(std::move(plan), [this, sink = std::move(sink)](StepResult result) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        --outstanding_;
+      }
+      sink(std::move(result));
+    });
+  }
+  int max_outstanding() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return max_outstanding_;
+  }
+
+ private:
+  std::unique_ptr<StepExecutor> inner_;
+  std::mutex mu_;
+  int outstanding_ = 0, max_outstanding_ = 0;
+};
+
 struct Outcome {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<FinishReason> finish;
@@ -42,8 +73,10 @@ class Harness {
     config.vocab_size = static_cast<int32_t>(weights->config.vocab_size);
     scheduler_ = std::make_unique<Scheduler>(config, nullptr);
     scheduler_->AddPool("local", pool_slots);
-    scheduler_->AddExecutor(std::make_unique<InProcessExecutor>("compute-0", engine_.get()),
-                            PoolIndex(0));
+    auto executor = std::make_unique<CountingExecutor>(
+        std::make_unique<InProcessExecutor>("compute-0", engine_.get()));
+    executor_ = executor.get();
+    scheduler_->AddExecutor(std::move(executor), PoolIndex(0));
     scheduler_->SetObserver(observer_);
     scheduler_->Start();
   }
@@ -99,6 +132,7 @@ class Harness {
   }
 
   Scheduler& scheduler() { return *scheduler_; }
+  int max_plans_held() { return executor_->max_outstanding(); }
   std::vector<uint64_t> finished_order() {
     std::lock_guard<std::mutex> lock(mu_);
     return finished_order_;
@@ -110,6 +144,7 @@ class Harness {
   ModelRunner runner_;
   std::unique_ptr<LocalAttention> attention_;
   std::unique_ptr<StepEngine> engine_;
+  CountingExecutor* executor_ = nullptr;  // owned by the scheduler
   std::unique_ptr<Scheduler> scheduler_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -163,7 +198,8 @@ class SchedulerTest : public ::testing::Test {
   // Runs requests concurrently on a fresh harness and returns their outcomes.
   static std::vector<std::shared_ptr<Outcome>> Run(SchedulerConfig config, int64_t pool_slots,
                                                    std::vector<GenerateRequest> requests,
-                                                   SchedulerStats* stats = nullptr) {
+                                                   SchedulerStats* stats = nullptr,
+                                                   int* max_plans_held = nullptr) {
     Harness h(weights_, config, pool_slots);
     std::vector<std::shared_ptr<Outcome>> outcomes;
     for (auto& r : requests) {
@@ -174,6 +210,7 @@ class SchedulerTest : public ::testing::Test {
     h.Wait(outcomes);
     h.ExpectNoLeak();
     if (stats) *stats = h.scheduler().Stats();
+    if (max_plans_held) *max_plans_held = h.max_plans_held();
     return outcomes;
   }
 
@@ -394,6 +431,44 @@ TEST_F(SchedulerTest, PriorityPolicyAdmitsUrgentRequestsFirst) {
   };
   EXPECT_LT(pos(h.ids_[2]), pos(h.ids_[1])) << "the urgent request waited behind a low one";
   h.ExpectNoLeak();
+}
+
+// Two plans per compute node: the second (of other sequences) waits at the node while the
+// first runs. Outputs are those of one plan at a time, greedy and seeded, with chunked
+// prefill, n > 1, prefix reuse and preemption in the mix.
+TEST_F(SchedulerTest, TwoPlansInFlightGiveTheOutputsOfOne) {
+  std::vector<GenerateRequest> requests;
+  for (int i = 0; i < 8; ++i) requests.push_back(Greedy(Prompt(20 + 29 * i, 40 + i), 10));
+  GenerateRequest seeded = Greedy(Prompt(50, 7), 12);
+  seeded.sampling.temperature = 0.8f;
+  seeded.sampling.seed = 1234;
+  seeded.has_seed = true;
+  seeded.n = 2;
+  requests.push_back(seeded);
+  GenerateRequest shared = Greedy(Prompt(40, 40), 8);  // shares request 0's prompt
+  shared.prompt_tokens.push_back(99);
+  requests.push_back(shared);
+  SchedulerConfig one = Config();
+  one.max_num_seqs = 3;  // several batches, so a second plan has sequences to take
+  SchedulerConfig two = one;
+  two.max_plans_in_flight = 2;
+  // Roomy, then tight enough to preempt.
+  for (int64_t slots : {int64_t{4096}, int64_t{420}}) {
+    SchedulerStats stats_one, stats_two;
+    int held_one = 0, held_two = 0;
+    const auto a = Run(one, slots, requests, &stats_one, &held_one);
+    const auto b = Run(two, slots, requests, &stats_two, &held_two);
+    ASSERT_EQ(a.size(), requests.size());
+    ASSERT_EQ(b.size(), requests.size());
+    for (size_t i = 0; i < requests.size(); ++i) {
+      EXPECT_TRUE(b[i]->error.ok()) << b[i]->error;
+      EXPECT_EQ(a[i]->tokens, b[i]->tokens) << "request " << i << ", " << slots << " slots";
+      EXPECT_EQ(a[i]->finish, b[i]->finish) << "request " << i;
+    }
+    EXPECT_EQ(held_one, 1);
+    EXPECT_EQ(held_two, 2) << "the second plan never went out while the first ran";
+    if (slots == 420) EXPECT_GT(stats_two.num_preemptions_total, 0) << "no preemption";
+  }
 }
 
 }  // namespace

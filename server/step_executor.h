@@ -1,5 +1,5 @@
-// A compute node as the scheduler sees it: something that runs step plans, one at a time,
-// and reports each result asynchronously.
+// A compute node as the scheduler sees it: something that runs step plans in the order it
+// gets them, and reports each result asynchronously.
 #ifndef STRATA_SERVER_STEP_EXECUTOR_H_
 #define STRATA_SERVER_STEP_EXECUTOR_H_
 
@@ -17,8 +17,10 @@ class StepExecutor {
  public:
   virtual ~StepExecutor() = default;
   virtual std::string name() const = 0;
-  // Starts the plan. Exactly one result comes back through the sink, with `error` set if the
-  // node failed; a plan is never lost silently. Not called again before that result.
+  // Starts the plan, or queues it behind the ones already submitted (the scheduler holds at
+  // most SchedulerConfig::max_plans_in_flight at once). Exactly one result comes back per
+  // plan, in submission order, with `status` set if the node failed; a plan is never lost
+  // silently.
   virtual void Submit(StepPlan plan, StepResultSink sink) = 0;
   // Whether the node can be reached now (a remote node: its connection is up, reconnecting
   // if need be). The scheduler stops counting a node whose steps failed as unreachable
