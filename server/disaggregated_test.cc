@@ -38,11 +38,14 @@ struct Topology {
   std::string backend = "inproc";
   std::string prefill_policy = "split";
   int minibatches = 2;
+  // Plans a compute node holds at once; above 1, steps carry at most 4 sequences so that a
+  // second plan has sequences of its own.
+  int plans_in_flight = 1;
 };
 
 std::string Name(const Topology& t) {
   return absl::StrCat(t.memory_nodes, "mem_", t.compute_nodes, "cmp_", t.backend, "_",
-                      t.prefill_policy, "_mb", t.minibatches);
+                      t.prefill_policy, "_mb", t.minibatches, "_k", t.plans_in_flight);
 }
 
 int instance = 0;
@@ -56,7 +59,8 @@ class Deployment {
     config.max_num_batched_tokens = 256;
     config.max_prefill_tokens = 256;
     config.prefill_chunk_tokens = 64;
-    config.max_num_seqs = 16;
+    config.max_num_seqs = t.plans_in_flight > 1 ? 4 : 16;
+    config.max_plans_in_flight = t.plans_in_flight;
     config.block_tokens = 16;
     config.vocab_size = static_cast<int32_t>(weights->config.vocab_size);
     config.epoch = 42;
@@ -249,8 +253,11 @@ TEST_F(DisaggregatedTest, GreedyOutputsAreBitIdenticalToCoLocated) {
   const auto reference = Run(Topology{}, requests);
   for (const auto& tokens : reference) ASSERT_EQ(tokens.size() >= 10, true);
   std::vector<Topology> topologies = {
-      {1, 1, "inproc", "split", 2},  {2, 1, "inproc", "split", 2}, {3, 1, "inproc", "split", 3},
-      {2, 1, "inproc", "memory", 1}, {2, 2, "inproc", "split", 2}, {2, 1, "ucx", "split", 2},
+      {1, 1, "inproc", "split", 2},    {2, 1, "inproc", "split", 2},
+      {3, 1, "inproc", "split", 3},    {2, 1, "inproc", "memory", 1},
+      {2, 2, "inproc", "split", 2},    {2, 1, "ucx", "split", 2},
+      {0, 1, "inproc", "split", 2, 2}, {2, 1, "inproc", "split", 2, 2},
+      {2, 2, "inproc", "split", 2, 2},
   };
   for (const Topology& t : topologies) {
     const auto got = Run(t, requests);
@@ -264,39 +271,42 @@ TEST_F(DisaggregatedTest, GreedyOutputsAreBitIdenticalToCoLocated) {
 TEST_F(DisaggregatedTest, ADeadMemoryNodeOnlyMovesItsRequests) {
   const auto requests = Workload();
   const auto reference = Run(Topology{}, requests);
-  Deployment d(weights_, {2, 1, "inproc", "split", 2}, 2048);
-  std::mutex mu;
-  std::condition_variable cv;
-  int steps = 0;
-  d.observer_.on_step = [&](const StepPlan&, const StepResult&, absl::Duration) {
-    std::lock_guard<std::mutex> lock(mu);
-    ++steps;
-    cv.notify_all();
-  };
-  d.scheduler().SetObserver(d.observer_);
-  std::vector<std::shared_ptr<Outcome>> outcomes;
-  for (const auto& r : requests) outcomes.push_back(d.Submit(r));
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, absl::ToChronoNanoseconds(absl::Seconds(60)),
-                            [&] { return steps >= 6; }));
+  for (int plans : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat(plans, " plan(s) in flight per compute node"));
+    Deployment d(weights_, {2, 1, "inproc", "split", 2, plans}, 2048);
+    std::mutex mu;
+    std::condition_variable cv;
+    int steps = 0;
+    d.observer_.on_step = [&](const StepPlan&, const StepResult&, absl::Duration) {
+      std::lock_guard<std::mutex> lock(mu);
+      ++steps;
+      cv.notify_all();
+    };
+    d.scheduler().SetObserver(d.observer_);
+    std::vector<std::shared_ptr<Outcome>> outcomes;
+    for (const auto& r : requests) outcomes.push_back(d.Submit(r));
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      ASSERT_TRUE(cv.wait_for(lock, absl::ToChronoNanoseconds(absl::Seconds(60)),
+                              [&] { return steps >= 6; }));
+    }
+    // Memory node 1 goes away mid-generation (its transport closes with it).
+    d.memory()[1].reset();
+    ASSERT_TRUE(d.Wait(outcomes));
+    // Its requests were re-prefilled on memory node 0: every output is still exact.
+    for (size_t i = 0; i < outcomes.size(); ++i) {
+      EXPECT_TRUE(outcomes[i]->error.ok()) << "request " << i << ": " << outcomes[i]->error;
+      EXPECT_EQ(outcomes[i]->tokens, reference[i]) << "request " << i;
+    }
+    const SchedulerStats stats = d.scheduler().Stats();
+    ASSERT_EQ(stats.pools.size(), 2u);
+    EXPECT_TRUE(stats.pools[0].alive);
+    EXPECT_FALSE(stats.pools[1].alive);
+    // And the scheduler keeps serving.
+    auto later = d.Submit(requests[0]);
+    ASSERT_TRUE(d.Wait({later}));
+    EXPECT_EQ(later->tokens, reference[0]);
   }
-  // Memory node 1 goes away mid-generation (its transport closes with it).
-  d.memory()[1].reset();
-  ASSERT_TRUE(d.Wait(outcomes));
-  // Its requests were re-prefilled on memory node 0: every output is still exact.
-  for (size_t i = 0; i < outcomes.size(); ++i) {
-    EXPECT_TRUE(outcomes[i]->error.ok()) << "request " << i << ": " << outcomes[i]->error;
-    EXPECT_EQ(outcomes[i]->tokens, reference[i]) << "request " << i;
-  }
-  const SchedulerStats stats = d.scheduler().Stats();
-  ASSERT_EQ(stats.pools.size(), 2u);
-  EXPECT_TRUE(stats.pools[0].alive);
-  EXPECT_FALSE(stats.pools[1].alive);
-  // And the scheduler keeps serving.
-  auto later = d.Submit(requests[0]);
-  ASSERT_TRUE(d.Wait({later}));
-  EXPECT_EQ(later->tokens, reference[0]);
 }
 
 TEST_F(DisaggregatedTest, LosingTheOnlyMemoryNodeFailsItsRequestsClearly) {
