@@ -81,6 +81,50 @@ TEST(FaultTest, AHungMemoryNodeStallsStepsOnlyUntilItIsDeclaredDead) {
   (*d)->Stop();
 }
 
+// Two plans in flight on the only compute node, and it dies (SIGKILL) mid-generation, in
+// co-located mode and with two memory nodes: no request hangs or is lost; each one that
+// was running completes or gets 503, and no error names an internal address or node.
+TEST(FaultTest, AComputeNodeDyingWithTwoPlansInFlightLosesNothing) {
+  for (int memory_nodes : {0, 2}) {
+    SCOPED_TRACE(absl::StrCat(memory_nodes, " memory nodes"));
+    DeploymentOptions options;
+    // At most 2 sequences per step, so that 8 requests make several plans.
+    options.server_args = {"--served_model_name=tiny", "--max_plans_in_flight=2",
+                           "--max_num_seqs=2"};
+    options.memory_nodes = memory_nodes;
+    auto d = Deployment::Start(options);
+    ASSERT_TRUE(d.ok()) << d.status();
+    const std::string body = R"({"model":"tiny","prompt":"Once upon","max_tokens":400,)"
+                             R"("ignore_eos":true})";
+    constexpr int kClients = 8;
+    std::vector<HttpResponse> responses(kClients);
+    std::vector<std::thread> clients;
+    const absl::Time start = absl::Now();
+    for (int i = 0; i < kClients; ++i) {
+      clients.emplace_back([&, i] {
+        responses[i] = HttpRequest((*d)->http_port(), "POST", "/v1/completions", body, {}, nullptr,
+                                   /*timeout_s=*/120);
+      });
+    }
+    absl::SleepFor(absl::Milliseconds(300));  // steps are running
+    ASSERT_EQ(kill((*d)->Pid("compute-0"), SIGKILL), 0);
+    for (std::thread& t : clients) t.join();
+    const absl::Duration took = absl::Now() - start;
+    int refused = 0;
+    for (int i = 0; i < kClients; ++i) {
+      const HttpResponse& r = responses[i];
+      EXPECT_TRUE(r.status == 200 || r.status == 503)
+          << "client " << i << ": " << r.status << " " << r.body;
+      refused += r.status == 503;
+      EXPECT_EQ(r.body.find("127.0.0.1"), std::string::npos) << r.body;
+      EXPECT_EQ(r.body.find("compute-0"), std::string::npos) << r.body;
+    }
+    EXPECT_GT(refused, 0) << "the compute node died after every request had finished";
+    EXPECT_LT(took, absl::Seconds(60)) << "requests took " << absl::FormatDuration(took);
+    (*d)->Stop();
+  }
+}
+
 // With restarts on (the launcher's default), a node that dies comes back by itself.
 TEST(FaultTest, TheLauncherRestartsANodeThatDied) {
   DeploymentOptions options;
