@@ -1,0 +1,91 @@
+#!/usr/bin/python3
+"""What the step loop costs: served single-stream decode against the compute node's own
+batch-1 step rate on the same weights, in interleaved rounds of one run (issue "The step
+loop": served should reach 95% of in-process).
+
+  co-located:      deploy/local launcher --memory_nodes=0, one streamed completion at a time
+                   (128 tokens, greedy), against decode_bench --batches=1;
+  2 memory nodes:  launcher --memory_nodes=2 --data_plane=sm, against offload_bench
+                   --mode=breakdown --batches=1 (2 memory nodes over UCX shared memory).
+
+Both in-process benchmarks run at context 64 (the served stream's mean context is about
+70), on the launcher's demo model. Medians of the rounds, and served/in-process.
+
+  /usr/bin/python3 tests/bench/step_loop_bench.py --bin_dir="$(bazel info bazel-bin)" [--rounds=3]
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare_builds  # noqa: E402
+
+CONTEXT = 64
+
+
+def demo_model():
+    cache = os.environ.get("STRATA_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "strata")
+    path = os.path.join(cache, "models", "demo")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        raise SystemExit(f"no demo model at {path}: start deploy/local/serve once")
+    return path
+
+
+def in_process_colocated(bin_dir, model):
+    out = subprocess.run(
+        [f"{bin_dir}/compute_node/bench/decode_bench", f"--model={model}", "--batches=1",
+         f"--contexts={CONTEXT}", "--rounds=3"], env=compare_builds.ENV, capture_output=True,
+        text=True, check=True, cwd="/tmp").stdout
+    rows = compare_builds.table_rows(out, 2)
+    return float(rows[f"batch=1 ctx={CONTEXT}"]["tok/s"])
+
+
+def in_process_offloaded(bin_dir, model):
+    out = subprocess.run(
+        [f"{bin_dir}/compute_node/bench/offload_bench", "--mode=breakdown", f"--model={model}",
+         "--batches=1", f"--ctx={CONTEXT}", "--rounds=3",
+         f"--memory_node_bin={bin_dir}/memory_node/memory_node"],
+        env=compare_builds.ENV, capture_output=True, text=True, check=True, cwd="/tmp").stdout
+    rows = compare_builds.table_rows(out, 1)
+    return 1000.0 / float(rows["batch=1"]["offload_ms"])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bin_dir", required=True)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    model = demo_model()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    runs = {
+        ("co-located", "in-process"): lambda: in_process_colocated(args.bin_dir, model),
+        ("co-located", "served"): lambda: next(iter(compare_builds.run_serve(
+            args.bin_dir, memory_nodes=0, env=env).values())),
+        ("2 memory nodes", "in-process"): lambda: in_process_offloaded(args.bin_dir, model),
+        ("2 memory nodes", "served"): lambda: next(iter(compare_builds.run_serve(
+            args.bin_dir, memory_nodes=2, extra_args=["--data_plane=sm"], env=env).values())),
+    }
+    rates = {}
+    for r in range(args.rounds):
+        keys = list(runs) if r % 2 == 0 else list(reversed(runs))
+        for key in keys:
+            rate = runs[key]()
+            rates.setdefault(key, []).append(rate)
+            print(f"round {r + 1} {key[0]} {key[1]}: {rate:.2f} tok/s", file=sys.stderr,
+                  flush=True)
+    print(f"single-stream decode tok/s, medians of {args.rounds} interleaved rounds, "
+          f"in-process at context {CONTEXT}")
+    print(f"{'layout':<16} {'in-process':>10} {'served':>8} {'served/in-process':>18}")
+    for layout in ("co-located", "2 memory nodes"):
+        a = statistics.median(rates[(layout, "in-process")])
+        b = statistics.median(rates[(layout, "served")])
+        print(f"{layout:<16} {a:>10.2f} {b:>8.2f} {b / a:>18.3f}")
+
+
+if __name__ == "__main__":
+    main()
