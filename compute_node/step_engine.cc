@@ -77,7 +77,23 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
       return result;
     }
     for (size_t i = 0; i < c->tokens.size(); ++i) {
-      const int32_t t = c->tokens[i];
+      int32_t t = c->tokens[i];
+      if (t == kLastSampledToken) {
+        const RequestCache& cache = requests_.at(c->request_id);
+        if (c->tokens.size() != 1) {
+          result.status = absl::InvalidArgumentError(
+              absl::StrCat("request ", c->request_id,
+                           ": the last sampled token stands only in a one-row chunk"));
+          return result;
+        }
+        if (cache.last_sampled_position != c->start_position) {
+          result.status = absl::FailedPreconditionError(
+              absl::StrCat("request ", c->request_id, " asks for the token sampled for position ",
+                           c->start_position, ", which this node has not sampled"));
+          return result;
+        }
+        t = cache.last_sampled;
+      }
       if (t < 0 || t >= config.vocab_size) {
         result.status = absl::InvalidArgumentError(
             absl::StrCat("request ", c->request_id, " has token ", t, " outside the vocabulary of ",
@@ -100,16 +116,19 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
   }
   result.timing.rows = m;
 
-  // Penalty counts from the rows, before sampling (a decode row feeds back the previous
-  // output, which the next draw must see).
+  // Penalty counts from the rows (tokens as resolved), before sampling (a decode row feeds
+  // back the previous output, which the next draw must see).
+  size_t row = 0;
   for (const SequenceChunk* c : chunks) {
     RequestCache& cache = requests_[c->request_id];
+    const size_t first = row;
+    row += c->tokens.size();
     if (!cache.sampling.uses_penalties()) continue;
     for (size_t i = 0; i < c->tokens.size(); ++i) {
       if (c->start_position + static_cast<int32_t>(i) < cache.prompt_len) {
-        ++(*cache.prompt_counts)[c->tokens[i]];
+        ++(*cache.prompt_counts)[tokens[first + i]];
       } else {
-        ++cache.output_counts[c->tokens[i]];
+        ++cache.output_counts[tokens[first + i]];
       }
     }
   }
@@ -169,6 +188,14 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
           Sample(logits_.data() + job.chunk * vocab, static_cast<int32_t>(vocab), input);
       result.tokens[j] = {job.target->request_id, out.token, out.logprob,
                           std::move(out.top_logprobs)};
+    }
+    // What a later kLastSampledToken row of each target stands for: the token of the
+    // position after its chunk.
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      const SequenceChunk& c = *sampled_chunks[jobs[j].chunk];
+      RequestCache& cache = requests_.at(jobs[j].target->request_id);
+      cache.last_sampled = result.tokens[j].token;
+      cache.last_sampled_position = c.start_position + static_cast<int64_t>(c.tokens.size());
     }
   }
   result.timing.sample_us = sample_watch.ElapsedMicros();

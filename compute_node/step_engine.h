@@ -7,9 +7,13 @@
 // last row of its chunk. Penalty counts come from the rows themselves: prompt rows count as
 // prompt tokens, later rows as outputs, so a recomputed request rebuilds them exactly.
 //
-// A plan that cannot run (unknown request, token outside the vocabulary, position beyond
-// the context, too many rows, a backend error) produces a StepResult with `error` set; the
-// engine stays usable.
+// A one-token chunk may name its token as kLastSampledToken (common/protocol/step.h): the
+// engine substitutes the token it sampled last for that sequence, if that token belongs at
+// the chunk's position, and refuses the plan otherwise.
+//
+// A plan that cannot run (unknown request, token outside the vocabulary, no last sampled
+// token for the position, position beyond the context, too many rows, a backend error)
+// produces a StepResult with `status` set; the engine stays usable.
 //
 // Thread-safety: Execute is called from one thread at a time.
 #ifndef STRATA_COMPUTE_NODE_STEP_ENGINE_H_
@@ -49,6 +53,10 @@ class StepEngine {
     // Counts for penalties; the prompt's map is shared with n > 1 children.
     std::shared_ptr<std::unordered_map<int32_t, int32_t>> prompt_counts;
     std::unordered_map<int32_t, int32_t> output_counts;
+    // The token this node sampled last for the sequence, and the position it belongs at;
+    // what a kLastSampledToken row stands for.
+    int32_t last_sampled = -1;
+    int64_t last_sampled_position = -1;
   };
 
   const ModelRunner* runner_;

@@ -35,11 +35,17 @@ struct SampleTarget {
   std::vector<int32_t> banned_tokens;
 };
 
+// In a one-token chunk, in place of a token id: the token this compute node sampled last
+// for the sequence, which must be the token of `start_position` (asynchronous scheduling:
+// step s+1 can be sent before step s's token is back). The node refuses it where it has no
+// such token (the step that would have sampled it failed, or ran elsewhere).
+inline constexpr int32_t kLastSampledToken = -1;
+
 struct SequenceChunk {
   SequenceId request_id;
   PoolIndex pool;
   int32_t start_position = 0;
-  std::vector<int32_t> tokens;
+  std::vector<int32_t> tokens;        // ids, or one kLastSampledToken
   std::vector<SampleTarget> samples;  // drawn from the last row's logits
 };
 

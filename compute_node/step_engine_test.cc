@@ -1,0 +1,158 @@
+// The step engine's "last sampled token" input (asynchronous scheduling): a decode row that
+// names kLastSampledToken computes exactly what the same row with the literal token does,
+// and the engine refuses it wherever it has no token sampled for that position.
+#include "compute_node/step_engine.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+
+#include "common/model/model_generator.h"
+#include "compute_node/attention_backend.h"
+#include "compute_node/model_runner.h"
+#include "compute_node/model_weights.h"
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+class StepEngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    const std::string dir = std::string(tmp ? tmp : "/tmp") + "/step_engine_model";
+    std::filesystem::remove_all(dir);
+    auto shape = NamedModelShape("tiny-gqa");
+    ASSERT_TRUE(shape.ok());
+    ASSERT_TRUE(GenerateModel(*shape, {}, dir).ok());
+    auto config = LoadModelConfig(dir);
+    ASSERT_TRUE(config.ok());
+    auto weights = ModelWeights::Load(dir, *config);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    weights_ = weights->release();
+  }
+  static void TearDownTestSuite() { delete weights_; }
+
+  // A compute node of its own: runner, co-located attention, engine.
+  struct Node {
+    explicit Node(const ModelWeights* weights) : runner(weights, 512) {
+      auto a = LocalAttention::Create(weights->config, 4096, /*prefault=*/false);
+      EXPECT_TRUE(a.ok());
+      attention = std::move(*a);
+      engine = std::make_unique<StepEngine>(&runner, attention.get(), StepEngineOptions{256, 512});
+    }
+    ModelRunner runner;
+    std::unique_ptr<LocalAttention> attention;
+    std::unique_ptr<StepEngine> engine;
+  };
+
+  static std::vector<int32_t> Prompt(int n) {
+    std::mt19937 rng(5);
+    std::vector<int32_t> p;
+    for (int i = 0; i < n; ++i) p.push_back(3 + rng() % 31000);
+    return p;
+  }
+
+  // Step `step` of sequence 1: the prompt at once (step 0, with its setup), then one row at
+  // position `position` holding `token`. Seeded sampling with penalties, so that both the
+  // row's logits and the penalty counts must see the same token.
+  static StepPlan Plan(uint64_t step, const std::vector<int32_t>& prompt, int32_t position,
+                       int32_t token, int64_t output_position) {
+    StepPlan plan;
+    plan.step_id = step;
+    const SequenceId id(1);
+    SequenceChunk chunk;
+    chunk.request_id = id;
+    chunk.pool = PoolIndex(0);
+    SlotAssignment slots;
+    slots.request_id = id;
+    slots.pool = PoolIndex(0);
+    if (step == 0) {
+      RequestSetup setup;
+      setup.request_id = id;
+      setup.sampling.temperature = 0.9f;
+      setup.sampling.seed = 77;
+      setup.sampling.frequency_penalty = 0.5f;
+      setup.prompt_len = static_cast<int32_t>(prompt.size());
+      plan.setups.push_back(setup);
+      chunk.start_position = 0;
+      chunk.tokens = prompt;
+      slots.start = 0;
+      for (size_t p = 0; p < prompt.size(); ++p) slots.slots.push_back(static_cast<int32_t>(p));
+    } else {
+      chunk.start_position = position;
+      chunk.tokens = {token};
+      slots.start = position;
+      slots.slots = {position};
+    }
+    plan.assignments.push_back(slots);
+    chunk.samples.push_back({id, 0, output_position, {}});
+    plan.chunks.push_back(chunk);
+    return plan;
+  }
+
+  static ModelWeights* weights_;
+};
+
+ModelWeights* StepEngineTest::weights_ = nullptr;
+
+TEST_F(StepEngineTest, LastSampledTokenComputesWhatTheLiteralTokenDoes) {
+  const std::vector<int32_t> prompt = Prompt(21);
+  const int32_t n = static_cast<int32_t>(prompt.size());
+  Node literal(weights_), deferred(weights_);
+  StepResult a = literal.engine->Execute(Plan(0, prompt, 0, 0, 0));
+  StepResult b = deferred.engine->Execute(Plan(0, prompt, 0, 0, 0));
+  ASSERT_TRUE(a.status.ok()) << a.status;
+  ASSERT_TRUE(b.status.ok()) << b.status;
+  ASSERT_EQ(a.tokens.size(), 1u);
+  ASSERT_EQ(a.tokens[0].token, b.tokens[0].token);
+  for (int32_t step = 1; step <= 6; ++step) {
+    const int32_t position = n + step - 1;
+    a = literal.engine->Execute(Plan(step, prompt, position, a.tokens[0].token, step));
+    b = deferred.engine->Execute(Plan(step, prompt, position, kLastSampledToken, step));
+    ASSERT_TRUE(a.status.ok()) << a.status;
+    ASSERT_TRUE(b.status.ok()) << b.status;
+    ASSERT_EQ(a.tokens.size(), 1u);
+    ASSERT_EQ(b.tokens.size(), 1u);
+    EXPECT_EQ(a.tokens[0].token, b.tokens[0].token) << "step " << step;
+    EXPECT_EQ(a.tokens[0].logprob, b.tokens[0].logprob) << "step " << step;
+  }
+}
+
+TEST_F(StepEngineTest, LastSampledTokenIsRefusedWhereThereIsNone) {
+  const std::vector<int32_t> prompt = Prompt(21);
+  const int32_t n = static_cast<int32_t>(prompt.size());
+  Node node(weights_);
+  // Before anything was sampled: no setup at all, then a setup without a sample.
+  StepResult r = node.engine->Execute(Plan(0, prompt, 0, 0, 0));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  // The token of position n exists; position n + 1's does not yet (a step skipped or lost).
+  r = node.engine->Execute(Plan(1, prompt, n + 1, kLastSampledToken, 1));
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kFailedPrecondition) << r.status;
+  // Nor does it stand in a chunk of several rows.
+  StepPlan two = Plan(1, prompt, n, kLastSampledToken, 1);
+  two.chunks[0].tokens.push_back(5);
+  two.assignments[0].slots.push_back(n + 1);
+  r = node.engine->Execute(two);
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kInvalidArgument) << r.status;
+  // The refusals changed nothing: position n's token is still there to use, once.
+  r = node.engine->Execute(Plan(1, prompt, n, kLastSampledToken, 1));
+  EXPECT_TRUE(r.status.ok()) << r.status;
+  r = node.engine->Execute(Plan(2, prompt, n, kLastSampledToken, 1));
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kFailedPrecondition) << r.status;
+  // A released and re-admitted sequence starts with none.
+  StepPlan release;
+  release.step_id = 3;
+  release.releases.push_back({SequenceId(1), PoolIndex(0)});
+  ASSERT_TRUE(node.engine->Execute(release).status.ok());
+  StepPlan again = Plan(0, prompt, 0, 0, 0);
+  again.step_id = 4;
+  again.chunks.clear();
+  again.assignments.clear();
+  ASSERT_TRUE(node.engine->Execute(again).status.ok());
+  r = node.engine->Execute(Plan(5, prompt, n + 1, kLastSampledToken, 2));
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kFailedPrecondition) << r.status;
+}
+
+}  // namespace
+}  // namespace strata
