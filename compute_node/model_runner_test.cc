@@ -5,13 +5,11 @@
 
 #include <omp.h>
 
-#include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <random>
 
-#include "common/model/model_generator.h"
 #include "compute_node/attention_backend.h"
+#include "compute_node/testing/generated_weights.h"
 #include "gtest/gtest.h"
 
 namespace strata {
@@ -20,15 +18,7 @@ namespace {
 class Fixture : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const char* tmp = std::getenv("TEST_TMPDIR");
-    dir_ = new std::string(std::string(tmp ? tmp : "/tmp") + "/runner_model");
-    std::filesystem::remove_all(*dir_);
-    auto shape = NamedModelShape("tiny-gqa");
-    ASSERT_TRUE(shape.ok());
-    ASSERT_TRUE(GenerateModel(*shape, {}, *dir_).ok());
-    auto config = LoadModelConfig(*dir_);
-    ASSERT_TRUE(config.ok());
-    auto weights = ModelWeights::Load(*dir_, *config);
+    auto weights = GenerateAndLoadWeights("tiny-gqa", "runner_model");
     ASSERT_TRUE(weights.ok()) << weights.status();
     weights_ = weights->release();
   }
@@ -81,11 +71,9 @@ class Fixture : public ::testing::Test {
     return s;
   }
 
-  static std::string* dir_;
   static ModelWeights* weights_;
 };
 
-std::string* Fixture::dir_ = nullptr;
 ModelWeights* Fixture::weights_ = nullptr;
 
 int64_t Vocab(const ModelRunner& r) { return r.config().vocab_size; }

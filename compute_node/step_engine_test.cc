@@ -3,14 +3,12 @@
 // and the engine refuses it wherever it has no token sampled for that position.
 #include "compute_node/step_engine.h"
 
-#include <cstdlib>
-#include <filesystem>
 #include <random>
 
-#include "common/model/model_generator.h"
 #include "compute_node/attention_backend.h"
 #include "compute_node/model_runner.h"
 #include "compute_node/model_weights.h"
+#include "compute_node/testing/generated_weights.h"
 #include "gtest/gtest.h"
 
 namespace strata {
@@ -19,15 +17,7 @@ namespace {
 class StepEngineTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const char* tmp = std::getenv("TEST_TMPDIR");
-    const std::string dir = std::string(tmp ? tmp : "/tmp") + "/step_engine_model";
-    std::filesystem::remove_all(dir);
-    auto shape = NamedModelShape("tiny-gqa");
-    ASSERT_TRUE(shape.ok());
-    ASSERT_TRUE(GenerateModel(*shape, {}, dir).ok());
-    auto config = LoadModelConfig(dir);
-    ASSERT_TRUE(config.ok());
-    auto weights = ModelWeights::Load(dir, *config);
+    auto weights = GenerateAndLoadWeights("tiny-gqa", "step_engine_model");
     ASSERT_TRUE(weights.ok()) << weights.status();
     weights_ = weights->release();
   }

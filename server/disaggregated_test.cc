@@ -4,19 +4,17 @@
 // topology, policy and mini-batching, and a memory node that dies mid-generation only
 // moves its requests.
 #include <condition_variable>
-#include <cstdlib>
-#include <filesystem>
 #include <random>
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/base/logging.h"
-#include "common/model/model_generator.h"
 #include "compute_node/attention_backend.h"
 #include "compute_node/model_runner.h"
 #include "compute_node/model_weights.h"
 #include "compute_node/remote_attention.h"
 #include "compute_node/step_engine.h"
+#include "compute_node/testing/generated_weights.h"
 #include "gtest/gtest.h"
 #include "memory_node/memory_server.h"
 #include "server/scheduler.h"
@@ -178,15 +176,9 @@ class Deployment {
 class DisaggregatedTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const char* tmp = std::getenv("TEST_TMPDIR");
-    const std::string dir = std::string(tmp ? tmp : "/tmp") + "/disaggregated_model";
-    std::filesystem::remove_all(dir);
-    auto shape = NamedModelShape("tiny-gqa");
-    ASSERT_TRUE(shape.ok());
-    ASSERT_TRUE(GenerateModel(*shape, {}, dir).ok());
-    auto config = LoadModelConfig(dir);
-    ASSERT_TRUE(config.ok());
-    weights_ = ModelWeights::Load(dir, *config)->release();
+    auto weights = GenerateAndLoadWeights("tiny-gqa", "disaggregated_model");
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    weights_ = weights->release();
   }
   static void TearDownTestSuite() { delete weights_; }
 

@@ -4,17 +4,15 @@
 #include "server/scheduler.h"
 
 #include <condition_variable>
-#include <cstdlib>
-#include <filesystem>
 #include <random>
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/model/model_generator.h"
 #include "compute_node/attention_backend.h"
 #include "compute_node/model_runner.h"
 #include "compute_node/model_weights.h"
 #include "compute_node/step_engine.h"
+#include "compute_node/testing/generated_weights.h"
 #include "gtest/gtest.h"
 #include "server/testing/in_process_executor.h"
 
@@ -154,16 +152,8 @@ class Harness {
 class SchedulerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const char* tmp = std::getenv("TEST_TMPDIR");
-    const std::string dir = std::string(tmp ? tmp : "/tmp") + "/scheduler_model";
-    std::filesystem::remove_all(dir);
-    auto shape = NamedModelShape("tiny-gqa");
-    ASSERT_TRUE(shape.ok());
-    ASSERT_TRUE(GenerateModel(*shape, {}, dir).ok());
-    auto config = LoadModelConfig(dir);
-    ASSERT_TRUE(config.ok());
-    auto weights = ModelWeights::Load(dir, *config);
-    ASSERT_TRUE(weights.ok());
+    auto weights = GenerateAndLoadWeights("tiny-gqa", "scheduler_model");
+    ASSERT_TRUE(weights.ok()) << weights.status();
     weights_ = weights->release();
   }
   static void TearDownTestSuite() { delete weights_; }
