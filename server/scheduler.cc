@@ -293,8 +293,7 @@ absl::StatusOr<uint64_t> Scheduler::Submit(GenerateRequest request, UpdateCallba
     const absl::Duration timeout =
         req->spec.timeout > absl::ZeroDuration() ? req->spec.timeout : config_.default_timeout;
     if (timeout > absl::ZeroDuration()) {
-      req->deadline = req->submitted + timeout;
-      req->deadline_timer = loop_.RunAt(req->deadline, [this, id] { OnDeadline(id); });
+      req->deadline_timer = loop_.RunAt(req->submitted + timeout, [this, id] { OnDeadline(id); });
     }
     StopConditions stop;
     if (!req->spec.ignore_eos) stop.eos_tokens = config_.eos_token_ids;

@@ -50,8 +50,7 @@ struct Scheduler::Request {
   int step_failures = 0;
   FinishReason last_finish = FinishReason::kStop;
   absl::Time submitted, admitted = absl::InfinitePast(), first_token = absl::InfinitePast();
-  absl::Time deadline = absl::InfiniteFuture();
-  EventLoop::TimerId deadline_timer = 0;
+  EventLoop::TimerId deadline_timer = 0;  // the request's timeout; 0: none, or it has fired
   int64_t cached_prompt_tokens = 0;
   bool prompt_counted = false;
 

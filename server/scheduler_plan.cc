@@ -219,9 +219,7 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     if (req->executor >= 0 && req->executor != e && executors_[req->executor]->alive) continue;
     running.push_back(req);
   }
-  auto before = [&](const Request* a, const Request* b) {
-    return policy_->Before(KeyOf(a), KeyOf(b));
-  };
+  const RankOrder before{this};  // the order running_ and waiting_ are kept in
 
   // Makes `need` slots available in `req`'s pool by preempting running requests that rank
   // below it, are not in flight and are not in this step.
