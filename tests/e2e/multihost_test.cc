@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/wait_policy.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/deployment.h"
@@ -68,7 +69,7 @@ TEST(MultiHostTest, NodesOnSeparateHostsServeTheSameTokens) {
   const std::string scheduler_host = (*hosts)->Address(1);
   const std::string port_file = TestTmpDir() + "/multihost-ports.json";
   std::remove(port_file.c_str());
-  const std::vector<std::string> env = {"OMP_NUM_THREADS=1", "OMP_WAIT_POLICY=PASSIVE"};
+  const std::vector<std::string> env = OpenMpEnvironmentList(1, CoreShare::kShared);
   std::vector<pid_t> pids;
   pids.push_back((*hosts)->Spawn(
       1,

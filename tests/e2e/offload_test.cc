@@ -15,6 +15,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/base/cpu_affinity.h"
+#include "common/base/wait_policy.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/deployment.h"
@@ -269,7 +270,7 @@ TEST(OffloadTest, ComputeNodeThatLeavesStopsAdmissionUntilItReturns) {
                     absl::StrCat("--scheduler=127.0.0.1:", (*d)->control_port()),
                     "--name=compute-0", "--threads=1", "--ucx_tls=tcp", "--ucx_net_devices=lo",
                     "--transport_error_mode=peer", ClusterSecretFlag()},
-                   {"OMP_NUM_THREADS=1", "OMP_WAIT_POLICY=PASSIVE"});
+                   OpenMpEnvironmentList(1, CoreShare::kShared));
   ASSERT_TRUE(WaitHealth(port, 200, absl::Seconds(60)));
   const Completion after = Complete(port, prompts[0], 8);
   ASSERT_EQ(after.status, 200) << after.error;
