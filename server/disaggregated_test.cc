@@ -3,6 +3,7 @@
 // loopback TCP). Greedy outputs must be bit-identical to co-located attention for every
 // topology, policy and mini-batching, and a memory node that dies mid-generation only
 // moves its requests.
+#include <algorithm>
 #include <condition_variable>
 #include <random>
 
@@ -39,11 +40,15 @@ struct Topology {
   // Plans a compute node holds at once; above 1, steps carry at most 4 sequences so that a
   // second plan has sequences of its own.
   int plans_in_flight = 1;
+  // Asynchronous scheduling (two plans in flight, the second naming the tokens the first
+  // samples).
+  bool async = false;
 };
 
 std::string Name(const Topology& t) {
   return absl::StrCat(t.memory_nodes, "mem_", t.compute_nodes, "cmp_", t.backend, "_",
-                      t.prefill_policy, "_mb", t.minibatches, "_k", t.plans_in_flight);
+                      t.prefill_policy, "_mb", t.minibatches, "_k", t.plans_in_flight,
+                      t.async ? "_async" : "");
 }
 
 int instance = 0;
@@ -57,8 +62,9 @@ class Deployment {
     config.max_num_batched_tokens = 256;
     config.max_prefill_tokens = 256;
     config.prefill_chunk_tokens = 64;
-    config.max_num_seqs = t.plans_in_flight > 1 ? 4 : 16;
-    config.max_plans_in_flight = t.plans_in_flight;
+    config.max_num_seqs = t.plans_in_flight > 1 && !t.async ? 4 : 16;
+    config.max_plans_in_flight = t.async ? std::max(t.plans_in_flight, 2) : t.plans_in_flight;
+    config.async_scheduling = t.async;
     config.block_tokens = 16;
     config.vocab_size = static_cast<int32_t>(weights->config.vocab_size);
     config.epoch = 42;
@@ -245,11 +251,13 @@ TEST_F(DisaggregatedTest, GreedyOutputsAreBitIdenticalToCoLocated) {
   const auto reference = Run(Topology{}, requests);
   for (const auto& tokens : reference) ASSERT_EQ(tokens.size() >= 10, true);
   std::vector<Topology> topologies = {
-      {1, 1, "inproc", "split", 2},    {2, 1, "inproc", "split", 2},
-      {3, 1, "inproc", "split", 3},    {2, 1, "inproc", "memory", 1},
-      {2, 2, "inproc", "split", 2},    {2, 1, "ucx", "split", 2},
-      {0, 1, "inproc", "split", 2, 2}, {2, 1, "inproc", "split", 2, 2},
-      {2, 2, "inproc", "split", 2, 2},
+      {1, 1, "inproc", "split", 2},          {2, 1, "inproc", "split", 2},
+      {3, 1, "inproc", "split", 3},          {2, 1, "inproc", "memory", 1},
+      {2, 2, "inproc", "split", 2},          {2, 1, "ucx", "split", 2},
+      {0, 1, "inproc", "split", 2, 2},       {2, 1, "inproc", "split", 2, 2},
+      {2, 2, "inproc", "split", 2, 2},       {0, 1, "inproc", "split", 2, 2, true},
+      {2, 1, "inproc", "split", 2, 2, true}, {2, 2, "inproc", "split", 2, 2, true},
+      {2, 1, "ucx", "split", 2, 2, true},
   };
   for (const Topology& t : topologies) {
     const auto got = Run(t, requests);
@@ -263,9 +271,11 @@ TEST_F(DisaggregatedTest, GreedyOutputsAreBitIdenticalToCoLocated) {
 TEST_F(DisaggregatedTest, ADeadMemoryNodeOnlyMovesItsRequests) {
   const auto requests = Workload();
   const auto reference = Run(Topology{}, requests);
-  for (int plans : {1, 2}) {
-    SCOPED_TRACE(absl::StrCat(plans, " plan(s) in flight per compute node"));
-    Deployment d(weights_, {2, 1, "inproc", "split", 2, plans}, 2048);
+  for (const Topology& t :
+       {Topology{2, 1, "inproc", "split", 2, 1}, Topology{2, 1, "inproc", "split", 2, 2},
+        Topology{2, 1, "inproc", "split", 2, 2, true}}) {
+    SCOPED_TRACE(Name(t));
+    Deployment d(weights_, t, 2048);
     std::mutex mu;
     std::condition_variable cv;
     int steps = 0;
@@ -302,21 +312,24 @@ TEST_F(DisaggregatedTest, ADeadMemoryNodeOnlyMovesItsRequests) {
 }
 
 TEST_F(DisaggregatedTest, LosingTheOnlyMemoryNodeFailsItsRequestsClearly) {
-  Deployment d(weights_, {1, 1, "inproc", "split", 1}, 2048);
-  GenerateRequest r;
-  r.prompt_tokens = Prompt(40, 3);
-  r.sampling.temperature = 0.0f;
-  r.max_tokens = 400;
-  r.ignore_eos = true;
-  auto outcome = d.Submit(r);
-  for (int i = 0; i < 200 && outcome->tokens.size() < 3; ++i) {
-    absl::SleepFor(absl::Milliseconds(20));
+  for (bool async : {false, true}) {
+    SCOPED_TRACE(async ? "asynchronous scheduling" : "synchronous scheduling");
+    Deployment d(weights_, {1, 1, "inproc", "split", 1, 1, async}, 2048);
+    GenerateRequest r;
+    r.prompt_tokens = Prompt(40, 3);
+    r.sampling.temperature = 0.0f;
+    r.max_tokens = 400;
+    r.ignore_eos = true;
+    auto outcome = d.Submit(r);
+    for (int i = 0; i < 200 && outcome->tokens.size() < 3; ++i) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    d.memory()[0].reset();
+    ASSERT_TRUE(d.Wait({outcome}));
+    EXPECT_FALSE(outcome->error.ok());
+    EXPECT_NE(std::string(outcome->error.message()).find("memory node"), std::string::npos)
+        << outcome->error;
   }
-  d.memory()[0].reset();
-  ASSERT_TRUE(d.Wait({outcome}));
-  EXPECT_FALSE(outcome->error.ok());
-  EXPECT_NE(std::string(outcome->error.message()).find("memory node"), std::string::npos)
-      << outcome->error;
 }
 
 }  // namespace

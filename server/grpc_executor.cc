@@ -21,7 +21,8 @@ GrpcExecutor::GrpcExecutor(std::string name, const std::string& address,
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   channel_ = auth_->CreateChannel(address, args);
   stub_ = control::ComputeNode::NewStub(channel_);
-  worker_ = std::thread([this] { Run(); });
+  writer_ = std::thread([this] { WriteLoop(); });
+  reader_ = std::thread([this] { ReadLoop(); });
   watchdog_ = std::thread([this] { Watchdog(); });
 }
 
@@ -32,8 +33,19 @@ GrpcExecutor::~GrpcExecutor() {
     if (context_) context_->TryCancel();
   }
   cv_.notify_all();
-  worker_.join();
+  writer_.join();
+  reader_.join();
   watchdog_.join();
+  if (stream_) stream_->Finish();  // cancelled above: returns at once
+  // Plans never written complete with an error: none is lost.
+  std::deque<std::pair<StepPlan, StepResultSink>> left;
+  left.swap(queue_);
+  for (auto& [plan, sink] : left) {
+    StepResult r;
+    r.step_id = plan.step_id;
+    r.status = absl::CancelledError("the executor is shutting down");
+    sink(std::move(r));
+  }
 }
 
 void GrpcExecutor::Submit(StepPlan plan, StepResultSink sink) {
@@ -57,77 +69,93 @@ void GrpcExecutor::Watchdog() {
   }
 }
 
-StepResult GrpcExecutor::RunOne(const StepPlan& plan) {
-  StepResult failure;
-  failure.step_id = plan.step_id;
-  if (stream_ == nullptr) {
-    auto context = std::make_unique<grpc::ClientContext>();
-    auth_->Attach(context.get());
-    auto stream = stub_->RunSteps(context.get());
-    std::lock_guard<std::mutex> lock(mu_);
-    context_ = std::move(context);
-    stream_ = std::move(stream);
+void GrpcExecutor::WriteLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !broken_); });
+    if (stop_) return;
+    if (stream_ == nullptr) {
+      auto context = std::make_unique<grpc::ClientContext>();
+      auth_->Attach(context.get());
+      auto stream = stub_->RunSteps(context.get());
+      context_ = std::move(context);
+      stream_ = std::move(stream);
+    }
+    auto [plan, sink] = std::move(queue_.front());
+    queue_.pop_front();
+    if (sent_.empty()) step_deadline_at_ = absl::Now() + step_deadline_;
+    sent_.push_back({plan.step_id, std::move(sink)});
+    writing_ = true;
+    auto* stream = stream_.get();
+    cv_.notify_all();  // the reader has a result to wait for
+    lock.unlock();
+    control::StepPlan wire;
+    ToProto(plan, &wire);
+    const bool ok = stream->Write(wire);
+    lock.lock();
+    writing_ = false;
+    // A failed write breaks the stream: the reader's Read fails and it closes the stream.
+    if (!ok && context_ != nullptr) context_->TryCancel();
+    cv_.notify_all();
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    step_deadline_at_ = absl::Now() + step_deadline_;
+}
+
+void GrpcExecutor::ReadLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return !sent_.empty() || stop_; });
+    if (sent_.empty()) return;  // stopping, and nothing unanswered
+    auto* stream = stream_.get();
+    lock.unlock();
+    control::StepResult reply;
+    const bool ok = stream->Read(&reply);
+    lock.lock();
+    if (!ok) {
+      CloseBrokenStream(lock);
+      continue;
+    }
+    Sent done = std::move(sent_.front());
+    sent_.pop_front();
+    step_deadline_at_ = sent_.empty() ? absl::InfiniteFuture() : absl::Now() + step_deadline_;
+    lock.unlock();
+    done.sink(FromProto(reply));
+    lock.lock();
   }
-  control::StepPlan wire;
-  ToProto(plan, &wire);
-  control::StepResult reply;
-  const bool ok = stream_->Write(wire) && stream_->Read(&reply);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    step_deadline_at_ = absl::InfiniteFuture();
-  }
-  if (ok) return FromProto(reply);
-  // The stream is broken: the node died, hung past the deadline, or went away.
-  const grpc::Status status = stream_->Finish();
-  // The stream's own code (Unavailable, DeadlineExceeded, ...) is the step's.
-  failure.status =
+}
+
+void GrpcExecutor::CloseBrokenStream(std::unique_lock<std::mutex>& lock) {
+  broken_ = true;
+  // Finish must not race a Write; a write blocked on a dead peer ends when cancelled.
+  if (writing_) context_->TryCancel();
+  cv_.wait(lock, [&] { return !writing_; });
+  auto stream = std::move(stream_);
+  auto context = std::move(context_);
+  std::deque<Sent> failed;
+  failed.swap(sent_);
+  step_deadline_at_ = absl::InfiniteFuture();
+  lock.unlock();
+  // The stream's own code (Unavailable, DeadlineExceeded, ...) is the steps'.
+  const grpc::Status status = stream->Finish();
+  const absl::Status error =
       status.ok()
           ? absl::UnavailableError(absl::StrCat("compute node ", name_, " failed: stream closed"))
           : absl::Status(FromGrpcStatus(status).code(),
                          absl::StrCat("compute node ", name_, " failed: ", status.error_message()));
-  failure.node_unreachable = status.ok() || status.error_code() == grpc::StatusCode::UNAVAILABLE;
-  std::lock_guard<std::mutex> lock(mu_);
-  stream_.reset();
-  context_.reset();
-  return failure;
+  const bool unreachable = status.ok() || status.error_code() == grpc::StatusCode::UNAVAILABLE;
+  for (Sent& s : failed) {
+    StepResult r;
+    r.step_id = s.step_id;
+    r.status = error;
+    r.node_unreachable = unreachable;
+    s.sink(std::move(r));
+  }
+  lock.lock();
+  broken_ = false;
+  cv_.notify_all();
 }
 
 bool GrpcExecutor::Reachable() {
   return channel_->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY;
-}
-
-void GrpcExecutor::Run() {
-  while (true) {
-    std::pair<StepPlan, StepResultSink> job;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (stop_) break;
-      job = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    job.second(RunOne(job.first));
-  }
-  // Plans still queued complete with an error: none is lost.
-  std::deque<std::pair<StepPlan, StepResultSink>> left;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    left.swap(queue_);
-  }
-  for (auto& [plan, sink] : left) {
-    StepResult r;
-    r.step_id = plan.step_id;
-    r.status = absl::CancelledError("the executor is shutting down");
-    sink(std::move(r));
-  }
-  if (stream_) {
-    stream_->WritesDone();
-    stream_->Finish();
-  }
 }
 
 }  // namespace strata

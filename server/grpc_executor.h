@@ -1,10 +1,16 @@
 // A remote compute node as a StepExecutor: plans go out and results come back over one
 // RunSteps bidirectional stream.
 //
-// Each step has a deadline: a node that does not answer in time (hung, SIGSTOPped) gets its
-// stream cancelled and the step completes with an error, so the scheduler never waits
-// forever. A broken stream (the node died) completes the step with an error too; the next
-// step opens a new stream.
+// Plans are written as soon as they are submitted, while earlier ones still run: the node
+// reads the next plan the moment it has written a result, so several plans in flight
+// (asynchronous scheduling) keep it busy without a round trip between steps. A writer
+// thread sends, a reader thread receives; results come back in order.
+//
+// Each step has a deadline, counted from when it becomes the oldest unanswered one: a node
+// that does not answer in time (hung, SIGSTOPped) gets its stream cancelled and the step
+// completes with an error, so the scheduler never waits forever. A broken stream (the node
+// died) completes every plan written to it with an error, in order; the next plan opens a
+// new stream.
 #ifndef STRATA_SERVER_GRPC_EXECUTOR_H_
 #define STRATA_SERVER_GRPC_EXECUTOR_H_
 
@@ -38,9 +44,12 @@ class GrpcExecutor : public StepExecutor {
   std::shared_ptr<grpc::Channel> channel() const { return channel_; }
 
  private:
-  void Run();
+  void WriteLoop();
+  void ReadLoop();
   void Watchdog();
-  StepResult RunOne(const StepPlan& plan);
+  // The open stream failed: closes it and completes every plan written to it with the
+  // failure, oldest first. Reader thread, with `lock` held on entry and exit.
+  void CloseBrokenStream(std::unique_lock<std::mutex>& lock);
 
   std::string name_;
   std::shared_ptr<const ClusterAuth> auth_;
@@ -50,13 +59,20 @@ class GrpcExecutor : public StepExecutor {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::pair<StepPlan, StepResultSink>> queue_;
+  std::deque<std::pair<StepPlan, StepResultSink>> queue_;  // not written yet
+  struct Sent {
+    uint64_t step_id;
+    StepResultSink sink;
+  };
+  std::deque<Sent> sent_;  // written to the open stream, unanswered, oldest first
   bool stop_ = false;
-  // The open stream; the worker owns it, the watchdog may cancel its context.
+  bool writing_ = false;  // the writer is inside stream_->Write
+  bool broken_ = false;   // the reader is closing the open stream: the writer waits
+  // The open stream: the writer opens it, the reader closes it, the watchdog may cancel it.
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<control::StepPlan, control::StepResult>> stream_;
   absl::Time step_deadline_at_ = absl::InfiniteFuture();
-  std::thread worker_, watchdog_;
+  std::thread writer_, reader_, watchdog_;
 };
 
 }  // namespace strata

@@ -23,8 +23,11 @@ ABSL_FLAG(int, compute_nodes, 1, "Compute nodes to wait for before /health is 20
 ABSL_FLAG(int, memory_nodes, 0, "Memory nodes to wait for (0: co-located attention)");
 ABSL_FLAG(int64_t, max_model_len, 0, "Context length (0: the model's)");
 ABSL_FLAG(int64_t, max_num_seqs, strata::SchedulerConfig().max_num_seqs, "Sequences per step");
-ABSL_FLAG(int, max_plans_in_flight, strata::SchedulerConfig().max_plans_in_flight,
-          "Step plans a compute node holds at once (of different sequences)");
+ABSL_FLAG(int, max_plans_in_flight, 0,
+          "Step plans a compute node holds at once (0: 2 with asynchronous scheduling, else 1)");
+ABSL_FLAG(bool, async_scheduling, false,
+          "Send a batch's next step while the current one runs; the compute node feeds each "
+          "sequence the token it sampled last. Output is identical to synchronous scheduling");
 ABSL_FLAG(int64_t, max_num_batched_tokens, strata::SchedulerConfig().max_num_batched_tokens,
           "Rows per step");
 ABSL_FLAG(int64_t, max_prefill_tokens, strata::SchedulerConfig().max_prefill_tokens,
@@ -80,7 +83,11 @@ int main(int argc, char** argv) {
   o.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
   o.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
   o.scheduler.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
+  o.scheduler.async_scheduling = absl::GetFlag(FLAGS_async_scheduling);
   o.scheduler.max_plans_in_flight = absl::GetFlag(FLAGS_max_plans_in_flight);
+  if (o.scheduler.max_plans_in_flight == 0) {
+    o.scheduler.max_plans_in_flight = o.scheduler.async_scheduling ? 2 : 1;
+  }
   o.scheduler.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
   o.scheduler.max_prefill_tokens = absl::GetFlag(FLAGS_max_prefill_tokens);
   o.scheduler.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);

@@ -36,8 +36,8 @@ OutputProcessor::OutputProcessor(const Tokenizer* tokenizer, const std::vector<i
   }
 }
 
-const std::vector<int32_t>& OutputProcessor::banned_tokens() const {
-  return num_tokens_ < stop_.min_tokens ? all_stop_tokens_ : no_bans_;
+const std::vector<int32_t>& OutputProcessor::banned_tokens_at(int64_t position) const {
+  return position < stop_.min_tokens ? all_stop_tokens_ : no_bans_;
 }
 
 // Returns the held text that can no longer become part of a stop string.

@@ -45,7 +45,10 @@ class OutputProcessor {
 
   int num_tokens() const { return num_tokens_; }
   // Tokens that may not be sampled next (stop tokens before min_tokens).
-  const std::vector<int32_t>& banned_tokens() const;
+  const std::vector<int32_t>& banned_tokens() const { return banned_tokens_at(num_tokens_); }
+  // The same for the draw of output `position` (0-based), which may lie past the tokens
+  // pushed so far: asynchronous scheduling plans a draw before the previous one is known.
+  const std::vector<int32_t>& banned_tokens_at(int64_t position) const;
 
  private:
   std::string TakeEmittable(bool final);

@@ -33,6 +33,11 @@ absl::Status Scheduler::ValidateConfig(const SchedulerConfig& c) {
   if (c.max_plans_in_flight < 1) {
     return absl::InvalidArgumentError("max_plans_in_flight must be at least 1");
   }
+  if (c.async_scheduling && c.max_plans_in_flight < 2) {
+    return absl::InvalidArgumentError(
+        "asynchronous scheduling needs max_plans_in_flight of at least 2 (the next plan goes "
+        "out while the current one runs)");
+  }
   if (c.max_model_len <= 0 || c.block_tokens <= 0 || c.max_n <= 0 || c.max_waiting <= 0) {
     return absl::InvalidArgumentError(
         "max_model_len, block_tokens, max_n and max_waiting must be positive");
@@ -106,7 +111,12 @@ void Scheduler::FinishShutdown() {
   std::vector<Request*> all;
   for (auto& [id, req] : requests_) all.push_back(req.get());
   for (Request* req : all) {
-    req->in_flight = false;
+    req->in_flight = 0;
+    req->preempt_when_landed = false;
+    if (req->state == Request::State::kDone) {  // finished, waiting for its plans
+      Land(req);
+      continue;
+    }
     FailRequest(req, FinishReason::kAbort, absl::UnavailableError("the server is shutting down"));
   }
   PublishStats();
@@ -200,7 +210,8 @@ void Scheduler::SetPoolAliveNow(PoolIndex pool, bool alive, int64_t num_slots) {
         affected.push_back(req.get());
     }
     for (Request* req : affected) {
-      if (req->in_flight) continue;  // handled when its step returns
+      // A request with a plan out is preempted (or failed) now; its KV, lost with the pool,
+      // is forgotten once the plan is back, and whatever that plan sampled is discarded.
       for (auto& s : req->seqs) {
         s->table.clear();
         s->held.clear();
@@ -428,7 +439,11 @@ void Scheduler::FinishSequence(Sequence* seq, FinishReason reason, RequestUpdate
     }
   }
   seq->finished = true;
-  ReleaseKv(seq);
+  if (req->in_flight > 0) {
+    seq->release_deferred = true;  // a plan in flight may still write its KV
+  } else {
+    ReleaseKv(seq);
+  }
   SequenceUpdate* su = nullptr;
   for (auto& u : update->sequences) {
     if (u.index == seq->index) su = &u;
@@ -464,6 +479,7 @@ void Scheduler::FailRequest(Request* req, FinishReason reason, const absl::Statu
 }
 
 void Scheduler::MaybeRemoveRequest(Request* req) {
+  if (req->state == Request::State::kDone) return;  // already counted
   for (const auto& s : req->seqs) {
     if (!s->finished) return;
   }
@@ -481,11 +497,30 @@ void Scheduler::MaybeRemoveRequest(Request* req) {
   SetState(req, Request::State::kDone);
   if (req->deadline_timer != 0) loop_.Cancel(req->deadline_timer);
   req->deadline_timer = 0;
+  if (req->in_flight > 0) return;  // erased when its plans are back (Land)
   if (defer_removals_) {
     deferred_removals_.push_back(req->id);
     return;
   }
   EraseRequest(req->id);
+}
+
+void Scheduler::Land(Request* req) {
+  for (auto& seq : req->seqs) {
+    if (!seq->release_deferred) continue;
+    seq->release_deferred = false;
+    ReleaseKv(seq.get());
+  }
+  if (req->preempt_when_landed) {
+    req->preempt_when_landed = false;
+    if (req->state == Request::State::kRunning) Preempt(req);
+  }
+  if (req->state != Request::State::kDone) return;
+  if (defer_removals_) {
+    deferred_removals_.push_back(req->id);
+  } else {
+    EraseRequest(req->id);
+  }
 }
 
 void Scheduler::RemoveDeferred() {

@@ -58,6 +58,13 @@ struct SchedulerConfig {
   // sequences: plans in flight never share one) waits at the node while the current one
   // runs, instead of being built after its result is back.
   int max_plans_in_flight = 1;
+  // Asynchronous scheduling: while a step that samples a sequence's next token runs, the
+  // next plan already carries that sequence's following row, naming its input as "the token
+  // this node sampled last" (kLastSampledToken) instead of a literal id. The compute node
+  // then goes from one step to the next without waiting for the scheduler. Needs
+  // max_plans_in_flight >= 2. Output is bit-identical to synchronous scheduling; a stop is
+  // seen one step late and the extra token is discarded.
+  bool async_scheduling = false;
   int64_t max_num_batched_tokens = 2048;  // rows in one step
   int64_t max_prefill_tokens = 2048;      // prompt rows in one step
   int64_t prefill_chunk_tokens = 512;     // <= 0: whole prompts only (no chunking)
@@ -91,6 +98,10 @@ struct SchedulerStats {
   int64_t prefix_hit_tokens_total = 0;
   int64_t prefill_rows_total = 0;  // prompt rows actually computed
   int64_t steps_total = 0;
+  // Asynchronous scheduling: rows planned before the previous token was known, and tokens
+  // sampled for sequences that had already finished (never streamed nor billed).
+  int64_t async_rows_total = 0;
+  int64_t discarded_tokens_total = 0;
   int64_t rejected_total = 0;
   // Scheduler-thread time spent building plans and applying results (not the step itself).
   int64_t plans_total = 0;
@@ -175,7 +186,11 @@ class Scheduler {
   bool BuildPlan(int executor, StepPlan* plan);
   void OnStepResult(int executor, StepPlan plan, StepResult result, absl::Time started);
   bool Place(Request* req, int executor);
+  // Preempts now, or once the plans in flight holding the request are back (Land).
   void Preempt(Request* req);
+  // The request's last plan in flight is back: frees the KV its finished sequences kept,
+  // carries out a deferred preemption, and erases it if it has finished.
+  void Land(Request* req);
   // The request no longer has a compute node: the next one gets its setup again.
   void ForgetExecutor(Request* req);
   void ReleaseKv(Sequence* seq);

@@ -27,7 +27,13 @@ struct Scheduler::Sequence {
   std::vector<uint64_t> hashes;  // chained hashes of the full blocks of `tokens`
   std::vector<std::pair<int64_t, uint64_t>> held;  // cached blocks held: (index, hash)
   int64_t registered_blocks = 0;
-  bool setup_sent = false;         // on the request's executor
+  bool setup_sent = false;  // on the request's executor
+  // Chunks of this sequence in plans not yet back, and whether the newest of them samples
+  // the token after the known ones (asynchronous scheduling may then plan the next row).
+  int in_flight = 0;
+  bool in_flight_samples = false;
+  // Finished while a plan still writes its KV: the slots are freed when the plans are back.
+  bool release_deferred = false;
   bool waiting_for_owner = false;  // n > 1: will share the owner's prompt KV
   bool finished = false;
   std::unique_ptr<OutputProcessor> output;
@@ -44,7 +50,10 @@ struct Scheduler::Request {
   uint64_t arrival = 0;
   int executor = -1;
   std::optional<PoolIndex> pool;
-  bool in_flight = false;
+  // Plans in flight holding any of its sequences (more than one only with asynchronous
+  // scheduling). While any is out its KV stays allocated: preemption waits for them.
+  int in_flight = 0;
+  bool preempt_when_landed = false;
   // Set while in flight; acted on when the step returns.
   FinishReason pending_finish = FinishReason::kNone;
   int step_failures = 0;

@@ -108,6 +108,12 @@ void Scheduler::ForgetExecutor(Request* req) {
 }
 
 void Scheduler::Preempt(Request* req) {
+  if (req->in_flight > 0) {
+    // A plan in flight still writes its KV: the slots go when it is back (Land), and what it
+    // samples is discarded.
+    req->preempt_when_landed = true;
+    return;
+  }
   for (auto& seq : req->seqs) {
     if (seq->finished) continue;
     ReleaseKv(seq.get());
@@ -212,10 +218,18 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
            (!ex.local_pool || *ex.local_pool == *r->pool);
   };
 
-  // Running requests this executor may run, highest priority first.
+  // Running requests this executor may run, highest priority first. With asynchronous
+  // scheduling a request with a plan out on this executor stays eligible: its sequences
+  // that are not in flight may join, and one whose token that plan samples may take its
+  // next row already.
+  const bool async = config_.async_scheduling;
   std::vector<Request*> running;
   for (Request* req : running_) {
-    if (req->in_flight || !pool_ok(req)) continue;
+    if (!pool_ok(req) || req->preempt_when_landed) continue;
+    if (req->in_flight > 0 &&
+        (!async || req->executor != e || req->pending_finish != FinishReason::kNone)) {
+      continue;
+    }
     if (req->executor >= 0 && req->executor != e && executors_[req->executor]->alive) continue;
     running.push_back(req);
   }
@@ -244,26 +258,36 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
   struct PendingChunk {
     Sequence* seq;
     int64_t begin, end;
+    bool ahead;  // the row of the token a plan in flight samples (kLastSampledToken)
   };
   std::vector<PendingChunk> chunks;
-  auto add_chunk = [&](Sequence* seq, int64_t begin, int64_t end) {
-    chunks.push_back({seq, begin, end});
+  auto add_chunk = [&](Sequence* seq, int64_t begin, int64_t end, bool ahead = false) {
+    chunks.push_back({seq, begin, end, ahead});
     planned.insert(seq->request);
     seq->request->executor = e;  // requests stick to the compute node that runs them
   };
 
-  // Phase 1: decode rows.
+  // Phase 1: decode rows. A sequence decodes its last known token; with asynchronous
+  // scheduling, one whose plan in flight samples the next token may decode that token too,
+  // unless the draw in flight is its last (max_tokens).
   for (size_t i = 0; i < running.size(); ++i) {
     Request* req = running[i];
-    std::vector<Sequence*> decode;
-    for (auto& seq : req->seqs) {
-      if (!seq->finished && !seq->waiting_for_owner &&
-          seq->computed == static_cast<int64_t>(seq->tokens.size()) - 1) {
-        decode.push_back(seq.get());
+    std::vector<Sequence*> decode, ahead;
+    for (auto& seq_ptr : req->seqs) {
+      Sequence* seq = seq_ptr.get();
+      if (seq->finished || seq->waiting_for_owner) continue;
+      const int64_t len = static_cast<int64_t>(seq->tokens.size());
+      if (seq->in_flight == 0 && seq->computed == len - 1) {
+        decode.push_back(seq);
+      } else if (async && seq->in_flight == 1 && seq->in_flight_samples &&
+                 seq->num_outputs + 1 < req->spec.max_tokens) {
+        ahead.push_back(seq);
       }
     }
-    if (decode.empty()) continue;
-    if (static_cast<int64_t>(decode.size()) > std::min(budget_rows, budget_seqs)) break;
+    if (decode.empty() && ahead.empty()) continue;
+    if (static_cast<int64_t>(decode.size() + ahead.size()) > std::min(budget_rows, budget_seqs)) {
+      break;
+    }
     int64_t need = 0;
     for (Sequence* s : decode)
       need += static_cast<int64_t>(s->tokens.size()) - static_cast<int64_t>(s->table.size());
@@ -282,6 +306,20 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
       --budget_rows;
       --budget_seqs;
     }
+    // A row ahead never preempts its own request: without room it waits for the token.
+    int64_t need_ahead = 0;
+    for (Sequence* s : ahead)
+      need_ahead +=
+          static_cast<int64_t>(s->tokens.size()) + 1 - static_cast<int64_t>(s->table.size());
+    if (need_ahead > 0 && !make_room(req, need_ahead)) continue;
+    for (Sequence* s : ahead) {
+      const int64_t position = static_cast<int64_t>(s->tokens.size());
+      const int64_t missing = position + 1 - static_cast<int64_t>(s->table.size());
+      if (missing > 0) CHECK(kv.Allocate(missing, &s->table));
+      add_chunk(s, position, position + 1, /*ahead=*/true);
+      --budget_rows;
+      --budget_seqs;
+    }
   }
 
   // Phase 2: prefill chunks of running requests (prompts, recomputed outputs, and n > 1
@@ -291,7 +329,10 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     Sequence* owner = req->Owner();
     for (auto& seq_ptr : req->seqs) {
       Sequence* seq = seq_ptr.get();
-      if (seq->finished || budget_rows <= 0 || budget_prefill <= 0 || budget_seqs <= 0) continue;
+      if (seq->finished || seq->in_flight > 0 || budget_rows <= 0 || budget_prefill <= 0 ||
+          budget_seqs <= 0) {
+        continue;
+      }
       if (seq->waiting_for_owner) {
         // Samples with outputs of their own (after preemption) prefill them once the owner
         // has the prompt; samples without wait for the owner's first draw.
@@ -405,6 +446,13 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     chunk.request_id = seq->id;
     chunk.pool = *req->pool;
     chunk.start_position = static_cast<int32_t>(c.begin);
+    if (c.ahead) {
+      chunk.tokens = {kLastSampledToken};
+      const int64_t draw = seq->num_outputs + 1;  // the one after the draw in flight
+      chunk.samples.push_back({seq->id, seq->index, draw, seq->output->banned_tokens_at(draw)});
+      plan->chunks.push_back(std::move(chunk));
+      continue;
+    }
     chunk.tokens.assign(seq->tokens.begin() + c.begin, seq->tokens.begin() + c.end);
     if (c.end == static_cast<int64_t>(seq->tokens.size())) {
       chunk.samples.push_back(
@@ -430,8 +478,18 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     plan->chunks.push_back(std::move(chunk));
   }
   for (Sequence* seq : setup_done) seq->setup_sent = true;
-  for (Request* req : planned) req->in_flight = true;
   if (plan->chunks.empty() && plan->releases.empty()) return false;
+  int64_t ahead_rows = 0;
+  for (const PendingChunk& c : chunks) {
+    ++c.seq->in_flight;
+    c.seq->in_flight_samples = c.ahead || c.end == static_cast<int64_t>(c.seq->tokens.size());
+    ahead_rows += c.ahead ? 1 : 0;
+  }
+  for (Request* req : planned) ++req->in_flight;
+  if (ahead_rows > 0) {
+    absl::MutexLock lock(&stats_mu_);
+    counters_.async_rows_total += ahead_rows;
+  }
   return true;
 }
 
@@ -440,6 +498,13 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
   // point into them.
   defer_removals_ = true;
   absl::Cleanup remove_deferred = [this] { RemoveDeferred(); };
+  std::vector<Request*> involved;
+  // Last of all, requests with no plan left out land (before the removals above).
+  absl::Cleanup land = [this, &involved] {
+    for (Request* req : involved) {
+      if (req->in_flight == 0) Land(req);
+    }
+  };
   Executor& ex = *executors_[executor];
   const absl::Time now = absl::Now();
   {
@@ -453,15 +518,17 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
 
   // Sequences of this step, by wire id.
   const std::unordered_map<SequenceId, Sequence*>& by_id = sequences_;
-  std::vector<Request*> involved;
   std::unordered_set<Request*> seen;
   for (const SequenceChunk& c : plan.chunks) {
     auto it = by_id.find(c.request_id);
     if (it == by_id.end()) continue;
+    if (it->second->in_flight > 0) --it->second->in_flight;
     Request* req = it->second->request;
     if (seen.insert(req).second) involved.push_back(req);
   }
-  for (Request* req : involved) req->in_flight = false;
+  for (Request* req : involved) {
+    if (req->in_flight > 0) --req->in_flight;
+  }
 
   if (!result.status.ok()) {
     LOG(ERROR) << "step " << plan.step_id << " on " << ex.impl->name()
@@ -479,6 +546,9 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
                                   executors_[e]->reachable);
     }
     for (Request* req : involved) {
+      // Finished already (a stop seen before this plan came back), or a failure that an
+      // earlier plan's explains: this plan's rows depended on that plan's tokens.
+      if (req->state == Request::State::kDone || req->preempt_when_landed) continue;
       if (lost) {
         // Another node takes it; with none left it fails below, with the rest.
         if (other_node) {
@@ -528,7 +598,7 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
     Request* req = it->second->request;
     if (failed_now.insert(req).second) {
       // Already moved when its pool was declared dead above.
-      if (req->state != Request::State::kRunning) continue;
+      if (req->state != Request::State::kRunning || req->preempt_when_landed) continue;
       const bool pool_dead =
           req->pool && std::find(result.dead_pools.begin(), result.dead_pools.end(), *req->pool) !=
                            result.dead_pools.end();
@@ -557,7 +627,10 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
     if (it == by_id.end()) continue;
     Sequence* seq = it->second;
     Request* req = seq->request;
-    if (failed_now.count(req) || seq->finished || req->state != Request::State::kRunning) continue;
+    if (failed_now.count(req) || seq->finished || req->state != Request::State::kRunning ||
+        req->preempt_when_landed) {
+      continue;
+    }
     seq->computed =
         std::max<int64_t>(seq->computed, c.start_position + static_cast<int64_t>(c.tokens.size()));
     RegisterBlocks(seq);
@@ -569,7 +642,16 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
     if (it == by_id.end()) continue;
     Sequence* seq = it->second;
     Request* req = seq->request;
-    if (failed_now.count(req) || seq->finished || req->state != Request::State::kRunning) continue;
+    if (seq->finished) {
+      // Sampled by a row planned before the stop was known: never streamed nor billed.
+      absl::MutexLock lock(&stats_mu_);
+      ++counters_.discarded_tokens_total;
+      continue;
+    }
+    if (failed_now.count(req) || req->state != Request::State::kRunning ||
+        req->preempt_when_landed) {
+      continue;
+    }
     if (seq->waiting_for_owner) {
       Sequence* owner = req->Owner();
       if (owner == nullptr || owner == seq || owner->computed < req->prompt_len()) continue;

@@ -3,9 +3,11 @@
 // chunked vs whole prefill, with vs without preemption, with vs without prefix reuse.
 #include "server/scheduler.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "compute_node/attention_backend.h"
@@ -55,6 +57,7 @@ struct Outcome {
   std::vector<FinishReason> finish;
   absl::Status error;
   bool done = false;
+  int late_updates = 0;  // updates after the final one (there must be none)
   int64_t cached_prompt_tokens = 0;
 };
 
@@ -86,6 +89,7 @@ class Harness {
     outcome->finish.resize(req.n, FinishReason::kNone);
     auto id = scheduler_->Submit(std::move(req), [this, outcome](const RequestUpdate& u) {
       std::lock_guard<std::mutex> lock(mu_);
+      if (outcome->done) ++outcome->late_updates;
       for (const SequenceUpdate& s : u.sequences) {
         auto& t = outcome->tokens[s.index];
         t.insert(t.end(), s.tokens.begin(), s.tokens.end());
@@ -459,6 +463,118 @@ TEST_F(SchedulerTest, TwoPlansInFlightGiveTheOutputsOfOne) {
     EXPECT_EQ(held_two, 2) << "the second plan never went out while the first ran";
     if (slots == 420) EXPECT_GT(stats_two.num_preemptions_total, 0) << "no preemption";
   }
+}
+
+// Asynchronous scheduling against synchronous: the same outputs bit for bit, greedy and
+// seeded with penalties, with stops seen one step late (a stop token, min_tokens holding
+// it back, max_tokens), n > 1, prefix reuse, and preemption in a tight pool. The token
+// sampled past a stop is discarded: never streamed, and its KV freed (Run checks no leak).
+TEST_F(SchedulerTest, AsyncSchedulingIsBitIdenticalToSync) {
+  SchedulerConfig sync = Config();
+  SchedulerConfig async = sync;
+  async.async_scheduling = true;
+  async.max_plans_in_flight = 2;
+
+  std::vector<GenerateRequest> requests;
+  for (int i = 0; i < 4; ++i) requests.push_back(Greedy(Prompt(20 + 31 * i, 200 + i), 16));
+  GenerateRequest seeded = Greedy(Prompt(45, 9), 20);
+  seeded.sampling.temperature = 0.9f;
+  seeded.sampling.top_p = 0.95f;
+  seeded.sampling.frequency_penalty = 0.5f;
+  seeded.sampling.presence_penalty = 0.3f;
+  seeded.sampling.seed = 99;
+  seeded.has_seed = true;
+  seeded.n = 3;
+  requests.push_back(seeded);
+  GenerateRequest shared = requests[1];  // request 1's prompt and one more token
+  shared.prompt_tokens.push_back(77);
+  requests.push_back(shared);
+  // A stop token: the sixth token this prompt generates.
+  const GenerateRequest probe = Greedy(Prompt(33, 300), 24);
+  const auto probed = Run(sync, 4096, {probe});
+  GenerateRequest stopped = probe;
+  stopped.stop_token_ids = {probed[0]->tokens[0][5]};
+  requests.push_back(stopped);
+  GenerateRequest held = stopped;  // the stop token is banned from the first 8 draws
+  held.min_tokens = 8;
+  requests.push_back(held);
+  const size_t kStopped = requests.size() - 2;
+
+  // Roomy, then tight enough to preempt.
+  for (int64_t slots : {int64_t{4096}, int64_t{300}}) {
+    SCOPED_TRACE(absl::StrCat(slots, " slots"));
+    SchedulerStats stats_sync, stats_async;
+    int held_sync = 0, held_async = 0;
+    const auto a = Run(sync, slots, requests, &stats_sync, &held_sync);
+    const auto b = Run(async, slots, requests, &stats_async, &held_async);
+    ASSERT_EQ(a.size(), requests.size());
+    ASSERT_EQ(b.size(), requests.size());
+    for (size_t i = 0; i < requests.size(); ++i) {
+      EXPECT_TRUE(a[i]->error.ok()) << a[i]->error;
+      EXPECT_TRUE(b[i]->error.ok()) << b[i]->error;
+      EXPECT_EQ(a[i]->tokens, b[i]->tokens) << "request " << i;
+      EXPECT_EQ(a[i]->finish, b[i]->finish) << "request " << i;
+      EXPECT_EQ(b[i]->late_updates, 0) << "request " << i;
+    }
+    EXPECT_EQ(a[kStopped]->finish[0], FinishReason::kStop) << "the stop token never stopped it";
+    EXPECT_LE(a[kStopped]->tokens[0].size(), 6u);
+    EXPECT_GT(a[kStopped + 1]->tokens[0].size(), 8u - 1) << "min_tokens did not hold the stop";
+    EXPECT_EQ(held_sync, 1);
+    EXPECT_EQ(held_async, 2) << "no plan went out while the previous one ran";
+    EXPECT_EQ(stats_sync.async_rows_total, 0);
+    EXPECT_GT(stats_async.async_rows_total, 0) << "no row was planned ahead of its token";
+    // In the tight pool a row ahead may find no room and wait for its token instead.
+    if (slots == 4096) {
+      EXPECT_GT(stats_async.discarded_tokens_total, 0) << "no stop was seen one step late";
+    }
+    EXPECT_EQ(stats_sync.discarded_tokens_total, 0);
+    EXPECT_EQ(stats_async.generation_tokens_total, stats_sync.generation_tokens_total)
+        << "a discarded token was billed";
+    if (slots == 300) {
+      EXPECT_GT(stats_sync.num_preemptions_total, 0) << "no preemption";
+      EXPECT_GT(stats_async.num_preemptions_total, 0) << "no preemption";
+    }
+  }
+}
+
+// With asynchronous scheduling a timeout or cancellation is acted on one step late at most:
+// the output so far is a prefix of the full output, nothing follows the final update, and
+// every KV slot comes back.
+TEST_F(SchedulerTest, AsyncSchedulingEndsTimedOutAndCancelledRequestsCleanly) {
+  SchedulerConfig async = Config();
+  async.async_scheduling = true;
+  async.max_plans_in_flight = 2;
+  const GenerateRequest full_request = Greedy(Prompt(30, 3), 200);
+  const auto full = Run(Config(), 4096, {full_request});
+  Harness h(weights_, async, 4096);
+  GenerateRequest slow = full_request;
+  slow.timeout = absl::Milliseconds(150);
+  auto timed = *h.Submit(slow);
+  auto cancelled = *h.Submit(Greedy(Prompt(30, 4), 900));
+  auto bystander = *h.Submit(Greedy(Prompt(25, 5), 30));
+  absl::SleepFor(absl::Milliseconds(30));
+  h.scheduler().Cancel(h.ids_[1]);
+  h.Wait({timed, cancelled, bystander});
+  EXPECT_EQ(timed->finish[0], FinishReason::kTimeout);
+  EXPECT_EQ(timed->error.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(cancelled->finish[0], FinishReason::kAbort);
+  const auto& got = timed->tokens[0];
+  ASSERT_LT(got.size(), full[0]->tokens[0].size());
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), full[0]->tokens[0].begin()))
+      << "the timed-out output is not a prefix of the full one";
+  const auto alone = Run(Config(), 4096, {Greedy(Prompt(25, 5), 30)});
+  EXPECT_EQ(bystander->tokens, alone[0]->tokens);
+  for (const auto& o : {timed, cancelled, bystander}) EXPECT_EQ(o->late_updates, 0);
+  h.ExpectNoLeak();
+}
+
+TEST_F(SchedulerTest, AsyncSchedulingNeedsTwoPlansInFlight) {
+  SchedulerConfig c = Config();
+  c.async_scheduling = true;
+  c.max_plans_in_flight = 1;
+  EXPECT_EQ(Scheduler::ValidateConfig(c).code(), absl::StatusCode::kInvalidArgument);
+  c.max_plans_in_flight = 2;
+  EXPECT_TRUE(Scheduler::ValidateConfig(c).ok());
 }
 
 }  // namespace

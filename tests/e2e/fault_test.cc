@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -82,15 +83,19 @@ TEST(FaultTest, AHungMemoryNodeStallsStepsOnlyUntilItIsDeclaredDead) {
 }
 
 // Two plans in flight on the only compute node, and it dies (SIGKILL) mid-generation, in
-// co-located mode and with two memory nodes: no request hangs or is lost; each one that
-// was running completes or gets 503, and no error names an internal address or node.
+// co-located mode and with two memory nodes, with plans of different sequences and with
+// asynchronous scheduling (plans sharing sequences, written to the node before the previous
+// one is back): no request hangs or is lost; each one that was running completes or gets
+// 503, and no error names an internal address or node.
 TEST(FaultTest, AComputeNodeDyingWithTwoPlansInFlightLosesNothing) {
-  for (int memory_nodes : {0, 2}) {
-    SCOPED_TRACE(absl::StrCat(memory_nodes, " memory nodes"));
+  for (const auto& [memory_nodes, async] :
+       std::vector<std::pair<int, bool>>{{0, false}, {2, false}, {0, true}, {2, true}}) {
+    SCOPED_TRACE(absl::StrCat(memory_nodes, " memory nodes", async ? ", asynchronous" : ""));
     DeploymentOptions options;
     // At most 2 sequences per step, so that 8 requests make several plans.
     options.server_args = {"--served_model_name=tiny", "--max_plans_in_flight=2",
                            "--max_num_seqs=2"};
+    if (async) options.server_args.push_back("--async_scheduling");
     options.memory_nodes = memory_nodes;
     auto d = Deployment::Start(options);
     ASSERT_TRUE(d.ok()) << d.status();
