@@ -104,6 +104,7 @@ int main(int argc, char** argv) {
   process.info.set_kv_budget_bytes(options.local_kv_budget_bytes);
   *process.info.mutable_model() = strata::ToProto((*node)->shape());
   strata::ComputeNodeService service(node->get(), process.info, *auth);
+  service.SetPlanWaitObserver([&node_metrics](double s) { node_metrics.OnPlanWait(s); });
   process.service = &service;
   process.status = [&] { return strata::ToProto((*node)->Status()); };
   process.description = absl::StrCat(", ", omp_get_max_threads(), " threads");

@@ -38,6 +38,14 @@ ComputeNodeMetrics::ComputeNodeMetrics(std::shared_ptr<metrics::MetricsRegistry>
                      .Help("Per layer: first q/k/v frame sent to last attention answer received.")
                      .Register(r)
                      .Add(labels, metrics::FastLatencyBuckets());
+  plan_wait_ = &prometheus::BuildHistogram()
+                    .Name("strata_compute_node_plan_wait_seconds")
+                    .Help(
+                        "Between steps: from writing a step's result to having the next plan "
+                        "(the round trip through the scheduler, unless it sent the plan "
+                        "ahead; idle periods without requests count too).")
+                    .Register(r)
+                    .Add(labels, metrics::FastLatencyBuckets());
   bubble_ = &prometheus::BuildGauge()
                  .Name(metrics::kBubbleRatio)
                  .Help(metrics::kBubbleRatioHelp)
@@ -80,6 +88,8 @@ void ComputeNodeMetrics::OnStep(const StepResult& result) {
 }
 
 void ComputeNodeMetrics::OnLayerRoundTrip(double seconds) { round_trip_->Observe(seconds); }
+
+void ComputeNodeMetrics::OnPlanWait(double seconds) { plan_wait_->Observe(seconds); }
 
 void ComputeNodeMetrics::Attach(const ComputeNode* node) { compute_node_.store(node); }
 

@@ -23,6 +23,8 @@ class ComputeNodeMetrics {
   // Step thread.
   void OnStep(const StepResult& result);
   void OnLayerRoundTrip(double seconds);
+  // Between steps of one stream: from writing a result to having the next plan.
+  void OnPlanWait(double seconds);
   // Reads the node's transport counters at each scrape. `node` must outlive the registry's
   // endpoint.
   void Attach(const ComputeNode* node);
@@ -43,6 +45,7 @@ class ComputeNodeMetrics {
   prometheus::Histogram* step_seconds_;
   prometheus::Histogram* step_rows_;
   prometheus::Histogram* round_trip_;
+  prometheus::Histogram* plan_wait_;
   prometheus::Gauge* bubble_;
   prometheus::Gauge* kv_total_;
   prometheus::Gauge* kv_used_;

@@ -1,7 +1,10 @@
 #include "compute_node/service.h"
 
+#include <optional>
+
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
+#include "common/base/stopwatch.h"
 #include "common/control/grpc_status.h"
 #include "common/protocol/node_config_proto.h"
 #include "common/protocol/step_proto.h"
@@ -24,7 +27,9 @@ grpc::Status ComputeNodeService::RunSteps(
     grpc::ServerReaderWriter<control::StepResult, control::StepPlan>* stream) {
   if (grpc::Status auth = auth_->Check(context); !auth.ok()) return auth;
   control::StepPlan wire;
+  std::optional<Stopwatch> since_result;  // from the last result written
   while (stream->Read(&wire)) {
+    if (since_result && plan_wait_observer_) plan_wait_observer_(since_result->ElapsedSeconds());
     StepResult result;
     auto plan = FromProto(wire);
     if (!plan.ok()) {
@@ -37,6 +42,7 @@ grpc::Status ComputeNodeService::RunSteps(
     control::StepResult out;
     ToProto(result, &out);
     if (!stream->Write(out)) break;
+    since_result.emplace();
     if (context->IsCancelled()) break;
   }
   return grpc::Status::OK;

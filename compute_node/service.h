@@ -3,6 +3,7 @@
 #ifndef STRATA_COMPUTE_NODE_SERVICE_H_
 #define STRATA_COMPUTE_NODE_SERVICE_H_
 
+#include <functional>
 #include <memory>
 
 #include "common/control/cluster_auth.h"
@@ -18,6 +19,12 @@ class ComputeNodeService final : public control::ComputeNode::Service {
   ComputeNodeService(ComputeNode* node, control::NodeInfo info,
                      std::shared_ptr<const ClusterAuth> auth)
       : node_(node), info_(std::move(info)), auth_(std::move(auth)) {}
+  // Called, on the step thread, with the seconds between writing a step's result and
+  // having the next plan of the same stream: the node's idle time between steps (near zero
+  // when the scheduler sent the next plan ahead). Set before serving.
+  void SetPlanWaitObserver(std::function<void(double)> observer) {
+    plan_wait_observer_ = std::move(observer);
+  }
 
   grpc::Status Configure(grpc::ServerContext* context, const control::ComputeConfig* request,
                          control::ComputeConfigAck* response) override;
@@ -33,6 +40,7 @@ class ComputeNodeService final : public control::ComputeNode::Service {
   ComputeNode* node_;
   control::NodeInfo info_;
   std::shared_ptr<const ClusterAuth> auth_;
+  std::function<void(double)> plan_wait_observer_;
 };
 
 }  // namespace strata

@@ -82,15 +82,27 @@ def stream_tokens_per_second(port, model, max_tokens):
     return (len(times) - 1) / (times[-1] - times[0])
 
 
-def run_serve(bin_dir, memory_nodes=0, extra_args=(), env=None, rounds=3):
-    """Median single-stream decode tokens/s of `rounds` streamed completions."""
+def plan_wait_ms(metrics_port):
+    """Mean of compute-0's strata_compute_node_plan_wait_seconds, in ms."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read().decode()
+    values = {}
+    for line in text.splitlines():
+        for part in ("sum", "count"):
+            if line.startswith(f"strata_compute_node_plan_wait_seconds_{part}"):
+                values[part] = float(line.split()[-1])
+    return 1000.0 * values["sum"] / values["count"] if values.get("count") else float("nan")
+
+
+def run_serve(bin_dir, memory_nodes=0, extra_args=(), env=None, rounds=3, plan_wait=False):
+    """Median single-stream decode tokens/s of `rounds` streamed completions; with
+    `plan_wait`, also the compute node's mean wait for its next plan between steps."""
     with tempfile.TemporaryDirectory() as run_dir:
         port_file = os.path.join(run_dir, "ports.json")
         log = open(os.path.join(run_dir, "launcher.log"), "w")
         launcher = subprocess.Popen(
             [f"{bin_dir}/deploy/local/launcher", f"--bin_dir={bin_dir}", "--port=0",
              "--grpc_port=-1", f"--port_file={port_file}", f"--memory_nodes={memory_nodes}",
-             "--node_metrics=false", *extra_args], stdout=log, stderr=subprocess.STDOUT,
+             f"--node_metrics={'true' if plan_wait else 'false'}", *extra_args], stdout=log, stderr=subprocess.STDOUT,
             env=env or ENV,
             start_new_session=True)
         try:
@@ -105,7 +117,11 @@ def run_serve(bin_dir, memory_nodes=0, extra_args=(), env=None, rounds=3):
             model = models["data"][0]["id"]
             stream_tokens_per_second(port, model, 16)  # warm-up
             rates = [stream_tokens_per_second(port, model, 128) for _ in range(rounds)]
-            return {"serve single-stream decode tok/s": statistics.median(rates)}
+            result = {"serve single-stream decode tok/s": statistics.median(rates)}
+            if plan_wait:
+                metrics_port = json.load(open(port_file))["metrics"]["compute-0"]
+                result["plan wait ms"] = plan_wait_ms(metrics_port)
+            return result
         finally:
             os.killpg(launcher.pid, signal.SIGTERM)
             launcher.wait(timeout=60)

@@ -8,6 +8,9 @@ loop": served should reach 95% of in-process).
   2 memory nodes:  launcher --memory_nodes=2 --data_plane=sm, against offload_bench
                    --mode=breakdown --batches=1 (2 memory nodes over UCX shared memory).
 
+Each layout is served twice: with synchronous scheduling (the next plan is built when the
+last result is back) and with --async_scheduling (the next plan is at the node already).
+
 Both in-process benchmarks run at context 64 (the served stream's mean context is about
 70), on the launcher's demo model. Medians of the rounds, and served/in-process.
 
@@ -62,13 +65,25 @@ def main():
     model = demo_model()
     env = {k: v for k, v in os.environ.items()
            if k not in ("OMP_NUM_THREADS", "GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    waits = {}
+
+    def served(memory_nodes, extra):
+        def run():
+            result = compare_builds.run_serve(args.bin_dir, memory_nodes=memory_nodes,
+                                              extra_args=extra, env=env, plan_wait=True)
+            waits.setdefault((memory_nodes, tuple(extra)), []).append(result["plan wait ms"])
+            return result["serve single-stream decode tok/s"]
+        return run
+
+    sm = ["--data_plane=sm"]
+    asynchronous = ["--server_args=--async_scheduling"]
     runs = {
         ("co-located", "in-process"): lambda: in_process_colocated(args.bin_dir, model),
-        ("co-located", "served"): lambda: next(iter(compare_builds.run_serve(
-            args.bin_dir, memory_nodes=0, env=env).values())),
+        ("co-located", "served"): served(0, []),
+        ("co-located", "served async"): served(0, asynchronous),
         ("2 memory nodes", "in-process"): lambda: in_process_offloaded(args.bin_dir, model),
-        ("2 memory nodes", "served"): lambda: next(iter(compare_builds.run_serve(
-            args.bin_dir, memory_nodes=2, extra_args=["--data_plane=sm"], env=env).values())),
+        ("2 memory nodes", "served"): served(2, sm),
+        ("2 memory nodes", "served async"): served(2, sm + asynchronous),
     }
     rates = {}
     for r in range(args.rounds):
@@ -80,11 +95,19 @@ def main():
                   flush=True)
     print(f"single-stream decode tok/s, medians of {args.rounds} interleaved rounds, "
           f"in-process at context {CONTEXT}")
-    print(f"{'layout':<16} {'in-process':>10} {'served':>8} {'served/in-process':>18}")
+    print(f"{'layout':<16} {'in-process':>10} {'served':>8} {'served/in-process':>18} "
+          f"{'async':>8} {'async/in-process':>17}")
     for layout in ("co-located", "2 memory nodes"):
         a = statistics.median(rates[(layout, "in-process")])
         b = statistics.median(rates[(layout, "served")])
-        print(f"{layout:<16} {a:>10.2f} {b:>8.2f} {b / a:>18.3f}")
+        c = statistics.median(rates[(layout, "served async")])
+        print(f"{layout:<16} {a:>10.2f} {b:>8.2f} {b / a:>18.3f} {c:>8.2f} {c / a:>17.3f}")
+    print("\ncompute node's mean wait for its next plan between steps, ms (medians of rounds)")
+    print(f"{'layout':<16} {'served':>8} {'async':>8}")
+    for layout, nodes, extra in (("co-located", 0, []), ("2 memory nodes", 2, sm)):
+        b = statistics.median(waits[(nodes, tuple(extra))])
+        c = statistics.median(waits[(nodes, tuple(extra + asynchronous))])
+        print(f"{layout:<16} {b:>8.3f} {c:>8.3f}")
 
 
 if __name__ == "__main__":

@@ -179,6 +179,8 @@ TEST_F(MetricsTest, SplitMetricsShowTheDataPlane) {
   EXPECT_EQ(Sum(c, "strata_data_plane_errors_total\\{.*\\}"), 0);
   EXPECT_TRUE(c.count("strata_pipeline_bubble_ratio{node=\"compute-0\",role=\"compute\"}"));
   EXPECT_GT(Sum(c, "strata_compute_node_steps_total\\{.*\\}"), 0);
+  // Several steps on one stream: the node waited for each next plan, and says how long.
+  EXPECT_GT(Sum(c, "strata_compute_node_plan_wait_seconds_count\\{.*\\}"), 0);
 
   double memory_received = 0, attention = 0;
   for (const std::string node : {"memory-0", "memory-1"}) {
