@@ -112,6 +112,7 @@ void Scheduler::FinishShutdown() {
   for (auto& [id, req] : requests_) all.push_back(req.get());
   for (Request* req : all) {
     req->in_flight = 0;
+    for (auto& seq : req->seqs) seq->in_flight = 0;
     req->preempt_when_landed = false;
     if (req->state == Request::State::kDone) {  // finished, waiting for its plans
       Land(req);
@@ -439,8 +440,8 @@ void Scheduler::FinishSequence(Sequence* seq, FinishReason reason, RequestUpdate
     }
   }
   seq->finished = true;
-  if (req->in_flight > 0) {
-    seq->release_deferred = true;  // a plan in flight may still write its KV
+  if (seq->in_flight > 0) {
+    seq->release_deferred = true;  // a plan in flight still writes its KV
   } else {
     ReleaseKv(seq);
   }
@@ -507,10 +508,11 @@ void Scheduler::MaybeRemoveRequest(Request* req) {
 
 void Scheduler::Land(Request* req) {
   for (auto& seq : req->seqs) {
-    if (!seq->release_deferred) continue;
+    if (!seq->release_deferred || seq->in_flight > 0) continue;
     seq->release_deferred = false;
     ReleaseKv(seq.get());
   }
+  if (req->in_flight > 0) return;
   if (req->preempt_when_landed) {
     req->preempt_when_landed = false;
     if (req->state == Request::State::kRunning) Preempt(req);

@@ -188,8 +188,9 @@ class Scheduler {
   bool Place(Request* req, int executor);
   // Preempts now, or once the plans in flight holding the request are back (Land).
   void Preempt(Request* req);
-  // The request's last plan in flight is back: frees the KV its finished sequences kept,
-  // carries out a deferred preemption, and erases it if it has finished.
+  // A plan of the request is back: frees the KV of its finished sequences that no plan holds
+  // any more; once no plan holds the request, carries out a deferred preemption and erases
+  // it if it has finished.
   void Land(Request* req);
   // The request no longer has a compute node: the next one gets its setup again.
   void ForgetExecutor(Request* req);

@@ -499,11 +499,10 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
   defer_removals_ = true;
   absl::Cleanup remove_deferred = [this] { RemoveDeferred(); };
   std::vector<Request*> involved;
-  // Last of all, requests with no plan left out land (before the removals above).
+  // Last of all (before the removals above), the finished sequences of this plan free
+  // their KV, and requests with no plan left out land.
   absl::Cleanup land = [this, &involved] {
-    for (Request* req : involved) {
-      if (req->in_flight == 0) Land(req);
-    }
+    for (Request* req : involved) Land(req);
   };
   Executor& ex = *executors_[executor];
   const absl::Time now = absl::Now();
