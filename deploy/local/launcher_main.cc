@@ -64,6 +64,9 @@ ABSL_FLAG(std::string, api_key, "",
 ABSL_FLAG(std::string, api_key_file, "", "Require the API key in this file (mode 0600)");
 
 ABSL_FLAG(std::string, server_args, "", "Extra server flags, comma-separated");
+ABSL_FLAG(bool, async_scheduling, false,
+          "Asynchronous scheduling: the next step of a batch goes to the compute node while the "
+          "current one runs (the server's --async_scheduling)");
 ABSL_FLAG(int, health_timeout_s, 600, "Seconds to wait for /health");
 ABSL_FLAG(bool, restart_nodes, true,
           "Start a compute or memory node again when it exits, with backoff (1 s doubling to "
@@ -222,6 +225,7 @@ int Run() {
   if (absl::GetFlag(FLAGS_max_model_len) > 0) {
     server_argv.push_back(absl::StrCat("--max_model_len=", absl::GetFlag(FLAGS_max_model_len)));
   }
+  if (absl::GetFlag(FLAGS_async_scheduling)) server_argv.push_back("--async_scheduling");
   for (absl::string_view extra :
        absl::StrSplit(absl::GetFlag(FLAGS_server_args), ',', absl::SkipEmpty())) {
     server_argv.emplace_back(extra);

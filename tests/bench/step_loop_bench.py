@@ -76,7 +76,7 @@ def main():
         return run
 
     sm = ["--data_plane=sm"]
-    asynchronous = ["--server_args=--async_scheduling"]
+    asynchronous = ["--async_scheduling"]
     runs = {
         ("co-located", "in-process"): lambda: in_process_colocated(args.bin_dir, model),
         ("co-located", "served"): served(0, []),
