@@ -59,15 +59,34 @@ void Scheduler::Start() {
   loop_.Start();
 }
 
+void Scheduler::StartManual() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (started_ || stopping_) return;
+    started_ = true;
+    manual_ = true;
+  }
+  loop_.SetAfterBatch([this] { AfterBatch(); });
+}
+
+void Scheduler::RunPending() { loop_.RunUntilIdle(); }
+
 void Scheduler::Stop() {
+  bool manual;
   {
     absl::MutexLock lock(&mu_);
     const bool first = !stopping_;
     stopping_ = true;
+    manual = manual_;
     if (!started_ || !first) {
       if (!started_) loop_.Quit();
       return;
     }
+  }
+  if (manual) {
+    Post([this] { FinishShutdown(); });
+    loop_.RunUntilIdle();
+    return;
   }
   Post([this] { BeginShutdown(); });
   loop_.Join();

@@ -142,6 +142,11 @@ class Scheduler {
 
   void Start();
   void Stop();  // fails everything still queued or running with kAbort
+  // Tests of the planner, without threads: instead of Start(), RunPending() runs the
+  // scheduler's work (posted calls, step results, planning) on the calling thread until
+  // nothing is left. Stop() then fails what is left at once, without waiting for plans.
+  void StartManual();
+  void RunPending();
 
   // Topology. Indices are stable for the scheduler's lifetime.
   int AddExecutor(std::unique_ptr<StepExecutor> executor, std::optional<PoolIndex> local_pool);
@@ -223,6 +228,7 @@ class Scheduler {
   // Shared with callers' threads.
   mutable absl::Mutex mu_;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool manual_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int num_executors_ ABSL_GUARDED_BY(mu_) = 0;
   size_t num_pools_ ABSL_GUARDED_BY(mu_) = 0;

@@ -63,6 +63,42 @@ void EventLoop::Join() {
   if (thread_.joinable()) thread_.join();
 }
 
+void EventLoop::TakeBatch(std::deque<Closure>* batch, std::vector<Closure>* due) {
+  batch->swap(posted_);
+  if (quit_) return;
+  const absl::Time now = absl::Now();
+  while (!timers_.empty() && timers_.begin()->first.first <= now) {
+    auto node = timers_.extract(timers_.begin());
+    timer_due_.erase(node.key().second);
+    due->push_back(std::move(node.mapped()));
+  }
+}
+
+int EventLoop::RunUntilIdle() {
+  CHECK(!thread_.joinable()) << name_ << ": RunUntilIdle on a started loop";
+  int ran = 0;
+  std::deque<Closure> batch;
+  std::vector<Closure> due;
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      thread_id_ = std::this_thread::get_id();
+      TakeBatch(&batch, &due);
+      if (quit_) {
+        timers_.clear();
+        timer_due_.clear();
+      }
+    }
+    if (batch.empty() && due.empty()) return ran;
+    ran += static_cast<int>(batch.size() + due.size());
+    for (Closure& fn : batch) fn();
+    for (Closure& fn : due) fn();
+    batch.clear();
+    due.clear();
+    if (after_batch_) after_batch_();
+  }
+}
+
 void EventLoop::Run() {
   std::deque<Closure> batch;
   std::vector<Closure> due;
@@ -75,20 +111,11 @@ void EventLoop::Run() {
             timers_.empty() ? absl::InfiniteFuture() : timers_.begin()->first.first;
         wake_.WaitWithDeadline(&mu_, next);
       }
-      batch.swap(posted_);
-      if (quit_) {
-        if (batch.empty()) {
-          timers_.clear();
-          timer_due_.clear();
-          break;
-        }
-      } else {
-        const absl::Time now = absl::Now();
-        while (!timers_.empty() && timers_.begin()->first.first <= now) {
-          auto node = timers_.extract(timers_.begin());
-          timer_due_.erase(node.key().second);
-          due.push_back(std::move(node.mapped()));
-        }
+      TakeBatch(&batch, &due);
+      if (quit_ && batch.empty()) {
+        timers_.clear();
+        timer_due_.clear();
+        break;
       }
     }
     for (Closure& fn : batch) fn();

@@ -61,6 +61,12 @@ class EventLoop {
   // True if the timer had not run and now never will.
   bool Cancel(TimerId id);
 
+  // Manual mode, for deterministic tests of a loop's owner, instead of Start(): runs on the
+  // calling thread what is posted and due (and what that posts), each batch followed by the
+  // after-batch hook, until nothing is left. The calling thread is the loop thread from
+  // then on. Returns the number of closures run.
+  int RunUntilIdle();
+
   // Finishes what is posted, then ends the thread. Safe from any thread, including the
   // loop's own, and more than once.
   void Quit();
@@ -76,6 +82,9 @@ class EventLoop {
 
  private:
   void Run();
+  // Takes the next batch: what is posted, and the timers due (none once quitting).
+  void TakeBatch(std::deque<Closure>* batch, std::vector<Closure>* due)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string name_;
   Closure after_batch_;

@@ -149,5 +149,30 @@ TEST(EventLoopTest, AfterBatchRunsOncePerBatchAndNeverWhenIdle) {
   EXPECT_EQ(posts.load(), 50);
 }
 
+// Manual mode: the caller's thread runs what is posted, what that posts, and due timers,
+// each batch followed by the hook, and returns when nothing is left; timers not yet due wait.
+TEST(EventLoopTest, RunUntilIdleRunsEverythingReadyOnTheCallingThread) {
+  EventLoop loop("manual");
+  std::vector<int> order;
+  int hooks = 0;
+  loop.SetAfterBatch([&] {
+    EXPECT_TRUE(loop.InLoopThread());
+    ++hooks;
+  });
+  loop.Post([&] {
+    order.push_back(1);
+    loop.Post([&] { order.push_back(3); });  // the next batch
+  });
+  loop.Post([&] { order.push_back(2); });
+  loop.RunAfter(absl::ZeroDuration(), [&] { order.push_back(4); });
+  const EventLoop::TimerId later = loop.RunAfter(absl::Hours(1), [&] { order.push_back(99); });
+  EXPECT_EQ(loop.RunUntilIdle(), 4);
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 4, 3}));
+  EXPECT_EQ(hooks, 2);
+  EXPECT_EQ(loop.RunUntilIdle(), 0) << "nothing was left";
+  EXPECT_EQ(hooks, 2) << "the hook ran without work";
+  EXPECT_TRUE(loop.Cancel(later)) << "a timer not yet due ran";
+}
+
 }  // namespace
 }  // namespace strata

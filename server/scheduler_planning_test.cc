@@ -1,0 +1,199 @@
+// The planner without threads: the scheduler runs its work on the test's thread
+// (StartManual, RunPending), plans go to an executor that holds them, and the test answers
+// each plan with the tokens it chooses. What is checked is what the planner sends: rows,
+// positions, draws, literal tokens against kLastSampledToken, the ledger's slots, releases,
+// and what reaches the client.
+#include <deque>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+#include "server/scheduler.h"
+
+namespace strata {
+namespace {
+
+// A compute node that runs nothing: it keeps each plan until the test answers it.
+class HeldExecutor final : public StepExecutor {
+ public:
+  std::string name() const override { return "held"; }
+  void Submit(StepPlan plan, StepResultSink sink) override {
+    held.emplace_back(std::move(plan), std::move(sink));
+  }
+  std::deque<std::pair<StepPlan, StepResultSink>> held;
+};
+
+class PlannerTest : public ::testing::Test {
+ protected:
+  void Start(bool async, int64_t slots = 64) {
+    SchedulerConfig c;
+    c.max_model_len = 256;
+    c.max_num_batched_tokens = 64;
+    c.max_prefill_tokens = 64;
+    c.prefill_chunk_tokens = 32;
+    c.block_tokens = 16;
+    c.vocab_size = 1000;
+    c.async_scheduling = async;
+    c.max_plans_in_flight = async ? 2 : 1;
+    ASSERT_TRUE(Scheduler::ValidateConfig(c).ok());
+    scheduler_ = std::make_unique<Scheduler>(c, nullptr);
+    auto executor = std::make_unique<HeldExecutor>();
+    executor_ = executor.get();
+    scheduler_->StartManual();
+    const PoolIndex pool = scheduler_->AddPool("local", slots);
+    scheduler_->AddExecutor(std::move(executor), pool);
+    scheduler_->RunPending();
+  }
+  void TearDown() override {
+    if (scheduler_) scheduler_->Stop();
+  }
+
+  void Submit(std::vector<int32_t> prompt, int max_tokens, std::vector<int32_t> stop_ids = {}) {
+    GenerateRequest r;
+    r.prompt_tokens = std::move(prompt);
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;
+    r.stop_token_ids = std::move(stop_ids);
+    r.sampling.temperature = 0.0f;
+    ASSERT_TRUE(
+        scheduler_->Submit(r, [this](const RequestUpdate& u) { updates_.push_back(u); }).ok());
+    scheduler_->RunPending();
+  }
+
+  // Answers the oldest plan: `token` for each sample it asks for (or the failure).
+  void Answer(int32_t token, absl::Status status = absl::OkStatus()) {
+    ASSERT_FALSE(executor_->held.empty()) << "no plan to answer";
+    auto [plan, sink] = std::move(executor_->held.front());
+    executor_->held.pop_front();
+    StepResult result;
+    result.step_id = plan.step_id;
+    result.status = status;
+    if (status.ok()) {
+      for (const SequenceChunk& c : plan.chunks) {
+        for (const SampleTarget& t : c.samples) result.tokens.push_back({t.request_id, token});
+      }
+    }
+    sink(std::move(result));
+    scheduler_->RunPending();
+  }
+
+  const StepPlan& Held(size_t i) { return executor_->held.at(i).first; }
+  int64_t UsedSlots() { return scheduler_->Stats().pools.at(0).stats.used_slots; }
+  std::vector<int32_t> Streamed() {
+    std::vector<int32_t> tokens;
+    for (const RequestUpdate& u : updates_) {
+      for (const SequenceUpdate& s : u.sequences) {
+        tokens.insert(tokens.end(), s.tokens.begin(), s.tokens.end());
+      }
+    }
+    return tokens;
+  }
+
+  std::unique_ptr<Scheduler> scheduler_;
+  HeldExecutor* executor_ = nullptr;
+  std::vector<RequestUpdate> updates_;
+};
+
+TEST_F(PlannerTest, SynchronousPlansOneStepAtATimeWithLiteralTokens) {
+  Start(/*async=*/false);
+  Submit({1, 2, 3, 4, 5}, 3);
+  ASSERT_EQ(executor_->held.size(), 1u);
+  ASSERT_EQ(Held(0).chunks.size(), 1u);
+  EXPECT_EQ(Held(0).chunks[0].tokens, (std::vector<int32_t>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(Held(0).chunks[0].start_position, 0);
+  EXPECT_EQ(Held(0).chunks[0].samples.at(0).output_position, 0);
+  EXPECT_EQ(UsedSlots(), 5);
+  Answer(10);
+  ASSERT_EQ(executor_->held.size(), 1u);
+  EXPECT_EQ(Held(0).chunks.at(0).tokens, (std::vector<int32_t>{10}));  // the literal token
+  EXPECT_EQ(Held(0).chunks[0].start_position, 5);
+  EXPECT_EQ(Held(0).chunks[0].samples.at(0).output_position, 1);
+  EXPECT_EQ(UsedSlots(), 6);
+}
+
+// The next row goes out before the token it decodes is known; the ledger holds the slots of
+// both plans; a stop is seen one step late and the token drawn past it is discarded, its
+// slot held until the plan that wrote it is back, then released in the next plan.
+TEST_F(PlannerTest, AsynchronousPlansAheadAndDiscardsTheTokenPastAStop) {
+  Start(/*async=*/true);
+  Submit({1, 2, 3, 4, 5}, 8, /*stop_ids=*/{99});
+  ASSERT_EQ(executor_->held.size(), 2u) << "the second plan did not go out with the first";
+  EXPECT_EQ(Held(0).chunks.at(0).tokens, (std::vector<int32_t>{1, 2, 3, 4, 5}));
+  const SequenceChunk& ahead = Held(1).chunks.at(0);
+  EXPECT_EQ(ahead.tokens, (std::vector<int32_t>{kLastSampledToken}));
+  EXPECT_EQ(ahead.start_position, 5);
+  EXPECT_EQ(ahead.samples.at(0).output_position, 1);
+  EXPECT_TRUE(Held(1).setups.empty()) << "the node already has the sequence";
+  EXPECT_EQ(UsedSlots(), 6) << "the ledger must count the slot the second plan claims";
+
+  Answer(10);  // step 1's token: streamed, and the third plan goes out
+  EXPECT_EQ(Streamed(), (std::vector<int32_t>{10}));
+  ASSERT_EQ(executor_->held.size(), 2u);
+  EXPECT_EQ(Held(1).chunks.at(0).tokens, (std::vector<int32_t>{kLastSampledToken}));
+  EXPECT_EQ(Held(1).chunks[0].start_position, 6);
+  EXPECT_EQ(Held(1).chunks[0].samples.at(0).output_position, 2);
+  EXPECT_EQ(UsedSlots(), 7);
+
+  Answer(99);  // the stop token: the request finishes; plan 3 is still out
+  EXPECT_EQ(Streamed(), (std::vector<int32_t>{10, 99}));
+  ASSERT_FALSE(updates_.empty());
+  EXPECT_TRUE(updates_.back().finished);
+  EXPECT_EQ(updates_.back().sequences.at(0).finish, FinishReason::kStop);
+  ASSERT_EQ(executor_->held.size(), 1u) << "nothing more may be planned for it";
+  EXPECT_EQ(UsedSlots(), 7) << "plan 3 still writes the last slot";
+
+  const size_t before = updates_.size();
+  Answer(11);  // drawn past the stop
+  EXPECT_EQ(updates_.size(), before) << "an update followed the final one";
+  const SchedulerStats stats = scheduler_->Stats();
+  EXPECT_EQ(stats.discarded_tokens_total, 1);
+  EXPECT_EQ(stats.generation_tokens_total, 2) << "the discarded token was billed";
+  EXPECT_EQ(UsedSlots(), 0);
+  ASSERT_EQ(executor_->held.size(), 1u) << "the node must be told to drop the sequence";
+  EXPECT_TRUE(Held(0).chunks.empty());
+  EXPECT_EQ(Held(0).releases.size(), 1u);
+}
+
+// max_tokens is known in advance: nothing is planned past the last draw.
+TEST_F(PlannerTest, AsynchronousStopsPlanningAheadAtMaxTokens) {
+  Start(/*async=*/true);
+  Submit({7, 8, 9}, 2);
+  ASSERT_EQ(executor_->held.size(), 2u);
+  Answer(20);
+  EXPECT_EQ(executor_->held.size(), 1u) << "a row was planned past max_tokens";
+  Answer(21);
+  EXPECT_EQ(Streamed(), (std::vector<int32_t>{20, 21}));
+  EXPECT_EQ(updates_.back().sequences.at(0).finish, FinishReason::kLength);
+  EXPECT_EQ(scheduler_->Stats().discarded_tokens_total, 0);
+  EXPECT_EQ(UsedSlots(), 0);
+}
+
+// A failed step takes the plan ahead down with it: the request is recomputed once, from
+// literal tokens, and the second failure is not counted against it.
+TEST_F(PlannerTest, AFailedStepRecomputesFromLiteralTokens) {
+  Start(/*async=*/true);
+  Submit({1, 2, 3, 4, 5}, 8);
+  Answer(10);  // one token known
+  ASSERT_EQ(executor_->held.size(), 2u);
+  Answer(0, absl::InternalError("the node failed"));
+  EXPECT_EQ(executor_->held.size(), 1u) << "planned again before the plan ahead was back";
+  EXPECT_EQ(scheduler_->Stats().num_preemptions_total, 0);
+  Answer(0, absl::FailedPreconditionError("no token sampled for position 6"));
+  EXPECT_EQ(scheduler_->Stats().num_preemptions_total, 1);
+  ASSERT_EQ(executor_->held.size(), 2u);
+  const StepPlan& again = Held(0);
+  ASSERT_EQ(again.chunks.size(), 1u);
+  EXPECT_EQ(again.chunks[0].tokens, (std::vector<int32_t>{1, 2, 3, 4, 5, 10}));
+  EXPECT_EQ(again.chunks[0].start_position, 0);
+  ASSERT_EQ(again.setups.size(), 1u) << "the sequence is set up again";
+  EXPECT_EQ(again.releases.size(), 1u) << "and its old state released first";
+  EXPECT_EQ(Held(1).chunks.at(0).tokens, (std::vector<int32_t>{kLastSampledToken}));
+  EXPECT_EQ(Held(1).chunks[0].start_position, 6);
+  EXPECT_EQ(Held(1).chunks[0].samples.at(0).output_position, 2);
+  EXPECT_TRUE(updates_.empty() || !updates_.back().finished) << "the request was failed";
+}
+
+}  // namespace
+}  // namespace strata
