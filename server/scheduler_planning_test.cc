@@ -50,7 +50,9 @@ class PlannerTest : public ::testing::Test {
     if (scheduler_) scheduler_->Stop();
   }
 
-  void Submit(std::vector<int32_t> prompt, int max_tokens, std::vector<int32_t> stop_ids = {}) {
+  // Queues a request; with `run`, lets the scheduler plan at once.
+  void Submit(std::vector<int32_t> prompt, int max_tokens, std::vector<int32_t> stop_ids = {},
+              bool run = true) {
     GenerateRequest r;
     r.prompt_tokens = std::move(prompt);
     r.max_tokens = max_tokens;
@@ -59,7 +61,7 @@ class PlannerTest : public ::testing::Test {
     r.sampling.temperature = 0.0f;
     ASSERT_TRUE(
         scheduler_->Submit(r, [this](const RequestUpdate& u) { updates_.push_back(u); }).ok());
-    scheduler_->RunPending();
+    if (run) scheduler_->RunPending();
   }
 
   // Answers the oldest plan: `token` for each sample it asks for (or the failure).
@@ -193,6 +195,34 @@ TEST_F(PlannerTest, AFailedStepRecomputesFromLiteralTokens) {
   EXPECT_EQ(Held(1).chunks[0].start_position, 6);
   EXPECT_EQ(Held(1).chunks[0].samples.at(0).output_position, 2);
   EXPECT_TRUE(updates_.empty() || !updates_.back().finished) << "the request was failed";
+}
+
+// When the pool runs out, the planner takes the slots of the lowest-ranked request (FIFO:
+// the newest): it is preempted and released in the same plan, and the older one decodes.
+TEST_F(PlannerTest, AFullPoolPreemptsTheNewestRequest) {
+  Start(/*async=*/false, /*slots=*/24);
+  Submit({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 10, {}, /*run=*/false);
+  Submit({11, 12, 13, 14, 15, 16, 17, 18, 19, 20}, 10);
+  ASSERT_EQ(executor_->held.size(), 1u);
+  ASSERT_EQ(Held(0).chunks.size(), 2u) << "both prompts fit in the first step";
+  const SequenceId older = Held(0).chunks[0].request_id;
+  const SequenceId newer = Held(0).chunks[1].request_id;
+  EXPECT_EQ(UsedSlots(), 20);
+  Answer(30);  // decode rows at positions 10: 22 slots
+  EXPECT_EQ(UsedSlots(), 22);
+  Answer(31);  // positions 11: 24 slots, the pool is full
+  EXPECT_EQ(UsedSlots(), 24);
+  EXPECT_EQ(scheduler_->Stats().num_preemptions_total, 0);
+  Answer(32);  // positions 12 need two more slots
+  EXPECT_EQ(scheduler_->Stats().num_preemptions_total, 1);
+  ASSERT_EQ(executor_->held.size(), 1u);
+  ASSERT_EQ(Held(0).chunks.size(), 1u);
+  EXPECT_EQ(Held(0).chunks[0].request_id, older);
+  EXPECT_EQ(Held(0).chunks[0].start_position, 12);
+  ASSERT_EQ(Held(0).releases.size(), 1u);
+  EXPECT_EQ(Held(0).releases[0].request_id, newer);
+  EXPECT_EQ(UsedSlots(), 13) << "the newer request's 12 slots came back";
+  EXPECT_EQ(scheduler_->Stats().num_waiting, 1);
 }
 
 }  // namespace
