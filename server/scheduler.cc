@@ -518,11 +518,15 @@ void Scheduler::MaybeRemoveRequest(Request* req) {
   if (req->deadline_timer != 0) loop_.Cancel(req->deadline_timer);
   req->deadline_timer = 0;
   if (req->in_flight > 0) return;  // erased when its plans are back (Land)
+  RemoveFinished(req->id);
+}
+
+void Scheduler::RemoveFinished(uint64_t id) {
   if (defer_removals_) {
-    deferred_removals_.push_back(req->id);
-    return;
+    deferred_removals_.push_back(id);
+  } else {
+    EraseRequest(id);
   }
-  EraseRequest(req->id);
 }
 
 void Scheduler::Land(Request* req) {
@@ -536,12 +540,7 @@ void Scheduler::Land(Request* req) {
     req->preempt_when_landed = false;
     if (req->state == Request::State::kRunning) Preempt(req);
   }
-  if (req->state != Request::State::kDone) return;
-  if (defer_removals_) {
-    deferred_removals_.push_back(req->id);
-  } else {
-    EraseRequest(req->id);
-  }
+  if (req->state == Request::State::kDone) RemoveFinished(req->id);
 }
 
 void Scheduler::RemoveDeferred() {

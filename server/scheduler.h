@@ -206,6 +206,8 @@ class Scheduler {
                       const std::string& text);
   void FailRequest(Request* req, FinishReason reason, const absl::Status& status);
   void MaybeRemoveRequest(Request* req);
+  // Erases a finished request now, or at the end of the result being applied.
+  void RemoveFinished(uint64_t id);
   // Erases the requests MaybeRemoveRequest finished while removals were deferred.
   void RemoveDeferred();
   void PublishStats();
