@@ -38,6 +38,16 @@ class AttentionBackend {
   // Reads b.q, b.k, b.v for rows [0, m) and writes b.attn. An error fails the whole step;
   // a memory node that fails only fails its own rows (see EndStep).
   virtual absl::Status Attend(int layer, BatchBuffers& b, int64_t m) = 0;
+  // Attend in two halves, so that the calling thread can do other work while a layer's
+  // attention is away (two batches in flight, step_engine.h): SendLayer starts it (reads
+  // b.q, b.k, b.v), WaitLayer completes it (writes b.attn). Between them nothing may touch
+  // `b`. A backend that computes in place does all of it in SendLayer.
+  virtual absl::Status SendLayer(int layer, BatchBuffers& b, int64_t m) {
+    return Attend(layer, b, m);
+  }
+  virtual absl::Status WaitLayer(int /*layer*/, BatchBuffers& /*b*/, int64_t /*m*/) {
+    return absl::OkStatus();
+  }
   // After the last layer (or after a failure): partial failures and costs of the step.
   virtual AttentionStepOutcome EndStep() { return {}; }
 };

@@ -10,6 +10,10 @@ absl::StatusOr<std::unique_ptr<ComputeNode>> ComputeNode::Create(
     const ComputeNodeOptions& options) {
   auto node = std::unique_ptr<ComputeNode>(new ComputeNode);
   node->options_ = options;
+  if (options.lanes != 1 && options.lanes != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a compute node runs one or two batches in flight, not ", options.lanes));
+  }
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
   const absl::Time start = absl::Now();
   ASSIGN_OR_RETURN(node->weights_, ModelWeights::Load(options.model_dir, config));
@@ -30,10 +34,12 @@ absl::StatusOr<std::unique_ptr<ComputeNode>> ComputeNode::Create(
 
 namespace {
 
-// Points `remote` at the memory nodes of `config`.
-void SetMemoryNodes(RemoteAttention* remote, const ComputeConfig& config) {
+// Points `remote` (and the second lane's `second`, if any) at the memory nodes of `config`.
+void SetMemoryNodes(RemoteAttention* remote, RemoteAttention* second, const ComputeConfig& config) {
   remote->SetMemoryNodes(config.epoch, config.memory_nodes);
-  LOG(INFO) << "disaggregated mode: " << config.memory_nodes.size() << " memory node(s)";
+  if (second != nullptr) second->SetMemoryNodes(config.epoch, config.memory_nodes);
+  LOG(INFO) << "disaggregated mode: " << config.memory_nodes.size() << " memory node(s)"
+            << (second != nullptr ? ", two batches in flight" : "");
 }
 
 }  // namespace
@@ -52,7 +58,7 @@ absl::StatusOr<ComputeConfigAck> ComputeNode::Configure(const ComputeConfig& con
     // The same scheduler with another set of memory nodes (one died, one came back): no
     // need to wait for the step in flight, which may be waiting on the node that is gone.
     // Closing its connection ends that wait now rather than at the layer deadline.
-    SetMemoryNodes(remote, config);
+    SetMemoryNodes(remote, remote_second_ready_.load(), config);
     ack.local_kv_slots = 0;
     return ack;
   }
@@ -60,6 +66,7 @@ absl::StatusOr<ComputeConfigAck> ComputeNode::Configure(const ComputeConfig& con
   if (epoch_ != config.epoch) {
     // A new scheduler: forget every request of the previous one.
     engine_.reset();
+    ++engine_generation_;
     local_.reset();
     ready_.store(false);
     epoch_ = config.epoch;
@@ -72,13 +79,20 @@ absl::StatusOr<ComputeConfigAck> ComputeNode::Configure(const ComputeConfig& con
     if (remote_ == nullptr) {
       ASSIGN_OR_RETURN(remote_, RemoteAttention::Create(weights_->config, options_.remote));
     }
-    SetMemoryNodes(remote_.get(), config);
+    if (options_.lanes == 2 && remote_second_ == nullptr) {
+      ASSIGN_OR_RETURN(remote_second_, RemoteAttention::Create(weights_->config, options_.remote));
+    }
+    SetMemoryNodes(remote_.get(), remote_second_.get(), config);
     if (engine_ == nullptr) {
+      std::vector<AttentionBackend*> lanes = {remote_.get()};
+      if (remote_second_ != nullptr) lanes.push_back(remote_second_.get());
       engine_ = std::make_unique<StepEngine>(
-          runner_.get(), remote_.get(), StepEngineOptions{options_.max_batch_rows, max_model_len_});
+          runner_.get(), lanes, StepEngineOptions{options_.max_batch_rows, max_model_len_});
+      ++engine_generation_;
     }
     ready_.store(true);
     remote_epoch_.store(config.epoch);
+    remote_second_ready_.store(remote_second_.get());
     remote_ready_.store(remote_.get());
     ack.local_kv_slots = 0;
     return ack;
@@ -93,6 +107,7 @@ absl::StatusOr<ComputeConfigAck> ComputeNode::Configure(const ComputeConfig& con
     ASSIGN_OR_RETURN(local_, LocalAttention::Create(weights_->config, slots, options_.prefault_kv));
     engine_ = std::make_unique<StepEngine>(
         runner_.get(), local_.get(), StepEngineOptions{options_.max_batch_rows, max_model_len_});
+    ++engine_generation_;
     LOG(INFO) << "co-located mode: local KV cache of " << slots << " tokens ("
               << (slots * weights_->config.kv_elements_per_token_per_layer() * 2 *
                   weights_->config.num_layers) /
@@ -121,10 +136,89 @@ StepResult ComputeNode::Execute(const StepPlan& plan) {
     return result;
   }
   StepResult result = engine_->Execute(plan);
+  AfterStep(result);
+  return result;
+}
+
+void ComputeNode::RunPipelined(PlanQueue& queue, const PlanWaitObserver& on_wait) {
+  RunPipeline(*this, queue, on_wait);
+}
+
+int ComputeNode::num_lanes() const {
+  // Co-located attention computes in place: its engine has one lane, whatever the option.
+  std::lock_guard<std::mutex> lock(mu_);
+  return engine_ != nullptr ? engine_->num_lanes() : options_.lanes;
+}
+
+std::optional<StepResult> ComputeNode::Begin(int lane, const StepPlan& plan) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto refuse = [&](absl::Status why) {
+    StepResult result;
+    result.step_id = plan.step_id;
+    result.status = std::move(why);
+    return result;
+  };
+  if (engine_ == nullptr) {
+    return refuse(absl::FailedPreconditionError("the compute node is not configured yet"));
+  }
+  if (plan.epoch != epoch_) {
+    return refuse(absl::FailedPreconditionError(
+        absl::StrCat("plan of epoch ", plan.epoch, " but the node is configured for ", epoch_)));
+  }
+  // One lane in co-located mode (the engine's), whatever the option says.
+  if (lane >= engine_->num_lanes()) {
+    return refuse(absl::FailedPreconditionError(
+        "co-located attention runs one batch at a time; the scheduler sent a second"));
+  }
+  lane_generation_[lane] = engine_generation_;
+  std::optional<StepResult> result = engine_->Begin(lane, plan);
+  if (result) AfterStep(*result);
+  return result;
+}
+
+bool ComputeNode::Advance(int lane) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (engine_ == nullptr || lane_generation_[lane] != engine_generation_) return true;
+  return engine_->Advance(lane);
+}
+
+StepResult ComputeNode::Finish(int lane) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (engine_ == nullptr || lane_generation_[lane] != engine_generation_) {
+    StepResult result;
+    result.status = absl::AbortedError("a new scheduler configured the compute node mid-step");
+    return result;
+  }
+  StepResult result = engine_->Finish(lane);
+  AfterStep(result);
+  return result;
+}
+
+void ComputeNode::AfterStep(const StepResult& result) {
   ++steps_;
   if (options_.on_step) options_.on_step(result);
   if (local_) kv_slots_used_.store(local_->engine().num_assigned_positions());
-  return result;
+}
+
+RemoteAttentionStats ComputeNode::remote_stats() const {
+  RemoteAttentionStats total;
+  for (const RemoteAttention* r : {remote_ready_.load(), remote_second_ready_.load()}) {
+    if (r == nullptr) continue;
+    const RemoteAttentionStats s = r->stats();
+    total.steps += s.steps;
+    total.layer_frames += s.layer_frames;
+    total.bytes_sent += s.bytes_sent;
+    total.bytes_received += s.bytes_received;
+    total.checksum_failures += s.checksum_failures;
+    total.error_frames += s.error_frames;
+    total.stale_frames += s.stale_frames;
+    total.timeouts += s.timeouts;
+    for (const auto& [peer, bytes] : s.by_peer) {
+      total.by_peer[peer].sent += bytes.sent;
+      total.by_peer[peer].received += bytes.received;
+    }
+  }
+  return total;
 }
 
 ModelShape ComputeNode::shape() const {

@@ -4,8 +4,9 @@
 // attention runs: with no memory nodes, in a local KV cache sized by the node's KV budget
 // (co-located mode); otherwise on the memory nodes over the data-plane transport.
 //
-// Thread-safety: Execute calls are serialised internally; Configure may be called between
-// steps from another thread.
+// Thread-safety: Execute calls and lane stages are serialised internally; Configure may be
+// called between steps from another thread. A new scheduler (epoch) fails the plans that
+// lanes still run.
 #ifndef STRATA_COMPUTE_NODE_COMPUTE_NODE_H_
 #define STRATA_COMPUTE_NODE_COMPUTE_NODE_H_
 
@@ -15,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/protocol/node_config.h"
@@ -24,6 +26,7 @@
 #include "compute_node/model_weights.h"
 #include "compute_node/remote_attention.h"
 #include "compute_node/step_engine.h"
+#include "compute_node/step_pipeline.h"
 
 namespace strata {
 
@@ -35,11 +38,14 @@ struct ComputeNodeOptions {
   int64_t local_kv_budget_bytes = 1LL << 30;  // co-located mode
   bool prefault_kv = true;
   RemoteAttentionOptions remote;  // disaggregated mode
+  // Batches in flight in disaggregated mode: 1, or 2 for "--pipelining two" (each lane has
+  // its own data-plane connections; see step_pipeline.h). Co-located mode runs one.
+  int lanes = 1;
   // Called after every step (step thread), e.g. for metrics; may be empty.
   std::function<void(const StepResult&)> on_step;
 };
 
-class ComputeNode {
+class ComputeNode : public LaneEngine {
  public:
   static absl::StatusOr<std::unique_ptr<ComputeNode>> Create(const ComputeNodeOptions& options);
 
@@ -47,17 +53,30 @@ class ComputeNode {
   // (re)points the data plane at the memory nodes.
   absl::StatusOr<ComputeConfigAck> Configure(const ComputeConfig& config);
   StepResult Execute(const StepPlan& plan);
+  // Runs plans from `queue` with as many batches in flight as the engine has lanes (two in
+  // disaggregated mode with options.lanes = 2, else one), until the queue is closed.
+  void RunPipelined(PlanQueue& queue, const PlanWaitObserver& on_wait);
+
+  // LaneEngine (used by RunPipelined).
+  int num_lanes() const override;
+  std::optional<StepResult> Begin(int lane, const StepPlan& plan) override;
+  bool Advance(int lane) override;
+  StepResult Finish(int lane) override;
 
   ModelShape shape() const;
   NodeStatus Status() const;
   // Null in co-located mode.
   const RemoteAttention* remote() const { return remote_.get(); }
+  // The data plane's counters over every lane.
+  RemoteAttentionStats remote_stats() const;
   const ModelConfig& model_config() const { return weights_->config; }
   int64_t max_model_len() const { return max_model_len_; }
   int64_t local_kv_slots() const;
 
  private:
   ComputeNode() = default;
+  // After a step on the step thread: counters, the on_step hook, the local KV gauge.
+  void AfterStep(const StepResult& result);
 
   ComputeNodeOptions options_;
   std::unique_ptr<ModelWeights> weights_;
@@ -68,7 +87,10 @@ class ComputeNode {
   uint64_t epoch_ = 0;
   std::unique_ptr<LocalAttention> local_;
   std::unique_ptr<RemoteAttention> remote_;
+  std::unique_ptr<RemoteAttention> remote_second_;  // the second lane's data plane
   std::unique_ptr<StepEngine> engine_;
+  uint64_t engine_generation_ = 0;  // counts engines made: lanes of an older one are void
+  std::vector<uint64_t> lane_generation_ = std::vector<uint64_t>(2, 0);
   std::atomic<uint64_t> steps_{0};
   // What heartbeats report, readable without the step lock.
   std::atomic<bool> ready_{false};
@@ -78,6 +100,7 @@ class ComputeNode {
   // without the step lock, so that a step waiting on a node that is gone stops waiting.
   // remote_ lives as long as the node once made.
   std::atomic<RemoteAttention*> remote_ready_{nullptr};
+  std::atomic<RemoteAttention*> remote_second_ready_{nullptr};
   std::atomic<uint64_t> remote_epoch_{0};
 };
 

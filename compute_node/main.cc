@@ -42,6 +42,10 @@ ABSL_FLAG(strata::PrefillPolicy, prefill_attention, strata::RemoteAttentionOptio
 ABSL_FLAG(int64_t, attention_timeout_ms,
           absl::ToInt64Milliseconds(strata::RemoteAttentionOptions().layer_timeout),
           "Disaggregated mode: how long a layer waits for a memory node before declaring it hung");
+ABSL_FLAG(std::string, pipelining, "off",
+          "Batches in flight in disaggregated mode: off (one), or two (while one batch's "
+          "attention is on the memory nodes, the other's GEMMs run; the scheduler needs "
+          "--pipelining=two as well). Co-located attention always runs one");
 ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics port (-1: off, 0: any free port)");
 ABSL_FLAG(bool, verify_checksums, true, "Verify the checksum of every data-plane frame");
 
@@ -66,6 +70,12 @@ int main(int argc, char** argv) {
   }
 
   strata::ComputeNodeOptions options;
+  const std::string pipelining = absl::GetFlag(FLAGS_pipelining);
+  if (pipelining != "off" && pipelining != "two") {
+    LOG(ERROR) << "--pipelining must be off or two, not \"" << pipelining << "\"";
+    return 2;
+  }
+  options.lanes = pipelining == "two" ? 2 : 1;
   options.model_dir = absl::GetFlag(FLAGS_model);
   options.served_model_name = absl::GetFlag(FLAGS_served_model_name);
   options.max_model_len = absl::GetFlag(FLAGS_max_model_len);

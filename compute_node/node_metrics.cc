@@ -109,7 +109,7 @@ void ComputeNodeMetrics::Refresh() {
   kv_total_->Set(remote ? 0 : static_cast<double>(status.kv_slots_total));
   kv_used_->Set(remote ? 0 : static_cast<double>(status.kv_slots_in_tables));
   if (!remote) return;
-  const RemoteAttentionStats s = node->remote()->stats();
+  const RemoteAttentionStats s = node->remote_stats();
   for (const auto& [peer, b] : s.by_peer) {
     metrics::SetCounterTo(bytes_->Add({{"node", node_}, {"peer", peer}, {"direction", "sent"}}),
                           static_cast<double>(b.sent));

@@ -337,6 +337,11 @@ void RemoteAttention::RunLocal(const std::vector<const LocalRow*>& rows, BatchBu
 }
 
 absl::Status RemoteAttention::Attend(int layer, BatchBuffers& b, int64_t m) {
+  RETURN_IF_ERROR(SendLayer(layer, b, m));
+  return WaitLayer(layer, b, m);
+}
+
+absl::Status RemoteAttention::SendLayer(int layer, BatchBuffers& b, int64_t m) {
   if (m != rows_) {
     return absl::InvalidArgumentError(
         absl::StrCat("batch has ", m, " rows but the step plan ", rows_));
@@ -351,6 +356,7 @@ absl::Status RemoteAttention::Attend(int layer, BatchBuffers& b, int64_t m) {
     std::lock_guard<std::mutex> lock(config_mu_);
     epoch = epoch_;
   }
+  layer_watch_.Reset();
   const Stopwatch send_watch;
   // Register every answer before the first frame leaves: answers can be fast.
   struct Outgoing {
@@ -449,7 +455,16 @@ absl::Status RemoteAttention::Attend(int layer, BatchBuffers& b, int64_t m) {
     if (r.first_tile == 0) whole.push_back(&r);
   }
   RunLocal(whole, b, nullptr);
+  return absl::OkStatus();
+}
 
+absl::Status RemoteAttention::WaitLayer(int layer, BatchBuffers& b, int64_t m) {
+  if (m != rows_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch has ", m, " rows but the step plan ", rows_));
+  }
+  const size_t q_row = dims_.q_row_bytes();
+  auto* attn_base = reinterpret_cast<uint8_t*>(b.attn.data());
   // Wait for every answer, a dead peer, or the deadline.
   const Stopwatch wait_watch;
   std::vector<Expected> answers;
@@ -463,7 +478,7 @@ absl::Status RemoteAttention::Attend(int layer, BatchBuffers& b, int64_t m) {
   }
   outcome_.wait_us += wait_watch.ElapsedMicros();
   if (options_.on_layer_round_trip) {
-    options_.on_layer_round_trip(send_watch.ElapsedSeconds());
+    options_.on_layer_round_trip(layer_watch_.ElapsedSeconds());
   }
   const Stopwatch merge_watch;
 

@@ -39,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/base/enum_names.h"
+#include "common/base/stopwatch.h"
 #include "common/model/model_config.h"
 #include "common/protocol/attention_wire.h"
 #include "common/protocol/node_config.h"
@@ -100,6 +101,8 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
 
   absl::Status BeginStep(const StepKvPlan& plan) override;
   absl::Status Attend(int layer, BatchBuffers& b, int64_t m) override;
+  absl::Status SendLayer(int layer, BatchBuffers& b, int64_t m) override;
+  absl::Status WaitLayer(int layer, BatchBuffers& b, int64_t m) override;
   AttentionStepOutcome EndStep() override;
 
   // transport::MessageHandler (the transport thread).
@@ -168,6 +171,7 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
   std::vector<LocalRow> local_rows_;
   std::vector<std::vector<int32_t>> local_slots_;  // per chunk: position -> batch row
   AttentionStepOutcome outcome_;
+  Stopwatch layer_watch_;  // from the first send of the layer in flight
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

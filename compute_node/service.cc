@@ -1,6 +1,7 @@
 #include "compute_node/service.h"
 
-#include <optional>
+#include <atomic>
+#include <thread>
 
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
@@ -10,7 +11,6 @@
 #include "common/protocol/step_proto.h"
 
 namespace strata {
-namespace {}  // namespace
 
 grpc::Status ComputeNodeService::Configure(grpc::ServerContext* context,
                                            const control::ComputeConfig* request,
@@ -26,25 +26,37 @@ grpc::Status ComputeNodeService::RunSteps(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<control::StepResult, control::StepPlan>* stream) {
   if (grpc::Status auth = auth_->Check(context); !auth.ok()) return auth;
-  control::StepPlan wire;
-  std::optional<Stopwatch> since_result;  // from the last result written
-  while (stream->Read(&wire)) {
-    if (since_result && plan_wait_observer_) plan_wait_observer_(since_result->ElapsedSeconds());
-    StepResult result;
-    auto plan = FromProto(wire);
-    if (!plan.ok()) {
-      LOG(ERROR) << "rejected a malformed step plan: " << plan.status();
-      result.step_id = wire.step_id();
-      result.status = plan.status();
-    } else {
-      result = node_->Execute(*plan);
-    }
+  // A reader thread queues plans as they come, so that the next plan is at hand (for a
+  // second lane, or right after this step) while this thread runs steps and writes results.
+  PlanQueue queue;
+  std::atomic<bool> broken{false};  // a result could not be written: the stream is gone
+  auto write = [stream, &broken](StepResult result) {
+    if (broken.load()) return;
     control::StepResult out;
     ToProto(result, &out);
-    if (!stream->Write(out)) break;
-    since_result.emplace();
-    if (context->IsCancelled()) break;
-  }
+    if (!stream->Write(out)) broken.store(true);
+  };
+  std::thread reader([&] {
+    control::StepPlan wire;
+    while (!broken.load() && !context->IsCancelled() && stream->Read(&wire)) {
+      QueuedPlan queued;
+      auto plan = FromProto(wire);
+      if (!plan.ok()) {
+        LOG(ERROR) << "rejected a malformed step plan: " << plan.status();
+        StepResult refused;
+        refused.step_id = wire.step_id();
+        refused.status = plan.status();
+        queued.answer = std::move(refused);
+      } else {
+        queued.plan = std::move(*plan);
+      }
+      queued.done = write;
+      queue.Push(std::move(queued));
+    }
+    queue.Close();
+  });
+  node_->RunPipelined(queue, plan_wait_observer_);
+  reader.join();
   return grpc::Status::OK;
 }
 

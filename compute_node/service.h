@@ -19,9 +19,9 @@ class ComputeNodeService final : public control::ComputeNode::Service {
   ComputeNodeService(ComputeNode* node, control::NodeInfo info,
                      std::shared_ptr<const ClusterAuth> auth)
       : node_(node), info_(std::move(info)), auth_(std::move(auth)) {}
-  // Called, on the step thread, with the seconds between writing a step's result and
-  // having the next plan of the same stream: the node's idle time between steps (near zero
-  // when the scheduler sent the next plan ahead). Set before serving.
+  // Called, on the step thread, with the seconds the node sat with no plan to run between
+  // steps of the same stream: its idle time between steps (near zero when the scheduler
+  // sent the next plan ahead). Set before serving.
   void SetPlanWaitObserver(std::function<void(double)> observer) {
     plan_wait_observer_ = std::move(observer);
   }

@@ -4,21 +4,68 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
 #include "common/base/stopwatch.h"
 
 namespace strata {
 
+struct StepEngine::Lane {
+  Lane(AttentionBackend* a, const ModelConfig& config, int64_t rows)
+      : attention(a), buffers(config, rows) {}
+  AttentionBackend* attention;
+  BatchBuffers buffers;
+  std::vector<float> logits;
+  // The plan in progress (the caller keeps it alive until Finish).
+  bool busy = false;
+  const StepPlan* plan = nullptr;
+  StepResult result;
+  Stopwatch watch;
+  uint64_t busy_us = 0;  // in this lane's stages (the other lane's are not its cost)
+  StepKvPlan kv;
+  std::vector<const SequenceChunk*> chunks;  // grouped by pool
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> last_rows;  // per chunk with samples
+  std::vector<const SequenceChunk*> sampled_chunks;
+  int64_t m = 0;
+  int layer = 0;  // the layer whose attention is out
+  bool forward_done = false;
+  absl::Status status;
+};
+
 StepEngine::StepEngine(const ModelRunner* runner, AttentionBackend* attention,
                        StepEngineOptions options)
-    : runner_(runner),
-      attention_(attention),
-      options_(options),
-      buffers_(runner->config(), options.max_batch_rows) {}
+    : StepEngine(runner, std::vector<AttentionBackend*>{attention}, options) {}
+
+StepEngine::StepEngine(const ModelRunner* runner, std::vector<AttentionBackend*> lanes,
+                       StepEngineOptions options)
+    : runner_(runner), options_(options) {
+  CHECK(!lanes.empty() && lanes.size() <= 2) << "a step engine has one or two lanes";
+  for (AttentionBackend* a : lanes) {
+    lanes_.push_back(std::make_unique<Lane>(a, runner->config(), options.max_batch_rows));
+  }
+}
+
+StepEngine::~StepEngine() = default;
 
 StepResult StepEngine::Execute(const StepPlan& plan) {
-  const Stopwatch watch;
-  StepResult result;
-  result.step_id = plan.step_id;
+  if (std::optional<StepResult> done = Begin(0, plan)) return std::move(*done);
+  while (!Advance(0)) {
+  }
+  return Finish(0);
+}
+
+std::optional<StepResult> StepEngine::Begin(int index, const StepPlan& plan) {
+  Lane& lane = *lanes_.at(index);
+  CHECK(!lane.busy) << "lane " << index << " already runs a plan";
+  const Stopwatch stage;
+  lane.watch = Stopwatch();
+  lane.busy_us = 0;
+  lane.plan = &plan;
+  lane.result = StepResult();
+  lane.result.step_id = plan.step_id;
+  lane.status = absl::OkStatus();
+  lane.forward_done = false;
+  StepResult& result = lane.result;
   const ModelConfig& config = runner_->config();
 
   // Releases first, then setups (a re-admitted request is released and set up again).
@@ -32,7 +79,7 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
       if (parent == requests_.end()) {
         result.status = absl::InvalidArgumentError(
             absl::StrCat("request ", s.request_id, " names unknown parent ", s.parent_request_id));
-        return result;
+        return std::move(result);
       }
       cache.prompt_counts = parent->second.prompt_counts;
     } else {
@@ -51,30 +98,33 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
   }
 
   // Rows, grouped by pool (stable), as the attention side expects.
-  std::vector<const SequenceChunk*> chunks;
+  std::vector<const SequenceChunk*>& chunks = lane.chunks;
+  chunks.clear();
   for (const SequenceChunk& c : plan.chunks) chunks.push_back(&c);
   std::stable_sort(
       chunks.begin(), chunks.end(),
       [](const SequenceChunk* a, const SequenceChunk* b) { return a->pool < b->pool; });
-  StepKvPlan kv;
+  StepKvPlan& kv = lane.kv;
+  kv = StepKvPlan();
   kv.step_id = plan.step_id;
   kv.releases = plan.releases;
   kv.assignments = plan.assignments;
-  std::vector<int32_t> tokens;
-  std::vector<int32_t> last_rows;  // per chunk with samples
-  std::vector<const SequenceChunk*> sampled_chunks;
+  std::vector<int32_t>& tokens = lane.tokens;
+  tokens.clear();
+  lane.last_rows.clear();
+  lane.sampled_chunks.clear();
   for (const SequenceChunk* c : chunks) {
     if (!requests_.count(c->request_id)) {
       result.status = absl::InvalidArgumentError(
           absl::StrCat("chunk of request ", c->request_id, " before its setup"));
-      return result;
+      return std::move(result);
     }
     const int64_t end = static_cast<int64_t>(c->start_position) + c->tokens.size();
     if (end > options_.max_positions) {
       result.status = absl::InvalidArgumentError(
           absl::StrCat("request ", c->request_id, " reaches position ", end,
                        " beyond the context of ", options_.max_positions));
-      return result;
+      return std::move(result);
     }
     for (size_t i = 0; i < c->tokens.size(); ++i) {
       int32_t t = c->tokens[i];
@@ -84,13 +134,13 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
           result.status = absl::InvalidArgumentError(
               absl::StrCat("request ", c->request_id,
                            ": the last sampled token stands only in a one-row chunk"));
-          return result;
+          return std::move(result);
         }
         if (cache.last_sampled_position != c->start_position) {
           result.status = absl::FailedPreconditionError(
               absl::StrCat("request ", c->request_id, " asks for the token sampled for position ",
                            c->start_position, ", which this node has not sampled"));
-          return result;
+          return std::move(result);
         }
         t = cache.last_sampled;
       }
@@ -98,22 +148,23 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
         result.status = absl::InvalidArgumentError(
             absl::StrCat("request ", c->request_id, " has token ", t, " outside the vocabulary of ",
                          config.vocab_size));
-        return result;
+        return std::move(result);
       }
       kv.rows.push_back({c->request_id, c->pool, c->start_position + static_cast<int32_t>(i), -1});
       tokens.push_back(t);
     }
     if (!c->samples.empty()) {
-      last_rows.push_back(static_cast<int32_t>(tokens.size()) - 1);
-      sampled_chunks.push_back(c);
+      lane.last_rows.push_back(static_cast<int32_t>(tokens.size()) - 1);
+      lane.sampled_chunks.push_back(c);
     }
   }
   const int64_t m = static_cast<int64_t>(tokens.size());
   if (m > options_.max_batch_rows) {
     result.status = absl::InvalidArgumentError(
         absl::StrCat("step has ", m, " rows; this node takes at most ", options_.max_batch_rows));
-    return result;
+    return std::move(result);
   }
+  lane.m = m;
   result.timing.rows = m;
 
   // Penalty counts from the rows (tokens as resolved), before sampling (a decode row feeds
@@ -133,27 +184,93 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
     }
   }
 
-  absl::Status status = m > 0 ? ForwardLayers(*runner_, *attention_, buffers_, kv, tokens.data())
-                              // Nothing to compute, but releases and assignments must still
-                              // reach the KV side.
-                              : attention_->BeginStep(kv);
-  AttentionStepOutcome outcome = attention_->EndStep();
+  lane.busy = true;
+  for (const auto& other : lanes_) {
+    if (other.get() != &lane && other->busy) ++overlapped_steps_;
+  }
+  if (m == 0) {
+    // Nothing to compute, but releases and assignments must still reach the KV side.
+    lane.status = lane.attention->BeginStep(kv);
+    lane.forward_done = true;
+  } else {
+    StartForward(lane);
+  }
+  lane.busy_us += stage.ElapsedMicros();
+  if (!lane.forward_done) return std::nullopt;
+  return Finish(index);
+}
+
+void StepEngine::StartForward(Lane& lane) {
+  BatchBuffers& b = lane.buffers;
+  const int64_t m = lane.m;
+  absl::Status status = lane.attention->BeginStep(lane.kv);
+  if (!status.ok()) return EndForward(lane, std::move(status));
+  std::vector<int32_t> positions(m);
+  for (int64_t r = 0; r < m; ++r) positions[r] = lane.kv.rows[r].position;
+  runner_->Embed(b, m, lane.tokens.data(), positions.data());
+  lane.layer = 0;
+  runner_->PreAttention(b, m, 0);
+  status = lane.attention->SendLayer(0, b, m);
+  if (!status.ok()) return EndForward(lane, std::move(status));
+}
+
+void StepEngine::EndForward(Lane& lane, absl::Status status) {
+  lane.status = std::move(status);
+  lane.forward_done = true;
+}
+
+bool StepEngine::Advance(int index) {
+  Lane& lane = *lanes_.at(index);
+  CHECK(lane.busy) << "lane " << index << " runs no plan";
+  if (lane.forward_done) return true;
+  const Stopwatch stage;
+  BatchBuffers& b = lane.buffers;
+  const int64_t m = lane.m;
+  absl::Status status = lane.attention->WaitLayer(lane.layer, b, m);
+  if (!status.ok()) {
+    EndForward(lane, std::move(status));
+  } else {
+    runner_->PostAttention(b, m, lane.layer);
+    if (++lane.layer == static_cast<int>(runner_->config().num_layers)) {
+      EndForward(lane, absl::OkStatus());
+    } else {
+      runner_->PreAttention(b, m, lane.layer);
+      status = lane.attention->SendLayer(lane.layer, b, m);
+      if (!status.ok()) EndForward(lane, std::move(status));
+    }
+  }
+  lane.busy_us += stage.ElapsedMicros();
+  return lane.forward_done;
+}
+
+StepResult StepEngine::Finish(int index) {
+  Lane& lane = *lanes_.at(index);
+  CHECK(lane.busy && lane.forward_done) << "lane " << index << " has no finished forward pass";
+  lane.busy = false;
+  const Stopwatch stage;
+  StepResult result = std::move(lane.result);
+  lane.result = StepResult();
+  const ModelConfig& config = runner_->config();
+  AttentionStepOutcome outcome = lane.attention->EndStep();
   result.timing.attention_us = outcome.wait_us;
   result.timing.bytes_sent = outcome.bytes_sent;
   result.timing.bytes_received = outcome.bytes_received;
   result.dead_pools = outcome.dead_pools;
   result.failed = outcome.failed;
-  if (!status.ok()) {
-    result.status = std::move(status);
+  if (!lane.status.ok()) {
+    result.status = std::move(lane.status);
+    lane.status = absl::OkStatus();
     return result;
   }
   std::unordered_set<SequenceId> failed;
   for (const auto& [id, why] : result.failed) failed.insert(id);
   const Stopwatch sample_watch;
+  const std::vector<int32_t>& last_rows = lane.last_rows;
+  const std::vector<const SequenceChunk*>& sampled_chunks = lane.sampled_chunks;
   if (!last_rows.empty()) {
     const int64_t vocab = config.vocab_size;
-    logits_.resize(RowsCapacity(last_rows.size()) * vocab);
-    runner_->Logits(buffers_, last_rows, logits_.data());
+    lane.logits.resize(RowsCapacity(last_rows.size()) * vocab);
+    runner_->Logits(lane.buffers, last_rows, lane.logits.data());
     struct Job {
       size_t chunk;
       const SampleTarget* target;
@@ -170,9 +287,11 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
       if (!requests_.count(job.target->request_id)) {
         result.status = absl::InvalidArgumentError(
             absl::StrCat("sample target ", job.target->request_id, " has no setup"));
+        result.tokens.clear();
         return result;
       }
     }
+    const float* logits = lane.logits.data();
 #pragma omp parallel for schedule(dynamic, 1) if (jobs.size() > 1)
     for (size_t j = 0; j < jobs.size(); ++j) {
       const Job& job = jobs[j];
@@ -184,8 +303,7 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
       input.prompt_counts = cache.prompt_counts.get();
       input.output_counts = &cache.output_counts;
       input.banned = &job.target->banned_tokens;
-      SampleOutput out =
-          Sample(logits_.data() + job.chunk * vocab, static_cast<int32_t>(vocab), input);
+      SampleOutput out = Sample(logits + job.chunk * vocab, static_cast<int32_t>(vocab), input);
       result.tokens[j] = {job.target->request_id, out.token, out.logprob,
                           std::move(out.top_logprobs)};
     }
@@ -199,10 +317,13 @@ StepResult StepEngine::Execute(const StepPlan& plan) {
     }
   }
   result.timing.sample_us = sample_watch.ElapsedMicros();
-  result.timing.total_us = watch.ElapsedMicros();
-  // The rest of the step: GEMMs, norms, RoPE, and local attention when co-located.
+  result.timing.total_us = lane.watch.ElapsedMicros();
+  lane.busy_us += stage.ElapsedMicros();
+  // The rest of the lane's own work: GEMMs, norms, RoPE, and local attention when
+  // co-located. With two lanes the step's wall time (total_us) also holds the other lane's
+  // stages.
   const uint64_t other = result.timing.attention_us + result.timing.sample_us;
-  result.timing.gemm_us = result.timing.total_us > other ? result.timing.total_us - other : 0;
+  result.timing.gemm_us = lane.busy_us > other ? lane.busy_us - other : 0;
   ++steps_executed_;
   return result;
 }

@@ -15,12 +15,21 @@
 // token for the position, position beyond the context, too many rows, a backend error)
 // produces a StepResult with `status` set; the engine stays usable.
 //
-// Thread-safety: Execute is called from one thread at a time.
+// Two batches in flight (Lamina's n = 2, "--pipelining two"): an engine built with two
+// attention backends has two lanes, each with its own batch buffers. Begin/Advance/Finish
+// run a plan on a lane one stage at a time: Begin ends with layer 0's attention sent, each
+// Advance waits for the layer's attention, runs the rest of the layer and the next layer's
+// projections, and sends that layer's attention. Alternating Advance between two lanes on
+// one thread runs one batch's GEMMs while the other's attention is away
+// (compute_node/step_pipeline.h). Plans on different lanes never share a sequence.
+//
+// Thread-safety: one thread at a time calls Execute and the lane methods.
 #ifndef STRATA_COMPUTE_NODE_STEP_ENGINE_H_
 #define STRATA_COMPUTE_NODE_STEP_ENGINE_H_
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -36,17 +45,49 @@ struct StepEngineOptions {
   int64_t max_positions = 4096;   // context length (RoPE table)
 };
 
-class StepEngine {
+// The lane interface that the pipeline driver (step_pipeline.h) runs plans through.
+class LaneEngine {
  public:
-  // `runner` and `attention` must outlive the engine.
-  StepEngine(const ModelRunner* runner, AttentionBackend* attention, StepEngineOptions options);
+  virtual ~LaneEngine() = default;
+  virtual int num_lanes() const = 0;
+  // Starts `plan` on a free lane. A plan that cannot start, or has nothing to compute, is
+  // answered at once (the lane stays free).
+  virtual std::optional<StepResult> Begin(int lane, const StepPlan& plan) = 0;
+  // Runs the lane's next stage; true once its forward pass is over (or failed).
+  virtual bool Advance(int lane) = 0;
+  // Samples and frees the lane.
+  virtual StepResult Finish(int lane) = 0;
+};
 
+class StepEngine : public LaneEngine {
+ public:
+  // `runner` and `attention` must outlive the engine. One lane.
+  StepEngine(const ModelRunner* runner, AttentionBackend* attention, StepEngineOptions options);
+  // One lane per backend (at most two: see above).
+  StepEngine(const ModelRunner* runner, std::vector<AttentionBackend*> lanes,
+             StepEngineOptions options);
+  ~StepEngine() override;
+
+  // Runs a plan whole on lane 0.
   StepResult Execute(const StepPlan& plan);
+
+  int num_lanes() const override { return static_cast<int>(lanes_.size()); }
+  std::optional<StepResult> Begin(int lane, const StepPlan& plan) override;
+  bool Advance(int lane) override;
+  StepResult Finish(int lane) override;
 
   size_t num_cached_requests() const { return requests_.size(); }
   uint64_t steps_executed() const { return steps_executed_; }
+  // Plans begun while another lane's plan was running: the steps that overlapped.
+  uint64_t overlapped_steps() const { return overlapped_steps_; }
 
  private:
+  struct Lane;
+  // The forward pass of the lane's plan up to layer 0's attention sent.
+  void StartForward(Lane& lane);
+  // Fails the lane's plan, with what the attention side says of the step.
+  void EndForward(Lane& lane, absl::Status status);
+
   struct RequestCache {
     SamplingParams sampling;
     int32_t prompt_len = 0;
@@ -60,12 +101,11 @@ class StepEngine {
   };
 
   const ModelRunner* runner_;
-  AttentionBackend* attention_;
   StepEngineOptions options_;
-  BatchBuffers buffers_;
-  std::vector<float> logits_;
+  std::vector<std::unique_ptr<Lane>> lanes_;
   std::unordered_map<SequenceId, RequestCache> requests_;
   uint64_t steps_executed_ = 0;
+  uint64_t overlapped_steps_ = 0;
 };
 
 }  // namespace strata

@@ -43,12 +43,14 @@ struct Topology {
   // Asynchronous scheduling (two plans in flight, the second naming the tokens the first
   // samples).
   bool async = false;
+  // Two batches in flight (--pipelining=two): the engine has two lanes.
+  bool two = false;
 };
 
 std::string Name(const Topology& t) {
   return absl::StrCat(t.memory_nodes, "mem_", t.compute_nodes, "cmp_", t.backend, "_",
                       t.prefill_policy, "_mb", t.minibatches, "_k", t.plans_in_flight,
-                      t.async ? "_async" : "");
+                      t.async ? "_async" : "", t.two ? "_two" : "");
 }
 
 int instance = 0;
@@ -62,9 +64,11 @@ class Deployment {
     config.max_num_batched_tokens = 256;
     config.max_prefill_tokens = 256;
     config.prefill_chunk_tokens = 64;
-    config.max_num_seqs = t.plans_in_flight > 1 && !t.async ? 4 : 16;
-    config.max_plans_in_flight = t.async ? std::max(t.plans_in_flight, 2) : t.plans_in_flight;
+    config.max_num_seqs = t.plans_in_flight > 1 && !t.async && !t.two ? 4 : 16;
+    config.max_plans_in_flight =
+        t.async || t.two ? std::max(t.plans_in_flight, 2) : t.plans_in_flight;
     config.async_scheduling = t.async;
+    if (t.two) config.pipelining = Pipelining::kTwo;
     config.block_tokens = 16;
     config.vocab_size = static_cast<int32_t>(weights->config.vocab_size);
     config.epoch = 42;
@@ -100,10 +104,11 @@ class Deployment {
     }
     for (int i = 0; i < t.compute_nodes; ++i) {
       auto runner = std::make_unique<ModelRunner>(weights, config.max_model_len);
-      std::unique_ptr<AttentionBackend> attention;
+      std::vector<AttentionBackend*> lanes;
       std::optional<PoolIndex> local_pool;
       if (t.memory_nodes == 0) {
-        attention = std::move(*LocalAttention::Create(c, slots_per_pool, false));
+        attention_.push_back(std::move(*LocalAttention::Create(c, slots_per_pool, false)));
+        lanes.push_back(attention_.back().get());
         local_pool = scheduler_->AddPool(absl::StrCat("local-", i), slots_per_pool);
       } else {
         RemoteAttentionOptions options;
@@ -112,19 +117,22 @@ class Deployment {
         options.minibatches = t.minibatches;
         options.min_minibatch_rows = 1;  // small test batches still split
         options.layer_timeout = absl::Seconds(20);
-        auto remote = RemoteAttention::Create(c, options);
-        EXPECT_TRUE(remote.ok()) << remote.status();
-        (*remote)->SetMemoryNodes(42, addresses);
-        attention = std::move(*remote);
+        // Each lane has a data plane of its own, as on a compute node.
+        for (int lane = 0; lane < (t.two ? 2 : 1); ++lane) {
+          auto remote = RemoteAttention::Create(c, options);
+          EXPECT_TRUE(remote.ok()) << remote.status();
+          (*remote)->SetMemoryNodes(42, addresses);
+          attention_.push_back(std::move(*remote));
+          lanes.push_back(attention_.back().get());
+        }
       }
       auto engine = std::make_unique<StepEngine>(
-          runner.get(), attention.get(),
+          runner.get(), lanes,
           StepEngineOptions{config.max_num_batched_tokens, config.max_model_len});
       scheduler_->AddExecutor(
           std::make_unique<InProcessExecutor>(absl::StrCat("compute-", i), engine.get()),
           local_pool);
       runners_.push_back(std::move(runner));
-      attention_.push_back(std::move(attention));
       engines_.push_back(std::move(engine));
     }
     scheduler_->SetObserver(observer_);
@@ -165,6 +173,12 @@ class Deployment {
 
   Scheduler& scheduler() { return *scheduler_; }
   std::vector<std::unique_ptr<MemoryServer>>& memory() { return memory_; }
+  // Steps that began while another lane's step ran, over every compute node.
+  uint64_t OverlappedSteps() const {
+    uint64_t n = 0;
+    for (const auto& e : engines_) n += e->overlapped_steps();
+    return n;
+  }
   SchedulerObserver observer_;
 
  private:
@@ -233,6 +247,12 @@ class DisaggregatedTest : public ::testing::Test {
     outcomes.push_back(d.Submit(requests.back()));
     EXPECT_TRUE(d.Wait(outcomes)) << Name(t) << ": requests did not finish";
     EXPECT_GE(outcomes.back()->cached_prompt_tokens, 144) << Name(t) << ": no prefix reuse";
+    // Two batches in flight really ran side by side, and only then.
+    if (t.two) {
+      EXPECT_GT(d.OverlappedSteps(), 5u) << Name(t) << ": the lanes never overlapped";
+    } else {
+      EXPECT_EQ(d.OverlappedSteps(), 0u) << Name(t);
+    }
     std::vector<std::vector<int32_t>> tokens;
     for (const auto& o : outcomes) {
       EXPECT_TRUE(o->error.ok()) << Name(t) << ": " << o->error;
@@ -251,13 +271,25 @@ TEST_F(DisaggregatedTest, GreedyOutputsAreBitIdenticalToCoLocated) {
   const auto reference = Run(Topology{}, requests);
   for (const auto& tokens : reference) ASSERT_EQ(tokens.size() >= 10, true);
   std::vector<Topology> topologies = {
-      {1, 1, "inproc", "split", 2},          {2, 1, "inproc", "split", 2},
-      {3, 1, "inproc", "split", 3},          {2, 1, "inproc", "memory", 1},
-      {2, 2, "inproc", "split", 2},          {2, 1, "ucx", "split", 2},
-      {0, 1, "inproc", "split", 2, 2},       {2, 1, "inproc", "split", 2, 2},
-      {2, 2, "inproc", "split", 2, 2},       {0, 1, "inproc", "split", 2, 2, true},
-      {2, 1, "inproc", "split", 2, 2, true}, {2, 2, "inproc", "split", 2, 2, true},
+      {1, 1, "inproc", "split", 2},
+      {2, 1, "inproc", "split", 2},
+      {3, 1, "inproc", "split", 3},
+      {2, 1, "inproc", "memory", 1},
+      {2, 2, "inproc", "split", 2},
+      {2, 1, "ucx", "split", 2},
+      {0, 1, "inproc", "split", 2, 2},
+      {2, 1, "inproc", "split", 2, 2},
+      {2, 2, "inproc", "split", 2, 2},
+      {0, 1, "inproc", "split", 2, 2, true},
+      {2, 1, "inproc", "split", 2, 2, true},
+      {2, 2, "inproc", "split", 2, 2, true},
       {2, 1, "ucx", "split", 2, 2, true},
+      // Two batches in flight on each compute node.
+      {1, 1, "inproc", "split", 2, 2, false, true},
+      {2, 1, "inproc", "split", 2, 2, false, true},
+      {2, 1, "inproc", "memory", 1, 2, false, true},
+      {2, 2, "inproc", "split", 2, 2, false, true},
+      {2, 1, "ucx", "split", 2, 2, false, true},
   };
   for (const Topology& t : topologies) {
     const auto got = Run(t, requests);
@@ -273,7 +305,8 @@ TEST_F(DisaggregatedTest, ADeadMemoryNodeOnlyMovesItsRequests) {
   const auto reference = Run(Topology{}, requests);
   for (const Topology& t :
        {Topology{2, 1, "inproc", "split", 2, 1}, Topology{2, 1, "inproc", "split", 2, 2},
-        Topology{2, 1, "inproc", "split", 2, 2, true}}) {
+        Topology{2, 1, "inproc", "split", 2, 2, true},
+        Topology{2, 1, "inproc", "split", 2, 2, false, true}}) {
     SCOPED_TRACE(Name(t));
     Deployment d(weights_, t, 2048);
     std::mutex mu;
@@ -312,23 +345,31 @@ TEST_F(DisaggregatedTest, ADeadMemoryNodeOnlyMovesItsRequests) {
 }
 
 TEST_F(DisaggregatedTest, LosingTheOnlyMemoryNodeFailsItsRequestsClearly) {
-  for (bool async : {false, true}) {
-    SCOPED_TRACE(async ? "asynchronous scheduling" : "synchronous scheduling");
-    Deployment d(weights_, {1, 1, "inproc", "split", 1, 1, async}, 2048);
-    GenerateRequest r;
-    r.prompt_tokens = Prompt(40, 3);
-    r.sampling.temperature = 0.0f;
-    r.max_tokens = 400;
-    r.ignore_eos = true;
-    auto outcome = d.Submit(r);
-    for (int i = 0; i < 200 && outcome->tokens.size() < 3; ++i) {
+  for (const Topology& t :
+       {Topology{1, 1, "inproc", "split", 1, 1}, Topology{1, 1, "inproc", "split", 1, 1, true},
+        Topology{1, 1, "inproc", "split", 1, 2, false, true}}) {
+    SCOPED_TRACE(Name(t));
+    Deployment d(weights_, t, 2048);
+    // Two requests, so that with two batches in flight both lanes hold one when it dies.
+    std::vector<std::shared_ptr<Outcome>> outcomes;
+    for (uint32_t seed : {3u, 4u}) {
+      GenerateRequest r;
+      r.prompt_tokens = Prompt(40, seed);
+      r.sampling.temperature = 0.0f;
+      r.max_tokens = 400;
+      r.ignore_eos = true;
+      outcomes.push_back(d.Submit(r));
+    }
+    for (int i = 0; i < 200 && outcomes[0]->tokens.size() < 3; ++i) {
       absl::SleepFor(absl::Milliseconds(20));
     }
     d.memory()[0].reset();
-    ASSERT_TRUE(d.Wait({outcome}));
-    EXPECT_FALSE(outcome->error.ok());
-    EXPECT_NE(std::string(outcome->error.message()).find("memory node"), std::string::npos)
-        << outcome->error;
+    ASSERT_TRUE(d.Wait(outcomes));
+    for (const auto& outcome : outcomes) {
+      EXPECT_FALSE(outcome->error.ok());
+      EXPECT_NE(std::string(outcome->error.message()).find("memory node"), std::string::npos)
+          << outcome->error;
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 //          [--memory_nodes=0] ...
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "common/base/cpu_flags.h"
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
 #include "common/control/cluster_flags.h"
@@ -24,7 +25,12 @@ ABSL_FLAG(int, memory_nodes, 0, "Memory nodes to wait for (0: co-located attenti
 ABSL_FLAG(int64_t, max_model_len, 0, "Context length (0: the model's)");
 ABSL_FLAG(int64_t, max_num_seqs, strata::SchedulerConfig().max_num_seqs, "Sequences per step");
 ABSL_FLAG(int, max_plans_in_flight, 0,
-          "Step plans a compute node holds at once (0: 2 with asynchronous scheduling, else 1)");
+          "Step plans a compute node holds at once (0: 2 with asynchronous scheduling or "
+          "--pipelining=two, else 1)");
+ABSL_FLAG(strata::Pipelining, pipelining, strata::Pipelining::kOff,
+          "Batches in flight on each compute node with offloaded attention: off, or two (two "
+          "plans of different sequences, balanced by rows and KV read, which the node runs "
+          "side by side; start compute nodes with --pipelining=two as well)");
 ABSL_FLAG(bool, async_scheduling, false,
           "Send a batch's next step while the current one runs; the compute node feeds each "
           "sequence the token it sampled last. Output is identical to synchronous scheduling");
@@ -61,6 +67,10 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   strata::InstallShutdownHandlers();
   strata::SetLogTag("server");
+  if (absl::Status cpus = strata::ApplyCpusFlag(0); !cpus.ok()) {
+    LOG(ERROR) << "--cpus: " << cpus.message();
+    return 2;
+  }
   strata::ServerOptions o;
   o.model_dir = absl::GetFlag(FLAGS_model);
   o.served_model_name = absl::GetFlag(FLAGS_served_model_name);
@@ -84,9 +94,11 @@ int main(int argc, char** argv) {
   o.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
   o.scheduler.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
   o.scheduler.async_scheduling = absl::GetFlag(FLAGS_async_scheduling);
+  o.scheduler.pipelining = absl::GetFlag(FLAGS_pipelining);
   o.scheduler.max_plans_in_flight = absl::GetFlag(FLAGS_max_plans_in_flight);
   if (o.scheduler.max_plans_in_flight == 0) {
-    o.scheduler.max_plans_in_flight = o.scheduler.async_scheduling ? 2 : 1;
+    o.scheduler.max_plans_in_flight =
+        o.scheduler.async_scheduling || o.scheduler.pipelining == strata::Pipelining::kTwo ? 2 : 1;
   }
   o.scheduler.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
   o.scheduler.max_prefill_tokens = absl::GetFlag(FLAGS_max_prefill_tokens);

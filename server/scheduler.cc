@@ -38,6 +38,16 @@ absl::Status Scheduler::ValidateConfig(const SchedulerConfig& c) {
         "asynchronous scheduling needs max_plans_in_flight of at least 2 (the next plan goes "
         "out while the current one runs)");
   }
+  if (c.pipelining == Pipelining::kTwo && c.max_plans_in_flight < 2) {
+    return absl::InvalidArgumentError(
+        "two batches in flight need max_plans_in_flight of at least 2");
+  }
+  if (c.pipelining == Pipelining::kTwo && c.async_scheduling) {
+    // An asynchronous plan names the token a plan in flight samples; on the other lane it
+    // would run before that token exists.
+    return absl::InvalidArgumentError(
+        "two batches in flight and asynchronous scheduling do not combine (yet): choose one");
+  }
   if (c.max_model_len <= 0 || c.block_tokens <= 0 || c.max_n <= 0 || c.max_waiting <= 0) {
     return absl::InvalidArgumentError(
         "max_model_len, block_tokens, max_n and max_waiting must be positive");

@@ -267,10 +267,39 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     seq->request->executor = e;  // requests stick to the compute node that runs them
   };
 
+  // Two batches in flight: this plan takes about half of the decode work, counting what the
+  // plans in flight carry, so that the node's two lanes stay balanced. Work is measured by
+  // rows (GEMM time) and by KV positions read (attention time), each as a share of the
+  // total; a plan is full once the two shares add up to 1. Requests left out decode in the
+  // next plan, half a step later.
+  const bool balance = config_.pipelining == Pipelining::kTwo;
+  double total_rows = 0, total_kv = 0, plan_rows = 0, plan_kv = 0;
+  if (balance) {
+    for (const Executor::InFlight& f : ex.in_flight) {
+      for (const SequenceChunk& c : f.plan.chunks) {
+        const double n = static_cast<double>(c.tokens.size());
+        total_rows += n;
+        total_kv += n * c.start_position + n * (n + 1) / 2;  // positions 0..p for each row p
+      }
+    }
+    for (Request* req : running) {
+      for (auto& seq : req->seqs) {
+        if (seq->finished || seq->waiting_for_owner || seq->in_flight > 0) continue;
+        if (seq->computed != static_cast<int64_t>(seq->tokens.size()) - 1) continue;
+        total_rows += 1;
+        total_kv += static_cast<double>(seq->tokens.size());
+      }
+    }
+  }
+  auto plan_full = [&] {
+    return balance && plan_rows > 0 && total_rows > 0 && total_kv > 0 &&
+           plan_rows / total_rows + plan_kv / total_kv >= 1.0;
+  };
+
   // Phase 1: decode rows. A sequence decodes its last known token; with asynchronous
   // scheduling, one whose plan in flight samples the next token may decode that token too,
   // unless the draw in flight is its last (max_tokens).
-  for (size_t i = 0; i < running.size(); ++i) {
+  for (size_t i = 0; i < running.size() && !plan_full(); ++i) {
     Request* req = running[i];
     std::vector<Sequence*> decode, ahead;
     for (auto& seq_ptr : req->seqs) {
@@ -305,6 +334,8 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
       add_chunk(s, s->computed, s->computed + 1);
       --budget_rows;
       --budget_seqs;
+      plan_rows += 1;
+      plan_kv += static_cast<double>(s->tokens.size());
     }
     // A row ahead never preempts its own request: without room it waits for the token.
     int64_t need_ahead = 0;

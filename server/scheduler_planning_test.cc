@@ -5,6 +5,7 @@
 // and what reaches the client.
 #include <deque>
 #include <memory>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -27,7 +28,7 @@ class HeldExecutor final : public StepExecutor {
 
 class PlannerTest : public ::testing::Test {
  protected:
-  void Start(bool async, int64_t slots = 64) {
+  void Start(bool async, int64_t slots = 64, Pipelining pipelining = Pipelining::kOff) {
     SchedulerConfig c;
     c.max_model_len = 256;
     c.max_num_batched_tokens = 64;
@@ -36,7 +37,8 @@ class PlannerTest : public ::testing::Test {
     c.block_tokens = 16;
     c.vocab_size = 1000;
     c.async_scheduling = async;
-    c.max_plans_in_flight = async ? 2 : 1;
+    c.pipelining = pipelining;
+    c.max_plans_in_flight = async || pipelining == Pipelining::kTwo ? 2 : 1;
     ASSERT_TRUE(Scheduler::ValidateConfig(c).ok());
     scheduler_ = std::make_unique<Scheduler>(c, nullptr);
     auto executor = std::make_unique<HeldExecutor>();
@@ -82,6 +84,12 @@ class PlannerTest : public ::testing::Test {
   }
 
   const StepPlan& Held(size_t i) { return executor_->held.at(i).first; }
+  // The sequences a held plan decodes or prefills.
+  std::set<SequenceId> Sequences(size_t i) {
+    std::set<SequenceId> ids;
+    for (const SequenceChunk& c : Held(i).chunks) ids.insert(c.request_id);
+    return ids;
+  }
   int64_t UsedSlots() { return scheduler_->Stats().pools.at(0).stats.used_slots; }
   std::vector<int32_t> Streamed() {
     std::vector<int32_t> tokens;
@@ -223,6 +231,61 @@ TEST_F(PlannerTest, AFullPoolPreemptsTheNewestRequest) {
   EXPECT_EQ(Held(0).releases[0].request_id, newer);
   EXPECT_EQ(UsedSlots(), 13) << "the newer request's 12 slots came back";
   EXPECT_EQ(scheduler_->Stats().num_waiting, 1);
+}
+
+// Two batches in flight: after a step that admits everyone, the decode work is split
+// between two plans of different sequences, half each, and stays split as they land.
+TEST_F(PlannerTest, TwoBatchesSplitEqualDecodeWorkInHalves) {
+  Start(/*async=*/false, /*slots=*/256, Pipelining::kTwo);
+  for (int i = 0; i < 4; ++i) Submit({1, 2, 3, 4, 5, 6, 7, 8}, 10, {}, /*run=*/false);
+  scheduler_->RunPending();
+  ASSERT_EQ(executor_->held.size(), 1u);  // all four prompts in one plan; nothing for a second
+  EXPECT_EQ(Sequences(0).size(), 4u);
+  Answer(10);
+  ASSERT_EQ(executor_->held.size(), 2u);
+  EXPECT_EQ(Sequences(0).size(), 2u);
+  EXPECT_EQ(Sequences(1).size(), 2u);
+  for (SequenceId id : Sequences(0)) EXPECT_EQ(Sequences(1).count(id), 0u);  // never shared
+  // The older plan lands: its two sequences decode on, beside the other two still out.
+  const std::set<SequenceId> first = Sequences(0), second = Sequences(1);
+  Answer(11);
+  ASSERT_EQ(executor_->held.size(), 2u);
+  EXPECT_EQ(Sequences(0), second);
+  EXPECT_EQ(Sequences(1), first);
+}
+
+// Balance counts the KV positions a row reads as well as rows: a long context weighs as
+// much as several short ones, so it decodes alone while the short ones share the other plan.
+TEST_F(PlannerTest, TwoBatchesBalanceKvReadAsWellAsRows) {
+  Start(/*async=*/false, /*slots=*/256, Pipelining::kTwo);
+  std::vector<int32_t> longer(100, 7);
+  Submit(longer, 10, {}, /*run=*/false);
+  for (int i = 0; i < 3; ++i) Submit({1, 2, 3, 4}, 10, {}, /*run=*/false);
+  scheduler_->RunPending();
+  // Prefill: the 64-row budget takes the long prompt in chunks. Answer until the four
+  // requests decode (one row each) in two plans.
+  auto decoding = [&] {
+    if (executor_->held.size() != 2) return false;
+    size_t rows = 0;
+    for (size_t p = 0; p < 2; ++p) {
+      for (const SequenceChunk& c : Held(p).chunks) {
+        if (c.tokens.size() != 1) return false;
+        ++rows;
+      }
+    }
+    return rows == 4;
+  };
+  for (int i = 0; i < 10 && !decoding(); ++i) Answer(10);
+  ASSERT_TRUE(decoding());
+  Answer(10);  // and once more: the balance holds as plans land
+  ASSERT_TRUE(decoding());
+  ASSERT_EQ(executor_->held.size(), 2u);
+  std::vector<size_t> sizes = {Held(0).chunks.size(), Held(1).chunks.size()};
+  std::sort(sizes.begin(), sizes.end());
+  EXPECT_EQ(sizes, (std::vector<size_t>{1, 3}));
+  for (size_t p = 0; p < 2; ++p) {
+    if (Held(p).chunks.size() == 1) EXPECT_GE(Held(p).chunks[0].start_position, 100);
+  }
 }
 
 }  // namespace

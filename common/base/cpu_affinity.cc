@@ -4,6 +4,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <tuple>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -112,6 +113,33 @@ std::vector<std::vector<int>> SplitCpus(const std::vector<int>& cpus, int parts)
     return out;
   }
   for (size_t i = 0; i < cpus.size(); ++i) out[i % parts].push_back(cpus[i]);
+  return out;
+}
+
+absl::StatusOr<CorePartition> ParseCorePartition(const std::string& compute,
+                                                 const std::string& memory,
+                                                 const std::vector<int>& allowed) {
+  CorePartition out;
+  for (auto [flag, list, cpus] : {std::make_tuple("--compute_cpus", &compute, &out.compute),
+                                  std::make_tuple("--memory_cpus", &memory, &out.memory)}) {
+    auto parsed = ParseCpuList(*list);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": ", parsed.status().message()));
+    }
+    for (int cpu : *parsed) {
+      if (!std::binary_search(allowed.begin(), allowed.end(), cpu)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            flag, ": core ", cpu, " is not on this machine (", FormatCpuList(allowed), " are)"));
+      }
+    }
+    *cpus = std::move(*parsed);
+  }
+  for (int cpu : out.compute) {
+    if (std::binary_search(out.memory.begin(), out.memory.end(), cpu)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--compute_cpus and --memory_cpus overlap at core ", cpu));
+    }
+  }
   return out;
 }
 

@@ -42,6 +42,20 @@ absl::Status ApplyCpuFlags(const std::string& cpus, int threads);
 // parts-th core from i on); with fewer cores than parts, parts share cores round-robin.
 std::vector<std::vector<int>> SplitCpus(const std::vector<int>& cpus, int parts);
 
+// A deployment's cores split in two (--compute_cpus, --memory_cpus): compute nodes and the
+// scheduler on the first set, memory nodes sharing the second. This is how one machine
+// emulates compute hardware and memory hardware that do not contend.
+struct CorePartition {
+  std::vector<int> compute;
+  std::vector<int> memory;
+};
+
+// Parses both lists and checks them: neither empty, every core within `allowed`, and no
+// core in both. Errors name the flag and the core.
+absl::StatusOr<CorePartition> ParseCorePartition(const std::string& compute,
+                                                 const std::string& memory,
+                                                 const std::vector<int>& allowed);
+
 }  // namespace strata
 
 #endif  // STRATA_COMMON_BASE_CPU_AFFINITY_H_

@@ -49,6 +49,28 @@ TEST(SplitCpusTest, DisjointAndCovering) {
   EXPECT_TRUE(SplitCpus(cpus, 0).empty());
 }
 
+TEST(CorePartitionTest, AcceptsDisjointListsAndRefusesTheRest) {
+  const std::vector<int> allowed = {0, 1, 2, 3};
+  auto ok = ParseCorePartition("0", "1-3", allowed);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->compute, (std::vector<int>{0}));
+  EXPECT_EQ(ok->memory, (std::vector<int>{1, 2, 3}));
+  struct Bad {
+    const char* compute;
+    const char* memory;
+    const char* says;
+  };
+  for (const Bad& bad : {Bad{"0-1", "1-2", "overlap at core 1"}, Bad{"", "1", "--compute_cpus"},
+                         Bad{"0", "", "--memory_cpus"}, Bad{"0", "4", "core 4 is not on"},
+                         Bad{"0,x", "1", "--compute_cpus"}}) {
+    auto got = ParseCorePartition(bad.compute, bad.memory, allowed);
+    ASSERT_FALSE(got.ok()) << bad.compute << " / " << bad.memory;
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(got.status().message()).find(bad.says), std::string::npos)
+        << got.status();
+  }
+}
+
 TEST(PinTest, PinsThisThreadAndItsChildren) {
   const std::vector<int> allowed = AllowedCpus();
   ASSERT_FALSE(allowed.empty());

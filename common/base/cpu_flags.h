@@ -1,5 +1,5 @@
-// The --cpus flag of node binaries (compute_node, memory_node), defined once here so that
-// both take the same flag with the same meaning; see cpu_affinity.h.
+// The --cpus flag of the server and the node binaries (compute_node, memory_node), defined
+// once here so that all take the same flag with the same meaning; see cpu_affinity.h.
 #ifndef STRATA_COMMON_BASE_CPU_FLAGS_H_
 #define STRATA_COMMON_BASE_CPU_FLAGS_H_
 

@@ -67,6 +67,15 @@ ABSL_FLAG(std::string, server_args, "", "Extra server flags, comma-separated");
 ABSL_FLAG(bool, async_scheduling, false,
           "Asynchronous scheduling: the next step of a batch goes to the compute node while the "
           "current one runs (the server's --async_scheduling)");
+ABSL_FLAG(std::string, pipelining, "off",
+          "Batches in flight on each compute node with memory nodes: off, or two (one batch's "
+          "GEMMs run while the other's attention is on the memory nodes)");
+ABSL_FLAG(std::string, compute_cpus, "",
+          "Cores of the compute nodes and the scheduler (cpuset list, e.g. \"0\"); with "
+          "--memory_cpus, partitions the machine. OpenMP teams follow the sets");
+ABSL_FLAG(std::string, memory_cpus, "",
+          "Cores the memory nodes share out evenly (cpuset list, e.g. \"1\"); with "
+          "--compute_cpus");
 ABSL_FLAG(int, health_timeout_s, 600, "Seconds to wait for /health");
 ABSL_FLAG(bool, restart_nodes, true,
           "Start a compute or memory node again when it exits, with backoff (1 s doubling to "
@@ -148,12 +157,47 @@ int Run() {
     std::cerr << "launcher: --data-plane must be tcp or sm\n";
     return 2;
   }
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const std::string pipelining = absl::GetFlag(FLAGS_pipelining);
+  if (pipelining != "off" && pipelining != "two") {
+    std::cerr << "launcher: --pipelining must be off or two\n";
+    return 2;
+  }
+  if (pipelining == "two" && memory_nodes == 0) {
+    std::cerr << "launcher: --pipelining=two overlaps GEMMs with attention on memory nodes; "
+                 "co-located attention (--memory_nodes=0) runs one batch\n";
+    return 2;
+  }
+  if (pipelining == "two" && absl::GetFlag(FLAGS_async_scheduling)) {
+    std::cerr << "launcher: --pipelining=two and --async_scheduling do not combine (yet)\n";
+    return 2;
+  }
+  // The core partition: compute nodes and the scheduler on one set, memory nodes on the other.
+  std::optional<CorePartition> partition;
+  const bool partitioned =
+      !absl::GetFlag(FLAGS_compute_cpus).empty() || !absl::GetFlag(FLAGS_memory_cpus).empty();
+  if (partitioned) {
+    if (memory_nodes == 0) {
+      std::cerr << "launcher: --compute_cpus/--memory_cpus partition the cores between compute "
+                   "and memory nodes; there are no memory nodes\n";
+      return 2;
+    }
+    auto parsed = ParseCorePartition(absl::GetFlag(FLAGS_compute_cpus),
+                                     absl::GetFlag(FLAGS_memory_cpus), AllowedCpus());
+    if (!parsed.ok()) {
+      std::cerr << "launcher: " << parsed.status().message() << "\n";
+      return 2;
+    }
+    partition = std::move(*parsed);
+  }
+  const int cores = partition ? static_cast<int>(partition->compute.size())
+                              : static_cast<int>(std::thread::hardware_concurrency());
   const int threads =
       absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : std::max(1, cores);
   const std::vector<std::vector<int>> memory_cpus =
-      absl::GetFlag(FLAGS_pin_memory_nodes) ? SplitCpus(AllowedCpus(), memory_nodes)
-                                            : std::vector<std::vector<int>>(memory_nodes);
+      partition                               ? SplitCpus(partition->memory, memory_nodes)
+      : absl::GetFlag(FLAGS_pin_memory_nodes) ? SplitCpus(AllowedCpus(), memory_nodes)
+                                              : std::vector<std::vector<int>>(memory_nodes);
+  const std::string compute_cpu_list = partition ? FormatCpuList(partition->compute) : "";
   auto memory_threads = [&](int node) {
     if (absl::GetFlag(FLAGS_memory_threads) > 0) return absl::GetFlag(FLAGS_memory_threads);
     if (!memory_cpus[node].empty()) return static_cast<int>(memory_cpus[node].size());
@@ -226,6 +270,8 @@ int Run() {
     server_argv.push_back(absl::StrCat("--max_model_len=", absl::GetFlag(FLAGS_max_model_len)));
   }
   if (absl::GetFlag(FLAGS_async_scheduling)) server_argv.push_back("--async_scheduling");
+  if (pipelining == "two") server_argv.push_back("--pipelining=two");
+  if (partition) server_argv.push_back("--cpus=" + compute_cpu_list);
   for (absl::string_view extra :
        absl::StrSplit(absl::GetFlag(FLAGS_server_args), ',', absl::SkipEmpty())) {
     server_argv.emplace_back(extra);
@@ -302,6 +348,8 @@ int Run() {
          "--name=" + name, absl::StrCat("--threads=", threads),
          absl::StrCat("--kv_budget_mib=", absl::GetFlag(FLAGS_kv_budget_mib))},
         OpenMpEnvironment(threads, CoreShare::kShared, spin_count)};
+    if (partition) spec.argv.push_back("--cpus=" + compute_cpu_list);
+    if (pipelining == "two") spec.argv.push_back("--pipelining=two");
     if (absl::GetFlag(FLAGS_max_model_len) > 0) {
       spec.argv.push_back(absl::StrCat("--max_model_len=", absl::GetFlag(FLAGS_max_model_len)));
     }

@@ -1,16 +1,15 @@
 // A compute node in the scheduler's own process: a StepEngine run on a worker thread. Used
 // by scheduler tests and benchmarks, which then exercise the real forward pass without
-// gRPC in between.
+// gRPC in between. An engine with two lanes runs two plans at once (step_pipeline.h), as
+// a compute node started with --pipelining=two does.
 #ifndef STRATA_SERVER_TESTING_IN_PROCESS_EXECUTOR_H_
 #define STRATA_SERVER_TESTING_IN_PROCESS_EXECUTOR_H_
 
-#include <condition_variable>
-#include <deque>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "compute_node/step_engine.h"
+#include "compute_node/step_pipeline.h"
 #include "server/step_executor.h"
 
 namespace strata {
@@ -25,14 +24,9 @@ class InProcessExecutor : public StepExecutor {
   void Submit(StepPlan plan, StepResultSink sink) override;
 
  private:
-  void Run();
-
   std::string name_;
   StepEngine* engine_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::pair<StepPlan, StepResultSink>> queue_;
-  bool stop_ = false;
+  PlanQueue queue_;
   std::thread thread_;
 };
 

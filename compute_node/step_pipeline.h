@@ -1,0 +1,63 @@
+// Runs step plans on a LaneEngine with two batches in flight: the "two" pipelining of the
+// attention-offloading design (Lamina's n = 2).
+//
+// Plans arrive in a PlanQueue from another thread (the gRPC stream's reader, or a test's
+// executor). RunPipeline takes them on one thread: a plan starts on a free lane as soon as
+// it is queued, and the busy lanes advance one stage each in turn, oldest plan first, so
+// that while one batch's attention is out on the memory nodes the node runs the other
+// batch's projections and FFN. A lane that finishes samples, hands its result on and takes
+// the next queued plan at once; with one plan queued the other lane simply idles.
+//
+// Results are handed on in the order the plans were queued, whatever lane finished first
+// (the scheduler matches them in submission order).
+//
+// Thread-safety: PlanQueue is thread-safe; RunPipeline runs on one thread.
+#ifndef STRATA_COMPUTE_NODE_STEP_PIPELINE_H_
+#define STRATA_COMPUTE_NODE_STEP_PIPELINE_H_
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <optional>
+
+#include "common/protocol/step.h"
+#include "compute_node/step_engine.h"
+
+namespace strata {
+
+// A plan to run, or (`answer` set) the answer to a plan that could not even be read, which
+// still takes its turn in the order of results. `done` receives the result.
+struct QueuedPlan {
+  StepPlan plan;
+  std::optional<StepResult> answer;
+  std::function<void(StepResult)> done;
+};
+
+class PlanQueue {
+ public:
+  void Push(QueuedPlan plan);
+  // No more plans: RunPipeline returns once those queued have run.
+  void Close();
+  // The oldest queued plan. With `wait`, blocks until there is one or the queue is closed
+  // (then returns nullopt); without, returns nullopt when none is queued.
+  std::optional<QueuedPlan> Pop(bool wait);
+  bool closed() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<QueuedPlan> plans_;
+  bool closed_ = false;
+};
+
+// Seconds the pipeline waited with every lane idle before a plan came (the node's bubble
+// between steps); may be empty.
+using PlanWaitObserver = std::function<void(double seconds)>;
+
+// Runs plans from `queue` on `engine`'s lanes until the queue is closed and drained.
+void RunPipeline(LaneEngine& engine, PlanQueue& queue, const PlanWaitObserver& on_wait = {});
+
+}  // namespace strata
+
+#endif  // STRATA_COMPUTE_NODE_STEP_PIPELINE_H_
