@@ -1,5 +1,7 @@
 #include "compute_node/node_metrics.h"
 
+#include <algorithm>
+
 #include "compute_node/linear.h"
 
 namespace strata {
@@ -89,17 +91,25 @@ void ComputeNodeMetrics::OnStep(const StepResult& result) {
 
 void ComputeNodeMetrics::OnLayerRoundTrip(double seconds) { round_trip_->Observe(seconds); }
 
-void ComputeNodeMetrics::OnPlanWait(double seconds) { plan_wait_->Observe(seconds); }
+void ComputeNodeMetrics::OnPlanWait(double seconds) {
+  plan_wait_->Observe(seconds);
+  std::lock_guard<std::mutex> lock(window_mu_);
+  plan_wait_total_ += seconds;
+}
 
 void ComputeNodeMetrics::Attach(const ComputeNode* node) { compute_node_.store(node); }
 
 void ComputeNodeMetrics::Refresh() {
   {
     std::lock_guard<std::mutex> lock(window_mu_);
-    const double step = step_seconds_total_->Value(), wait = wait_seconds_->Value();
-    if (step > last_step_) bubble_->Set((wait - last_wait_) / (step - last_step_));
-    last_step_ = step;
-    last_wait_ = wait;
+    const double wall = window_.ElapsedSeconds();
+    window_.Reset();
+    const double idle = wait_seconds_->Value() + plan_wait_total_, steps = steps_->Value();
+    // Idle share of an interval in which steps ran; 0 when nothing was asked of it.
+    bubble_->Set(steps > last_steps_ && wall > 0 ? std::clamp((idle - last_idle_) / wall, 0.0, 1.0)
+                                                 : 0.0);
+    last_idle_ = idle;
+    last_steps_ = steps;
   }
   gemm_primitives_->Set(static_cast<double>(NumGemmPrimitives()));
   const ComputeNode* node = compute_node_.load();

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 
+#include "common/base/stopwatch.h"
 #include "common/metrics/metrics.h"
 #include "common/protocol/step.h"
 #include "compute_node/compute_node.h"
@@ -53,8 +54,12 @@ class ComputeNodeMetrics {
   prometheus::Family<prometheus::Counter>* bytes_;
   prometheus::Family<prometheus::Counter>* errors_;
 
-  std::mutex window_mu_;  // the bubble ratio over the interval since the previous scrape
-  double last_step_ = 0, last_wait_ = 0;
+  // The bubble ratio over the interval since the previous scrape: the step thread's idle
+  // time (waiting for attention, or for a plan) over the interval's wall time. With two
+  // batches in flight the steps overlap, so step time would count twice; wall time does not.
+  std::mutex window_mu_;
+  Stopwatch window_;
+  double last_idle_ = 0, plan_wait_total_ = 0, last_steps_ = 0;
 };
 
 }  // namespace strata

@@ -38,8 +38,9 @@ inline constexpr char kDataPlaneBytesHelp[] =
     "Data-plane bytes (headers included), by peer and direction.";
 inline constexpr char kBubbleRatio[] = "strata_pipeline_bubble_ratio";
 inline constexpr char kBubbleRatioHelp[] =
-    "Share of the last scrape interval's work time that a node sat idle waiting for the "
-    "other pool (compute: waiting for attention; memory: waiting for q/k/v).";
+    "Share of the last scrape interval that a node sat idle, over intervals in which it "
+    "worked (compute: its step thread waiting for attention or for a plan; memory: "
+    "waiting for q/k/v).";
 
 // Bucket boundaries.
 std::vector<double> LatencyBuckets();          // 1 ms .. 60 s, for request-level latencies
