@@ -65,6 +65,11 @@ absl::StatusOr<ComputeConfigAck> ComputeNode::Configure(const ComputeConfig& con
   std::lock_guard<std::mutex> lock(mu_);
   if (epoch_ != config.epoch) {
     // A new scheduler: forget every request of the previous one.
+    // A step still in a lane of the old engine has answers registered that would land in its
+    // buffers: forget them before the buffers go.
+    for (RemoteAttention* r : {remote_.get(), remote_second_.get()}) {
+      if (r != nullptr) r->AbandonStep();
+    }
     engine_.reset();
     ++engine_generation_;
     local_.reset();
@@ -120,38 +125,44 @@ absl::StatusOr<ComputeConfigAck> ComputeNode::Configure(const ComputeConfig& con
   return ack;
 }
 
-StepResult ComputeNode::Execute(const StepPlan& plan) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (engine_ == nullptr) {
-    StepResult result;
-    result.step_id = plan.step_id;
-    result.status = absl::FailedPreconditionError("the compute node is not configured yet");
-    return result;
+// One stream's view of the node's lanes.
+class ComputeNode::Lanes : public LaneEngine {
+ public:
+  Lanes(ComputeNode* node, uint64_t owner) : node_(node), owner_(owner) {}
+  int num_lanes() const override { return node_->NumLanes(); }
+  std::optional<StepResult> Begin(int lane, const StepPlan& plan) override {
+    return node_->BeginLane(owner_, lane, plan);
   }
-  if (plan.epoch != epoch_) {
-    StepResult result;
-    result.step_id = plan.step_id;
-    result.status = absl::FailedPreconditionError(
-        absl::StrCat("plan of epoch ", plan.epoch, " but the node is configured for ", epoch_));
-    return result;
-  }
-  StepResult result = engine_->Execute(plan);
-  AfterStep(result);
-  return result;
-}
+  bool Advance(int lane) override { return node_->AdvanceLane(lane); }
+  StepResult Finish(int lane) override { return node_->FinishLane(lane); }
+
+ private:
+  ComputeNode* node_;
+  uint64_t owner_;
+};
 
 void ComputeNode::RunPipelined(PlanQueue& queue, const PlanWaitObserver& on_wait) {
-  RunPipeline(*this, queue, on_wait);
+  Lanes lanes(this, next_owner_.fetch_add(1));
+  RunPipeline(lanes, queue, on_wait);
 }
 
-int ComputeNode::num_lanes() const {
+int ComputeNode::NumLanes() const {
   // Co-located attention computes in place: its engine has one lane, whatever the option.
   std::lock_guard<std::mutex> lock(mu_);
   return engine_ != nullptr ? engine_->num_lanes() : options_.lanes;
 }
 
-std::optional<StepResult> ComputeNode::Begin(int lane, const StepPlan& plan) {
-  std::lock_guard<std::mutex> lock(mu_);
+void ComputeNode::ReleaseLaneLocked() {
+  if (--owner_busy_lanes_ == 0) {
+    lanes_owner_ = 0;
+    lanes_free_.notify_all();
+  }
+}
+
+std::optional<StepResult> ComputeNode::BeginLane(uint64_t owner, int lane, const StepPlan& plan) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // Another stream's plans still run: wait until its lanes are idle.
+  lanes_free_.wait(lock, [&] { return lanes_owner_ == 0 || lanes_owner_ == owner; });
   auto refuse = [&](absl::Status why) {
     StepResult result;
     result.step_id = plan.step_id;
@@ -170,22 +181,33 @@ std::optional<StepResult> ComputeNode::Begin(int lane, const StepPlan& plan) {
     return refuse(absl::FailedPreconditionError(
         "co-located attention runs one batch at a time; the scheduler sent a second"));
   }
+  if (engine_->lane_busy(lane)) {
+    return refuse(absl::InternalError(absl::StrCat("lane ", lane, " already runs a plan")));
+  }
   lane_generation_[lane] = engine_generation_;
+  lane_step_[lane] = plan.step_id;
   std::optional<StepResult> result = engine_->Begin(lane, plan);
-  if (result) AfterStep(*result);
+  if (result) {
+    AfterStep(*result);
+  } else {
+    lanes_owner_ = owner;
+    ++owner_busy_lanes_;
+  }
   return result;
 }
 
-bool ComputeNode::Advance(int lane) {
+bool ComputeNode::AdvanceLane(int lane) {
   std::lock_guard<std::mutex> lock(mu_);
   if (engine_ == nullptr || lane_generation_[lane] != engine_generation_) return true;
   return engine_->Advance(lane);
 }
 
-StepResult ComputeNode::Finish(int lane) {
+StepResult ComputeNode::FinishLane(int lane) {
   std::lock_guard<std::mutex> lock(mu_);
+  ReleaseLaneLocked();
   if (engine_ == nullptr || lane_generation_[lane] != engine_generation_) {
     StepResult result;
+    result.step_id = lane_step_[lane];
     result.status = absl::AbortedError("a new scheduler configured the compute node mid-step");
     return result;
   }

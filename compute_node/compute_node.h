@@ -4,13 +4,14 @@
 // attention runs: with no memory nodes, in a local KV cache sized by the node's KV budget
 // (co-located mode); otherwise on the memory nodes over the data-plane transport.
 //
-// Thread-safety: Execute calls and lane stages are serialised internally; Configure may be
-// called between steps from another thread. A new scheduler (epoch) fails the plans that
+// Thread-safety: lane stages are serialised internally; Configure may be called between
+// stages from another thread. A new scheduler (epoch) fails the plans that
 // lanes still run.
 #ifndef STRATA_COMPUTE_NODE_COMPUTE_NODE_H_
 #define STRATA_COMPUTE_NODE_COMPUTE_NODE_H_
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -45,23 +46,19 @@ struct ComputeNodeOptions {
   std::function<void(const StepResult&)> on_step;
 };
 
-class ComputeNode : public LaneEngine {
+class ComputeNode {
  public:
   static absl::StatusOr<std::unique_ptr<ComputeNode>> Create(const ComputeNodeOptions& options);
 
   // Sets the topology. Co-located: allocates the local KV cache (once). Disaggregated:
   // (re)points the data plane at the memory nodes.
   absl::StatusOr<ComputeConfigAck> Configure(const ComputeConfig& config);
-  StepResult Execute(const StepPlan& plan);
   // Runs plans from `queue` with as many batches in flight as the engine has lanes (two in
   // disaggregated mode with options.lanes = 2, else one), until the queue is closed.
+  // Several streams may call it (a scheduler reopens its stream after a failure while the
+  // old one drains): the lanes belong to one stream at a time, from its first plan begun to
+  // its last lane idle; another stream's next plan waits for that.
   void RunPipelined(PlanQueue& queue, const PlanWaitObserver& on_wait);
-
-  // LaneEngine (used by RunPipelined).
-  int num_lanes() const override;
-  std::optional<StepResult> Begin(int lane, const StepPlan& plan) override;
-  bool Advance(int lane) override;
-  StepResult Finish(int lane) override;
 
   ModelShape shape() const;
   NodeStatus Status() const;
@@ -77,6 +74,13 @@ class ComputeNode : public LaneEngine {
   ComputeNode() = default;
   // After a step on the step thread: counters, the on_step hook, the local KV gauge.
   void AfterStep(const StepResult& result);
+  // The lane stages of RunPipelined for the stream `owner` (see Lanes in compute_node.cc).
+  class Lanes;
+  int NumLanes() const;
+  std::optional<StepResult> BeginLane(uint64_t owner, int lane, const StepPlan& plan);
+  bool AdvanceLane(int lane);
+  StepResult FinishLane(int lane);
+  void ReleaseLaneLocked();
 
   ComputeNodeOptions options_;
   std::unique_ptr<ModelWeights> weights_;
@@ -91,6 +95,12 @@ class ComputeNode : public LaneEngine {
   std::unique_ptr<StepEngine> engine_;
   uint64_t engine_generation_ = 0;  // counts engines made: lanes of an older one are void
   std::vector<uint64_t> lane_generation_ = std::vector<uint64_t>(2, 0);
+  std::vector<uint64_t> lane_step_ = std::vector<uint64_t>(2, 0);  // for an aborted result
+  // The stream (RunPipelined call) whose plans the lanes run, and how many; 0: none.
+  uint64_t lanes_owner_ = 0;
+  int owner_busy_lanes_ = 0;
+  std::condition_variable lanes_free_;  // with mu_
+  std::atomic<uint64_t> next_owner_{1};
   std::atomic<uint64_t> steps_{0};
   // What heartbeats report, readable without the step lock.
   std::atomic<bool> ready_{false};

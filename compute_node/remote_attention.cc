@@ -470,8 +470,11 @@ absl::Status RemoteAttention::WaitLayer(int layer, BatchBuffers& b, int64_t m) {
   std::vector<Expected> answers;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, absl::ToChronoNanoseconds(options_.layer_timeout),
-                 [&] { return LayerSettledLocked(); });
+    // The deadline counts from the layer's first send: with two batches in flight the other
+    // lane's stage ran in between.
+    const absl::Duration left =
+        std::max(absl::ZeroDuration(), options_.layer_timeout - layer_watch_.Elapsed());
+    cv_.wait_for(lock, absl::ToChronoNanoseconds(left), [&] { return LayerSettledLocked(); });
     answers = std::move(expected_);
     expected_.clear();
     layer_ = -1;
@@ -549,6 +552,12 @@ absl::Status RemoteAttention::WaitLayer(int layer, BatchBuffers& b, int64_t m) {
   }
   outcome_.merge_us += merge_watch.ElapsedMicros();
   return absl::OkStatus();
+}
+
+void RemoteAttention::AbandonStep() {
+  std::lock_guard<std::mutex> lock(mu_);
+  expected_.clear();
+  layer_ = -1;
 }
 
 bool RemoteAttention::LayerSettledLocked() const {

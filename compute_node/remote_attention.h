@@ -104,6 +104,9 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
   absl::Status SendLayer(int layer, BatchBuffers& b, int64_t m) override;
   absl::Status WaitLayer(int layer, BatchBuffers& b, int64_t m) override;
   AttentionStepOutcome EndStep() override;
+  // Gives up the step in flight: no answer lands in its buffers after this returns (the
+  // buffers may then be freed). The next BeginStep starts afresh.
+  void AbandonStep();
 
   // transport::MessageHandler (the transport thread).
   std::span<uint8_t> Place(transport::PeerId from, std::span<const uint8_t> header,

@@ -30,11 +30,14 @@ grpc::Status ComputeNodeService::RunSteps(
   // second lane, or right after this step) while this thread runs steps and writes results.
   PlanQueue queue;
   std::atomic<bool> broken{false};  // a result could not be written: the stream is gone
-  auto write = [stream, &broken](StepResult result) {
+  auto write = [stream, &broken, &queue](StepResult result) {
     if (broken.load()) return;
     control::StepResult out;
     ToProto(result, &out);
-    if (!stream->Write(out)) broken.store(true);
+    if (!stream->Write(out)) {
+      broken.store(true);
+      queue.Abort();  // nobody reads results any more: do not start what is queued
+    }
   };
   std::thread reader([&] {
     control::StepPlan wire;
@@ -53,6 +56,7 @@ grpc::Status ComputeNodeService::RunSteps(
       queued.done = write;
       queue.Push(std::move(queued));
     }
+    if (context->IsCancelled()) queue.Abort();
     queue.Close();
   });
   node_->RunPipelined(queue, plan_wait_observer_);

@@ -47,6 +47,8 @@ StepEngine::StepEngine(const ModelRunner* runner, std::vector<AttentionBackend*>
 
 StepEngine::~StepEngine() = default;
 
+bool StepEngine::lane_busy(int lane) const { return lanes_.at(lane)->busy; }
+
 StepResult StepEngine::Execute(const StepPlan& plan) {
   if (std::optional<StepResult> done = Begin(0, plan)) return std::move(*done);
   while (!Advance(0)) {

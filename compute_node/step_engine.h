@@ -75,6 +75,7 @@ class StepEngine : public LaneEngine {
   std::optional<StepResult> Begin(int lane, const StepPlan& plan) override;
   bool Advance(int lane) override;
   StepResult Finish(int lane) override;
+  bool lane_busy(int lane) const;
 
   size_t num_cached_requests() const { return requests_.size(); }
   uint64_t steps_executed() const { return steps_executed_; }

@@ -1,5 +1,6 @@
 #include "compute_node/step_pipeline.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "common/base/stopwatch.h"
@@ -31,23 +32,52 @@ std::optional<QueuedPlan> PlanQueue::Pop(bool wait) {
   return plan;
 }
 
+void PlanQueue::Abort() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    aborted_ = true;
+  }
+  cv_.notify_all();
+}
+
+bool PlanQueue::aborted() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return aborted_;
+}
+
 bool PlanQueue::closed() const {
   std::lock_guard<std::mutex> lock(mu_);
   return closed_;
 }
 
+namespace {
+
+// Whether a plan reads a token that another plan in flight may still be sampling.
+bool NamesLastSampledToken(const StepPlan& plan) {
+  for (const SequenceChunk& c : plan.chunks) {
+    for (int32_t t : c.tokens) {
+      if (t == kLastSampledToken) return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
 void RunPipeline(LaneEngine& engine, PlanQueue& queue, const PlanWaitObserver& on_wait) {
   struct Running {
     QueuedPlan queued;
-    int lane = -1;  // while it runs
     std::optional<StepResult> result;
   };
-  // Plans in the order they came; references stay valid as the deque grows at the back.
+  // Plans in the order they came; references stay valid as the deque grows at the back and
+  // shrinks at the front (a running plan is never at the front with a result).
   std::deque<Running> order;
-  const int lanes = engine.num_lanes();
-  std::vector<bool> lane_busy(lanes, false);
+  constexpr int kMaxLanes = 2;
+  std::vector<Running*> lane_run(kMaxLanes, nullptr);  // the plan each lane runs
   int busy = 0;
   uint64_t handed_on = 0;
+  std::optional<QueuedPlan> held;  // a plan that must not overlap, waiting for idle lanes
   auto hand_on = [&] {
     while (!order.empty() && order.front().result) {
       Running& r = order.front();
@@ -56,49 +86,74 @@ void RunPipeline(LaneEngine& engine, PlanQueue& queue, const PlanWaitObserver& o
       order.pop_front();
     }
   };
-  while (true) {
-    // Fill the free lanes: wait for a plan only when nothing runs.
-    for (int lane = 0; lane < lanes;) {
-      if (lane_busy[lane]) {
-        ++lane;
-        continue;
-      }
+  // Starts queued plans on free lanes; waits for one only when `may_wait` and nothing runs.
+  // Returns false once the queue is closed and drained and nothing runs.
+  auto fill = [&](bool may_wait) {
+    while (true) {
+      // The lane count is read each time: a node learns its mode when it is configured.
+      const int lanes = std::min(kMaxLanes, engine.num_lanes());
+      int lane = 0;
+      while (lane < lanes && lane_run[lane] != nullptr) ++lane;
+      if (lane == lanes) return true;
       const bool idle = busy == 0;
-      if (idle) hand_on();  // nothing may sit behind a wait
-      const Stopwatch waited;
-      std::optional<QueuedPlan> next = queue.Pop(/*wait=*/idle);
-      if (!next) {
-        if (idle) return;  // closed, and everything has run and been handed on
-        break;
+      std::optional<QueuedPlan> next;
+      if (held) {
+        if (!idle) return true;
+        next = std::move(held);
+        held.reset();
+      } else {
+        if (idle) hand_on();  // nothing may sit behind a wait
+        const Stopwatch waited;
+        next = queue.Pop(/*wait=*/may_wait && idle);
+        if (!next) return !(idle && queue.closed());
+        // The wait before the first plan is no bubble between steps.
+        if (may_wait && idle && on_wait && handed_on > 0) on_wait(waited.ElapsedSeconds());
       }
-      // The wait before the first plan is no bubble between steps.
-      if (idle && on_wait && handed_on > 0) on_wait(waited.ElapsedSeconds());
+      if (!idle && !next->answer && NamesLastSampledToken(next->plan)) {
+        held = std::move(next);
+        return true;
+      }
       order.push_back({std::move(*next)});
       Running& r = order.back();
       if (r.queued.answer) {
         r.result = std::move(r.queued.answer);
-        continue;  // the lane is still free
-      }
-      if (std::optional<StepResult> at_once = engine.Begin(lane, r.queued.plan)) {
+      } else if (queue.aborted()) {
+        StepResult cancelled;
+        cancelled.step_id = r.queued.plan.step_id;
+        cancelled.status = absl::CancelledError("the scheduler's stream closed");
+        r.result = std::move(cancelled);
+      } else if (std::optional<StepResult> at_once = engine.Begin(lane, r.queued.plan)) {
         r.result = std::move(at_once);
-        continue;
-      }
-      r.lane = lane;
-      lane_busy[lane] = true;
-      ++busy;
-    }
-    hand_on();
-    // One stage of every busy lane, oldest plan first.
-    for (Running& r : order) {
-      if (r.lane < 0) continue;
-      if (engine.Advance(r.lane)) {
-        r.result = engine.Finish(r.lane);
-        lane_busy[r.lane] = false;
-        --busy;
-        r.lane = -1;
+      } else {
+        lane_run[lane] = &r;
+        ++busy;
       }
     }
+  };
+  while (true) {
+    if (!fill(/*may_wait=*/true)) {
+      hand_on();
+      return;
+    }
     hand_on();
+    if (busy == 0) continue;
+    // One stage of every busy lane, oldest plan first. A lane that finishes hands its result
+    // on and takes the next plan before the next lane's stage.
+    std::vector<int> turn;
+    for (const Running& r : order) {
+      for (int lane = 0; lane < kMaxLanes; ++lane) {
+        if (lane_run[lane] == &r) turn.push_back(lane);
+      }
+    }
+    for (int lane : turn) {
+      Running* r = lane_run[lane];
+      if (r == nullptr || !engine.Advance(lane)) continue;
+      r->result = engine.Finish(lane);
+      lane_run[lane] = nullptr;
+      --busy;
+      hand_on();
+      fill(/*may_wait=*/false);
+    }
   }
 }
 

@@ -9,7 +9,10 @@
 // the next queued plan at once; with one plan queued the other lane simply idles.
 //
 // Results are handed on in the order the plans were queued, whatever lane finished first
-// (the scheduler matches them in submission order).
+// (the scheduler matches them in submission order), as soon as they can be: a lane that
+// finishes hands its result on and takes the next plan before the other lane's next stage.
+// A plan that names a token another plan samples (kLastSampledToken, asynchronous
+// scheduling) never overlaps: it starts once the other lanes are idle.
 //
 // Thread-safety: PlanQueue is thread-safe; RunPipeline runs on one thread.
 #ifndef STRATA_COMPUTE_NODE_STEP_PIPELINE_H_
@@ -39,6 +42,10 @@ class PlanQueue {
   void Push(QueuedPlan plan);
   // No more plans: RunPipeline returns once those queued have run.
   void Close();
+  // No more plans, and nobody waits for results (the stream broke): plans still queued are
+  // answered Cancelled without running; plans already running finish.
+  void Abort();
+  bool aborted() const;
   // The oldest queued plan. With `wait`, blocks until there is one or the queue is closed
   // (then returns nullopt); without, returns nullopt when none is queued.
   std::optional<QueuedPlan> Pop(bool wait);
@@ -49,6 +56,7 @@ class PlanQueue {
   std::condition_variable cv_;
   std::deque<QueuedPlan> plans_;
   bool closed_ = false;
+  bool aborted_ = false;
 };
 
 // Seconds the pipeline waited with every lane idle before a plan came (the node's bubble

@@ -5,6 +5,7 @@
 // moves its requests.
 #include <algorithm>
 #include <condition_variable>
+#include <map>
 #include <random>
 
 #include "absl/time/clock.h"
@@ -26,6 +27,7 @@ namespace {
 
 struct Outcome {
   std::vector<int32_t> tokens;
+  std::map<uint32_t, std::vector<int32_t>> by_sample;  // n > 1: each sample's tokens
   absl::Status error;
   bool done = false;
   int64_t cached_prompt_tokens = 0;
@@ -149,6 +151,8 @@ class Deployment {
       std::lock_guard<std::mutex> lock(mu_);
       for (const SequenceUpdate& s : u.sequences) {
         outcome->tokens.insert(outcome->tokens.end(), s.tokens.begin(), s.tokens.end());
+        auto& sample = outcome->by_sample[s.index];
+        sample.insert(sample.end(), s.tokens.begin(), s.tokens.end());
       }
       outcome->cached_prompt_tokens = u.cached_prompt_tokens;
       if (u.finished) {
@@ -297,6 +301,54 @@ TEST_F(DisaggregatedTest, GreedyOutputsAreBitIdenticalToCoLocated) {
     for (size_t i = 0; i < got.size(); ++i) {
       EXPECT_EQ(got[i], reference[i]) << Name(t) << ", request " << i;
     }
+  }
+}
+
+// Two batches in flight against one, on what makes plans differ: seeded sampling with
+// penalties and n = 2, stop tokens, and a pool small enough to preempt and recompute.
+TEST_F(DisaggregatedTest, TwoBatchesAreBitIdenticalWithSamplesStopsAndPreemption) {
+  std::vector<GenerateRequest> requests;
+  for (int i = 0; i < 8; ++i) {
+    GenerateRequest r;
+    r.prompt_tokens = Prompt(20 + 37 * i, 500 + i);
+    r.max_tokens = 24 + 3 * i;
+    r.ignore_eos = true;
+    if (i % 2 == 0) {
+      r.sampling.temperature = 0.9f;
+      r.sampling.frequency_penalty = 0.5f;
+      r.sampling.seed = 900 + i;
+      r.has_seed = true;
+      r.n = 2;
+    } else {
+      r.sampling.temperature = 0.0f;
+    }
+    requests.push_back(r);
+  }
+  auto run = [&](const Topology& t, int64_t slots, int64_t* preemptions) {
+    Deployment d(weights_, t, slots);
+    std::vector<std::shared_ptr<Outcome>> outcomes;
+    for (const GenerateRequest& r : requests) outcomes.push_back(d.Submit(r));
+    EXPECT_TRUE(d.Wait(outcomes)) << Name(t);
+    *preemptions = d.scheduler().Stats().num_preemptions_total;
+    return outcomes;
+  };
+  // Stop tokens: each greedy request stops at the token it drew fifth in a free run.
+  int64_t unused;
+  const auto free_run = run(Topology{2, 1, "inproc", "split", 2, 1}, 4096, &unused);
+  for (size_t i = 1; i < requests.size(); i += 2) {
+    ASSERT_GE(free_run[i]->tokens.size(), 5u);
+    requests[i].stop_token_ids = {free_run[i]->tokens[4]};
+  }
+  int64_t preempted_off = 0, preempted_two = 0;
+  const auto off = run(Topology{2, 1, "inproc", "split", 2, 1}, 400, &preempted_off);
+  const auto two = run(Topology{2, 1, "inproc", "split", 2, 2, false, true}, 400, &preempted_two);
+  EXPECT_GT(preempted_off + preempted_two, 0) << "the pools never ran out";
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_TRUE(off[i]->error.ok()) << i << ": " << off[i]->error;
+    EXPECT_TRUE(two[i]->error.ok()) << i << ": " << two[i]->error;
+    EXPECT_EQ(two[i]->by_sample, off[i]->by_sample) << "request " << i;
+    EXPECT_EQ(off[i]->by_sample.size(), static_cast<size_t>(requests[i].n));
+    if (i % 2 == 1) EXPECT_LE(off[i]->tokens.size(), 5u) << "request " << i << " did not stop";
   }
 }
 
