@@ -92,7 +92,8 @@ absl::StatusOr<ComputeConfigAck> ComputeNode::Configure(const ComputeConfig& con
       std::vector<AttentionBackend*> lanes = {remote_.get()};
       if (remote_second_ != nullptr) lanes.push_back(remote_second_.get());
       engine_ = std::make_unique<StepEngine>(
-          runner_.get(), lanes, StepEngineOptions{options_.max_batch_rows, max_model_len_});
+          runner_.get(), lanes,
+          StepEngineOptions{options_.max_batch_rows, max_model_len_, options_.trace});
       ++engine_generation_;
     }
     ready_.store(true);
@@ -111,7 +112,8 @@ absl::StatusOr<ComputeConfigAck> ComputeNode::Configure(const ComputeConfig& con
     if (slots < 1) return absl::InvalidArgumentError("the local KV budget holds no token");
     ASSIGN_OR_RETURN(local_, LocalAttention::Create(weights_->config, slots, options_.prefault_kv));
     engine_ = std::make_unique<StepEngine>(
-        runner_.get(), local_.get(), StepEngineOptions{options_.max_batch_rows, max_model_len_});
+        runner_.get(), local_.get(),
+        StepEngineOptions{options_.max_batch_rows, max_model_len_, options_.trace});
     ++engine_generation_;
     LOG(INFO) << "co-located mode: local KV cache of " << slots << " tokens ("
               << (slots * weights_->config.kv_elements_per_token_per_layer() * 2 *

@@ -42,6 +42,8 @@ struct ComputeNodeOptions {
   // Batches in flight in disaggregated mode: 1, or 2 for "--pipelining two" (each lane has
   // its own data-plane connections; see step_pipeline.h). Co-located mode runs one.
   int lanes = 1;
+  // The timeline of the step engine's lanes (step_engine.h); null: none. Must outlive the node.
+  TraceRecorder* trace = nullptr;
   // Called after every step (step thread), e.g. for metrics; may be empty.
   std::function<void(const StepResult&)> on_step;
 };

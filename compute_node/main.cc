@@ -9,6 +9,7 @@
 #include "common/base/cpu_flags.h"
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
+#include "common/base/trace_flags.h"
 #include "common/control/cluster_flags.h"
 #include "common/control/node_main.h"
 #include "common/metrics/metrics.h"
@@ -76,6 +77,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.lanes = pipelining == "two" ? 2 : 1;
+  const std::unique_ptr<strata::TraceRecorder> trace =
+      strata::TraceRecorderFromFlags(absl::GetFlag(FLAGS_name));
+  options.trace = trace.get();
   options.model_dir = absl::GetFlag(FLAGS_model);
   options.served_model_name = absl::GetFlag(FLAGS_served_model_name);
   options.max_model_len = absl::GetFlag(FLAGS_max_model_len);
@@ -118,5 +122,7 @@ int main(int argc, char** argv) {
   process.service = &service;
   process.status = [&] { return strata::ToProto((*node)->Status()); };
   process.description = absl::StrCat(", ", omp_get_max_threads(), " threads");
-  return strata::ServeNode(std::move(process));
+  const int rc = strata::ServeNode(std::move(process));
+  strata::WriteTraceFromFlags(trace.get());
+  return rc;
 }

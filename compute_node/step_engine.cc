@@ -41,6 +41,10 @@ StepEngine::StepEngine(const ModelRunner* runner, std::vector<AttentionBackend*>
     : runner_(runner), options_(options) {
   CHECK(!lanes.empty() && lanes.size() <= 2) << "a step engine has one or two lanes";
   for (AttentionBackend* a : lanes) {
+    if (options.trace != nullptr) {
+      options.trace->NameTrack(static_cast<int>(lanes_.size()),
+                               absl::StrCat("lane ", lanes_.size()));
+    }
     lanes_.push_back(std::make_unique<Lane>(a, runner->config(), options.max_batch_rows));
   }
 }
@@ -60,6 +64,8 @@ std::optional<StepResult> StepEngine::Begin(int index, const StepPlan& plan) {
   Lane& lane = *lanes_.at(index);
   CHECK(!lane.busy) << "lane " << index << " already runs a plan";
   const Stopwatch stage;
+  TraceSpan span(options_.trace, index,
+                 options_.trace ? absl::StrCat("step ", plan.step_id, " begin") : "");
   lane.watch = Stopwatch();
   lane.busy_us = 0;
   lane.plan = &plan;
@@ -228,7 +234,14 @@ bool StepEngine::Advance(int index) {
   const Stopwatch stage;
   BatchBuffers& b = lane.buffers;
   const int64_t m = lane.m;
-  absl::Status status = lane.attention->WaitLayer(lane.layer, b, m);
+  absl::Status status;
+  {
+    TraceSpan span(options_.trace, index, options_.trace ? absl::StrCat("wait L", lane.layer) : "");
+    status = lane.attention->WaitLayer(lane.layer, b, m);
+  }
+  TraceSpan span(
+      options_.trace, index,
+      options_.trace ? absl::StrCat("step ", lane.result.step_id, " L", lane.layer) : "");
   if (!status.ok()) {
     EndForward(lane, std::move(status));
   } else {
@@ -250,6 +263,8 @@ StepResult StepEngine::Finish(int index) {
   CHECK(lane.busy && lane.forward_done) << "lane " << index << " has no finished forward pass";
   lane.busy = false;
   const Stopwatch stage;
+  TraceSpan span(options_.trace, index,
+                 options_.trace ? absl::StrCat("step ", lane.result.step_id, " sample") : "");
   StepResult result = std::move(lane.result);
   lane.result = StepResult();
   const ModelConfig& config = runner_->config();

@@ -33,6 +33,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/base/trace.h"
 #include "common/protocol/step.h"
 #include "compute_node/attention_backend.h"
 #include "compute_node/model_runner.h"
@@ -43,6 +44,9 @@ namespace strata {
 struct StepEngineOptions {
   int64_t max_batch_rows = 2048;  // rows (tokens) per step
   int64_t max_positions = 4096;   // context length (RoPE table)
+  // Records each lane's stages (track = lane): "step S begin", "wait L", "step S L",
+  // "step S sample"; null: nothing is recorded. Must outlive the engine.
+  TraceRecorder* trace = nullptr;
 };
 
 // The lane interface that the pipeline driver (step_pipeline.h) runs plans through.

@@ -11,6 +11,7 @@
 #include "common/base/cpu_flags.h"
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
+#include "common/base/trace_flags.h"
 #include "common/control/cluster_flags.h"
 #include "common/control/node_main.h"
 #include "common/metrics/metrics.h"
@@ -58,6 +59,9 @@ int main(int argc, char** argv) {
                              : absl::GetFlag(FLAGS_data_address);
   options.verify_checksums = absl::GetFlag(FLAGS_verify_checksums);
   options.prefault_kv = absl::GetFlag(FLAGS_prefault_kv);
+  const std::unique_ptr<strata::TraceRecorder> trace =
+      strata::TraceRecorderFromFlags(absl::GetFlag(FLAGS_name));
+  options.trace = trace.get();
   auto server = strata::MemoryServer::Create(options);
   if (!server.ok()) {
     LOG(ERROR) << "cannot start the data plane: " << server.status();
@@ -84,5 +88,7 @@ int main(int argc, char** argv) {
   process.status = [&] { return strata::ToProto((*server)->Status()); };
   process.description = absl::StrCat(", ", omp_get_max_threads(), " threads on cores ",
                                      strata::FormatCpuList(strata::AllowedCpus()));
-  return strata::ServeNode(std::move(process));
+  const int rc = strata::ServeNode(std::move(process));
+  strata::WriteTraceFromFlags(trace.get());
+  return rc;
 }

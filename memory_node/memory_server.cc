@@ -394,9 +394,16 @@ void MemoryServer::HandleLayer(PeerId peer, const FrameHeader& header,
         auto* out = reinterpret_cast<uint16_t*>(reply->data());
         auto* partial = reinterpret_cast<float*>(reply->data() + m->out_bytes);
         const Stopwatch watch;
+        const absl::Time started = options_.trace != nullptr ? absl::Now() : absl::InfinitePast();
         absl::Status status = engine_->AttendRows(state.prepared, header.layer, m->begin, m->end, q,
                                                   k, v, out, m->partials > 0 ? partial : nullptr);
         seconds = watch.ElapsedSeconds();
+        if (options_.trace != nullptr) {
+          options_.trace->Add(
+              static_cast<int>(peer),
+              absl::StrCat("step ", header.step_id, " L", header.layer, " mb", header.minibatch),
+              started, absl::Seconds(seconds));
+        }
         if (!status.ok()) {
           error = status;
           state.error = error;

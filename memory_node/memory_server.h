@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/base/trace.h"
 #include "common/protocol/attention_wire.h"
 #include "common/protocol/node_config.h"
 #include "common/transport/frame.h"
@@ -47,6 +48,9 @@ struct MemoryServerOptions {
   // it, which saves a thread wake-up per frame; frames that arrive meanwhile queue for the
   // worker thread (and overlap with the attention).
   bool run_on_transport_thread = true;
+  // Records each layer frame's attention on the track of the connection it came on (one per
+  // compute node lane); null: nothing is recorded. Must outlive the server.
+  TraceRecorder* trace = nullptr;
 };
 
 struct MemoryServerStats {

@@ -76,6 +76,9 @@ ABSL_FLAG(std::string, compute_cpus, "",
 ABSL_FLAG(std::string, memory_cpus, "",
           "Cores the memory nodes share out evenly (cpuset list, e.g. \"1\"); with "
           "--compute_cpus");
+ABSL_FLAG(std::string, trace_dir, "",
+          "Have every compute and memory node write a timeline of its work (Chrome trace JSON, "
+          "NAME.json) into this directory when it stops");
 ABSL_FLAG(int, health_timeout_s, 600, "Seconds to wait for /health");
 ABSL_FLAG(bool, restart_nodes, true,
           "Start a compute or memory node again when it exits, with backoff (1 s doubling to "
@@ -333,6 +336,9 @@ int Run() {
                     absl::StrCat("--kv_budget_mib=", absl::GetFlag(FLAGS_memory_kv_budget_mib))},
                    OpenMpEnvironment(memory_threads(i), CoreShare::kShared, spin_count)};
     if (!memory_cpus[i].empty()) spec.argv.push_back("--cpus=" + FormatCpuList(memory_cpus[i]));
+    if (!absl::GetFlag(FLAGS_trace_dir).empty()) {
+      spec.argv.push_back("--trace_file=" + absl::GetFlag(FLAGS_trace_dir) + "/" + name + ".json");
+    }
     spec.argv.insert(spec.argv.end(), auth_args.begin(), auth_args.end());
     spec.argv.insert(spec.argv.end(), transport_args.begin(), transport_args.end());
     with_ports(spec);
@@ -350,6 +356,9 @@ int Run() {
         OpenMpEnvironment(threads, CoreShare::kShared, spin_count)};
     if (partition) spec.argv.push_back("--cpus=" + compute_cpu_list);
     if (pipelining == "two") spec.argv.push_back("--pipelining=two");
+    if (!absl::GetFlag(FLAGS_trace_dir).empty()) {
+      spec.argv.push_back("--trace_file=" + absl::GetFlag(FLAGS_trace_dir) + "/" + name + ".json");
+    }
     if (absl::GetFlag(FLAGS_max_model_len) > 0) {
       spec.argv.push_back(absl::StrCat("--max_model_len=", absl::GetFlag(FLAGS_max_model_len)));
     }
