@@ -90,11 +90,15 @@ void RunPipeline(LaneEngine& engine, PlanQueue& queue, const PlanWaitObserver& o
   // Returns false once the queue is closed and drained and nothing runs.
   auto fill = [&](bool may_wait) {
     while (true) {
-      // The lane count is read each time: a node learns its mode when it is configured.
-      const int lanes = std::min(kMaxLanes, engine.num_lanes());
+      // With nothing running lane 0 is free, and the engine is not asked anything: a queue
+      // closed while idle ends the pipeline without touching it. Otherwise the lane count is
+      // read each time: a node learns its mode when it is configured.
       int lane = 0;
-      while (lane < lanes && lane_run[lane] != nullptr) ++lane;
-      if (lane == lanes) return true;
+      if (busy > 0) {
+        const int lanes = std::min(kMaxLanes, engine.num_lanes());
+        while (lane < lanes && lane_run[lane] != nullptr) ++lane;
+        if (lane == lanes) return true;
+      }
       const bool idle = busy == 0;
       std::optional<QueuedPlan> next;
       if (held) {

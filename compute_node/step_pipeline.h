@@ -63,7 +63,9 @@ class PlanQueue {
 // between steps); may be empty.
 using PlanWaitObserver = std::function<void(double seconds)>;
 
-// Runs plans from `queue` on `engine`'s lanes until the queue is closed and drained.
+// Runs plans from `queue` on `engine`'s lanes until the queue is closed and drained. While
+// no plan runs it does not touch `engine`, so an idle pipeline may outlive it until the
+// queue is closed.
 void RunPipeline(LaneEngine& engine, PlanQueue& queue, const PlanWaitObserver& on_wait = {});
 
 }  // namespace strata

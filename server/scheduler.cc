@@ -209,6 +209,15 @@ void Scheduler::SetPoolAlive(PoolIndex pool, bool alive, int64_t num_slots) {
   Post([this, pool, alive, num_slots] { SetPoolAliveNow(pool, alive, num_slots); });
 }
 
+void Scheduler::ForgetLostKv(Request* req) {
+  for (auto& s : req->seqs) {
+    s->table.clear();
+    s->held.clear();
+    s->table_sent = 0;
+    s->registered_blocks = 0;
+  }
+}
+
 void Scheduler::SetPoolAliveNow(PoolIndex pool, bool alive, int64_t num_slots) {
   {
     if (pool.value() >= pools_.size()) return;
@@ -242,12 +251,7 @@ void Scheduler::SetPoolAliveNow(PoolIndex pool, bool alive, int64_t num_slots) {
     for (Request* req : affected) {
       // A request with a plan out is preempted (or failed) now; its KV, lost with the pool,
       // is forgotten once the plan is back, and whatever that plan sampled is discarded.
-      for (auto& s : req->seqs) {
-        s->table.clear();
-        s->held.clear();
-        s->table_sent = 0;
-        s->registered_blocks = 0;
-      }
+      ForgetLostKv(req);
       if (any_alive) {
         Preempt(req);
       } else {

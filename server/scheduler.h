@@ -216,6 +216,9 @@ class Scheduler {
   // The request no longer has a compute node: the next one gets its setup again.
   void ForgetExecutor(Request* req);
   void ReleaseKv(Sequence* seq);
+  // Its pool died with its KV: forgets the request's slot tables and cached blocks without
+  // touching the pool's (discarded) ledger.
+  void ForgetLostKv(Request* req);
   void RegisterBlocks(Sequence* seq);
   void ShareParentPrompt(Sequence* child, Sequence* owner);
   void FinishSequence(Sequence* seq, FinishReason reason, RequestUpdate* update,

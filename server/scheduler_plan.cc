@@ -639,12 +639,7 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
                                                 PoolIndex(p)) == result.dead_pools.end());
       }
       if (pool_dead && other_alive) {
-        for (auto& s : req->seqs) {
-          s->table.clear();
-          s->held.clear();
-          s->table_sent = 0;
-          s->registered_blocks = 0;
-        }
+        ForgetLostKv(req);
         Preempt(req);  // re-prefill on another pool
       } else {
         FailRequest(req, FinishReason::kError, status);
