@@ -377,10 +377,13 @@ void OpenAiApi::Models(std::shared_ptr<http::Responder> responder) {
 
 namespace {
 
-// The body's "model", or "" when absent or not a string (CheckModel then asks for it).
-std::string ModelOf(const ojson& body) {
+// Checks the body's "model": absent or null means the served model; anything else must be
+// its name.
+std::optional<ApiError> CheckBodyModel(const ojson& body, const std::string& served) {
   auto it = body.find("model");
-  return it != body.end() && it->is_string() ? it->get<std::string>() : "";
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_string()) return BadRequest("'model' must be a string", "model");
+  return CheckModel(it->get<std::string>(), served);
 }
 
 std::variant<std::vector<int32_t>, ApiError> TokenList(const ojson& j, int32_t vocab,
@@ -410,7 +413,7 @@ void OpenAiApi::Completions(const http::Request& request,
   auto body_or = ParseJsonBody(request.body);
   if (auto* e = std::get_if<ApiError>(&body_or)) return fail(*e);
   const ojson& body = std::get<ojson>(body_or);
-  if (auto e = CheckModel(ModelOf(body), options_.served_model_name)) return fail(*e);
+  if (auto e = CheckBodyModel(body, options_.served_model_name)) return fail(*e);
   auto params_or = ParseParams(json::parse(Dump(body)), Endpoint::kCompletions, options_.limits);
   if (auto* e = std::get_if<ApiError>(&params_or)) return fail(*e);
   ParsedParams params = std::get<ParsedParams>(std::move(params_or));
@@ -551,7 +554,7 @@ void OpenAiApi::ChatCompletions(const http::Request& request,
   auto body_or = ParseJsonBody(request.body);
   if (auto* e = std::get_if<ApiError>(&body_or)) return fail(*e);
   const ojson& body = std::get<ojson>(body_or);
-  if (auto e = CheckModel(ModelOf(body), options_.served_model_name)) return fail(*e);
+  if (auto e = CheckBodyModel(body, options_.served_model_name)) return fail(*e);
   auto params_or = ParseParams(json::parse(Dump(body)), Endpoint::kChat, options_.limits);
   if (auto* e = std::get_if<ApiError>(&params_or)) return fail(*e);
   ParsedParams params = std::get<ParsedParams>(std::move(params_or));

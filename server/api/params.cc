@@ -289,7 +289,8 @@ std::variant<ParsedParams, ApiError> ParseParams(const json& body, Endpoint endp
 }
 
 std::optional<ApiError> CheckModel(const std::string& requested, const std::string& served) {
-  if (requested.empty()) return BadRequest("'model' is required", "model");
+  // One model is served: a request that names none means it (as vLLM allows).
+  if (requested.empty()) return std::nullopt;
   if (requested != served) return UnknownModel(requested);
   return std::nullopt;
 }

@@ -89,8 +89,8 @@ std::variant<ParsedParams, ApiError> ValidateParams(const RequestParams& in, End
 std::variant<ParsedParams, ApiError> ParseParams(const nlohmann::json& body, Endpoint endpoint,
                                                  const ApiLimits& limits);
 
-// The model a request names: empty is a 400 ('model' is required), another name than the
-// served one a 404; nullopt when it is the served model.
+// The model a request names: empty (not named) means the one served, another name than
+// the served one is a 404; nullopt when the request may go on.
 std::optional<ApiError> CheckModel(const std::string& requested, const std::string& served);
 
 // max_tokens when a chat request gives none: the rest of the context (at least 1).

@@ -138,6 +138,56 @@ TEST_F(ServeTest, GreedyOutputIsDeterministic) {
   EXPECT_EQ(a["choices"][0]["text"], b["choices"][0]["text"]);
 }
 
+// One model is served: a request may leave "model" out (as vLLM allows); a wrong name is a
+// 404 and a name that is not a string a 400.
+TEST_F(ServeTest, ModelMayBeOmittedButNotWrong) {
+  int status = 0;
+  json ok = Post("/v1/completions", {{"prompt", "abc"}, {"max_tokens", 3}}, &status);
+  EXPECT_EQ(status, 200) << ok.dump();
+  EXPECT_EQ(ok["model"], "tiny");
+  ok = Post("/v1/chat/completions",
+            {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 3}}, &status);
+  EXPECT_EQ(status, 200) << ok.dump();
+  EXPECT_EQ(ok["model"], "tiny");
+  json e = Post("/v1/completions", {{"model", "other"}, {"prompt", "abc"}}, &status);
+  EXPECT_EQ(status, 404) << e.dump();
+  e = Post("/v1/completions", {{"model", 7}, {"prompt", "abc"}}, &status);
+  EXPECT_EQ(status, 400) << e.dump();
+  EXPECT_EQ(e["error"]["param"], "model");
+}
+
+// usage.prompt_tokens_details.cached_tokens on a stream (stream_options.include_usage) is
+// what the prefix cache served: nothing the first time, the prompt's full 16-token blocks
+// the second.
+TEST_F(ServeTest, StreamedUsageReportsCachedPromptTokens) {
+  std::vector<int> prompt;
+  for (int i = 0; i < 70; ++i) prompt.push_back(100 + 7 * i);
+  const json body = {{"model", "tiny"},
+                     {"prompt", prompt},
+                     {"max_tokens", 2},
+                     {"stream", true},
+                     {"stream_options", {{"include_usage", true}}}};
+  auto cached = [&] {
+    const HttpResponse r =
+        HttpRequest(deployment_->http_port(), "POST", "/v1/completions", body.dump());
+    EXPECT_EQ(r.status, 200);
+    int64_t tokens = -1;
+    size_t at = 0;
+    while ((at = r.body.find("data: {", at)) != std::string::npos) {
+      const size_t end = r.body.find("\n\n", at);
+      const json event = json::parse(r.body.substr(at + 6, end - at - 6), nullptr, false);
+      if (event.contains("usage") && event["usage"].is_object()) {
+        EXPECT_EQ(event["usage"]["prompt_tokens"], 70);
+        tokens = event["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+      }
+      at = end;
+    }
+    return tokens;
+  };
+  EXPECT_EQ(cached(), 0);
+  EXPECT_EQ(cached(), 64);  // four full blocks of 16 of the 70 tokens
+}
+
 TEST_F(ServeTest, BadRequestsGetErrorsAndTheServerKeepsServing) {
   int status = 0;
   json e = Post("/v1/completions", {{"model", "tiny"}, {"prompt", {1, 99999999}}}, &status);
