@@ -15,6 +15,7 @@
 #include "common/metrics/metrics.h"
 #include "common/model/model_config.h"
 #include "common/protocol/node_config_proto.h"
+#include "common/protocol/pipelining.h"
 #include "common/transport/transport_flags.h"
 #include "compute_node/compute_node.h"
 #include "compute_node/node_metrics.h"
@@ -43,7 +44,7 @@ ABSL_FLAG(strata::PrefillPolicy, prefill_attention, strata::RemoteAttentionOptio
 ABSL_FLAG(int64_t, attention_timeout_ms,
           absl::ToInt64Milliseconds(strata::RemoteAttentionOptions().layer_timeout),
           "Disaggregated mode: how long a layer waits for a memory node before declaring it hung");
-ABSL_FLAG(std::string, pipelining, "off",
+ABSL_FLAG(strata::Pipelining, pipelining, strata::Pipelining::kOff,
           "Batches in flight in disaggregated mode: off (one), or two (while one batch's "
           "attention is on the memory nodes, the other's GEMMs run; the scheduler needs "
           "--pipelining=two as well). Co-located attention always runs one");
@@ -71,12 +72,7 @@ int main(int argc, char** argv) {
   }
 
   strata::ComputeNodeOptions options;
-  const std::string pipelining = absl::GetFlag(FLAGS_pipelining);
-  if (pipelining != "off" && pipelining != "two") {
-    LOG(ERROR) << "--pipelining must be off or two, not \"" << pipelining << "\"";
-    return 2;
-  }
-  options.lanes = pipelining == "two" ? 2 : 1;
+  options.lanes = absl::GetFlag(FLAGS_pipelining) == strata::Pipelining::kTwo ? 2 : 1;
   const std::unique_ptr<strata::TraceRecorder> trace =
       strata::TraceRecorderFromFlags(absl::GetFlag(FLAGS_name));
   options.trace = trace.get();

@@ -42,8 +42,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/base/enum_names.h"
 #include "common/base/event_loop.h"
+#include "common/protocol/pipelining.h"
 #include "common/tokenizer/tokenizer.h"
 #include "server/kv_manager.h"
 #include "server/output_processor.h"
@@ -52,19 +52,6 @@
 #include "server/step_executor.h"
 
 namespace strata {
-
-// Batches in flight on one compute node (offloaded attention). kTwo: two plans of different
-// sequences at once, which the node runs layer by layer side by side (one batch's GEMMs
-// while the other's attention is on the memory nodes; compute_node/step_pipeline.h). The
-// scheduler then splits the decode work between the two plans, by rows and by KV positions
-// read.
-enum class Pipelining { kOff, kTwo };
-inline constexpr EnumName<Pipelining> kPipeliningNames[] = {{Pipelining::kOff, "off"},
-                                                            {Pipelining::kTwo, "two"}};
-inline bool AbslParseFlag(absl::string_view text, Pipelining* out, std::string* error) {
-  return ParseEnumName(text, kPipeliningNames, out, error);
-}
-inline std::string AbslUnparseFlag(Pipelining p) { return EnumNameOf(p, kPipeliningNames); }
 
 struct SchedulerConfig {
   int64_t max_num_seqs = 256;  // sequences with rows in one step

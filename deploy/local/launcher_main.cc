@@ -26,6 +26,7 @@
 #include "common/control/cluster_flags.h"
 #include "common/model/model_generator.h"
 #include "common/process/supervisor.h"
+#include "common/protocol/pipelining.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, model, "",
@@ -67,7 +68,7 @@ ABSL_FLAG(std::string, server_args, "", "Extra server flags, comma-separated");
 ABSL_FLAG(bool, async_scheduling, false,
           "Asynchronous scheduling: the next step of a batch goes to the compute node while the "
           "current one runs (the server's --async_scheduling)");
-ABSL_FLAG(std::string, pipelining, "off",
+ABSL_FLAG(strata::Pipelining, pipelining, strata::Pipelining::kOff,
           "Batches in flight on each compute node with memory nodes: off, or two (one batch's "
           "GEMMs run while the other's attention is on the memory nodes)");
 ABSL_FLAG(std::string, compute_cpus, "",
@@ -160,17 +161,13 @@ int Run() {
     std::cerr << "launcher: --data-plane must be tcp or sm\n";
     return 2;
   }
-  const std::string pipelining = absl::GetFlag(FLAGS_pipelining);
-  if (pipelining != "off" && pipelining != "two") {
-    std::cerr << "launcher: --pipelining must be off or two\n";
-    return 2;
-  }
-  if (pipelining == "two" && memory_nodes == 0) {
+  const bool two = absl::GetFlag(FLAGS_pipelining) == Pipelining::kTwo;
+  if (two && memory_nodes == 0) {
     std::cerr << "launcher: --pipelining=two overlaps GEMMs with attention on memory nodes; "
                  "co-located attention (--memory_nodes=0) runs one batch\n";
     return 2;
   }
-  if (pipelining == "two" && absl::GetFlag(FLAGS_async_scheduling)) {
+  if (two && absl::GetFlag(FLAGS_async_scheduling)) {
     std::cerr << "launcher: --pipelining=two and --async_scheduling do not combine (yet)\n";
     return 2;
   }
@@ -273,7 +270,7 @@ int Run() {
     server_argv.push_back(absl::StrCat("--max_model_len=", absl::GetFlag(FLAGS_max_model_len)));
   }
   if (absl::GetFlag(FLAGS_async_scheduling)) server_argv.push_back("--async_scheduling");
-  if (pipelining == "two") server_argv.push_back("--pipelining=two");
+  if (two) server_argv.push_back("--pipelining=two");
   if (partition) server_argv.push_back("--cpus=" + compute_cpu_list);
   for (absl::string_view extra :
        absl::StrSplit(absl::GetFlag(FLAGS_server_args), ',', absl::SkipEmpty())) {
@@ -328,6 +325,12 @@ int Run() {
     metrics_ports[spec.name] = port;
     spec.argv.push_back(absl::StrCat("--metrics_port=", port));
   };
+  // With --trace_dir, every node writes its timeline there under its own name.
+  auto add_trace_file = [](ChildSpec& spec) {
+    if (absl::GetFlag(FLAGS_trace_dir).empty()) return;
+    spec.argv.push_back("--trace_file=" + absl::GetFlag(FLAGS_trace_dir) + "/" + spec.name +
+                        ".json");
+  };
   for (int i = 0; i < memory_nodes; ++i) {
     const std::string name = absl::StrCat("memory-", i);
     ChildSpec spec{name,
@@ -336,9 +339,7 @@ int Run() {
                     absl::StrCat("--kv_budget_mib=", absl::GetFlag(FLAGS_memory_kv_budget_mib))},
                    OpenMpEnvironment(memory_threads(i), CoreShare::kShared, spin_count)};
     if (!memory_cpus[i].empty()) spec.argv.push_back("--cpus=" + FormatCpuList(memory_cpus[i]));
-    if (!absl::GetFlag(FLAGS_trace_dir).empty()) {
-      spec.argv.push_back("--trace_file=" + absl::GetFlag(FLAGS_trace_dir) + "/" + name + ".json");
-    }
+    add_trace_file(spec);
     spec.argv.insert(spec.argv.end(), auth_args.begin(), auth_args.end());
     spec.argv.insert(spec.argv.end(), transport_args.begin(), transport_args.end());
     with_ports(spec);
@@ -355,10 +356,8 @@ int Run() {
          absl::StrCat("--kv_budget_mib=", absl::GetFlag(FLAGS_kv_budget_mib))},
         OpenMpEnvironment(threads, CoreShare::kShared, spin_count)};
     if (partition) spec.argv.push_back("--cpus=" + compute_cpu_list);
-    if (pipelining == "two") spec.argv.push_back("--pipelining=two");
-    if (!absl::GetFlag(FLAGS_trace_dir).empty()) {
-      spec.argv.push_back("--trace_file=" + absl::GetFlag(FLAGS_trace_dir) + "/" + name + ".json");
-    }
+    if (two) spec.argv.push_back("--pipelining=two");
+    add_trace_file(spec);
     if (absl::GetFlag(FLAGS_max_model_len) > 0) {
       spec.argv.push_back(absl::StrCat("--max_model_len=", absl::GetFlag(FLAGS_max_model_len)));
     }
