@@ -227,20 +227,7 @@ void ComputeNode::AfterStep(const StepResult& result) {
 RemoteAttentionStats ComputeNode::remote_stats() const {
   RemoteAttentionStats total;
   for (const RemoteAttention* r : {remote_ready_.load(), remote_second_ready_.load()}) {
-    if (r == nullptr) continue;
-    const RemoteAttentionStats s = r->stats();
-    total.steps += s.steps;
-    total.layer_frames += s.layer_frames;
-    total.bytes_sent += s.bytes_sent;
-    total.bytes_received += s.bytes_received;
-    total.checksum_failures += s.checksum_failures;
-    total.error_frames += s.error_frames;
-    total.stale_frames += s.stale_frames;
-    total.timeouts += s.timeouts;
-    for (const auto& [peer, bytes] : s.by_peer) {
-      total.by_peer[peer].sent += bytes.sent;
-      total.by_peer[peer].received += bytes.received;
-    }
+    if (r != nullptr) total += r->stats();
   }
   return total;
 }

@@ -341,11 +341,14 @@ absl::Status RemoteAttention::Attend(int layer, BatchBuffers& b, int64_t m) {
   return WaitLayer(layer, b, m);
 }
 
+absl::Status RemoteAttention::CheckRows(int64_t m) const {
+  if (m == rows_) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("batch has ", m, " rows but the step plan ", rows_));
+}
+
 absl::Status RemoteAttention::SendLayer(int layer, BatchBuffers& b, int64_t m) {
-  if (m != rows_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch has ", m, " rows but the step plan ", rows_));
-  }
+  RETURN_IF_ERROR(CheckRows(m));
   const size_t q_row = dims_.q_row_bytes(), kv_row = dims_.kv_row_bytes();
   const auto* q_base = reinterpret_cast<const uint8_t*>(b.q.data());
   const auto* k_base = reinterpret_cast<const uint8_t*>(b.k.data());
@@ -357,7 +360,6 @@ absl::Status RemoteAttention::SendLayer(int layer, BatchBuffers& b, int64_t m) {
     epoch = epoch_;
   }
   layer_watch_.Reset();
-  const Stopwatch send_watch;
   // Register every answer before the first frame leaves: answers can be fast.
   struct Outgoing {
     size_t share;
@@ -448,7 +450,7 @@ absl::Status RemoteAttention::SendLayer(int layer, BatchBuffers& b, int64_t m) {
     }
   }
 
-  outcome_.send_us += send_watch.ElapsedMicros();
+  outcome_.send_us += layer_watch_.ElapsedMicros();
   // While the memory nodes work: chunks that this node attends entirely.
   std::vector<const LocalRow*> whole;
   for (const LocalRow& r : local_rows_) {
@@ -459,10 +461,7 @@ absl::Status RemoteAttention::SendLayer(int layer, BatchBuffers& b, int64_t m) {
 }
 
 absl::Status RemoteAttention::WaitLayer(int layer, BatchBuffers& b, int64_t m) {
-  if (m != rows_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch has ", m, " rows but the step plan ", rows_));
-  }
+  RETURN_IF_ERROR(CheckRows(m));
   const size_t q_row = dims_.q_row_bytes();
   auto* attn_base = reinterpret_cast<uint8_t*>(b.attn.data());
   // Wait for every answer, a dead peer, or the deadline.

@@ -85,6 +85,23 @@ struct RemoteAttentionStats {
     uint64_t received = 0;
   };
   std::map<std::string, PeerBytes> by_peer;  // by memory-node name (filled by stats())
+
+  // Adds another data plane's counters (a compute node's lanes each have one).
+  RemoteAttentionStats& operator+=(const RemoteAttentionStats& o) {
+    steps += o.steps;
+    layer_frames += o.layer_frames;
+    bytes_sent += o.bytes_sent;
+    bytes_received += o.bytes_received;
+    checksum_failures += o.checksum_failures;
+    error_frames += o.error_frames;
+    stale_frames += o.stale_frames;
+    timeouts += o.timeouts;
+    for (const auto& [peer, bytes] : o.by_peer) {
+      by_peer[peer].sent += bytes.sent;
+      by_peer[peer].received += bytes.received;
+    }
+    return *this;
+  }
 };
 
 class RemoteAttention : public AttentionBackend, public transport::MessageHandler {
@@ -151,6 +168,8 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
   };
 
   RemoteAttention(const ModelConfig& config, RemoteAttentionOptions options);
+  // Whether a batch of m rows is the current step's.
+  absl::Status CheckRows(int64_t m) const;
   // Whether every answer of the current layer is in, or its peer is dead (mu_ held).
   bool LayerSettledLocked() const;
   void FailShare(Share& share, const absl::Status& why, bool dead);

@@ -15,14 +15,13 @@ struct StepEngine::Lane {
   AttentionBackend* attention;
   BatchBuffers buffers;
   std::vector<float> logits;
-  // The plan in progress (the caller keeps it alive until Finish).
+  // The plan in progress (the caller keeps it alive until Finish: sampled_chunks point
+  // into it).
   bool busy = false;
-  const StepPlan* plan = nullptr;
   StepResult result;
   Stopwatch watch;
   uint64_t busy_us = 0;  // in this lane's stages (the other lane's are not its cost)
   StepKvPlan kv;
-  std::vector<const SequenceChunk*> chunks;  // grouped by pool
   std::vector<int32_t> tokens;
   std::vector<int32_t> last_rows;  // per chunk with samples
   std::vector<const SequenceChunk*> sampled_chunks;
@@ -68,7 +67,6 @@ std::optional<StepResult> StepEngine::Begin(int index, const StepPlan& plan) {
                  options_.trace ? absl::StrCat("step ", plan.step_id, " begin") : "");
   lane.watch = Stopwatch();
   lane.busy_us = 0;
-  lane.plan = &plan;
   lane.result = StepResult();
   lane.result.step_id = plan.step_id;
   lane.status = absl::OkStatus();
@@ -106,8 +104,7 @@ std::optional<StepResult> StepEngine::Begin(int index, const StepPlan& plan) {
   }
 
   // Rows, grouped by pool (stable), as the attention side expects.
-  std::vector<const SequenceChunk*>& chunks = lane.chunks;
-  chunks.clear();
+  std::vector<const SequenceChunk*> chunks;
   for (const SequenceChunk& c : plan.chunks) chunks.push_back(&c);
   std::stable_sort(
       chunks.begin(), chunks.end(),

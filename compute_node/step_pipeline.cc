@@ -75,7 +75,7 @@ void RunPipeline(LaneEngine& engine, PlanQueue& queue, const PlanWaitObserver& o
   std::deque<Running> order;
   constexpr int kMaxLanes = 2;
   std::vector<Running*> lane_run(kMaxLanes, nullptr);  // the plan each lane runs
-  int busy = 0;
+  auto busy = [&] { return std::count(lane_run.begin(), lane_run.end(), nullptr) < kMaxLanes; };
   uint64_t handed_on = 0;
   std::optional<QueuedPlan> held;  // a plan that must not overlap, waiting for idle lanes
   auto hand_on = [&] {
@@ -94,12 +94,12 @@ void RunPipeline(LaneEngine& engine, PlanQueue& queue, const PlanWaitObserver& o
       // closed while idle ends the pipeline without touching it. Otherwise the lane count is
       // read each time: a node learns its mode when it is configured.
       int lane = 0;
-      if (busy > 0) {
+      if (busy()) {
         const int lanes = std::min(kMaxLanes, engine.num_lanes());
         while (lane < lanes && lane_run[lane] != nullptr) ++lane;
         if (lane == lanes) return true;
       }
-      const bool idle = busy == 0;
+      const bool idle = !busy();
       std::optional<QueuedPlan> next;
       if (held) {
         if (!idle) return true;
@@ -130,7 +130,6 @@ void RunPipeline(LaneEngine& engine, PlanQueue& queue, const PlanWaitObserver& o
         r.result = std::move(at_once);
       } else {
         lane_run[lane] = &r;
-        ++busy;
       }
     }
   };
@@ -140,7 +139,7 @@ void RunPipeline(LaneEngine& engine, PlanQueue& queue, const PlanWaitObserver& o
       return;
     }
     hand_on();
-    if (busy == 0) continue;
+    if (!busy()) continue;
     // One stage of every busy lane, oldest plan first. A lane that finishes hands its result
     // on and takes the next plan before the next lane's stage.
     std::vector<int> turn;
@@ -154,7 +153,6 @@ void RunPipeline(LaneEngine& engine, PlanQueue& queue, const PlanWaitObserver& o
       if (r == nullptr || !engine.Advance(lane)) continue;
       r->result = engine.Finish(lane);
       lane_run[lane] = nullptr;
-      --busy;
       hand_on();
       fill(/*may_wait=*/false);
     }

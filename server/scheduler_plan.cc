@@ -284,8 +284,7 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     }
     for (Request* req : running) {
       for (auto& seq : req->seqs) {
-        if (seq->finished || seq->waiting_for_owner || seq->in_flight > 0) continue;
-        if (seq->computed != static_cast<int64_t>(seq->tokens.size()) - 1) continue;
+        if (!seq->DecodeReady()) continue;
         total_rows += 1;
         total_kv += static_cast<double>(seq->tokens.size());
       }
@@ -305,8 +304,7 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     for (auto& seq_ptr : req->seqs) {
       Sequence* seq = seq_ptr.get();
       if (seq->finished || seq->waiting_for_owner) continue;
-      const int64_t len = static_cast<int64_t>(seq->tokens.size());
-      if (seq->in_flight == 0 && seq->computed == len - 1) {
+      if (seq->DecodeReady()) {
         decode.push_back(seq);
       } else if (async && seq->in_flight == 1 && seq->in_flight_samples &&
                  seq->num_outputs + 1 < req->spec.max_tokens) {

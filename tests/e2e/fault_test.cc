@@ -17,6 +17,35 @@
 namespace strata::testing {
 namespace {
 
+// `n` copies of a completion request, sent at once, each from its own thread.
+class ConcurrentRequests {
+ public:
+  ConcurrentRequests(int port, const std::string& body, int n) : responses_(n) {
+    for (int i = 0; i < n; ++i) {
+      threads_.emplace_back([this, port, body, i] {
+        responses_[i] =
+            HttpRequest(port, "POST", "/v1/completions", body, {}, nullptr, /*timeout_s=*/120);
+      });
+    }
+  }
+  // Joins even when a test gives up early.
+  ~ConcurrentRequests() { Join(); }
+  // The responses, in the order the requests were started, once all are back.
+  std::vector<HttpResponse> Wait() {
+    Join();
+    return responses_;
+  }
+
+ private:
+  void Join() {
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+  std::vector<HttpResponse> responses_;
+  std::vector<std::thread> threads_;
+};
+
 TEST(FaultTest, RequestsAfterTheComputeNodeDiesGet503WithNothingInternal) {
   DeploymentOptions options;
   options.server_args = {"--served_model_name=tiny"};
@@ -103,18 +132,11 @@ TEST(FaultTest, AComputeNodeDyingWithTwoPlansInFlightLosesNothing) {
     const std::string body = R"({"model":"tiny","prompt":"Once upon","max_tokens":400,)"
                              R"("ignore_eos":true})";
     constexpr int kClients = 8;
-    std::vector<HttpResponse> responses(kClients);
-    std::vector<std::thread> clients;
     const absl::Time start = absl::Now();
-    for (int i = 0; i < kClients; ++i) {
-      clients.emplace_back([&, i] {
-        responses[i] = HttpRequest((*d)->http_port(), "POST", "/v1/completions", body, {}, nullptr,
-                                   /*timeout_s=*/120);
-      });
-    }
+    ConcurrentRequests clients((*d)->http_port(), body, kClients);
     absl::SleepFor(absl::Milliseconds(300));  // steps are running
     ASSERT_EQ(kill((*d)->Pid("compute-0"), SIGKILL), 0);
-    for (std::thread& t : clients) t.join();
+    const std::vector<HttpResponse> responses = clients.Wait();
     const absl::Duration took = absl::Now() - start;
     int refused = 0;
     for (int i = 0; i < kClients; ++i) {
@@ -151,15 +173,8 @@ TEST(FaultTest, AMemoryNodeFailingUnderTwoBatchesInFlightLosesNothing) {
     ASSERT_EQ(reference.status, 200) << reference.body;
     const std::string text = nlohmann::json::parse(reference.body)["choices"][0]["text"];
     constexpr int kClients = 8;
-    std::vector<HttpResponse> responses(kClients);
-    std::vector<std::thread> clients;
     const absl::Time start = absl::Now();
-    for (int i = 0; i < kClients; ++i) {
-      clients.emplace_back([&, i] {
-        responses[i] = HttpRequest((*d)->http_port(), "POST", "/v1/completions", body, {}, nullptr,
-                                   /*timeout_s=*/120);
-      });
-    }
+    ConcurrentRequests clients((*d)->http_port(), body, kClients);
     absl::SleepFor(absl::Milliseconds(300));  // both lanes are running
     const HttpResponse metrics = HttpRequest((*d)->http_port(), "GET", "/metrics");
     EXPECT_EQ(metrics.body.find(R"(strata_num_requests_running{model_name="tiny"} 0)"),
@@ -169,7 +184,7 @@ TEST(FaultTest, AMemoryNodeFailingUnderTwoBatchesInFlightLosesNothing) {
               std::string::npos);
     const pid_t victim = (*d)->Pid("memory-1");
     ASSERT_EQ(kill(victim, signal), 0);
-    for (std::thread& t : clients) t.join();
+    const std::vector<HttpResponse> responses = clients.Wait();
     const absl::Duration took = absl::Now() - start;
     if (signal == SIGSTOP) kill(victim, SIGCONT);
     int completed = 0;
