@@ -47,7 +47,8 @@ ABSL_FLAG(int64_t, attention_timeout_ms,
 ABSL_FLAG(strata::Pipelining, pipelining, strata::Pipelining::kOff,
           "Batches in flight in disaggregated mode: off (one), or two (while one batch's "
           "attention is on the memory nodes, the other's GEMMs run; the scheduler needs "
-          "--pipelining=two as well). Co-located attention always runs one");
+          "--pipelining=two as well). Co-located attention always runs one. fixed (set on the "
+          "scheduler) runs one batch here, as off does");
 ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics port (-1: off, 0: any free port)");
 ABSL_FLAG(bool, verify_checksums, true, "Verify the checksum of every data-plane frame");
 

@@ -47,12 +47,15 @@ struct Topology {
   bool async = false;
   // Two batches in flight (--pipelining=two): the engine has two lanes.
   bool two = false;
+  // Fixed staggered pipelining (--pipelining=fixed): one plan per compute node, starts
+  // staggered across compute nodes.
+  bool fixed = false;
 };
 
 std::string Name(const Topology& t) {
   return absl::StrCat(t.memory_nodes, "mem_", t.compute_nodes, "cmp_", t.backend, "_",
                       t.prefill_policy, "_mb", t.minibatches, "_k", t.plans_in_flight,
-                      t.async ? "_async" : "", t.two ? "_two" : "");
+                      t.async ? "_async" : "", t.two ? "_two" : "", t.fixed ? "_fixed" : "");
 }
 
 int instance = 0;
@@ -71,6 +74,7 @@ class Deployment {
         t.async || t.two ? std::max(t.plans_in_flight, 2) : t.plans_in_flight;
     config.async_scheduling = t.async;
     if (t.two) config.pipelining = Pipelining::kTwo;
+    if (t.fixed) config.pipelining = Pipelining::kFixed;
     config.block_tokens = 16;
     config.vocab_size = static_cast<int32_t>(weights->config.vocab_size);
     config.epoch = 42;
@@ -294,6 +298,10 @@ TEST_F(DisaggregatedTest, GreedyOutputsAreBitIdenticalToCoLocated) {
       {2, 1, "inproc", "memory", 1, 2, false, true},
       {2, 2, "inproc", "split", 2, 2, false, true},
       {2, 1, "ucx", "split", 2, 2, false, true},
+      // Fixed staggered pipelining: compute nodes sharing the memory nodes take turns.
+      {2, 2, "inproc", "split", 2, 1, false, false, true},
+      {1, 3, "inproc", "split", 2, 1, false, false, true},
+      {2, 2, "ucx", "split", 2, 1, false, false, true},
   };
   for (const Topology& t : topologies) {
     const auto got = Run(t, requests);
@@ -350,6 +358,62 @@ TEST_F(DisaggregatedTest, TwoBatchesAreBitIdenticalWithSamplesStopsAndPreemption
     EXPECT_EQ(off[i]->by_sample.size(), static_cast<size_t>(requests[i].n));
     if (i % 2 == 1) EXPECT_LE(off[i]->tokens.size(), 5u) << "request " << i << " did not stop";
   }
+}
+
+// Fixed staggered pipelining spaces step starts across compute nodes by the step period over
+// the number of nodes. The smoothed period is never below the shortest step seen so far, so
+// no two starts may come closer than that over the node count; without the stagger, the
+// nodes start together.
+TEST_F(DisaggregatedTest, FixedPipeliningStaggersTheComputeNodesStarts) {
+  struct Step {
+    absl::Time start, end;
+  };
+  const auto run = [&](bool fixed) {
+    Topology t{1, 2, "inproc", "split", 1, 1, false, false, fixed};
+    Deployment d(weights_, t, 4096);
+    auto steps = std::make_shared<std::vector<Step>>();
+    d.observer_.on_step = [steps](const StepPlan&, const StepResult&, absl::Duration wall) {
+      const absl::Time now = absl::Now();
+      steps->push_back({now - wall, now});
+    };
+    d.scheduler().SetObserver(d.observer_);
+    std::vector<std::shared_ptr<Outcome>> outcomes;
+    for (int i = 0; i < 6; ++i) {
+      GenerateRequest r;
+      r.prompt_tokens = Prompt(40 + 10 * i, 300 + i);
+      r.sampling.temperature = 0.0f;
+      r.max_tokens = 24;
+      r.ignore_eos = true;
+      outcomes.push_back(d.Submit(r));
+    }
+    EXPECT_TRUE(d.Wait(outcomes));
+    d.scheduler().Stop();
+    return *steps;  // filled on the scheduler thread, which has stopped
+  };
+  // Counts consecutive starts closer than the bound (the shortest step finished before the
+  // later start, over 2 nodes; 10% off for the observer's clock reading).
+  const auto too_close = [](std::vector<Step> steps, int* checked) {
+    std::sort(steps.begin(), steps.end(),
+              [](const Step& a, const Step& b) { return a.start < b.start; });
+    int close = 0;
+    *checked = 0;
+    for (size_t i = 1; i < steps.size(); ++i) {
+      absl::Duration shortest = absl::InfiniteDuration();
+      for (const Step& s : steps) {
+        if (s.end <= steps[i].start) shortest = std::min(shortest, s.end - s.start);
+      }
+      if (shortest == absl::InfiniteDuration()) continue;  // nothing measured yet
+      ++*checked;
+      if (steps[i].start - steps[i - 1].start < 0.9 * shortest / 2) ++close;
+    }
+    return close;
+  };
+  int checked = 0;
+  const auto fixed = run(true);
+  EXPECT_EQ(too_close(fixed, &checked), 0);
+  EXPECT_GT(checked, 20);
+  const auto off = run(false);
+  EXPECT_GT(too_close(off, &checked), 0) << "without the stagger the nodes should start together";
 }
 
 TEST_F(DisaggregatedTest, ADeadMemoryNodeOnlyMovesItsRequests) {

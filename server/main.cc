@@ -28,9 +28,11 @@ ABSL_FLAG(int, max_plans_in_flight, 0,
           "Step plans a compute node holds at once (0: 2 with asynchronous scheduling or "
           "--pipelining=two, else 1)");
 ABSL_FLAG(strata::Pipelining, pipelining, strata::Pipelining::kOff,
-          "Batches in flight on each compute node with offloaded attention: off, or two (two "
-          "plans of different sequences, balanced by rows and KV read, which the node runs "
-          "side by side; start compute nodes with --pipelining=two as well)");
+          "Batches in flight with offloaded attention: off; two (two plans of different "
+          "sequences on each compute node, balanced by rows and KV read, which the node runs "
+          "side by side; start compute nodes with --pipelining=two as well); or fixed (one "
+          "batch per compute node, the nodes' step starts spaced by the step period over the "
+          "number of nodes, so that their attention takes turns on the memory nodes)");
 ABSL_FLAG(bool, async_scheduling, false,
           "Send a batch's next step while the current one runs; the compute node feeds each "
           "sequence the token it sampled last. Output is identical to synchronous scheduling");

@@ -48,6 +48,11 @@ absl::Status Scheduler::ValidateConfig(const SchedulerConfig& c) {
     return absl::InvalidArgumentError(
         "two batches in flight and asynchronous scheduling do not combine (yet): choose one");
   }
+  if (c.pipelining == Pipelining::kFixed && (c.max_plans_in_flight != 1 || c.async_scheduling)) {
+    return absl::InvalidArgumentError(
+        "fixed staggered pipelining gives each compute node one batch: it needs "
+        "max_plans_in_flight of 1 and synchronous scheduling");
+  }
   if (c.max_model_len <= 0 || c.block_tokens <= 0 || c.max_n <= 0 || c.max_waiting <= 0) {
     return absl::InvalidArgumentError(
         "max_model_len, block_tokens, max_n and max_waiting must be positive");
@@ -594,7 +599,14 @@ void Scheduler::PublishStats() {
           (length + kPagedCompareTokens - 1) / kPagedCompareTokens * kPagedCompareTokens - length;
     }
   }
-  for (const auto& e : executors_) s.alive_executors += e->alive && e->reachable ? 1 : 0;
+  s.alive_executors = LiveReplicas();
+  s.step_period_seconds = absl::ToDoubleSeconds(clock_.period());
+  if (config_.pipelining == Pipelining::kFixed) {
+    s.stagger_seconds = absl::ToDoubleSeconds(clock_.StaggerGap(LiveReplicas()));
+  }
+  s.step_compute_seconds = clock_.compute_seconds();
+  s.step_attention_seconds = clock_.attention_seconds();
+  s.advised_memory_nodes = advised_memory_nodes_;
   s.kv_usage = total > 0 ? static_cast<double>(used) / total : 0.0;
   absl::MutexLock lock(&stats_mu_);
   stats_ = std::move(s);

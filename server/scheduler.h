@@ -49,6 +49,7 @@
 #include "server/output_processor.h"
 #include "server/policy.h"
 #include "server/request.h"
+#include "server/step_clock.h"
 #include "server/step_executor.h"
 
 namespace strata {
@@ -66,7 +67,8 @@ struct SchedulerConfig {
   // max_plans_in_flight >= 2. Output is bit-identical to synchronous scheduling; a stop is
   // seen one step late and the extra token is discarded.
   bool async_scheduling = false;
-  // kTwo needs max_plans_in_flight >= 2 and synchronous scheduling.
+  // kTwo needs max_plans_in_flight >= 2 and synchronous scheduling; kFixed needs one plan
+  // in flight per compute node (each replica owns one batch) and synchronous scheduling.
   Pipelining pipelining = Pipelining::kOff;
   int64_t max_num_batched_tokens = 2048;  // rows in one step
   int64_t max_prefill_tokens = 2048;      // prompt rows in one step
@@ -113,6 +115,14 @@ struct SchedulerStats {
   std::map<std::string, int64_t> finished_total;  // by finish reason
   std::vector<PoolStatus> pools;
   int64_t alive_executors = 0;
+  // Step timing (step_clock.h): the smoothed step period, the stagger between compute
+  // replicas under fixed pipelining (zero otherwise), t_m and t_a of decode steps, and the
+  // memory nodes that would balance them (0: co-located, or nothing measured yet).
+  double step_period_seconds = 0.0;
+  double stagger_seconds = 0.0;
+  double step_compute_seconds = 0.0;
+  double step_attention_seconds = 0.0;
+  int64_t advised_memory_nodes = 0;
   double kv_usage = 0.0;  // used / total slots over alive pools
   // Fragmentation. Slots are allocated per token, so no slot is lost to partly filled pages
   // (internal fragmentation is zero by construction, and free slots need not be
@@ -189,6 +199,11 @@ class Scheduler {
   // While a compute node is unreachable, look again every so often (a timer, not a tick).
   void WatchUnreachable();
   void ScheduleIdleExecutors();
+  // Fixed pipelining: whether a step may start now; if not, sets a timer for when it may.
+  bool StaggerAllowsStart();
+  int LiveReplicas() const;
+  // Memory-node sizing advice from the step clock (logged when it changes).
+  void UpdateAdvice();
   // Sends a plan (already recorded in the executor's in_flight) and applies its result.
   void SubmitPlan(int executor, StepPlan plan);
   bool BuildPlan(int executor, StepPlan* plan);
@@ -249,6 +264,12 @@ class Scheduler {
   bool draining_ = false;  // stopping: waiting for the steps in flight
   bool shut_down_ = false;
   bool watching_unreachable_ = false;
+  // Fixed pipelining: the last step start on any compute node, and whether a timer is set
+  // for the next allowed one.
+  StepClock clock_;
+  absl::Time last_start_ = absl::InfinitePast();
+  bool stagger_timer_set_ = false;
+  int advised_memory_nodes_ = 0;
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
   // While a step's result is applied, finished requests stay allocated (state kDone) until
   // it is done, because it holds pointers to them and their sequences.

@@ -26,6 +26,7 @@ void Scheduler::ScheduleIdleExecutors() {
     }
     while (ex.alive && ex.reachable &&
            static_cast<int>(ex.in_flight.size()) < config_.max_plans_in_flight) {
+      if (!StaggerAllowsStart()) return;
       StepPlan plan;
       const Stopwatch planning;
       const bool built = BuildPlan(static_cast<int>(e), &plan);
@@ -35,10 +36,46 @@ void Scheduler::ScheduleIdleExecutors() {
         counters_.plans_total += built ? 1 : 0;
       }
       if (!built) break;
-      ex.in_flight.push_back({plan, absl::Now()});
+      last_start_ = absl::Now();
+      ex.in_flight.push_back({plan, last_start_});
       SubmitPlan(static_cast<int>(e), std::move(plan));
     }
   }
+}
+
+int Scheduler::LiveReplicas() const {
+  int live = 0;
+  for (const auto& e : executors_) live += e->alive && e->reachable ? 1 : 0;
+  return live;
+}
+
+bool Scheduler::StaggerAllowsStart() {
+  if (config_.pipelining != Pipelining::kFixed) return true;
+  const absl::Time allowed = last_start_ + clock_.StaggerGap(LiveReplicas());
+  const absl::Time now = absl::Now();
+  if (now >= allowed) return true;
+  if (!stagger_timer_set_) {
+    stagger_timer_set_ = true;
+    // The timer's batch runs AfterBatch, which plans the idle compute nodes again.
+    loop_.RunAfter(allowed - now, [this] { stagger_timer_set_ = false; });
+  }
+  return false;
+}
+
+void Scheduler::UpdateAdvice() {
+  int memory_nodes = 0, batches = 0;
+  for (const auto& p : pools_) memory_nodes += p->alive ? 1 : 0;
+  for (const auto& e : executors_) {
+    if (e->local_pool) return;  // co-located: no memory nodes to size
+    if (e->alive && e->reachable) batches += config_.pipelining == Pipelining::kTwo ? 2 : 1;
+  }
+  const int advice = AdviseMemoryNodes(clock_.compute_seconds(), clock_.attention_seconds(),
+                                       memory_nodes, batches);
+  if (advice == advised_memory_nodes_) return;
+  advised_memory_nodes_ = advice;
+  LOG(INFO) << "sizing advice: " << advice << " memory node(s) would balance the pools (now "
+            << memory_nodes << "; decode step t_m " << clock_.compute_seconds() * 1e3 << " ms, t_a "
+            << clock_.attention_seconds() * 1e3 << " ms, " << batches << " batch(es) in flight)";
 }
 
 void Scheduler::SubmitPlan(int index, StepPlan plan) {
@@ -543,6 +580,13 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
     }
   }
   if (observer_.on_step) observer_.on_step(plan, result, now - started);
+  if (result.status.ok()) {
+    bool decode_only = !plan.chunks.empty();
+    for (const SequenceChunk& c : plan.chunks) decode_only = decode_only && c.tokens.size() == 1;
+    clock_.Observe(now - started, result.timing, decode_only,
+                   /*overlapped=*/config_.pipelining == Pipelining::kTwo && !ex.local_pool);
+    UpdateAdvice();
+  }
 
   // Sequences of this step, by wire id.
   const std::unordered_map<SequenceId, Sequence*>& by_id = sequences_;

@@ -577,5 +577,15 @@ TEST_F(SchedulerTest, AsyncSchedulingNeedsTwoPlansInFlight) {
   EXPECT_TRUE(Scheduler::ValidateConfig(c).ok());
 }
 
+TEST_F(SchedulerTest, FixedPipeliningGivesEachComputeNodeOneSynchronousPlan) {
+  SchedulerConfig c = Config();
+  c.pipelining = Pipelining::kFixed;
+  EXPECT_TRUE(Scheduler::ValidateConfig(c).ok());
+  c.max_plans_in_flight = 2;
+  EXPECT_EQ(Scheduler::ValidateConfig(c).code(), absl::StatusCode::kInvalidArgument);
+  c.async_scheduling = true;
+  EXPECT_EQ(Scheduler::ValidateConfig(c).code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace strata

@@ -31,6 +31,19 @@ ServerMetrics::ServerMetrics(std::shared_ptr<metrics::MetricsRegistry> registry,
                        "KV slots that 16-token pages would waste on the running sequences "
                        "(strata allocates per token and wastes none).");
   alive_compute_ = gauge("strata_compute_nodes_alive", "Compute nodes taking steps.");
+  step_period_ = gauge("strata_step_period_seconds",
+                       "Smoothed wall time of a step, from its plan sent to its result.");
+  stagger_ = gauge("strata_pipeline_stagger_seconds",
+                   "Fixed staggered pipelining: the spacing of compute replicas' step starts "
+                   "(step period over replicas; 0 in other modes).");
+  step_compute_ = gauge("strata_step_compute_seconds",
+                        "Smoothed GEMM time of a decode step on its compute node (t_m).");
+  step_attention_ = gauge("strata_step_attention_seconds",
+                          "Smoothed attention time of a decode step (t_a; under two batches "
+                          "in flight, the wait plus the GEMMs that hid the rest).");
+  advised_memory_ = gauge("strata_advised_memory_nodes",
+                          "Memory nodes that would make t_a = t_m / (batches in flight - 1) "
+                          "(0: co-located or not measured yet).");
   prefix_queries_ =
       counter("strata_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.");
   prefix_hits_ = counter("strata_prefix_cache_hits_total",
@@ -147,6 +160,11 @@ void ServerMetrics::Refresh() {
   kv_usage_->Set(s.kv_usage);
   paged_waste_->Set(static_cast<double>(s.kv_paged_waste_slots));
   alive_compute_->Set(static_cast<double>(s.alive_executors));
+  step_period_->Set(s.step_period_seconds);
+  stagger_->Set(s.stagger_seconds);
+  step_compute_->Set(s.step_compute_seconds);
+  step_attention_->Set(s.step_attention_seconds);
+  advised_memory_->Set(static_cast<double>(s.advised_memory_nodes));
   metrics::SetCounterTo(*prefix_queries_, static_cast<double>(s.prefix_query_tokens_total));
   metrics::SetCounterTo(*prefix_hits_, static_cast<double>(s.prefix_hit_tokens_total));
   metrics::SetCounterTo(*preemptions_, static_cast<double>(s.num_preemptions_total));

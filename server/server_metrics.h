@@ -41,6 +41,11 @@ class ServerMetrics {
   prometheus::Gauge* kv_usage_;
   prometheus::Gauge* paged_waste_;
   prometheus::Gauge* alive_compute_;
+  prometheus::Gauge* step_period_;
+  prometheus::Gauge* stagger_;
+  prometheus::Gauge* step_compute_;
+  prometheus::Gauge* step_attention_;
+  prometheus::Gauge* advised_memory_;
   prometheus::Counter* prefix_queries_;
   prometheus::Counter* prefix_hits_;
   prometheus::Counter* preemptions_;

@@ -5,6 +5,11 @@
 // by side (one batch's GEMMs while the other's attention is on the memory nodes;
 // compute_node/step_pipeline.h). The scheduler then splits the decode work between the two
 // plans, by rows and by KV positions read.
+//
+// kFixed: Lamina's fixed staggered pipelining across R compute replicas that share the
+// memory nodes. Each replica owns one batch (one plan at a time), and the scheduler spaces
+// the replicas' step starts by a period over R, so that their attention phases take turns
+// on the memory nodes instead of colliding (server/step_clock.h).
 #ifndef STRATA_COMMON_PROTOCOL_PIPELINING_H_
 #define STRATA_COMMON_PROTOCOL_PIPELINING_H_
 
@@ -15,9 +20,9 @@
 
 namespace strata {
 
-enum class Pipelining { kOff, kTwo };
-inline constexpr EnumName<Pipelining> kPipeliningNames[] = {{Pipelining::kOff, "off"},
-                                                            {Pipelining::kTwo, "two"}};
+enum class Pipelining { kOff, kTwo, kFixed };
+inline constexpr EnumName<Pipelining> kPipeliningNames[] = {
+    {Pipelining::kOff, "off"}, {Pipelining::kTwo, "two"}, {Pipelining::kFixed, "fixed"}};
 inline bool AbslParseFlag(absl::string_view text, Pipelining* out, std::string* error) {
   return ParseEnumName(text, kPipeliningNames, out, error);
 }

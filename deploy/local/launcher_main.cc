@@ -69,8 +69,9 @@ ABSL_FLAG(bool, async_scheduling, false,
           "Asynchronous scheduling: the next step of a batch goes to the compute node while the "
           "current one runs (the server's --async_scheduling)");
 ABSL_FLAG(strata::Pipelining, pipelining, strata::Pipelining::kOff,
-          "Batches in flight on each compute node with memory nodes: off, or two (one batch's "
-          "GEMMs run while the other's attention is on the memory nodes)");
+          "Batches in flight with memory nodes: off; two (on each compute node, one batch's "
+          "GEMMs run while the other's attention is on the memory nodes); or fixed (one batch "
+          "per compute node, their steps staggered by the step period over --compute_nodes)");
 ABSL_FLAG(std::string, compute_cpus, "",
           "Cores of the compute nodes and the scheduler (cpuset list, e.g. \"0\"); with "
           "--memory_cpus, partitions the machine. OpenMP teams follow the sets");
@@ -169,6 +170,17 @@ int Run() {
   }
   if (two && absl::GetFlag(FLAGS_async_scheduling)) {
     std::cerr << "launcher: --pipelining=two and --async_scheduling do not combine (yet)\n";
+    return 2;
+  }
+  const bool fixed = absl::GetFlag(FLAGS_pipelining) == Pipelining::kFixed;
+  if (fixed && (memory_nodes == 0 || absl::GetFlag(FLAGS_compute_nodes) < 2)) {
+    std::cerr << "launcher: --pipelining=fixed staggers compute nodes that share memory nodes: "
+                 "it needs --compute_nodes of at least 2 and --memory_nodes of at least 1\n";
+    return 2;
+  }
+  if (fixed && absl::GetFlag(FLAGS_async_scheduling)) {
+    std::cerr << "launcher: --pipelining=fixed gives each compute node one plan at a time; it "
+                 "does not combine with --async_scheduling\n";
     return 2;
   }
   // The core partition: compute nodes and the scheduler on one set, memory nodes on the other.
@@ -270,7 +282,9 @@ int Run() {
     server_argv.push_back(absl::StrCat("--max_model_len=", absl::GetFlag(FLAGS_max_model_len)));
   }
   if (absl::GetFlag(FLAGS_async_scheduling)) server_argv.push_back("--async_scheduling");
-  if (two) server_argv.push_back("--pipelining=two");
+  if (two || fixed) {
+    server_argv.push_back("--pipelining=" + AbslUnparseFlag(absl::GetFlag(FLAGS_pipelining)));
+  }
   if (partition) server_argv.push_back("--cpus=" + compute_cpu_list);
   for (absl::string_view extra :
        absl::StrSplit(absl::GetFlag(FLAGS_server_args), ',', absl::SkipEmpty())) {

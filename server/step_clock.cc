@@ -1,0 +1,34 @@
+#include "server/step_clock.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace strata {
+
+int AdviseMemoryNodes(double compute_seconds, double attention_seconds, int memory_nodes,
+                      int batches) {
+  if (compute_seconds <= 0.0 || memory_nodes <= 0) return 0;
+  const int others = std::max(batches, 2) - 1;
+  // t_a(M') = t_a(M) * M / M' = t_m / others.
+  const double nodes = attention_seconds * memory_nodes * others / compute_seconds;
+  // A hair below an integer is that integer (timings are noisy, not exact).
+  return std::max(1, static_cast<int>(std::ceil(nodes - 1e-6)));
+}
+
+void StepClock::Observe(absl::Duration wall, const StepTiming& timing, bool decode_only,
+                        bool overlapped) {
+  const auto blend = [](double* average, double sample, bool first) {
+    *average = first ? sample : (1.0 - kWeight) * *average + kWeight * sample;
+  };
+  blend(&period_s_, absl::ToDoubleSeconds(wall), !seen_step_);
+  seen_step_ = true;
+  if (!decode_only || timing.gemm_us == 0) return;
+  const double compute = timing.gemm_us * 1e-6;
+  double attention = timing.attention_us * 1e-6;
+  if (overlapped) attention += compute;
+  blend(&compute_s_, compute, !seen_decode_);
+  blend(&attention_s_, attention, !seen_decode_);
+  seen_decode_ = true;
+}
+
+}  // namespace strata
