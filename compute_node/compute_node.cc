@@ -1,8 +1,11 @@
 #include "compute_node/compute_node.h"
 
+#include <filesystem>
+
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
+#include "common/tokenizer/tokenizer.h"
 
 namespace strata {
 
@@ -25,6 +28,16 @@ absl::StatusOr<std::unique_ptr<ComputeNode>> ComputeNode::Create(
     node->max_model_len_ = config.sliding_window;
   }
   node->runner_ = std::make_unique<ModelRunner>(node->weights_.get(), node->max_model_len_);
+  // Structured output matches grammars against the tokenizer's vocabulary.
+  if (std::filesystem::exists(std::filesystem::path(options.model_dir) / "tokenizer.json")) {
+    auto tokenizer = Tokenizer::Load(options.model_dir);
+    if (tokenizer.ok()) {
+      std::vector<int32_t> ends(config.eos_token_ids.begin(), config.eos_token_ids.end());
+      node->grammar_vocabulary_ = MakeGrammarVocabulary(**tokenizer, ends);
+    } else {
+      LOG(WARNING) << "structured output is unavailable: " << tokenizer.status();
+    }
+  }
   LOG(INFO) << "loaded " << config.architecture << " from " << options.model_dir << " ("
             << config.NumParameters() / 1e6 << "M parameters, "
             << node->weights_->gemm_weight_bytes() / (1 << 20)
@@ -93,7 +106,8 @@ absl::StatusOr<ComputeConfigAck> ComputeNode::Configure(const ComputeConfig& con
       if (remote_second_ != nullptr) lanes.push_back(remote_second_.get());
       engine_ = std::make_unique<StepEngine>(
           runner_.get(), lanes,
-          StepEngineOptions{options_.max_batch_rows, max_model_len_, options_.trace});
+          StepEngineOptions{options_.max_batch_rows, max_model_len_, options_.trace,
+                            grammar_vocabulary_.get()});
       ++engine_generation_;
     }
     ready_.store(true);
@@ -111,9 +125,10 @@ absl::StatusOr<ComputeConfigAck> ComputeNode::Configure(const ComputeConfig& con
     const int64_t slots = local_kv_slots();
     if (slots < 1) return absl::InvalidArgumentError("the local KV budget holds no token");
     ASSIGN_OR_RETURN(local_, LocalAttention::Create(weights_->config, slots, options_.prefault_kv));
-    engine_ = std::make_unique<StepEngine>(
-        runner_.get(), local_.get(),
-        StepEngineOptions{options_.max_batch_rows, max_model_len_, options_.trace});
+    engine_ =
+        std::make_unique<StepEngine>(runner_.get(), local_.get(),
+                                     StepEngineOptions{options_.max_batch_rows, max_model_len_,
+                                                       options_.trace, grammar_vocabulary_.get()});
     ++engine_generation_;
     LOG(INFO) << "co-located mode: local KV cache of " << slots << " tokens ("
               << (slots * weights_->config.kv_elements_per_token_per_layer() * 2 *

@@ -88,6 +88,7 @@ class ComputeNode {
   std::unique_ptr<ModelWeights> weights_;
   std::unique_ptr<ModelRunner> runner_;
   int64_t max_model_len_ = 0;
+  std::unique_ptr<GrammarVocabulary> grammar_vocabulary_;  // null: no tokenizer
 
   mutable std::mutex mu_;
   uint64_t epoch_ = 0;

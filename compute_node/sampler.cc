@@ -106,6 +106,28 @@ SampleOutput Sample(const float* raw, int32_t vocab, const SampleInput& in) {
       if (token >= 0 && token < vocab) logits[token] = kNegInf;
     }
   }
+  if (in.allowed != nullptr) {
+    // Structured output: tokens the grammar forbids are out. The grammar wins over banned
+    // tokens (min_tokens' EOS): where banning left no allowed token, the allowed ones come
+    // back.
+    const auto allowed = [&](int32_t t) {
+      const size_t word = static_cast<size_t>(t) >> 6;
+      return word < in.allowed->size() && (((*in.allowed)[word] >> (t & 63)) & 1) != 0;
+    };
+    bool any = false;
+    for (int32_t t = 0; t < vocab; ++t) {
+      if (!allowed(t)) {
+        logits[t] = kNegInf;
+      } else {
+        any = any || logits[t] != kNegInf;
+      }
+    }
+    if (!any) {
+      for (int32_t t = 0; t < vocab; ++t) {
+        if (allowed(t)) logits[t] = raw[t];
+      }
+    }
+  }
   if (p.repetition_penalty != 1.0f) {
     // A token seen in the prompt, the output or both is penalised once.
     auto penalise = [&](int32_t token) {

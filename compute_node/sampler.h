@@ -1,6 +1,7 @@
 // Token sampling on the compute node, row by row.
 //
-// Order of operations, as in vLLM: logit_bias and banned tokens; repetition penalty (over
+// Order of operations, as in vLLM: logit_bias and banned tokens; the grammar's mask
+// (structured output); repetition penalty (over
 // prompt and output tokens); frequency and presence penalties (over output tokens); then
 // greedy argmax when temperature is 0, else temperature, top-k, top-p, min-p and a draw.
 //
@@ -32,6 +33,9 @@ struct SampleInput {
   const std::unordered_map<int32_t, int32_t>* output_counts = nullptr;
   // Tokens that may not be drawn (e.g. EOS before min_tokens).
   const std::vector<int32_t>* banned = nullptr;
+  // Structured output: a bitmask (bit t of word t / 64) of the tokens the grammar allows;
+  // null for no grammar. It applies before everything else and wins over `banned`.
+  const std::vector<uint64_t>* allowed = nullptr;
 };
 
 struct SampleOutput {

@@ -29,6 +29,8 @@ struct StepEngine::Lane {
   int layer = 0;  // the layer whose attention is out
   bool forward_done = false;
   absl::Status status;
+  // Sequences of the plan that cannot follow their grammar (they fail alone).
+  std::vector<std::pair<SequenceId, absl::Status>> grammar_failed;
 };
 
 StepEngine::StepEngine(const ModelRunner* runner, AttentionBackend* attention,
@@ -91,6 +93,21 @@ std::optional<StepResult> StepEngine::Begin(int index, const StepPlan& plan) {
     } else {
       cache.prompt_counts = std::make_shared<std::unordered_map<int32_t, int32_t>>();
     }
+    if (!s.grammar.empty()) {
+      if (options_.grammar_vocabulary == nullptr) {
+        cache.grammar_error = absl::FailedPreconditionError(
+            "structured output needs the model's tokenizer on the compute node, and this one has "
+            "none");
+      } else if (auto g = grammars_.Get(s.grammar); !g.ok()) {
+        cache.grammar_error = g.status();
+      } else {
+        cache.grammar =
+            std::make_shared<SequenceGrammar>(*g, options_.grammar_vocabulary, cache.prompt_len);
+        for (size_t i = cache.prompt_len; i < s.history.size() && cache.grammar_error.ok(); ++i) {
+          cache.grammar_error = cache.grammar->Feed(s.history[i], static_cast<int64_t>(i));
+        }
+      }
+    }
     if (cache.sampling.uses_penalties()) {
       for (size_t i = 0; i < s.history.size(); ++i) {
         if (static_cast<int32_t>(i) < cache.prompt_len) {
@@ -118,6 +135,7 @@ std::optional<StepResult> StepEngine::Begin(int index, const StepPlan& plan) {
   tokens.clear();
   lane.last_rows.clear();
   lane.sampled_chunks.clear();
+  lane.grammar_failed.clear();
   for (const SequenceChunk* c : chunks) {
     if (!requests_.count(c->request_id)) {
       result.status = absl::InvalidArgumentError(
@@ -179,6 +197,16 @@ std::optional<StepResult> StepEngine::Begin(int index, const StepPlan& plan) {
     RequestCache& cache = requests_[c->request_id];
     const size_t first = row;
     row += c->tokens.size();
+    if (cache.grammar) {
+      for (size_t i = 0; i < c->tokens.size() && cache.grammar_error.ok(); ++i) {
+        const int64_t position = c->start_position + static_cast<int64_t>(i);
+        if (position >= cache.prompt_len) {
+          cache.grammar_error = cache.grammar->Feed(tokens[first + i], position);
+        }
+      }
+    }
+    if (!cache.grammar_error.ok())
+      lane.grammar_failed.emplace_back(c->request_id, cache.grammar_error);
     if (!cache.sampling.uses_penalties()) continue;
     for (size_t i = 0; i < c->tokens.size(); ++i) {
       if (c->start_position + static_cast<int32_t>(i) < cache.prompt_len) {
@@ -271,6 +299,8 @@ StepResult StepEngine::Finish(int index) {
   result.timing.bytes_received = outcome.bytes_received;
   result.dead_pools = outcome.dead_pools;
   result.failed = outcome.failed;
+  result.failed.insert(result.failed.end(), lane.grammar_failed.begin(), lane.grammar_failed.end());
+  lane.grammar_failed.clear();
   if (!lane.status.ok()) {
     result.status = std::move(lane.status);
     lane.status = absl::OkStatus();
@@ -306,6 +336,7 @@ StepResult StepEngine::Finish(int index) {
       }
     }
     const float* logits = lane.logits.data();
+    std::vector<absl::Status> grammar_errors(jobs.size());
 #pragma omp parallel for schedule(dynamic, 1) if (jobs.size() > 1)
     for (size_t j = 0; j < jobs.size(); ++j) {
       const Job& job = jobs[j];
@@ -317,10 +348,43 @@ StepResult StepEngine::Finish(int index) {
       input.prompt_counts = cache.prompt_counts.get();
       input.output_counts = &cache.output_counts;
       input.banned = &job.target->banned_tokens;
+      const SequenceChunk& chunk = *sampled_chunks[job.chunk];
+      absl::StatusOr<std::vector<uint64_t>> allowed;
+      if (cache.grammar) {
+        allowed = cache.grammar->Allowed(chunk.start_position +
+                                         static_cast<int64_t>(chunk.tokens.size()));
+        if (!allowed.ok()) {
+          grammar_errors[j] = allowed.status();
+          continue;
+        }
+        input.allowed = &*allowed;
+      }
       SampleOutput out = Sample(logits + job.chunk * vocab, static_cast<int32_t>(vocab), input);
       result.tokens[j] = {job.target->request_id, out.token, out.logprob,
                           std::move(out.top_logprobs)};
     }
+    // Draws whose grammar state was lost fail alone; the others feed their grammar.
+    std::vector<SampledToken> kept;
+    std::vector<Job> kept_jobs;
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      const SequenceId id = jobs[j].target->request_id;
+      RequestCache& cache = requests_.at(id);
+      const SequenceChunk& c = *sampled_chunks[jobs[j].chunk];
+      absl::Status status = grammar_errors[j];
+      if (status.ok() && cache.grammar) {
+        status = cache.grammar->Feed(result.tokens[j].token,
+                                     c.start_position + static_cast<int64_t>(c.tokens.size()));
+      }
+      if (!status.ok()) {
+        cache.grammar_error = status;
+        result.failed.emplace_back(id, status);
+        continue;
+      }
+      kept.push_back(std::move(result.tokens[j]));
+      kept_jobs.push_back(jobs[j]);
+    }
+    result.tokens = std::move(kept);
+    jobs = std::move(kept_jobs);
     // What a later kLastSampledToken row of each target stands for: the token of the
     // position after its chunk.
     for (size_t j = 0; j < jobs.size(); ++j) {

@@ -23,6 +23,11 @@
 // one thread runs one batch's GEMMs while the other's attention is away
 // (compute_node/step_pipeline.h). Plans on different lanes never share a sequence.
 //
+// Structured output (structured_output.h): a setup with a grammar gives the sequence a
+// matcher that every later token of it feeds; each draw is masked to the tokens the grammar
+// allows. A sequence whose grammar cannot be compiled, or whose tokens stop following it,
+// fails alone (StepResult::failed); the rest of the step goes on.
+//
 // Thread-safety: one thread at a time calls Execute and the lane methods.
 #ifndef STRATA_COMPUTE_NODE_STEP_ENGINE_H_
 #define STRATA_COMPUTE_NODE_STEP_ENGINE_H_
@@ -38,6 +43,7 @@
 #include "compute_node/attention_backend.h"
 #include "compute_node/model_runner.h"
 #include "compute_node/sampler.h"
+#include "compute_node/structured_output.h"
 
 namespace strata {
 
@@ -47,6 +53,10 @@ struct StepEngineOptions {
   // Records each lane's stages (track = lane): "step S begin", "wait L", "step S L",
   // "step S sample"; null: nothing is recorded. Must outlive the engine.
   TraceRecorder* trace = nullptr;
+  // Structured output: the tokenizer's vocabulary as the grammar matcher sees it, and the
+  // end tokens. Null: requests with a grammar fail with a clear error. Must outlive the
+  // engine.
+  const GrammarVocabulary* grammar_vocabulary = nullptr;
 };
 
 // The lane interface that the pipeline driver (step_pipeline.h) runs plans through.
@@ -103,12 +113,16 @@ class StepEngine : public LaneEngine {
     // what a kLastSampledToken row stands for.
     int32_t last_sampled = -1;
     int64_t last_sampled_position = -1;
+    // Structured output (null: none), or why the sequence cannot follow its grammar.
+    std::shared_ptr<SequenceGrammar> grammar;
+    absl::Status grammar_error;
   };
 
   const ModelRunner* runner_;
   StepEngineOptions options_;
   std::vector<std::unique_ptr<Lane>> lanes_;
   std::unordered_map<SequenceId, RequestCache> requests_;
+  GrammarCache grammars_;
   uint64_t steps_executed_ = 0;
   uint64_t overlapped_steps_ = 0;
 };

@@ -33,6 +33,8 @@ struct GenerateRequest {
   bool include_stop_str_in_output = false;
   bool skip_special_tokens = true;
   int priority = 0;  // lower runs first under the priority policy (vLLM's convention)
+  // Structured output: GBNF every output must follow (common/grammar); empty for none.
+  std::string grammar;
   absl::Duration timeout = absl::ZeroDuration();  // zero: the scheduler's default
 };
 

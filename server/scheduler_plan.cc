@@ -470,13 +470,20 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
   plan->releases = std::move(ex.pending_releases);
   ex.pending_releases.clear();
   std::unordered_set<Sequence*> setup_done;
-  auto ensure_setup = [&](Sequence* seq) {
-    if (seq->setup_sent || setup_done.count(seq)) return;
-    Request* req = seq->request;
+  // What every setup of a sequence carries: its request's fixed data.
+  auto new_setup = [](const Sequence* seq) {
+    const Request* req = seq->request;
     RequestSetup setup;
     setup.request_id = seq->id;
     setup.sampling = req->spec.sampling;
     setup.prompt_len = req->prompt_len();
+    setup.grammar = req->spec.grammar;
+    return setup;
+  };
+  auto ensure_setup = [&](Sequence* seq) {
+    if (seq->setup_sent || setup_done.count(seq)) return;
+    Request* req = seq->request;
+    RequestSetup setup = new_setup(seq);
     Sequence* owner = req->Owner();
     if (seq != owner && owner != nullptr && (owner->setup_sent || setup_done.count(owner))) {
       setup.parent_request_id = owner->id;
@@ -528,10 +535,7 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
         for (auto& other : req->seqs) {
           if (other.get() == seq || other->finished || !other->waiting_for_owner) continue;
           if (other->tokens.size() != static_cast<size_t>(req->prompt_len())) continue;
-          RequestSetup setup;
-          setup.request_id = other->id;
-          setup.sampling = req->spec.sampling;
-          setup.prompt_len = req->prompt_len();
+          RequestSetup setup = new_setup(other.get());
           setup.parent_request_id = seq->id;
           if (!other->setup_sent && !setup_done.count(other.get())) {
             plan->setups.push_back(std::move(setup));

@@ -24,8 +24,11 @@ struct RequestSetup {
   SamplingParams sampling;
   int32_t prompt_len = 0;
   SequenceId parent_request_id;  // n > 1: share the parent's prompt history (0: none)
-  // Tokens processed on another compute node before this setup (penalty counts).
+  // Tokens processed on another compute node before this setup (penalty counts, and the
+  // grammar's state).
   std::vector<int32_t> history;
+  // Structured output: GBNF that the sampled tokens must follow (empty: none).
+  std::string grammar;
 };
 
 struct SampleTarget {

@@ -56,6 +56,7 @@ void ToProto(const StepPlan& plan, control::StepPlan* out) {
     setup->set_prompt_len(s.prompt_len);
     setup->set_parent_request_id(s.parent_request_id.value());
     setup->mutable_history()->Add(s.history.begin(), s.history.end());
+    setup->set_grammar(s.grammar);
   }
   for (const TableRelease& r : plan.releases) {
     auto* release = out->add_releases();
@@ -100,6 +101,7 @@ absl::StatusOr<StepPlan> FromProto(const control::StepPlan& in) {
     setup.prompt_len = s.prompt_len();
     setup.parent_request_id = SequenceId(s.parent_request_id());
     setup.history.assign(s.history().begin(), s.history().end());
+    setup.grammar = s.grammar();
     plan.setups.push_back(std::move(setup));
   }
   for (const auto& r : in.releases())

@@ -50,6 +50,38 @@ RequestParams ParamsFromProto(const v1::SamplingParams& p) {
   for (const auto& [token, value] : p.logit_bias()) {
     r.logit_bias.emplace_back(std::to_string(token), value);
   }
+  if (p.has_structured_output()) {
+    const v1::StructuredOutput& so = p.structured_output();
+    StructuredOutput out;
+    out.param = "structured_output";
+    switch (so.kind_case()) {
+      case v1::StructuredOutput::kJsonObject:
+        if (so.json_object()) r.structured = out;
+        break;
+      case v1::StructuredOutput::kJsonSchema:
+        out.kind = StructuredOutput::Kind::kJsonSchema;
+        out.text = so.json_schema();
+        r.structured = out;
+        break;
+      case v1::StructuredOutput::kRegex:
+        out.kind = StructuredOutput::Kind::kRegex;
+        out.text = so.regex();
+        r.structured = out;
+        break;
+      case v1::StructuredOutput::kChoice:
+        out.kind = StructuredOutput::Kind::kChoice;
+        out.choices.assign(so.choice().choices().begin(), so.choice().choices().end());
+        r.structured = out;
+        break;
+      case v1::StructuredOutput::kGrammar:
+        out.kind = StructuredOutput::Kind::kGrammar;
+        out.text = so.grammar();
+        r.structured = out;
+        break;
+      case v1::StructuredOutput::KIND_NOT_SET:
+        break;
+    }
+  }
   return r;
 }
 

@@ -22,7 +22,6 @@ using ojson = nlohmann::ordered_json;
 constexpr char kJson[] = "application/json";
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-std::string Dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
 std::string RandomId(const std::string& prefix) {
   thread_local std::mt19937_64 rng(std::random_device{}());
@@ -414,7 +413,7 @@ void OpenAiApi::Completions(const http::Request& request,
   if (auto* e = std::get_if<ApiError>(&body_or)) return fail(*e);
   const ojson& body = std::get<ojson>(body_or);
   if (auto e = CheckBodyModel(body, options_.served_model_name)) return fail(*e);
-  auto params_or = ParseParams(json::parse(Dump(body)), Endpoint::kCompletions, options_.limits);
+  auto params_or = ParseParams(body, Endpoint::kCompletions, options_.limits);
   if (auto* e = std::get_if<ApiError>(&params_or)) return fail(*e);
   ParsedParams params = std::get<ParsedParams>(std::move(params_or));
   if (params.echo && params.logprobs) {
@@ -555,15 +554,10 @@ void OpenAiApi::ChatCompletions(const http::Request& request,
   if (auto* e = std::get_if<ApiError>(&body_or)) return fail(*e);
   const ojson& body = std::get<ojson>(body_or);
   if (auto e = CheckBodyModel(body, options_.served_model_name)) return fail(*e);
-  auto params_or = ParseParams(json::parse(Dump(body)), Endpoint::kChat, options_.limits);
+  auto params_or = ParseParams(body, Endpoint::kChat, options_.limits);
   if (auto* e = std::get_if<ApiError>(&params_or)) return fail(*e);
   ParsedParams params = std::get<ParsedParams>(std::move(params_or));
   if (!body.contains("messages")) return fail(BadRequest("'messages' is required", "messages"));
-  if (body.contains("response_format") && body["response_format"].is_object() &&
-      body["response_format"].value("type", "text") != "text") {
-    return fail(
-        BadRequest("only response_format {\"type\": \"text\"} is supported", "response_format"));
-  }
   if (body.contains("tool_choice") && body["tool_choice"].is_object()) {
     return fail(BadRequest("forcing a specific tool is not supported", "tool_choice"));
   }

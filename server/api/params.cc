@@ -2,13 +2,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <list>
+#include <mutex>
+#include <unordered_map>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/grammar/grammar.h"
+#include "common/grammar/json_schema.h"
 
 namespace strata::api {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;  // keeps a schema's property order
 
 namespace {
 
@@ -54,6 +59,176 @@ std::variant<std::optional<bool>, ApiError> ReadBool(const json& body, const std
 
 bool Given(const json& body, const char* name) {
   return body.contains(name) && !body[name].is_null();
+}
+
+// A schema given as an object, or as its JSON text (vLLM accepts both).
+std::variant<std::string, ApiError> SchemaText(const json& value, const std::string& param) {
+  if (value.is_object() || value.is_boolean()) return value.dump();
+  if (value.is_string()) return value.get<std::string>();
+  return BadRequest(absl::StrCat("'", param, "' must be a JSON Schema (an object)"), param);
+}
+
+std::variant<std::optional<StructuredOutput>, ApiError> ReadStructured(const json& body) {
+  std::vector<StructuredOutput> asked;
+  auto string_field = [&](const json& obj, const char* key, const std::string& param,
+                          StructuredOutput::Kind kind) -> std::optional<ApiError> {
+    if (!Given(obj, key)) return std::nullopt;
+    if (!obj[key].is_string())
+      return BadRequest(absl::StrCat("'", param, "' must be a string"), param);
+    asked.push_back({kind, obj[key].get<std::string>(), {}, param});
+    return std::nullopt;
+  };
+  auto choice_field = [&](const json& obj, const char* key,
+                          const std::string& param) -> std::optional<ApiError> {
+    if (!Given(obj, key)) return std::nullopt;
+    const json& list = obj[key];
+    if (!list.is_array() || list.empty()) {
+      return BadRequest(absl::StrCat("'", param, "' must be a non-empty list of strings"), param);
+    }
+    if (list.size() > 10000)
+      return BadRequest(absl::StrCat("'", param, "' has more than 10000 choices"), param);
+    StructuredOutput out{StructuredOutput::Kind::kChoice, "", {}, param};
+    for (const json& c : list) {
+      if (!c.is_string()) return BadRequest(absl::StrCat("'", param, "' must hold strings"), param);
+      out.choices.push_back(c.get<std::string>());
+    }
+    asked.push_back(std::move(out));
+    return std::nullopt;
+  };
+  auto schema_field = [&](const json& obj, const char* key,
+                          const std::string& param) -> std::optional<ApiError> {
+    if (!Given(obj, key)) return std::nullopt;
+    auto text = SchemaText(obj[key], param);
+    if (auto* e = std::get_if<ApiError>(&text)) return *e;
+    asked.push_back({StructuredOutput::Kind::kJsonSchema, std::get<std::string>(text), {}, param});
+    return std::nullopt;
+  };
+  if (Given(body, "response_format")) {
+    const json& rf = body["response_format"];
+    if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string()) {
+      return BadRequest("'response_format' must be an object with a 'type'", "response_format");
+    }
+    const std::string type = rf["type"].get<std::string>();
+    if (type == "json_object") {
+      asked.push_back({StructuredOutput::Kind::kJsonObject, "", {}, "response_format"});
+    } else if (type == "json_schema") {
+      if (!rf.contains("json_schema") || !rf["json_schema"].is_object() ||
+          !rf["json_schema"].contains("schema")) {
+        return BadRequest(
+            "'response_format' of type json_schema needs 'json_schema': {'name', 'schema'}",
+            "response_format.json_schema");
+      }
+      const json& js = rf["json_schema"];
+      if (js.contains("strict") && !js["strict"].is_boolean() && !js["strict"].is_null()) {
+        return BadRequest("'strict' must be a boolean", "response_format.json_schema.strict");
+      }
+      // strict or not, the output follows the schema.
+      if (auto e = schema_field(js, "schema", "response_format.json_schema.schema")) return *e;
+    } else if (type != "text") {
+      return BadRequest("'response_format' type must be text, json_object or json_schema",
+                        "response_format");
+    }
+  }
+  if (auto e = schema_field(body, "guided_json", "guided_json")) return *e;
+  if (auto e = string_field(body, "guided_regex", "guided_regex", StructuredOutput::Kind::kRegex))
+    return *e;
+  if (auto e = choice_field(body, "guided_choice", "guided_choice")) return *e;
+  if (auto e = string_field(body, "guided_grammar", "guided_grammar",
+                            StructuredOutput::Kind::kGrammar)) {
+    return *e;
+  }
+  if (Given(body, "structured_outputs")) {
+    const json& so = body["structured_outputs"];
+    if (!so.is_object())
+      return BadRequest("'structured_outputs' must be an object", "structured_outputs");
+    if (auto e = schema_field(so, "json", "structured_outputs.json")) return *e;
+    if (auto e =
+            string_field(so, "regex", "structured_outputs.regex", StructuredOutput::Kind::kRegex)) {
+      return *e;
+    }
+    if (auto e = choice_field(so, "choice", "structured_outputs.choice")) return *e;
+    if (auto e = string_field(so, "grammar", "structured_outputs.grammar",
+                              StructuredOutput::Kind::kGrammar)) {
+      return *e;
+    }
+    if (Given(so, "json_object")) {
+      if (!so["json_object"].is_boolean()) {
+        return BadRequest("'structured_outputs.json_object' must be a boolean",
+                          "structured_outputs.json_object");
+      }
+      if (so["json_object"].get<bool>()) {
+        asked.push_back(
+            {StructuredOutput::Kind::kJsonObject, "", {}, "structured_outputs.json_object"});
+      }
+    }
+  }
+  if (asked.size() > 1) {
+    return BadRequest(absl::StrCat("give one kind of structured output, not '", asked[0].param,
+                                   "' and '", asked[1].param, "'"),
+                      asked[1].param);
+  }
+  if (asked.empty()) return std::optional<StructuredOutput>();
+  return std::optional<StructuredOutput>(std::move(asked[0]));
+}
+
+// Compiled grammars (GBNF text) by request, the most recent kCompiledCapacity kept: a schema
+// is compiled once however many requests use it.
+constexpr size_t kCompiledCapacity = 512;
+std::mutex compiled_mu;
+std::list<std::string> compiled_order;
+std::unordered_map<std::string, std::pair<std::string, std::list<std::string>::iterator>> compiled;
+
+std::variant<std::string, ApiError> CompileStructured(const StructuredOutput& so) {
+  std::string key = absl::StrCat(static_cast<int>(so.kind), ":", so.text);
+  for (const std::string& c : so.choices) absl::StrAppend(&key, "\x1f", c);
+  {
+    std::lock_guard<std::mutex> lock(compiled_mu);
+    auto it = compiled.find(key);
+    if (it != compiled.end()) {
+      compiled_order.splice(compiled_order.begin(), compiled_order, it->second.second);
+      return it->second.first;
+    }
+  }
+  if (so.kind == StructuredOutput::Kind::kChoice && so.choices.empty()) {
+    return BadRequest("the choice list is empty", so.param);
+  }
+  absl::StatusOr<std::string> gbnf;
+  switch (so.kind) {
+    case StructuredOutput::Kind::kJsonObject:
+      gbnf = grammar::JsonObjectGrammar();
+      break;
+    case StructuredOutput::Kind::kJsonSchema:
+      gbnf = grammar::JsonSchemaGrammar(so.text);
+      break;
+    case StructuredOutput::Kind::kRegex:
+      gbnf = grammar::RegexGrammar(so.text);
+      break;
+    case StructuredOutput::Kind::kChoice:
+      gbnf = grammar::ChoiceGrammar(so.choices);
+      break;
+    case StructuredOutput::Kind::kGrammar:
+      if (so.text.size() > (1 << 20)) {
+        gbnf = absl::InvalidArgumentError("the grammar is larger than 1 MiB");
+      } else {
+        gbnf = so.text;
+      }
+      break;
+  }
+  if (gbnf.ok()) {
+    // The compute node compiles it again; checking here makes a bad one a 400.
+    if (auto g = grammar::Grammar::Parse(*gbnf); !g.ok()) gbnf = g.status();
+  }
+  if (!gbnf.ok()) return BadRequest(std::string(gbnf.status().message()), so.param);
+  std::lock_guard<std::mutex> lock(compiled_mu);
+  if (!compiled.count(key)) {
+    compiled_order.push_front(key);
+    compiled[key] = {*gbnf, compiled_order.begin()};
+    while (compiled.size() > kCompiledCapacity) {
+      compiled.erase(compiled_order.back());
+      compiled_order.pop_back();
+    }
+  }
+  return *gbnf;
 }
 
 // Range checks of the validator.
@@ -153,6 +328,7 @@ std::variant<RequestParams, ApiError> ReadParamsJson(const json& body, Endpoint 
     if (!body["user"].is_string()) return BadRequest("'user' must be a string", "user");
     p.user = body["user"].get<std::string>();
   }
+  STRATA_READ(p.structured, ReadStructured(body));
   return p;
 }
 
@@ -275,6 +451,11 @@ std::variant<ParsedParams, ApiError> ValidateParams(const RequestParams& in, End
   p.user = in.user;
   if (r.min_tokens > 0 && p.max_tokens && r.min_tokens > *p.max_tokens) {
     return BadRequest("'min_tokens' must not exceed 'max_tokens'", "min_tokens");
+  }
+  if (in.structured) {
+    auto gbnf = CompileStructured(*in.structured);
+    if (auto* e = std::get_if<ApiError>(&gbnf)) return *e;
+    r.grammar = std::get<std::string>(std::move(gbnf));
   }
   return p;
 }

@@ -41,6 +41,16 @@ struct ParsedParams {
 
 enum class Endpoint { kCompletions, kChat };
 
+// Structured output as the client asked for it: OpenAI's response_format, vLLM's
+// structured_outputs, or vLLM's older guided_* fields (one of them per request).
+struct StructuredOutput {
+  enum class Kind { kJsonObject, kJsonSchema, kRegex, kChoice, kGrammar };
+  Kind kind = Kind::kJsonObject;
+  std::string text;  // the schema's JSON, the regex or the GBNF
+  std::vector<std::string> choices;
+  std::string param;  // the field that asked, for errors
+};
+
 // What a client asked for, typed but not yet checked against ranges or each other. Absent
 // fields are nullopt (or empty).
 struct RequestParams {
@@ -75,19 +85,22 @@ struct RequestParams {
   bool has_stream_options = false;
   std::optional<bool> include_usage;  // stream_options.include_usage
   std::string user;
+  std::optional<StructuredOutput> structured;
 };
 
 // The typed request from a JSON body (already an object); a field of the wrong type is an
 // error naming it.
-std::variant<RequestParams, ApiError> ReadParamsJson(const nlohmann::json& body, Endpoint endpoint);
+std::variant<RequestParams, ApiError> ReadParamsJson(const nlohmann::ordered_json& body,
+                                                     Endpoint endpoint);
 
-// Ranges, combinations and defaults: the one validation both APIs use.
+// Ranges, combinations and defaults: the one validation both APIs use. Structured output
+// is compiled here (common/grammar, cached by content), so that a bad schema is a 400.
 std::variant<ParsedParams, ApiError> ValidateParams(const RequestParams& in, Endpoint endpoint,
                                                     const ApiLimits& limits);
 
 // ReadParamsJson, then ValidateParams.
-std::variant<ParsedParams, ApiError> ParseParams(const nlohmann::json& body, Endpoint endpoint,
-                                                 const ApiLimits& limits);
+std::variant<ParsedParams, ApiError> ParseParams(const nlohmann::ordered_json& body,
+                                                 Endpoint endpoint, const ApiLimits& limits);
 
 // The model a request names: empty (not named) means the one served, another name than
 // the served one is a 404; nullopt when the request may go on.

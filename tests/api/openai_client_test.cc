@@ -66,15 +66,17 @@ TEST_P(OpenAiClientTest, Passes) {
 
 INSTANTIATE_TEST_SUITE_P(
     Api, OpenAiClientTest,
-    ::testing::Values("models.list", "completion with usage",
-                      "streamed completion equals the whole one", "chat, whole and streamed",
-                      "n samples with a seed are deterministic",
-                      "stop strings end the text and are never streamed",
-                      "logprobs in the completions and chat shapes", "max_tokens bounds the output",
-                      "errors: 400 bad parameters and over-long prompts",
-                      "errors: 404 unknown model", "errors: 401 wrong key",
-                      "errors: 413 body over the limit",
-                      "errors: 429 when the queue is full, and the rest completes"),
+    ::testing::Values(
+        "models.list", "completion with usage", "streamed completion equals the whole one",
+        "chat, whole and streamed", "n samples with a seed are deterministic",
+        "stop strings end the text and are never streamed",
+        "logprobs in the completions and chat shapes", "max_tokens bounds the output",
+        "errors: 400 bad parameters and over-long prompts", "errors: 404 unknown model",
+        "errors: 401 wrong key", "errors: 413 body over the limit",
+        "errors: 429 when the queue is full, and the rest completes",
+        "structured output: JSON Schema outputs validate",
+        "structured output: parse, json_object, completions, regex, choice and grammar",
+        "structured output: bad schemas are 400s naming the problem"),
     [](const ::testing::TestParamInfo<std::string>& info) {
       std::string name;
       for (char c : info.param) name += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';

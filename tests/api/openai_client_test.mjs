@@ -240,3 +240,175 @@ test("errors: 429 when the queue is full, and the rest completes", async () => {
   const r = await client.completions.create({ model, prompt, max_tokens: 2 });
   assert.equal(r.usage.completion_tokens, 2);
 });
+
+// Structured output. The demo model has random weights and writes garbage, so the grammar
+// is the only thing keeping its output valid: every output that ends with "stop" must
+// parse and validate (ajv, with ajv-formats for "format"), and schemas whose strings and
+// arrays are bounded must end with "stop".
+const { default: Ajv2020 } = await import(pathToFileURL(require.resolve("ajv/dist/2020.js")).href);
+const { default: addFormats } = await import(pathToFileURL(require.resolve("ajv-formats")).href);
+const ajv = new Ajv2020({ strict: false });
+addFormats(ajv);
+
+const schemas = {
+  person: {
+    type: "object",
+    properties: {
+      name: { type: "string", minLength: 1, maxLength: 8 },
+      age: { type: "integer", minimum: 0, maximum: 120 },
+      email: { type: "string", format: "email" },
+      role: { enum: ["admin", "user", "guest"] },
+      verified: { type: "boolean" },
+    },
+    required: ["name", "age", "role"],
+    additionalProperties: false,
+  },
+  order: {
+    type: "object",
+    properties: {
+      id: { type: "string", format: "uuid" },
+      placed: { type: "string", format: "date-time" },
+      items: {
+        type: "array",
+        minItems: 1,
+        maxItems: 3,
+        items: {
+          type: "object",
+          properties: {
+            sku: { type: "string", pattern: "^[A-Z]{3}-[0-9]{4}$" },
+            qty: { type: "integer", minimum: 1, maximum: 99 },
+            price: { type: "number", minimum: 0, maximum: 1000 },
+          },
+          required: ["sku", "qty"],
+        },
+      },
+      note: { anyOf: [{ type: "string", maxLength: 6 }, { type: "null" }] },
+    },
+    required: ["id", "items", "note"],
+  },
+  tree: {
+    $defs: {
+      node: {
+        type: "object",
+        properties: {
+          label: { type: "string", maxLength: 4 },
+          children: { type: "array", maxItems: 2, items: { $ref: "#/$defs/node" } },
+        },
+        required: ["label"],
+      },
+    },
+    $ref: "#/$defs/node",
+  },
+  weather: {
+    type: "object",
+    properties: {
+      city: { type: "string", maxLength: 10 },
+      date: { type: "string", format: "date" },
+      temp_c: { type: "integer", minimum: -60, maximum: 60 },
+      sky: { const: "clear" },
+      wind: { oneOf: [{ type: "integer", minimum: 0, maximum: 200 }, { enum: ["calm"] }] },
+    },
+    required: ["city", "date", "temp_c", "wind"],
+  },
+};
+
+test("structured output: JSON Schema outputs validate", async () => {
+  let samples = 0;
+  for (const [name, schema] of Object.entries(schemas)) {
+    const validate = ajv.compile(schema);
+    const r = await client.chat.completions.create({
+      model,
+      messages,
+      n: 3,
+      seed: 1234,
+      temperature: 1,
+      max_tokens: 1500,
+      response_format: { type: "json_schema", json_schema: { name, schema, strict: true } },
+    });
+    for (const choice of r.choices) {
+      samples += 1;
+      assert.equal(choice.finish_reason, "stop", `${name}: bounded output did not end: ${choice.message.content}`);
+      const value = JSON.parse(choice.message.content);
+      assert.ok(validate(value), `${name}: ${choice.message.content}\n${JSON.stringify(validate.errors)}`);
+    }
+    // Seeded: the same request gives the same outputs.
+    const again = await client.chat.completions.create({
+      model, messages, n: 1, seed: 1234, temperature: 1, max_tokens: 1500,
+      response_format: { type: "json_schema", json_schema: { name, schema } },
+    });
+    assert.equal(again.choices[0].message.content, r.choices[0].message.content);
+  }
+  assert.equal(samples, 12);
+});
+
+test("structured output: parse, json_object, completions, regex, choice and grammar", async () => {
+  // The client's own parse() reads message.parsed from a json_schema response.
+  const parsed = await client.chat.completions.parse({
+    model, messages, seed: 5, max_tokens: 1500,
+    response_format: { type: "json_schema", json_schema: { name: "person", schema: schemas.person, strict: true } },
+  });
+  assert.ok(ajv.validate(schemas.person, parsed.choices[0].message.parsed));
+  // JSON mode: any object; unbounded, so it may run to max_tokens, but what stops parses.
+  const objects = await client.chat.completions.create({
+    model, messages, n: 4, seed: 9, max_tokens: 300, response_format: { type: "json_object" },
+  });
+  for (const c of objects.choices) {
+    if (c.finish_reason === "stop") {
+      const v = JSON.parse(c.message.content);
+      assert.equal(typeof v, "object");
+      assert.ok(v !== null && !Array.isArray(v));
+    } else {
+      assert.equal(c.finish_reason, "length");
+      assert.match(c.message.content, /^ ?\{/);
+    }
+  }
+  // vLLM's fields on /v1/completions.
+  const choice = await client.completions.create({
+    model, prompt, n: 4, seed: 3, max_tokens: 20, guided_choice: ["yes", "no", "maybe later"],
+  });
+  for (const c of choice.choices) {
+    assert.ok(["yes", "no", "maybe later"].includes(c.text), c.text);
+    assert.equal(c.finish_reason, "stop");
+  }
+  const regex = await client.completions.create({
+    model, prompt, n: 4, seed: 4, max_tokens: 40, guided_regex: "[A-Z]{2}-\\d{3}(x|yz)?",
+  });
+  for (const c of regex.choices) assert.match(c.text, /^[A-Z]{2}-\d{3}(x|yz)?$/);
+  const grammar = await client.completions.create({
+    model, prompt, n: 2, seed: 6, max_tokens: 40,
+    structured_outputs: { grammar: 'root ::= "The answer is " [0-9]{1,3} "."' },
+  });
+  for (const c of grammar.choices) assert.match(c.text, /^The answer is [0-9]{1,3}\.$/);
+  // Streamed: the pieces add up to the whole output, which validates.
+  const stream = await client.chat.completions.create({
+    model, messages, seed: 1234, temperature: 1, max_tokens: 1500, stream: true,
+    response_format: { type: "json_schema", json_schema: { name: "weather", schema: schemas.weather } },
+  });
+  let text = "";
+  for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? "";
+  assert.ok(ajv.validate(schemas.weather, JSON.parse(text)), text);
+});
+
+test("structured output: bad schemas are 400s naming the problem", async () => {
+  const bad = async (response_format, pattern) => {
+    await assert.rejects(
+      client.chat.completions.create({ model, messages, max_tokens: 5, response_format }),
+      (e) => e instanceof OpenAI.BadRequestError && pattern.test(e.message),
+    );
+  };
+  const js = (schema) => ({ type: "json_schema", json_schema: { name: "x", schema } });
+  await bad(js({ type: "string", contentMediaType: "text/html" }), /'contentMediaType' is not supported/);
+  await bad(js({ $defs: { a: { $ref: "#/$defs/a" } }, $ref: "#/$defs/a" }), /no finite/);
+  await bad(js({ type: "object", properties: { me: { $ref: "#" } }, required: ["me"] }), /no finite/);
+  await bad(js({ type: "string", pattern: "(?=x)y" }), /lookaround/);
+  await bad({ type: "xml" }, /json_object or json_schema/);
+  const big = { enum: Array.from({ length: 12000 }, (_, i) => `v${i}`) };
+  await bad(js(big), /more than 10000/);
+  await assert.rejects(
+    client.completions.create({ model, prompt, max_tokens: 5, guided_regex: "a", guided_choice: ["b"] }),
+    (e) => e instanceof OpenAI.BadRequestError && /one kind of structured output/.test(e.message),
+  );
+  // Still serving.
+  const r = await client.completions.create({ model, prompt, max_tokens: 2 });
+  assert.equal(r.usage.completion_tokens, 2);
+});

@@ -1,0 +1,102 @@
+#include "compute_node/structured_output.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace strata {
+
+absl::StatusOr<std::shared_ptr<const grammar::Grammar>> GrammarCache::Get(const std::string& gbnf) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(gbnf);
+    if (it != entries_.end()) {
+      order_.splice(order_.begin(), order_, it->second.second);
+      return it->second.first;
+    }
+  }
+  auto compiled = grammar::Grammar::Parse(gbnf);
+  if (!compiled.ok()) return compiled.status();
+  absl::MutexLock lock(&mu_);
+  if (!entries_.count(gbnf)) {
+    order_.push_front(gbnf);
+    entries_[gbnf] = {*compiled, order_.begin()};
+    while (entries_.size() > kCapacity) {
+      entries_.erase(order_.back());
+      order_.pop_back();
+    }
+  }
+  return *compiled;
+}
+
+std::unique_ptr<GrammarVocabulary> MakeGrammarVocabulary(const Tokenizer& tokenizer,
+                                                         std::vector<int32_t> end_tokens) {
+  std::vector<std::string> pieces(tokenizer.vocab_size());
+  for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
+    if (!tokenizer.IsSpecial(id)) pieces[id] = tokenizer.TokenText(id);
+  }
+  return std::unique_ptr<GrammarVocabulary>(
+      new GrammarVocabulary{grammar::Vocabulary(std::move(pieces)), std::move(end_tokens)});
+}
+
+SequenceGrammar::SequenceGrammar(std::shared_ptr<const grammar::Grammar> g,
+                                 const GrammarVocabulary* vocab, int64_t first_output_position)
+    : grammar_(std::move(g)),
+      vocab_(vocab),
+      state_(grammar::State::Start(*grammar_)),
+      previous_(state_),
+      next_(first_output_position) {}
+
+bool SequenceGrammar::IsEnd(int32_t token) const {
+  return std::find(vocab_->end_tokens.begin(), vocab_->end_tokens.end(), token) !=
+         vocab_->end_tokens.end();
+}
+
+absl::Status SequenceGrammar::Feed(int32_t token, int64_t position) {
+  if (position < next_) return absl::OkStatus();
+  if (position > next_) {
+    return absl::InternalError(absl::StrCat("structured output: token at position ", position,
+                                            " before the one at ", next_));
+  }
+  previous_ = state_;
+  ++next_;
+  if (ended_) return absl::OkStatus();  // after the end (ignore_eos): nothing more to match
+  if (IsEnd(token) && state_.accepting()) {
+    ended_ = true;
+    return absl::OkStatus();
+  }
+  if (token < 0 || static_cast<size_t>(token) >= vocab_->vocabulary.size() ||
+      vocab_->vocabulary.token(token).empty()) {
+    state_ = grammar::State();
+  } else {
+    state_ = state_.Advance(*grammar_, vocab_->vocabulary.token(token));
+  }
+  if (state_.dead()) {
+    return absl::InvalidArgumentError(absl::StrCat("structured output: token ", token,
+                                                   " at position ", position,
+                                                   " does not follow the grammar"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<uint64_t>> SequenceGrammar::Allowed(int64_t position) const {
+  const grammar::State* state = nullptr;
+  if (position == next_) state = &state_;
+  if (position + 1 == next_) state = &previous_;
+  if (state == nullptr) {
+    return absl::InternalError(absl::StrCat("structured output: asked for position ", position,
+                                            " with the grammar at ", next_));
+  }
+  if (ended_ && position == next_) {
+    // After the end only end tokens follow.
+    std::vector<uint64_t> mask((vocab_->vocabulary.size() + 63) / 64, 0);
+    for (int32_t t : vocab_->end_tokens) {
+      if (t >= 0 && static_cast<size_t>(t) < vocab_->vocabulary.size())
+        mask[t >> 6] |= uint64_t{1} << (t & 63);
+    }
+    return mask;
+  }
+  return grammar::AllowedTokens(*grammar_, vocab_->vocabulary, *state, vocab_->end_tokens);
+}
+
+}  // namespace strata

@@ -1,0 +1,183 @@
+#!/usr/bin/python3
+"""The planner (deploy/planner, issue "Fixed and rotational staggered pipelining") against
+this machine: calibrate it on micro-benchmarks, then predict end-to-end runs that were not
+used for calibration and print prediction against measurement.
+
+Calibration (micro-benchmarks only, written to a flag file for strata_planner):
+  - compute: decode_bench's GEMM-only step (every slice, LM head, sampling; no attention) on
+    one core with one thread, as the compute node runs in the partition below;
+  - attention: decode_bench's full step minus its GEMM-only step at the same shape on one
+    core (the memory node runs the same attention engine), fitted by least squares to
+    fixed + per_row * rows + per_position * rows * context;
+  - link: transport_bench over UCX shared memory (the partition's data plane): half the
+    round trip of a 64-byte message, and the streaming bandwidth at 300 kB.
+The calibration shapes (batches 1, 4, 12, 24, 48, 96 at contexts 512, 1536, 3072) differ
+from the validation shapes.
+
+Validation (end to end, the launcher as tests/bench/pipeline_bench.py runs it: compute node
+and scheduler on one core, one memory node on the other, UCX shared memory), interleaved
+rounds, medians:
+  off     one batch, asynchronous scheduling     model: off, asynchronous, 1 batch of B rows
+  two     --pipelining=two                       model: two, 2 batches of B/2 rows
+  fixed   --pipelining=fixed, 2 compute nodes    model: fixed, 2 batches of B/2 rows, both
+          sharing the compute core                      replicas on 1 device
+Rotational pipelining is not built yet, so it has no measurement here.
+
+  /usr/bin/python3 tests/bench/planner_validate.py --bin_dir="$(bazel info bazel-bin)" \
+      [--rounds=3] [--rows=8,16,64] [--contexts=256,2048] [--costs_out=FILE]
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare_builds  # noqa: E402
+import pipeline_bench  # noqa: E402
+
+CAL_BATCHES = "1,4,12,24,48,96"
+CAL_CONTEXTS = "512,1536,3072"
+
+
+def calibrate(bin_dir, model, compute_cpu, memory_cpu):
+    env = dict(os.environ, OMP_NUM_THREADS="1", GOMP_SPINCOUNT="10000")
+    out = subprocess.run(
+        ["taskset", "-c", str(compute_cpu), f"{bin_dir}/compute_node/bench/decode_bench",
+         f"--model={model}", f"--batches={CAL_BATCHES}", f"--contexts={CAL_CONTEXTS}",
+         "--rounds=3", "--iters=6"], env=env, capture_output=True, text=True, check=True,
+        cwd="/tmp").stdout
+    gemm, attention = {}, []
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) == 11 and f[0].isdigit():
+            batch, ctx = int(f[0]), int(f[1])
+            gemm.setdefault(batch, []).append(float(f[5]) * 1e3)
+            attention.append((batch, ctx, float(f[8]) * 1e3))
+    if not gemm:
+        raise RuntimeError("decode_bench printed no figures:\n" + out)
+    compute_us = ",".join(f"{b}:{statistics.median(v):.1f}" for b, v in sorted(gemm.items()))
+    a = np.array([[1.0, b, b * c] for b, c, _ in attention])
+    y = np.array([t for _, _, t in attention])
+    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+    fitted = a @ coef
+    worst = max(abs(f - t) / t for f, t in zip(fitted, y))
+    out = subprocess.run(
+        ["taskset", "-c", f"{compute_cpu},{memory_cpu}",
+         f"{bin_dir}/common/transport/bench/transport_bench", "--tls=sm,self",
+         "--sizes=64,300000", "--iters=2000"], env=env, capture_output=True, text=True,
+        check=True, cwd="/tmp").stdout
+    rows = {int(f[0]): f for f in (line.split() for line in out.splitlines())
+            if len(f) == 4 and f[0].isdigit()}
+    latency_us = float(rows[64][2]) / 2
+    gbytes = float(rows[300000][3])
+    config = json.load(open(os.path.join(model, "config.json")))
+    hidden = config["hidden_size"]
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads", heads)
+    head_dim = config.get("head_dim", hidden // heads)
+    flags = [
+        f"--layers={config['num_hidden_layers']}",
+        f"--compute_us={compute_us}",
+        f"--attention_fixed_us={coef[0]:.3f}",
+        f"--attention_per_row_us={coef[1]:.4f}",
+        f"--attention_per_position_us={coef[2]:.7f}",
+        f"--link_latency_us={latency_us:.2f}",
+        f"--link_gbytes_per_s={gbytes:.2f}",
+        f"--bytes_out_per_row={(heads + 2 * kv_heads) * head_dim * 2}",
+        f"--bytes_back_per_row={heads * head_dim * 2}",
+        f"--context_bytes_per_row={hidden * 4}",
+    ]
+    return flags, worst
+
+
+def modes(compute_cpu, memory_cpu):
+    partition = [f"--compute_cpus={compute_cpu}", f"--memory_cpus={memory_cpu}",
+                 "--memory_nodes=1", "--data_plane=sm", "--memory_kv_budget_mib=1024"]
+    return {
+        # name: (launcher flags, planner flags, rows per batch from total rows)
+        "off": (partition + ["--async_scheduling"],
+                ["--modes=off", "--asynchronous", "--batches=1"], lambda b: b),
+        "two": (partition + ["--pipelining=two"], ["--modes=two", "--batches=2"],
+                lambda b: b // 2),
+        "fixed": (partition + ["--pipelining=fixed", "--compute_nodes=2"],
+                  ["--modes=fixed", "--batches=2"], lambda b: b // 2),
+    }
+
+
+def predict(bin_dir, costs_file, planner_flags, rows, context):
+    out = subprocess.run(
+        [f"{bin_dir}/deploy/planner/strata_planner", f"--flagfile={costs_file}", "--csv",
+         "--compute_devices=1", "--memory_nodes=1", f"--rows={rows}", f"--contexts={context}",
+         *planner_flags], capture_output=True, text=True, check=True).stdout
+    header, line = out.strip().splitlines()[:2]
+    return dict(zip(header.split(","), line.split(",")))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bin_dir", required=True)
+    parser.add_argument("--model", default=os.path.expanduser(
+        os.environ.get("STRATA_CACHE_DIR", "~/.cache/strata") + "/models/demo"))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rows", default="8,16,64")
+    parser.add_argument("--contexts", default="256,2048")
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--costs_out", default="")
+    args = parser.parse_args()
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("needs two cores to partition")
+    compute_cpu, memory_cpu = cpus[0], cpus[1]
+
+    flags, worst = calibrate(args.bin_dir, args.model, compute_cpu, memory_cpu)
+    costs_file = args.costs_out or os.path.join(tempfile.mkdtemp(), "costs.flags")
+    with open(costs_file, "w") as f:
+        f.write("\n".join(flags) + "\n")
+    print("calibration (micro-benchmarks):")
+    for flag in flags:
+        print("  " + flag)
+    print(f"  attention fit: worst relative error {worst:.1%} over the calibration shapes")
+
+    grid = [(int(r), int(c)) for r in args.rows.split(",") for c in args.contexts.split(",")]
+    all_modes = modes(compute_cpu, memory_cpu)
+    names = list(all_modes)
+    results = {n: {p: [] for p in grid} for n in names}
+    for round_index in range(args.rounds):
+        order = names[round_index % len(names):] + names[:round_index % len(names)]
+        for name in order:
+            got = pipeline_bench.run_mode(args.bin_dir, all_modes[name][0], grid, args.tokens,
+                                          7 + round_index)
+            for point, figures in got.items():
+                results[name][point].append(figures)
+            print(f"round {round_index + 1}: {name} done", file=sys.stderr, flush=True)
+
+    print(f"\nend to end: compute node and scheduler on cpu {compute_cpu}, memory node on cpu "
+          f"{memory_cpu}; {args.rounds} interleaved rounds, medians")
+    print(f"{'mode':>6} {'rows':>5} {'ctx':>5} | {'measured':>9} {'predicted':>9} {'error':>7} | "
+          f"{'tpot meas':>9} {'tpot pred':>9} | {'pred bubble c/m':>15}")
+    errors = []
+    for name in names:
+        for rows, context in grid:
+            measured = statistics.median(r["tok/s"] for r in results[name][(rows, context)])
+            tpot = statistics.median(r["tpot_ms"] for r in results[name][(rows, context)])
+            p = predict(args.bin_dir, costs_file, all_modes[name][1],
+                        all_modes[name][2](rows), context)
+            predicted = float(p["tokens_per_s"])
+            error = predicted / measured - 1
+            errors.append(abs(error))
+            print(f"{name:>6} {rows:>5} {context:>5} | {measured:>9.1f} {predicted:>9.1f} "
+                  f"{error:>+7.1%} | {tpot:>9.1f} {float(p['tpot_ms']):>9.1f} | "
+                  f"{float(p['compute_bubble']):>7.2f}/{float(p['memory_bubble']):.2f}")
+    within = sum(1 for e in errors if e <= 0.15)
+    print(f"\n{within} of {len(errors)} predictions within 15% of the measurement; median "
+          f"|error| {statistics.median(errors):.1%}, worst {max(errors):.1%}")
+
+
+if __name__ == "__main__":
+    main()
