@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/grammar/grammar.h"
+#include "common/grammar/json_schema.h"
 #include "compute_node/attention_backend.h"
 #include "compute_node/model_runner.h"
 #include "compute_node/model_weights.h"
@@ -61,6 +63,21 @@ struct Outcome {
   int64_t cached_prompt_tokens = 0;
 };
 
+// A vocabulary for grammars on the tokenizer-less test model: token t is one or two
+// printable ASCII characters; token 2 is the end token (no text).
+const GrammarVocabulary& GrammarVocab(int64_t vocab_size) {
+  static const GrammarVocabulary* vocab = [vocab_size] {
+    std::vector<std::string> pieces(vocab_size);
+    for (int64_t t = 0; t < vocab_size; ++t) {
+      if (t == 2) continue;
+      pieces[t] = std::string(1, static_cast<char>(32 + t % 95));
+      if (t >= 95) pieces[t].push_back(static_cast<char>(32 + (t / 95) % 95));
+    }
+    return new GrammarVocabulary{grammar::Vocabulary(std::move(pieces)), {2}};
+  }();
+  return *vocab;
+}
+
 class Harness {
  public:
   Harness(const ModelWeights* weights, SchedulerConfig config, int64_t pool_slots)
@@ -70,7 +87,8 @@ class Harness {
     attention_ = std::move(*attention);
     engine_ = std::make_unique<StepEngine>(
         &runner_, attention_.get(),
-        StepEngineOptions{config.max_num_batched_tokens, config.max_model_len});
+        StepEngineOptions{config.max_num_batched_tokens, config.max_model_len, nullptr,
+                          &GrammarVocab(weights->config.vocab_size)});
     config.vocab_size = static_cast<int32_t>(weights->config.vocab_size);
     scheduler_ = std::make_unique<Scheduler>(config, nullptr);
     scheduler_->AddPool("local", pool_slots);
@@ -575,6 +593,57 @@ TEST_F(SchedulerTest, AsyncSchedulingNeedsTwoPlansInFlight) {
   EXPECT_EQ(Scheduler::ValidateConfig(c).code(), absl::StatusCode::kInvalidArgument);
   c.max_plans_in_flight = 2;
   EXPECT_TRUE(Scheduler::ValidateConfig(c).ok());
+}
+
+// Structured output through the scheduler: every output follows its grammar and ends with
+// the end token, and the grammar state (a cache on the compute node, rebuilt from tokens)
+// gives the same outputs with two plans in flight, asynchronous scheduling (rows that name
+// the last sampled token) and preemption in a tight pool.
+TEST_F(SchedulerTest, StructuredOutputFollowsItsGrammarThroughAsyncAndPreemption) {
+  auto gbnf = grammar::JsonSchemaGrammar(
+      R"({"type":"object","properties":{"k":{"enum":["ab","cd"]},)"
+      R"("n":{"type":"integer","minimum":0,"maximum":99},"s":{"type":"string","maxLength":5}},)"
+      R"("required":["k","n","s"]})");
+  ASSERT_TRUE(gbnf.ok()) << gbnf.status();
+  auto g = grammar::Grammar::Parse(*gbnf);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const GrammarVocabulary& vocab = GrammarVocab(weights_->config.vocab_size);
+  std::vector<GenerateRequest> requests;
+  for (int i = 0; i < 6; ++i) {
+    GenerateRequest r = Greedy(Prompt(60 + 10 * i, 70 + i), 90);
+    r.ignore_eos = false;
+    r.sampling.temperature = 1.0f;
+    r.sampling.seed = 100 + i;
+    r.has_seed = true;
+    r.n = i == 0 ? 2 : 1;
+    r.grammar = *gbnf;
+    requests.push_back(r);
+  }
+  SchedulerConfig sync = Config();
+  sync.max_num_seqs = 3;
+  sync.eos_token_ids = {2};
+  SchedulerConfig async = sync;
+  async.max_plans_in_flight = 2;
+  async.async_scheduling = true;
+  SchedulerStats tight_stats;
+  const auto reference = Run(sync, 4096, requests);
+  const auto with_async = Run(async, 4096, requests);
+  SchedulerConfig wide = sync;
+  wide.max_num_seqs = 6;
+  const auto tight = Run(wide, 245, requests, &tight_stats);
+  EXPECT_GT(tight_stats.num_preemptions_total, 0) << "no preemption";
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(reference[i]->error.ok()) << reference[i]->error;
+    for (size_t k = 0; k < reference[i]->tokens.size(); ++k) {
+      EXPECT_EQ(reference[i]->finish[k], FinishReason::kStop) << "request " << i;
+      std::string text;
+      for (int32_t t : reference[i]->tokens[k]) text += vocab.vocabulary.token(t);
+      EXPECT_TRUE(grammar::State::Start(**g).Advance(**g, text).accepting())
+          << "request " << i << " sample " << k << ": " << text;
+    }
+    EXPECT_EQ(with_async[i]->tokens, reference[i]->tokens) << "request " << i;
+    EXPECT_EQ(tight[i]->tokens, reference[i]->tokens) << "request " << i;
+  }
 }
 
 TEST_F(SchedulerTest, FixedPipeliningGivesEachComputeNodeOneSynchronousPlan) {
