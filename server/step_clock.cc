@@ -20,9 +20,12 @@ void StepClock::Observe(absl::Duration wall, const StepTiming& timing, bool deco
   const auto blend = [](double* average, double sample, bool first) {
     *average = first ? sample : (1.0 - kWeight) * *average + kWeight * sample;
   };
+  // Decode steps only: a prefill step's long wall would hold the stagger wide for many
+  // steps after it.
+  if (!decode_only) return;
   blend(&period_s_, absl::ToDoubleSeconds(wall), !seen_step_);
   seen_step_ = true;
-  if (!decode_only || timing.gemm_us == 0) return;
+  if (timing.gemm_us == 0) return;
   const double compute = timing.gemm_us * 1e-6;
   double attention = timing.attention_us * 1e-6;
   if (overlapped) attention += compute;

@@ -34,7 +34,7 @@ class StepClock {
   // GEMMs.
   void Observe(absl::Duration wall, const StepTiming& timing, bool decode_only, bool overlapped);
 
-  // Smoothed step wall time (zero before the first step).
+  // Smoothed wall time of decode steps (zero before the first).
   absl::Duration period() const { return absl::Seconds(period_s_); }
   // How long after one replica's step start the next replica may start.
   absl::Duration StaggerGap(int replicas) const {
