@@ -13,6 +13,9 @@
 // Scheduler defaults come from SchedulerConfig, declared once there.
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory (config.json, tokenizer)");
 ABSL_FLAG(std::string, served_model_name, "", "Model name in the API (default: directory name)");
+ABSL_FLAG(std::string, tool_call_parser, "",
+          "How the model writes tool calls: hermes (Qwen 2.5, Hermes), llama3 or mistral "
+          "(default: from the chat template; hermes when it does not say)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "HTTP listen address");
 ABSL_FLAG(int, port, 8000, "HTTP port (0: any free port)");
 ABSL_FLAG(std::string, control_host, "127.0.0.1", "Control-plane listen address");
@@ -76,6 +79,12 @@ int main(int argc, char** argv) {
   strata::ServerOptions o;
   o.model_dir = absl::GetFlag(FLAGS_model);
   o.served_model_name = absl::GetFlag(FLAGS_served_model_name);
+  o.tool_call_parser = absl::GetFlag(FLAGS_tool_call_parser);
+  if (std::string name = o.tool_call_parser;
+      !name.empty() && name != "hermes" && name != "llama3" && name != "mistral") {
+    LOG(ERROR) << "--tool_call_parser must be hermes, llama3 or mistral";
+    return 2;
+  }
   o.max_model_len = absl::GetFlag(FLAGS_max_model_len);
   o.control_host = absl::GetFlag(FLAGS_control_host);
   o.control_port = absl::GetFlag(FLAGS_control_port);

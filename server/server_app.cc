@@ -107,6 +107,7 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions option
   api_options.served_model_name = options.served_model_name;
   api_options.model_path = options.model_dir;
   api_options.api_key = options.api_key;
+  api_options.tool_call_parser = options.tool_call_parser;
   api_options.limits.max_model_len = max_model_len;
   api_options.limits.vocab_size = static_cast<int32_t>(model.vocab_size);
   api_options.limits.max_n = sc.max_n;

@@ -26,6 +26,7 @@ namespace strata {
 struct ServerOptions {
   std::string model_dir;
   std::string served_model_name;  // default: the model directory's name
+  std::string tool_call_parser;   // hermes, llama3 or mistral; empty: from the chat template
   int64_t max_model_len = 0;      // 0: the model's
   std::string control_host = "127.0.0.1";
   int control_port = 50050;  // 0: any free port

@@ -1,6 +1,7 @@
 #include "common/grammar/json_schema.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -379,16 +380,62 @@ std::string NonNegativeRange(uint64_t lo, uint64_t hi) {
                                   : "( " + absl::StrJoin(alternatives, " | ") + " )";
 }
 
+// The generic JSON rules with their names prefixed.
+std::string JsonRules(const std::string& prefix) {
+  if (prefix.empty()) return kJsonRules;
+  std::string out;
+  // Rule names are whole words outside literals; the rules' literals hold none of them.
+  const std::vector<std::string> names = {"value",  "object", "member", "array",
+                                          "string", "char",   "number", "integer"};
+  std::string_view text = kJsonRules;
+  size_t i = 0;
+  while (i < text.size()) {
+    if (text[i] == '"') {  // copy a literal as it is
+      size_t j = i + 1;
+      while (j < text.size() && text[j] != '"') j += text[j] == '\\' ? 2 : 1;
+      out.append(text.substr(i, j + 1 - i));
+      i = j + 1;
+      continue;
+    }
+    if (text[i] == '[') {  // and a class
+      size_t j = i + 1;
+      while (j < text.size() && text[j] != ']') j += text[j] == '\\' ? 2 : 1;
+      out.append(text.substr(i, j + 1 - i));
+      i = j + 1;
+      continue;
+    }
+    bool renamed = false;
+    for (const std::string& n : names) {
+      const bool word_start = i == 0 || !(std::isalnum(static_cast<unsigned char>(text[i - 1])) ||
+                                          text[i - 1] == '_' || text[i - 1] == '-');
+      const size_t end = i + n.size();
+      const bool word_end =
+          end >= text.size() || !(std::isalnum(static_cast<unsigned char>(text[end])) ||
+                                  text[end] == '_' || text[end] == '-');
+      if (word_start && word_end && text.substr(i, n.size()) == n) {
+        out += prefix + n;
+        i = end;
+        renamed = true;
+        break;
+      }
+    }
+    if (!renamed) out.push_back(text[i++]);
+  }
+  return out;
+}
+
 class SchemaCompiler {
  public:
-  explicit SchemaCompiler(const Json& root) : root_(root) {}
+  SchemaCompiler(const Json& root, std::string prefix) : root_(root), prefix_(std::move(prefix)) {}
 
-  absl::StatusOr<std::string> Run() {
-    auto start = RuleFor(root_, "#");
-    if (!start.ok()) return start.status();
-    std::string out = absl::StrCat("root ::= ", kSpace, " ", *start, "\n");
+  // The rules (prefixed), and the name of the one matching a value of the schema.
+  absl::StatusOr<std::string> Rules(std::string* start) {
+    auto rule = RuleFor(root_, "#");
+    if (!rule.ok()) return rule.status();
+    *start = *rule;
+    std::string out;
     for (const auto& [name, body] : rules_) absl::StrAppend(&out, name, " ::= ", body, "\n");
-    return out + kJsonRules;
+    return out + JsonRules(prefix_);
   }
 
  private:
@@ -403,7 +450,7 @@ class SchemaCompiler {
     if (depth_ > 64) return Error(where, "the schema is nested more than 64 deep");
     ++depth_;
     absl::Cleanup up = [this] { --depth_; };
-    const std::string name = absl::StrCat("s", names_.size());
+    const std::string name = absl::StrCat(prefix_, "s", names_.size());
     names_[where] = name;
     if (names_.size() > 5000) return Error(where, "the schema is too large");
     auto body = Compile(schema, where);
@@ -432,7 +479,7 @@ class SchemaCompiler {
 
   absl::StatusOr<std::string> Compile(const Json& s, const std::string& where) {
     if (s.is_boolean()) {
-      if (s.get<bool>()) return std::string("value");
+      if (s.get<bool>()) return Base("value");
       return Error(where, "the schema 'false' admits no value");
     }
     if (!s.is_object()) return Error(where, "a schema must be an object or a boolean");
@@ -542,7 +589,7 @@ class SchemaCompiler {
     if (type == "any") {
       if (s.contains("properties") || s.contains("required")) return Typed(s, "object", where);
       if (s.contains("items")) return Typed(s, "array", where);
-      return std::string("value");
+      return Base("value");
     }
     if (type == "null") return std::string("\"null\"");
     if (type == "boolean") return std::string("( \"true\" | \"false\" )");
@@ -601,7 +648,7 @@ class SchemaCompiler {
     if (*max >= 0 && *max < lo) return Error(where, "maxLength is below minLength");
     const std::string count =
         *max >= 0 ? absl::StrCat("{", lo, ",", *max, "}") : absl::StrCat("{", lo, ",}");
-    return "\"\\\"\" char" + count + " \"\\\"\"";
+    return "\"\\\"\" " + Base("char") + count + " \"\\\"\"";
   }
 
   absl::StatusOr<std::string> Integer(const Json& s, const std::string& where) {
@@ -625,7 +672,7 @@ class SchemaCompiler {
       }
     }
     if (lo && hi && *lo > *hi) return Error(where, "the integer bounds admit no value");
-    if (!lo && !hi) return std::string("( \"-\"? integer )");
+    if (!lo && !hi) return "( \"-\"? " + Base("integer") + " )";
     std::vector<std::string> parts;
     // Negative part: -m for m in [max(1, -hi), -lo].
     if (!lo || *lo < 0) {
@@ -655,7 +702,7 @@ class SchemaCompiler {
       if (!s["maximum"].is_number()) return Error(where, "maximum must be a number");
       hi = s["maximum"].get<double>();
     }
-    if (!lo && !hi) return std::string("number");
+    if (!lo && !hi) return Base("number");
     // Expressible: integer bounds with a non-negative minimum.
     const auto whole = [](double v) { return std::floor(v) == v && std::abs(v) < 1e15; };
     if (!lo || *lo < 0 || !whole(*lo) || (hi && (!whole(*hi) || *hi < *lo))) {
@@ -676,7 +723,7 @@ class SchemaCompiler {
     auto max = Count(s, "maxItems", where);
     if (!min.ok()) return min.status();
     if (!max.ok()) return max.status();
-    std::string item = "value";
+    std::string item = Base("value");
     if (s.contains("items")) {
       auto rule = RuleFor(s["items"], where + "/items");
       if (!rule.ok()) return rule.status();
@@ -711,13 +758,13 @@ class SchemaCompiler {
       if (s.contains("additionalProperties") && s["additionalProperties"].is_object()) {
         auto value = RuleFor(s["additionalProperties"], where + "/additionalProperties");
         if (!value.ok()) return value.status();
-        const std::string member = absl::StrCat("string \":\" ", kSpace, " ", *value);
+        const std::string member = absl::StrCat(Base("string"), " \":\" ", kSpace, " ", *value);
         return absl::StrCat("\"{\" ( ", member, " ( \",\" ", kSpace, " ", member, " )* )? \"}\"");
       }
       if (s.contains("additionalProperties") && !s["additionalProperties"].get<bool>()) {
         return std::string("\"{}\"");
       }
-      return std::string("object");
+      return Base("object");
     }
     if (!s["properties"].is_object()) return Error(where, "properties must be an object");
     struct Member {
@@ -745,7 +792,7 @@ class SchemaCompiler {
         const std::string take = absl::StrCat(sep, members[i].text, " ", next[1]);
         const std::string body =
             members[i].required ? take : absl::StrCat("( ", take, " ) | ", next[after]);
-        const std::string name = absl::StrCat("s", names_.size(), "m");
+        const std::string name = absl::StrCat(prefix_, "s", names_.size(), "m");
         names_[absl::StrCat(where, "#member", i, "_", after)] = name;
         rules_.emplace_back(name, body);
         cur[after] = name;
@@ -756,7 +803,10 @@ class SchemaCompiler {
     return absl::StrCat("\"{\" ", next[0], " \"}\"");
   }
 
+  std::string Base(const char* name) const { return prefix_ + name; }
+
   const Json& root_;
+  std::string prefix_;
   int depth_ = 0;
   std::map<std::string, std::string> names_;  // location -> rule
   std::vector<std::pair<std::string, std::string>> rules_;
@@ -783,12 +833,21 @@ std::string JsonObjectGrammar() {
   return absl::StrCat("root ::= ", kSpace, " object\n", kJsonRules);
 }
 
-absl::StatusOr<std::string> JsonSchemaGrammar(std::string_view schema_json) {
-  if (schema_json.size() > (4 << 20))
+absl::StatusOr<std::string> JsonSchemaRules(std::string_view schema_json, const std::string& prefix,
+                                            std::string* start) {
+  if (schema_json.size() > (4 << 20)) {
     return absl::InvalidArgumentError("the schema is larger than 4 MiB");
+  }
   Json schema = Json::parse(schema_json, nullptr, /*allow_exceptions=*/false);
   if (schema.is_discarded()) return absl::InvalidArgumentError("the schema is not valid JSON");
-  return SchemaCompiler(schema).Run();
+  return SchemaCompiler(schema, prefix).Rules(start);
+}
+
+absl::StatusOr<std::string> JsonSchemaGrammar(std::string_view schema_json) {
+  std::string start;
+  auto rules = JsonSchemaRules(schema_json, "", &start);
+  if (!rules.ok()) return rules.status();
+  return absl::StrCat("root ::= ", kSpace, " ", start, "\n", *rules);
 }
 
 absl::StatusOr<std::string> RegexGrammar(std::string_view regex) {

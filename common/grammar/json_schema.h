@@ -40,6 +40,10 @@ namespace strata::grammar {
 std::string JsonObjectGrammar();
 // A schema, as JSON text. Errors are InvalidArgument with the keyword and where it is.
 absl::StatusOr<std::string> JsonSchemaGrammar(std::string_view schema_json);
+// The rules of a schema with every rule name prefixed by `prefix`, to be embedded in a
+// larger grammar; `start` gets the rule that matches one value of the schema.
+absl::StatusOr<std::string> JsonSchemaRules(std::string_view schema_json, const std::string& prefix,
+                                            std::string* start);
 // A whole match of a regular expression (vLLM's guided_regex).
 absl::StatusOr<std::string> RegexGrammar(std::string_view regex);
 // One of the given strings, exactly (vLLM's guided_choice).

@@ -10,8 +10,10 @@
 #include "absl/time/time.h"
 #include "common/base/logging.h"
 #include "common/base/stopwatch.h"
+#include "common/grammar/grammar.h"
 #include "common/tokenizer/utf8.h"
 #include "server/api/json_body.h"
+#include "server/api/tool_calls.h"
 
 namespace strata::api {
 namespace {
@@ -47,6 +49,9 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
     std::string finish_reason;
     json stop_reason = nullptr;
     bool sent_role = false;
+    // Tool calls, parsed as the text streams (parse_tools).
+    std::shared_ptr<ToolCallStream> tool_stream;
+    int tool_calls_sent = 0;
   };
 
   Kind kind;
@@ -54,6 +59,8 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
   int64_t created = 0;
   bool stream = false, include_usage = false, echo = false, logprobs = false;
   bool token_ids_as_strings = false;
+  bool parse_tools = false;
+  ToolCallFormat tool_format = ToolCallFormat::kHermes;
   int n = 1;
   std::vector<std::string> echo_texts;  // per prompt
   std::vector<Choice> choices;
@@ -84,6 +91,14 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
             {"completion_tokens", completion_tokens},
             {"total_tokens", prompt_tokens + completion_tokens},
             {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
+  }
+
+  // A call in the chat shape (with its index, for stream deltas).
+  static json ToolCallJson(const ToolCall& call, int index) {
+    return {{"index", index},
+            {"id", RandomId("call_")},
+            {"type", "function"},
+            {"function", {{"name", call.name}, {"arguments", call.arguments}}}};
   }
 
   json ChunkHeader() const {
@@ -161,8 +176,24 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
         choice["text"] = s.text;
         if (!c.finish_reason.empty()) choice["stop_reason"] = c.stop_reason;
       } else {
-        choice["delta"] = s.text.empty() && !c.finish_reason.empty() ? json::object()
-                                                                     : json({{"content", s.text}});
+        std::string content = s.text;
+        json calls = json::array();
+        if (parse_tools) {
+          std::vector<ToolCall> found;
+          content = c.tool_stream->Push(s.text, &found);
+          if (!c.finish_reason.empty()) content += c.tool_stream->Finish(&found);
+          for (const ToolCall& call : found)
+            calls.push_back(ToolCallJson(call, c.tool_calls_sent++));
+          if (c.finish_reason == "stop" && c.tool_calls_sent > 0) {
+            c.finish_reason = "tool_calls";
+            choice["finish_reason"] = c.finish_reason;
+          }
+        }
+        json delta = json::object();
+        if (!content.empty() || (calls.empty() && c.finish_reason.empty()))
+          delta["content"] = content;
+        if (!calls.empty()) delta["tool_calls"] = calls;
+        choice["delta"] = delta;
       }
       if (s.text.empty() && s.tokens.empty() && c.finish_reason.empty()) continue;
       stream_choices->push_back(choice);
@@ -247,6 +278,21 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
         choice["stop_reason"] = c.stop_reason;
       } else {
         choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+        if (parse_tools) {
+          const ParsedOutput parsed = ParseToolCalls(tool_format, c.text);
+          if (!parsed.calls.empty()) {
+            json calls = json::array();
+            for (size_t k = 0; k < parsed.calls.size(); ++k) {
+              json call = ToolCallJson(parsed.calls[k], static_cast<int>(k));
+              call.erase("index");
+              calls.push_back(call);
+            }
+            choice["message"]["content"] =
+                parsed.content.empty() ? json(nullptr) : json(parsed.content);
+            choice["message"]["tool_calls"] = calls;
+            if (c.finish_reason == "stop") choice["finish_reason"] = "tool_calls";
+          }
+        }
         choice["logprobs"] = logprobs ? json({{"content", c.chat_logprobs}}) : json(nullptr);
         choice["stop_reason"] = c.stop_reason;
       }
@@ -268,7 +314,16 @@ OpenAiApi::OpenAiApi(Scheduler* scheduler, const Tokenizer* tokenizer,
       chat_template_(chat_template),
       options_(std::move(options)),
       healthy_(std::move(healthy)),
-      created_(NowSeconds()) {}
+      created_(NowSeconds()) {
+  if (!options_.tool_call_parser.empty()) {
+    if (!ParseToolCallFormat(options_.tool_call_parser, &tool_format_)) {
+      LOG(WARNING) << "unknown tool call parser '" << options_.tool_call_parser
+                   << "' (hermes, llama3 or mistral); using hermes";
+    }
+  } else if (chat_template_ != nullptr) {
+    tool_format_ = ToolCallFormatOfTemplate(chat_template_->source());
+  }
+}
 
 void OpenAiApi::SendJson(const std::shared_ptr<http::Responder>& responder, int status,
                          const std::string& body) {
@@ -558,11 +613,61 @@ void OpenAiApi::ChatCompletions(const http::Request& request,
   if (auto* e = std::get_if<ApiError>(&params_or)) return fail(*e);
   ParsedParams params = std::get<ParsedParams>(std::move(params_or));
   if (!body.contains("messages")) return fail(BadRequest("'messages' is required", "messages"));
-  if (body.contains("tool_choice") && body["tool_choice"].is_object()) {
-    return fail(BadRequest("forcing a specific tool is not supported", "tool_choice"));
+  // Tools: rendered into the template unless tool_choice is "none"; "auto" parses the
+  // calls the model writes; "required" and a named function make a call certain with a
+  // grammar.
+  ojson tools = body.contains("tools") && !body["tools"].is_null() ? body["tools"] : ojson();
+  if (!tools.is_null()) {
+    if (auto s = CheckTools(tools); !s.ok())
+      return fail(BadRequest(std::string(s.message()), "tools"));
+    if (tools.empty()) tools = ojson();
   }
+  std::string tool_choice = tools.is_null() ? "none" : "auto";
+  std::optional<std::string> forced;
+  if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
+    const ojson& tc = body["tool_choice"];
+    if (tc.is_string()) {
+      tool_choice = tc.get<std::string>();
+      if (tool_choice != "none" && tool_choice != "auto" && tool_choice != "required") {
+        return fail(
+            BadRequest("'tool_choice' must be none, auto, required or a function", "tool_choice"));
+      }
+    } else if (tc.is_object() && tc.value("type", "") == "function" && tc.contains("function") &&
+               tc["function"].is_object() && tc["function"].contains("name") &&
+               tc["function"]["name"].is_string()) {
+      tool_choice = "function";
+      forced = tc["function"]["name"].get<std::string>();
+    } else {
+      return fail(
+          BadRequest("'tool_choice' must be none, auto, required or "
+                     "{\"type\": \"function\", \"function\": {\"name\": ...}}",
+                     "tool_choice"));
+    }
+    if (tool_choice != "none" && tools.is_null()) {
+      return fail(BadRequest("'tool_choice' needs 'tools'", "tool_choice"));
+    }
+  }
+  bool parallel = true;
+  if (body.contains("parallel_tool_calls") && !body["parallel_tool_calls"].is_null()) {
+    if (!body["parallel_tool_calls"].is_boolean()) {
+      return fail(BadRequest("'parallel_tool_calls' must be a boolean", "parallel_tool_calls"));
+    }
+    parallel = body["parallel_tool_calls"].get<bool>();
+  }
+  if (tool_choice == "required" || forced) {
+    if (!params.request.grammar.empty()) {
+      return fail(
+          BadRequest("a required tool call and structured output do not combine", "tool_choice"));
+    }
+    auto gbnf = ToolCallGrammar(tool_format_, tools, forced, parallel);
+    if (gbnf.ok()) {
+      if (auto g = grammar::Grammar::Parse(*gbnf); !g.ok()) gbnf = g.status();
+    }
+    if (!gbnf.ok()) return fail(BadRequest(std::string(gbnf.status().message()), "tools"));
+    params.request.grammar = *gbnf;
+  }
+  if (tool_choice == "none") tools = ojson();
   const bool add_generation_prompt = body.value("add_generation_prompt", true);
-  const ojson tools = body.contains("tools") && body["tools"].is_array() ? body["tools"] : ojson();
   const ojson extra =
       body.contains("chat_template_kwargs") && body["chat_template_kwargs"].is_object()
           ? body["chat_template_kwargs"]
@@ -584,6 +689,13 @@ void OpenAiApi::ChatCompletions(const http::Request& request,
   job->n = params.request.n;
   job->stop_strings = params.request.stop;
   job->choices.resize(params.request.n);
+  job->parse_tools = !tools.is_null();
+  job->tool_format = tool_format_;
+  if (job->parse_tools) {
+    for (auto& c : job->choices) c.tool_stream = std::make_shared<ToolCallStream>(tool_format_);
+    // Mistral marks its calls with a special token, which must stay in the text.
+    if (tool_format_ == ToolCallFormat::kMistral) params.request.skip_special_tokens = false;
+  }
   job->pending = 1;
   job->responder = responder;
   job->tokenizer = tokenizer_;

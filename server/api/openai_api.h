@@ -22,6 +22,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "server/api/api_error.h"
 #include "server/api/params.h"
+#include "server/api/tool_calls.h"
 #include "server/chat/chat_template.h"
 #include "server/http/http_server.h"
 #include "server/scheduler.h"
@@ -34,6 +35,9 @@ struct ApiOptions {
   std::string api_key;  // empty: no authentication
   ApiLimits limits;
   int default_completion_max_tokens = 16;  // OpenAI's default for /v1/completions
+  // How the model writes tool calls (tool_calls.h): hermes, llama3 or mistral; empty: from
+  // the chat template.
+  std::string tool_call_parser;
 };
 
 // Called when a request finishes: route, HTTP status, seconds.
@@ -69,6 +73,7 @@ class OpenAiApi {
   Scheduler* scheduler_;
   const Tokenizer* tokenizer_;
   const ChatTemplate* chat_template_;
+  ToolCallFormat tool_format_ = ToolCallFormat::kHermes;
   ApiOptions options_;
   std::function<bool()> healthy_;
   std::function<std::string()> missing_;

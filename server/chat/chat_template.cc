@@ -5,10 +5,34 @@
 
 namespace strata {
 
+// ChatML turns after the BOS token. With tools, a system turn lists them as JSON and says
+// how to call one (the hermes format of server/api/tool_calls.h); an assistant turn's calls
+// are written back in that format, and a tool's answer goes in a user turn.
 const char kDefaultChatTemplate[] =
     "{{ bos_token }}"
+    "{% if tools %}"
+    "{{ '<|im_start|>system\\n' }}"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\\n\\n' }}{% endif %}"
+    "{{ 'Functions you can call, one JSON signature per line:\\n' }}"
+    "{% for tool in tools %}{{ tool | tojson }}{{ '\\n' }}{% endfor %}"
+    "{{ 'To call one, answer with <tool_call>{\"name\": NAME, \"arguments\": {...}}</tool_call>'"
+    " + ' for each call.<|im_end|>\\n' }}"
+    "{% endif %}"
     "{% for message in messages %}"
+    "{% if tools and loop.first and message['role'] == 'system' %}"
+    "{% elif message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{{ '<|im_start|>assistant\\n' + message['content'] }}"
+    "{% for call in message['tool_calls'] %}"
+    "{{ '<tool_call>{\"name\": ' + (call['function']['name'] | tojson) + ', \"arguments\": '"
+    " + (call['function']['arguments'] | tojson) + '}</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{% elif message['role'] == 'tool' %}"
+    "{{ '<|im_start|>user\\n<tool_response>' + message['content'] + "
+    "'</tool_response><|im_end|>\\n' }}"
+    "{% else %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
@@ -55,6 +79,25 @@ absl::StatusOr<json> NormalizeMessages(const json& messages) {
     } else if (!content.is_string()) {
       return absl::InvalidArgumentError(where + ": 'content' must be a string or a list of parts");
     }
+    // OpenAI sends a call's arguments as JSON text; templates write them as an object.
+    if (message.contains("tool_calls")) {
+      if (!message["tool_calls"].is_array()) {
+        return absl::InvalidArgumentError(where + ": 'tool_calls' must be a list");
+      }
+      for (json& call : message["tool_calls"]) {
+        if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
+            !call["function"].contains("name") || !call["function"]["name"].is_string()) {
+          return absl::InvalidArgumentError(where + ": each tool call needs function.name");
+        }
+        json& args = call["function"]["arguments"];
+        if (args.is_string()) {
+          json parsed = json::parse(args.get<std::string>(), nullptr, false);
+          if (!parsed.is_discarded()) args = parsed;
+        } else if (args.is_null()) {
+          args = json::object();
+        }
+      }
+    }
     out.push_back(std::move(message));
   }
   return out;
@@ -67,6 +110,7 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::Create(const std::st
                                                                    std::string eos_token) {
   auto t = std::unique_ptr<ChatTemplate>(new ChatTemplate);
   t->is_default_ = source.empty();
+  t->source_ = t->is_default_ ? kDefaultChatTemplate : source;
   auto parsed = jinja::Template::Parse(t->is_default_ ? kDefaultChatTemplate : source);
   if (!parsed.ok()) {
     return absl::InvalidArgumentError(

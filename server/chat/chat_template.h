@@ -37,11 +37,14 @@ class ChatTemplate {
                                      const nlohmann::ordered_json& extra) const;
 
   bool is_default() const { return is_default_; }
+  // The template's Jinja text (the default's when the model has none).
+  const std::string& source() const { return source_; }
 
  private:
   ChatTemplate() = default;
   std::unique_ptr<jinja::Template> template_;
   std::string bos_token_, eos_token_;
+  std::string source_;
   bool is_default_ = false;
 };
 

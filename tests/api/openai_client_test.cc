@@ -76,7 +76,8 @@ INSTANTIATE_TEST_SUITE_P(
         "errors: 429 when the queue is full, and the rest completes",
         "structured output: JSON Schema outputs validate",
         "structured output: parse, json_object, completions, regex, choice and grammar",
-        "structured output: bad schemas are 400s naming the problem"),
+        "structured output: bad schemas are 400s naming the problem",
+        "tools: required, named, none, streamed and round-tripped"),
     [](const ::testing::TestParamInfo<std::string>& info) {
       std::string name;
       for (char c : info.param) name += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';

@@ -412,3 +412,82 @@ test("structured output: bad schemas are 400s naming the problem", async () => {
   const r = await client.completions.create({ model, prompt, max_tokens: 2 });
   assert.equal(r.usage.completion_tokens, 2);
 });
+
+// Tool calling on the demo model (strata's default template, hermes format). Its random
+// weights never call a tool of their own accord, so "required" and a named function,
+// which a grammar makes certain, are what can be checked end to end; the parsers of every
+// format are tested in server/api/tool_calls_test.cc.
+const tools = [
+  {
+    type: "function",
+    function: {
+      name: "get_weather",
+      description: "Current weather in a city",
+      parameters: {
+        type: "object",
+        properties: { city: { type: "string", maxLength: 12 }, unit: { enum: ["c", "f"] } },
+        required: ["city", "unit"],
+      },
+    },
+  },
+  { type: "function", function: { name: "get_time", parameters: { type: "object", properties: {} } } },
+];
+
+test("tools: required, named, none, streamed and round-tripped", async () => {
+  const weather = ajv.compile(tools[0].function.parameters);
+  const required = await client.chat.completions.create({
+    model, messages, tools, tool_choice: "required", n: 2, seed: 21, max_tokens: 400,
+  });
+  for (const c of required.choices) {
+    assert.equal(c.finish_reason, "tool_calls");
+    assert.ok(c.message.tool_calls.length >= 1);
+    for (const call of c.message.tool_calls) {
+      assert.match(call.id, /^call_/);
+      assert.equal(call.type, "function");
+      assert.ok(["get_weather", "get_time"].includes(call.function.name));
+      const args = JSON.parse(call.function.arguments);
+      if (call.function.name === "get_weather") assert.ok(weather(args), call.function.arguments);
+    }
+  }
+  const named = await client.chat.completions.create({
+    model, messages, tools, seed: 22, max_tokens: 400, parallel_tool_calls: false,
+    tool_choice: { type: "function", function: { name: "get_weather" } },
+  });
+  const calls = named.choices[0].message.tool_calls;
+  assert.equal(calls.length, 1);
+  assert.equal(calls[0].function.name, "get_weather");
+  assert.ok(weather(JSON.parse(calls[0].function.arguments)));
+  const none = await client.chat.completions.create({
+    model, messages, tools, tool_choice: "none", seed: 23, max_tokens: 8,
+  });
+  assert.equal(none.choices[0].message.tool_calls, undefined);
+  // The client's own stream helper accumulates delta.tool_calls into whole calls.
+  const runner = client.chat.completions.stream({
+    model, messages, tools, seed: 22, max_tokens: 400, parallel_tool_calls: false,
+    tool_choice: { type: "function", function: { name: "get_weather" } },
+  });
+  const final = await runner.finalChatCompletion();
+  assert.equal(final.choices[0].message.tool_calls.length, 1);
+  assert.equal(final.choices[0].message.tool_calls[0].function.arguments, calls[0].function.arguments);
+  assert.equal(final.choices[0].finish_reason, "tool_calls");
+  // A conversation with the call and its answer goes back through the template.
+  const followup = await client.chat.completions.create({
+    model,
+    tools,
+    max_tokens: 4,
+    messages: [
+      ...messages,
+      { role: "assistant", content: null, tool_calls: [calls[0]] },
+      { role: "tool", tool_call_id: calls[0].id, content: '{"temp": 11}' },
+    ],
+  });
+  assert.equal(followup.choices.length, 1);
+  await assert.rejects(
+    client.chat.completions.create({ model, messages, tools, tool_choice: { type: "function", function: { name: "nope" } } }),
+    (e) => e instanceof OpenAI.BadRequestError && /nope/.test(e.message),
+  );
+  await assert.rejects(
+    client.chat.completions.create({ model, messages, tools: [{ type: "function", function: {} }] }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === "tools",
+  );
+});

@@ -1,0 +1,72 @@
+// Tool calling: the model's tool calls in the formats of the model families strata loads,
+// parsed out of its text (whole, or as it streams), and the grammar that makes a call
+// certain when the request requires one.
+//
+// Formats (picked from the chat template, or --tool_call_parser):
+//   hermes   Qwen 2.5 and Hermes: <tool_call>{"name": ..., "arguments": {...}}</tool_call>,
+//            any number, after optional text (strata's default template uses it too);
+//   llama3   Llama 3.x JSON: the whole output is {"name": ..., "parameters": {...}} (or
+//            "arguments"), optionally after <|python_tag|>, several joined by ';';
+//   mistral  [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] after optional text.
+// A call that does not parse as JSON with a string name stays text: nothing is lost.
+#ifndef STRATA_SERVER_API_TOOL_CALLS_H_
+#define STRATA_SERVER_API_TOOL_CALLS_H_
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+
+namespace strata::api {
+
+enum class ToolCallFormat { kHermes, kLlama3, kMistral };
+bool ParseToolCallFormat(std::string_view name, ToolCallFormat* out);
+// The format a chat template writes calls in (hermes when it does not say).
+ToolCallFormat ToolCallFormatOfTemplate(std::string_view template_source);
+
+struct ToolCall {
+  std::string name;
+  std::string arguments;  // JSON text of an object
+};
+
+struct ParsedOutput {
+  std::string content;  // the text outside calls (whitespace between calls dropped)
+  std::vector<ToolCall> calls;
+};
+
+ParsedOutput ParseToolCalls(ToolCallFormat format, std::string_view text);
+
+// Streams: text in as it comes, content and finished calls out. Text that may be the start
+// of a call is held back until it is decided, so call markup never reaches the content.
+class ToolCallStream {
+ public:
+  explicit ToolCallStream(ToolCallFormat format) : format_(format) {}
+  // Appends `text`; returns the content that is now certain, and adds finished calls.
+  std::string Push(std::string_view text, std::vector<ToolCall>* calls);
+  // The output is complete: whatever was held back.
+  std::string Finish(std::vector<ToolCall>* calls);
+
+ private:
+  ToolCallFormat format_;
+  std::string pending_;    // undecided text
+  bool decided_ = false;   // llama3: whether the output is a call (the first non-space)
+  bool in_calls_ = false;  // llama3 and mistral: everything from here is calls
+  bool any_call_ = false;
+};
+
+// Validated `tools` of a chat request: each {"type": "function", "function": {"name",
+// "description"?, "parameters"?}}. Errors name what is wrong.
+absl::Status CheckTools(const nlohmann::ordered_json& tools);
+
+// GBNF for one or more calls in `format` (exactly one when !parallel), to the function
+// named `only` or any of `tools`, with arguments following each function's parameters.
+absl::StatusOr<std::string> ToolCallGrammar(ToolCallFormat format,
+                                            const nlohmann::ordered_json& tools,
+                                            const std::optional<std::string>& only, bool parallel);
+
+}  // namespace strata::api
+
+#endif  // STRATA_SERVER_API_TOOL_CALLS_H_
