@@ -232,10 +232,10 @@ absl::StatusOr<Prediction> Simulate(const Costs& c, const Scenario& s, int steps
   p.step_ms = periods / s.batches / 1e3;
   double busy = 0.0;
   for (const Server& d : devices) busy += d.BusyIn(from, to);
-  p.compute_bubble = 1.0 - busy / (window * s.compute_devices);
+  p.compute_bubble = std::max(0.0, 1.0 - busy / (window * s.compute_devices));
   busy = 0.0;
   for (const Server& m : memory) busy += m.BusyIn(from, to);
-  p.memory_bubble = 1.0 - busy / (window * s.memory_nodes);
+  p.memory_bubble = std::max(0.0, 1.0 - busy / (window * s.memory_nodes));
   return p;
 }
 

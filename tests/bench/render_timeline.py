@@ -51,20 +51,22 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--window_ms", type=float, default=150)
     parser.add_argument("--skip_ms", type=float, default=1000)
+    parser.add_argument("--title", default="Two batches in flight: compute-node lanes and "
+                        "memory-node attention")
     parser.add_argument("traces", nargs="+")
     args = parser.parse_args()
     rows = load(args.traces)
     compute = [e for (p, _), es in rows.items() if p.startswith("compute") for e in es]
     if not compute:
         sys.exit("no compute-node events in the traces")
-    # Which lane runs which step: colour memory bars by that lane.
+    # Which lane of which compute node runs which step: colour memory bars by that lane.
     lane_of_step = {}
     for (p, track), events in rows.items():
         if p.startswith("compute"):
             for _, _, name in events:
                 m = STEP.match(name)
                 if m:
-                    lane_of_step[int(m.group(1))] = track
+                    lane_of_step[int(m.group(1))] = (p, track)
     lanes = sorted({t for t in lane_of_step.values()})
     palette = ["tab:blue", "tab:orange", "tab:green", "tab:red"]
     colour_of_lane = {lane: palette[i % len(palette)] for i, lane in enumerate(lanes)}
@@ -90,9 +92,9 @@ def main():
     ax.set_xlabel("ms")
     handles = [plt.Rectangle((0, 0), 1, 1, color=colour_of_lane[lane]) for lane in lanes]
     handles.append(plt.Rectangle((0, 0), 1, 1, color="lightgrey"))
-    ax.legend(handles, [f"steps of {lane}" for lane in lanes] + ["waiting"], loc="upper right",
+    ax.legend(handles, [f"steps of {lane[0]} {lane[1]}" for lane in lanes] + ["waiting"], loc="upper right",
               fontsize=8)
-    ax.set_title("Two batches in flight: compute-node lanes and memory-node attention")
+    ax.set_title(args.title)
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
 
