@@ -71,7 +71,7 @@ TEST(StepClockTest, SmoothsThePeriodAndSplitsTheStagger) {
 TEST(StepClockTest, SizesFromDecodeStepsOnly) {
   StepClock clock;
   clock.Observe(absl::Milliseconds(200), Timing(150000, 40000), /*decode_only=*/false, false);
-  EXPECT_EQ(clock.compute_seconds(), 0.0);  // a prefill step says nothing about t_m
+  EXPECT_EQ(clock.compute_seconds(), 0.0);          // a prefill step says nothing about t_m
   EXPECT_EQ(clock.period(), absl::ZeroDuration());  // nor about the decode period
   clock.Observe(absl::Milliseconds(12), Timing(8000, 3000), true, false);
   EXPECT_NEAR(clock.compute_seconds(), 0.008, 1e-12);

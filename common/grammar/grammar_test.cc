@@ -280,7 +280,8 @@ std::string NpmDir() {
          "/npm";
 }
 
-// Masks on real vocabularies against a token-by-token reference: token t is allowed
+// Masks on real vocabularies (Llama 2's SentencePiece with byte fallback; Qwen 2.5's and
+// Llama 3's byte-level BPE, GPT-2's kind) against a token-by-token reference: token t is allowed
 // exactly when its bytes are a viable continuation (or it ends the text where the grammar
 // may end).
 TEST(MaskTest, EqualsTokenByTokenSimulationOnRealVocabularies) {
@@ -288,7 +289,7 @@ TEST(MaskTest, EqualsTokenByTokenSimulationOnRealVocabularies) {
       "temp":{"type":"integer","minimum":-40,"maximum":50},"sky":{"enum":["clear","cloudy"]}},
       "required":["city","temp"]})");
   ASSERT_NE(g, nullptr);
-  for (const char* family : {"tokenizer-llama2", "tokenizer-qwen2_5"}) {
+  for (const char* family : {"tokenizer-llama2", "tokenizer-qwen2_5", "tokenizer-llama3"}) {
     auto tok = Tokenizer::Load(NpmDir() + "/node_modules/@lenml/" + family + "/models");
     ASSERT_TRUE(tok.ok()) << tok.status() << ": run deploy/setup.sh";
     std::vector<std::string> pieces((*tok)->vocab_size());
