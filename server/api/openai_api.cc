@@ -179,11 +179,17 @@ class GenerationJob : public std::enable_shared_from_this<GenerationJob> {
         std::string content = s.text;
         json calls = json::array();
         if (parse_tools) {
-          std::vector<ToolCall> found;
+          std::vector<ToolCallDelta> found;
           content = c.tool_stream->Push(s.text, &found);
           if (!c.finish_reason.empty()) content += c.tool_stream->Finish(&found);
-          for (const ToolCall& call : found)
-            calls.push_back(ToolCallJson(call, c.tool_calls_sent++));
+          for (const ToolCallDelta& d : found) {
+            if (!d.name.empty()) {
+              calls.push_back(ToolCallJson({d.name, d.arguments}, d.index));
+            } else {
+              calls.push_back({{"index", d.index}, {"function", {{"arguments", d.arguments}}}});
+            }
+            c.tool_calls_sent = std::max(c.tool_calls_sent, d.index + 1);
+          }
           if (c.finish_reason == "stop" && c.tool_calls_sent > 0) {
             c.finish_reason = "tool_calls";
             choice["finish_reason"] = c.finish_reason;

@@ -122,12 +122,127 @@ ToolCallFormat ToolCallFormatOfTemplate(std::string_view source) {
 ParsedOutput ParseToolCalls(ToolCallFormat format, std::string_view text) {
   ParsedOutput out;
   ToolCallStream stream(format);
-  out.content = stream.Push(text, &out.calls);
-  out.content += stream.Finish(&out.calls);
+  std::vector<ToolCallDelta> deltas;
+  out.content = stream.Push(text, &deltas);
+  out.content += stream.Finish(&deltas);
+  for (const ToolCallDelta& d : deltas) {
+    if (d.index >= static_cast<int>(out.calls.size())) out.calls.resize(d.index + 1);
+    out.calls[d.index].name += d.name;
+    out.calls[d.index].arguments += d.arguments;
+  }
   return out;
 }
 
-std::string ToolCallStream::Push(std::string_view text, std::vector<ToolCall>* calls) {
+void ToolCallStream::AddWhole(const std::vector<ToolCall>& calls,
+                              std::vector<ToolCallDelta>* deltas) {
+  for (const ToolCall& c : calls) deltas->push_back({next_index_++, c.name, c.arguments});
+}
+
+namespace {
+
+// The head of a hermes call, `{"name": "NAME", "arguments": ` up to the arguments' first
+// brace: kYes (with the name and where the arguments begin) when it is there, kNeedMore
+// while the text could still become it, kNo when it cannot.
+enum class HeadMatch { kNeedMore, kNo, kYes };
+
+HeadMatch MatchHead(std::string_view s, std::string* name, size_t* args_at) {
+  size_t i = 0;
+  auto ws = [&] {
+    while (i < s.size() && absl::ascii_isspace(static_cast<unsigned char>(s[i]))) ++i;
+  };
+  auto lit = [&](std::string_view word) -> HeadMatch {
+    for (char c : word) {
+      if (i >= s.size()) return HeadMatch::kNeedMore;
+      if (s[i] != c) return HeadMatch::kNo;
+      ++i;
+    }
+    return HeadMatch::kYes;
+  };
+  HeadMatch m;
+  ws();
+  if ((m = lit("{")) != HeadMatch::kYes) return m;
+  ws();
+  if ((m = lit("\"name\"")) != HeadMatch::kYes) return m;
+  ws();
+  if ((m = lit(":")) != HeadMatch::kYes) return m;
+  ws();
+  if ((m = lit("\"")) != HeadMatch::kYes) return m;
+  const size_t name_at = i;
+  while (i < s.size() && s[i] != '"') {
+    if (s[i] == '\\') return HeadMatch::kNo;  // an escaped name: whole, at the end
+    ++i;
+  }
+  if (i >= s.size()) return HeadMatch::kNeedMore;
+  *name = std::string(s.substr(name_at, i - name_at));
+  ++i;
+  ws();
+  if ((m = lit(",")) != HeadMatch::kYes) return m;
+  ws();
+  if (i < s.size() && s[i] == '"' && s.substr(i, 3) == "\"pa") {
+    if ((m = lit("\"parameters\"")) != HeadMatch::kYes) return m;
+  } else if ((m = lit("\"arguments\"")) != HeadMatch::kYes) {
+    return m;
+  }
+  ws();
+  if ((m = lit(":")) != HeadMatch::kYes) return m;
+  ws();
+  if (i >= s.size()) return HeadMatch::kNeedMore;
+  if (s[i] != '{') return HeadMatch::kNo;
+  *args_at = i;
+  return HeadMatch::kYes;
+}
+
+}  // namespace
+
+void ToolCallStream::StreamCall(std::vector<ToolCallDelta>* deltas) {
+  if (head_ == Head::kUnknown) {
+    std::string name;
+    size_t at = 0;
+    switch (MatchHead(std::string_view(pending_).substr(kHermesOpen.size()), &name, &at)) {
+      case HeadMatch::kNeedMore:
+        return;
+      case HeadMatch::kNo:
+        head_ = Head::kWhole;
+        return;
+      case HeadMatch::kYes:
+        head_ = Head::kStreaming;
+        args_at_ = kHermesOpen.size() + at;
+        args_sent_ = 0;
+        depth_ = 0;
+        in_string_ = escaped_ = args_done_ = false;
+        deltas->push_back({next_index_, name, ""});
+        break;
+    }
+  }
+  if (head_ != Head::kStreaming || args_done_) return;
+  // Stream the arguments' characters written so far, up to the brace that closes them.
+  size_t end = args_at_ + args_sent_;
+  for (; end < pending_.size() && !args_done_; ++end) {
+    const char c = pending_[end];
+    if (in_string_) {
+      if (escaped_) {
+        escaped_ = false;
+      } else if (c == '\\') {
+        escaped_ = true;
+      } else if (c == '"') {
+        in_string_ = false;
+      }
+    } else if (c == '"') {
+      in_string_ = true;
+    } else if (c == '{' || c == '[') {
+      ++depth_;
+    } else if (c == '}' || c == ']') {
+      args_done_ = --depth_ == 0;
+    }
+  }
+  const size_t from = args_at_ + args_sent_;
+  if (end > from) {
+    deltas->push_back({next_index_, "", pending_.substr(from, end - from)});
+    args_sent_ = end - args_at_;
+  }
+}
+
+std::string ToolCallStream::Push(std::string_view text, std::vector<ToolCallDelta>* deltas) {
   pending_.append(text);
   std::string content;
   switch (format_) {
@@ -146,16 +261,23 @@ std::string ToolCallStream::Push(std::string_view text, std::vector<ToolCall>* c
           if (!(any_call_ && AllSpace(before))) content += before;
           pending_.erase(0, open);
           in_calls_ = true;
+          head_ = Head::kUnknown;
         }
+        StreamCall(deltas);
         const size_t close = pending_.find(kHermesClose);
         if (close == std::string::npos) return content;
-        const std::string inner = pending_.substr(kHermesOpen.size(), close - kHermesOpen.size());
-        std::vector<ToolCall> found = CallsFromJson(Trim(inner));
-        if (found.size() == 1) {
-          calls->push_back(found[0]);
+        if (head_ == Head::kStreaming) {
+          ++next_index_;  // streamed: done
           any_call_ = true;
         } else {
-          content += pending_.substr(0, close + kHermesClose.size());  // not a call: text
+          const std::string inner = pending_.substr(kHermesOpen.size(), close - kHermesOpen.size());
+          std::vector<ToolCall> found = CallsFromJson(Trim(inner));
+          if (found.size() == 1) {
+            AddWhole(found, deltas);
+            any_call_ = true;
+          } else {
+            content += pending_.substr(0, close + kHermesClose.size());  // not a call: text
+          }
         }
         pending_.erase(0, close + kHermesClose.size());
         in_calls_ = false;
@@ -190,7 +312,13 @@ std::string ToolCallStream::Push(std::string_view text, std::vector<ToolCall>* c
   return content;
 }
 
-std::string ToolCallStream::Finish(std::vector<ToolCall>* calls) {
+std::string ToolCallStream::Finish(std::vector<ToolCallDelta>* deltas) {
+  if (in_calls_ && format_ == ToolCallFormat::kHermes && head_ == Head::kStreaming) {
+    // A streamed call cut before its closing tag (max_tokens): what was streamed stands.
+    pending_.clear();
+    ++next_index_;
+    return "";
+  }
   std::string rest;
   rest.swap(pending_);
   if (!in_calls_) return rest;
@@ -198,18 +326,18 @@ std::string ToolCallStream::Finish(std::vector<ToolCall>* calls) {
   switch (format_) {
     case ToolCallFormat::kHermes:
       // An unclosed call (the output was cut): a call if what is there parses.
-      found = CallsFromJson(Trim(rest.substr(kHermesOpen.size())));
+      found = CallsFromJson(Trim(std::string_view(rest).substr(kHermesOpen.size())));
       if (found.size() != 1) found.clear();
       break;
     case ToolCallFormat::kLlama3:
       found = Llama3Calls(rest);
       break;
     case ToolCallFormat::kMistral:
-      found = CallsFromJson(Trim(rest.substr(kMistralMarker.size())));
+      found = CallsFromJson(Trim(std::string_view(rest).substr(kMistralMarker.size())));
       break;
   }
   if (found.empty()) return rest;  // not calls after all: nothing is lost
-  calls->insert(calls->end(), found.begin(), found.end());
+  AddWhole(found, deltas);
   return "";
 }
 

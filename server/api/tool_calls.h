@@ -39,22 +39,45 @@ struct ParsedOutput {
 
 ParsedOutput ParseToolCalls(ToolCallFormat format, std::string_view text);
 
-// Streams: text in as it comes, content and finished calls out. Text that may be the start
-// of a call is held back until it is decided, so call markup never reaches the content.
+// A piece of a call as it streams: the first piece of call `index` names it, later pieces
+// add to its arguments (OpenAI's delta.tool_calls, which clients concatenate).
+struct ToolCallDelta {
+  int index = 0;
+  std::string name;       // set on the call's first piece only
+  std::string arguments;  // a fragment of the arguments' JSON text
+};
+
+// Streams: text in as it comes, content and pieces of calls out. Text that may be the
+// start of a call is held back until it is decided, so call markup never reaches the
+// content. In the hermes format a call's arguments stream as the model writes them, once
+// the call has the usual shape ({"name": ..., "arguments": {...}}); otherwise, and in the
+// other formats, a call comes out whole when it is complete.
 class ToolCallStream {
  public:
   explicit ToolCallStream(ToolCallFormat format) : format_(format) {}
-  // Appends `text`; returns the content that is now certain, and adds finished calls.
-  std::string Push(std::string_view text, std::vector<ToolCall>* calls);
+  // Appends `text`; returns the content that is now certain, and adds pieces of calls.
+  std::string Push(std::string_view text, std::vector<ToolCallDelta>* deltas);
   // The output is complete: whatever was held back.
-  std::string Finish(std::vector<ToolCall>* calls);
+  std::string Finish(std::vector<ToolCallDelta>* deltas);
 
  private:
+  // Hermes, inside a call: starts streaming it when its head is there, streams its
+  // arguments as far as they are written.
+  void StreamCall(std::vector<ToolCallDelta>* deltas);
+  void AddWhole(const std::vector<ToolCall>& calls, std::vector<ToolCallDelta>* deltas);
+
   ToolCallFormat format_;
   std::string pending_;    // undecided text
   bool decided_ = false;   // llama3: whether the output is a call (the first non-space)
-  bool in_calls_ = false;  // llama3 and mistral: everything from here is calls
+  bool in_calls_ = false;  // hermes: inside a call; llama3 and mistral: calls to the end
   bool any_call_ = false;
+  int next_index_ = 0;
+  // The hermes call being streamed.
+  enum class Head { kUnknown, kStreaming, kWhole } head_ = Head::kUnknown;
+  size_t args_at_ = 0;  // where its arguments begin in pending_
+  size_t args_sent_ = 0;
+  int depth_ = 0;
+  bool in_string_ = false, escaped_ = false, args_done_ = false;
 };
 
 // Validated `tools` of a chat request: each {"type": "function", "function": {"name",

@@ -14,13 +14,23 @@ using json = nlohmann::ordered_json;
 ParsedOutput Streamed(ToolCallFormat format, const std::string& text, std::mt19937* rng) {
   ParsedOutput out;
   ToolCallStream stream(format);
+  std::vector<ToolCallDelta> deltas;
   size_t i = 0;
   while (i < text.size()) {
     const size_t n = 1 + (*rng)() % 7;
-    out.content += stream.Push(text.substr(i, n), &out.calls);
+    out.content += stream.Push(text.substr(i, n), &deltas);
     i += n;
   }
-  out.content += stream.Finish(&out.calls);
+  out.content += stream.Finish(&deltas);
+  // As a client accumulates them: a call's first piece names it, the rest add arguments.
+  for (const ToolCallDelta& d : deltas) {
+    if (d.index == static_cast<int>(out.calls.size())) {
+      EXPECT_FALSE(d.name.empty()) << "the first piece of a call names it";
+      out.calls.push_back({d.name, ""});
+    }
+    EXPECT_LT(d.index, static_cast<int>(out.calls.size()));
+    if (d.index < static_cast<int>(out.calls.size())) out.calls[d.index].arguments += d.arguments;
+  }
   return out;
 }
 
@@ -81,6 +91,26 @@ TEST(ToolCallsTest, ParsesEveryFormatWholeAndStreamed) {
       }
     }
   }
+}
+
+TEST(ToolCallsTest, HermesArgumentsStreamAsTheyAreWritten) {
+  ToolCallStream stream(ToolCallFormat::kHermes);
+  std::vector<ToolCallDelta> deltas;
+  std::string content;
+  for (const char* piece : {"Sure. <tool", "_call>\n{\"name\": \"get_weather\", \"argu",
+                            "ments\": {\"city\": \"Pa", "ris, \\\"}\" ", "}", "}\n</tool_call>"}) {
+    content += stream.Push(piece, &deltas);
+  }
+  content += stream.Finish(&deltas);
+  EXPECT_EQ(content, "Sure. ");
+  ASSERT_GE(deltas.size(), 3u) << "the arguments came in one piece";
+  EXPECT_EQ(deltas[0].name, "get_weather");
+  std::string arguments;
+  for (const ToolCallDelta& d : deltas) {
+    EXPECT_EQ(d.index, 0);
+    arguments += d.arguments;
+  }
+  EXPECT_EQ(arguments, R"({"city": "Paris, \"}" })");
 }
 
 TEST(ToolCallsTest, FormatFollowsTheTemplate) {
