@@ -349,7 +349,7 @@ StepResult StepEngine::Finish(int index) {
       input.output_counts = &cache.output_counts;
       input.banned = &job.target->banned_tokens;
       const SequenceChunk& chunk = *sampled_chunks[job.chunk];
-      absl::StatusOr<std::vector<uint64_t>> allowed;
+      absl::StatusOr<TokenMask> allowed;
       if (cache.grammar) {
         allowed = cache.grammar->Allowed(chunk.start_position +
                                          static_cast<int64_t>(chunk.tokens.size()));
@@ -357,7 +357,7 @@ StepResult StepEngine::Finish(int index) {
           grammar_errors[j] = allowed.status();
           continue;
         }
-        input.allowed = &*allowed;
+        input.allowed = allowed->get();
       }
       SampleOutput out = Sample(logits + job.chunk * vocab, static_cast<int32_t>(vocab), input);
       result.tokens[j] = {job.target->request_id, out.token, out.logprob,

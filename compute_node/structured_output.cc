@@ -6,7 +6,25 @@
 
 namespace strata {
 
-absl::StatusOr<std::shared_ptr<const grammar::Grammar>> GrammarCache::Get(const std::string& gbnf) {
+TokenMask MaskCache::Find(const std::string& key) {
+  absl::MutexLock lock(&mu_);
+  auto it = masks_.find(key);
+  if (it == masks_.end()) {
+    misses_.fetch_add(1);
+    return nullptr;
+  }
+  hits_.fetch_add(1);
+  return it->second;
+}
+
+void MaskCache::Put(const std::string& key, TokenMask mask) {
+  absl::MutexLock lock(&mu_);
+  // Full: start over (the states in use now come back at once).
+  if (masks_.size() >= kCapacity) masks_.clear();
+  masks_.emplace(key, std::move(mask));
+}
+
+absl::StatusOr<CompiledGrammar> GrammarCache::Get(const std::string& gbnf) {
   {
     absl::MutexLock lock(&mu_);
     auto it = entries_.find(gbnf);
@@ -15,18 +33,19 @@ absl::StatusOr<std::shared_ptr<const grammar::Grammar>> GrammarCache::Get(const 
       return it->second.first;
     }
   }
-  auto compiled = grammar::Grammar::Parse(gbnf);
-  if (!compiled.ok()) return compiled.status();
+  auto parsed = grammar::Grammar::Parse(gbnf);
+  if (!parsed.ok()) return parsed.status();
+  CompiledGrammar compiled{*parsed, std::make_shared<MaskCache>()};
   absl::MutexLock lock(&mu_);
   if (!entries_.count(gbnf)) {
     order_.push_front(gbnf);
-    entries_[gbnf] = {*compiled, order_.begin()};
+    entries_[gbnf] = {compiled, order_.begin()};
     while (entries_.size() > kCapacity) {
       entries_.erase(order_.back());
       order_.pop_back();
     }
   }
-  return *compiled;
+  return entries_.at(gbnf).first;
 }
 
 std::unique_ptr<GrammarVocabulary> MakeGrammarVocabulary(const Tokenizer& tokenizer,
@@ -39,9 +58,10 @@ std::unique_ptr<GrammarVocabulary> MakeGrammarVocabulary(const Tokenizer& tokeni
       new GrammarVocabulary{grammar::Vocabulary(std::move(pieces)), std::move(end_tokens)});
 }
 
-SequenceGrammar::SequenceGrammar(std::shared_ptr<const grammar::Grammar> g,
-                                 const GrammarVocabulary* vocab, int64_t first_output_position)
-    : grammar_(std::move(g)),
+SequenceGrammar::SequenceGrammar(CompiledGrammar g, const GrammarVocabulary* vocab,
+                                 int64_t first_output_position)
+    : grammar_(std::move(g.grammar)),
+      masks_(std::move(g.masks)),
       vocab_(vocab),
       state_(grammar::State::Start(*grammar_)),
       previous_(state_),
@@ -79,7 +99,7 @@ absl::Status SequenceGrammar::Feed(int32_t token, int64_t position) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<uint64_t>> SequenceGrammar::Allowed(int64_t position) const {
+absl::StatusOr<TokenMask> SequenceGrammar::Allowed(int64_t position) const {
   const grammar::State* state = nullptr;
   if (position == next_) state = &state_;
   if (position + 1 == next_) state = &previous_;
@@ -89,14 +109,22 @@ absl::StatusOr<std::vector<uint64_t>> SequenceGrammar::Allowed(int64_t position)
   }
   if (ended_ && position == next_) {
     // After the end only end tokens follow.
-    std::vector<uint64_t> mask((vocab_->vocabulary.size() + 63) / 64, 0);
+    auto mask = std::make_shared<std::vector<uint64_t>>((vocab_->vocabulary.size() + 63) / 64, 0);
     for (int32_t t : vocab_->end_tokens) {
-      if (t >= 0 && static_cast<size_t>(t) < vocab_->vocabulary.size())
-        mask[t >> 6] |= uint64_t{1} << (t & 63);
+      if (t >= 0 && static_cast<size_t>(t) < vocab_->vocabulary.size()) {
+        (*mask)[t >> 6] |= uint64_t{1} << (t & 63);
+      }
     }
-    return mask;
+    return TokenMask(std::move(mask));
   }
-  return grammar::AllowedTokens(*grammar_, vocab_->vocabulary, *state, vocab_->end_tokens);
+  const std::string key = masks_ ? state->Key() : std::string();
+  if (masks_) {
+    if (TokenMask hit = masks_->Find(key)) return hit;
+  }
+  TokenMask mask = std::make_shared<const std::vector<uint64_t>>(
+      grammar::AllowedTokens(*grammar_, vocab_->vocabulary, *state, vocab_->end_tokens));
+  if (masks_) masks_->Put(key, mask);
+  return mask;
 }
 
 }  // namespace strata

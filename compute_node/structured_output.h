@@ -10,6 +10,7 @@
 #ifndef STRATA_COMPUTE_NODE_STRUCTURED_OUTPUT_H_
 #define STRATA_COMPUTE_NODE_STRUCTURED_OUTPUT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -24,17 +25,41 @@
 
 namespace strata {
 
-// Compiled grammars by text; the most recently used kCapacity are kept.
+using TokenMask = std::shared_ptr<const std::vector<uint64_t>>;
+
+// Masks by matcher state, for one grammar. States repeat: every character inside a JSON
+// string leaves the matcher where it was, and sequences under one schema pass through the
+// same states. Thread-safe (draws run in parallel).
+class MaskCache {
+ public:
+  static constexpr size_t kCapacity = 2048;  // masks kept (a 32k vocabulary: 4 KiB each)
+  TokenMask Find(const std::string& key);
+  void Put(const std::string& key, TokenMask mask);
+  int64_t hits() const { return hits_.load(); }
+  int64_t misses() const { return misses_.load(); }
+
+ private:
+  absl::Mutex mu_;
+  std::unordered_map<std::string, TokenMask> masks_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> hits_{0}, misses_{0};
+};
+
+struct CompiledGrammar {
+  std::shared_ptr<const grammar::Grammar> grammar;
+  std::shared_ptr<MaskCache> masks;  // null: no caching
+};
+
+// Compiled grammars by text, each with its mask cache; the most recently used kCapacity
+// are kept.
 class GrammarCache {
  public:
   static constexpr size_t kCapacity = 256;
-  absl::StatusOr<std::shared_ptr<const grammar::Grammar>> Get(const std::string& gbnf);
+  absl::StatusOr<CompiledGrammar> Get(const std::string& gbnf);
 
  private:
   absl::Mutex mu_;
   std::list<std::string> order_ ABSL_GUARDED_BY(mu_);  // most recent first
-  std::unordered_map<std::string, std::pair<std::shared_ptr<const grammar::Grammar>,
-                                            std::list<std::string>::iterator>>
+  std::unordered_map<std::string, std::pair<CompiledGrammar, std::list<std::string>::iterator>>
       entries_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -50,18 +75,18 @@ std::unique_ptr<GrammarVocabulary> MakeGrammarVocabulary(const Tokenizer& tokeni
 
 class SequenceGrammar {
  public:
-  SequenceGrammar(std::shared_ptr<const grammar::Grammar> g, const GrammarVocabulary* vocab,
-                  int64_t first_output_position);
+  SequenceGrammar(CompiledGrammar g, const GrammarVocabulary* vocab, int64_t first_output_position);
   // The token at `position`. Positions already fed are skipped; a gap, or a token the
   // grammar does not allow, is an error (the sequence cannot go on under its grammar).
   absl::Status Feed(int32_t token, int64_t position);
   // The tokens allowed at `position` (the next one, or the last one again).
-  absl::StatusOr<std::vector<uint64_t>> Allowed(int64_t position) const;
+  absl::StatusOr<TokenMask> Allowed(int64_t position) const;
 
  private:
   bool IsEnd(int32_t token) const;
 
   std::shared_ptr<const grammar::Grammar> grammar_;
+  std::shared_ptr<MaskCache> masks_;
   const GrammarVocabulary* vocab_;
   grammar::State state_, previous_;
   int64_t next_;        // the position state_ is for

@@ -627,6 +627,16 @@ bool State::can_continue() const {
   return std::any_of(stacks_.begin(), stacks_.end(), [](const Stack& s) { return !s.empty(); });
 }
 
+std::string State::Key() const {
+  std::string key;
+  for (const Stack& s : stacks_) {
+    const uint32_t n = static_cast<uint32_t>(s.size());
+    key.append(reinterpret_cast<const char*>(&n), sizeof(n));
+    key.append(reinterpret_cast<const char*>(s.data()), s.size() * sizeof(int32_t));
+  }
+  return key;
+}
+
 std::bitset<256> State::NextBytes(const Grammar& g) const {
   std::bitset<256> out;
   for (const Stack& s : stacks_) {

@@ -78,6 +78,8 @@ class State {
   bool can_continue() const;
   // Bytes that may come next.
   std::bitset<256> NextBytes(const Grammar& g) const;
+  // Equal for equal states (a key for caching what follows from a state).
+  std::string Key() const;
 
  private:
   friend class MaskBuilder;

@@ -78,11 +78,10 @@ int Run() {
   std::vector<int32_t> ends(c.eos_token_ids.begin(), c.eos_token_ids.end());
   auto vocab = MakeGrammarVocabulary(**tokenizer, ends);
 
-  // Each row: its own schema, and a state some tokens into an output (a random walk
-  // through allowed tokens).
+  // Each row: its own schema, matched twice in step, with and without the mask cache (the
+  // same tokens fed to both), some tokens into an output.
   std::mt19937 rng(1);
   std::vector<std::shared_ptr<const grammar::Grammar>> grammars;
-  std::vector<grammar::State> states;
   const Stopwatch compile_watch;
   for (int i = 0; i < batch; ++i) {
     auto gbnf = grammar::JsonSchemaGrammar(Schema(i));
@@ -94,19 +93,33 @@ int Run() {
     grammars.push_back(*g);
   }
   const double compile_ms = compile_watch.ElapsedSeconds() * 1e3 / batch;
-  for (int i = 0; i < batch; ++i) {
-    grammar::State s = grammar::State::Start(*grammars[i]);
-    const int walk = rng() % 24;
-    for (int k = 0; k < walk; ++k) {
-      const auto mask = grammar::AllowedTokens(*grammars[i], vocab->vocabulary, s, {});
-      std::vector<int32_t> allowed;
-      for (int32_t t = 0; t < static_cast<int32_t>(vocab->vocabulary.size()); ++t) {
-        if (grammar::MaskHas(mask, t)) allowed.push_back(t);
-      }
-      if (allowed.empty()) break;
-      s = s.Advance(*grammars[i], vocab->vocabulary.token(allowed[rng() % allowed.size()]));
+  std::vector<std::shared_ptr<MaskCache>> caches;
+  std::vector<std::unique_ptr<SequenceGrammar>> cached(batch), plain(batch);
+  std::vector<int64_t> position(batch, 0);
+  auto restart = [&](int i) {
+    cached[i] =
+        std::make_unique<SequenceGrammar>(CompiledGrammar{grammars[i], caches[i]}, vocab.get(), 0);
+    plain[i] =
+        std::make_unique<SequenceGrammar>(CompiledGrammar{grammars[i], nullptr}, vocab.get(), 0);
+    position[i] = 0;
+  };
+  // Feeds row i a random token its mask allows (restarting it when only the end is left).
+  auto feed_random = [&](int i, const std::vector<uint64_t>& mask) {
+    std::vector<int32_t> allowed;
+    for (int32_t t = 0; t < static_cast<int32_t>(vocab->vocabulary.size()); ++t) {
+      if (grammar::MaskHas(mask, t) && !vocab->vocabulary.token(t).empty()) allowed.push_back(t);
     }
-    states.push_back(s);
+    if (allowed.empty()) return restart(i);
+    const int32_t t = allowed[rng() % allowed.size()];
+    (void)cached[i]->Feed(t, position[i]);
+    (void)plain[i]->Feed(t, position[i]);
+    ++position[i];
+  };
+  for (int i = 0; i < batch; ++i) {
+    caches.push_back(std::make_shared<MaskCache>());
+    restart(i);
+    const int walk = rng() % 24;
+    for (int k = 0; k < walk; ++k) feed_random(i, **plain[i]->Allowed(position[i]));
   }
 
   // The decode step: embedding, every layer with attention over ctx positions, logits.
@@ -138,42 +151,56 @@ int Run() {
     }
     runner.Logits(buffers, last, logits.data());
   };
-  // The masks, spread over the threads as the step engine spreads its draws.
-  std::vector<std::vector<uint64_t>> masks(batch);
-  auto mask_work = [&] {
+  // The masks, spread over the threads as the step engine spreads its draws; then every
+  // row takes a token, as after a draw.
+  std::vector<TokenMask> plain_masks(batch), cached_masks(batch);
+  auto masks_of = [&](std::vector<std::unique_ptr<SequenceGrammar>>& rows,
+                      std::vector<TokenMask>* out) {
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int i = 0; i < batch; ++i) {
-      masks[i] = grammar::AllowedTokens(*grammars[i], vocab->vocabulary, states[i], ends);
-    }
+    for (int i = 0; i < batch; ++i) (*out)[i] = *rows[i]->Allowed(position[i]);
   };
   step();
-  mask_work();
-  std::vector<double> steps, mask_times;
+  std::vector<double> steps, plain_times, cached_times;
+  int64_t allowed = 0, mismatches = 0;
   for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
     for (int it = 0; it < absl::GetFlag(FLAGS_iters); ++it) {
       Stopwatch watch;
       step();
       steps.push_back(watch.ElapsedSeconds());
       watch.Reset();
-      mask_work();
-      mask_times.push_back(watch.ElapsedSeconds());
+      masks_of(plain, &plain_masks);
+      plain_times.push_back(watch.ElapsedSeconds());
+      watch.Reset();
+      masks_of(cached, &cached_masks);
+      cached_times.push_back(watch.ElapsedSeconds());
+      for (int i = 0; i < batch; ++i) {
+        mismatches += *plain_masks[i] != *cached_masks[i];
+        for (uint64_t w : *plain_masks[i]) allowed += __builtin_popcountll(w);
+        feed_random(i, *plain_masks[i]);
+      }
     }
   }
-  int64_t allowed = 0;
-  for (const auto& m : masks) {
-    for (uint64_t w : m) allowed += __builtin_popcountll(w);
+  int64_t hits = 0, misses = 0;
+  for (const auto& c : caches) {
+    hits += c->hits();
+    misses += c->misses();
   }
-  const double step_ms = Median(steps) * 1e3, mask_ms = Median(mask_times) * 1e3;
+  const double step_ms = Median(steps) * 1e3, plain_ms = Median(plain_times) * 1e3,
+               cached_ms = Median(cached_times) * 1e3;
   std::printf(
-      "grammar bench: %s, vocabulary %zu, batch %d with %d different schemas, ctx %d, %d threads\n",
+      "grammar bench: %s, vocabulary %zu, batch %d with %d different schemas, ctx %d, %d "
+      "threads\n",
       dir.c_str(), vocab->vocabulary.size(), batch, batch, ctx, omp_get_max_threads());
   std::printf("schema compile (JSON Schema -> GBNF -> grammar): %.2f ms per schema\n", compile_ms);
   std::printf(
-      "decode step %.2f ms, masks %.2f ms per step (%.2f ms per row), masks/step %.3f "
-      "(medians of %zu interleaved steps); %.0f allowed tokens per row on average\n",
-      step_ms, mask_ms, mask_ms / batch, mask_ms / step_ms, steps.size(),
-      static_cast<double>(allowed) / batch);
-  return 0;
+      "decode step %.2f ms; masks per step: %.2f ms without the mask cache (%.3f of the step), "
+      "%.2f ms with it (%.3f of the step; %.0f%% hits); medians of %zu interleaved steps, each "
+      "row taking a random allowed token after each; %.0f allowed tokens per row on average; "
+      "%lld cached masks differed from computed ones\n",
+      step_ms, plain_ms, plain_ms / step_ms, cached_ms, cached_ms / step_ms,
+      100.0 * hits / std::max<int64_t>(1, hits + misses), steps.size(),
+      static_cast<double>(allowed) / (batch * steps.size()), static_cast<long long>(mismatches));
+  return mismatches == 0 ? 0 : 1;
 }
 
 }  // namespace
