@@ -273,6 +273,34 @@ TEST(JsonSchemaTest, UnsupportedAndBadSchemasAreClearErrors) {
   EXPECT_FALSE(JsonSchemaGrammar(big + "]}").ok());
 }
 
+// A 1 MB schema either compiles or is refused as too large; either way it comes back (the
+// test's timeout bounds the time), and what compiles works.
+TEST(JsonSchemaTest, AMegabyteSchemaCompilesOrIsRefusedClearly) {
+  for (const char* extra : {R"(,"description":"a field of a very large form")", ""}) {
+    std::string schema = R"({"type":"object","properties":{)";
+    for (int i = 0; schema.size() < (1 << 20); ++i) {
+      schema += (i ? "," : "") + std::string("\"p") + std::to_string(i) +
+                R"(":{"type":"string","maxLength":8)" + extra + "}";
+    }
+    schema += "}}";
+    auto text = JsonSchemaGrammar(schema);
+    absl::Status status = text.status();
+    std::shared_ptr<const Grammar> g;
+    if (text.ok()) {
+      auto parsed = Grammar::Parse(*text);
+      status = parsed.status();
+      if (parsed.ok()) g = *parsed;
+    }
+    if (!status.ok()) {
+      EXPECT_NE(status.message().find("too large"), std::string::npos) << status;
+    } else {
+      EXPECT_TRUE(Accepts(*g, "{}"));
+      EXPECT_TRUE(Accepts(*g, R"({"p0":"abc","p1":""})"));
+      EXPECT_FALSE(Accepts(*g, R"({"p0":"abcdefghi"})"));
+    }
+  }
+}
+
 std::string NpmDir() {
   const char* cache = std::getenv("STRATA_CACHE_DIR");
   const char* home = std::getenv("HOME");

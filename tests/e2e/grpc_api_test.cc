@@ -4,6 +4,8 @@
 // bad input must be refused (with the gRPC code that matches the HTTP status).
 #include <grpcpp/grpcpp.h>
 
+#include <regex>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -208,6 +210,42 @@ TEST_F(GrpcApiTest, StopStringsEndTheTextAndAreNotReturned) {
   EXPECT_EQ(g.text[0], expected);
   EXPECT_EQ(g.finish[0], "stop");
   EXPECT_EQ(g.stop_reason[0], stop);
+}
+
+// Structured output over gRPC: the same compiler and checks as the HTTP API, and the same
+// outputs for the same seeded request.
+TEST_F(GrpcApiTest, StructuredOutputAsOverHttp) {
+  v1::GenerateRequest r = TextRequest(kPrompt, 40);
+  r.mutable_params()->set_temperature(1);
+  r.mutable_params()->set_seed(77);
+  r.mutable_params()->set_n(3);
+  r.mutable_params()->mutable_structured_output()->set_regex("[a-f]{2,4}-[0-9]{3}");
+  Generated g = Generate(r);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  const json http = HttpCompletion({{"prompt", kPrompt},
+                                    {"max_tokens", 40},
+                                    {"temperature", 1},
+                                    {"seed", 77},
+                                    {"n", 3},
+                                    {"guided_regex", "[a-f]{2,4}-[0-9]{3}"}});
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(std::regex_match(g.text[i], std::regex("[a-f]{2,4}-[0-9]{3}"))) << g.text[i];
+    EXPECT_EQ(g.finish[i], "stop");
+    EXPECT_EQ(g.text[i], http["choices"][i]["text"].get<std::string>());
+  }
+  r = TextRequest(kPrompt, 20);
+  r.mutable_params()->mutable_structured_output()->mutable_choice()->add_choices("left");
+  r.mutable_params()->mutable_structured_output()->mutable_choice()->add_choices("right");
+  g = Generate(r);
+  ASSERT_TRUE(g.status.ok());
+  EXPECT_TRUE(g.text[0] == "left" || g.text[0] == "right") << g.text[0];
+  r = TextRequest(kPrompt, 20);
+  r.mutable_params()->mutable_structured_output()->set_json_schema(
+      R"({"type": "object", "properties": {"x": {"type": "string", "format": "hostname"}}})");
+  g = Generate(r);
+  EXPECT_EQ(g.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(g.status.error_message().find("hostname"), std::string::npos)
+      << g.status.error_message();
 }
 
 TEST_F(GrpcApiTest, BadRequestsGetMatchingStatusCodes) {
