@@ -86,6 +86,7 @@ INSTANTIATE_TEST_SUITE_P(
         "errors: 429 when the queue is full, and the rest completes",
         "structured output: JSON Schema outputs validate",
         "structured output: parse, json_object, completions, regex, choice and grammar",
+        "structured output: min_tokens, logit_bias, stop strings and max_tokens",
         "structured output: bad schemas are 400s naming the problem",
         "tools: required, named, none, streamed and round-tripped"),
     TestName);

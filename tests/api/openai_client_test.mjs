@@ -250,67 +250,7 @@ const { default: addFormats } = await import(pathToFileURL(require.resolve("ajv-
 const ajv = new Ajv2020({ strict: false });
 addFormats(ajv);
 
-const schemas = {
-  person: {
-    type: "object",
-    properties: {
-      name: { type: "string", minLength: 1, maxLength: 8 },
-      age: { type: "integer", minimum: 0, maximum: 120 },
-      email: { type: "string", format: "email" },
-      role: { enum: ["admin", "user", "guest"] },
-      verified: { type: "boolean" },
-    },
-    required: ["name", "age", "role"],
-    additionalProperties: false,
-  },
-  order: {
-    type: "object",
-    properties: {
-      id: { type: "string", format: "uuid" },
-      placed: { type: "string", format: "date-time" },
-      items: {
-        type: "array",
-        minItems: 1,
-        maxItems: 3,
-        items: {
-          type: "object",
-          properties: {
-            sku: { type: "string", pattern: "^[A-Z]{3}-[0-9]{4}$" },
-            qty: { type: "integer", minimum: 1, maximum: 99 },
-            price: { type: "number", minimum: 0, maximum: 1000 },
-          },
-          required: ["sku", "qty"],
-        },
-      },
-      note: { anyOf: [{ type: "string", maxLength: 6 }, { type: "null" }] },
-    },
-    required: ["id", "items", "note"],
-  },
-  tree: {
-    $defs: {
-      node: {
-        type: "object",
-        properties: {
-          label: { type: "string", maxLength: 4 },
-          children: { type: "array", maxItems: 2, items: { $ref: "#/$defs/node" } },
-        },
-        required: ["label"],
-      },
-    },
-    $ref: "#/$defs/node",
-  },
-  weather: {
-    type: "object",
-    properties: {
-      city: { type: "string", maxLength: 10 },
-      date: { type: "string", format: "date" },
-      temp_c: { type: "integer", minimum: -60, maximum: 60 },
-      sky: { const: "clear" },
-      wind: { oneOf: [{ type: "integer", minimum: 0, maximum: 200 }, { enum: ["calm"] }] },
-    },
-    required: ["city", "date", "temp_c", "wind"],
-  },
-};
+const { schemas } = await import("./structured_schemas.mjs");
 
 test("structured output: JSON Schema outputs validate", async () => {
   let samples = 0;
@@ -389,6 +329,38 @@ test("structured output: parse, json_object, completions, regex, choice and gram
   assert.ok(ajv.validate(schemas.weather, JSON.parse(text)), text);
 });
 
+test("structured output: min_tokens, logit_bias, stop strings and max_tokens", async () => {
+  // min_tokens never forces a token the grammar forbids: the choice ends, and only end
+  // tokens follow it until min_tokens is reached.
+  const held = await client.completions.create({
+    model, prompt, max_tokens: 20, min_tokens: 8, guided_choice: ["yes", "no"], seed: 1,
+  });
+  assert.ok(["yes", "no"].includes(held.choices[0].text), held.choices[0].text);
+  assert.equal(held.choices[0].finish_reason, "stop");
+  // A logit_bias against every token but the end cannot push the grammar out.
+  const bias = {};
+  for (let t = 3; t < 300; t++) bias[t] = -100;
+  const biased = await client.completions.create({
+    model, prompt, max_tokens: 20, logit_bias: bias, guided_regex: "[0-9]{3}", seed: 2,
+  });
+  assert.match(biased.choices[0].text, /^[0-9]{3}$/);
+  // A stop string inside the JSON ends the output there.
+  const stopped = await client.chat.completions.create({
+    model, messages, max_tokens: 400, seed: 3, stop: [","],
+    response_format: { type: "json_schema", json_schema: { name: "person", schema: schemas.person } },
+  });
+  assert.equal(stopped.choices[0].finish_reason, "stop");
+  assert.ok(!stopped.choices[0].message.content.includes(","), stopped.choices[0].message.content);
+  assert.match(stopped.choices[0].message.content, /^ ?\{"name"/);
+  // max_tokens: "length", and the partial output.
+  const cut = await client.chat.completions.create({
+    model, messages, max_tokens: 5, seed: 4,
+    response_format: { type: "json_schema", json_schema: { name: "person", schema: schemas.person } },
+  });
+  assert.equal(cut.choices[0].finish_reason, "length");
+  assert.match(cut.choices[0].message.content, /^ ?\{/);
+});
+
 test("structured output: bad schemas are 400s naming the problem", async () => {
   const bad = async (response_format, pattern) => {
     await assert.rejects(
@@ -461,6 +433,10 @@ test("tools: required, named, none, streamed and round-tripped", async () => {
     model, messages, tools, tool_choice: "none", seed: 23, max_tokens: 8,
   });
   assert.equal(none.choices[0].message.tool_calls, undefined);
+  // auto: the model is free (this one writes text), and what it wrote comes back as text.
+  const auto = await client.chat.completions.create({ model, messages, tools, seed: 24, max_tokens: 8 });
+  assert.equal(typeof auto.choices[0].message.content, "string");
+  assert.equal(auto.choices[0].finish_reason, "length");
   // The client's own stream helper accumulates delta.tool_calls into whole calls.
   const runner = client.chat.completions.stream({
     model, messages, tools, seed: 22, max_tokens: 400, parallel_tool_calls: false,
