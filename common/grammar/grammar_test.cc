@@ -1,6 +1,8 @@
 #include "common/grammar/grammar.h"
 
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <random>
 #include <regex>
 #include <string>
@@ -13,6 +15,13 @@
 
 namespace strata::grammar {
 namespace {
+
+std::string NpmDir() {
+  const char* cache = std::getenv("STRATA_CACHE_DIR");
+  const char* home = std::getenv("HOME");
+  return (cache ? std::string(cache) : std::string(home ? home : "/root") + "/.cache/strata") +
+         "/npm";
+}
 
 std::shared_ptr<const Grammar> MustParse(const std::string& gbnf) {
   auto g = Grammar::Parse(gbnf);
@@ -301,11 +310,111 @@ TEST(JsonSchemaTest, AMegabyteSchemaCompilesOrIsRefusedClearly) {
   }
 }
 
-std::string NpmDir() {
-  const char* cache = std::getenv("STRATA_CACHE_DIR");
-  const char* home = std::getenv("HOME");
-  return (cache ? std::string(cache) : std::string(home ? home : "/root") + "/.cache/strata") +
-         "/npm";
+// Soundness against an independent validator: every string a schema's grammar accepts is
+// valid under ajv (with ajv-formats), on random walks through the grammars and mutations
+// of them. (The converse does not hold by design: the grammar writes one layout.)
+TEST(JsonSchemaTest, EveryAcceptedStringIsValidForAjv) {
+  const std::vector<std::string> schemas = {
+      R"({"type":"object","properties":{"name":{"type":"string","minLength":1,"maxLength":6},
+          "age":{"type":"integer","minimum":-5,"maximum":130},"tags":{"type":"array",
+          "items":{"enum":["a","b\"c",null,1.5]},"maxItems":3},"ok":{"type":["boolean","null"]}},
+          "required":["name","age"]})",
+      R"({"type":"object","properties":{"when":{"type":"string","format":"date-time"},
+          "id":{"type":"string","format":"uuid"},"mail":{"type":"string","format":"email"},
+          "day":{"type":"string","format":"date"},"at":{"type":"string","format":"time"},
+          "code":{"type":"string","pattern":"^[A-Z]{2}[0-9]?-(x|yy)$"}},
+          "required":["when","id","mail","day","at","code"]})",
+      R"({"$defs":{"n":{"type":"object","properties":{"v":{"type":"number","minimum":0,
+          "maximum":9},"k":{"type":"array","maxItems":2,"items":{"$ref":"#/$defs/n"}}},
+          "required":["v"]}},"$ref":"#/$defs/n"})",
+      R"({"anyOf":[{"const":{"x":[1,"é"]}},{"type":"integer","exclusiveMinimum":3,
+          "exclusiveMaximum":70},{"type":"string","maxLength":3,"minLength":2}]})",
+  };
+  std::mt19937 rng(5);
+  nlohmann::json input = {{"schemas", nlohmann::json::array()},
+                          {"instances", nlohmann::json::array()}};
+  int accepted = 0;
+  for (size_t k = 0; k < schemas.size(); ++k) {
+    input["schemas"].push_back(nlohmann::json::parse(schemas[k]));
+    auto g = SchemaGrammar(schemas[k]);
+    ASSERT_NE(g, nullptr);
+    for (int walk = 0; walk < 150; ++walk) {
+      std::string text;
+      State state = State::Start(*g);
+      bool done = false;
+      for (int step = 0; step < 600 && !done; ++step) {
+        const auto next = state.NextBytes(*g);
+        if (state.accepting() && (next.none() || rng() % 6 == 0)) {
+          done = true;
+          break;
+        }
+        std::vector<int> choices;
+        for (int b = 0; b < 256; ++b) {
+          if (next.test(b)) choices.push_back(b);
+        }
+        if (choices.empty()) break;
+        const char c = static_cast<char>(choices[rng() % choices.size()]);
+        text.push_back(c);
+        state = state.Advance(*g, std::string(1, c));
+      }
+      if (!done) continue;
+      // The walk, and mutations of it that the grammar still accepts.
+      std::vector<std::string> candidates = {text};
+      for (int m = 0; m < 6; ++m) {
+        std::string t = text;
+        const size_t at = rng() % (t.size() + 1);
+        const char c = "0123456789\"aé{}[],:-.zZ"[rng() % 24];
+        if (rng() % 2 && at < t.size())
+          t[at] = c;
+        else
+          t.insert(t.begin() + at, c);
+        candidates.push_back(t);
+      }
+      for (const std::string& t : candidates) {
+        if (!Accepts(*g, t)) continue;
+        ++accepted;
+        input["instances"].push_back({k, t});
+      }
+    }
+  }
+  ASSERT_GT(accepted, 300);
+  std::printf("%d accepted strings checked with ajv\n", accepted);
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = tmp ? tmp : "/tmp";
+  const std::string in_path = dir + "/ajv_input.json", script = dir + "/ajv_check.mjs";
+  std::ofstream(in_path) << input.dump();
+  std::ofstream(script) << R"JS(
+import fs from "node:fs";
+import path from "node:path";
+import { createRequire } from "node:module";
+import { pathToFileURL } from "node:url";
+const require = createRequire(path.join(process.argv[2], "package.json"));
+const { default: Ajv2020 } = await import(pathToFileURL(require.resolve("ajv/dist/2020.js")).href);
+const { default: addFormats } = await import(pathToFileURL(require.resolve("ajv-formats")).href);
+const ajv = new Ajv2020({ strict: false });
+addFormats(ajv);
+const input = JSON.parse(fs.readFileSync(process.argv[3], "utf8"));
+const validators = input.schemas.map((s) => ajv.compile(s));
+const verdicts = input.instances.map(([k, text]) => {
+  try { return validators[k](JSON.parse(text)); } catch { return false; }
+});
+console.log(JSON.stringify(verdicts));
+)JS";
+  FILE* p = popen(("node '" + script + "' '" + NpmDir() + "' '" + in_path + "' 2>&1").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  ASSERT_EQ(pclose(p), 0) << out;
+  const auto verdicts = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_TRUE(verdicts.is_array()) << out;
+  ASSERT_EQ(verdicts.size(), input["instances"].size());
+  for (size_t i = 0; i < verdicts.size(); ++i) {
+    EXPECT_TRUE(verdicts[i].get<bool>())
+        << "accepted but invalid for ajv: " << input["instances"][i][1].get<std::string>()
+        << "\nschema: " << schemas[input["instances"][i][0].get<size_t>()];
+  }
 }
 
 // Masks on real vocabularies (Llama 2's SentencePiece with byte fallback; Qwen 2.5's and
