@@ -205,16 +205,15 @@ void ToolCallStream::StreamCall(std::vector<ToolCallDelta>* deltas) {
         head_ = Head::kWhole;
         return;
       case HeadMatch::kYes:
-        head_ = Head::kStreaming;
-        args_at_ = kHermesOpen.size() + at;
-        args_sent_ = 0;
-        depth_ = 0;
-        in_string_ = escaped_ = args_done_ = false;
-        deltas->push_back({next_index_, name, ""});
+        StartCall(name, kHermesOpen.size() + at, deltas);
         break;
     }
   }
-  if (head_ != Head::kStreaming || args_done_) return;
+  if (head_ == Head::kStreaming) StreamArgs(deltas);
+}
+
+void ToolCallStream::StreamArgs(std::vector<ToolCallDelta>* deltas) {
+  if (args_done_) return;
   // Stream the arguments' characters written so far, up to the brace that closes them.
   size_t end = args_at_ + args_sent_;
   for (; end < pending_.size() && !args_done_; ++end) {
@@ -239,6 +238,71 @@ void ToolCallStream::StreamCall(std::vector<ToolCallDelta>* deltas) {
   if (end > from) {
     deltas->push_back({next_index_, "", pending_.substr(from, end - from)});
     args_sent_ = end - args_at_;
+  }
+}
+
+void ToolCallStream::StartCall(const std::string& name, size_t args_at,
+                               std::vector<ToolCallDelta>* deltas) {
+  head_ = Head::kStreaming;
+  args_at_ = args_at;
+  args_sent_ = 0;
+  depth_ = 0;
+  in_string_ = escaped_ = args_done_ = false;
+  deltas->push_back({next_index_, name, ""});
+}
+
+void ToolCallStream::StreamList(std::vector<ToolCallDelta>* deltas) {
+  const std::string_view separators = format_ == ToolCallFormat::kLlama3 ? ";" : "[,]";
+  while (!list_whole_) {
+    if (head_ == Head::kStreaming) {
+      StreamArgs(deltas);
+      if (!args_done_) return;
+      // The call object closes after its arguments.
+      size_t i = args_at_ + args_sent_;
+      while (i < pending_.size() && absl::ascii_isspace(static_cast<unsigned char>(pending_[i])))
+        ++i;
+      if (i >= pending_.size()) return;
+      ++next_index_;
+      ++streamed_calls_;
+      head_ = Head::kUnknown;
+      if (pending_[i] != '}') {  // an unusual call: what follows comes out whole
+        list_whole_ = true;
+        whole_from_ = i;
+        return;
+      }
+      cursor_ = i + 1;
+      continue;
+    }
+    size_t i = cursor_;
+    for (;;) {
+      while (i < pending_.size() && (absl::ascii_isspace(static_cast<unsigned char>(pending_[i])) ||
+                                     separators.find(pending_[i]) != std::string_view::npos)) {
+        ++i;
+      }
+      const std::string_view rest = std::string_view(pending_).substr(i);
+      if (format_ == ToolCallFormat::kLlama3 && !rest.empty() && rest[0] == '<') {
+        if (rest.size() < kPythonTag.size() && StartsWith(kPythonTag, rest)) return;
+        if (StartsWith(rest, kPythonTag)) {
+          i += kPythonTag.size();
+          continue;
+        }
+      }
+      break;
+    }
+    if (i >= pending_.size()) return;
+    std::string name;
+    size_t at = 0;
+    switch (MatchHead(std::string_view(pending_).substr(i), &name, &at)) {
+      case HeadMatch::kNeedMore:
+        return;
+      case HeadMatch::kNo:
+        list_whole_ = true;
+        whole_from_ = i;
+        return;
+      case HeadMatch::kYes:
+        StartCall(name, i + at, deltas);
+        break;
+    }
   }
 }
 
@@ -290,12 +354,18 @@ std::string ToolCallStream::Push(std::string_view text, std::vector<ToolCallDelt
         decided_ = true;
         in_calls_ = lead[0] == '{' || StartsWith(lead, kPythonTag);
       }
-      if (in_calls_) return content;  // decided at the end
+      if (in_calls_) {
+        StreamList(deltas);
+        return content;
+      }
       content.swap(pending_);
       return content;
     }
     case ToolCallFormat::kMistral: {
-      if (in_calls_) return content;
+      if (in_calls_) {
+        StreamList(deltas);
+        return content;
+      }
       const size_t marker = pending_.find(kMistralMarker);
       if (marker == std::string::npos) {
         const size_t keep = HeldBack(pending_, kMistralMarker);
@@ -306,6 +376,8 @@ std::string ToolCallStream::Push(std::string_view text, std::vector<ToolCallDelt
       content = pending_.substr(0, marker);
       pending_.erase(0, marker);
       in_calls_ = true;
+      cursor_ = kMistralMarker.size();
+      StreamList(deltas);
       return content;
     }
   }
@@ -313,6 +385,21 @@ std::string ToolCallStream::Push(std::string_view text, std::vector<ToolCallDelt
 }
 
 std::string ToolCallStream::Finish(std::vector<ToolCallDelta>* deltas) {
+  if (in_calls_ && format_ != ToolCallFormat::kHermes &&
+      (streamed_calls_ > 0 || head_ == Head::kStreaming)) {
+    // Calls were streamed: a call cut short stands as streamed, and calls after an unusual
+    // one are parsed whole.
+    if (head_ == Head::kStreaming) ++next_index_;
+    std::string rest = list_whole_ ? pending_.substr(whole_from_) : std::string();
+    pending_.clear();
+    if (rest.empty()) return "";
+    std::vector<ToolCall> found = format_ == ToolCallFormat::kLlama3
+                                      ? Llama3Calls(rest)
+                                      : CallsFromJson("[" + std::string(Trim(rest)));
+    if (found.empty()) return rest;  // not calls: text, so nothing is lost
+    AddWhole(found, deltas);
+    return "";
+  }
   if (in_calls_ && format_ == ToolCallFormat::kHermes && head_ == Head::kStreaming) {
     // A streamed call cut before its closing tag (max_tokens): what was streamed stands.
     pending_.clear();

@@ -49,9 +49,10 @@ struct ToolCallDelta {
 
 // Streams: text in as it comes, content and pieces of calls out. Text that may be the
 // start of a call is held back until it is decided, so call markup never reaches the
-// content. In the hermes format a call's arguments stream as the model writes them, once
-// the call has the usual shape ({"name": ..., "arguments": {...}}); otherwise, and in the
-// other formats, a call comes out whole when it is complete.
+// content. A call's arguments stream as the model writes them once the call has the usual
+// shape ({"name": ..., "arguments" or "parameters": {...}}); a call of another shape comes
+// out whole when it is complete (in the llama3 and mistral formats, with every call after
+// it).
 class ToolCallStream {
  public:
   explicit ToolCallStream(ToolCallFormat format) : format_(format) {}
@@ -64,6 +65,10 @@ class ToolCallStream {
   // Hermes, inside a call: starts streaming it when its head is there, streams its
   // arguments as far as they are written.
   void StreamCall(std::vector<ToolCallDelta>* deltas);
+  // Llama 3 and Mistral, among the calls: streams each call of the usual shape.
+  void StreamList(std::vector<ToolCallDelta>* deltas);
+  void StartCall(const std::string& name, size_t args_at, std::vector<ToolCallDelta>* deltas);
+  void StreamArgs(std::vector<ToolCallDelta>* deltas);
   void AddWhole(const std::vector<ToolCall>& calls, std::vector<ToolCallDelta>* deltas);
 
   ToolCallFormat format_;
@@ -78,6 +83,12 @@ class ToolCallStream {
   size_t args_sent_ = 0;
   int depth_ = 0;
   bool in_string_ = false, escaped_ = false, args_done_ = false;
+  // Llama 3 and Mistral: where the next call (or separator) begins, calls streamed, and
+  // from where the calls come out whole after an unusual one.
+  size_t cursor_ = 0;
+  int streamed_calls_ = 0;
+  bool list_whole_ = false;
+  size_t whole_from_ = 0;
 };
 
 // Validated `tools` of a chat request: each {"type": "function", "function": {"name",

@@ -113,6 +113,40 @@ TEST(ToolCallsTest, HermesArgumentsStreamAsTheyAreWritten) {
   EXPECT_EQ(arguments, R"({"city": "Paris, \"}" })");
 }
 
+TEST(ToolCallsTest, Llama3AndMistralArgumentsStreamToo) {
+  const std::vector<std::pair<ToolCallFormat, std::vector<const char*>>> cases = {
+      {ToolCallFormat::kLlama3,
+       {"<|python", "_tag|>{\"name\": \"a\", \"parameters\": {\"q\": \"x", "yz\", \"n\": [1, ",
+        "2]}}; {\"name\": \"b\", \"parameters\": {", "}}"}},
+      {ToolCallFormat::kMistral,
+       {"[TOOL_", "CALLS][{\"name\": \"a\", \"arguments\": {\"q\": \"x", "yz\", \"n\": [1, ",
+        "2]}}, {\"name\": \"b\", \"arguments\": {", "}}]"}},
+  };
+  for (const auto& [format, pieces] : cases) {
+    ToolCallStream stream(format);
+    std::vector<ToolCallDelta> deltas;
+    std::string content;
+    int pieces_with_deltas = 0;
+    for (const char* piece : pieces) {
+      const size_t before = deltas.size();
+      content += stream.Push(piece, &deltas);
+      pieces_with_deltas += deltas.size() > before;
+    }
+    content += stream.Finish(&deltas);
+    EXPECT_EQ(content, "");
+    EXPECT_GE(pieces_with_deltas, 3) << "the calls did not stream";
+    std::vector<std::string> names(2), args(2);
+    for (const ToolCallDelta& d : deltas) {
+      ASSERT_LT(d.index, 2);
+      names[d.index] += d.name;
+      args[d.index] += d.arguments;
+    }
+    EXPECT_EQ(names, (std::vector<std::string>{"a", "b"}));
+    EXPECT_EQ(args[0], R"({"q": "xyz", "n": [1, 2]})");
+    EXPECT_EQ(args[1], "{}");
+  }
+}
+
 TEST(ToolCallsTest, FormatFollowsTheTemplate) {
   EXPECT_EQ(ToolCallFormatOfTemplate("... <tool_call> ..."), ToolCallFormat::kHermes);
   EXPECT_EQ(ToolCallFormatOfTemplate("... [TOOL_CALLS] ..."), ToolCallFormat::kMistral);
