@@ -18,10 +18,15 @@ TokenMask MaskCache::Find(const std::string& key) {
 }
 
 void MaskCache::Put(const std::string& key, TokenMask mask) {
+  if (key.size() > kMaxKeyBytes) return;
+  const size_t bytes = key.size() + mask->size() * sizeof(uint64_t);
   absl::MutexLock lock(&mu_);
   // Full: start over (the states in use now come back at once).
-  if (masks_.size() >= kCapacity) masks_.clear();
-  masks_.emplace(key, std::move(mask));
+  if (bytes_ + bytes > kMaxBytes) {
+    masks_.clear();
+    bytes_ = 0;
+  }
+  if (masks_.emplace(key, std::move(mask)).second) bytes_ += bytes;
 }
 
 absl::StatusOr<CompiledGrammar> GrammarCache::Get(const std::string& gbnf) {
@@ -73,12 +78,21 @@ bool SequenceGrammar::IsEnd(int32_t token) const {
 }
 
 absl::Status SequenceGrammar::Feed(int32_t token, int64_t position) {
+  if (position + 1 == next_ && token != last_token_) {
+    // The last position again, with another token (a step whose result was lost, drawn
+    // again): back one state.
+    state_ = previous_;
+    ended_ = previous_ended_;
+    --next_;
+  }
   if (position < next_) return absl::OkStatus();
   if (position > next_) {
     return absl::InternalError(absl::StrCat("structured output: token at position ", position,
                                             " before the one at ", next_));
   }
   previous_ = state_;
+  previous_ended_ = ended_;
+  last_token_ = token;
   ++next_;
   if (ended_) return absl::OkStatus();  // after the end (ignore_eos): nothing more to match
   if (IsEnd(token) && state_.accepting()) {
@@ -92,9 +106,10 @@ absl::Status SequenceGrammar::Feed(int32_t token, int64_t position) {
     state_ = state_.Advance(*grammar_, vocab_->vocabulary.token(token));
   }
   if (state_.dead()) {
-    return absl::InvalidArgumentError(absl::StrCat("structured output: token ", token,
-                                                   " at position ", position,
-                                                   " does not follow the grammar"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "structured output: token ", token, " at position ", position,
+        " does not follow the grammar, or the grammar's expansion there exceeds the matcher's "
+        "limits"));
   }
   return absl::OkStatus();
 }
@@ -123,6 +138,13 @@ absl::StatusOr<TokenMask> SequenceGrammar::Allowed(int64_t position) const {
   }
   TokenMask mask = std::make_shared<const std::vector<uint64_t>>(
       grammar::AllowedTokens(*grammar_, vocab_->vocabulary, *state, vocab_->end_tokens));
+  bool any = false;
+  for (uint64_t w : *mask) any = any || w != 0;
+  if (!any) {
+    return absl::InvalidArgumentError(
+        "structured output: no token can follow here (the grammar's expansion exceeds the "
+        "matcher's limits, or no token of the vocabulary spells what it wants next)");
+  }
   if (masks_) masks_->Put(key, mask);
   return mask;
 }

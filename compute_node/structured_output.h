@@ -32,7 +32,10 @@ using TokenMask = std::shared_ptr<const std::vector<uint64_t>>;
 // same states. Thread-safe (draws run in parallel).
 class MaskCache {
  public:
-  static constexpr size_t kCapacity = 2048;  // masks kept (a 32k vocabulary: 4 KiB each)
+  // Bytes of masks and keys kept per grammar (a 32k vocabulary's mask is 4 KiB), and the
+  // largest key worth keeping (a state's stacks; deep nesting makes long keys).
+  static constexpr size_t kMaxBytes = 16 << 20;
+  static constexpr size_t kMaxKeyBytes = 4096;
   TokenMask Find(const std::string& key);
   void Put(const std::string& key, TokenMask mask);
   int64_t hits() const { return hits_.load(); }
@@ -41,6 +44,7 @@ class MaskCache {
  private:
   absl::Mutex mu_;
   std::unordered_map<std::string, TokenMask> masks_ ABSL_GUARDED_BY(mu_);
+  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> hits_{0}, misses_{0};
 };
 
@@ -50,10 +54,10 @@ struct CompiledGrammar {
 };
 
 // Compiled grammars by text, each with its mask cache; the most recently used kCapacity
-// are kept.
+// are kept (so masks take at most kCapacity x MaskCache::kMaxBytes).
 class GrammarCache {
  public:
-  static constexpr size_t kCapacity = 256;
+  static constexpr size_t kCapacity = 32;
   absl::StatusOr<CompiledGrammar> Get(const std::string& gbnf);
 
  private:
@@ -91,6 +95,10 @@ class SequenceGrammar {
   grammar::State state_, previous_;
   int64_t next_;        // the position state_ is for
   bool ended_ = false;  // an end token was fed
+  // The last token fed, and whether the end had come before it: a position drawn again
+  // with another token goes back one state.
+  int32_t last_token_ = -1;
+  bool previous_ended_ = false;
 };
 
 }  // namespace strata

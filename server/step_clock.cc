@@ -12,7 +12,7 @@ int AdviseMemoryNodes(double compute_seconds, double attention_seconds, int memo
   // t_a(M') = t_a(M) * M / M' = t_m / others.
   const double nodes = attention_seconds * memory_nodes * others / compute_seconds;
   // A hair below an integer is that integer (timings are noisy, not exact).
-  return std::max(1, static_cast<int>(std::ceil(nodes - 1e-6)));
+  return static_cast<int>(std::clamp(std::ceil(nodes - 1e-6), 1.0, 1e6));
 }
 
 void StepClock::Observe(absl::Duration wall, const StepTiming& timing, bool decode_only,

@@ -18,8 +18,10 @@ namespace strata::grammar {
 
 namespace {
 
-constexpr size_t kMaxStacks = 4096;  // per state: beyond it the grammar is too ambiguous
-constexpr size_t kMaxDepth = 20000;  // per stack
+constexpr size_t kMaxStacks = 4096;     // per state: beyond it the grammar is too ambiguous
+constexpr size_t kMaxVisits = 200000;   // stacks visited expanding one state
+constexpr int kMaxNullableRun = 10000;  // items in a row that may match nothing
+constexpr size_t kMaxDepth = 20000;     // per stack
 
 using Range = CodePointRange;
 
@@ -164,23 +166,25 @@ class Builder {
     }
     // Alternatives that can never finish (they use a rule with no finite string) are
     // dropped, so that the matcher never walks into them; a root with none left is an error.
-    std::vector<bool> productive(rules_.size(), false);
-    for (bool changed = true; changed;) {
-      changed = false;
-      for (size_t r = 0; r < rules_.size(); ++r) {
-        if (productive[r]) continue;
-        for (const auto& alt : rules_[r]) {
-          bool all = true;
-          for (const Item& i : alt) all = all && (!i.is_rule || productive[i.value]);
-          if (all) {
-            productive[r] = changed = true;
-            break;
+    const std::vector<bool> productive = Closure(/*bytes_count=*/true);
+    if (!productive[root]) {
+      return absl::InvalidArgumentError("the grammar admits no finite string");
+    }
+    // Long runs of items that may match nothing are expanded item by item on every byte
+    // that reaches them: refused past a bound (the matcher's own budget catches the rest).
+    const std::vector<bool> nullable = Closure(/*bytes_count=*/false);
+    for (const auto& rule : rules_) {
+      for (const Alternative& alt : rule) {
+        int run = 0;
+        for (const Item& i : alt) {
+          run = i.is_rule && nullable[i.value] ? run + 1 : 0;
+          if (run > kMaxNullableRun) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "the grammar has more than ", kMaxNullableRun,
+                " items in a row that may match nothing, beyond the matcher's limits"));
           }
         }
       }
-    }
-    if (!productive[root]) {
-      return absl::InvalidArgumentError("the grammar admits no finite string");
     }
     for (auto& rule : rules_) {
       rule.erase(std::remove_if(rule.begin(), rule.end(),
@@ -208,25 +212,52 @@ class Builder {
   }
 
  private:
+  // Rules with an alternative whose items all qualify: a byte set qualifies when
+  // `bytes_count` (productive: has a finite string) or never (nullable: matches nothing),
+  // a rule when it is marked. A worklist over the rules' uses: linear in the grammar.
+  std::vector<bool> Closure(bool bytes_count) const {
+    const size_t n = rules_.size();
+    std::vector<bool> marked(n, false);
+    std::vector<std::pair<int, int>> alts;  // (rule, items still missing)
+    std::vector<std::vector<int>> uses(n);  // rule -> alternatives using it, once per use
+    std::vector<int> ready;
+    for (size_t r = 0; r < n; ++r) {
+      for (const Alternative& alt : rules_[r]) {
+        int missing = 0;
+        bool possible = true;
+        for (const Item& i : alt) {
+          if (i.is_rule) {
+            ++missing;
+          } else {
+            possible = possible && bytes_count;
+          }
+        }
+        if (!possible) continue;
+        const int id = static_cast<int>(alts.size());
+        alts.push_back({static_cast<int>(r), missing});
+        for (const Item& i : alt) {
+          if (i.is_rule) uses[i.value].push_back(id);
+        }
+        if (missing == 0) ready.push_back(static_cast<int>(r));
+      }
+    }
+    while (!ready.empty()) {
+      const int r = ready.back();
+      ready.pop_back();
+      if (marked[r]) continue;
+      marked[r] = true;
+      for (int id : uses[r]) {
+        if (--alts[id].second == 0) ready.push_back(alts[id].first);
+      }
+    }
+    return marked;
+  }
+
   // Expansion without consuming a byte must end: a rule may reach itself through leftmost
   // positions only by tail calls (which do not grow the stack).
   absl::Status CheckLeftRecursion() {
     const size_t n = rules_.size();
-    std::vector<bool> nullable(n, false);
-    for (bool changed = true; changed;) {
-      changed = false;
-      for (size_t r = 0; r < n; ++r) {
-        if (nullable[r]) continue;
-        for (const auto& alt : rules_[r]) {
-          bool all = true;
-          for (const Item& i : alt) all = all && i.is_rule && nullable[i.value];
-          if (all) {
-            nullable[r] = changed = true;
-            break;
-          }
-        }
-      }
-    }
+    const std::vector<bool> nullable = Closure(/*bytes_count=*/false);
     struct Edge {
       int to;
       bool tail;
@@ -241,22 +272,53 @@ class Builder {
         }
       }
     }
-    // A cycle through a non-tail edge u -> v: v reaches u.
+    // A cycle through a non-tail edge u -> v: u and v in one strongly connected component
+    // (Tarjan's algorithm, iterative).
+    std::vector<int> index(n, -1), low(n, 0), component(n, -1);
+    std::vector<bool> on_stack(n, false);
+    std::vector<int> stack;
+    int counter = 0, components = 0;
+    for (size_t root = 0; root < n; ++root) {
+      if (index[root] >= 0) continue;
+      std::vector<std::pair<int, size_t>> frames = {{static_cast<int>(root), 0}};
+      index[root] = low[root] = counter++;
+      stack.push_back(static_cast<int>(root));
+      on_stack[root] = true;
+      while (!frames.empty()) {
+        auto& [u, next] = frames.back();
+        if (next < edges[u].size()) {
+          const int v = edges[u][next++].to;
+          if (index[v] < 0) {
+            index[v] = low[v] = counter++;
+            stack.push_back(v);
+            on_stack[v] = true;
+            frames.push_back({v, 0});
+          } else if (on_stack[v]) {
+            low[u] = std::min(low[u], index[v]);
+          }
+          continue;
+        }
+        if (low[u] == index[u]) {
+          int w;
+          do {
+            w = stack.back();
+            stack.pop_back();
+            on_stack[w] = false;
+            component[w] = components;
+          } while (w != u);
+          ++components;
+        }
+        const int done = u;
+        frames.pop_back();
+        if (!frames.empty())
+          low[frames.back().first] = std::min(low[frames.back().first], low[done]);
+      }
+    }
     for (size_t u = 0; u < n; ++u) {
       for (const Edge& e : edges[u]) {
-        if (e.tail) continue;
-        std::vector<bool> seen(n, false);
-        std::vector<int> todo = {e.to};
-        while (!todo.empty()) {
-          const int x = todo.back();
-          todo.pop_back();
-          if (x == static_cast<int>(u)) {
-            return absl::InvalidArgumentError(
-                absl::StrCat("rule '", names_[u], "' is left-recursive"));
-          }
-          if (seen[x]) continue;
-          seen[x] = true;
-          for (const Edge& f : edges[x]) todo.push_back(f.to);
+        if (!e.tail && component[u] == component[e.to]) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("rule '", names_[u], "' is left-recursive"));
         }
       }
     }
@@ -512,7 +574,9 @@ class Parser {
       if (pos_ >= text_.size()) return Error("unterminated character class");
       ++pos_;
       if (negate) ranges = Complement(std::move(ranges));
-      if (ranges.empty()) return Error("a character class that matches nothing");
+      bool any = false;  // surrogates are no characters
+      for (auto [lo, hi] : ranges) any = any || lo < 0xD800 || hi > 0xDFFF;
+      if (!any) return Error("a character class that matches nothing");
       return b_.Class(std::move(ranges));
     }
     if (c == '.') {
@@ -540,34 +604,44 @@ class Parser {
 };
 
 // Expands a stack until its top is a byte set (or it is empty), into `out`. `seen` stops
-// tail-call loops that consume nothing.
-bool Expand(const Grammar& g, std::vector<int32_t> stack, std::set<std::vector<int32_t>>* out,
+// tail-call loops that consume nothing. Iterative, with a budget of stacks visited per
+// call (shared through `seen`): a grammar whose expansion would go on past it (long chains
+// of rules that match nothing, ambiguity) gives false, never a deep recursion or a hang.
+bool Expand(const Grammar& g, std::vector<int32_t> start, std::set<std::vector<int32_t>>* out,
             std::set<std::vector<int32_t>>* seen) {
-  if (stack.size() > kMaxDepth || out->size() > kMaxStacks) return false;
-  if (!seen->insert(stack).second) return true;
-  if (stack.empty()) {
-    out->insert(stack);
-    return true;
-  }
-  const int32_t p = stack.back();
-  const Element& e = g.elements()[p];
-  switch (e.kind) {
-    case Element::Kind::kBytes:
-      out->insert(std::move(stack));
-      return true;
-    case Element::Kind::kEnd:
-      stack.pop_back();
-      return Expand(g, std::move(stack), out, seen);
-    case Element::Kind::kRule: {
-      stack.pop_back();
-      // The continuation, unless the rule is the alternative's last element (a tail call).
-      if (g.elements()[p + 1].kind != Element::Kind::kEnd) stack.push_back(p + 1);
-      for (int32_t alt : g.alternatives(e.value)) {
-        std::vector<int32_t> next = stack;
-        next.push_back(alt);
-        if (!Expand(g, std::move(next), out, seen)) return false;
+  std::vector<std::vector<int32_t>> work;
+  work.push_back(std::move(start));
+  while (!work.empty()) {
+    std::vector<int32_t> stack = std::move(work.back());
+    work.pop_back();
+    for (;;) {
+      if (stack.size() > kMaxDepth || out->size() > kMaxStacks || seen->size() > kMaxVisits) {
+        return false;
       }
-      return true;
+      if (!seen->insert(stack).second) break;
+      if (stack.empty()) {
+        out->insert(stack);
+        break;
+      }
+      const int32_t p = stack.back();
+      const Element& e = g.elements()[p];
+      if (e.kind == Element::Kind::kBytes) {
+        out->insert(std::move(stack));
+        break;
+      }
+      stack.pop_back();
+      if (e.kind == Element::Kind::kEnd) continue;
+      // A rule: its continuation, unless it is the alternative's last element (a tail
+      // call), then each alternative.
+      if (g.elements()[p + 1].kind != Element::Kind::kEnd) stack.push_back(p + 1);
+      const std::vector<int32_t>& alts = g.alternatives(e.value);
+      if (alts.empty()) break;
+      for (size_t a = 1; a < alts.size(); ++a) {
+        std::vector<int32_t> next = stack;
+        next.push_back(alts[a]);
+        work.push_back(std::move(next));
+      }
+      stack.push_back(alts[0]);
     }
   }
   return true;
@@ -588,7 +662,13 @@ std::vector<CodePointRange> Complement(std::vector<CodePointRange> ranges) {
 }
 
 absl::StatusOr<std::shared_ptr<const Grammar>> Grammar::Parse(std::string_view gbnf) {
-  return Parser(gbnf).Run();
+  auto g = Parser(gbnf).Run();
+  if (g.ok() && State::Start(**g).dead()) {
+    return absl::InvalidArgumentError(
+        "the grammar's start expands beyond the matcher's limits (too ambiguous, or too many "
+        "rules in a row that match nothing)");
+  }
+  return g;
 }
 
 State State::Start(const Grammar& g) {

@@ -179,8 +179,10 @@ std::list<std::string> compiled_order;
 std::unordered_map<std::string, std::pair<std::string, std::list<std::string>::iterator>> compiled;
 
 std::variant<std::string, ApiError> CompileStructured(const StructuredOutput& so) {
+  // Each choice with its length, so that no choice can pass for several.
   std::string key = absl::StrCat(static_cast<int>(so.kind), ":", so.text);
-  for (const std::string& c : so.choices) absl::StrAppend(&key, "\x1f", c);
+  for (const std::string& c : so.choices) absl::StrAppend(&key, ":", c.size(), ":", c);
+
   {
     std::lock_guard<std::mutex> lock(compiled_mu);
     auto it = compiled.find(key);

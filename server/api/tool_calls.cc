@@ -244,6 +244,7 @@ void ToolCallStream::StreamArgs(std::vector<ToolCallDelta>* deltas) {
 void ToolCallStream::StartCall(const std::string& name, size_t args_at,
                                std::vector<ToolCallDelta>* deltas) {
   head_ = Head::kStreaming;
+  in_tail_ = false;
   args_at_ = args_at;
   args_sent_ = 0;
   depth_ = 0;
@@ -257,20 +258,40 @@ void ToolCallStream::StreamList(std::vector<ToolCallDelta>* deltas) {
     if (head_ == Head::kStreaming) {
       StreamArgs(deltas);
       if (!args_done_) return;
-      // The call object closes after its arguments.
-      size_t i = args_at_ + args_sent_;
-      while (i < pending_.size() && absl::ascii_isspace(static_cast<unsigned char>(pending_[i])))
-        ++i;
-      if (i >= pending_.size()) return;
+      // The rest of the call object (other keys, such as an id, may follow the arguments),
+      // up to the brace that closes it.
+      if (!in_tail_) {
+        in_tail_ = true;
+        tail_at_ = args_at_ + args_sent_;
+        depth_ = 1;
+        in_string_ = escaped_ = false;
+      }
+      size_t i = tail_at_;
+      for (; i < pending_.size() && depth_ > 0; ++i) {
+        const char c = pending_[i];
+        if (in_string_) {
+          if (escaped_) {
+            escaped_ = false;
+          } else if (c == '\\') {
+            escaped_ = true;
+          } else if (c == '"') {
+            in_string_ = false;
+          }
+        } else if (c == '"') {
+          in_string_ = true;
+        } else if (c == '{' || c == '[') {
+          ++depth_;
+        } else if (c == '}' || c == ']') {
+          --depth_;
+        }
+      }
+      tail_at_ = i;
+      if (depth_ > 0) return;
       ++next_index_;
       ++streamed_calls_;
       head_ = Head::kUnknown;
-      if (pending_[i] != '}') {  // an unusual call: what follows comes out whole
-        list_whole_ = true;
-        whole_from_ = i;
-        return;
-      }
-      cursor_ = i + 1;
+      in_tail_ = false;
+      cursor_ = i;
       continue;
     }
     size_t i = cursor_;

@@ -86,6 +86,8 @@ class ToolCallStream {
   // Llama 3 and Mistral: where the next call (or separator) begins, calls streamed, and
   // from where the calls come out whole after an unusual one.
   size_t cursor_ = 0;
+  bool in_tail_ = false;  // past a streamed call's arguments, before its closing brace
+  size_t tail_at_ = 0;
   int streamed_calls_ = 0;
   bool list_whole_ = false;
   size_t whole_from_ = 0;

@@ -77,6 +77,12 @@ TEST(ToolCallsTest, ParsesEveryFormatWholeAndStreamed) {
        "Sure.",
        {{"f", R"({"x":true})"}, {"g", R"({"y":2})"}}},
       {ToolCallFormat::kMistral, "[TOOL_CALLS] broken", "[TOOL_CALLS] broken", {}},
+      // Keys after the arguments (Mistral's call ids) do not lose the calls after them.
+      {ToolCallFormat::kMistral,
+       "[TOOL_CALLS][{\"name\":\"f\",\"arguments\":{\"a\":1},\"id\":\"abc123xyz\"},"
+       "{\"name\":\"g\",\"arguments\":{}}]",
+       "",
+       {{"f", R"({"a":1})"}, {"g", "{}"}}},
   };
   std::mt19937 rng(3);
   for (const Case& c : cases) {
