@@ -217,28 +217,35 @@ void ToolCallStream::StreamArgs(std::vector<ToolCallDelta>* deltas) {
   // Stream the arguments' characters written so far, up to the brace that closes them.
   size_t end = args_at_ + args_sent_;
   for (; end < pending_.size() && !args_done_; ++end) {
-    const char c = pending_[end];
-    if (in_string_) {
-      if (escaped_) {
-        escaped_ = false;
-      } else if (c == '\\') {
-        escaped_ = true;
-      } else if (c == '"') {
-        in_string_ = false;
-      }
-    } else if (c == '"') {
-      in_string_ = true;
-    } else if (c == '{' || c == '[') {
-      ++depth_;
-    } else if (c == '}' || c == ']') {
-      args_done_ = --depth_ == 0;
-    }
+    if (Track(pending_[end]) && depth_ == 0) args_done_ = true;
   }
   const size_t from = args_at_ + args_sent_;
   if (end > from) {
     deltas->push_back({next_index_, "", pending_.substr(from, end - from)});
     args_sent_ = end - args_at_;
   }
+}
+
+bool ToolCallStream::Track(char c) {
+  if (in_string_) {
+    if (escaped_) {
+      escaped_ = false;
+    } else if (c == '\\') {
+      escaped_ = true;
+    } else if (c == '"') {
+      in_string_ = false;
+    }
+    return false;
+  }
+  if (c == '"') {
+    in_string_ = true;
+  } else if (c == '{' || c == '[') {
+    ++depth_;
+  } else if (c == '}' || c == ']') {
+    --depth_;
+    return true;
+  }
+  return false;
 }
 
 void ToolCallStream::StartCall(const std::string& name, size_t args_at,
@@ -267,24 +274,7 @@ void ToolCallStream::StreamList(std::vector<ToolCallDelta>* deltas) {
         in_string_ = escaped_ = false;
       }
       size_t i = tail_at_;
-      for (; i < pending_.size() && depth_ > 0; ++i) {
-        const char c = pending_[i];
-        if (in_string_) {
-          if (escaped_) {
-            escaped_ = false;
-          } else if (c == '\\') {
-            escaped_ = true;
-          } else if (c == '"') {
-            in_string_ = false;
-          }
-        } else if (c == '"') {
-          in_string_ = true;
-        } else if (c == '{' || c == '[') {
-          ++depth_;
-        } else if (c == '}' || c == ']') {
-          --depth_;
-        }
-      }
+      for (; i < pending_.size() && depth_ > 0; ++i) Track(pending_[i]);
       tail_at_ = i;
       if (depth_ > 0) return;
       ++next_index_;

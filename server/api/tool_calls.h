@@ -69,6 +69,8 @@ class ToolCallStream {
   void StreamList(std::vector<ToolCallDelta>* deltas);
   void StartCall(const std::string& name, size_t args_at, std::vector<ToolCallDelta>* deltas);
   void StreamArgs(std::vector<ToolCallDelta>* deltas);
+  // One character of JSON: strings, escapes and nesting depth; true when it closes a level.
+  bool Track(char c);
   void AddWhole(const std::vector<ToolCall>& calls, std::vector<ToolCallDelta>* deltas);
 
   ToolCallFormat format_;
