@@ -18,13 +18,7 @@
 //   maximum, exclusiveMinimum and exclusiveMaximum on integers, minimum >= 0 on numbers,
 //   nullable; annotations (title, description, default, examples, $schema, $id, $comment,
 //   deprecated, readOnly, writeOnly) are accepted and have no effect.
-//
-// Regular expressions (`pattern`, vLLM's guided_regex): literals, escapes (\d \w \s and
-// their negations, \n \t \uHHHH, escaped punctuation), classes with ranges and negation,
-// '.', groups ((...) and (?:...)), '|', and the quantifiers * + ? {m} {m,} {m,n} (lazy
-// forms too: laziness does not change what matches). ^ and $ are allowed at the ends. The
-// output is a whole match of the expression, which is also what an unanchored JSON Schema
-// `pattern` accepts. Lookaround and backreferences are errors.
+
 #ifndef STRATA_COMMON_GRAMMAR_JSON_SCHEMA_H_
 #define STRATA_COMMON_GRAMMAR_JSON_SCHEMA_H_
 
@@ -33,6 +27,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/grammar/regex_grammar.h"
 
 namespace strata::grammar {
 
@@ -44,8 +39,6 @@ absl::StatusOr<std::string> JsonSchemaGrammar(std::string_view schema_json);
 // larger grammar; `start` gets the rule that matches one value of the schema.
 absl::StatusOr<std::string> JsonSchemaRules(std::string_view schema_json, const std::string& prefix,
                                             std::string* start);
-// A whole match of a regular expression (vLLM's guided_regex).
-absl::StatusOr<std::string> RegexGrammar(std::string_view regex);
 // One of the given strings, exactly (vLLM's guided_choice).
 std::string ChoiceGrammar(const std::vector<std::string>& choices);
 // A GBNF literal for `bytes`.

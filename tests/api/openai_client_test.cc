@@ -17,15 +17,14 @@ namespace {
 
 constexpr char kApiKey[] = "strata-test-key";
 
-class OpenAiClientTest : public ::testing::TestWithParam<std::string> {
+// A deployment per suite, started once from Suite::Options() and stopped at the end.
+template <typename Suite>
+class DeployedSuite : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
     ASSERT_TRUE(std::filesystem::exists(NpmDir() + "/node_modules/openai"))
         << "the openai npm package is missing: run deploy/setup.sh";
-    DeploymentOptions options;
-    options.api_key = kApiKey;
-    options.server_args = {"--max_body_bytes=262144", "--max_waiting=2", "--max_num_seqs=4"};
-    auto d = Deployment::Start(options);
+    auto d = Deployment::Start(Suite::Options());
     ASSERT_TRUE(d.ok()) << d.status();
     deployment_ = d->release();
   }
@@ -34,10 +33,18 @@ class OpenAiClientTest : public ::testing::TestWithParam<std::string> {
     delete deployment_;
     deployment_ = nullptr;
   }
-  static Deployment* deployment_;
+  static inline Deployment* deployment_ = nullptr;
 };
 
-Deployment* OpenAiClientTest::deployment_ = nullptr;
+class OpenAiClientTest : public DeployedSuite<OpenAiClientTest> {
+ public:
+  static DeploymentOptions Options() {
+    DeploymentOptions options;
+    options.api_key = kApiKey;
+    options.server_args = {"--max_body_bytes=262144", "--max_waiting=2", "--max_num_seqs=4"};
+    return options;
+  }
+};
 
 // Runs the JavaScript test named `name` of `script` against the server on `port`.
 void RunNodeTest(const std::string& script, int port, const std::string& name) {
@@ -94,25 +101,15 @@ INSTANTIATE_TEST_SUITE_P(
 // Tool calling on a model whose chat template is Qwen 2.5's (a generated tiny model with
 // Qwen 2.5's tokenizer and template): tools rendered by a real template, calls in its
 // format, and a conversation with calls and answers rendered back.
-class QwenToolsTest : public ::testing::TestWithParam<std::string> {
- protected:
-  static void SetUpTestSuite() {
+class QwenToolsTest : public DeployedSuite<QwenToolsTest> {
+ public:
+  static DeploymentOptions Options() {
     DeploymentOptions options;
     options.api_key = kApiKey;
     options.tokenizer = "tokenizer-qwen2_5";
-    auto d = Deployment::Start(options);
-    ASSERT_TRUE(d.ok()) << d.status();
-    deployment_ = d->release();
+    return options;
   }
-  static void TearDownTestSuite() {
-    if (deployment_ != nullptr) EXPECT_EQ(deployment_->Stop(), 0);
-    delete deployment_;
-    deployment_ = nullptr;
-  }
-  static Deployment* deployment_;
 };
-
-Deployment* QwenToolsTest::deployment_ = nullptr;
 
 TEST_P(QwenToolsTest, Passes) {
   ASSERT_NE(deployment_, nullptr);
