@@ -50,6 +50,21 @@ class AttentionBackend {
   }
   // After the last layer (or after a failure): partial failures and costs of the step.
   virtual AttentionStepOutcome EndStep() { return {}; }
+
+  // Rotational pipelining (compute_node/rotation.h): a layer's answers go to the replica
+  // that runs the batch's next slice. Only RemoteAttention routes; the others say so.
+  virtual absl::Status BeginRoutedStep(const StepKvPlan& /*plan*/, bool /*send_descriptors*/,
+                                       uint64_t /*reply_to*/) {
+    return absl::UnimplementedError("this attention backend cannot route answers");
+  }
+  virtual absl::Status SendLayerTo(int /*layer*/, BatchBuffers& /*b*/, int64_t /*m*/,
+                                   uint64_t /*reply_to*/) {
+    return absl::UnimplementedError("this attention backend cannot route answers");
+  }
+  virtual absl::Status ExpectLayer(int /*layer*/, BatchBuffers& /*b*/, int64_t /*m*/) {
+    return absl::UnimplementedError("this attention backend cannot route answers");
+  }
+  virtual bool LayerSettled() const { return true; }
 };
 
 // Co-located mode: the memory node's AttentionEngine, in process.

@@ -30,6 +30,10 @@ RemoteAttention::RemoteAttention(const ModelConfig& config, RemoteAttentionOptio
 absl::StatusOr<std::unique_ptr<RemoteAttention>> RemoteAttention::Create(
     const ModelConfig& config, RemoteAttentionOptions options) {
   if (options.minibatches < 1) return absl::InvalidArgumentError("mini-batches must be >= 1");
+  if (options.endpoint != 0 && options.prefill_policy != PrefillPolicy::kMemory) {
+    return absl::InvalidArgumentError(
+        "a rotated lane leaves all attention to the memory nodes: prefill policy \"memory\"");
+  }
   auto remote = std::unique_ptr<RemoteAttention>(new RemoteAttention(config, options));
   ASSIGN_OR_RETURN(remote->transport_, transport::Transport::Create(options.transport));
   RemoteAttention* self = remote.get();
@@ -43,6 +47,7 @@ absl::StatusOr<std::unique_ptr<RemoteAttention>> RemoteAttention::Create(
     }
     self->dead_peers_[peer] = true;
     self->cv_.notify_all();
+    if (self->options_.on_settled) self->options_.on_settled();
   });
   LOG(INFO) << "disaggregated attention over " << remote->transport_->capabilities().ToString()
             << "; " << options.minibatches << " mini-batch(es) per memory node, prefill "
@@ -129,6 +134,15 @@ absl::Status RemoteAttention::ConnectPool(PoolIndex index, Share& share) {
   }
   it->second.peer = *peer;
   share.peer = *peer;
+  if (options_.endpoint != 0) {
+    // Routed answers for this lane come on this connection.
+    FrameHeader hello;
+    hello.kind = static_cast<uint16_t>(FrameKind::kHello);
+    hello.reserved = options_.endpoint;
+    hello.checksum = transport::PayloadChecksum(std::span<const uint8_t>());
+    transport_->Send(*peer, transport::kFrameTag, transport::AsBytes(hello), {},
+                     [](absl::Status) {});
+  }
   {
     std::lock_guard<std::mutex> state_lock(mu_);
     peer_traffic_[*peer].name =
@@ -166,12 +180,34 @@ void RemoteAttention::FailShare(Share& share, const absl::Status& why, bool dead
   }
 }
 
+void RemoteAttention::ConnectAll() {
+  std::vector<PoolIndex> pools;
+  {
+    std::lock_guard<std::mutex> lock(config_mu_);
+    for (const auto& [index, pool] : pools_) pools.push_back(index);
+  }
+  for (PoolIndex index : pools) {
+    Share share;
+    absl::Status status = ConnectPool(index, share);
+    if (!status.ok()) LOG(WARNING) << "memory node of pool " << index << ": " << status;
+  }
+}
+
 absl::Status RemoteAttention::BeginStep(const StepKvPlan& plan) {
+  return StartStep(plan, /*send=*/true, /*reply_to=*/0);
+}
+
+absl::Status RemoteAttention::BeginRoutedStep(const StepKvPlan& plan, bool send_descriptors,
+                                              uint64_t reply_to) {
+  if (options_.endpoint == 0) return absl::FailedPreconditionError("this lane has no endpoint");
+  return StartStep(plan, send_descriptors, reply_to);
+}
+
+absl::Status RemoteAttention::StartStep(const StepKvPlan& plan, bool send, uint64_t reply_to) {
   outcome_ = AttentionStepOutcome();
   shares_.clear();
   local_rows_.clear();
   local_slots_.clear();
-  step_id_ = plan.step_id;
   rows_ = static_cast<int>(plan.rows.size());
   uint64_t epoch;
   {
@@ -206,7 +242,12 @@ absl::Status RemoteAttention::BeginStep(const StepKvPlan& plan) {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
+    step_id_ = plan.step_id;  // under mu_: Deliver tells early answers by it
     pending_errors_.clear();
+    expected_.clear();
+    layer_ = -1;
+    // Kept answers of older steps will never be wanted.
+    std::erase_if(early_, [&](const Early& e) { return e.header.step_id < plan.step_id; });
   }
   for (const TableRelease& r : plan.releases) share_for(r.pool).share.plan.releases.push_back(r);
   for (const SlotAssignment& a : plan.assignments) {
@@ -268,6 +309,7 @@ absl::Status RemoteAttention::BeginStep(const StepKvPlan& plan) {
       FailShare(share, status, /*dead=*/true);
       continue;
     }
+    if (!send) continue;
     auto body = std::make_shared<std::string>(EncodeStepShare(share.share));
     const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(body->data()),
                                          body->size());
@@ -276,6 +318,7 @@ absl::Status RemoteAttention::BeginStep(const StepKvPlan& plan) {
     header.step_id = plan.step_id;
     header.epoch = epoch;
     header.rows = static_cast<uint32_t>(share.share.plan.rows.size());
+    header.reserved = reply_to;
     header.payload_bytes = bytes.size();
     header.checksum = transport::PayloadChecksum(bytes);
     const PeerId peer = share.peer;
@@ -348,18 +391,22 @@ absl::Status RemoteAttention::CheckRows(int64_t m) const {
 }
 
 absl::Status RemoteAttention::SendLayer(int layer, BatchBuffers& b, int64_t m) {
+  return SendLayerTo(layer, b, m, 0);
+}
+
+absl::Status RemoteAttention::SendLayerTo(int layer, BatchBuffers& b, int64_t m,
+                                          uint64_t reply_to) {
   RETURN_IF_ERROR(CheckRows(m));
   const size_t q_row = dims_.q_row_bytes(), kv_row = dims_.kv_row_bytes();
   const auto* q_base = reinterpret_cast<const uint8_t*>(b.q.data());
   const auto* k_base = reinterpret_cast<const uint8_t*>(b.k.data());
   const auto* v_base = reinterpret_cast<const uint8_t*>(b.v.data());
-  auto* attn_base = reinterpret_cast<uint8_t*>(b.attn.data());
   uint64_t epoch;
   {
     std::lock_guard<std::mutex> lock(config_mu_);
     epoch = epoch_;
   }
-  layer_watch_.Reset();
+  if (reply_to == 0) layer_watch_.Reset();
   // Register every answer before the first frame leaves: answers can be fast.
   struct Outgoing {
     size_t share;
@@ -379,8 +426,7 @@ absl::Status RemoteAttention::SendLayer(int layer, BatchBuffers& b, int64_t m) {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    layer_ = layer;
-    expected_.clear();
+    if (reply_to == 0) ExpectLocked(layer, b);
     for (size_t s = 0; s < shares_.size(); ++s) {
       Share& share = shares_[s];
       if (share.failed || share.share.plan.rows.empty()) continue;
@@ -410,19 +456,8 @@ absl::Status RemoteAttention::SendLayer(int layer, BatchBuffers& b, int64_t m) {
         h.rows = static_cast<uint32_t>(r1 - r0);
         h.dtype = static_cast<uint16_t>(transport::FrameDType::kBF16);
         h.payload_bytes = mb.request_bytes();
+        h.reserved = reply_to;
         h.checksum = transport::PayloadChecksum(out.parts);
-        Expected e;
-        e.share = s;
-        e.minibatch = static_cast<int>(j);
-        e.peer = share.peer;
-        e.direct = mb.partials == 0 && mb.writes == 0;
-        if (e.direct) {
-          e.dest = {attn_base + r0 * q_row, mb.out_bytes};
-        } else {
-          e.staging = std::make_shared<std::vector<uint8_t>>(mb.result_bytes());
-          e.dest = {e.staging->data(), e.staging->size()};
-        }
-        expected_.push_back(std::move(e));
         outgoing.push_back(std::move(out));
       }
     }
@@ -458,6 +493,67 @@ absl::Status RemoteAttention::SendLayer(int layer, BatchBuffers& b, int64_t m) {
   }
   RunLocal(whole, b, nullptr);
   return absl::OkStatus();
+}
+
+void RemoteAttention::ExpectLocked(int layer, BatchBuffers& b) {
+  const size_t q_row = dims_.q_row_bytes();
+  auto* attn_base = reinterpret_cast<uint8_t*>(b.attn.data());
+  layer_ = layer;
+  expected_.clear();
+  for (size_t s = 0; s < shares_.size(); ++s) {
+    const Share& share = shares_[s];
+    if (share.failed || share.share.plan.rows.empty()) continue;
+    for (size_t j = 0; j < share.layouts.size(); ++j) {
+      const MinibatchLayout& mb = share.layouts[j];
+      const int r0 = share.first_row + mb.begin;
+      Expected e;
+      e.share = s;
+      e.minibatch = static_cast<int>(j);
+      e.peer = share.peer;
+      e.direct = mb.partials == 0 && mb.writes == 0;
+      if (e.direct) {
+        e.dest = {attn_base + r0 * q_row, mb.out_bytes};
+      } else {
+        e.staging = std::make_shared<std::vector<uint8_t>>(mb.result_bytes());
+        e.dest = {e.staging->data(), e.staging->size()};
+      }
+      expected_.push_back(std::move(e));
+    }
+  }
+}
+
+absl::Status RemoteAttention::ExpectLayer(int layer, BatchBuffers& b, int64_t m) {
+  RETURN_IF_ERROR(CheckRows(m));
+  for (Share& share : shares_) {
+    absl::Status why;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = pending_errors_.find(share.peer);
+      if (share.peer != 0 && it != pending_errors_.end()) why = it->second;
+    }
+    if (!why.ok()) FailShare(share, why, /*dead=*/false);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  layer_watch_.Reset();
+  ExpectLocked(layer, b);
+  // Answers that came before this lane knew the step.
+  std::vector<Early> replay;
+  std::erase_if(early_, [&](Early& e) {
+    if (e.header.step_id != step_id_ ||
+        (e.header.kind == static_cast<uint16_t>(FrameKind::kLayerResult) &&
+         static_cast<int>(e.header.layer) != layer)) {
+      return false;
+    }
+    replay.push_back(std::move(e));
+    return true;
+  });
+  for (const Early& e : replay) DeliverLocked(e.from, e.header, e.payload, e.status);
+  return absl::OkStatus();
+}
+
+bool RemoteAttention::LayerSettled() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return LayerSettledLocked() || layer_watch_.Elapsed() >= options_.layer_timeout;
 }
 
 absl::Status RemoteAttention::WaitLayer(int layer, BatchBuffers& b, int64_t m) {
@@ -607,6 +703,26 @@ void RemoteAttention::Deliver(PeerId from, std::span<const uint8_t> header_bytes
     LOG_FIRST_N(WARNING, 10) << "dropped a malformed data-plane frame: " << parsed.message();
     return;
   }
+  const bool answer = h.kind == static_cast<uint16_t>(FrameKind::kLayerResult) ||
+                      h.kind == static_cast<uint16_t>(FrameKind::kError);
+  if (options_.endpoint != 0 && answer &&
+      (h.step_id > step_id_ ||
+       (h.step_id == step_id_ && h.kind == static_cast<uint16_t>(FrameKind::kLayerResult) &&
+        static_cast<int>(h.layer) > layer_))) {
+    // A routed answer ahead of this lane's plan: kept for ExpectLayer.
+    if (early_.size() >= kMaxEarly) {
+      ++stats_.stale_frames;
+      return;
+    }
+    ++stats_.early_frames;
+    early_.push_back({from, h, std::vector<uint8_t>(payload.begin(), payload.end()), status});
+    return;
+  }
+  DeliverLocked(from, h, payload, status);
+}
+
+void RemoteAttention::DeliverLocked(PeerId from, const FrameHeader& h,
+                                    std::span<const uint8_t> payload, const absl::Status& status) {
   if (h.step_id != step_id_ || (h.kind == static_cast<uint16_t>(FrameKind::kLayerResult) &&
                                 static_cast<int>(h.layer) != layer_)) {
     ++stats_.stale_frames;  // an answer to a step or layer that has been given up
@@ -625,6 +741,7 @@ void RemoteAttention::Deliver(PeerId from, std::span<const uint8_t> header_bytes
     }
     pending_errors_[from] = why;
     cv_.notify_all();
+    if (options_.on_settled) options_.on_settled();
     return;
   }
   if (h.kind != static_cast<uint16_t>(FrameKind::kLayerResult)) {
@@ -648,7 +765,10 @@ void RemoteAttention::Deliver(PeerId from, std::span<const uint8_t> header_bytes
     }
     // Wake the step thread once, for the last answer: every wake-up before it would take a
     // core from the memory nodes that share this machine, only to sleep again.
-    if (LayerSettledLocked()) cv_.notify_all();
+    if (LayerSettledLocked()) {
+      cv_.notify_all();
+      if (options_.on_settled) options_.on_settled();
+    }
     return;
   }
   ++stats_.stale_frames;

@@ -22,6 +22,14 @@
 // requests are reported by EndStep (the dead or hung node among dead_pools), their output
 // rows are zeros, and the step goes on for everyone else.
 //
+// Rotational pipelining (rotation.h): a lane with an endpoint id announces it to every
+// memory node it connects to (a kHello frame). A routed step's layer frames name the
+// endpoint of the replica that runs the batch's next slice, and the memory nodes answer
+// there; the receiving lane registers what it expects with ExpectLayer and learns that it
+// has all of it from LayerSettled (or the on_settled callback). Answers that arrive before
+// this lane has its plan (the plan travels on another connection) are kept and replayed.
+// Rotated steps leave all attention to the memory nodes (prefill policy "memory").
+//
 // Thread-safety: BeginStep/Attend/EndStep from the step thread; SetMemoryNodes from any.
 #ifndef STRATA_COMPUTE_NODE_REMOTE_ATTENTION_H_
 #define STRATA_COMPUTE_NODE_REMOTE_ATTENTION_H_
@@ -69,6 +77,10 @@ struct RemoteAttentionOptions {
   // Called on the step thread after each layer with the seconds from its first send to its
   // last answer (the attention round trip); may be empty.
   std::function<void(double seconds)> on_layer_round_trip;
+  // Rotational pipelining: this lane's endpoint id (not zero), and a callback, from the
+  // transport thread, for when the layer this lane expects has every answer in.
+  uint64_t endpoint = 0;
+  std::function<void()> on_settled;
 };
 
 struct RemoteAttentionStats {
@@ -80,6 +92,7 @@ struct RemoteAttentionStats {
   uint64_t error_frames = 0;
   uint64_t stale_frames = 0;
   uint64_t timeouts = 0;
+  uint64_t early_frames = 0;  // routed answers that came before their plan (kept)
   struct PeerBytes {
     uint64_t sent = 0;
     uint64_t received = 0;
@@ -96,6 +109,7 @@ struct RemoteAttentionStats {
     error_frames += o.error_frames;
     stale_frames += o.stale_frames;
     timeouts += o.timeouts;
+    early_frames += o.early_frames;
     for (const auto& [peer, bytes] : o.by_peer) {
       by_peer[peer].sent += bytes.sent;
       by_peer[peer].received += bytes.received;
@@ -124,6 +138,22 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
   // Gives up the step in flight: no answer lands in its buffers after this returns (the
   // buffers may then be freed). The next BeginStep starts afresh.
   void AbandonStep();
+
+  // Rotational pipelining. A routed step: `send_descriptors` on the replica that runs the
+  // step's first slice (the others only lay out the shares, to know what to expect), with
+  // `reply_to` the endpoint that gets layer 0's answers (and the memory nodes' complaints
+  // about the descriptor).
+  absl::Status BeginRoutedStep(const StepKvPlan& plan, bool send_descriptors,
+                               uint64_t reply_to) override;
+  // Sends the layer's frames with answers going to endpoint `reply_to`; expects nothing.
+  absl::Status SendLayerTo(int layer, BatchBuffers& b, int64_t m, uint64_t reply_to) override;
+  // Expects the answers of `layer`, sent by another replica, into b.attn; the deadline
+  // counts from here. WaitLayer then completes it.
+  absl::Status ExpectLayer(int layer, BatchBuffers& b, int64_t m) override;
+  // Whether every answer of the expected layer is in (or its peer is dead).
+  bool LayerSettled() const override;
+  // Connects to every memory node now (a routed answer needs this lane's hello there first).
+  void ConnectAll();
 
   // transport::MessageHandler (the transport thread).
   std::span<uint8_t> Place(transport::PeerId from, std::span<const uint8_t> header,
@@ -175,6 +205,14 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
   void FailShare(Share& share, const absl::Status& why, bool dead);
   absl::Status ConnectPool(PoolIndex pool, Share& share);
   void RunLocal(const std::vector<const LocalRow*>& rows, BatchBuffers& b, const float* states);
+  // Lays out the step's shares; sends each memory node its descriptor when `send` (with
+  // `reply_to` in its header).
+  absl::Status StartStep(const StepKvPlan& plan, bool send, uint64_t reply_to);
+  // Registers the answers of `layer` into b (mu_ held).
+  void ExpectLocked(int layer, BatchBuffers& b);
+  // Deliver's work once the frame is parsed (mu_ held).
+  void DeliverLocked(transport::PeerId from, const transport::FrameHeader& h,
+                     std::span<const uint8_t> payload, const absl::Status& status);
 
   ModelConfig config_;
   AttentionDims dims_;
@@ -209,6 +247,15 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
   std::unordered_map<transport::PeerId, PeerTraffic> peer_traffic_;
   RemoteAttentionStats stats_;
   bool closing_ = false;
+  // Routed answers of steps this lane has not begun yet (mu_), replayed by ExpectLayer.
+  struct Early {
+    transport::PeerId from = 0;
+    transport::FrameHeader header;
+    std::vector<uint8_t> payload;
+    absl::Status status;
+  };
+  std::vector<Early> early_;
+  static constexpr size_t kMaxEarly = 256;
 };
 
 }  // namespace strata

@@ -31,6 +31,12 @@ struct StepEngine::Lane {
   absl::Status status;
   // Sequences of the plan that cannot follow their grammar (they fail alone).
   std::vector<std::pair<SequenceId, absl::Status>> grammar_failed;
+  // Rotational pipelining: this replica's part of the plan (rotation.h).
+  bool rotated = false;
+  RotationRole role;
+  int next_slice = 0;   // the next slice this replica runs
+  bool samples = true;  // this replica runs the last slice
+  absl::Time deadline;  // for the inputs of next_slice
 };
 
 StepEngine::StepEngine(const ModelRunner* runner, AttentionBackend* attention,
@@ -40,7 +46,8 @@ StepEngine::StepEngine(const ModelRunner* runner, AttentionBackend* attention,
 StepEngine::StepEngine(const ModelRunner* runner, std::vector<AttentionBackend*> lanes,
                        StepEngineOptions options)
     : runner_(runner), options_(options) {
-  CHECK(!lanes.empty() && lanes.size() <= 2) << "a step engine has one or two lanes";
+  CHECK(!lanes.empty() && lanes.size() <= kMaxLanes)
+      << "a step engine has 1 to " << kMaxLanes << " lanes";
   for (AttentionBackend* a : lanes) {
     if (options.trace != nullptr) {
       options.trace->NameTrack(static_cast<int>(lanes_.size()),
@@ -67,6 +74,26 @@ std::optional<StepResult> StepEngine::Begin(int index, const StepPlan& plan) {
   const Stopwatch stage;
   TraceSpan span(options_.trace, index,
                  options_.trace ? absl::StrCat("step ", plan.step_id, " begin") : "");
+  lane.rotated = false;
+  lane.samples = true;
+  if (std::optional<StepResult> refused = Prepare(lane, plan)) return refused;
+  lane.busy = true;
+  for (const auto& other : lanes_) {
+    if (other.get() != &lane && other->busy) ++overlapped_steps_;
+  }
+  if (lane.m == 0) {
+    // Nothing to compute, but releases and assignments must still reach the KV side.
+    lane.status = lane.attention->BeginStep(lane.kv);
+    lane.forward_done = true;
+  } else {
+    StartForward(lane);
+  }
+  lane.busy_us += stage.ElapsedMicros();
+  if (!lane.forward_done) return std::nullopt;
+  return Finish(index);
+}
+
+std::optional<StepResult> StepEngine::Prepare(Lane& lane, const StepPlan& plan) {
   lane.watch = Stopwatch();
   lane.busy_us = 0;
   lane.result = StepResult();
@@ -216,21 +243,7 @@ std::optional<StepResult> StepEngine::Begin(int index, const StepPlan& plan) {
       }
     }
   }
-
-  lane.busy = true;
-  for (const auto& other : lanes_) {
-    if (other.get() != &lane && other->busy) ++overlapped_steps_;
-  }
-  if (m == 0) {
-    // Nothing to compute, but releases and assignments must still reach the KV side.
-    lane.status = lane.attention->BeginStep(kv);
-    lane.forward_done = true;
-  } else {
-    StartForward(lane);
-  }
-  lane.busy_us += stage.ElapsedMicros();
-  if (!lane.forward_done) return std::nullopt;
-  return Finish(index);
+  return std::nullopt;
 }
 
 void StepEngine::StartForward(Lane& lane) {
@@ -301,9 +314,19 @@ StepResult StepEngine::Finish(int index) {
   result.failed = outcome.failed;
   result.failed.insert(result.failed.end(), lane.grammar_failed.begin(), lane.grammar_failed.end());
   lane.grammar_failed.clear();
+  if (lane.rotated) lane.role.exchange->Retire(lane.role.batch, result.step_id);
   if (!lane.status.ok()) {
     result.status = std::move(lane.status);
     lane.status = absl::OkStatus();
+    return result;
+  }
+  if (!lane.samples) {
+    // Another replica runs this batch's last slice and samples it.
+    result.timing.total_us = lane.watch.ElapsedMicros();
+    lane.busy_us += stage.ElapsedMicros();
+    result.timing.gemm_us =
+        lane.busy_us > result.timing.attention_us ? lane.busy_us - result.timing.attention_us : 0;
+    ++steps_executed_;
     return result;
   }
   std::unordered_set<SequenceId> failed;
@@ -404,6 +427,138 @@ StepResult StepEngine::Finish(int index) {
   result.timing.gemm_us = lane.busy_us > other ? lane.busy_us - other : 0;
   ++steps_executed_;
   return result;
+}
+
+}  // namespace strata
+
+namespace strata {
+
+std::optional<StepResult> StepEngine::BeginRotated(int index, const StepPlan& plan,
+                                                   const RotationRole& role) {
+  Lane& lane = *lanes_.at(index);
+  CHECK(!lane.busy) << "lane " << index << " already runs a plan";
+  const Stopwatch stage;
+  TraceSpan span(options_.trace, index,
+                 options_.trace ? absl::StrCat("step ", plan.step_id, " begin") : "");
+  lane.rotated = false;
+  lane.samples = true;
+  if (role.num_replicas() < 2 || role.replica < 0 || role.replica >= role.num_replicas() ||
+      role.batch < 0 || role.exchange == nullptr) {
+    StepResult refused;
+    refused.step_id = plan.step_id;
+    refused.status = absl::InvalidArgumentError(
+        absl::StrCat("step ", plan.step_id, ": rotation of replica ", role.replica, " of ",
+                     role.num_replicas(), ", batch ", role.batch, " is not one this node runs"));
+    return refused;
+  }
+  for (const SequenceChunk& c : plan.chunks) {
+    for (int32_t t : c.tokens) {
+      if (t != kLastSampledToken) continue;
+      StepResult refused;
+      refused.step_id = plan.step_id;
+      refused.status = absl::InvalidArgumentError(
+          "a rotated plan names its tokens: another replica may have sampled the last one");
+      return refused;
+    }
+  }
+  if (std::optional<StepResult> refused = Prepare(lane, plan)) return refused;
+  const int layers = static_cast<int>(runner_->config().num_layers);
+  const int r = role.num_replicas();
+  lane.rotated = true;
+  lane.role = role;
+  lane.samples = role.ReplicaOf(layers) == role.replica;
+  lane.busy = true;
+  // This replica's first slice: the smallest k with (batch + k) mod R == replica.
+  lane.next_slice = ((role.replica - role.batch) % r + r) % r;
+  const bool first = lane.next_slice == 0;
+  absl::Status status =
+      lane.attention->BeginRoutedStep(lane.kv, /*send_descriptors=*/first, role.EndpointOf(1));
+  if (!status.ok() || lane.m == 0) {
+    EndForward(lane, std::move(status));
+  } else {
+    for (int64_t row = 0; row < lane.m; ++row)
+      lane.buffers.positions[row] = lane.kv.rows[row].position;
+    if (first) {
+      BatchBuffers& b = lane.buffers;
+      runner_->Embed(b, lane.m, lane.tokens.data(), lane.buffers.positions.data());
+      runner_->PreAttention(b, lane.m, 0);
+      HandOff(lane, 0);
+    } else {
+      HandOff(lane, -1);
+    }
+  }
+  lane.busy_us += stage.ElapsedMicros();
+  if (!lane.forward_done) return std::nullopt;
+  return Finish(index);
+}
+
+void StepEngine::HandOff(Lane& lane, int k) {
+  const RotationRole& role = lane.role;
+  const int layers = static_cast<int>(runner_->config().num_layers);
+  if (k >= 0) {
+    // Layer k's answers and the residual rows go to the replica of slice k + 1.
+    absl::Status status =
+        lane.attention->SendLayerTo(k, lane.buffers, lane.m, role.EndpointOf(k + 1));
+    if (status.ok()) {
+      status = role.exchange->Send(role.replicas[role.ReplicaOf(k + 1)], lane.result.step_id, k + 1,
+                                   role.batch, lane.buffers.x.data(), lane.m);
+    }
+    if (!status.ok()) return EndForward(lane, std::move(status));
+    lane.next_slice = k + role.num_replicas();
+  }
+  if (lane.next_slice > layers) return EndForward(lane, absl::OkStatus());  // share over
+  // The inputs of the next slice: layer next-1's answers, and the context.
+  absl::Status status = lane.attention->ExpectLayer(lane.next_slice - 1, lane.buffers, lane.m);
+  if (!status.ok()) return EndForward(lane, std::move(status));
+  lane.deadline = absl::Now() + role.handoff_timeout;
+}
+
+bool StepEngine::RotationReady(int index) const {
+  const Lane& lane = *lanes_.at(index);
+  if (!lane.busy || !lane.rotated) return false;
+  if (lane.forward_done) return true;
+  if (absl::Now() >= lane.deadline) return true;
+  return lane.attention->LayerSettled() &&
+         lane.role.exchange->Arrived(lane.role.batch, lane.result.step_id, lane.next_slice);
+}
+
+absl::Time StepEngine::RotationDeadline(int index) const {
+  const Lane& lane = *lanes_.at(index);
+  return lane.busy && lane.rotated && !lane.forward_done ? lane.deadline : absl::InfiniteFuture();
+}
+
+bool StepEngine::AdvanceRotated(int index) {
+  Lane& lane = *lanes_.at(index);
+  CHECK(lane.busy && lane.rotated) << "lane " << index << " runs no rotated plan";
+  if (lane.forward_done) return true;
+  const Stopwatch stage;
+  const int k = lane.next_slice;
+  const int layers = static_cast<int>(runner_->config().num_layers);
+  const RotationRole& role = lane.role;
+  TraceSpan span(options_.trace, index,
+                 options_.trace ? absl::StrCat("step ", lane.result.step_id, " slice ", k) : "");
+  BatchBuffers& b = lane.buffers;
+  absl::Status status = role.exchange->Take(role.batch, lane.result.step_id, k, b.x.data(), lane.m);
+  if (absl::IsNotFound(status)) {
+    status = absl::DeadlineExceededError(absl::StrCat(
+        "step ", lane.result.step_id, ": the replica at ", role.replicas[role.ReplicaOf(k - 1)],
+        " did not hand over slice ", k, " of batch ", role.batch, " within ",
+        absl::FormatDuration(role.handoff_timeout)));
+  }
+  if (status.ok()) status = lane.attention->WaitLayer(k - 1, b, lane.m);
+  if (!status.ok()) {
+    EndForward(lane, std::move(status));
+  } else {
+    runner_->PostAttention(b, lane.m, k - 1);
+    if (k == layers) {
+      EndForward(lane, absl::OkStatus());  // Finish takes the logits and samples
+    } else {
+      runner_->PreAttention(b, lane.m, k);
+      HandOff(lane, k);
+    }
+  }
+  lane.busy_us += stage.ElapsedMicros();
+  return lane.forward_done;
 }
 
 }  // namespace strata

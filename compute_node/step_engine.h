@@ -28,6 +28,15 @@
 // allows. A sequence whose grammar cannot be compiled, or whose tokens stop following it,
 // fails alone (StepResult::failed); the rest of the step goes on.
 //
+// Rotational pipelining (rotation.h): BeginRotated/AdvanceRotated run this replica's share
+// of a plan, the slices k (k = 0 embeds and projects layer 0; 0 < k < L runs layer k-1's
+// output projection and FFN and layer k's projections; k = L ends the last layer and
+// samples) with (batch + k) mod R equal to this replica's index. Every slice hands the
+// residual rows to the next slice's replica (context_exchange.h) and routes its layer's
+// attention answers there; the replica of slice L samples, the others answer with no tokens.
+// Every replica applies every plan's setups, releases and rows, so each holds the sampling
+// state of every sequence and any of them can sample.
+//
 // Thread-safety: one thread at a time calls Execute and the lane methods.
 #ifndef STRATA_COMPUTE_NODE_STEP_ENGINE_H_
 #define STRATA_COMPUTE_NODE_STEP_ENGINE_H_
@@ -38,9 +47,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "common/base/trace.h"
 #include "common/protocol/step.h"
 #include "compute_node/attention_backend.h"
+#include "compute_node/context_exchange.h"
 #include "compute_node/model_runner.h"
 #include "compute_node/sampler.h"
 #include "compute_node/structured_output.h"
@@ -73,8 +84,23 @@ class LaneEngine {
   virtual StepResult Finish(int lane) = 0;
 };
 
+// A replica's place in the rotation of one plan (common/protocol/step.h, StepPlan::rotation).
+struct RotationRole {
+  int batch = 0;                      // batch slot
+  int replica = 0;                    // this replica's index
+  std::vector<std::string> replicas;  // each replica's context-exchange address
+  ContextExchange* exchange = nullptr;
+  absl::Duration handoff_timeout = absl::Seconds(10);  // for each slice's inputs
+  int num_replicas() const { return static_cast<int>(replicas.size()); }
+  int ReplicaOf(int slice) const { return (batch + slice) % num_replicas(); }
+  uint64_t EndpointOf(int slice) const {
+    return RotationEndpoint(replicas[ReplicaOf(slice)], batch);
+  }
+};
+
 class StepEngine : public LaneEngine {
  public:
+  static constexpr size_t kMaxLanes = 16;
   // `runner` and `attention` must outlive the engine. One lane.
   StepEngine(const ModelRunner* runner, AttentionBackend* attention, StepEngineOptions options);
   // One lane per backend (at most two: see above).
@@ -91,6 +117,18 @@ class StepEngine : public LaneEngine {
   StepResult Finish(int lane) override;
   bool lane_busy(int lane) const;
 
+  // Rotational pipelining: starts this replica's share of `plan` on a free lane, whose
+  // backend must route (RemoteAttention with an endpoint). Answered at once when the plan
+  // cannot start, or when none of its slices is this replica's.
+  std::optional<StepResult> BeginRotated(int lane, const StepPlan& plan, const RotationRole& role);
+  // Whether the lane's next slice has its inputs (the context and the attention answers),
+  // or their deadline has passed.
+  bool RotationReady(int lane) const;
+  absl::Time RotationDeadline(int lane) const;
+  // Runs the lane's next slice; true once this replica's share is over (or failed): then
+  // Finish samples (on the replica of the last slice) and frees the lane.
+  bool AdvanceRotated(int lane);
+
   size_t num_cached_requests() const { return requests_.size(); }
   uint64_t steps_executed() const { return steps_executed_; }
   // Plans begun while another lane's plan was running: the steps that overlapped.
@@ -98,8 +136,14 @@ class StepEngine : public LaneEngine {
 
  private:
   struct Lane;
+  // Applies the plan's setups and releases and lays out its rows on the lane; a result when
+  // the plan cannot run.
+  std::optional<StepResult> Prepare(Lane& lane, const StepPlan& plan);
   // The forward pass of the lane's plan up to layer 0's attention sent.
   void StartForward(Lane& lane);
+  // Rotational: after slice k's work, hands the context and layer k's answers on to the
+  // replica of slice k + 1, then moves to this replica's next slice.
+  void HandOff(Lane& lane, int k);
   // Fails the lane's plan, with what the attention side says of the step.
   void EndForward(Lane& lane, absl::Status status);
 

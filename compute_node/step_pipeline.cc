@@ -13,6 +13,7 @@ void PlanQueue::Push(QueuedPlan plan) {
     plans_.push_back(std::move(plan));
   }
   cv_.notify_one();
+  if (on_change_) on_change_();
 }
 
 void PlanQueue::Close() {
@@ -21,6 +22,7 @@ void PlanQueue::Close() {
     closed_ = true;
   }
   cv_.notify_all();
+  if (on_change_) on_change_();
 }
 
 std::optional<QueuedPlan> PlanQueue::Pop(bool wait) {
@@ -39,6 +41,7 @@ void PlanQueue::Abort() {
     aborted_ = true;
   }
   cv_.notify_all();
+  if (on_change_) on_change_();
 }
 
 bool PlanQueue::aborted() const {

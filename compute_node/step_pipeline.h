@@ -50,8 +50,12 @@ class PlanQueue {
   // (then returns nullopt); without, returns nullopt when none is queued.
   std::optional<QueuedPlan> Pop(bool wait);
   bool closed() const;
+  // Called after every Push, Close and Abort (outside the queue's lock), for a driver that
+  // waits on more than the queue (rotation.h). Set before plans arrive.
+  void SetOnChange(std::function<void()> on_change) { on_change_ = std::move(on_change); }
 
  private:
+  std::function<void()> on_change_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<QueuedPlan> plans_;

@@ -247,6 +247,9 @@ void MemoryServer::Handle(Work& work) {
   if (work.header.empty() && absl::IsCancelled(work.status)) {
     std::lock_guard<std::mutex> lock(engine_mu_);
     peers_.erase(work.peer);  // the peer left: let go of its step
+    for (auto it = endpoints_.begin(); it != endpoints_.end();) {
+      it = it->second == work.peer ? endpoints_.erase(it) : std::next(it);
+    }
     return;
   }
   FrameHeader header;
@@ -271,14 +274,14 @@ void MemoryServer::Handle(Work& work) {
     // Tell the sender, if the header says who to tell about, and fail the step it names.
     if (work.header.size() == sizeof(FrameHeader)) {
       std::memcpy(&header, work.header.data(), sizeof(header));
+      PeerId reply;
       {
         std::lock_guard<std::mutex> lock(engine_mu_);
-        auto it = peers_.find(work.peer);
-        if (it != peers_.end() && it->second.share.step_id == header.step_id) {
-          it->second.error = status;
-        }
+        PeerState* state = FindStepLocked(work.peer, header);
+        if (state != nullptr) state->error = status;
+        reply = ReplyPeerLocked(work.peer, header);
       }
-      SendError(work.peer, header, status);
+      SendError(reply != 0 ? reply : work.peer, header, status);
     }
     return;
   }
@@ -289,6 +292,11 @@ void MemoryServer::Handle(Work& work) {
     case FrameKind::kLayer:
       HandleLayer(work.peer, header, payload);
       return;
+    case FrameKind::kHello: {
+      std::lock_guard<std::mutex> lock(engine_mu_);
+      if (header.reserved != 0) endpoints_[header.reserved] = work.peer;
+      return;
+    }
     default: {
       std::lock_guard<std::mutex> lock(stats_mu_);
       ++stats_.malformed_frames;
@@ -303,9 +311,18 @@ void MemoryServer::Handle(Work& work) {
 void MemoryServer::HandleStep(PeerId peer, const FrameHeader& header,
                               std::span<const uint8_t> payload) {
   absl::Status error;
+  PeerId reply = 0;
   {
     std::lock_guard<std::mutex> lock(engine_mu_);
-    PeerState& state = peers_[peer];
+    if (header.reserved != 0) {
+      routed_.erase(header.step_id);
+      while (routed_.size() >= kMaxRoutedSteps) {
+        LOG(WARNING) << "let go of routed step " << routed_.begin()->first << " with "
+                     << routed_.begin()->second.frames_left << " layer frames unanswered";
+        routed_.erase(routed_.begin());
+      }
+    }
+    PeerState& state = header.reserved != 0 ? routed_[header.step_id] : peers_[peer];
     state = PeerState();  // drop the previous step (and its hold on slot tables) first
     state.has_step = true;
     state.share.step_id = header.step_id;
@@ -333,10 +350,12 @@ void MemoryServer::HandleStep(PeerId peer, const FrameHeader& header,
         state.share = std::move(*share);
         state.prepared = std::move(*prepared);
         state.layouts = LayoutMinibatches(state.share, dims_);
+        state.frames_left = state.layouts.size() * static_cast<size_t>(dims_.num_layers);
         PublishKvLocked();
       }
     }
     state.error = error;
+    reply = ReplyPeerLocked(peer, header);
   }
   {
     std::lock_guard<std::mutex> lock(stats_mu_);
@@ -346,7 +365,7 @@ void MemoryServer::HandleStep(PeerId peer, const FrameHeader& header,
   if (!error.ok()) {
     LOG_FIRST_N(WARNING, 20) << "rejected step " << header.step_id << " from peer " << peer << ": "
                              << error;
-    SendError(peer, header, error);
+    SendError(reply != 0 ? reply : peer, header, error);
   }
 }
 
@@ -356,16 +375,22 @@ void MemoryServer::HandleLayer(PeerId peer, const FrameHeader& header,
   FrameHeader answer;
   absl::Status error;
   double seconds = 0;
+  PeerId reply_peer = peer;
   {
     std::lock_guard<std::mutex> lock(engine_mu_);
-    auto it = peers_.find(peer);
-    if (it == peers_.end() || !it->second.has_step || it->second.share.step_id != header.step_id) {
+    PeerState* found = FindStepLocked(peer, header);
+    reply_peer = ReplyPeerLocked(peer, header);
+    if (found == nullptr) {
       error = absl::FailedPreconditionError(
           absl::StrCat("layer frame of step ", header.step_id, " without its descriptor"));
-    } else if (!it->second.error.ok()) {
-      error = it->second.error;
+    } else if (reply_peer == 0) {
+      error = absl::FailedPreconditionError(absl::StrCat("layer frame of step ", header.step_id,
+                                                         " routed to endpoint ", header.reserved,
+                                                         ", which has not said hello here"));
+    } else if (!found->error.ok()) {
+      error = found->error;
     } else {
-      PeerState& state = it->second;
+      PeerState& state = *found;
       const MinibatchLayout* m =
           header.minibatch < state.layouts.size() ? &state.layouts[header.minibatch] : nullptr;
       if (header.layer >= static_cast<uint32_t>(dims_.num_layers)) {
@@ -413,6 +438,10 @@ void MemoryServer::HandleLayer(PeerId peer, const FrameHeader& header,
         answer.payload_bytes = reply->size();
       }
     }
+    // A routed step is let go once its last layer frame is answered.
+    if (found != nullptr && header.reserved != 0 && error.ok() && --found->frames_left == 0) {
+      routed_.erase(header.step_id);
+    }
   }
   if (!error.ok()) {
     {
@@ -421,7 +450,7 @@ void MemoryServer::HandleLayer(PeerId peer, const FrameHeader& header,
     }
     LOG_FIRST_N(WARNING, 20) << "layer frame of step " << header.step_id << " from peer " << peer
                              << ": " << error;
-    SendError(peer, header, error);
+    SendError(reply_peer != 0 ? reply_peer : peer, header, error);
     return;
   }
   answer.checksum = transport::PayloadChecksum(*reply);
@@ -434,8 +463,26 @@ void MemoryServer::HandleLayer(PeerId peer, const FrameHeader& header,
   }
   std::span<const uint8_t> body(*reply);
   transport_->Send(
-      peer, transport::kFrameTag, transport::AsBytes(answer), {body},
+      reply_peer, transport::kFrameTag, transport::AsBytes(answer), {body},
       [this, reply](absl::Status) mutable { Recycle(pool_mu_, free_buffers_, std::move(reply)); });
+}
+
+MemoryServer::PeerState* MemoryServer::FindStepLocked(PeerId peer, const FrameHeader& header) {
+  if (header.reserved != 0) {
+    auto it = routed_.find(header.step_id);
+    return it == routed_.end() ? nullptr : &it->second;
+  }
+  auto it = peers_.find(peer);
+  if (it == peers_.end() || !it->second.has_step || it->second.share.step_id != header.step_id) {
+    return nullptr;
+  }
+  return &it->second;
+}
+
+PeerId MemoryServer::ReplyPeerLocked(PeerId peer, const FrameHeader& header) {
+  if (header.reserved == 0) return peer;
+  auto it = endpoints_.find(header.reserved);
+  return it == endpoints_.end() ? 0 : it->second;
 }
 
 void MemoryServer::SendError(PeerId peer, const FrameHeader& about, const absl::Status& why) {

@@ -9,6 +9,14 @@
 // error and counted, and the server keeps serving. Its slot tables are changed only by
 // descriptors, and it writes only to slots a descriptor assigned.
 //
+// Rotational pipelining (compute_node/rotation.h) routes a step: its descriptor and layer
+// frames carry the endpoint id of the compute replica that runs the next slice of the batch
+// (FrameHeader::reserved), and the server answers that endpoint, which announced itself
+// with a kHello frame on its own connection, instead of the sender. A routed step is keyed
+// by its id, since its layers arrive from different replicas; it is let go once every layer
+// frame has been answered, or when more than kMaxRoutedSteps are open (the oldest first:
+// a replica died mid-rotation).
+//
 // Threads: the transport thread receives frames into pooled buffers; a frame with nothing
 // ahead of it runs right there, and frames that arrive while one runs queue for a worker
 // thread, in arrival order (attention itself uses the OpenMP team). So a mini-batch's
@@ -22,6 +30,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -102,8 +111,10 @@ class MemoryServer : public transport::MessageHandler {
     StepShare share;
     PreparedStep prepared;
     std::vector<MinibatchLayout> layouts;
-    absl::Status error;  // not OK: the step failed; its layer frames get this error
+    absl::Status error;      // not OK: the step failed; its layer frames get this error
+    size_t frames_left = 0;  // routed steps: layer frames not yet answered
   };
+  static constexpr size_t kMaxRoutedSteps = 64;
 
   explicit MemoryServer(MemoryServerOptions options) : options_(std::move(options)) {}
   void RunWorker();
@@ -114,6 +125,12 @@ class MemoryServer : public transport::MessageHandler {
                    std::span<const uint8_t> payload);
   void SendError(transport::PeerId peer, const transport::FrameHeader& about,
                  const absl::Status& why);
+  // The step a frame belongs to: the sender's, or the routed step of that id (engine_mu_
+  // held); null if none.
+  PeerState* FindStepLocked(transport::PeerId peer, const transport::FrameHeader& header);
+  // Where the answer to a frame goes: the sender, or the endpoint it names (engine_mu_
+  // held); 0 if that endpoint is not connected.
+  transport::PeerId ReplyPeerLocked(transport::PeerId peer, const transport::FrameHeader& header);
   std::shared_ptr<std::vector<uint8_t>> Buffer(size_t bytes);
 
   MemoryServerOptions options_;
@@ -127,6 +144,8 @@ class MemoryServer : public transport::MessageHandler {
   uint64_t epoch_ = 0;
   PoolIndex pool_;
   std::unordered_map<transport::PeerId, PeerState> peers_;
+  std::map<uint64_t, PeerState> routed_;                       // by step id
+  std::unordered_map<uint64_t, transport::PeerId> endpoints_;  // announced by kHello
 
   // Buffers received but not yet run, by data pointer (transport thread only).
   std::unordered_map<const uint8_t*, std::shared_ptr<std::vector<uint8_t>>> placed_;

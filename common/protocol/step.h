@@ -52,9 +52,19 @@ struct SequenceChunk {
   std::vector<SampleTarget> samples;  // drawn from the last row's logits
 };
 
+// Rotational pipelining: a replica's place in a plan's rotation (none: `replicas` empty).
+// Slice k of the layers runs on replicas[(batch + k) % replicas.size()].
+struct StepRotation {
+  int32_t batch = 0;
+  int32_t replica = 0;
+  std::vector<std::string> replicas;  // context-exchange addresses
+  bool active() const { return !replicas.empty(); }
+};
+
 struct StepPlan {
   uint64_t step_id = 0;
   uint64_t epoch = 0;
+  StepRotation rotation;
   std::vector<RequestSetup> setups;
   std::vector<TableRelease> releases;
   std::vector<SlotAssignment> assignments;

@@ -70,6 +70,12 @@ void ToProto(const StepPlan& plan, control::StepPlan* out) {
     assignment->set_start(a.start);
     assignment->mutable_slots()->Add(a.slots.begin(), a.slots.end());
   }
+  if (plan.rotation.active()) {
+    auto* rotation = out->mutable_rotation();
+    rotation->set_batch(static_cast<uint32_t>(plan.rotation.batch));
+    rotation->set_replica(static_cast<uint32_t>(plan.rotation.replica));
+    for (const std::string& r : plan.rotation.replicas) rotation->add_replicas(r);
+  }
   for (const SequenceChunk& c : plan.chunks) {
     auto* chunk = out->add_chunks();
     chunk->set_request_id(c.request_id.value());
@@ -133,6 +139,17 @@ absl::StatusOr<StepPlan> FromProto(const control::StepPlan& in) {
                                {t.banned_tokens().begin(), t.banned_tokens().end()}});
     }
     plan.chunks.push_back(std::move(chunk));
+  }
+  if (in.has_rotation()) {
+    const auto& r = in.rotation();
+    if (r.replicas_size() < 2 || r.replica() >= static_cast<uint32_t>(r.replicas_size()) ||
+        r.batch() > 255) {
+      return absl::InvalidArgumentError(absl::StrCat("rotation of replica ", r.replica(), " of ",
+                                                     r.replicas_size(), ", batch ", r.batch()));
+    }
+    plan.rotation.batch = static_cast<int32_t>(r.batch());
+    plan.rotation.replica = static_cast<int32_t>(r.replica());
+    plan.rotation.replicas.assign(r.replicas().begin(), r.replicas().end());
   }
   return plan;
 }

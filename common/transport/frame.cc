@@ -127,7 +127,7 @@ absl::Status ParseFrameHeader(std::span<const uint8_t> bytes, FrameHeader* out) 
         absl::StrCat("frame of version ", out->version, "; this node speaks ", kFrameVersion));
   }
   if (out->kind < static_cast<uint16_t>(FrameKind::kStep) ||
-      out->kind > static_cast<uint16_t>(FrameKind::kError)) {
+      out->kind > static_cast<uint16_t>(FrameKind::kContext)) {
     return absl::InvalidArgumentError(absl::StrCat("frame of unknown kind ", out->kind));
   }
   return absl::OkStatus();
@@ -158,6 +158,10 @@ std::string FrameKindName(uint16_t kind) {
       return "layer-result";
     case FrameKind::kError:
       return "error";
+    case FrameKind::kHello:
+      return "hello";
+    case FrameKind::kContext:
+      return "context";
   }
   return absl::StrCat("kind-", kind);
 }

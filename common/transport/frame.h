@@ -14,6 +14,15 @@
 //                 ([heads][head_dim + 2]) of the partial rows
 //   kError        UTF-8 text: why the step (or one layer message) failed; the header's
 //                 `flags` carry its absl::StatusCode (ErrorFrameStatus reads both)
+//   kHello        none: names the connection's endpoint (`reserved`), so that a memory
+//                 node can route answers of a rotated step to it (rotational pipelining)
+//   kContext      f32 residual-stream rows of a batch ([rows][hidden]), handed from the
+//                 compute replica that ran one slice of the layers to the one that runs the
+//                 next (`layer`: the slice that continues; `minibatch`: the batch slot)
+//
+// Rotational pipelining routes answers: a kStep or kLayer frame whose `reserved` is not
+// zero asks the memory node to answer the endpoint of that id (announced by kHello), not
+// the sender; such a step is keyed by its id rather than by the connection.
 #ifndef STRATA_COMMON_TRANSPORT_FRAME_H_
 #define STRATA_COMMON_TRANSPORT_FRAME_H_
 
@@ -35,12 +44,14 @@ enum class FrameKind : uint16_t {
   kLayer = 2,
   kLayerResult = 3,
   kError = 4,
+  kHello = 5,
+  kContext = 6,
 };
 
 // All data-plane frames travel under one transport tag.
 inline constexpr Tag kFrameTag = 1;
 
-enum class FrameDType : uint16_t { kBF16 = 0, kF16 = 1 };
+enum class FrameDType : uint16_t { kBF16 = 0, kF16 = 1, kF32 = 2 };
 
 struct FrameHeader {
   uint32_t magic = kFrameMagic;

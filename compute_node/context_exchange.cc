@@ -1,0 +1,200 @@
+#include "compute_node/context_exchange.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
+
+namespace strata {
+namespace {
+
+using transport::FrameHeader;
+using transport::FrameKind;
+using transport::PeerId;
+
+}  // namespace
+
+uint64_t RotationEndpoint(const std::string& address, int batch) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the address
+  for (unsigned char c : address) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return (h << 8) | static_cast<uint64_t>((batch + 1) & 0xFF);  // never zero
+}
+
+absl::StatusOr<std::unique_ptr<ContextExchange>> ContextExchange::Create(
+    ContextExchangeOptions options) {
+  if (options.hidden <= 0) return absl::InvalidArgumentError("context rows need a hidden size");
+  auto exchange = std::unique_ptr<ContextExchange>(new ContextExchange(std::move(options)));
+  ASSIGN_OR_RETURN(exchange->transport_,
+                   transport::Transport::Create(exchange->options_.transport));
+  ContextExchange* self = exchange.get();
+  exchange->transport_->SetHandler(transport::kFrameTag, self);
+  exchange->transport_->SetPeerHandler(
+      [self](PeerId peer, transport::PeerEvent event, const absl::Status& why) {
+        if (event != transport::PeerEvent::kDisconnected) return;
+        {
+          std::lock_guard<std::mutex> lock(self->mu_);
+          for (auto it = self->peers_.begin(); it != self->peers_.end();) {
+            it = it->second == peer ? self->peers_.erase(it) : std::next(it);
+          }
+        }
+        LOG(WARNING) << "context exchange: peer " << peer << " left: " << why.message();
+        if (self->options_.on_arrival) self->options_.on_arrival();
+      });
+  ASSIGN_OR_RETURN(exchange->address_,
+                   exchange->transport_->Listen(exchange->options_.listen_address));
+  return exchange;
+}
+
+ContextExchange::~ContextExchange() { transport_.reset(); }
+
+void ContextExchange::SetEpoch(uint64_t epoch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (epoch != epoch_) {
+    held_.clear();
+    retired_.clear();
+  }
+  epoch_ = epoch;
+}
+
+absl::StatusOr<PeerId> ContextExchange::PeerFor(const std::string& address) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = peers_.find(address);
+    if (it != peers_.end()) return it->second;
+  }
+  std::lock_guard<std::mutex> connect_lock(connect_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = peers_.find(address);
+    if (it != peers_.end()) return it->second;
+  }
+  auto peer = transport_->Connect(address);
+  if (!peer.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot reach the compute replica at ", address,
+                                               ": ", peer.status().message()));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  peers_[address] = *peer;
+  return *peer;
+}
+
+absl::Status ContextExchange::Send(const std::string& to, uint64_t step_id, int slice, int batch,
+                                   const float* x, int64_t m) {
+  ASSIGN_OR_RETURN(const PeerId peer, PeerFor(to));
+  auto body = std::make_shared<std::vector<float>>(x, x + m * options_.hidden);
+  const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(body->data()),
+                                       body->size() * sizeof(float));
+  FrameHeader h;
+  h.kind = static_cast<uint16_t>(FrameKind::kContext);
+  h.step_id = step_id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    h.epoch = epoch_;
+    ++stats_.sent;
+    stats_.bytes_sent += sizeof(h) + bytes.size();
+  }
+  h.layer = static_cast<uint32_t>(slice);
+  h.minibatch = static_cast<uint32_t>(batch);
+  h.rows = static_cast<uint32_t>(m);
+  h.dtype = static_cast<uint16_t>(transport::FrameDType::kF32);
+  h.payload_bytes = bytes.size();
+  h.checksum = transport::PayloadChecksum(bytes);
+  transport_->Send(peer, transport::kFrameTag, transport::AsBytes(h), {bytes},
+                   [body](absl::Status) {});
+  return absl::OkStatus();
+}
+
+bool ContextExchange::Arrived(int batch, uint64_t step_id, int slice) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return held_.count({batch, step_id, slice}) > 0;
+}
+
+absl::Status ContextExchange::Take(int batch, uint64_t step_id, int slice, float* x, int64_t m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = held_.find({batch, step_id, slice});
+  if (it == held_.end()) {
+    return absl::NotFoundError(absl::StrCat("no context of slice ", slice, " of step ", step_id));
+  }
+  Held held = std::move(it->second);
+  held_.erase(it);
+  if (held.rows != static_cast<uint64_t>(m)) {
+    return absl::DataLossError(absl::StrCat("the context of slice ", slice, " of step ", step_id,
+                                            " has ", held.rows, " rows; the plan has ", m));
+  }
+  std::memcpy(x, held.x.data(), held.x.size() * sizeof(float));
+  return absl::OkStatus();
+}
+
+void ContextExchange::Retire(int batch, uint64_t step_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t& last = retired_[batch];
+  last = std::max(last, step_id);
+  for (auto it = held_.begin(); it != held_.end();) {
+    const auto& [b, step, slice] = it->first;
+    it = b == batch && step <= last ? held_.erase(it) : std::next(it);
+  }
+}
+
+ContextExchangeStats ContextExchange::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+std::span<uint8_t> ContextExchange::Place(PeerId, std::span<const uint8_t>, size_t) {
+  return {};  // kept by the transport until Deliver has checked the frame
+}
+
+void ContextExchange::Deliver(PeerId from, std::span<const uint8_t> header_bytes,
+                              std::span<const uint8_t> payload, absl::Status status) {
+  FrameHeader h;
+  absl::Status why = transport::ParseFrameHeader(header_bytes, &h);
+  if (why.ok()) why = status;
+  if (why.ok() && h.kind != static_cast<uint16_t>(FrameKind::kContext)) {
+    why = absl::InvalidArgumentError(
+        absl::StrCat("a ", transport::FrameKindName(h.kind), " frame at a context exchange"));
+  }
+  if (why.ok() && (h.dtype != static_cast<uint16_t>(transport::FrameDType::kF32) ||
+                   h.payload_bytes != static_cast<uint64_t>(h.rows) * options_.hidden * 4)) {
+    why = absl::InvalidArgumentError(absl::StrCat("a context of ", h.rows, " rows in ",
+                                                  h.payload_bytes, " bytes of dtype ", h.dtype));
+  }
+  if (why.ok()) why = transport::CheckFramePayload(h, payload, options_.verify_checksums);
+  bool notify = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.bytes_received += header_bytes.size() + payload.size();
+    if (!why.ok()) {
+      ++stats_.rejected;
+      LOG_FIRST_N(WARNING, 20) << "rejected a context frame from peer " << from << ": "
+                               << why.message();
+      return;
+    }
+    auto retired = retired_.find(static_cast<int>(h.minibatch));
+    if (h.epoch != epoch_ || (retired != retired_.end() && h.step_id <= retired->second)) {
+      ++stats_.stale;
+      LOG_FIRST_N(WARNING, 20) << "dropped a stale context frame (step " << h.step_id << ", epoch "
+                               << h.epoch << ") from peer " << from;
+      return;
+    }
+    if (held_.size() >= kMaxHeld) {
+      ++stats_.stale;
+      LOG_FIRST_N(WARNING, 20) << "dropped the context of step "
+                               << std::get<1>(held_.begin()->first) << ": more than " << kMaxHeld
+                               << " held";
+      held_.erase(held_.begin());
+    }
+    Held& held = held_[{static_cast<int>(h.minibatch), h.step_id, static_cast<int>(h.layer)}];
+    held.rows = h.rows;
+    held.x.resize(static_cast<size_t>(h.rows) * options_.hidden);
+    if (!payload.empty()) std::memcpy(held.x.data(), payload.data(), payload.size());
+    ++stats_.received;
+    notify = true;
+  }
+  if (notify && options_.on_arrival) options_.on_arrival();
+}
+
+}  // namespace strata

@@ -1,0 +1,113 @@
+// Context migration between compute replicas under rotational pipelining (rotation.h).
+//
+// When a replica has run one slice of a batch's layers (the layers between two
+// attentions), the batch's execution context moves to the replica that runs the next
+// slice while the attention is away: the residual-stream rows, f32 [rows][hidden]. That is
+// all that crosses, because everything else a slice needs is rebuilt from the plan, which
+// every replica of the rotation receives (positions, sampling state, grammar state).
+//
+// A context travels as a kContext frame on the data plane (common/transport/frame.h): the
+// same 64-byte header, checksum and epoch as every frame; `layer` is the slice that
+// continues and `minibatch` the batch slot. Each replica listens on its own transport and
+// connects to the others on first use.
+//
+// The receiver checks every frame before keeping it: header, kind, epoch, size against the
+// rows it claims, checksum. A malformed frame, or a stale one (of a step this replica has
+// already finished with, or from an older epoch), is dropped and counted; the slice that
+// waits for it then misses its deadline and fails its batch with a clear error. Contexts
+// that come before the replica has the plan are kept, up to kMaxHeld.
+//
+// Thread-safety: thread-safe; `on_arrival` runs on the transport thread.
+#ifndef STRATA_COMPUTE_NODE_CONTEXT_EXCHANGE_H_
+#define STRATA_COMPUTE_NODE_CONTEXT_EXCHANGE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/transport/frame.h"
+#include "common/transport/transport.h"
+
+namespace strata {
+
+struct ContextExchangeOptions {
+  transport::TransportConfig transport;
+  std::string listen_address = "127.0.0.1:0";
+  int64_t hidden = 0;  // floats per row
+  bool verify_checksums = true;
+  std::function<void()> on_arrival;  // a context came (or a peer left); may be empty
+};
+
+struct ContextExchangeStats {
+  uint64_t sent = 0;
+  uint64_t received = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  uint64_t rejected = 0;  // malformed: header, kind, size or checksum
+  uint64_t stale = 0;     // another epoch, or a step already finished with
+};
+
+// A lane's endpoint id (remote_attention.h) for batch slot `batch` of the replica whose
+// context exchange listens at `address`: the same on every node that computes it.
+uint64_t RotationEndpoint(const std::string& address, int batch);
+
+class ContextExchange : public transport::MessageHandler {
+ public:
+  static constexpr size_t kMaxHeld = 64;
+
+  static absl::StatusOr<std::unique_ptr<ContextExchange>> Create(ContextExchangeOptions options);
+  ~ContextExchange() override;
+
+  const std::string& address() const { return address_; }
+  void SetEpoch(uint64_t epoch);
+  // Sends rows [0, m) of `x` to the replica listening at `to`, as the context of `slice` of
+  // step `step_id` in batch slot `batch`. The rows are copied.
+  absl::Status Send(const std::string& to, uint64_t step_id, int slice, int batch, const float* x,
+                    int64_t m);
+  bool Arrived(int batch, uint64_t step_id, int slice) const;
+  // Moves the context into x (m rows): NotFound if it has not come, DataLoss if it has
+  // another number of rows.
+  absl::Status Take(int batch, uint64_t step_id, int slice, float* x, int64_t m);
+  // This replica is done with batch slot `batch` up to `step_id`: what is held of those
+  // steps goes, and what comes of them later is stale.
+  void Retire(int batch, uint64_t step_id);
+  ContextExchangeStats stats() const;
+
+  std::span<uint8_t> Place(transport::PeerId from, std::span<const uint8_t> header,
+                           size_t payload_bytes) override;
+  void Deliver(transport::PeerId from, std::span<const uint8_t> header,
+               std::span<const uint8_t> payload, absl::Status status) override;
+
+ private:
+  explicit ContextExchange(ContextExchangeOptions options) : options_(std::move(options)) {}
+  absl::StatusOr<transport::PeerId> PeerFor(const std::string& address);
+
+  using Key = std::tuple<int, uint64_t, int>;  // batch, step, slice
+  struct Held {
+    uint32_t rows = 0;
+    std::vector<float> x;
+  };
+
+  ContextExchangeOptions options_;
+  std::unique_ptr<transport::Transport> transport_;
+  std::string address_;
+
+  std::mutex connect_mu_;  // serializes connecting
+  mutable std::mutex mu_;
+  uint64_t epoch_ = 0;
+  std::unordered_map<std::string, transport::PeerId> peers_;
+  std::map<Key, Held> held_;
+  std::unordered_map<int, uint64_t> retired_;  // batch -> last step finished with
+  ContextExchangeStats stats_;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_COMPUTE_NODE_CONTEXT_EXCHANGE_H_

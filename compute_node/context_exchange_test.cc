@@ -1,0 +1,157 @@
+// The context exchange of rotational pipelining over the in-process transport: a context
+// sent by one replica arrives bit for bit at the other; a malformed frame (bad checksum,
+// wrong size, wrong kind or dtype) is rejected and counted, a stale one (another epoch, or a
+// step already finished with) is dropped and counted, and neither is ever taken for a
+// context; the exchange keeps working after each.
+#include "compute_node/context_exchange.h"
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+using transport::FrameHeader;
+using transport::FrameKind;
+
+constexpr int64_t kHidden = 16;
+constexpr uint64_t kEpoch = 9;
+std::atomic<int> instance{0};
+
+std::unique_ptr<ContextExchange> Make(std::atomic<int>* arrivals) {
+  ContextExchangeOptions o;
+  o.transport.backend = transport::Backend::kInproc;
+  o.listen_address = absl::StrCat("context-exchange-test-", ++instance);
+  o.hidden = kHidden;
+  o.on_arrival = [arrivals] { ++*arrivals; };
+  auto e = ContextExchange::Create(o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  (*e)->SetEpoch(kEpoch);
+  return std::move(*e);
+}
+
+// Waits until `pred` holds (frames are delivered on the transport thread).
+template <typename Pred>
+bool Eventually(Pred pred) {
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  while (absl::Now() < until) {
+    if (pred()) return true;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return pred();
+}
+
+std::vector<float> Rows(int m, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> x(m * kHidden);
+  for (float& f : x) f = d(rng);
+  return x;
+}
+
+TEST(ContextExchangeTest, ContextArrivesBitForBit) {
+  std::atomic<int> arrivals{0};
+  auto a = Make(&arrivals), b = Make(&arrivals);
+  const std::vector<float> x = Rows(5, 1);
+  ASSERT_TRUE(a->Send(b->address(), 42, 3, 1, x.data(), 5).ok());
+  ASSERT_TRUE(Eventually([&] { return b->Arrived(1, 42, 3); }));
+  EXPECT_FALSE(b->Arrived(1, 42, 2));
+  EXPECT_FALSE(b->Arrived(0, 42, 3));
+  std::vector<float> got(5 * kHidden, 0.0f);
+  EXPECT_TRUE(absl::IsDataLoss(b->Take(1, 42, 3, got.data(), 4)));  // not the plan's rows
+  ASSERT_TRUE(a->Send(b->address(), 42, 3, 1, x.data(), 5).ok());
+  ASSERT_TRUE(Eventually([&] { return b->Arrived(1, 42, 3); }));
+  ASSERT_TRUE(b->Take(1, 42, 3, got.data(), 5).ok());
+  EXPECT_EQ(got, x);
+  EXPECT_TRUE(absl::IsNotFound(b->Take(1, 42, 3, got.data(), 5)));  // taken once
+  EXPECT_EQ(b->stats().received, 2u);
+  EXPECT_EQ(b->stats().rejected, 0u);
+}
+
+TEST(ContextExchangeTest, MalformedAndStaleFramesAreRejectedAndCounted) {
+  std::atomic<int> arrivals{0};
+  auto b = Make(&arrivals);
+  // A raw sender, to forge frames.
+  auto raw = transport::Transport::Create({transport::Backend::kInproc});
+  ASSERT_TRUE(raw.ok());
+  auto peer = (*raw)->Connect(b->address());
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  const std::vector<float> x = Rows(3, 2);
+  auto send = [&](FrameHeader h, std::vector<float> body) {
+    auto keep = std::make_shared<std::vector<float>>(std::move(body));
+    const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(keep->data()),
+                                         keep->size() * sizeof(float));
+    (*raw)->Send(*peer, transport::kFrameTag, transport::AsBytes(h), {bytes},
+                 [keep](absl::Status) {});
+  };
+  auto good = [&](uint64_t step) {
+    FrameHeader h;
+    h.kind = static_cast<uint16_t>(FrameKind::kContext);
+    h.step_id = step;
+    h.epoch = kEpoch;
+    h.layer = 1;
+    h.minibatch = 0;
+    h.rows = 3;
+    h.dtype = static_cast<uint16_t>(transport::FrameDType::kF32);
+    h.payload_bytes = x.size() * sizeof(float);
+    h.checksum = transport::PayloadChecksum(std::span<const uint8_t>(
+        reinterpret_cast<const uint8_t*>(x.data()), x.size() * sizeof(float)));
+    return h;
+  };
+  FrameHeader bad_sum = good(10);
+  bad_sum.checksum ^= 1;
+  send(bad_sum, x);
+  FrameHeader bad_rows = good(10);
+  bad_rows.rows = 4;  // the payload holds 3
+  send(bad_rows, x);
+  FrameHeader bad_kind = good(10);
+  bad_kind.kind = static_cast<uint16_t>(FrameKind::kLayer);
+  send(bad_kind, x);
+  FrameHeader bad_dtype = good(10);
+  bad_dtype.dtype = static_cast<uint16_t>(transport::FrameDType::kBF16);
+  send(bad_dtype, x);
+  ASSERT_TRUE(Eventually([&] { return b->stats().rejected == 4; })) << b->stats().rejected;
+  EXPECT_FALSE(b->Arrived(0, 10, 1));
+
+  FrameHeader old_epoch = good(10);
+  old_epoch.epoch = kEpoch - 1;
+  send(old_epoch, x);
+  ASSERT_TRUE(Eventually([&] { return b->stats().stale == 1; }));
+  b->Retire(0, 10);  // done with step 10 of batch 0
+  send(good(10), x);
+  ASSERT_TRUE(Eventually([&] { return b->stats().stale == 2; }));
+  EXPECT_FALSE(b->Arrived(0, 10, 1));
+
+  // Still works.
+  send(good(11), x);
+  ASSERT_TRUE(Eventually([&] { return b->Arrived(0, 11, 1); }));
+  std::vector<float> got(x.size());
+  ASSERT_TRUE(b->Take(0, 11, 1, got.data(), 3).ok());
+  EXPECT_EQ(got, x);
+  EXPECT_EQ(b->stats().received, 1u);
+  (*raw)->Disconnect(*peer);
+}
+
+TEST(ContextExchangeTest, UnreachableReplicaIsAClearError) {
+  std::atomic<int> arrivals{0};
+  auto a = Make(&arrivals);
+  const std::vector<float> x = Rows(1, 3);
+  absl::Status s = a->Send("no-such-replica", 1, 1, 0, x.data(), 1);
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_NE(s.message().find("no-such-replica"), std::string::npos) << s;
+}
+
+TEST(ContextExchangeTest, EndpointsDifferByReplicaAndSlot) {
+  EXPECT_NE(RotationEndpoint("a:1", 0), RotationEndpoint("a:1", 1));
+  EXPECT_NE(RotationEndpoint("a:1", 0), RotationEndpoint("a:2", 0));
+  EXPECT_EQ(RotationEndpoint("a:1", 3), RotationEndpoint("a:1", 3));
+  EXPECT_NE(RotationEndpoint("", 0), 0u);
+}
+
+}  // namespace
+}  // namespace strata
