@@ -17,6 +17,12 @@ absl::StatusOr<std::unique_ptr<ComputeNode>> ComputeNode::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("a compute node runs one or two batches in flight, not ", options.lanes));
   }
+  if (options.rotation_batches < 0 ||
+      options.rotation_batches > static_cast<int>(StepEngine::kMaxLanes)) {
+    return absl::InvalidArgumentError(absl::StrCat("rotational pipelining takes 1 to ",
+                                                   StepEngine::kMaxLanes, " batches, not ",
+                                                   options.rotation_batches));
+  }
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
   const absl::Time start = absl::Now();
   ASSIGN_OR_RETURN(node->weights_, ModelWeights::Load(options.model_dir, config));
@@ -37,6 +43,33 @@ absl::StatusOr<std::unique_ptr<ComputeNode>> ComputeNode::Create(
     } else {
       LOG(WARNING) << "structured output is unavailable: " << tokenizer.status();
     }
+  }
+  if (options.rotation_batches > 0) {
+    ComputeNode* self = node.get();
+    node->wakeup_ = std::make_unique<Wakeup>();
+    ContextExchangeOptions exchange;
+    exchange.transport = options.remote.transport;
+    exchange.listen_address = options.context_address;
+    exchange.hidden = config.hidden_size;
+    exchange.verify_checksums = options.remote.verify_checksums;
+    exchange.on_arrival = [self] { self->wakeup_->Notify(); };
+    ASSIGN_OR_RETURN(node->exchange_, ContextExchange::Create(exchange));
+    std::vector<AttentionBackend*> lanes;
+    for (int j = 0; j < options.rotation_batches; ++j) {
+      RemoteAttentionOptions lane = options.remote;
+      lane.prefill_policy = PrefillPolicy::kMemory;  // a rotated step leaves all attention there
+      lane.endpoint = RotationEndpoint(node->exchange_->address(), j);
+      lane.on_settled = [self] { self->wakeup_->Notify(); };
+      ASSIGN_OR_RETURN(auto remote, RemoteAttention::Create(config, lane));
+      lanes.push_back(remote.get());
+      node->rotated_lanes_.push_back(std::move(remote));
+    }
+    node->rotated_engine_ = std::make_unique<StepEngine>(
+        node->runner_.get(), lanes,
+        StepEngineOptions{options.max_batch_rows, node->max_model_len_, options.trace,
+                          node->grammar_vocabulary_.get()});
+    LOG(INFO) << "rotational pipelining: " << options.rotation_batches
+              << " batch slots; contexts arrive at " << node->exchange_->address();
   }
   LOG(INFO) << "loaded " << config.architecture << " from " << options.model_dir << " ("
             << config.NumParameters() / 1e6 << "M parameters, "
@@ -63,9 +96,39 @@ int64_t ComputeNode::local_kv_slots() const {
   return options_.local_kv_budget_bytes / per_token;
 }
 
+ComputeNode::~ComputeNode() {
+  stopping_.store(true);
+  if (wakeup_) wakeup_->Notify();
+  std::lock_guard<std::mutex> lock(rotation_mu_);  // the driver is gone
+}
+
+void ComputeNode::PrepareQueue(PlanQueue& queue) {
+  if (rotational()) queue.SetOnChange([this] { wakeup_->Notify(); });
+}
+
+std::string ComputeNode::context_address() const {
+  return exchange_ != nullptr ? exchange_->address() : "";
+}
+
 absl::StatusOr<ComputeConfigAck> ComputeNode::Configure(const ComputeConfig& config) {
   ComputeConfigAck ack;
   const bool disaggregated = config.disaggregated || !config.memory_nodes.empty();
+  if (rotational()) {
+    if (!disaggregated) {
+      return absl::FailedPreconditionError(
+          "rotational pipelining needs memory nodes; this scheduler runs co-located attention");
+    }
+    exchange_->SetEpoch(config.epoch);
+    for (auto& lane : rotated_lanes_) {
+      lane->SetMemoryNodes(config.epoch, config.memory_nodes);
+      lane->ConnectAll();  // routed answers need each lane's hello at every memory node
+    }
+    LOG(INFO) << "rotational pipelining over " << config.memory_nodes.size()
+              << " memory node(s), epoch " << config.epoch;
+    ready_.store(true);
+    ack.local_kv_slots = 0;
+    return ack;
+  }
   if (RemoteAttention* remote = remote_ready_.load();
       disaggregated && remote != nullptr && remote_epoch_.load() == config.epoch) {
     // The same scheduler with another set of memory nodes (one died, one came back): no
@@ -159,6 +222,7 @@ class ComputeNode::Lanes : public LaneEngine {
 };
 
 void ComputeNode::RunPipelined(PlanQueue& queue, const PlanWaitObserver& on_wait) {
+  if (rotational()) return RunRotated(queue);
   Lanes lanes(this, next_owner_.fetch_add(1));
   RunPipeline(lanes, queue, on_wait);
 }
@@ -233,6 +297,17 @@ StepResult ComputeNode::FinishLane(int lane) {
   return result;
 }
 
+void ComputeNode::RunRotated(PlanQueue& queue) {
+  std::lock_guard<std::mutex> lock(rotation_mu_);
+  RotationDriverOptions d;
+  d.exchange = exchange_.get();
+  d.wakeup = wakeup_.get();
+  d.handoff_timeout = options_.handoff_timeout;
+  d.stop = &stopping_;
+  d.on_result = [this](const StepResult& r) { AfterStep(r); };
+  RunRotation(*rotated_engine_, queue, d);
+}
+
 void ComputeNode::AfterStep(const StepResult& result) {
   ++steps_;
   if (options_.on_step) options_.on_step(result);
@@ -244,6 +319,7 @@ RemoteAttentionStats ComputeNode::remote_stats() const {
   for (const RemoteAttention* r : {remote_ready_.load(), remote_second_ready_.load()}) {
     if (r != nullptr) total += r->stats();
   }
+  for (const auto& r : rotated_lanes_) total += r->stats();
   return total;
 }
 

@@ -4,6 +4,11 @@
 // attention runs: with no memory nodes, in a local KV cache sized by the node's KV budget
 // (co-located mode); otherwise on the memory nodes over the data-plane transport.
 //
+// Rotational pipelining (rotation.h; options.rotation_batches > 0): the node listens for
+// contexts on its own data-plane address (context_address(), reported at registration),
+// has one routed lane per batch slot, and runs rotated plans only, by RunRotation. It needs
+// memory nodes. One stream at a time drives the lanes.
+//
 // Thread-safety: lane stages are serialised internally; Configure may be called between
 // stages from another thread. A new scheduler (epoch) fails the plans that
 // lanes still run.
@@ -26,6 +31,7 @@
 #include "compute_node/model_runner.h"
 #include "compute_node/model_weights.h"
 #include "compute_node/remote_attention.h"
+#include "compute_node/rotation.h"
 #include "compute_node/step_engine.h"
 #include "compute_node/step_pipeline.h"
 
@@ -42,6 +48,11 @@ struct ComputeNodeOptions {
   // Batches in flight in disaggregated mode: 1, or 2 for "--pipelining two" (each lane has
   // its own data-plane connections; see step_pipeline.h). Co-located mode runs one.
   int lanes = 1;
+  // Rotational pipelining: batch slots (n; 0: off), where the context exchange listens, and
+  // how long a slice waits for its context and attention before failing its batch.
+  int rotation_batches = 0;
+  std::string context_address = "127.0.0.1:0";
+  absl::Duration handoff_timeout = absl::Seconds(10);
   // The timeline of the step engine's lanes (step_engine.h); null: none. Must outlive the node.
   TraceRecorder* trace = nullptr;
   // Called after every step (step thread), e.g. for metrics; may be empty.
@@ -61,6 +72,12 @@ class ComputeNode {
   // old one drains): the lanes belong to one stream at a time, from its first plan begun to
   // its last lane idle; another stream's next plan waits for that.
   void RunPipelined(PlanQueue& queue, const PlanWaitObserver& on_wait);
+  // Before a stream's plans arrive in `queue` (rotational pipelining wakes its driver on
+  // them).
+  void PrepareQueue(PlanQueue& queue);
+  // Rotational pipelining: where the context exchange listens ("" when off).
+  std::string context_address() const;
+  bool rotational() const { return options_.rotation_batches > 0; }
 
   ModelShape shape() const;
   NodeStatus Status() const;
@@ -115,6 +132,18 @@ class ComputeNode {
   std::atomic<RemoteAttention*> remote_ready_{nullptr};
   std::atomic<RemoteAttention*> remote_second_ready_{nullptr};
   std::atomic<uint64_t> remote_epoch_{0};
+
+  // Rotational pipelining: made at Create, configured by every Configure.
+  void RunRotated(PlanQueue& queue);
+  std::unique_ptr<ContextExchange> exchange_;
+  std::vector<std::unique_ptr<RemoteAttention>> rotated_lanes_;
+  std::unique_ptr<StepEngine> rotated_engine_;
+  std::unique_ptr<Wakeup> wakeup_;
+  std::mutex rotation_mu_;  // held by the stream that drives the rotated lanes
+  std::atomic<bool> stopping_{false};
+
+ public:
+  ~ComputeNode();
 };
 
 }  // namespace strata

@@ -48,7 +48,14 @@ ABSL_FLAG(strata::Pipelining, pipelining, strata::Pipelining::kOff,
           "Batches in flight in disaggregated mode: off (one), or two (while one batch's "
           "attention is on the memory nodes, the other's GEMMs run; the scheduler needs "
           "--pipelining=two as well). Co-located attention always runs one. fixed (set on the "
-          "scheduler) runs one batch here, as off does");
+          "scheduler) runs one batch here, as off does. rotational: this node is one replica "
+          "of a rotation (the scheduler needs --pipelining=rotational and the same "
+          "--rotation_batches)");
+ABSL_FLAG(int, rotation_batches, 3,
+          "Rotational pipelining: batch slots n (the rotation runs n batches on n - 1 replicas)");
+ABSL_FLAG(std::string, context_address, "",
+          "Rotational pipelining: where contexts from other replicas arrive, HOST:PORT "
+          "(default: --host, any port); reported at registration");
 ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics port (-1: off, 0: any free port)");
 ABSL_FLAG(bool, verify_checksums, true, "Verify the checksum of every data-plane frame");
 
@@ -74,6 +81,18 @@ int main(int argc, char** argv) {
 
   strata::ComputeNodeOptions options;
   options.lanes = absl::GetFlag(FLAGS_pipelining) == strata::Pipelining::kTwo ? 2 : 1;
+  if (absl::GetFlag(FLAGS_pipelining) == strata::Pipelining::kRotational) {
+    options.rotation_batches = absl::GetFlag(FLAGS_rotation_batches);
+    if (options.rotation_batches < 3) {
+      LOG(ERROR) << "--rotation_batches: rotational pipelining runs n >= 3 batches on n - 1 >= 2 "
+                    "replicas, not "
+                 << options.rotation_batches;
+      return 2;
+    }
+    options.context_address = absl::GetFlag(FLAGS_context_address).empty()
+                                  ? absl::StrCat(absl::GetFlag(FLAGS_host), ":0")
+                                  : absl::GetFlag(FLAGS_context_address);
+  }
   const std::unique_ptr<strata::TraceRecorder> trace =
       strata::TraceRecorderFromFlags(absl::GetFlag(FLAGS_name));
   options.trace = trace.get();
@@ -89,6 +108,7 @@ int main(int argc, char** argv) {
   options.remote.min_minibatch_rows = absl::GetFlag(FLAGS_attention_min_minibatch_rows);
   options.remote.prefill_policy = absl::GetFlag(FLAGS_prefill_attention);
   options.remote.layer_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_attention_timeout_ms));
+  options.handoff_timeout = options.remote.layer_timeout;
   options.remote.verify_checksums = absl::GetFlag(FLAGS_verify_checksums);
   auto registry = std::make_shared<strata::metrics::MetricsRegistry>();
   strata::ComputeNodeMetrics node_metrics(registry, absl::GetFlag(FLAGS_name));
@@ -114,6 +134,7 @@ int main(int argc, char** argv) {
                                       strata::kernels::CpuIsaName(strata::kernels::ActiveCpuIsa()));
   process.info.set_kv_budget_bytes(options.local_kv_budget_bytes);
   *process.info.mutable_model() = strata::ToProto((*node)->shape());
+  process.info.set_data_address((*node)->context_address());  // rotational: contexts arrive there
   strata::ComputeNodeService service(node->get(), process.info, *auth);
   service.SetPlanWaitObserver([&node_metrics](double s) { node_metrics.OnPlanWait(s); });
   process.service = &service;

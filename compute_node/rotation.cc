@@ -118,6 +118,7 @@ void RunRotation(StepEngine& engine, PlanQueue& queue, const RotationDriverOptio
     // Results in the order the plans came.
     while (!order.empty() && order.front().result.has_value()) {
       Running& front = order.front();
+      if (options.on_result) options.on_result(*front.result);
       if (front.queued.done) front.queued.done(std::move(*front.result));
       order.pop_front();
     }

@@ -53,6 +53,8 @@ struct RotationDriverOptions {
   // Set (then Notify the wakeup): the node is going away now. Plans not finished are
   // answered Cancelled without running further, and RunRotation returns.
   const std::atomic<bool>* stop = nullptr;
+  // Called with every result before it is handed on (metrics); may be empty.
+  std::function<void(const StepResult&)> on_result;
 };
 
 // Runs plans from `queue` until it is closed and drained. The engine has one lane per batch

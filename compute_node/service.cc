@@ -39,6 +39,7 @@ grpc::Status ComputeNodeService::RunSteps(
       queue.Abort();  // nobody reads results any more: do not start what is queued
     }
   };
+  node_->PrepareQueue(queue);
   std::thread reader([&] {
     control::StepPlan wire;
     while (!broken.load() && !context->IsCancelled() && stream->Read(&wire)) {

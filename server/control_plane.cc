@@ -172,6 +172,12 @@ void ControlPlane::MarkDead(Node& node, const std::string& why) {
   node.view.alive = false;
   LOG(WARNING) << "node " << node.view.info.name() << " is dead: " << why;
   if (node.executor >= 0) scheduler_->SetExecutorAlive(node.executor, false);
+  if (node.in_rotation) {
+    node.in_rotation = false;
+    options_.rotation->RemoveReplica(node.view.info.name());
+    scheduler_->SetExecutorAlive(options_.rotation_executor,
+                                 options_.rotation->live_replicas() >= 2);
+  }
   if (node.pool) scheduler_->SetPoolAlive(*node.pool, false);
 }
 
@@ -250,7 +256,19 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
     node.pool = scheduler_->AddPool(info.name(), static_cast<int64_t>(ack.local_kv_slots()));
     local_pool = node.pool;
   }
-  node.executor = scheduler_->AddExecutor(std::move(executor), local_pool);
+  if (options_.rotation != nullptr) {
+    if (info.data_address().empty()) {
+      MarkDead(node, "it has no context address: start it with --pipelining=rotational");
+      return;
+    }
+    options_.rotation->AddReplica(info.name(), info.data_address(),
+                                  std::shared_ptr<StepExecutor>(std::move(executor)));
+    node.in_rotation = true;
+    scheduler_->SetExecutorAlive(options_.rotation_executor,
+                                 options_.rotation->live_replicas() >= 2);
+  } else {
+    node.executor = scheduler_->AddExecutor(std::move(executor), local_pool);
+  }
   node.view.configured = true;
   LOG(INFO) << "compute node " << info.name() << " is ready"
             << (local_pool ? absl::StrCat(" (co-located, ", ack.local_kv_slots(), " KV slots)")

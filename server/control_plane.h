@@ -37,6 +37,7 @@
 #include "common/base/event_loop.h"
 #include "common/control/cluster_auth.h"
 #include "proto/control.grpc.pb.h"
+#include "server/rotation_group.h"
 #include "server/scheduler.h"
 
 namespace strata {
@@ -52,6 +53,10 @@ struct ControlPlaneOptions {
   bool allow_mixed_isa = false;
   // Credentials every call in and out must carry (required).
   std::shared_ptr<const ClusterAuth> auth;
+  // Rotational pipelining: compute nodes join this group (the scheduler's executor of index
+  // rotation_executor, alive while two replicas are) instead of becoming executors.
+  std::shared_ptr<RotationGroup> rotation;
+  int rotation_executor = -1;
 };
 
 struct NodeView {
@@ -90,6 +95,7 @@ class ControlPlane final : public control::Scheduler::Service {
   struct Node {
     NodeView view;
     int executor = -1;              // compute nodes
+    bool in_rotation = false;       // compute nodes under rotational pipelining
     std::optional<PoolIndex> pool;  // memory nodes, and co-located compute nodes
     std::shared_ptr<grpc::Channel> channel;
     std::string session_token;  // what its heartbeats must present

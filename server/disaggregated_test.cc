@@ -12,13 +12,16 @@
 #include "absl/time/time.h"
 #include "common/base/logging.h"
 #include "compute_node/attention_backend.h"
+#include "compute_node/context_exchange.h"
 #include "compute_node/model_runner.h"
 #include "compute_node/model_weights.h"
 #include "compute_node/remote_attention.h"
+#include "compute_node/rotation.h"
 #include "compute_node/step_engine.h"
 #include "compute_node/testing/generated_weights.h"
 #include "gtest/gtest.h"
 #include "memory_node/memory_server.h"
+#include "server/rotation_group.h"
 #include "server/scheduler.h"
 #include "server/testing/in_process_executor.h"
 
@@ -50,12 +53,16 @@ struct Topology {
   // Fixed staggered pipelining (--pipelining=fixed): one plan per compute node, starts
   // staggered across compute nodes.
   bool fixed = false;
+  // Rotational pipelining (--pipelining=rotational): n = compute_nodes + 1 batches rotate
+  // over the compute nodes, which form one rotation group.
+  bool rotational = false;
 };
 
 std::string Name(const Topology& t) {
   return absl::StrCat(t.memory_nodes, "mem_", t.compute_nodes, "cmp_", t.backend, "_",
                       t.prefill_policy, "_mb", t.minibatches, "_k", t.plans_in_flight,
-                      t.async ? "_async" : "", t.two ? "_two" : "", t.fixed ? "_fixed" : "");
+                      t.async ? "_async" : "", t.two ? "_two" : "", t.fixed ? "_fixed" : "",
+                      t.rotational ? "_rotational" : "");
 }
 
 int instance = 0;
@@ -75,6 +82,13 @@ class Deployment {
     config.async_scheduling = t.async;
     if (t.two) config.pipelining = Pipelining::kTwo;
     if (t.fixed) config.pipelining = Pipelining::kFixed;
+    if (t.rotational) {
+      config.pipelining = Pipelining::kRotational;
+      config.max_plans_in_flight = t.compute_nodes + 1;
+      config.max_num_seqs = 16;
+      group_ = std::make_shared<RotationGroup>(config.max_plans_in_flight,
+                                               static_cast<int>(weights->config.num_layers));
+    }
     config.block_tokens = 16;
     config.vocab_size = static_cast<int32_t>(weights->config.vocab_size);
     config.epoch = 42;
@@ -116,6 +130,36 @@ class Deployment {
         attention_.push_back(std::move(*LocalAttention::Create(c, slots_per_pool, false)));
         lanes.push_back(attention_.back().get());
         local_pool = scheduler_->AddPool(absl::StrCat("local-", i), slots_per_pool);
+      } else if (t.rotational) {
+        // A replica: its context exchange and one routed lane per batch slot.
+        wakeups_.push_back(std::make_unique<Wakeup>());
+        Wakeup* wakeup = wakeups_.back().get();
+        ContextExchangeOptions eo;
+        eo.transport = tc;
+        eo.listen_address =
+            t.backend == "inproc" ? absl::StrCat("replica-", ++instance) : "127.0.0.1:0";
+        eo.hidden = c.hidden_size;
+        eo.on_arrival = [wakeup] { wakeup->Notify(); };
+        auto exchange = ContextExchange::Create(eo);
+        EXPECT_TRUE(exchange.ok()) << exchange.status();
+        (*exchange)->SetEpoch(42);
+        for (int slot = 0; slot < config.max_plans_in_flight; ++slot) {
+          RemoteAttentionOptions options;
+          options.transport = tc;
+          options.prefill_policy = PrefillPolicy::kMemory;
+          options.minibatches = t.minibatches;
+          options.min_minibatch_rows = 1;
+          options.layer_timeout = absl::Seconds(20);
+          options.endpoint = RotationEndpoint((*exchange)->address(), slot);
+          options.on_settled = [wakeup] { wakeup->Notify(); };
+          auto remote = RemoteAttention::Create(c, options);
+          EXPECT_TRUE(remote.ok()) << remote.status();
+          (*remote)->SetMemoryNodes(42, addresses);
+          (*remote)->ConnectAll();
+          attention_.push_back(std::move(*remote));
+          lanes.push_back(attention_.back().get());
+        }
+        exchanges_.push_back(std::move(*exchange));
       } else {
         RemoteAttentionOptions options;
         options.transport = tc;
@@ -135,18 +179,42 @@ class Deployment {
       auto engine = std::make_unique<StepEngine>(
           runner.get(), lanes,
           StepEngineOptions{config.max_num_batched_tokens, config.max_model_len});
-      scheduler_->AddExecutor(
-          std::make_unique<InProcessExecutor>(absl::StrCat("compute-", i), engine.get()),
-          local_pool);
+      if (t.rotational) {
+        RotationDriverOptions rotation;
+        rotation.exchange = exchanges_.back().get();
+        rotation.wakeup = wakeups_.back().get();
+        rotation.handoff_timeout = absl::Seconds(20);
+        group_->AddReplica(absl::StrCat("compute-", i), exchanges_.back()->address(),
+                           std::make_shared<InProcessExecutor>(absl::StrCat("compute-", i),
+                                                               engine.get(), rotation));
+      } else {
+        scheduler_->AddExecutor(
+            std::make_unique<InProcessExecutor>(absl::StrCat("compute-", i), engine.get()),
+            local_pool);
+      }
       runners_.push_back(std::move(runner));
       engines_.push_back(std::move(engine));
     }
+    if (group_ != nullptr) scheduler_->AddExecutor(ForwardTo(group_), std::nullopt);
     scheduler_->SetObserver(observer_);
     scheduler_->Start();
   }
   ~Deployment() {
     scheduler_->Stop();
+    scheduler_.reset();  // executors first: their threads use the wakeups and exchanges
+    group_.reset();
     memory_.clear();
+  }
+  // Contexts handed between replicas (rotational), and frames the exchanges refused.
+  uint64_t ContextsMoved() const {
+    uint64_t n = 0;
+    for (const auto& e : exchanges_) n += e->stats().received;
+    return n;
+  }
+  uint64_t ContextsRefused() const {
+    uint64_t n = 0;
+    for (const auto& e : exchanges_) n += e->stats().rejected + e->stats().stale;
+    return n;
   }
 
   std::shared_ptr<Outcome> Submit(GenerateRequest req) {
@@ -197,6 +265,9 @@ class Deployment {
   std::vector<std::unique_ptr<ModelRunner>> runners_;
   std::vector<std::unique_ptr<AttentionBackend>> attention_;
   std::vector<std::unique_ptr<StepEngine>> engines_;
+  std::vector<std::unique_ptr<Wakeup>> wakeups_;
+  std::vector<std::unique_ptr<ContextExchange>> exchanges_;
+  std::shared_ptr<RotationGroup> group_;
   std::mutex mu_;
   std::condition_variable cv_;
 };
@@ -258,6 +329,9 @@ class DisaggregatedTest : public ::testing::Test {
     // Two batches in flight really ran side by side, and only then.
     if (t.two) {
       EXPECT_GT(d.OverlappedSteps(), 5u) << Name(t) << ": the lanes never overlapped";
+    } else if (t.rotational) {
+      EXPECT_GT(d.ContextsMoved(), 20u) << Name(t) << ": no context moved between replicas";
+      EXPECT_EQ(d.ContextsRefused(), 0u) << Name(t);
     } else {
       EXPECT_EQ(d.OverlappedSteps(), 0u) << Name(t);
     }
@@ -302,6 +376,10 @@ TEST_F(DisaggregatedTest, GreedyOutputsAreBitIdenticalToCoLocated) {
       {2, 2, "inproc", "split", 2, 1, false, false, true},
       {1, 3, "inproc", "split", 2, 1, false, false, true},
       {2, 2, "ucx", "split", 2, 1, false, false, true},
+      // Rotational pipelining: n = 3 and n = 4 batches over 2 and 3 replicas.
+      {2, 2, "inproc", "memory", 2, 1, false, false, false, true},
+      {1, 3, "inproc", "memory", 1, 1, false, false, false, true},
+      {2, 3, "ucx", "memory", 2, 1, false, false, false, true},
   };
   for (const Topology& t : topologies) {
     const auto got = Run(t, requests);

@@ -35,7 +35,12 @@ ABSL_FLAG(strata::Pipelining, pipelining, strata::Pipelining::kOff,
           "sequences on each compute node, balanced by rows and KV read, which the node runs "
           "side by side; start compute nodes with --pipelining=two as well); or fixed (one "
           "batch per compute node, the nodes' step starts spaced by the step period over the "
-          "number of nodes, so that their attention takes turns on the memory nodes)");
+          "number of nodes, so that their attention takes turns on the memory nodes); or "
+          "rotational (--rotation_batches n batches rotate over n - 1 compute replicas started "
+          "with --pipelining=rotational: each slice of layers runs on the next replica, the "
+          "batch's context moving while its attention runs)");
+ABSL_FLAG(int, rotation_batches, 3,
+          "Rotational pipelining: batches n in flight over the n - 1 compute replicas");
 ABSL_FLAG(bool, async_scheduling, false,
           "Send a batch's next step while the current one runs; the compute node feeds each "
           "sequence the token it sampled last. Output is identical to synchronous scheduling");
@@ -107,6 +112,9 @@ int main(int argc, char** argv) {
   o.scheduler.async_scheduling = absl::GetFlag(FLAGS_async_scheduling);
   o.scheduler.pipelining = absl::GetFlag(FLAGS_pipelining);
   o.scheduler.max_plans_in_flight = absl::GetFlag(FLAGS_max_plans_in_flight);
+  if (o.scheduler.pipelining == strata::Pipelining::kRotational) {
+    o.scheduler.max_plans_in_flight = absl::GetFlag(FLAGS_rotation_batches);
+  }
   if (o.scheduler.max_plans_in_flight == 0) {
     o.scheduler.max_plans_in_flight =
         o.scheduler.async_scheduling || o.scheduler.pipelining == strata::Pipelining::kTwo ? 2 : 1;

@@ -53,6 +53,12 @@ absl::Status Scheduler::ValidateConfig(const SchedulerConfig& c) {
         "fixed staggered pipelining gives each compute node one batch: it needs "
         "max_plans_in_flight of 1 and synchronous scheduling");
   }
+  if (c.pipelining == Pipelining::kRotational &&
+      (c.max_plans_in_flight < 3 || c.async_scheduling)) {
+    return absl::InvalidArgumentError(
+        "rotational pipelining runs n >= 3 batches (max_plans_in_flight) on n - 1 replicas, "
+        "with synchronous scheduling (a replica may not have sampled a batch's last token)");
+  }
   if (c.max_model_len <= 0 || c.block_tokens <= 0 || c.max_n <= 0 || c.max_waiting <= 0) {
     return absl::InvalidArgumentError(
         "max_model_len, block_tokens, max_n and max_waiting must be positive");

@@ -67,7 +67,11 @@ void Scheduler::UpdateAdvice() {
   for (const auto& p : pools_) memory_nodes += p->alive ? 1 : 0;
   for (const auto& e : executors_) {
     if (e->local_pool) return;  // co-located: no memory nodes to size
-    if (e->alive && e->reachable) batches += config_.pipelining == Pipelining::kTwo ? 2 : 1;
+    if (e->alive && e->reachable) {
+      batches += config_.pipelining == Pipelining::kTwo          ? 2
+                 : config_.pipelining == Pipelining::kRotational ? config_.max_plans_in_flight
+                                                                 : 1;
+    }
   }
   const int advice = AdviseMemoryNodes(clock_.compute_seconds(), clock_.attention_seconds(),
                                        memory_nodes, batches);
@@ -309,7 +313,12 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
   // rows (GEMM time) and by KV positions read (attention time), each as a share of the
   // total; a plan is full once the two shares add up to 1. Requests left out decode in the
   // next plan, half a step later.
-  const bool balance = config_.pipelining == Pipelining::kTwo;
+  // Rotational pipelining spreads the work over its n batches alike: each plan's shares add
+  // up to 2 / n.
+  const bool balance =
+      config_.pipelining == Pipelining::kTwo || config_.pipelining == Pipelining::kRotational;
+  const double plan_share =
+      config_.pipelining == Pipelining::kRotational ? 2.0 / config_.max_plans_in_flight : 1.0;
   double total_rows = 0, total_kv = 0, plan_rows = 0, plan_kv = 0;
   if (balance) {
     for (const Executor::InFlight& f : ex.in_flight) {
@@ -329,7 +338,7 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
   }
   auto plan_full = [&] {
     return balance && plan_rows > 0 && total_rows > 0 && total_kv > 0 &&
-           plan_rows / total_rows + plan_kv / total_kv >= 1.0;
+           plan_rows / total_rows + plan_kv / total_kv >= plan_share;
   };
 
   // Phase 1: decode rows. A sequence decodes its last known token; with asynchronous
@@ -588,7 +597,10 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
     bool decode_only = !plan.chunks.empty();
     for (const SequenceChunk& c : plan.chunks) decode_only = decode_only && c.tokens.size() == 1;
     clock_.Observe(now - started, result.timing, decode_only,
-                   /*overlapped=*/config_.pipelining == Pipelining::kTwo && !ex.local_pool);
+                   /*overlapped=*/
+                       (config_.pipelining == Pipelining::kTwo ||
+                        config_.pipelining == Pipelining::kRotational) &&
+                       !ex.local_pool);
     UpdateAdvice();
   }
 

@@ -97,6 +97,15 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions option
   cp.step_deadline = options.step_timeout;
   cp.allow_mixed_isa = options.allow_mixed_isa;
   cp.auth = auth;
+  if (sc.pipelining == Pipelining::kRotational) {
+    if (options.expected_memory_nodes == 0) {
+      return absl::InvalidArgumentError("rotational pipelining needs memory nodes");
+    }
+    cp.rotation =
+        std::make_shared<RotationGroup>(sc.max_plans_in_flight, static_cast<int>(model.num_layers));
+    cp.rotation_executor = app->scheduler_->AddExecutor(ForwardTo(cp.rotation), std::nullopt);
+    app->scheduler_->SetExecutorAlive(cp.rotation_executor, false);  // until 2 replicas join
+  }
   app->control_ = std::make_unique<ControlPlane>(app->scheduler_.get(), cp);
   ASSIGN_OR_RETURN(
       app->control_server_,

@@ -10,6 +10,11 @@
 // memory nodes. Each replica owns one batch (one plan at a time), and the scheduler spaces
 // the replicas' step starts by a period over R, so that their attention phases take turns
 // on the memory nodes instead of colliding (server/step_clock.h).
+//
+// kRotational: Lamina's rotational staggered pipelining. n batches rotate over R = n - 1
+// replicas: slice k of batch j's layers runs on replica (j + k) mod R, its context moving
+// between replicas while its attention runs (compute_node/rotation.h); the scheduler sends
+// every plan to every replica (server/rotation_group.h).
 #ifndef STRATA_COMMON_PROTOCOL_PIPELINING_H_
 #define STRATA_COMMON_PROTOCOL_PIPELINING_H_
 
@@ -20,9 +25,12 @@
 
 namespace strata {
 
-enum class Pipelining { kOff, kTwo, kFixed };
+enum class Pipelining { kOff, kTwo, kFixed, kRotational };
 inline constexpr EnumName<Pipelining> kPipeliningNames[] = {
-    {Pipelining::kOff, "off"}, {Pipelining::kTwo, "two"}, {Pipelining::kFixed, "fixed"}};
+    {Pipelining::kOff, "off"},
+    {Pipelining::kTwo, "two"},
+    {Pipelining::kFixed, "fixed"},
+    {Pipelining::kRotational, "rotational"}};
 inline bool AbslParseFlag(absl::string_view text, Pipelining* out, std::string* error) {
   return ParseEnumName(text, kPipeliningNames, out, error);
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <thread>
 
+#include "compute_node/rotation.h"
 #include "compute_node/step_engine.h"
 #include "compute_node/step_pipeline.h"
 #include "server/step_executor.h"
@@ -18,6 +19,9 @@ class InProcessExecutor : public StepExecutor {
  public:
   // `engine` must outlive this executor.
   InProcessExecutor(std::string name, StepEngine* engine);
+  // A replica of a rotation (compute_node/rotation.h): plans run by RunRotation, one lane
+  // per batch slot. What `rotation` points to must outlive this executor.
+  InProcessExecutor(std::string name, StepEngine* engine, RotationDriverOptions rotation);
   ~InProcessExecutor() override;
 
   std::string name() const override { return name_; }

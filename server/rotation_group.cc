@@ -1,0 +1,173 @@
+#include "server/rotation_group.h"
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+
+namespace strata {
+
+RotationGroup::RotationGroup(int batches, int num_layers)
+    : batches_(batches), num_layers_(num_layers), slot_busy_(batches, false) {}
+
+RotationGroup::~RotationGroup() = default;
+
+void RotationGroup::AddReplica(const std::string& name, const std::string& context_address,
+                               std::shared_ptr<StepExecutor> executor) {
+  std::lock_guard<std::mutex> lock(mu_);
+  replicas_[name] = {name, context_address, std::move(executor)};
+  LOG(INFO) << "rotation: replica " << name << " joins (contexts at " << context_address << "); "
+            << replicas_.size() << " replica(s) for " << batches_ << " batches";
+}
+
+void RotationGroup::RemoveReplica(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (replicas_.erase(name) > 0) {
+    LOG(WARNING) << "rotation: replica " << name << " leaves; " << replicas_.size() << " left";
+  }
+}
+
+int RotationGroup::live_replicas() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(replicas_.size());
+}
+
+bool RotationGroup::Reachable() {
+  std::vector<std::shared_ptr<StepExecutor>> executors;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [name, r] : replicas_) executors.push_back(r.executor);
+  }
+  int reachable = 0;
+  for (const auto& e : executors) reachable += e->Reachable() ? 1 : 0;
+  return reachable >= 2;
+}
+
+void RotationGroup::Submit(StepPlan plan, StepResultSink sink) {
+  auto p = std::make_shared<Pending>();
+  std::vector<Replica> members;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    p->plan = std::move(plan);
+    p->sink = std::move(sink);
+    for (const auto& [name, r] : replicas_) members.push_back(r);
+    for (int j = 0; j < batches_ && p->slot < 0; ++j) {
+      if (!slot_busy_[j]) p->slot = j;
+    }
+    pending_.push_back(p);
+    if (members.size() < 2 || p->slot < 0) {
+      p->combined.step_id = p->plan.step_id;
+      p->combined.node_unreachable = members.size() < 2;
+      p->combined.status =
+          members.size() < 2
+              ? absl::UnavailableError(absl::StrCat("rotational pipelining needs 2 live compute "
+                                                    "replicas; ",
+                                                    members.size(), " are"))
+              : absl::ResourceExhaustedError(
+                    absl::StrCat("all ", batches_, " batch slots of the rotation are in flight"));
+      p->done = true;
+    } else {
+      slot_busy_[p->slot] = true;
+      p->sampler = static_cast<size_t>((p->slot + num_layers_) % static_cast<int>(members.size()));
+      p->results.resize(members.size());
+    }
+  }
+  if (p->done) return Deliver();
+  std::vector<std::string> addresses;
+  for (const Replica& r : members) addresses.push_back(r.address);
+  for (size_t i = 0; i < members.size(); ++i) {
+    StepPlan copy = p->plan;
+    copy.rotation.batch = p->slot;
+    copy.rotation.replica = static_cast<int32_t>(i);
+    copy.rotation.replicas = addresses;
+    members[i].executor->Submit(std::move(copy), [this, p, i](StepResult result) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        p->results[i] = std::move(result);
+        if (++p->answered < p->results.size()) return;
+        CombineLocked(*p);
+        slot_busy_[p->slot] = false;
+        p->done = true;
+      }
+      Deliver();
+    });
+  }
+}
+
+void RotationGroup::CombineLocked(Pending& p) {
+  StepResult out = std::move(*p.results[p.sampler]);
+  out.step_id = p.plan.step_id;
+  std::unordered_set<SequenceId> failed;
+  for (const auto& [id, why] : out.failed) failed.insert(id);
+  for (size_t i = 0; i < p.results.size(); ++i) {
+    if (i == p.sampler) continue;
+    StepResult& r = *p.results[i];
+    if (!r.status.ok() && (out.status.ok() || absl::IsCancelled(out.status))) {
+      out.status = r.status;
+      out.node_unreachable = out.node_unreachable || r.node_unreachable;
+    }
+    for (auto& [id, why] : r.failed) {
+      if (failed.insert(id).second) out.failed.emplace_back(id, std::move(why));
+    }
+    for (PoolIndex pool : r.dead_pools) {
+      if (std::find(out.dead_pools.begin(), out.dead_pools.end(), pool) == out.dead_pools.end()) {
+        out.dead_pools.push_back(pool);
+      }
+    }
+    out.timing.gemm_us += r.timing.gemm_us;
+    out.timing.bytes_sent += r.timing.bytes_sent;
+    out.timing.bytes_received += r.timing.bytes_received;
+  }
+  // A sequence whose rows lost their attention on any replica has no valid token.
+  std::erase_if(out.tokens, [&](const SampledToken& t) { return failed.count(t.request_id) > 0; });
+  if (!out.status.ok()) out.tokens.clear();
+  p.combined = std::move(out);
+}
+
+void RotationGroup::Deliver() {
+  std::vector<std::shared_ptr<Pending>> ready;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (delivering_) return;  // the thread delivering now hands these on too
+    delivering_ = true;
+  }
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ready.clear();
+      while (!pending_.empty() && pending_.front()->done) {
+        ready.push_back(pending_.front());
+        pending_.pop_front();
+      }
+      if (ready.empty()) {
+        delivering_ = false;
+        return;
+      }
+    }
+    for (auto& p : ready) p->sink(std::move(p->combined));
+  }
+}
+
+namespace {
+
+class Forward : public StepExecutor {
+ public:
+  explicit Forward(std::shared_ptr<StepExecutor> to) : to_(std::move(to)) {}
+  std::string name() const override { return to_->name(); }
+  void Submit(StepPlan plan, StepResultSink sink) override {
+    to_->Submit(std::move(plan), std::move(sink));
+  }
+  bool Reachable() override { return to_->Reachable(); }
+
+ private:
+  std::shared_ptr<StepExecutor> to_;
+};
+
+}  // namespace
+
+std::unique_ptr<StepExecutor> ForwardTo(std::shared_ptr<StepExecutor> executor) {
+  return std::make_unique<Forward>(std::move(executor));
+}
+
+}  // namespace strata

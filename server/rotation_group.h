@@ -1,0 +1,87 @@
+// Rotational pipelining (common/protocol/pipelining.h, compute_node/rotation.h) as the
+// scheduler sees it: one executor over the compute replicas of the rotation, holding n
+// batches in flight (the scheduler's max_plans_in_flight).
+//
+// Each plan takes a free batch slot j and goes to every live replica, each copy naming the
+// receiver's place (StepPlan::rotation: the slot, its index, every replica's context
+// address). Slice k of the plan's layers runs on replica (j + k) mod R, so the replica of
+// slice L (the number of layers) samples; the others answer with no tokens. The group's
+// result is that replica's, with every replica's failed sequences and dead memory nodes
+// folded in (their tokens dropped), or the first error any replica reports. Results come
+// back in submission order, as the StepExecutor contract says.
+//
+// Replicas come and go (the control plane adds them as they register and removes them when
+// they die); a plan keeps the membership it was sent with. Fewer than two live replicas
+// cannot rotate: a plan is then answered at once with Unavailable, and Reachable() is
+// false until two are back.
+//
+// Thread-safety: thread-safe.
+#ifndef STRATA_SERVER_ROTATION_GROUP_H_
+#define STRATA_SERVER_ROTATION_GROUP_H_
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "server/step_executor.h"
+
+namespace strata {
+
+class RotationGroup : public StepExecutor {
+ public:
+  // `batches`: n, the batch slots; `num_layers`: L of the served model.
+  RotationGroup(int batches, int num_layers);
+  ~RotationGroup() override;
+
+  std::string name() const override { return "rotation"; }
+  void Submit(StepPlan plan, StepResultSink sink) override;
+  bool Reachable() override;
+
+  // A replica (re)joins under `name` with its context-exchange address; one of the same
+  // name is replaced.
+  void AddReplica(const std::string& name, const std::string& context_address,
+                  std::shared_ptr<StepExecutor> executor);
+  void RemoveReplica(const std::string& name);
+  int live_replicas() const;
+
+ private:
+  struct Replica {
+    std::string name;
+    std::string address;
+    std::shared_ptr<StepExecutor> executor;
+  };
+  struct Pending {
+    StepPlan plan;  // without the rotation
+    StepResultSink sink;
+    int slot = -1;
+    size_t sampler = 0;  // index of the replica that samples
+    std::vector<std::optional<StepResult>> results;
+    size_t answered = 0;
+    bool done = false;
+    StepResult combined;
+  };
+  // Folds the answers of `p` into its result (mu_ held).
+  void CombineLocked(Pending& p);
+  // Hands on finished plans at the front, in submission order (takes mu_).
+  void Deliver();
+
+  const int batches_;
+  const int num_layers_;
+  mutable std::mutex mu_;
+  std::map<std::string, Replica> replicas_;  // by name, so ordered alike for every plan
+  std::vector<bool> slot_busy_;
+  std::deque<std::shared_ptr<Pending>> pending_;
+  bool delivering_ = false;
+};
+
+// An executor that forwards to a shared one (the scheduler owns executors; the control
+// plane keeps the rotation group too).
+std::unique_ptr<StepExecutor> ForwardTo(std::shared_ptr<StepExecutor> executor);
+
+}  // namespace strata
+
+#endif  // STRATA_SERVER_ROTATION_GROUP_H_
