@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/base/logging.h"
 #include "compute_node/model_runner.h"
 #include "compute_node/remote_attention.h"
 #include "compute_node/testing/generated_weights.h"
@@ -298,7 +299,9 @@ ModelWeights* RotationTest::weights_ = nullptr;
 
 // Broadcasts a plan to `replicas` (each copy naming its receiver) and returns the result
 // of the replica that samples, with the others' failures folded in.
-StepResult Broadcast(std::vector<Replica*> replicas, int batch, const StepPlan& plan, int layers) {
+StepResult Broadcast(std::vector<Replica*> replicas, int batch, const StepPlan& plan, int layers,
+                     std::vector<absl::Status>* every_error = nullptr,
+                     const std::function<void()>& after_submit = {}) {
   std::vector<std::string> addresses;
   for (Replica* r : replicas) addresses.push_back(r->exchange->address());
   std::vector<std::future<StepResult>> results;
@@ -309,6 +312,8 @@ StepResult Broadcast(std::vector<Replica*> replicas, int batch, const StepPlan& 
     copy.rotation.batch = batch;
     copy.rotation.replica = static_cast<int32_t>(i);
     copy.rotation.replicas = addresses;
+    // `after_submit` runs once the plan has reached every replica but the last.
+    if (i + 1 == replicas.size() && after_submit) after_submit();
     replicas[i]->Submit(
         {std::move(copy), std::nullopt, [promise](StepResult r) { promise->set_value(r); }});
   }
@@ -317,6 +322,11 @@ StepResult Broadcast(std::vector<Replica*> replicas, int batch, const StepPlan& 
   for (size_t i = 0; i < results.size(); ++i) {
     StepResult r = results[i].get();
     EXPECT_EQ(r.step_id, plan.step_id);
+    if (every_error != nullptr && !r.status.ok()) {
+      static absl::Mutex mu(absl::kConstInit);
+      absl::MutexLock lock(&mu);
+      every_error->push_back(r.status);
+    }
     if (i != sampler) {
       EXPECT_TRUE(r.tokens.empty() || !r.status.ok()) << "replica " << i << " sampled";
     }
@@ -393,22 +403,27 @@ TEST_F(RotationTest, DeadReplicaFailsItsBatchesAndTheSurvivorsGoOn) {
   std::atomic<uint64_t> ids{1};
   auto b = MakeBatches(batches, 11);
   const std::string dead_address = replicas[2]->exchange->address();
-  // Replica 2 dies after the first few plans, with plans of other batches in flight.
+  // Replica 2 dies at batch 2's second step, with plans of other batches in flight.
   std::atomic<int> plans{0};
   std::atomic<bool> dead{false};
   absl::Mutex kill_mu;
-  std::vector<absl::Status> errors;
+  std::vector<absl::Status> errors, replica_errors;
   const absl::Time start = absl::Now();
   Drive(
       b,
       [&](int batch, StepPlan plan) {
-        if (++plans == 7) {
-          absl::MutexLock lock(&kill_mu);
-          replicas[2]->Kill();
-          dead = true;
-        }
         std::vector<Replica*> three;
         for (auto& r : replicas) three.push_back(r.get());
+        if (batch == 2 && ++plans == 2) {
+          // Batch 2's steps start on replica 2 (slice 0 runs on replica batch mod 3): it dies
+          // once its second step has reached the others, so that they wait for a context it
+          // never hands over.
+          return Broadcast(three, batch, plan, layers, &replica_errors, [&] {
+            absl::MutexLock lock(&kill_mu);
+            replicas[2]->Kill();
+            dead = true;
+          });
+        }
         if (dead) {
           // What the group sees: the dead replica's stream is gone.
           StepResult r;
@@ -416,7 +431,7 @@ TEST_F(RotationTest, DeadReplicaFailsItsBatchesAndTheSurvivorsGoOn) {
           r.status = absl::UnavailableError("compute replica lost");
           return r;
         }
-        return Broadcast(three, batch, plan, layers);
+        return Broadcast(three, batch, plan, layers, &replica_errors);
       },
       true, ids, &errors);
   EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "a batch hung";
@@ -428,6 +443,17 @@ TEST_F(RotationTest, DeadReplicaFailsItsBatchesAndTheSurvivorsGoOn) {
   }
   EXPECT_EQ(failed, batches) << "every batch was stopped by the dead replica";
   EXPECT_GT(named, 0) << "no error says which replica failed";
+  // The survivors' lanes that needed the dead replica failed naming it: one waiting for its
+  // context gives up at the hand-off deadline, one handing a context to it finds it gone.
+  int named_by_survivors = 0;
+  for (const absl::Status& e : replica_errors) {
+    LOG(INFO) << "replica error: " << e;
+    named_by_survivors +=
+        absl::StrContains(e.message(), dead_address) &&
+        ((absl::IsDeadlineExceeded(e) && absl::StrContains(e.message(), "did not hand over")) ||
+         (absl::IsUnavailable(e) && absl::StrContains(e.message(), "cannot reach")));
+  }
+  EXPECT_GT(named_by_survivors, 0) << "no survivor said which replica it lost";
   // The two survivors: every sequence again from the prompt (its history so far is what the
   // scheduler would resend; recomputing from the prompt gives the same tokens).
   std::vector<Replica*> two = {replicas[0].get(), replicas[1].get()};

@@ -41,17 +41,38 @@ bool RotationGroup::Reachable() {
   }
   int reachable = 0;
   for (const auto& e : executors) reachable += e->Reachable() ? 1 : 0;
-  return reachable >= 2;
+  std::lock_guard<std::mutex> lock(mu_);
+  int usable = 0;
+  for (const auto& [name, r] : replicas_) usable += r.unreachable ? 0 : 1;
+  return reachable >= 2 || usable >= 2;
 }
 
 void RotationGroup::Submit(StepPlan plan, StepResultSink sink) {
   auto p = std::make_shared<Pending>();
   std::vector<Replica> members;
+  // Replicas a step found unreachable rejoin once they can be reached (outside mu_: the
+  // check asks the channel).
+  std::vector<std::pair<std::string, std::shared_ptr<StepExecutor>>> suspects;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [name, r] : replicas_) {
+      if (r.unreachable) suspects.emplace_back(name, r.executor);
+    }
+  }
+  std::vector<std::string> back;
+  for (const auto& [name, executor] : suspects) {
+    if (executor->Reachable()) back.push_back(name);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const std::string& name : back) {
+      if (auto it = replicas_.find(name); it != replicas_.end()) it->second.unreachable = false;
+    }
     p->plan = std::move(plan);
     p->sink = std::move(sink);
-    for (const auto& [name, r] : replicas_) members.push_back(r);
+    for (const auto& [name, r] : replicas_) {
+      if (!r.unreachable) members.push_back(r);
+    }
     for (int j = 0; j < batches_ && p->slot < 0; ++j) {
       if (!slot_busy_[j]) p->slot = j;
     }
@@ -81,9 +102,17 @@ void RotationGroup::Submit(StepPlan plan, StepResultSink sink) {
     copy.rotation.batch = p->slot;
     copy.rotation.replica = static_cast<int32_t>(i);
     copy.rotation.replicas = addresses;
-    members[i].executor->Submit(std::move(copy), [this, p, i](StepResult result) {
+    const std::string name = members[i].name;
+    const StepExecutor* executor = members[i].executor.get();
+    members[i].executor->Submit(std::move(copy), [this, p, i, name, executor](StepResult result) {
       {
         std::lock_guard<std::mutex> lock(mu_);
+        if (result.node_unreachable) {
+          auto it = replicas_.find(name);
+          if (it != replicas_.end() && it->second.executor.get() == executor) {
+            it->second.unreachable = true;
+          }
+        }
         p->results[i] = std::move(result);
         if (++p->answered < p->results.size()) return;
         CombineLocked(*p);

@@ -11,7 +11,9 @@
 // back in submission order, as the StepExecutor contract says.
 //
 // Replicas come and go (the control plane adds them as they register and removes them when
-// they die); a plan keeps the membership it was sent with. Fewer than two live replicas
+// they die); a plan keeps the membership it was sent with. A replica whose step found it
+// unreachable is left out of later plans at once, until it can be reached again, so that
+// the steps between its death and its removal do not all fail. Fewer than two live replicas
 // cannot rotate: a plan is then answered at once with Unavailable, and Reachable() is
 // false until two are back.
 //
@@ -53,6 +55,9 @@ class RotationGroup : public StepExecutor {
     std::string name;
     std::string address;
     std::shared_ptr<StepExecutor> executor;
+    // A step found it unreachable: left out of plans until its executor is Reachable()
+    // again (before the control plane has declared it dead).
+    bool unreachable = false;
   };
   struct Pending {
     StepPlan plan;  // without the rotation

@@ -71,7 +71,11 @@ ABSL_FLAG(bool, async_scheduling, false,
 ABSL_FLAG(strata::Pipelining, pipelining, strata::Pipelining::kOff,
           "Batches in flight with memory nodes: off; two (on each compute node, one batch's "
           "GEMMs run while the other's attention is on the memory nodes); or fixed (one batch "
-          "per compute node, their steps staggered by the step period over --compute_nodes)");
+          "per compute node, their steps staggered by the step period over --compute_nodes); "
+          "or rotational (--rotation_batches n batches rotate over the --compute_nodes = n - 1 "
+          "replicas, each slice of layers on the next replica)");
+ABSL_FLAG(int, rotation_batches, 0,
+          "Rotational pipelining: batches in flight (0: --compute_nodes + 1, Lamina's n)");
 ABSL_FLAG(std::string, compute_cpus, "",
           "Cores of the compute nodes and the scheduler (cpuset list, e.g. \"0\"); with "
           "--memory_cpus, partitions the machine. OpenMP teams follow the sets");
@@ -183,6 +187,21 @@ int Run() {
                  "does not combine with --async_scheduling\n";
     return 2;
   }
+  const bool rotational = absl::GetFlag(FLAGS_pipelining) == Pipelining::kRotational;
+  const int rotation_batches = absl::GetFlag(FLAGS_rotation_batches) > 0
+                                   ? absl::GetFlag(FLAGS_rotation_batches)
+                                   : absl::GetFlag(FLAGS_compute_nodes) + 1;
+  if (rotational && (memory_nodes == 0 || absl::GetFlag(FLAGS_compute_nodes) < 2)) {
+    std::cerr << "launcher: --pipelining=rotational rotates batches over compute replicas that "
+                 "share memory nodes: it needs --compute_nodes of at least 2 and --memory_nodes "
+                 "of at least 1\n";
+    return 2;
+  }
+  if (rotational && (absl::GetFlag(FLAGS_async_scheduling) || rotation_batches < 3)) {
+    std::cerr << "launcher: --pipelining=rotational needs --rotation_batches of at least 3 and "
+                 "synchronous scheduling\n";
+    return 2;
+  }
   // The core partition: compute nodes and the scheduler on one set, memory nodes on the other.
   std::optional<CorePartition> partition;
   const bool partitioned =
@@ -282,9 +301,10 @@ int Run() {
     server_argv.push_back(absl::StrCat("--max_model_len=", absl::GetFlag(FLAGS_max_model_len)));
   }
   if (absl::GetFlag(FLAGS_async_scheduling)) server_argv.push_back("--async_scheduling");
-  if (two || fixed) {
+  if (two || fixed || rotational) {
     server_argv.push_back("--pipelining=" + AbslUnparseFlag(absl::GetFlag(FLAGS_pipelining)));
   }
+  if (rotational) server_argv.push_back(absl::StrCat("--rotation_batches=", rotation_batches));
   if (partition) server_argv.push_back("--cpus=" + compute_cpu_list);
   for (absl::string_view extra :
        absl::StrSplit(absl::GetFlag(FLAGS_server_args), ',', absl::SkipEmpty())) {
@@ -371,6 +391,10 @@ int Run() {
         OpenMpEnvironment(threads, CoreShare::kShared, spin_count)};
     if (partition) spec.argv.push_back("--cpus=" + compute_cpu_list);
     if (two) spec.argv.push_back("--pipelining=two");
+    if (rotational) {
+      spec.argv.push_back("--pipelining=rotational");
+      spec.argv.push_back(absl::StrCat("--rotation_batches=", rotation_batches));
+    }
     add_trace_file(spec);
     if (absl::GetFlag(FLAGS_max_model_len) > 0) {
       spec.argv.push_back(absl::StrCat("--max_model_len=", absl::GetFlag(FLAGS_max_model_len)));
