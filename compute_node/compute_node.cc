@@ -106,6 +106,10 @@ void ComputeNode::PrepareQueue(PlanQueue& queue) {
   if (rotational()) queue.SetOnChange([this] { wakeup_->Notify(); });
 }
 
+ContextExchangeStats ComputeNode::context_stats() const {
+  return exchange_ != nullptr ? exchange_->stats() : ContextExchangeStats();
+}
+
 std::string ComputeNode::context_address() const {
   return exchange_ != nullptr ? exchange_->address() : "";
 }

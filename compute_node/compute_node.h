@@ -78,6 +78,8 @@ class ComputeNode {
   // Rotational pipelining: where the context exchange listens ("" when off).
   std::string context_address() const;
   bool rotational() const { return options_.rotation_batches > 0; }
+  // Rotational pipelining: the context exchange's counters (zeros when off).
+  ContextExchangeStats context_stats() const;
 
   ModelShape shape() const;
   NodeStatus Status() const;

@@ -74,6 +74,16 @@ ComputeNodeMetrics::ComputeNodeMetrics(std::shared_ptr<metrics::MetricsRegistry>
   for (const char* kind : {"checksum", "error_frame", "stale", "timeout"}) {
     errors_->Add({{"node", node_}, {"kind", kind}});
   }
+  contexts_ = &prometheus::BuildCounter()
+                   .Name("strata_context_frames_total")
+                   .Help(
+                       "Rotational pipelining: batch contexts handed between compute replicas, "
+                       "by kind: sent, received, rejected (malformed: header, size, checksum), "
+                       "stale (another epoch, or a step this replica had finished with).")
+                   .Register(r);
+  for (const char* kind : {"sent", "received", "rejected", "stale"}) {
+    contexts_->Add({{"node", node_}, {"kind", kind}});
+  }
   registry_->AddRefresh([this] { Refresh(); });
 }
 
@@ -115,7 +125,18 @@ void ComputeNodeMetrics::Refresh() {
   const ComputeNode* node = compute_node_.load();
   if (node == nullptr) return;
   const NodeStatus status = node->Status();
-  const bool remote = node->remote() != nullptr;
+  const bool remote = node->remote() != nullptr || node->rotational();
+  if (node->rotational()) {
+    const ContextExchangeStats c = node->context_stats();
+    metrics::SetCounterTo(contexts_->Add({{"node", node_}, {"kind", "sent"}}),
+                          static_cast<double>(c.sent));
+    metrics::SetCounterTo(contexts_->Add({{"node", node_}, {"kind", "received"}}),
+                          static_cast<double>(c.received));
+    metrics::SetCounterTo(contexts_->Add({{"node", node_}, {"kind", "rejected"}}),
+                          static_cast<double>(c.rejected));
+    metrics::SetCounterTo(contexts_->Add({{"node", node_}, {"kind", "stale"}}),
+                          static_cast<double>(c.stale));
+  }
   kv_total_->Set(remote ? 0 : static_cast<double>(status.kv_slots_total));
   kv_used_->Set(remote ? 0 : static_cast<double>(status.kv_slots_in_tables));
   if (!remote) return;

@@ -53,6 +53,7 @@ class ComputeNodeMetrics {
   prometheus::Gauge* gemm_primitives_;
   prometheus::Family<prometheus::Counter>* bytes_;
   prometheus::Family<prometheus::Counter>* errors_;
+  prometheus::Family<prometheus::Counter>* contexts_;  // rotational pipelining
 
   // The bubble ratio over the interval since the previous scrape: the step thread's idle
   // time (waiting for attention, or for a plan) over the interval's wall time. With two

@@ -21,10 +21,14 @@ rounds, medians:
   two     --pipelining=two                       model: two, 2 batches of B/2 rows
   fixed   --pipelining=fixed, 2 compute nodes    model: fixed, 2 batches of B/2 rows, both
           sharing the compute core                      replicas on 1 device
-Rotational pipelining is not built yet, so it has no measurement here.
+  rotational  --pipelining=rotational, 2 compute nodes, 3 batches
+                                                 model: rotational, 3 batches of B/3 rows,
+                                                        both replicas on 1 device
+(rows B must divide by the batches of every mode chosen).
 
   /usr/bin/python3 tests/bench/planner_validate.py --bin_dir="$(bazel info bazel-bin)" \
-      [--rounds=3] [--rows=8,16,64] [--contexts=256,2048] [--costs_out=FILE]
+      [--rounds=3] [--rows=8,16,64] [--contexts=256,2048] [--modes=off,two,fixed,rotational] \
+      [--costs_out=FILE]
 """
 import argparse
 import json
@@ -108,6 +112,8 @@ def modes(compute_cpu, memory_cpu):
                 lambda b: b // 2),
         "fixed": (partition + ["--pipelining=fixed", "--compute_nodes=2"],
                   ["--modes=fixed", "--batches=2"], lambda b: b // 2),
+        "rotational": (partition + ["--pipelining=rotational", "--compute_nodes=2"],
+                       ["--modes=rotational", "--batches=3"], lambda b: b // 3),
     }
 
 
@@ -130,6 +136,7 @@ def main():
     parser.add_argument("--contexts", default="256,2048")
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--costs_out", default="")
+    parser.add_argument("--modes", default="off,two,fixed,rotational")
     args = parser.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
@@ -147,7 +154,10 @@ def main():
 
     grid = [(int(r), int(c)) for r in args.rows.split(",") for c in args.contexts.split(",")]
     all_modes = modes(compute_cpu, memory_cpu)
-    names = list(all_modes)
+    names = args.modes.split(",")
+    for name in names:
+        if name not in all_modes:
+            raise SystemExit(f"--modes: no mode {name!r}; there are {', '.join(all_modes)}")
     results = {n: {p: [] for p in grid} for n in names}
     for round_index in range(args.rounds):
         order = names[round_index % len(names):] + names[:round_index % len(names)]
@@ -160,7 +170,7 @@ def main():
 
     print(f"\nend to end: compute node and scheduler on cpu {compute_cpu}, memory node on cpu "
           f"{memory_cpu}; {args.rounds} interleaved rounds, medians")
-    print(f"{'mode':>6} {'rows':>5} {'ctx':>5} | {'measured':>9} {'predicted':>9} {'error':>7} | "
+    print(f"{'mode':>10} {'rows':>5} {'ctx':>5} | {'measured':>9} {'predicted':>9} {'error':>7} | "
           f"{'tpot meas':>9} {'tpot pred':>9} | {'pred bubble c/m':>15}")
     errors = []
     for name in names:
@@ -172,7 +182,7 @@ def main():
             predicted = float(p["tokens_per_s"])
             error = predicted / measured - 1
             errors.append(abs(error))
-            print(f"{name:>6} {rows:>5} {context:>5} | {measured:>9.1f} {predicted:>9.1f} "
+            print(f"{name:>10} {rows:>5} {context:>5} | {measured:>9.1f} {predicted:>9.1f} "
                   f"{error:>+7.1%} | {tpot:>9.1f} {float(p['tpot_ms']):>9.1f} | "
                   f"{float(p['compute_bubble']):>7.2f}/{float(p['memory_bubble']):.2f}")
     within = sum(1 for e in errors if e <= 0.15)
