@@ -135,12 +135,13 @@ class ComputeNode {
   std::atomic<RemoteAttention*> remote_second_ready_{nullptr};
   std::atomic<uint64_t> remote_epoch_{0};
 
-  // Rotational pipelining: made at Create, configured by every Configure.
+  // Rotational pipelining: made at Create, configured by every Configure. The wakeup goes
+  // last: the lanes' and the exchange's transports notify it while they close.
   void RunRotated(PlanQueue& queue);
+  std::unique_ptr<Wakeup> wakeup_;
   std::unique_ptr<ContextExchange> exchange_;
   std::vector<std::unique_ptr<RemoteAttention>> rotated_lanes_;
   std::unique_ptr<StepEngine> rotated_engine_;
-  std::unique_ptr<Wakeup> wakeup_;
   std::mutex rotation_mu_;  // held by the stream that drives the rotated lanes
   std::atomic<bool> stopping_{false};
 

@@ -38,6 +38,13 @@ int ServeNode(NodeProcess node) {
     builder.SetMaxReceiveMessageSize(node.max_message_bytes);
     builder.SetMaxSendMessageSize(node.max_message_bytes);
   }
+  // The scheduler pings its step streams every 2 s (server/grpc_executor.cc) to find a dead
+  // node fast. gRPC servers by default take pings on a connection with no data for 5 minutes
+  // as abuse and close it after two ("too_many_pings"), which a step longer than a few
+  // seconds (a long prefill on a slow node, a rotated replica waiting for its next slice)
+  // would trigger: accept one a second.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddListeningPort(absl::StrCat(node.host, ":", node.port), node.auth->ServerCredentials(),
                            &port);
   builder.RegisterService(node.service);

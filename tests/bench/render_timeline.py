@@ -9,9 +9,10 @@ per stage, coloured by the step's batch, over a window of a few steps.
 The window starts --skip_ms after the first compute stage (past the prefill) and lasts
 --window_ms. Compute bars are named "step S L" (projections, FFN, next layer's q/k/v for
 step S), "wait L" (waiting for layer L's attention) or "step S begin"/"sample"; memory bars
-"step S L mbJ" (attention of layer L, mini-batch J). A step's colour follows its parity
-between the compute node's two lanes, so a memory bar shares the colour of the lane whose
-step it serves.
+"step S L mbJ" (attention of layer L, mini-batch J). A step's colour is that of the compute lane
+that runs it (under rotational pipelining, of its batch slot's lane on every node), so a
+memory bar shares the colour of the lane whose step it serves. Rotated compute bars are
+named "step S slice K".
 """
 import argparse
 import json
@@ -60,13 +61,19 @@ def main():
     if not compute:
         sys.exit("no compute-node events in the traces")
     # Which lane of which compute node runs which step: colour memory bars by that lane.
+    # Under rotational pipelining a step runs on every compute node, on the lane of its
+    # batch slot: steps are then coloured by that slot alone.
     lane_of_step = {}
+    nodes_of_step = {}
     for (p, track), events in rows.items():
         if p.startswith("compute"):
             for _, _, name in events:
                 m = STEP.match(name)
                 if m:
                     lane_of_step[int(m.group(1))] = (p, track)
+                    nodes_of_step.setdefault(int(m.group(1)), set()).add(p)
+    if any(len(nodes) > 1 for nodes in nodes_of_step.values()):
+        lane_of_step = {step: ("every node's", track) for step, (_, track) in lane_of_step.items()}
     lanes = sorted({t for t in lane_of_step.values()})
     palette = ["tab:blue", "tab:orange", "tab:green", "tab:red"]
     colour_of_lane = {lane: palette[i % len(palette)] for i, lane in enumerate(lanes)}
