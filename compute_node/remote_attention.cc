@@ -415,15 +415,7 @@ absl::Status RemoteAttention::SendLayerTo(int layer, BatchBuffers& b, int64_t m,
     std::vector<std::span<const uint8_t>> parts;
   };
   std::vector<Outgoing> outgoing;
-  for (Share& share : shares_) {
-    absl::Status why;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = pending_errors_.find(share.peer);
-      if (share.peer != 0 && it != pending_errors_.end()) why = it->second;
-    }
-    if (!why.ok()) FailShare(share, why, /*dead=*/false);
-  }
+  FailSharesWithErrors();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (reply_to == 0) ExpectLocked(layer, b);
@@ -495,6 +487,18 @@ absl::Status RemoteAttention::SendLayerTo(int layer, BatchBuffers& b, int64_t m,
   return absl::OkStatus();
 }
 
+void RemoteAttention::FailSharesWithErrors() {
+  for (Share& share : shares_) {
+    absl::Status why;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = pending_errors_.find(share.peer);
+      if (share.peer != 0 && it != pending_errors_.end()) why = it->second;
+    }
+    if (!why.ok()) FailShare(share, why, /*dead=*/false);
+  }
+}
+
 void RemoteAttention::ExpectLocked(int layer, BatchBuffers& b) {
   const size_t q_row = dims_.q_row_bytes();
   auto* attn_base = reinterpret_cast<uint8_t*>(b.attn.data());
@@ -524,15 +528,7 @@ void RemoteAttention::ExpectLocked(int layer, BatchBuffers& b) {
 
 absl::Status RemoteAttention::ExpectLayer(int layer, BatchBuffers& b, int64_t m) {
   RETURN_IF_ERROR(CheckRows(m));
-  for (Share& share : shares_) {
-    absl::Status why;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = pending_errors_.find(share.peer);
-      if (share.peer != 0 && it != pending_errors_.end()) why = it->second;
-    }
-    if (!why.ok()) FailShare(share, why, /*dead=*/false);
-  }
+  FailSharesWithErrors();
   std::lock_guard<std::mutex> lock(mu_);
   layer_watch_.Reset();
   ExpectLocked(layer, b);

@@ -208,6 +208,8 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
   // Lays out the step's shares; sends each memory node its descriptor when `send` (with
   // `reply_to` in its header).
   absl::Status StartStep(const StepKvPlan& plan, bool send, uint64_t reply_to);
+  // Fails the shares whose memory node gave up on the step (an error frame).
+  void FailSharesWithErrors();
   // Registers the answers of `layer` into b (mu_ held).
   void ExpectLocked(int layer, BatchBuffers& b);
   // Deliver's work once the frame is parsed (mu_ held).

@@ -429,10 +429,6 @@ StepResult StepEngine::Finish(int index) {
   return result;
 }
 
-}  // namespace strata
-
-namespace strata {
-
 std::optional<StepResult> StepEngine::BeginRotated(int index, const StepPlan& plan,
                                                    const RotationRole& role) {
   Lane& lane = *lanes_.at(index);

@@ -390,8 +390,9 @@ TEST_F(DisaggregatedTest, GreedyOutputsAreBitIdenticalToCoLocated) {
   }
 }
 
-// Two batches in flight against one, on what makes plans differ: seeded sampling with
-// penalties and n = 2, stop tokens, and a pool small enough to preempt and recompute.
+// Two batches in flight, and rotational pipelining (n = 3 over 2 replicas), against one
+// batch, on what makes plans differ: seeded sampling with penalties and n = 2, stop tokens,
+// and a pool small enough to preempt and recompute.
 TEST_F(DisaggregatedTest, TwoBatchesAreBitIdenticalWithSamplesStopsAndPreemption) {
   std::vector<GenerateRequest> requests;
   for (int i = 0; i < 8; ++i) {
@@ -425,14 +426,19 @@ TEST_F(DisaggregatedTest, TwoBatchesAreBitIdenticalWithSamplesStopsAndPreemption
     ASSERT_GE(free_run[i]->tokens.size(), 5u);
     requests[i].stop_token_ids = {free_run[i]->tokens[4]};
   }
-  int64_t preempted_off = 0, preempted_two = 0;
+  int64_t preempted_off = 0, preempted_two = 0, preempted_rotational = 0;
   const auto off = run(Topology{2, 1, "inproc", "split", 2, 1}, 400, &preempted_off);
   const auto two = run(Topology{2, 1, "inproc", "split", 2, 2, false, true}, 400, &preempted_two);
+  const auto rotational = run(Topology{2, 2, "inproc", "memory", 2, 1, false, false, false, true},
+                              400, &preempted_rotational);
   EXPECT_GT(preempted_off + preempted_two, 0) << "the pools never ran out";
+  EXPECT_GT(preempted_rotational, 0) << "the pools never ran out under rotation";
   for (size_t i = 0; i < requests.size(); ++i) {
     EXPECT_TRUE(off[i]->error.ok()) << i << ": " << off[i]->error;
     EXPECT_TRUE(two[i]->error.ok()) << i << ": " << two[i]->error;
+    EXPECT_TRUE(rotational[i]->error.ok()) << i << ": " << rotational[i]->error;
     EXPECT_EQ(two[i]->by_sample, off[i]->by_sample) << "request " << i;
+    EXPECT_EQ(rotational[i]->by_sample, off[i]->by_sample) << "request " << i << ", rotational";
     EXPECT_EQ(off[i]->by_sample.size(), static_cast<size_t>(requests[i].n));
     if (i % 2 == 1) EXPECT_LE(off[i]->tokens.size(), 5u) << "request " << i << " did not stop";
   }
