@@ -596,11 +596,11 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
   if (result.status.ok()) {
     bool decode_only = !plan.chunks.empty();
     for (const SequenceChunk& c : plan.chunks) decode_only = decode_only && c.tokens.size() == 1;
-    clock_.Observe(now - started, result.timing, decode_only,
-                   /*overlapped=*/
-                       (config_.pipelining == Pipelining::kTwo ||
-                        config_.pipelining == Pipelining::kRotational) &&
-                       !ex.local_pool);
+    // Under two and rotational the step's wall time holds other batches' work.
+    const bool overlapped =
+        (config_.pipelining == Pipelining::kTwo || config_.pipelining == Pipelining::kRotational) &&
+        !ex.local_pool;
+    clock_.Observe(now - started, result.timing, decode_only, overlapped);
     UpdateAdvice();
   }
 
