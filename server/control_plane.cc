@@ -261,11 +261,18 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
       MarkDead(node, "it has no context address: start it with --pipelining=rotational");
       return;
     }
+    // It takes plans once the scheduler resends the running requests' set-ups.
     options_.rotation->AddReplica(info.name(), info.data_address(),
-                                  std::shared_ptr<StepExecutor>(std::move(executor)));
+                                  std::shared_ptr<StepExecutor>(std::move(executor)),
+                                  /*active=*/false);
     node.in_rotation = true;
-    scheduler_->SetExecutorAlive(options_.rotation_executor,
-                                 options_.rotation->live_replicas() >= 2);
+    std::shared_ptr<RotationGroup> group = options_.rotation;
+    const int index = options_.rotation_executor;
+    Scheduler* scheduler = scheduler_;
+    scheduler_->ResendSetups(index, [group, index, scheduler, name = info.name()] {
+      group->ActivateReplica(name);
+      scheduler->SetExecutorAlive(index, group->live_replicas() >= 2);
+    });
   } else {
     node.executor = scheduler_->AddExecutor(std::move(executor), local_pool);
   }

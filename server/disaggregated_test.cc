@@ -56,6 +56,8 @@ struct Topology {
   // Rotational pipelining (--pipelining=rotational): n = compute_nodes + 1 batches rotate
   // over the compute nodes, which form one rotation group.
   bool rotational = false;
+  // Rotational: the last this many compute nodes join the group inactive (JoinLate).
+  int late_replicas = 0;
 };
 
 std::string Name(const Topology& t) {
@@ -184,9 +186,12 @@ class Deployment {
         rotation.exchange = exchanges_.back().get();
         rotation.wakeup = wakeups_.back().get();
         rotation.handoff_timeout = absl::Seconds(20);
+        const bool late = i >= t.compute_nodes - t.late_replicas;
         group_->AddReplica(absl::StrCat("compute-", i), exchanges_.back()->address(),
                            std::make_shared<InProcessExecutor>(absl::StrCat("compute-", i),
-                                                               engine.get(), rotation));
+                                                               engine.get(), rotation),
+                           /*active=*/!late);
+        if (late) late_.push_back(absl::StrCat("compute-", i));
       } else {
         scheduler_->AddExecutor(
             std::make_unique<InProcessExecutor>(absl::StrCat("compute-", i), engine.get()),
@@ -195,7 +200,7 @@ class Deployment {
       runners_.push_back(std::move(runner));
       engines_.push_back(std::move(engine));
     }
-    if (group_ != nullptr) scheduler_->AddExecutor(ForwardTo(group_), std::nullopt);
+    if (group_ != nullptr) group_index_ = scheduler_->AddExecutor(ForwardTo(group_), std::nullopt);
     scheduler_->SetObserver(observer_);
     scheduler_->Start();
   }
@@ -205,6 +210,15 @@ class Deployment {
     group_.reset();
     memory_.clear();
   }
+  // Rotational: the late replicas join now, as the control plane has one join (the
+  // scheduler resends the running requests' set-ups, then the group activates them).
+  void JoinLate() {
+    for (const std::string& name : late_) {
+      std::shared_ptr<RotationGroup> group = group_;
+      scheduler_->ResendSetups(group_index_, [group, name] { group->ActivateReplica(name); });
+    }
+  }
+  uint64_t StepsOf(int compute_node) const { return engines_[compute_node]->steps_executed(); }
   // Contexts handed between replicas (rotational), and frames the exchanges refused.
   uint64_t ContextsMoved() const {
     uint64_t n = 0;
@@ -268,6 +282,8 @@ class Deployment {
   std::vector<std::unique_ptr<Wakeup>> wakeups_;
   std::vector<std::unique_ptr<ContextExchange>> exchanges_;
   std::shared_ptr<RotationGroup> group_;
+  int group_index_ = -1;
+  std::vector<std::string> late_;
   std::mutex mu_;
   std::condition_variable cv_;
 };
@@ -441,6 +457,68 @@ TEST_F(DisaggregatedTest, TwoBatchesAreBitIdenticalWithSamplesStopsAndPreemption
     EXPECT_EQ(rotational[i]->by_sample, off[i]->by_sample) << "request " << i << ", rotational";
     EXPECT_EQ(off[i]->by_sample.size(), static_cast<size_t>(requests[i].n));
     if (i % 2 == 1) EXPECT_LE(off[i]->tokens.size(), 5u) << "request " << i << " did not stop";
+  }
+}
+
+// A compute replica that joins a rotation while requests run: the scheduler sends their
+// set-ups again (with their histories) before the group gives the replica plans, so no
+// step fails, the new replica takes slices, and the output is the co-located one, seeded
+// sampling with penalties and n = 2 included.
+TEST_F(DisaggregatedTest, AReplicaJoiningARotationMidGenerationLosesNothing) {
+  std::vector<GenerateRequest> requests;
+  for (int i = 0; i < 6; ++i) {
+    GenerateRequest r;
+    r.prompt_tokens = Prompt(30 + 41 * i, 700 + i);
+    r.max_tokens = 40;
+    r.ignore_eos = true;
+    if (i % 2 == 0) {
+      r.sampling.temperature = 0.8f;
+      r.sampling.frequency_penalty = 0.4f;
+      r.sampling.seed = 70 + i;
+      r.has_seed = true;
+      r.n = 2;
+    } else {
+      r.sampling.temperature = 0.0f;
+    }
+    requests.push_back(r);
+  }
+  auto run = [&](const Topology& t, bool join) {
+    Deployment d(weights_, t, 4096);
+    std::mutex mu;
+    int steps = 0, failed = 0;
+    d.observer_.on_step = [&](const StepPlan&, const StepResult& r, absl::Duration) {
+      std::lock_guard<std::mutex> lock(mu);
+      ++steps;
+      failed += !r.status.ok();
+    };
+    d.scheduler().SetObserver(d.observer_);
+    std::vector<std::shared_ptr<Outcome>> outcomes;
+    for (const GenerateRequest& r : requests) outcomes.push_back(d.Submit(r));
+    if (join) {
+      // Once decoding is under way.
+      for (int i = 0; i < 2000; ++i) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          if (steps >= 30) break;
+        }
+        absl::SleepFor(absl::Milliseconds(2));
+      }
+      d.JoinLate();
+    }
+    EXPECT_TRUE(d.Wait(outcomes)) << Name(t);
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(failed, 0) << Name(t) << ": steps failed";
+    if (join) EXPECT_GT(d.StepsOf(2), 0u) << "the replica that joined ran nothing";
+    return outcomes;
+  };
+  const auto reference = run(Topology{}, false);
+  Topology t{2, 3, "inproc", "memory", 2, 1, false, false, false, true};
+  t.late_replicas = 1;
+  const auto got = run(t, true);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_TRUE(got[i]->error.ok()) << i << ": " << got[i]->error;
+    EXPECT_EQ(got[i]->by_sample, reference[i]->by_sample) << "request " << i;
+    EXPECT_EQ(got[i]->by_sample.size(), static_cast<size_t>(requests[i].n));
   }
 }
 

@@ -14,11 +14,17 @@ RotationGroup::RotationGroup(int batches, int num_layers)
 RotationGroup::~RotationGroup() = default;
 
 void RotationGroup::AddReplica(const std::string& name, const std::string& context_address,
-                               std::shared_ptr<StepExecutor> executor) {
+                               std::shared_ptr<StepExecutor> executor, bool active) {
   std::lock_guard<std::mutex> lock(mu_);
-  replicas_[name] = {name, context_address, std::move(executor)};
+  replicas_[name] = {name, context_address, std::move(executor), false, active};
   LOG(INFO) << "rotation: replica " << name << " joins (contexts at " << context_address << "); "
             << replicas_.size() << " replica(s) for " << batches_ << " batches";
+}
+
+void RotationGroup::ActivateReplica(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = replicas_.find(name);
+  if (it != replicas_.end()) it->second.active = true;
 }
 
 void RotationGroup::RemoveReplica(const std::string& name) {
@@ -30,20 +36,24 @@ void RotationGroup::RemoveReplica(const std::string& name) {
 
 int RotationGroup::live_replicas() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return static_cast<int>(replicas_.size());
+  int active = 0;
+  for (const auto& [name, r] : replicas_) active += r.active ? 1 : 0;
+  return active;
 }
 
 bool RotationGroup::Reachable() {
   std::vector<std::shared_ptr<StepExecutor>> executors;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [name, r] : replicas_) executors.push_back(r.executor);
+    for (const auto& [name, r] : replicas_) {
+      if (r.active) executors.push_back(r.executor);
+    }
   }
   int reachable = 0;
   for (const auto& e : executors) reachable += e->Reachable() ? 1 : 0;
   std::lock_guard<std::mutex> lock(mu_);
   int usable = 0;
-  for (const auto& [name, r] : replicas_) usable += r.unreachable ? 0 : 1;
+  for (const auto& [name, r] : replicas_) usable += r.active && !r.unreachable ? 1 : 0;
   return reachable >= 2 || usable >= 2;
 }
 
@@ -71,7 +81,7 @@ void RotationGroup::Submit(StepPlan plan, StepResultSink sink) {
     p->plan = std::move(plan);
     p->sink = std::move(sink);
     for (const auto& [name, r] : replicas_) {
-      if (!r.unreachable) members.push_back(r);
+      if (r.active && !r.unreachable) members.push_back(r);
     }
     for (int j = 0; j < batches_ && p->slot < 0; ++j) {
       if (!slot_busy_[j]) p->slot = j;

@@ -44,10 +44,14 @@ class RotationGroup : public StepExecutor {
   bool Reachable() override;
 
   // A replica (re)joins under `name` with its context-exchange address; one of the same
-  // name is replaced.
+  // name is replaced. Plans go to it once it is active: a replica that joins while
+  // requests run has not seen their set-ups, so the caller activates it once the scheduler
+  // sends them again (Scheduler::ResendSetups).
   void AddReplica(const std::string& name, const std::string& context_address,
-                  std::shared_ptr<StepExecutor> executor);
+                  std::shared_ptr<StepExecutor> executor, bool active = true);
+  void ActivateReplica(const std::string& name);
   void RemoveReplica(const std::string& name);
+  // Active replicas.
   int live_replicas() const;
 
  private:
@@ -58,6 +62,7 @@ class RotationGroup : public StepExecutor {
     // A step found it unreachable: left out of plans until its executor is Reachable()
     // again (before the control plane has declared it dead).
     bool unreachable = false;
+    bool active = true;
   };
   struct Pending {
     StepPlan plan;  // without the rotation

@@ -180,6 +180,16 @@ int Scheduler::AddExecutor(std::unique_ptr<StepExecutor> executor,
   return index;
 }
 
+void Scheduler::ResendSetups(int executor, std::function<void()> then) {
+  Post([this, executor, then = std::move(then)] {
+    for (auto& [id, req] : requests_) {
+      if (req->executor != executor) continue;
+      for (auto& seq : req->seqs) seq->setup_sent = false;
+    }
+    if (then) then();
+  });
+}
+
 void Scheduler::SetExecutorAlive(int executor, bool alive) {
   Post([this, executor, alive] {
     if (executor < 0 || executor >= static_cast<int>(executors_.size())) return;

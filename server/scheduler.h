@@ -164,6 +164,10 @@ class Scheduler {
   // Topology. Indices are stable for the scheduler's lifetime.
   int AddExecutor(std::unique_ptr<StepExecutor> executor, std::optional<PoolIndex> local_pool);
   void SetExecutorAlive(int executor, bool alive);
+  // The executor lost the requests' set-ups (a replica joined a rotation group): the next
+  // plan of each of its requests carries them again, with their history. `then` runs on
+  // the scheduler thread once no later plan can go out without them.
+  void ResendSetups(int executor, std::function<void()> then);
   PoolIndex AddPool(const std::string& name, int64_t num_slots);
   // A dead pool's requests are re-prefilled on other pools. Reviving it starts it empty.
   void SetPoolAlive(PoolIndex pool, bool alive, int64_t num_slots = -1);

@@ -494,7 +494,10 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     Request* req = seq->request;
     RequestSetup setup = new_setup(seq);
     Sequence* owner = req->Owner();
-    if (seq != owner && owner != nullptr && (owner->setup_sent || setup_done.count(owner))) {
+    // A sample shares its owner's prompt counts while it has no outputs of its own; one set
+    // up again later (another compute node, a replica that joined) carries its own history.
+    if (seq != owner && owner != nullptr && seq->num_outputs == 0 &&
+        (owner->setup_sent || setup_done.count(owner))) {
       setup.parent_request_id = owner->id;
     }
     if (seq->computed > 0 && setup.parent_request_id == SequenceId()) {
