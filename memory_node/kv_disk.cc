@@ -1,0 +1,269 @@
+#include "memory_node/kv_disk.h"
+
+#include <fcntl.h>
+#include <liburing.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
+#include "common/transport/frame.h"
+
+namespace strata {
+namespace {
+
+constexpr uint64_t kMagic = 0x4B564449534B3031ull;  // "KVDISK01"
+
+// The start of an extent's 4096-byte header.
+struct ExtentHeader {
+  uint64_t magic = kMagic;
+  uint32_t version = KvDisk::kLayoutVersion;
+  uint32_t reserved = 0;
+  uint64_t extent = 0;
+  uint64_t bytes = 0;  // payload bytes
+  uint64_t fingerprint = 0;
+  uint64_t checksum = 0;  // of the payload's `bytes` bytes
+};
+
+uint64_t Fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+absl::Status Errno(int error, const std::string& what) {
+  const std::string message = absl::StrCat(what, ": ", std::strerror(error));
+  if (error == ENOSPC || error == EDQUOT) return absl::ResourceExhaustedError(message);
+  if (error == ENOENT) return absl::NotFoundError(message);
+  if (error == EACCES || error == EPERM) return absl::PermissionDeniedError(message);
+  return absl::InternalError(message);
+}
+
+std::shared_ptr<uint8_t> Aligned(uint64_t bytes) {
+  void* p = nullptr;
+  if (posix_memalign(&p, KvDisk::kAlign, bytes) != 0) return nullptr;
+  std::memset(p, 0, bytes);
+  return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { free(q); });
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KvDisk>> KvDisk::Open(const KvDiskOptions& options) {
+  namespace fs = std::filesystem;
+  if (options.dir.empty()) return absl::InvalidArgumentError("no KV disk directory");
+  if (options.block_bytes == 0 || options.queue_depth < 1) {
+    return absl::InvalidArgumentError("a KV disk needs a block size and a queue depth");
+  }
+  auto disk = std::unique_ptr<KvDisk>(new KvDisk);
+  disk->dir_ = options.dir;
+  disk->fingerprint_ = Fnv1a(options.fingerprint);
+  disk->queue_depth_ = options.queue_depth;
+  disk->block_bytes_ = (options.block_bytes + kAlign - 1) / kAlign * kAlign;
+  disk->extent_bytes_ = kAlign + disk->block_bytes_;
+  disk->num_extents_ = options.budget_bytes / disk->extent_bytes_;
+  if (disk->num_extents_ == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a KV disk budget of ", options.budget_bytes,
+                                                   " bytes holds no block of ", disk->block_bytes_,
+                                                   " bytes"));
+  }
+  std::error_code ec;
+  fs::create_directories(options.dir, ec);
+  if (ec)
+    return absl::InternalError(absl::StrCat("cannot create ", options.dir, ": ", ec.message()));
+  if (chmod(options.dir.c_str(), 0700) != 0) return Errno(errno, "chmod " + options.dir);
+
+  // One node per directory.
+  const std::string lock_path = options.dir + "/LOCK";
+  disk->lock_fd_ = open(lock_path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  if (disk->lock_fd_ < 0) return Errno(errno, "open " + lock_path);
+  if (flock(disk->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("another memory node uses the KV disk directory ", options.dir));
+    }
+    return Errno(errno, "lock " + lock_path);
+  }
+
+  // Blocks of another model, dtype or layout are of no use: start empty.
+  const std::string want = absl::StrCat(options.fingerprint, "\nlayout ", kLayoutVersion, "\n");
+  const std::string fingerprint_path = options.dir + "/FINGERPRINT";
+  const std::string blocks_path = options.dir + "/blocks";
+  std::string have;
+  if (std::ifstream in(fingerprint_path); in) {
+    std::stringstream buffer;
+    buffer << in.rdbuf();
+    have = buffer.str();
+  }
+  if (have != want) {
+    if (fs::exists(blocks_path)) {
+      LOG(WARNING) << "discarding the KV disk directory " << options.dir
+                   << (have.empty() ? " (no fingerprint)"
+                                    : " (written for another model or layout)");
+      fs::remove(blocks_path, ec);
+    }
+    disk->discarded_ = true;
+    const int fd = open(fingerprint_path.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return Errno(errno, "open " + fingerprint_path);
+    const ssize_t n = write(fd, want.data(), want.size());
+    const int error = errno;
+    close(fd);
+    if (n != static_cast<ssize_t>(want.size())) return Errno(error, "write " + fingerprint_path);
+  }
+
+  disk->fd_ = open(blocks_path.c_str(), O_CREAT | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
+  disk->direct_ = disk->fd_ >= 0;
+  if (disk->fd_ < 0 && errno == EINVAL) {
+    if (!options.allow_buffered) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the filesystem of ", options.dir,
+          " does not support O_DIRECT; put the KV disk tier on one that does (ext4, xfs), or "
+          "allow buffered I/O"));
+    }
+    LOG(WARNING) << "the filesystem of " << options.dir << " has no O_DIRECT: buffered I/O";
+    disk->fd_ = open(blocks_path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  }
+  if (disk->fd_ < 0) return Errno(errno, "open " + blocks_path);
+  fchmod(disk->fd_, 0600);
+  // Sparse: space is taken as blocks are written, so a full disk shows at write time.
+  if (ftruncate(disk->fd_, static_cast<off_t>(disk->num_extents_ * disk->extent_bytes_)) != 0) {
+    return Errno(errno, "size " + blocks_path);
+  }
+  disk->ring_ = std::make_unique<io_uring>();
+  if (const int rc = io_uring_queue_init(options.queue_depth, disk->ring_.get(), 0); rc < 0) {
+    disk->ring_.reset();
+    return Errno(-rc, "io_uring");
+  }
+  LOG(INFO) << "KV disk tier at " << options.dir << ": " << disk->num_extents_ << " blocks of "
+            << disk->block_bytes_ << " bytes, " << (disk->direct_ ? "O_DIRECT" : "buffered") << ", "
+            << options.queue_depth << " requests in flight"
+            << (disk->discarded_ ? " (started empty)" : "");
+  return disk;
+}
+
+KvDisk::~KvDisk() {
+  if (ring_) io_uring_queue_exit(ring_.get());
+  if (fd_ >= 0) close(fd_);
+  if (lock_fd_ >= 0) close(lock_fd_);  // releases the lock
+}
+
+std::shared_ptr<uint8_t> KvDisk::AllocateBlock() const { return Aligned(block_bytes_); }
+
+absl::Status KvDisk::Write(std::span<ExtentIo> ios) { return Run(ios, /*write=*/true); }
+absl::Status KvDisk::Read(std::span<ExtentIo> ios) { return Run(ios, /*write=*/false); }
+
+absl::Status KvDisk::Run(std::span<ExtentIo> ios, bool write) {
+  absl::Status first;
+  for (size_t begin = 0; begin < ios.size(); begin += queue_depth_) {
+    const size_t end = std::min(ios.size(), begin + static_cast<size_t>(queue_depth_));
+    std::vector<InFlight> flight(end - begin);
+    size_t submitted = 0;
+    for (size_t i = begin; i < end; ++i) {
+      ExtentIo& io = ios[i];
+      io.status = absl::OkStatus();
+      if (io.extent >= num_extents_ || io.data == nullptr ||
+          reinterpret_cast<uintptr_t>(io.data) % kAlign != 0 ||
+          (write && io.bytes > block_bytes_)) {
+        io.status = absl::InvalidArgumentError(
+            absl::StrCat("extent ", io.extent, " of ", num_extents_, ", ", io.bytes, " bytes of ",
+                         block_bytes_, ", buffer ", io.data == nullptr ? "missing" : "given"));
+        continue;
+      }
+      InFlight& f = flight[i - begin];
+      f.header = Aligned(kAlign);
+      if (write) {
+        ExtentHeader h;
+        h.extent = io.extent;
+        h.bytes = io.bytes;
+        h.fingerprint = fingerprint_;
+        h.checksum = transport::PayloadChecksum(
+            std::span<const uint8_t>(static_cast<const uint8_t*>(io.data), io.bytes));
+        std::memcpy(f.header.get(), &h, sizeof(h));
+      }
+      f.iov[0] = {f.header.get(), kAlign};
+      f.iov[1] = {io.data, block_bytes_};
+      io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
+      const off_t offset = static_cast<off_t>(io.extent * extent_bytes_);
+      if (write) {
+        io_uring_prep_writev(sqe, fd_, f.iov, 2, offset);
+      } else {
+        io_uring_prep_readv(sqe, fd_, f.iov, 2, offset);
+      }
+      io_uring_sqe_set_data64(sqe, i);
+      ++submitted;
+    }
+    if (submitted > 0) {
+      RETURN_IF_ERROR(Complete(ios, begin, submitted, write, flight));
+    }
+    for (size_t i = begin; i < end; ++i) {
+      if (first.ok() && !ios[i].status.ok()) first = ios[i].status;
+    }
+  }
+  return first;
+}
+
+absl::Status KvDisk::Complete(std::span<ExtentIo> ios, size_t begin, size_t submitted, bool write,
+                              std::vector<InFlight>& flight) {
+  if (const int rc = io_uring_submit(ring_.get()); rc < 0) {
+    return Errno(-rc, "io_uring submit");
+  }
+  for (size_t done = 0; done < submitted; ++done) {
+    io_uring_cqe* cqe = nullptr;
+    if (const int rc = io_uring_wait_cqe(ring_.get(), &cqe); rc < 0) {
+      return Errno(-rc, "io_uring wait");
+    }
+    const size_t i = static_cast<size_t>(io_uring_cqe_get_data64(cqe));
+    const int res = cqe->res;
+    io_uring_cqe_seen(ring_.get(), cqe);
+    ExtentIo& io = ios[i];
+    const InFlight& f = flight[i - begin];
+    const int64_t want = static_cast<int64_t>(kAlign + block_bytes_);
+    if (res < 0) {
+      io.status = Errno(
+          -res, absl::StrCat(write ? "write" : "read", " of block ", io.extent, " in ", dir_));
+      if (write) ++stats_.write_errors;
+    } else if (res != want) {
+      io.status =
+          write ? absl::ResourceExhaustedError(absl::StrCat("short write of block ", io.extent,
+                                                            " in ", dir_, ": ", res, " of ", want,
+                                                            " bytes"))
+                : absl::NotFoundError(absl::StrCat("block ", io.extent, " was never written"));
+      if (write) ++stats_.write_errors;
+    } else if (write) {
+      stats_.bytes_written += static_cast<uint64_t>(res);
+    } else {
+      stats_.bytes_read += static_cast<uint64_t>(res);
+      ExtentHeader h;
+      std::memcpy(&h, f.header.get(), sizeof(h));
+      if (h.magic != kMagic) {
+        io.status = absl::NotFoundError(absl::StrCat("block ", io.extent, " was never written"));
+      } else if (h.version != kLayoutVersion || h.extent != io.extent ||
+                 h.fingerprint != fingerprint_ || h.bytes > block_bytes_) {
+        ++stats_.checksum_failures;
+        io.status = absl::DataLossError(
+            absl::StrCat("block ", io.extent, " in ", dir_, " has a header that is not its own"));
+      } else if (transport::PayloadChecksum(std::span<const uint8_t>(
+                     static_cast<const uint8_t*>(io.data), h.bytes)) != h.checksum) {
+        ++stats_.checksum_failures;
+        io.status = absl::DataLossError(
+            absl::StrCat("block ", io.extent, " in ", dir_, " fails its checksum"));
+      } else {
+        io.bytes = h.bytes;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace strata

@@ -1,0 +1,117 @@
+// The cold tier's storage under a memory node: KV blocks in fixed-size extents of one file,
+// read and written with io_uring and O_DIRECT (groundwork of the disk tier; nothing uses it
+// yet, see docs/architecture.md, "Not built yet").
+//
+// The scheduler allocates extents, as it allocates DRAM slots: this class only executes
+// what it is told, and says what failed. An extent is a 4096-byte header (magic, layout
+// version, extent index, payload size, a generation, a 64-bit checksum of the payload) and
+// the payload, both aligned for O_DIRECT. Every read verifies the header and the checksum:
+// a block that fails is reported (DataLoss) and never returned as good.
+//
+// The directory:
+//   - is created 0700, its files 0600 (persisted KV is user data);
+//   - holds a lock file: a second node opening the same directory is refused while the
+//     first holds it (flock, released when the process dies);
+//   - holds a FINGERPRINT file (model, KV dtype, layout version): a directory written for
+//     another fingerprint is discarded at open, with a log line.
+// A filesystem without O_DIRECT (tmpfs on some kernels) is a clear error at open unless
+// `allow_buffered`. A full disk is ResourceExhausted; an I/O error is its errno's status.
+//
+// Thread-safety: one thread at a time (the memory node's disk worker).
+#ifndef STRATA_MEMORY_NODE_KV_DISK_H_
+#define STRATA_MEMORY_NODE_KV_DISK_H_
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+struct io_uring;
+
+namespace strata {
+
+struct KvDiskOptions {
+  std::string dir;
+  std::string fingerprint;  // model, KV dtype, layout version
+  uint64_t budget_bytes = 0;
+  uint64_t block_bytes = 0;  // payload of one extent (rounded up to 4096)
+  int queue_depth = 8;       // requests in flight
+  bool allow_buffered = false;
+};
+
+struct KvDiskStats {
+  uint64_t bytes_written = 0;
+  uint64_t bytes_read = 0;
+  uint64_t checksum_failures = 0;
+  uint64_t write_errors = 0;
+};
+
+// One extent's I/O: `data` (4096-aligned, block_bytes long) is written to, or read from,
+// extent `extent`.
+struct ExtentIo {
+  uint64_t extent = 0;
+  void* data = nullptr;
+  uint64_t bytes = 0;   // payload bytes used (<= block_bytes); reads fill it in
+  absl::Status status;  // per extent, after the call
+};
+
+class KvDisk {
+ public:
+  static constexpr uint64_t kAlign = 4096;
+  static constexpr uint32_t kLayoutVersion = 1;
+
+  static absl::StatusOr<std::unique_ptr<KvDisk>> Open(const KvDiskOptions& options);
+  ~KvDisk();
+  KvDisk(const KvDisk&) = delete;
+  KvDisk& operator=(const KvDisk&) = delete;
+
+  uint64_t num_extents() const { return num_extents_; }
+  uint64_t block_bytes() const { return block_bytes_; }
+  bool direct() const { return direct_; }
+  // Whether the directory held blocks of another fingerprint (or none) and was started empty.
+  bool discarded() const { return discarded_; }
+  const KvDiskStats& stats() const { return stats_; }
+
+  // Writes every extent, up to queue_depth at once; each gets its own status. The call
+  // returns the first error (OK when all were written).
+  absl::Status Write(std::span<ExtentIo> ios);
+  // Reads every extent; one that was never written, or fails its header or checksum, gets
+  // NotFound or DataLoss and its data must not be used.
+  absl::Status Read(std::span<ExtentIo> ios);
+  // A buffer suitable for ExtentIo::data (aligned, block_bytes long).
+  std::shared_ptr<uint8_t> AllocateBlock() const;
+
+ private:
+  KvDisk() = default;
+  // One request in flight: its header buffer and the two pieces of its extent.
+  struct InFlight {
+    std::shared_ptr<uint8_t> header;
+    iovec iov[2];
+  };
+  absl::Status Run(std::span<ExtentIo> ios, bool write);
+  // Submits the `submitted` requests prepared for ios[begin...] and completes them.
+  absl::Status Complete(std::span<ExtentIo> ios, size_t begin, size_t submitted, bool write,
+                        std::vector<InFlight>& flight);
+
+  std::string dir_;
+  int lock_fd_ = -1;
+  int fd_ = -1;
+  bool direct_ = false;
+  bool discarded_ = false;
+  uint64_t block_bytes_ = 0;
+  uint64_t extent_bytes_ = 0;  // header + block
+  uint64_t num_extents_ = 0;
+  uint64_t fingerprint_ = 0;  // hash of the fingerprint, in every extent's header
+  std::unique_ptr<io_uring> ring_;
+  int queue_depth_ = 8;
+  KvDiskStats stats_;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_MEMORY_NODE_KV_DISK_H_

@@ -1,0 +1,245 @@
+// The cold tier's block file on this machine's ext4 (io_uring, O_DIRECT): blocks come back
+// bit for bit; a flipped byte in the file is caught on read and only that block fails; a
+// second node cannot open the same directory; a directory written for another fingerprint
+// is discarded; files are private; a filesystem without O_DIRECT is refused unless buffered
+// I/O is allowed; a full disk fails only the blocks that did not fit.
+#include "memory_node/kv_disk.h"
+
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(base != nullptr ? base : "/tmp") + "/" + name;
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+KvDiskOptions Options(const std::string& dir, const std::string& fingerprint = "tiny bf16") {
+  KvDiskOptions o;
+  o.dir = dir;
+  o.fingerprint = fingerprint;
+  o.block_bytes = 3 * 4096 + 100;  // rounded up to 4 pages
+  o.budget_bytes = 40 * (4096 + 4 * 4096);
+  o.queue_depth = 4;
+  return o;
+}
+
+// Fills `data` with bytes drawn from `seed`.
+void Fill(uint8_t* data, uint64_t bytes, uint32_t seed) {
+  std::mt19937 rng(seed);
+  for (uint64_t i = 0; i < bytes; ++i) data[i] = static_cast<uint8_t>(rng());
+}
+
+TEST(KvDiskTest, BlocksComeBackBitForBit) {
+  auto disk = KvDisk::Open(Options(TempDir("round_trip")));
+  ASSERT_TRUE(disk.ok()) << disk.status();
+  EXPECT_TRUE((*disk)->direct()) << "this machine's ext4 supports O_DIRECT";
+  EXPECT_EQ((*disk)->num_extents(), 40u);
+  EXPECT_EQ((*disk)->block_bytes(), 4u * 4096);
+  std::vector<std::shared_ptr<uint8_t>> blocks;
+  std::vector<ExtentIo> writes;
+  for (uint64_t e = 0; e < 10; ++e) {
+    blocks.push_back((*disk)->AllocateBlock());
+    const uint64_t bytes = 1000 + e * 1500;
+    Fill(blocks.back().get(), bytes, static_cast<uint32_t>(e));
+    writes.push_back({e * 3, blocks.back().get(), bytes, {}});
+  }
+  ASSERT_TRUE((*disk)->Write(writes).ok());
+  std::vector<std::shared_ptr<uint8_t>> back;
+  std::vector<ExtentIo> reads;
+  for (const ExtentIo& w : writes) {
+    back.push_back((*disk)->AllocateBlock());
+    reads.push_back({w.extent, back.back().get(), 0, {}});
+  }
+  ASSERT_TRUE((*disk)->Read(reads).ok());
+  for (size_t i = 0; i < reads.size(); ++i) {
+    ASSERT_EQ(reads[i].bytes, writes[i].bytes);
+    EXPECT_EQ(std::memcmp(back[i].get(), blocks[i].get(), writes[i].bytes), 0) << "block " << i;
+  }
+  // A block never written is NotFound, not garbage.
+  auto spare = (*disk)->AllocateBlock();
+  ExtentIo never{1, spare.get(), 0, {}};
+  EXPECT_TRUE(absl::IsNotFound((*disk)->Read({&never, 1}))) << never.status;
+  // Out of range, or an unaligned buffer: refused.
+  ExtentIo outside{40, spare.get(), 10, {}};
+  EXPECT_TRUE(absl::IsInvalidArgument((*disk)->Write({&outside, 1})));
+  ExtentIo unaligned{2, spare.get() + 1, 10, {}};
+  EXPECT_TRUE(absl::IsInvalidArgument((*disk)->Write({&unaligned, 1})));
+  EXPECT_EQ((*disk)->stats().bytes_written, 10u * (4096 + 4 * 4096));
+}
+
+TEST(KvDiskTest, AFlippedByteFailsOnlyItsBlock) {
+  const std::string dir = TempDir("corrupt");
+  auto disk = KvDisk::Open(Options(dir));
+  ASSERT_TRUE(disk.ok()) << disk.status();
+  std::vector<std::shared_ptr<uint8_t>> blocks;
+  std::vector<ExtentIo> writes;
+  for (uint64_t e = 0; e < 3; ++e) {
+    blocks.push_back((*disk)->AllocateBlock());
+    Fill(blocks.back().get(), 8000, 10 + static_cast<uint32_t>(e));
+    writes.push_back({e, blocks.back().get(), 8000, {}});
+  }
+  ASSERT_TRUE((*disk)->Write(writes).ok());
+  // Flip one payload byte of extent 1 behind the tier's back.
+  const int fd = open((dir + "/blocks").c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  const off_t at = static_cast<off_t>(1 * (4096 + 4 * 4096) + 4096 + 5000);
+  uint8_t byte = 0;
+  ASSERT_EQ(pread(fd, &byte, 1, at), 1);
+  byte ^= 0x40;
+  ASSERT_EQ(pwrite(fd, &byte, 1, at), 1);
+  fsync(fd);
+  close(fd);
+  std::vector<std::shared_ptr<uint8_t>> back;
+  std::vector<ExtentIo> reads;
+  for (uint64_t e = 0; e < 3; ++e) {
+    back.push_back((*disk)->AllocateBlock());
+    reads.push_back({e, back.back().get(), 0, {}});
+  }
+  EXPECT_TRUE(absl::IsDataLoss((*disk)->Read(reads)));
+  EXPECT_TRUE(reads[0].status.ok()) << reads[0].status;
+  EXPECT_TRUE(absl::IsDataLoss(reads[1].status)) << reads[1].status;
+  EXPECT_TRUE(reads[2].status.ok()) << reads[2].status;
+  EXPECT_EQ(std::memcmp(back[2].get(), blocks[2].get(), 8000), 0);
+  EXPECT_EQ((*disk)->stats().checksum_failures, 1u);
+}
+
+TEST(KvDiskTest, OneNodePerDirectoryAndPrivateFiles) {
+  const std::string dir = TempDir("locked");
+  auto first = KvDisk::Open(Options(dir));
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = KvDisk::Open(Options(dir));
+  EXPECT_TRUE(absl::IsFailedPrecondition(second.status())) << second.status();
+  struct stat st;
+  ASSERT_EQ(stat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  for (const char* file : {"/blocks", "/FINGERPRINT", "/LOCK"}) {
+    ASSERT_EQ(stat((dir + file).c_str(), &st), 0) << file;
+    EXPECT_EQ(st.st_mode & 0777, 0600u) << file;
+  }
+  first->reset();
+  auto third = KvDisk::Open(Options(dir));
+  EXPECT_TRUE(third.ok()) << third.status();
+}
+
+TEST(KvDiskTest, ADirectoryOfAnotherFingerprintIsDiscarded) {
+  const std::string dir = TempDir("fingerprint");
+  auto block = std::shared_ptr<uint8_t>();
+  {
+    auto disk = KvDisk::Open(Options(dir, "model-a bf16"));
+    ASSERT_TRUE(disk.ok());
+    EXPECT_TRUE((*disk)->discarded());  // new: started empty
+    block = (*disk)->AllocateBlock();
+    Fill(block.get(), 4000, 3);
+    ExtentIo w{5, block.get(), 4000, {}};
+    ASSERT_TRUE((*disk)->Write({&w, 1}).ok());
+  }
+  {
+    auto same = KvDisk::Open(Options(dir, "model-a bf16"));
+    ASSERT_TRUE(same.ok());
+    EXPECT_FALSE((*same)->discarded());
+    auto back = (*same)->AllocateBlock();
+    ExtentIo r{5, back.get(), 0, {}};
+    ASSERT_TRUE((*same)->Read({&r, 1}).ok()) << r.status;
+    EXPECT_EQ(std::memcmp(back.get(), block.get(), 4000), 0);
+  }
+  auto other = KvDisk::Open(Options(dir, "model-b bf16"));
+  ASSERT_TRUE(other.ok());
+  EXPECT_TRUE((*other)->discarded());
+  auto back = (*other)->AllocateBlock();
+  ExtentIo r{5, back.get(), 0, {}};
+  EXPECT_TRUE(absl::IsNotFound((*other)->Read({&r, 1}))) << r.status;
+}
+
+TEST(KvDiskTest, AFilesystemWithoutODirectIsRefusedUnlessBufferedIsAllowed) {
+  // /dev/shm is tmpfs; whether it takes O_DIRECT depends on the kernel.
+  const std::string probe = "/dev/shm/strata_kv_disk_probe";
+  const int fd = open(probe.c_str(), O_CREAT | O_RDWR | O_DIRECT, 0600);
+  const bool tmpfs_direct = fd >= 0;
+  if (fd >= 0) close(fd);
+  unlink(probe.c_str());
+  const std::string dir = "/dev/shm/strata_kv_disk_test_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  auto strict = KvDisk::Open(Options(dir));
+  if (tmpfs_direct) {
+    EXPECT_TRUE(strict.ok()) << strict.status();
+  } else {
+    EXPECT_TRUE(absl::IsFailedPrecondition(strict.status())) << strict.status();
+    EXPECT_NE(strict.status().message().find("O_DIRECT"), std::string::npos);
+  }
+  strict = absl::UnknownError("closed");
+  KvDiskOptions buffered = Options(dir);
+  buffered.allow_buffered = true;
+  auto disk = KvDisk::Open(buffered);
+  ASSERT_TRUE(disk.ok()) << disk.status();
+  auto block = (*disk)->AllocateBlock();
+  Fill(block.get(), 100, 4);
+  ExtentIo w{0, block.get(), 100, {}};
+  EXPECT_TRUE((*disk)->Write({&w, 1}).ok());
+  disk->reset();
+  std::filesystem::remove_all(dir);
+}
+
+// A full disk: a 256 KiB tmpfs this test mounts (root only; skipped otherwise) holds a few
+// blocks; the write past its end is ResourceExhausted for that block alone, the blocks
+// already written still read back, and the tier keeps working for reads.
+TEST(KvDiskTest, AFullDiskIsResourceExhaustedAndLosesNothingWritten) {
+  const std::string dir = TempDir("full");
+  std::filesystem::create_directories(dir);
+  if (mount("strata-kv-disk-test", dir.c_str(), "tmpfs", 0, "size=256k,mode=0700") != 0) {
+    GTEST_SKIP() << "cannot mount a small tmpfs here: " << std::strerror(errno);
+  }
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { umount2(dir.c_str(), MNT_DETACH); }
+  } unmount{dir};
+  KvDiskOptions o = Options(dir + "/tier");
+  o.budget_bytes = 40 * (4096 + 4 * 4096);  // 800 KiB of extents on 256 KiB of disk
+  o.allow_buffered = true;
+  auto disk = KvDisk::Open(o);
+  ASSERT_TRUE(disk.ok()) << disk.status();
+  std::vector<std::shared_ptr<uint8_t>> blocks;
+  std::vector<ExtentIo> writes;
+  for (uint64_t e = 0; e < 20; ++e) {
+    blocks.push_back((*disk)->AllocateBlock());
+    Fill(blocks.back().get(), 16000, 20 + static_cast<uint32_t>(e));
+    writes.push_back({e, blocks.back().get(), 16000, {}});
+  }
+  const absl::Status status = (*disk)->Write(writes);
+  EXPECT_TRUE(absl::IsResourceExhausted(status)) << status;
+  int written = 0;
+  for (const ExtentIo& w : writes) {
+    if (w.status.ok()) {
+      ++written;
+    } else {
+      EXPECT_TRUE(absl::IsResourceExhausted(w.status)) << w.status;
+    }
+  }
+  EXPECT_GT(written, 0);
+  EXPECT_LT(written, 20);
+  EXPECT_GT((*disk)->stats().write_errors, 0u);
+  for (const ExtentIo& w : writes) {
+    if (!w.status.ok()) continue;
+    auto back = (*disk)->AllocateBlock();
+    ExtentIo r{w.extent, back.get(), 0, {}};
+    ASSERT_TRUE((*disk)->Read({&r, 1}).ok()) << r.status;
+    EXPECT_EQ(std::memcmp(back.get(), w.data, 16000), 0) << "block " << w.extent;
+  }
+}
+
+}  // namespace
+}  // namespace strata
