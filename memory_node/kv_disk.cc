@@ -7,8 +7,10 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -32,6 +34,8 @@ struct ExtentHeader {
   uint64_t bytes = 0;  // payload bytes
   uint64_t fingerprint = 0;
   uint64_t checksum = 0;  // of the payload's `bytes` bytes
+  uint64_t key = 0;
+  int64_t written_unix_s = 0;
 };
 
 uint64_t Fnv1a(const std::string& s) {
@@ -160,6 +164,56 @@ KvDisk::~KvDisk() {
 
 std::shared_ptr<uint8_t> KvDisk::AllocateBlock() const { return Aligned(block_bytes_); }
 
+absl::StatusOr<std::vector<ExtentInfo>> KvDisk::Scan() {
+  std::vector<ExtentInfo> found;
+  std::vector<std::shared_ptr<uint8_t>> headers(queue_depth_);
+  for (auto& h : headers) h = Aligned(kAlign);
+  for (uint64_t begin = 0; begin < num_extents_; begin += queue_depth_) {
+    const uint64_t end = std::min(num_extents_, begin + static_cast<uint64_t>(queue_depth_));
+    for (uint64_t e = begin; e < end; ++e) {
+      io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
+      io_uring_prep_read(sqe, fd_, headers[e - begin].get(), kAlign,
+                         static_cast<off_t>(e * extent_bytes_));
+      io_uring_sqe_set_data64(sqe, e);
+    }
+    if (const int rc = io_uring_submit(ring_.get()); rc < 0) return Errno(-rc, "io_uring submit");
+    for (uint64_t done = begin; done < end; ++done) {
+      io_uring_cqe* cqe = nullptr;
+      if (const int rc = io_uring_wait_cqe(ring_.get(), &cqe); rc < 0) {
+        return Errno(-rc, "io_uring wait");
+      }
+      const uint64_t e = io_uring_cqe_get_data64(cqe);
+      const int res = cqe->res;
+      io_uring_cqe_seen(ring_.get(), cqe);
+      if (res < 0) return Errno(-res, absl::StrCat("scan of block ", e, " in ", dir_));
+      if (res != static_cast<int>(kAlign)) continue;
+      ExtentHeader h;
+      std::memcpy(&h, headers[e - begin].get(), sizeof(h));
+      if (h.magic != kMagic || h.version != kLayoutVersion || h.extent != e ||
+          h.fingerprint != fingerprint_ || h.bytes > block_bytes_) {
+        continue;
+      }
+      found.push_back({e, h.key, h.bytes, h.written_unix_s});
+    }
+  }
+  std::sort(found.begin(), found.end(),
+            [](const ExtentInfo& a, const ExtentInfo& b) { return a.extent < b.extent; });
+  return found;
+}
+
+absl::Status KvDisk::Drop(std::span<const uint64_t> extents) {
+  for (uint64_t e : extents) {
+    if (e >= num_extents_) {
+      return absl::InvalidArgumentError(absl::StrCat("extent ", e, " of ", num_extents_));
+    }
+    if (fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                  static_cast<off_t>(e * extent_bytes_), static_cast<off_t>(extent_bytes_)) != 0) {
+      return Errno(errno, absl::StrCat("drop block ", e, " in ", dir_));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status KvDisk::Write(std::span<ExtentIo> ios) { return Run(ios, /*write=*/true); }
 absl::Status KvDisk::Read(std::span<ExtentIo> ios) { return Run(ios, /*write=*/false); }
 
@@ -187,6 +241,8 @@ absl::Status KvDisk::Run(std::span<ExtentIo> ios, bool write) {
         h.extent = io.extent;
         h.bytes = io.bytes;
         h.fingerprint = fingerprint_;
+        h.key = io.key;
+        h.written_unix_s = static_cast<int64_t>(time(nullptr));
         h.checksum = transport::PayloadChecksum(
             std::span<const uint8_t>(static_cast<const uint8_t*>(io.data), io.bytes));
         std::memcpy(f.header.get(), &h, sizeof(h));
@@ -253,6 +309,9 @@ absl::Status KvDisk::Complete(std::span<ExtentIo> ios, size_t begin, size_t subm
         ++stats_.checksum_failures;
         io.status = absl::DataLossError(
             absl::StrCat("block ", io.extent, " in ", dir_, " has a header that is not its own"));
+      } else if (h.key != io.key) {
+        io.status = absl::DataLossError(absl::StrCat("block ", io.extent, " in ", dir_,
+                                                     " holds key ", h.key, ", not ", io.key));
       } else if (transport::PayloadChecksum(std::span<const uint8_t>(
                      static_cast<const uint8_t*>(io.data), h.bytes)) != h.checksum) {
         ++stats_.checksum_failures;

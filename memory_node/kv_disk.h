@@ -4,9 +4,12 @@
 //
 // The scheduler allocates extents, as it allocates DRAM slots: this class only executes
 // what it is told, and says what failed. An extent is a 4096-byte header (magic, layout
-// version, extent index, payload size, a generation, a 64-bit checksum of the payload) and
-// the payload, both aligned for O_DIRECT. Every read verifies the header and the checksum:
-// a block that fails is reported (DataLoss) and never returned as good.
+// version, extent index, the block's key, payload size, when it was written, a hash of the
+// fingerprint, a 64-bit checksum of the payload) and the payload, both aligned for
+// O_DIRECT. Every read verifies the header, the key asked for and the checksum: a block
+// that fails is reported (DataLoss) and never returned as good. After a restart, Scan
+// lists the extents whose headers are whole, for the node to report to the scheduler;
+// Drop punches extents out of the file (their space is freed; they read as never written).
 //
 // The directory:
 //   - is created 0700, its files 0600 (persisted KV is user data);
@@ -57,7 +60,16 @@ struct ExtentIo {
   uint64_t extent = 0;
   void* data = nullptr;
   uint64_t bytes = 0;   // payload bytes used (<= block_bytes); reads fill it in
+  uint64_t key = 0;     // the block's key (e.g. its prefix hash): written, checked on read
   absl::Status status;  // per extent, after the call
+};
+
+// An extent Scan found whole (its payload is checked when it is read).
+struct ExtentInfo {
+  uint64_t extent = 0;
+  uint64_t key = 0;
+  uint64_t bytes = 0;
+  int64_t written_unix_s = 0;
 };
 
 class KvDisk {
@@ -83,6 +95,10 @@ class KvDisk {
   // Reads every extent; one that was never written, or fails its header or checksum, gets
   // NotFound or DataLoss and its data must not be used.
   absl::Status Read(std::span<ExtentIo> ios);
+  // The extents whose headers are whole (this fingerprint and layout), in extent order.
+  absl::StatusOr<std::vector<ExtentInfo>> Scan();
+  // Frees the extents' space; they then read as never written.
+  absl::Status Drop(std::span<const uint64_t> extents);
   // A buffer suitable for ExtentIo::data (aligned, block_bytes long).
   std::shared_ptr<uint8_t> AllocateBlock() const;
 
