@@ -65,6 +65,10 @@ class AttentionBackend {
     return absl::UnimplementedError("this attention backend cannot route answers");
   }
   virtual bool LayerSettled() const { return true; }
+  // Why the routed step cannot go on (a memory node failed its share); OK otherwise.
+  virtual absl::Status RoutedStepStatus() const { return absl::OkStatus(); }
+  // Gives up the step in flight: no answer lands in the batch's buffers afterwards.
+  virtual void Abandon() {}
 };
 
 // Co-located mode: the memory node's AttentionEngine, in process.

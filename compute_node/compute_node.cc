@@ -100,6 +100,7 @@ ComputeNode::~ComputeNode() {
   stopping_.store(true);
   if (wakeup_) wakeup_->Notify();
   std::lock_guard<std::mutex> lock(rotation_mu_);  // the driver is gone
+  for (auto& lane : rotated_lanes_) lane->AbandonStep();
 }
 
 void ComputeNode::PrepareQueue(PlanQueue& queue) {

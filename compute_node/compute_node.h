@@ -138,10 +138,11 @@ class ComputeNode {
   // Rotational pipelining: made at Create, configured by every Configure. The wakeup goes
   // last: the lanes' and the exchange's transports notify it while they close.
   void RunRotated(PlanQueue& queue);
+  // The lanes go before the engine whose buffers their answers land in.
   std::unique_ptr<Wakeup> wakeup_;
   std::unique_ptr<ContextExchange> exchange_;
-  std::vector<std::unique_ptr<RemoteAttention>> rotated_lanes_;
   std::unique_ptr<StepEngine> rotated_engine_;
+  std::vector<std::unique_ptr<RemoteAttention>> rotated_lanes_;
   std::mutex rotation_mu_;  // held by the stream that drives the rotated lanes
   std::atomic<bool> stopping_{false};
 

@@ -181,14 +181,18 @@ void ContextExchange::Deliver(PeerId from, std::span<const uint8_t> header_bytes
       return;
     }
     if (held_.size() >= kMaxHeld) {
+      auto oldest = held_.begin();
+      for (auto it = held_.begin(); it != held_.end(); ++it) {
+        if (it->second.arrival < oldest->second.arrival) oldest = it;
+      }
       ++stats_.stale;
-      LOG_FIRST_N(WARNING, 20) << "dropped the context of step "
-                               << std::get<1>(held_.begin()->first) << ": more than " << kMaxHeld
-                               << " held";
-      held_.erase(held_.begin());
+      LOG_FIRST_N(WARNING, 20) << "dropped the context of step " << std::get<1>(oldest->first)
+                               << ": more than " << kMaxHeld << " held";
+      held_.erase(oldest);
     }
     Held& held = held_[{static_cast<int>(h.minibatch), h.step_id, static_cast<int>(h.layer)}];
     held.rows = h.rows;
+    held.arrival = ++arrivals_;
     held.x.resize(static_cast<size_t>(h.rows) * options_.hidden);
     if (!payload.empty()) std::memcpy(held.x.data(), payload.data(), payload.size());
     ++stats_.received;

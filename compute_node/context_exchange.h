@@ -93,6 +93,7 @@ class ContextExchange : public transport::MessageHandler {
   struct Held {
     uint32_t rows = 0;
     std::vector<float> x;
+    uint64_t arrival = 0;  // order of arrival, for dropping the oldest
   };
 
   ContextExchangeOptions options_;
@@ -106,6 +107,7 @@ class ContextExchange : public transport::MessageHandler {
   std::map<Key, Held> held_;
   std::unordered_map<int, uint64_t> retired_;  // batch -> last step finished with
   ContextExchangeStats stats_;
+  uint64_t arrivals_ = 0;
 };
 
 }  // namespace strata

@@ -85,7 +85,14 @@ void RemoteAttention::SetMemoryNodes(uint64_t epoch, const std::vector<MemoryNod
       }
     }
     pools_ = std::move(next);
+    if (epoch != epoch_) {
+      // Kept answers and step ids belong to the previous scheduler.
+      std::lock_guard<std::mutex> state_lock(mu_);
+      early_.clear();
+      step_id_ = 0;
+    }
     epoch_ = epoch;
+    epoch_now_.store(epoch);
   }
   for (PeerId peer : to_close) transport_->Disconnect(peer);
 }
@@ -101,6 +108,9 @@ RemoteAttentionStats RemoteAttention::stats() const {
 }
 
 absl::Status RemoteAttention::ConnectPool(PoolIndex index, Share& share) {
+  // One connection per pool: the step thread and ConnectAll (Configure) may both try, and a
+  // second connection would say hello too, taking the lane's routed answers from the first.
+  std::lock_guard<std::mutex> connecting(connect_mu_);
   std::string address;
   {
     std::lock_guard<std::mutex> lock(config_mu_);
@@ -336,6 +346,7 @@ absl::Status RemoteAttention::StartStep(const StepKvPlan& plan, bool send, uint6
                        std::lock_guard<std::mutex> lock(mu_);
                        dead_peers_[peer] = true;
                        cv_.notify_all();
+                       if (options_.on_settled) options_.on_settled();
                      });
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -406,7 +417,10 @@ absl::Status RemoteAttention::SendLayerTo(int layer, BatchBuffers& b, int64_t m,
     std::lock_guard<std::mutex> lock(config_mu_);
     epoch = epoch_;
   }
-  if (reply_to == 0) layer_watch_.Reset();
+  if (reply_to == 0) {
+    layer_watch_.Reset();
+    expecting_routed_ = false;
+  }
   // Register every answer before the first frame leaves: answers can be fast.
   struct Outgoing {
     size_t share;
@@ -464,6 +478,7 @@ absl::Status RemoteAttention::SendLayerTo(int layer, BatchBuffers& b, int64_t m,
                        std::lock_guard<std::mutex> lock(mu_);
                        dead_peers_[peer] = true;
                        cv_.notify_all();
+                       if (options_.on_settled) options_.on_settled();
                      });
   }
   {
@@ -529,6 +544,7 @@ void RemoteAttention::ExpectLocked(int layer, BatchBuffers& b) {
 absl::Status RemoteAttention::ExpectLayer(int layer, BatchBuffers& b, int64_t m) {
   RETURN_IF_ERROR(CheckRows(m));
   FailSharesWithErrors();
+  expecting_routed_ = true;
   std::lock_guard<std::mutex> lock(mu_);
   layer_watch_.Reset();
   ExpectLocked(layer, b);
@@ -592,11 +608,16 @@ absl::Status RemoteAttention::WaitLayer(int layer, BatchBuffers& b, int64_t m) {
           std::lock_guard<std::mutex> lock(mu_);
           ++stats_.timeouts;
         }
+        // Answers routed here come after other replicas' slices: a replica that failed
+        // upstream looks the same as a hung memory node, so a routed wait that times out
+        // does not declare the memory node dead (its connection or heartbeats will).
         FailShare(
             share,
-            absl::DeadlineExceededError(absl::StrCat("no answer for layer ", layer, " within ",
-                                                     absl::FormatDuration(options_.layer_timeout))),
-            /*dead=*/true);
+            absl::DeadlineExceededError(absl::StrCat(
+                "no answer for layer ", layer, " within ",
+                absl::FormatDuration(options_.layer_timeout),
+                expecting_routed_ ? " (sent by another replica, which may have failed)" : "")),
+            /*dead=*/!expecting_routed_);
       }
     } else if (!e.status.ok()) {
       FailShare(share, e.status, /*dead=*/false);
@@ -642,6 +663,16 @@ absl::Status RemoteAttention::WaitLayer(int layer, BatchBuffers& b, int64_t m) {
     }
   }
   outcome_.merge_us += merge_watch.ElapsedMicros();
+  return absl::OkStatus();
+}
+
+absl::Status RemoteAttention::RoutedStepStatus() const {
+  for (const Share& share : shares_) {
+    if (share.failed && !share.share.plan.rows.empty()) {
+      return absl::UnavailableError(
+          absl::StrCat("memory node of pool ", share.pool, " failed: ", share.why.ToString()));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -701,7 +732,7 @@ void RemoteAttention::Deliver(PeerId from, std::span<const uint8_t> header_bytes
   }
   const bool answer = h.kind == static_cast<uint16_t>(FrameKind::kLayerResult) ||
                       h.kind == static_cast<uint16_t>(FrameKind::kError);
-  if (options_.endpoint != 0 && answer &&
+  if (options_.endpoint != 0 && answer && h.epoch == epoch_now_.load() &&
       (h.step_id > step_id_ ||
        (h.step_id == step_id_ && h.kind == static_cast<uint16_t>(FrameKind::kLayerResult) &&
         static_cast<int>(h.layer) > layer_))) {

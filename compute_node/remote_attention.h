@@ -34,6 +34,7 @@
 #ifndef STRATA_COMPUTE_NODE_REMOTE_ATTENTION_H_
 #define STRATA_COMPUTE_NODE_REMOTE_ATTENTION_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -154,6 +155,10 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
   bool LayerSettled() const override;
   // Connects to every memory node now (a routed answer needs this lane's hello there first).
   void ConnectAll();
+  // The first failure of a memory node's share in this step (a rotated step cannot go on
+  // without it: the next replica would wait for answers that never come).
+  absl::Status RoutedStepStatus() const override;
+  void Abandon() override { AbandonStep(); }
 
   // transport::MessageHandler (the transport thread).
   std::span<uint8_t> Place(transport::PeerId from, std::span<const uint8_t> header,
@@ -221,8 +226,11 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
   RemoteAttentionOptions options_;
   std::unique_ptr<transport::Transport> transport_;
 
+  std::mutex connect_mu_;  // held while connecting to a pool
   std::mutex config_mu_;
   uint64_t epoch_ = 0;
+  std::atomic<uint64_t> epoch_now_{0};  // epoch_, readable under mu_
+  bool expecting_routed_ = false;       // the layer waited for was sent by another replica
   std::map<PoolIndex, Pool> pools_;
 
   // Step state (step thread), with `expected_` and the counters shared with the transport

@@ -79,8 +79,8 @@ RemoteAttentionOptions LaneOptions(uint64_t endpoint, std::function<void()> on_s
 struct Replica {
   Wakeup wakeup;
   std::unique_ptr<ContextExchange> exchange;
+  std::unique_ptr<StepEngine> engine;  // goes after the lanes, whose answers land in it
   std::vector<std::unique_ptr<RemoteAttention>> lanes;
-  std::unique_ptr<StepEngine> engine;
   PlanQueue queue;
   std::thread driver;
 
@@ -139,8 +139,10 @@ struct Replica {
     }
     wakeup.Notify();
     driver.join();
-    engine.reset();
+    // The lanes' transports close before the engine whose buffers their answers land in.
+    for (auto& lane : lanes) lane->AbandonStep();
     lanes.clear();
+    engine.reset();
     exchange.reset();
   }
   absl::Mutex kill_mu;

@@ -261,6 +261,8 @@ void StepEngine::StartForward(Lane& lane) {
 }
 
 void StepEngine::EndForward(Lane& lane, absl::Status status) {
+  // A rotated lane that gives up may still have answers registered into its buffers.
+  if (!status.ok() && lane.rotated) lane.attention->Abandon();
   lane.status = std::move(status);
   lane.forward_done = true;
 }
@@ -495,6 +497,7 @@ void StepEngine::HandOff(Lane& lane, int k) {
     // Layer k's answers and the residual rows go to the replica of slice k + 1.
     absl::Status status =
         lane.attention->SendLayerTo(k, lane.buffers, lane.m, role.EndpointOf(k + 1));
+    if (status.ok()) status = lane.attention->RoutedStepStatus();
     if (status.ok()) {
       status = role.exchange->Send(role.replicas[role.ReplicaOf(k + 1)], lane.result.step_id, k + 1,
                                    role.batch, lane.buffers.x.data(), lane.m);
@@ -542,6 +545,9 @@ bool StepEngine::AdvanceRotated(int index) {
         absl::FormatDuration(role.handoff_timeout)));
   }
   if (status.ok()) status = lane.attention->WaitLayer(k - 1, b, lane.m);
+  // A memory node that failed its share fails the whole rotated step: the replicas after
+  // this one would wait for its answers in vain.
+  if (status.ok()) status = lane.attention->RoutedStepStatus();
   if (!status.ok()) {
     EndForward(lane, std::move(status));
   } else {

@@ -83,6 +83,7 @@ absl::StatusOr<MemoryConfigAck> MemoryServer::Configure(const MemoryConfig& conf
                           dims_.head_dim == static_cast<int>(m.head_dim) &&
                           engine_->store().num_slots() == static_cast<int64_t>(config.num_slots);
   peers_.clear();  // steps in flight belong to the previous configuration
+  routed_.clear();
   if (same_shape) {
     engine_->Reset();  // the scheduler starts this pool empty
     epoch_ = config.epoch;
@@ -314,48 +315,59 @@ void MemoryServer::HandleStep(PeerId peer, const FrameHeader& header,
   PeerId reply = 0;
   {
     std::lock_guard<std::mutex> lock(engine_mu_);
-    if (header.reserved != 0) {
-      routed_.erase(header.step_id);
-      while (routed_.size() >= kMaxRoutedSteps) {
-        LOG(WARNING) << "let go of routed step " << routed_.begin()->first << " with "
-                     << routed_.begin()->second.frames_left << " layer frames unanswered";
-        routed_.erase(routed_.begin());
-      }
-    }
-    PeerState& state = header.reserved != 0 ? routed_[header.step_id] : peers_[peer];
-    state = PeerState();  // drop the previous step (and its hold on slot tables) first
-    state.has_step = true;
-    state.share.step_id = header.step_id;
-    auto share = DecodeStepShare(payload);
-    if (!share.ok()) {
-      error = share.status();
-    } else if (engine_ == nullptr) {
-      error = absl::FailedPreconditionError("this memory node is not configured yet");
-    } else if (share->epoch != epoch_ || header.epoch != epoch_) {
+    if (header.reserved != 0 && header.epoch != epoch_) {
+      // A stale replica's step: it must not take the place of this epoch's step of that id.
       error = absl::FailedPreconditionError(
-          absl::StrCat("step of epoch ", share->epoch, "; this memory node serves epoch ", epoch_));
-    } else if (share->pool != pool_) {
-      error = absl::InvalidArgumentError(
-          absl::StrCat("step for pool ", share->pool, " reached pool ", pool_));
-    } else if (share->num_layers != static_cast<uint32_t>(dims_.num_layers)) {
-      error = absl::InvalidArgumentError(absl::StrCat("step for a model of ", share->num_layers,
-                                                      " layers; this one has ", dims_.num_layers));
-    } else if (share->step_id != header.step_id) {
-      error = absl::InvalidArgumentError("step descriptor and frame header disagree on the step");
+          absl::StrCat("step of epoch ", header.epoch, "; this memory node serves epoch ", epoch_));
+      reply = ReplyPeerLocked(peer, header);
     } else {
-      auto prepared = engine_->Prepare(share->plan);
-      if (!prepared.ok()) {
-        error = prepared.status();
+      if (header.reserved != 0) {
+        routed_.erase(header.step_id);
+        while (routed_.size() >= kMaxRoutedSteps) {
+          LOG(WARNING) << "let go of routed step " << routed_.begin()->first << " with "
+                       << routed_.begin()->second.frames_left << " layer frames unanswered";
+          routed_.erase(routed_.begin());
+        }
+      }
+      PeerState& state = header.reserved != 0 ? routed_[header.step_id] : peers_[peer];
+      state = PeerState();  // drop the previous step (and its hold on slot tables) first
+      state.has_step = true;
+      state.share.step_id = header.step_id;
+      auto share = DecodeStepShare(payload);
+      if (!share.ok()) {
+        error = share.status();
+      } else if (engine_ == nullptr) {
+        error = absl::FailedPreconditionError("this memory node is not configured yet");
+      } else if (share->epoch != epoch_ || header.epoch != epoch_) {
+        error = absl::FailedPreconditionError(absl::StrCat(
+            "step of epoch ", share->epoch, "; this memory node serves epoch ", epoch_));
+      } else if (share->pool != pool_) {
+        error = absl::InvalidArgumentError(
+            absl::StrCat("step for pool ", share->pool, " reached pool ", pool_));
+      } else if (share->num_layers != static_cast<uint32_t>(dims_.num_layers)) {
+        error = absl::InvalidArgumentError(absl::StrCat(
+            "step for a model of ", share->num_layers, " layers; this one has ", dims_.num_layers));
+      } else if (share->step_id != header.step_id) {
+        error = absl::InvalidArgumentError("step descriptor and frame header disagree on the step");
       } else {
-        state.share = std::move(*share);
-        state.prepared = std::move(*prepared);
-        state.layouts = LayoutMinibatches(state.share, dims_);
-        state.frames_left = state.layouts.size() * static_cast<size_t>(dims_.num_layers);
-        PublishKvLocked();
+        auto prepared = engine_->Prepare(share->plan);
+        if (!prepared.ok()) {
+          error = prepared.status();
+        } else {
+          state.share = std::move(*share);
+          state.prepared = std::move(*prepared);
+          state.layouts = LayoutMinibatches(state.share, dims_);
+          state.frames_left = state.layouts.size() * static_cast<size_t>(dims_.num_layers);
+          PublishKvLocked();
+        }
+      }
+      state.error = error;
+      reply = ReplyPeerLocked(peer, header);
+      // A routed step with no rows (only slot-table changes) is done once applied.
+      if (header.reserved != 0 && error.ok() && state.frames_left == 0) {
+        routed_.erase(header.step_id);
       }
     }
-    state.error = error;
-    reply = ReplyPeerLocked(peer, header);
   }
   {
     std::lock_guard<std::mutex> lock(stats_mu_);
@@ -380,7 +392,10 @@ void MemoryServer::HandleLayer(PeerId peer, const FrameHeader& header,
     std::lock_guard<std::mutex> lock(engine_mu_);
     PeerState* found = FindStepLocked(peer, header);
     reply_peer = ReplyPeerLocked(peer, header);
-    if (found == nullptr) {
+    if (header.epoch != epoch_) {
+      error = absl::FailedPreconditionError(absl::StrCat(
+          "layer frame of epoch ", header.epoch, "; this memory node serves epoch ", epoch_));
+    } else if (found == nullptr) {
       error = absl::FailedPreconditionError(
           absl::StrCat("layer frame of step ", header.step_id, " without its descriptor"));
     } else if (reply_peer == 0) {
@@ -438,8 +453,10 @@ void MemoryServer::HandleLayer(PeerId peer, const FrameHeader& header,
         answer.payload_bytes = reply->size();
       }
     }
-    // A routed step is let go once its last layer frame is answered.
-    if (found != nullptr && header.reserved != 0 && error.ok() && --found->frames_left == 0) {
+    // A routed step is let go once its last layer frame is answered, or at its first
+    // error (its later frames then fail as frames without a descriptor).
+    if (found != nullptr && header.reserved != 0 && header.epoch == epoch_ &&
+        (!error.ok() || --found->frames_left == 0)) {
       routed_.erase(header.step_id);
     }
   }

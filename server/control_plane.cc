@@ -25,6 +25,23 @@ ControlPlane::ControlPlane(Scheduler* scheduler, ControlPlaneOptions options)
     : scheduler_(scheduler), options_(std::move(options)) {
   CHECK(options_.auth != nullptr) << "the control plane needs credentials";
   scheduler_->SetPoolDeathHandler([this](PoolIndex pool) { OnPoolDeath(pool); });
+  if (options_.rotation != nullptr) {
+    // A replica that missed plans while unreachable rejoins as a new one does.
+    std::weak_ptr<RotationGroup> weak = options_.rotation;
+    Scheduler* scheduler = scheduler_;
+    const int index = options_.rotation_executor;
+    options_.rotation->SetRejoinHandler([weak, scheduler, index](const std::string& name) {
+      scheduler->ResendSetups(index, [weak, scheduler, index, name] {
+        auto group = weak.lock();
+        if (group == nullptr) return;
+        group->ActivateReplica(name);
+        scheduler->RefreshExecutorAlive(index, [weak] {
+          auto g = weak.lock();
+          return g != nullptr && g->live_replicas() >= 2;
+        });
+      });
+    });
+  }
   configure_loop_.Start();
   monitor_loop_.Start();
 }
@@ -175,8 +192,9 @@ void ControlPlane::MarkDead(Node& node, const std::string& why) {
   if (node.in_rotation) {
     node.in_rotation = false;
     options_.rotation->RemoveReplica(node.view.info.name());
-    scheduler_->SetExecutorAlive(options_.rotation_executor,
-                                 options_.rotation->live_replicas() >= 2);
+    std::shared_ptr<RotationGroup> group = options_.rotation;
+    scheduler_->RefreshExecutorAlive(options_.rotation_executor,
+                                     [group] { return group->live_replicas() >= 2; });
   }
   if (node.pool) scheduler_->SetPoolAlive(*node.pool, false);
 }
@@ -271,7 +289,7 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
     Scheduler* scheduler = scheduler_;
     scheduler_->ResendSetups(index, [group, index, scheduler, name = info.name()] {
       group->ActivateReplica(name);
-      scheduler->SetExecutorAlive(index, group->live_replicas() >= 2);
+      scheduler->RefreshExecutorAlive(index, [group] { return group->live_replicas() >= 2; });
     });
   } else {
     node.executor = scheduler_->AddExecutor(std::move(executor), local_pool);

@@ -15,7 +15,9 @@ RotationGroup::~RotationGroup() = default;
 
 void RotationGroup::AddReplica(const std::string& name, const std::string& context_address,
                                std::shared_ptr<StepExecutor> executor, bool active) {
+  std::shared_ptr<StepExecutor> replaced;  // destroyed after the lock: it may call back
   std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = replicas_.find(name); it != replicas_.end()) replaced = it->second.executor;
   replicas_[name] = {name, context_address, std::move(executor), false, active};
   LOG(INFO) << "rotation: replica " << name << " joins (contexts at " << context_address << "); "
             << replicas_.size() << " replica(s) for " << batches_ << " batches";
@@ -24,14 +26,28 @@ void RotationGroup::AddReplica(const std::string& name, const std::string& conte
 void RotationGroup::ActivateReplica(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = replicas_.find(name);
-  if (it != replicas_.end()) it->second.active = true;
+  if (it == replicas_.end()) return;
+  it->second.active = true;
+  it->second.unreachable = false;
 }
 
 void RotationGroup::RemoveReplica(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (replicas_.erase(name) > 0) {
+  // The executor goes after the lock: its destructor fails the plans it still holds through
+  // this group's callbacks, which take the lock.
+  std::shared_ptr<StepExecutor> removed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = replicas_.find(name);
+    if (it == replicas_.end()) return;
+    removed = std::move(it->second.executor);
+    replicas_.erase(it);
     LOG(WARNING) << "rotation: replica " << name << " leaves; " << replicas_.size() << " left";
   }
+}
+
+void RotationGroup::SetRejoinHandler(std::function<void(const std::string&)> handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rejoin_ = std::move(handler);
 }
 
 int RotationGroup::live_replicas() const {
@@ -73,10 +89,17 @@ void RotationGroup::Submit(StepPlan plan, StepResultSink sink) {
   for (const auto& [name, executor] : suspects) {
     if (executor->Reachable()) back.push_back(name);
   }
+  std::function<void(const std::string&)> rejoin;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    rejoin = rejoin_;
     for (const std::string& name : back) {
-      if (auto it = replicas_.find(name); it != replicas_.end()) it->second.unreachable = false;
+      auto it = replicas_.find(name);
+      if (it == replicas_.end()) continue;
+      // It missed plans while it was out, so it rejoins as a new replica does: inactive
+      // until the scheduler has sent the set-ups again (without a handler, at once).
+      it->second.unreachable = false;
+      if (rejoin) it->second.active = false;
     }
     p->plan = std::move(plan);
     p->sink = std::move(sink);
@@ -103,6 +126,9 @@ void RotationGroup::Submit(StepPlan plan, StepResultSink sink) {
       p->sampler = static_cast<size_t>((p->slot + num_layers_) % static_cast<int>(members.size()));
       p->results.resize(members.size());
     }
+  }
+  if (rejoin) {
+    for (const std::string& name : back) rejoin(name);
   }
   if (p->done) return Deliver();
   std::vector<std::string> addresses;

@@ -22,6 +22,7 @@
 #define STRATA_SERVER_ROTATION_GROUP_H_
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -49,7 +50,13 @@ class RotationGroup : public StepExecutor {
   // sends them again (Scheduler::ResendSetups).
   void AddReplica(const std::string& name, const std::string& context_address,
                   std::shared_ptr<StepExecutor> executor, bool active = true);
+  // Active again, and reachable.
   void ActivateReplica(const std::string& name);
+  // Called (outside the group's lock) for a replica that a step found unreachable and that
+  // can be reached again: it missed plans, so it must rejoin as a new replica does (the
+  // control plane resends the set-ups, then activates it). Without a handler it is used
+  // again at once.
+  void SetRejoinHandler(std::function<void(const std::string&)> handler);
   void RemoveReplica(const std::string& name);
   // Active replicas.
   int live_replicas() const;
@@ -86,6 +93,7 @@ class RotationGroup : public StepExecutor {
   std::vector<bool> slot_busy_;
   std::deque<std::shared_ptr<Pending>> pending_;
   bool delivering_ = false;
+  std::function<void(const std::string&)> rejoin_;
 };
 
 // An executor that forwards to a shared one (the scheduler owns executors; the control

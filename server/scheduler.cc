@@ -190,8 +190,16 @@ void Scheduler::ResendSetups(int executor, std::function<void()> then) {
   });
 }
 
+void Scheduler::RefreshExecutorAlive(int executor, std::function<bool()> alive) {
+  Post([this, executor, alive = std::move(alive)] { SetExecutorAliveNow(executor, alive()); });
+}
+
 void Scheduler::SetExecutorAlive(int executor, bool alive) {
-  Post([this, executor, alive] {
+  Post([this, executor, alive] { SetExecutorAliveNow(executor, alive); });
+}
+
+void Scheduler::SetExecutorAliveNow(int executor, bool alive) {
+  {
     if (executor < 0 || executor >= static_cast<int>(executors_.size())) return;
     Executor& e = *executors_[executor];
     if (e.alive == alive) return;
@@ -205,7 +213,7 @@ void Scheduler::SetExecutorAlive(int executor, bool alive) {
       if (req->executor == executor && !req->in_flight) ForgetExecutor(req.get());
     }
     e.pending_releases.clear();
-  });
+  }
 }
 
 PoolIndex Scheduler::AddPool(const std::string& name, int64_t num_slots) {

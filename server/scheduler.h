@@ -168,6 +168,10 @@ class Scheduler {
   // plan of each of its requests carries them again, with their history. `then` runs on
   // the scheduler thread once no later plan can go out without them.
   void ResendSetups(int executor, std::function<void()> then);
+  // SetExecutorAlive with the answer of `alive`, asked on the scheduler thread when the
+  // change is applied (so that changes posted from several threads cannot apply stale
+  // answers out of order).
+  void RefreshExecutorAlive(int executor, std::function<bool()> alive);
   PoolIndex AddPool(const std::string& name, int64_t num_slots);
   // A dead pool's requests are re-prefilled on other pools. Reviving it starts it empty.
   void SetPoolAlive(PoolIndex pool, bool alive, int64_t num_slots = -1);
@@ -194,6 +198,7 @@ class Scheduler {
 
   void Post(EventLoop::Closure fn);
   void SetPoolAliveNow(PoolIndex pool, bool alive, int64_t num_slots);
+  void SetExecutorAliveNow(int executor, bool alive);
   // After each batch of events: plan idle executors (or, while stopping, see whether the
   // steps in flight are back), then publish stats.
   void AfterBatch();
