@@ -13,7 +13,9 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
@@ -36,7 +38,35 @@ struct ExtentHeader {
   uint64_t checksum = 0;  // of the payload's `bytes` bytes
   uint64_t key = 0;
   int64_t written_unix_s = 0;
+  uint32_t sections = 1;
+  uint32_t reserved2 = 0;
 };
+// The sections' checksums follow the header at this offset, one uint64_t each; `checksum`
+// is the checksum of that array (so the header checks itself).
+constexpr size_t kSectionSums = 128;
+static_assert(sizeof(ExtentHeader) <= kSectionSums);
+static_assert(kSectionSums + 8 * KvDisk::kMaxSections <= KvDisk::kAlign);
+
+// Bytes of section `s` in use when the payload uses `bytes`.
+uint64_t SectionUsed(uint64_t bytes, uint64_t section_bytes, int s) {
+  const uint64_t start = static_cast<uint64_t>(s) * section_bytes;
+  return bytes <= start ? 0 : std::min(section_bytes, bytes - start);
+}
+
+// Fills the header's section checksums and its own checksum from `data`.
+void SumSections(uint8_t* header, const uint8_t* data, uint64_t bytes, uint64_t section_bytes,
+                 int sections) {
+  auto* sums = reinterpret_cast<uint64_t*>(header + kSectionSums);
+  for (int s = 0; s < sections; ++s) {
+    sums[s] = transport::PayloadChecksum(std::span<const uint8_t>(
+        data + static_cast<uint64_t>(s) * section_bytes, SectionUsed(bytes, section_bytes, s)));
+  }
+  ExtentHeader h;
+  std::memcpy(&h, header, sizeof(h));
+  h.checksum = transport::PayloadChecksum(
+      std::span<const uint8_t>(header + kSectionSums, 8 * static_cast<size_t>(sections)));
+  std::memcpy(header, &h, sizeof(h));
+}
 
 uint64_t Fnv1a(const std::string& s) {
   uint64_t h = 0xcbf29ce484222325ull;
@@ -67,14 +97,19 @@ std::shared_ptr<uint8_t> Aligned(uint64_t bytes) {
 absl::StatusOr<std::unique_ptr<KvDisk>> KvDisk::Open(const KvDiskOptions& options) {
   namespace fs = std::filesystem;
   if (options.dir.empty()) return absl::InvalidArgumentError("no KV disk directory");
-  if (options.block_bytes == 0 || options.queue_depth < 1) {
-    return absl::InvalidArgumentError("a KV disk needs a block size and a queue depth");
+  if (options.block_bytes == 0 || options.queue_depth < 1 || options.sections < 1 ||
+      options.sections > kMaxSections) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a KV disk needs a block size, a queue depth and 1 to ", kMaxSections, " sections"));
   }
   auto disk = std::unique_ptr<KvDisk>(new KvDisk);
   disk->dir_ = options.dir;
   disk->fingerprint_ = Fnv1a(options.fingerprint);
   disk->queue_depth_ = options.queue_depth;
-  disk->block_bytes_ = (options.block_bytes + kAlign - 1) / kAlign * kAlign;
+  disk->sections_ = options.sections;
+  const uint64_t per_section = (options.block_bytes + options.sections - 1) / options.sections;
+  disk->section_bytes_ = (per_section + kAlign - 1) / kAlign * kAlign;
+  disk->block_bytes_ = disk->section_bytes_ * static_cast<uint64_t>(options.sections);
   disk->extent_bytes_ = kAlign + disk->block_bytes_;
   disk->num_extents_ = options.budget_bytes / disk->extent_bytes_;
   if (disk->num_extents_ == 0) {
@@ -164,6 +199,125 @@ KvDisk::~KvDisk() {
 
 std::shared_ptr<uint8_t> KvDisk::AllocateBlock() const { return Aligned(block_bytes_); }
 
+bool KvDisk::HeaderSound(const uint8_t* header) const {
+  ExtentHeader h;
+  std::memcpy(&h, header, sizeof(h));
+  return h.sections == static_cast<uint32_t>(sections_) &&
+         transport::PayloadChecksum(std::span<const uint8_t>(
+             header + kSectionSums, 8 * static_cast<size_t>(sections_))) == h.checksum;
+}
+
+absl::Status KvDisk::ReadSections(std::span<SectionIo> ios) {
+  // Each extent's header once: verified, then its sections.
+  std::map<uint64_t, std::shared_ptr<uint8_t>> headers;
+  std::map<uint64_t, absl::Status> header_status;
+  for (SectionIo& io : ios) {
+    io.status = absl::OkStatus();
+    if (io.extent >= num_extents_ || io.section < 0 || io.section >= sections_ ||
+        io.data == nullptr || reinterpret_cast<uintptr_t>(io.data) % kAlign != 0) {
+      io.status = absl::InvalidArgumentError(
+          absl::StrCat("section ", io.section, " of ", sections_, " of extent ", io.extent, " of ",
+                       num_extents_, io.data == nullptr ? ", no buffer" : ""));
+      continue;
+    }
+    if (!headers.count(io.extent)) headers[io.extent] = Aligned(kAlign);
+  }
+  // Reads (offset, length, buffer) `depth` at a time; returns each one's result.
+  auto read_all = [&](const std::vector<std::tuple<off_t, uint64_t, void*>>& reads)
+      -> absl::StatusOr<std::vector<int>> {
+    std::vector<int> results(reads.size(), 0);
+    for (size_t begin = 0; begin < reads.size(); begin += queue_depth_) {
+      const size_t end = std::min(reads.size(), begin + static_cast<size_t>(queue_depth_));
+      for (size_t i = begin; i < end; ++i) {
+        io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
+        const auto& [offset, length, buffer] = reads[i];
+        io_uring_prep_read(sqe, fd_, buffer, static_cast<unsigned>(length), offset);
+        io_uring_sqe_set_data64(sqe, i);
+      }
+      if (const int rc = io_uring_submit(ring_.get()); rc < 0) {
+        return Errno(-rc, "io_uring submit");
+      }
+      for (size_t done = begin; done < end; ++done) {
+        io_uring_cqe* cqe = nullptr;
+        if (const int rc = io_uring_wait_cqe(ring_.get(), &cqe); rc < 0) {
+          return Errno(-rc, "io_uring wait");
+        }
+        results[io_uring_cqe_get_data64(cqe)] = cqe->res;
+        io_uring_cqe_seen(ring_.get(), cqe);
+      }
+    }
+    return results;
+  };
+  std::vector<std::tuple<off_t, uint64_t, void*>> reads;
+  std::vector<uint64_t> order;
+  for (auto& [extent, buffer] : headers) {
+    reads.emplace_back(static_cast<off_t>(extent * extent_bytes_), kAlign, buffer.get());
+    order.push_back(extent);
+  }
+  ASSIGN_OR_RETURN(std::vector<int> got, read_all(reads));
+  for (size_t i = 0; i < order.size(); ++i) {
+    const uint64_t extent = order[i];
+    ExtentHeader h;
+    std::memcpy(&h, headers[extent].get(), sizeof(h));
+    absl::Status& s = header_status[extent];
+    if (got[i] < 0) {
+      s = Errno(-got[i], absl::StrCat("read of block ", extent, " in ", dir_));
+    } else if (got[i] != static_cast<int>(kAlign) || h.magic != kMagic) {
+      s = absl::NotFoundError(absl::StrCat("block ", extent, " was never written"));
+    } else if (h.version != kLayoutVersion || h.extent != extent || h.fingerprint != fingerprint_ ||
+               h.bytes > block_bytes_ || !HeaderSound(headers[extent].get())) {
+      ++stats_.checksum_failures;
+      s = absl::DataLossError(
+          absl::StrCat("block ", extent, " in ", dir_, " has a header that is not its own"));
+    }
+  }
+  reads.clear();
+  std::vector<SectionIo*> pending;
+  for (SectionIo& io : ios) {
+    if (!io.status.ok()) continue;
+    const absl::Status& s = header_status[io.extent];
+    ExtentHeader h;
+    std::memcpy(&h, headers[io.extent].get(), sizeof(h));
+    if (!s.ok()) {
+      io.status = s;
+    } else if (h.key != io.key) {
+      io.status = absl::DataLossError(
+          absl::StrCat("block ", io.extent, " in ", dir_, " holds key ", h.key, ", not ", io.key));
+    } else {
+      reads.emplace_back(static_cast<off_t>(io.extent * extent_bytes_ + kAlign +
+                                            static_cast<uint64_t>(io.section) * section_bytes_),
+                         section_bytes_, io.data);
+      pending.push_back(&io);
+    }
+  }
+  ASSIGN_OR_RETURN(got, read_all(reads));
+  absl::Status first;
+  for (size_t i = 0; i < pending.size(); ++i) {
+    SectionIo& io = *pending[i];
+    ExtentHeader h;
+    std::memcpy(&h, headers[io.extent].get(), sizeof(h));
+    const auto* sums = reinterpret_cast<const uint64_t*>(headers[io.extent].get() + kSectionSums);
+    const uint64_t used = SectionUsed(h.bytes, section_bytes_, io.section);
+    if (got[i] < 0) {
+      io.status = Errno(-got[i], absl::StrCat("read of block ", io.extent, " in ", dir_));
+    } else if (got[i] != static_cast<int>(section_bytes_)) {
+      io.status = absl::DataLossError(absl::StrCat("short read of block ", io.extent));
+    } else if (transport::PayloadChecksum(std::span<const uint8_t>(
+                   static_cast<const uint8_t*>(io.data), used)) != sums[io.section]) {
+      ++stats_.checksum_failures;
+      io.status = absl::DataLossError(absl::StrCat(
+          "block ", io.extent, " in ", dir_, " fails its checksum (section ", io.section, ")"));
+    } else {
+      io.bytes = used;
+      stats_.bytes_read += static_cast<uint64_t>(got[i]);
+    }
+  }
+  for (const SectionIo& io : ios) {
+    if (first.ok() && !io.status.ok()) first = io.status;
+  }
+  return first;
+}
+
 absl::StatusOr<std::vector<ExtentInfo>> KvDisk::Scan() {
   std::vector<ExtentInfo> found;
   std::vector<std::shared_ptr<uint8_t>> headers(queue_depth_);
@@ -190,7 +344,8 @@ absl::StatusOr<std::vector<ExtentInfo>> KvDisk::Scan() {
       ExtentHeader h;
       std::memcpy(&h, headers[e - begin].get(), sizeof(h));
       if (h.magic != kMagic || h.version != kLayoutVersion || h.extent != e ||
-          h.fingerprint != fingerprint_ || h.bytes > block_bytes_) {
+          h.fingerprint != fingerprint_ || h.bytes > block_bytes_ ||
+          !HeaderSound(headers[e - begin].get())) {
         continue;
       }
       found.push_back({e, h.key, h.bytes, h.written_unix_s});
@@ -243,9 +398,10 @@ absl::Status KvDisk::Run(std::span<ExtentIo> ios, bool write) {
         h.fingerprint = fingerprint_;
         h.key = io.key;
         h.written_unix_s = static_cast<int64_t>(time(nullptr));
-        h.checksum = transport::PayloadChecksum(
-            std::span<const uint8_t>(static_cast<const uint8_t*>(io.data), io.bytes));
+        h.sections = static_cast<uint32_t>(sections_);
         std::memcpy(f.header.get(), &h, sizeof(h));
+        SumSections(f.header.get(), static_cast<const uint8_t*>(io.data), io.bytes, section_bytes_,
+                    sections_);
       }
       f.iov[0] = {f.header.get(), kAlign};
       f.iov[1] = {io.data, block_bytes_};
@@ -312,13 +468,24 @@ absl::Status KvDisk::Complete(std::span<ExtentIo> ios, size_t begin, size_t subm
       } else if (h.key != io.key) {
         io.status = absl::DataLossError(absl::StrCat("block ", io.extent, " in ", dir_,
                                                      " holds key ", h.key, ", not ", io.key));
-      } else if (transport::PayloadChecksum(std::span<const uint8_t>(
-                     static_cast<const uint8_t*>(io.data), h.bytes)) != h.checksum) {
+      } else if (!HeaderSound(f.header.get())) {
         ++stats_.checksum_failures;
         io.status = absl::DataLossError(
-            absl::StrCat("block ", io.extent, " in ", dir_, " fails its checksum"));
+            absl::StrCat("block ", io.extent, " in ", dir_, " has a damaged header"));
       } else {
+        const auto* sums = reinterpret_cast<const uint64_t*>(f.header.get() + kSectionSums);
         io.bytes = h.bytes;
+        for (int s = 0; s < sections_; ++s) {
+          const uint64_t used = SectionUsed(h.bytes, section_bytes_, s);
+          if (transport::PayloadChecksum(std::span<const uint8_t>(
+                  static_cast<const uint8_t*>(io.data) + s * section_bytes_, used)) != sums[s]) {
+            ++stats_.checksum_failures;
+            io.status = absl::DataLossError(absl::StrCat("block ", io.extent, " in ", dir_,
+                                                         " fails its checksum (section ", s, ")"));
+            io.bytes = 0;
+            break;
+          }
+        }
       }
     }
   }

@@ -42,8 +42,11 @@ struct KvDiskOptions {
   std::string dir;
   std::string fingerprint;  // model, KV dtype, layout version
   uint64_t budget_bytes = 0;
-  uint64_t block_bytes = 0;  // payload of one extent (rounded up to 4096)
-  int queue_depth = 8;       // requests in flight
+  uint64_t block_bytes = 0;  // payload of one extent (rounded up, see `sections`)
+  // Equal sections of the payload, each 4096-aligned and checked on its own, so that one can
+  // be read alone (a block's layers, for layer-wise pre-loading). At most kMaxSections.
+  int sections = 1;
+  int queue_depth = 8;  // requests in flight
   bool allow_buffered = false;
 };
 
@@ -64,6 +67,16 @@ struct ExtentIo {
   absl::Status status;  // per extent, after the call
 };
 
+// One section of one extent read alone: `data` is 4096-aligned and section_bytes long.
+struct SectionIo {
+  uint64_t extent = 0;
+  int section = 0;
+  void* data = nullptr;
+  uint64_t key = 0;     // checked against the extent's
+  uint64_t bytes = 0;   // of the section in use; filled in
+  absl::Status status;  // per section, after the call
+};
+
 // An extent Scan found whole (its payload is checked when it is read).
 struct ExtentInfo {
   uint64_t extent = 0;
@@ -75,7 +88,8 @@ struct ExtentInfo {
 class KvDisk {
  public:
   static constexpr uint64_t kAlign = 4096;
-  static constexpr uint32_t kLayoutVersion = 1;
+  static constexpr uint32_t kLayoutVersion = 2;
+  static constexpr int kMaxSections = 496;
 
   static absl::StatusOr<std::unique_ptr<KvDisk>> Open(const KvDiskOptions& options);
   ~KvDisk();
@@ -84,6 +98,8 @@ class KvDisk {
 
   uint64_t num_extents() const { return num_extents_; }
   uint64_t block_bytes() const { return block_bytes_; }
+  uint64_t section_bytes() const { return section_bytes_; }
+  int sections() const { return sections_; }
   bool direct() const { return direct_; }
   // Whether the directory held blocks of another fingerprint (or none) and was started empty.
   bool discarded() const { return discarded_; }
@@ -95,6 +111,9 @@ class KvDisk {
   // Reads every extent; one that was never written, or fails its header or checksum, gets
   // NotFound or DataLoss and its data must not be used.
   absl::Status Read(std::span<ExtentIo> ios);
+  // Reads single sections (each extent's header once per call, then its sections), verifying
+  // header, key and each section's checksum.
+  absl::Status ReadSections(std::span<SectionIo> ios);
   // The extents whose headers are whole (this fingerprint and layout), in extent order.
   absl::StatusOr<std::vector<ExtentInfo>> Scan();
   // Frees the extents' space; they then read as never written.
@@ -110,6 +129,8 @@ class KvDisk {
     iovec iov[2];
   };
   absl::Status Run(std::span<ExtentIo> ios, bool write);
+  // Whether a header's section checksums are its own (its `checksum`).
+  bool HeaderSound(const uint8_t* header) const;
   // Submits the `submitted` requests prepared for ios[begin...] and completes them.
   absl::Status Complete(std::span<ExtentIo> ios, size_t begin, size_t submitted, bool write,
                         std::vector<InFlight>& flight);
@@ -120,6 +141,8 @@ class KvDisk {
   bool direct_ = false;
   bool discarded_ = false;
   uint64_t block_bytes_ = 0;
+  uint64_t section_bytes_ = 0;
+  int sections_ = 1;
   uint64_t extent_bytes_ = 0;  // header + block
   uint64_t num_extents_ = 0;
   uint64_t fingerprint_ = 0;  // hash of the fingerprint, in every extent's header

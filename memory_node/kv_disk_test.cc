@@ -257,6 +257,75 @@ TEST(KvDiskTest, ScanAfterRestartDropAndKeys) {
   EXPECT_TRUE(absl::IsInvalidArgument((*disk)->Drop(outside)));
 }
 
+// Sections (a block's layers): each 4096-aligned and checked alone, so one can be read
+// without the rest. A flipped byte fails its section only (and the whole-block read); the
+// other sections of that block still read.
+TEST(KvDiskTest, SectionsReadAloneAndFailAlone) {
+  const std::string dir = TempDir("sections");
+  KvDiskOptions o = Options(dir);
+  o.sections = 12;
+  o.block_bytes = 12 * 5000;  // sections of 8192 bytes (5000 rounded up)
+  o.budget_bytes = 8 * (4096 + 12 * 8192);
+  auto disk = KvDisk::Open(o);
+  ASSERT_TRUE(disk.ok()) << disk.status();
+  ASSERT_EQ((*disk)->section_bytes(), 8192u);
+  ASSERT_EQ((*disk)->block_bytes(), 12u * 8192);
+  const uint64_t bytes = 11 * 8192 + 100;  // the last section holds 100 bytes
+  std::vector<std::shared_ptr<uint8_t>> blocks;
+  std::vector<ExtentIo> writes;
+  for (uint64_t e = 0; e < 2; ++e) {
+    blocks.push_back((*disk)->AllocateBlock());
+    Fill(blocks.back().get(), bytes, 40 + static_cast<uint32_t>(e));
+    writes.push_back({e, blocks.back().get(), bytes, 77 + e, {}});
+  }
+  ASSERT_TRUE((*disk)->Write(writes).ok());
+  const int fd = open((dir + "/blocks").c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  const off_t extent = 4096 + 12 * 8192;
+  uint8_t byte = 0x77;
+  ASSERT_EQ(pwrite(fd, &byte, 1, extent + 4096 + 5 * 8192 + 17), 1);  // extent 1, section 5
+  close(fd);
+  auto buffer = [&] {
+    void* p = nullptr;
+    EXPECT_EQ(posix_memalign(&p, 4096, 8192), 0);
+    return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { free(q); });
+  };
+  std::vector<std::shared_ptr<uint8_t>> back;
+  std::vector<SectionIo> reads;
+  for (auto [e, s] :
+       std::vector<std::pair<uint64_t, int>>{{0, 0}, {0, 11}, {1, 4}, {1, 5}, {1, 6}}) {
+    back.push_back(buffer());
+    reads.push_back({e, s, back.back().get(), 77 + e, 0, {}});
+  }
+  EXPECT_TRUE(absl::IsDataLoss((*disk)->ReadSections(reads)));
+  for (size_t i = 0; i < reads.size(); ++i) {
+    const SectionIo& r = reads[i];
+    if (r.extent == 1 && r.section == 5) {
+      EXPECT_TRUE(absl::IsDataLoss(r.status)) << r.status;
+      continue;
+    }
+    ASSERT_TRUE(r.status.ok()) << r.extent << "/" << r.section << ": " << r.status;
+    const uint64_t used = r.section == 11 ? 100 : 8192;
+    EXPECT_EQ(r.bytes, used);
+    EXPECT_EQ(std::memcmp(back[i].get(), blocks[r.extent].get() + r.section * 8192, used), 0)
+        << r.extent << "/" << r.section;
+  }
+  auto spare = buffer();
+  SectionIo unwritten{3, 2, spare.get(), 0, 0, {}};
+  EXPECT_TRUE(absl::IsNotFound((*disk)->ReadSections({&unwritten, 1}))) << unwritten.status;
+  SectionIo other_key{0, 1, spare.get(), 5, 0, {}};
+  EXPECT_TRUE(absl::IsDataLoss((*disk)->ReadSections({&other_key, 1})));
+  SectionIo out_of_range{0, 12, spare.get(), 77, 0, {}};
+  EXPECT_TRUE(absl::IsInvalidArgument((*disk)->ReadSections({&out_of_range, 1})));
+  // The whole block: section 5 fails it.
+  auto whole = (*disk)->AllocateBlock();
+  ExtentIo r{1, whole.get(), 0, 78, {}};
+  EXPECT_TRUE(absl::IsDataLoss((*disk)->Read({&r, 1}))) << r.status;
+  ExtentIo good{0, whole.get(), 0, 77, {}};
+  ASSERT_TRUE((*disk)->Read({&good, 1}).ok()) << good.status;
+  EXPECT_EQ(std::memcmp(whole.get(), blocks[0].get(), bytes), 0);
+}
+
 // A full disk: a 256 KiB tmpfs this test mounts (root only; skipped otherwise) holds a few
 // blocks; the write past its end is ResourceExhausted for that block alone, the blocks
 // already written still read back, and the tier keeps working for reads.
