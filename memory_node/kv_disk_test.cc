@@ -6,6 +6,7 @@
 #include "memory_node/kv_disk.h"
 
 #include <fcntl.h>
+#include <liburing.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -20,6 +21,18 @@
 
 namespace strata {
 namespace {
+
+// io_uring can be switched off (a container's seccomp profile, kernel.io_uring_disabled):
+// the tier then cannot run at all, which these tests cannot change.
+class KvDiskTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    io_uring ring;
+    const int rc = io_uring_queue_init(1, &ring, 0);
+    if (rc < 0) GTEST_SKIP() << "io_uring is not available here: " << std::strerror(-rc);
+    io_uring_queue_exit(&ring);
+  }
+};
 
 std::string TempDir(const std::string& name) {
   const char* base = std::getenv("TEST_TMPDIR");
@@ -44,7 +57,7 @@ void Fill(uint8_t* data, uint64_t bytes, uint32_t seed) {
   for (uint64_t i = 0; i < bytes; ++i) data[i] = static_cast<uint8_t>(rng());
 }
 
-TEST(KvDiskTest, BlocksComeBackBitForBit) {
+TEST_F(KvDiskTest, BlocksComeBackBitForBit) {
   auto disk = KvDisk::Open(Options(TempDir("round_trip")));
   ASSERT_TRUE(disk.ok()) << disk.status();
   EXPECT_TRUE((*disk)->direct()) << "this machine's ext4 supports O_DIRECT";
@@ -82,7 +95,7 @@ TEST(KvDiskTest, BlocksComeBackBitForBit) {
   EXPECT_EQ((*disk)->stats().bytes_written, 10u * (4096 + 4 * 4096));
 }
 
-TEST(KvDiskTest, AFlippedByteFailsOnlyItsBlock) {
+TEST_F(KvDiskTest, AFlippedByteFailsOnlyItsBlock) {
   const std::string dir = TempDir("corrupt");
   auto disk = KvDisk::Open(Options(dir));
   ASSERT_TRUE(disk.ok()) << disk.status();
@@ -118,7 +131,7 @@ TEST(KvDiskTest, AFlippedByteFailsOnlyItsBlock) {
   EXPECT_EQ((*disk)->stats().checksum_failures, 1u);
 }
 
-TEST(KvDiskTest, OneNodePerDirectoryAndPrivateFiles) {
+TEST_F(KvDiskTest, OneNodePerDirectoryAndPrivateFiles) {
   const std::string dir = TempDir("locked");
   auto first = KvDisk::Open(Options(dir));
   ASSERT_TRUE(first.ok()) << first.status();
@@ -136,7 +149,7 @@ TEST(KvDiskTest, OneNodePerDirectoryAndPrivateFiles) {
   EXPECT_TRUE(third.ok()) << third.status();
 }
 
-TEST(KvDiskTest, ADirectoryOfAnotherFingerprintIsDiscarded) {
+TEST_F(KvDiskTest, ADirectoryOfAnotherFingerprintIsDiscarded) {
   const std::string dir = TempDir("fingerprint");
   auto block = std::shared_ptr<uint8_t>();
   {
@@ -165,7 +178,7 @@ TEST(KvDiskTest, ADirectoryOfAnotherFingerprintIsDiscarded) {
   EXPECT_TRUE(absl::IsNotFound((*other)->Read({&r, 1}))) << r.status;
 }
 
-TEST(KvDiskTest, AFilesystemWithoutODirectIsRefusedUnlessBufferedIsAllowed) {
+TEST_F(KvDiskTest, AFilesystemWithoutODirectIsRefusedUnlessBufferedIsAllowed) {
   // /dev/shm is tmpfs; whether it takes O_DIRECT depends on the kernel.
   const std::string probe = "/dev/shm/strata_kv_disk_probe";
   const int fd = open(probe.c_str(), O_CREAT | O_RDWR | O_DIRECT, 0600);
@@ -198,7 +211,7 @@ TEST(KvDiskTest, AFilesystemWithoutODirectIsRefusedUnlessBufferedIsAllowed) {
 // keys and sizes (what the node would report to the scheduler); a block whose header was
 // damaged is not listed; one whose payload was damaged is listed but fails on read. Drop
 // frees a block's space and it reads as never written; a read asking for another key fails.
-TEST(KvDiskTest, ScanAfterRestartDropAndKeys) {
+TEST_F(KvDiskTest, ScanAfterRestartDropAndKeys) {
   const std::string dir = TempDir("restart");
   std::vector<std::shared_ptr<uint8_t>> blocks;
   {
@@ -260,7 +273,7 @@ TEST(KvDiskTest, ScanAfterRestartDropAndKeys) {
 // Sections (a block's layers): each 4096-aligned and checked alone, so one can be read
 // without the rest. A flipped byte fails its section only (and the whole-block read); the
 // other sections of that block still read.
-TEST(KvDiskTest, SectionsReadAloneAndFailAlone) {
+TEST_F(KvDiskTest, SectionsReadAloneAndFailAlone) {
   const std::string dir = TempDir("sections");
   KvDiskOptions o = Options(dir);
   o.sections = 12;
@@ -329,7 +342,7 @@ TEST(KvDiskTest, SectionsReadAloneAndFailAlone) {
 // A full disk: a 256 KiB tmpfs this test mounts (root only; skipped otherwise) holds a few
 // blocks; the write past its end is ResourceExhausted for that block alone, the blocks
 // already written still read back, and the tier keeps working for reads.
-TEST(KvDiskTest, AFullDiskIsResourceExhaustedAndLosesNothingWritten) {
+TEST_F(KvDiskTest, AFullDiskIsResourceExhaustedAndLosesNothingWritten) {
   const std::string dir = TempDir("full");
   std::filesystem::create_directories(dir);
   if (mount("strata-kv-disk-test", dir.c_str(), "tmpfs", 0, "size=256k,mode=0700") != 0) {
