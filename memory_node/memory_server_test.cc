@@ -294,5 +294,122 @@ TEST_F(MemoryServerTest, RejectsAnUnusableConfiguration) {
   EXPECT_TRUE(server_->Status().ready);
 }
 
+// Rotational pipelining's routed steps: the descriptor and layer 0 come from one
+// connection, layer 1 from another, and each layer's answers go to the endpoint the frame
+// names (announced with a hello on a third connection), with the same bits as an
+// independent engine. A routed frame to an endpoint that never said hello, or of another
+// epoch, is refused with an error to whoever should hear of it; a new configuration drops
+// routed steps.
+TEST_F(MemoryServerTest, RoutedStepsAnswerTheNamedEndpoint) {
+  auto sender_a = std::make_unique<Client>(server_->data_address());  // slice 0's replica
+  auto sender_b = std::make_unique<Client>(server_->data_address());  // slice 1's replica
+  auto receiver = std::make_unique<Client>(server_->data_address());  // gets the answers
+  constexpr uint64_t kEndpoint = 0xE0D1;
+  FrameHeader hello;
+  hello.kind = static_cast<uint16_t>(FrameKind::kHello);
+  hello.reserved = kEndpoint;
+  receiver->Send(hello, {});
+  absl::SleepFor(absl::Milliseconds(50));  // the hello is handled before the routed frames
+
+  const int n = 9;
+  const StepShare share = Share(21, n);
+  const std::string body = EncodeStepShare(share);
+  FrameHeader step;
+  step.kind = static_cast<uint16_t>(FrameKind::kStep);
+  step.step_id = 21;
+  step.epoch = kEpoch;
+  step.reserved = kEndpoint;
+  sender_a->Send(step, {reinterpret_cast<const uint8_t*>(body.data()), body.size()});
+  const AttentionDims dims{kLayers, kHeads, kKvHeads, kDim};
+  const auto layouts = LayoutMinibatches(share, dims);
+  AttentionEngineConfig config;
+  config.store = {kLayers, kKvHeads, kDim, kernels::KvDType::kBF16, 1000, false};
+  config.num_heads = kHeads;
+  auto engine = *AttentionEngine::Create(config);
+  auto prepared = *engine->Prepare(share.plan);
+  for (int layer = 0; layer < kLayers; ++layer) {
+    Client& sender = layer == 0 ? *sender_a : *sender_b;
+    for (size_t j = 0; j < layouts.size(); ++j) {
+      const MinibatchLayout& m = layouts[j];
+      const auto payload = RandomRows(m.request_bytes(), 300 + 10 * layer + j);
+      FrameHeader h = LayerHeader(21, layer, j, m.end - m.begin);
+      h.reserved = kEndpoint;
+      sender.Send(h, payload);
+      const Reply reply = receiver->Next();
+      ASSERT_EQ(reply.header.kind, static_cast<uint16_t>(FrameKind::kLayerResult))
+          << std::string(reply.payload.begin(), reply.payload.end());
+      EXPECT_EQ(reply.header.layer, static_cast<uint32_t>(layer));
+      std::vector<uint8_t> want(m.out_bytes);
+      const auto* p = reinterpret_cast<const uint16_t*>(payload.data());
+      ASSERT_TRUE(engine
+                      ->AttendRows(prepared, layer, m.begin, m.end, p, p + m.q_bytes / 2,
+                                   p + (m.q_bytes + m.kv_bytes) / 2,
+                                   reinterpret_cast<uint16_t*>(want.data()), nullptr)
+                      .ok());
+      EXPECT_EQ(reply.payload, want) << "layer " << layer << " mini-batch " << j;
+    }
+  }
+
+  // To an endpoint that never said hello: the sender hears why.
+  FrameHeader lost_step = step;
+  lost_step.step_id = 22;
+  lost_step.reserved = 0xBAD;
+  const StepShare share22 = Share(22, n);
+  const std::string body22 = EncodeStepShare(share22);
+  sender_a->Send(lost_step, {reinterpret_cast<const uint8_t*>(body22.data()), body22.size()});
+  FrameHeader lost = LayerHeader(22, 0, 0, layouts[0].end - layouts[0].begin);
+  lost.reserved = 0xBAD;
+  sender_a->Send(lost, RandomRows(layouts[0].request_bytes(), 1));
+  Reply error = sender_a->Next();
+  ASSERT_EQ(error.header.kind, static_cast<uint16_t>(FrameKind::kError));
+  EXPECT_NE(std::string(error.payload.begin(), error.payload.end()).find("not said hello"),
+            std::string::npos);
+
+  // Another epoch's routed step does not take this epoch's place, and its frames are refused.
+  FrameHeader stale = step;
+  stale.step_id = 23;
+  stale.epoch = kEpoch - 1;
+  const StepShare share23 = Share(23, n);
+  const std::string body23 = EncodeStepShare(share23);
+  sender_a->Send(stale, {reinterpret_cast<const uint8_t*>(body23.data()), body23.size()});
+  error = receiver->Next();
+  ASSERT_EQ(error.header.kind, static_cast<uint16_t>(FrameKind::kError));
+  EXPECT_NE(std::string(error.payload.begin(), error.payload.end()).find("epoch"),
+            std::string::npos);
+  FrameHeader stale_layer = LayerHeader(23, 0, 0, layouts[0].end - layouts[0].begin);
+  stale_layer.epoch = kEpoch - 1;
+  stale_layer.reserved = kEndpoint;
+  sender_a->Send(stale_layer, RandomRows(layouts[0].request_bytes(), 2));
+  error = receiver->Next();
+  ASSERT_EQ(error.header.kind, static_cast<uint16_t>(FrameKind::kError));
+  EXPECT_NE(std::string(error.payload.begin(), error.payload.end()).find("epoch"),
+            std::string::npos);
+
+  // A routed step open when the scheduler reconfigures the node is gone after it.
+  FrameHeader open_step = step;
+  open_step.step_id = 24;
+  const StepShare share24 = Share(24, n);
+  const std::string body24 = EncodeStepShare(share24);
+  sender_a->Send(open_step, {reinterpret_cast<const uint8_t*>(body24.data()), body24.size()});
+  absl::SleepFor(absl::Milliseconds(50));
+  MemoryConfig again;
+  again.epoch = kEpoch;
+  again.pool = PoolIndex(3);
+  again.model.num_layers = kLayers;
+  again.model.num_heads = kHeads;
+  again.model.num_kv_heads = kKvHeads;
+  again.model.head_dim = kDim;
+  again.model.kv_dtype = "bf16";
+  again.num_slots = 1000;
+  ASSERT_TRUE(server_->Configure(again).ok());
+  FrameHeader late = LayerHeader(24, 0, 0, layouts[0].end - layouts[0].begin);
+  late.reserved = kEndpoint;
+  sender_a->Send(late, RandomRows(layouts[0].request_bytes(), 3));
+  error = receiver->Next();
+  ASSERT_EQ(error.header.kind, static_cast<uint16_t>(FrameKind::kError));
+  EXPECT_NE(std::string(error.payload.begin(), error.payload.end()).find("without its descriptor"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace strata
