@@ -11,7 +11,16 @@ namespace strata {
 RotationGroup::RotationGroup(int batches, int num_layers)
     : batches_(batches), num_layers_(num_layers), slot_busy_(batches, false) {}
 
-RotationGroup::~RotationGroup() = default;
+RotationGroup::~RotationGroup() {
+  // The replicas' executors fail the plans they still hold through this group's callbacks
+  // as they go: let them go while the group is whole.
+  std::map<std::string, Replica> replicas;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    replicas.swap(replicas_);
+  }
+  replicas.clear();
+}
 
 void RotationGroup::AddReplica(const std::string& name, const std::string& context_address,
                                std::shared_ptr<StepExecutor> executor, bool active) {

@@ -1,0 +1,251 @@
+// The scheduler's rotation group over scripted replicas (executors that hold plans until the
+// test answers them): each plan reaches every active replica with its place in the
+// rotation; the group's result is the sampling replica's, with the others' failures folded
+// in, in submission order; slots are reused only when free; a replica that a step found
+// unreachable sits out until it rejoins; and removing a replica whose executor fails its
+// plans from its destructor (as a gRPC executor does) does not deadlock.
+#include "server/rotation_group.h"
+
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+// Holds every plan until Answer(); fails what it still holds when destroyed.
+class ScriptedReplica : public StepExecutor {
+ public:
+  explicit ScriptedReplica(std::string name) : name_(std::move(name)) {}
+  ~ScriptedReplica() override {
+    std::vector<std::pair<StepPlan, StepResultSink>> held;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      held.swap(held_);
+    }
+    for (auto& [plan, sink] : held) {
+      StepResult r;
+      r.step_id = plan.step_id;
+      r.status = absl::UnavailableError(name_ + " went away");
+      r.node_unreachable = true;
+      sink(std::move(r));
+    }
+  }
+  std::string name() const override { return name_; }
+  void Submit(StepPlan plan, StepResultSink sink) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_.emplace_back(std::move(plan), std::move(sink));
+  }
+  bool Reachable() override { return reachable; }
+
+  size_t held() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_.size();
+  }
+  StepPlan plan(size_t i) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_.at(i).first;
+  }
+  // Answers the oldest held plan with `result` (its step id filled in).
+  void Answer(StepResult result) {
+    std::pair<StepPlan, StepResultSink> next;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ASSERT_FALSE(held_.empty());
+      next = std::move(held_.front());
+      held_.erase(held_.begin());
+    }
+    result.step_id = next.first.step_id;
+    next.second(std::move(result));
+  }
+
+  bool reachable = true;
+
+ private:
+  std::string name_;
+  std::mutex mu_;
+  std::vector<std::pair<StepPlan, StepResultSink>> held_;
+};
+
+StepPlan Plan(uint64_t id) {
+  StepPlan p;
+  p.step_id = id;
+  SequenceChunk c;
+  c.request_id = SequenceId(id);
+  c.tokens = {5};
+  p.chunks.push_back(c);
+  return p;
+}
+
+StepResult Tokens(std::vector<uint64_t> ids) {
+  StepResult r;
+  for (uint64_t id : ids) r.tokens.push_back({SequenceId(id), 7, 0.0f, {}});
+  return r;
+}
+
+struct Results {
+  std::mutex mu;
+  std::vector<StepResult> got;
+  StepResultSink Sink() {
+    return [this](StepResult r) {
+      std::lock_guard<std::mutex> lock(mu);
+      got.push_back(std::move(r));
+    };
+  }
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mu);
+    return got.size();
+  }
+};
+
+constexpr int kLayers = 4;
+
+TEST(RotationGroupTest, PlansReachEveryReplicaAndResultsComeFromTheSampler) {
+  Results results;  // outlives the group, whose replicas answer into it at the end
+  RotationGroup group(/*batches=*/3, kLayers);
+  auto a = std::make_shared<ScriptedReplica>("a");
+  auto b = std::make_shared<ScriptedReplica>("b");
+  group.AddReplica("a", "addr-a", a);
+  group.AddReplica("b", "addr-b", b);
+  EXPECT_EQ(group.live_replicas(), 2);
+  group.Submit(Plan(1), results.Sink());
+  group.Submit(Plan(2), results.Sink());
+  ASSERT_EQ(a->held(), 2u);
+  ASSERT_EQ(b->held(), 2u);
+  // Each copy names the receiver, the slot and both addresses (replicas by name).
+  EXPECT_EQ(a->plan(0).rotation.replica, 0);
+  EXPECT_EQ(b->plan(0).rotation.replica, 1);
+  EXPECT_EQ(a->plan(0).rotation.replicas, (std::vector<std::string>{"addr-a", "addr-b"}));
+  EXPECT_EQ(a->plan(0).rotation.batch, 0);
+  EXPECT_EQ(a->plan(1).rotation.batch, 1);
+  // Slot j samples on replica (j + L) mod R: slot 0 on a (4 mod 2 = 0), slot 1 on b.
+  // Plan 2 finishes first on both; its result waits for plan 1's (submission order).
+  a->Answer(Tokens({1}));  // plan 1, a samples: its tokens count
+  StepResult b_plan1;
+  b_plan1.failed.emplace_back(SequenceId(1), absl::UnavailableError("share lost"));
+  // b answers plan 1 later; first plan 2 on both.
+  // (a's and b's queues are in submission order, so answer the heads.)
+  b->Answer(b_plan1);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results.got[0].step_id, 1u);
+  EXPECT_TRUE(results.got[0].status.ok());
+  EXPECT_TRUE(results.got[0].tokens.empty()) << "a failed sequence keeps no token";
+  ASSERT_EQ(results.got[0].failed.size(), 1u);
+  a->Answer(Tokens({99}));  // plan 2 on a: not the sampler, its tokens are ignored
+  b->Answer(Tokens({2}));   // plan 2 on b: the sampler
+  ASSERT_EQ(results.size(), 2u);
+  ASSERT_EQ(results.got[1].tokens.size(), 1u);
+  EXPECT_EQ(results.got[1].tokens[0].request_id, SequenceId(2));
+}
+
+TEST(RotationGroupTest, ResultsLeaveInSubmissionOrderAndSlotsAreReused) {
+  Results results;  // outlives the group, whose replicas answer into it at the end
+  RotationGroup group(/*batches=*/2, kLayers);
+  auto a = std::make_shared<ScriptedReplica>("a");
+  auto b = std::make_shared<ScriptedReplica>("b");
+  group.AddReplica("a", "addr-a", a);
+  group.AddReplica("b", "addr-b", b);
+  group.Submit(Plan(1), results.Sink());
+  group.Submit(Plan(2), results.Sink());
+  // Both slots are taken: a third plan is refused at once, after the two in order.
+  group.Submit(Plan(3), results.Sink());
+  EXPECT_EQ(results.size(), 0u) << "plan 3's answer went ahead of plans 1 and 2";
+  a->Answer(Tokens({1}));
+  b->Answer(Tokens({1}));
+  a->Answer(Tokens({2}));
+  b->Answer(Tokens({2}));
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_EQ(results.got[0].step_id, 1u);
+  EXPECT_EQ(results.got[1].step_id, 2u);
+  EXPECT_EQ(results.got[2].step_id, 3u);
+  EXPECT_TRUE(absl::IsResourceExhausted(results.got[2].status)) << results.got[2].status;
+  // Slot 0 is free again.
+  group.Submit(Plan(4), results.Sink());
+  EXPECT_EQ(a->plan(0).rotation.batch, 0);
+}
+
+TEST(RotationGroupTest, FewerThanTwoReplicasIsUnavailable) {
+  Results results;  // outlives the group, whose replicas answer into it at the end
+  RotationGroup group(/*batches=*/3, kLayers);
+  auto a = std::make_shared<ScriptedReplica>("a");
+  group.AddReplica("a", "addr-a", a);
+  auto b = std::make_shared<ScriptedReplica>("b");
+  group.AddReplica("b", "addr-b", b, /*active=*/false);  // joined, not yet set up
+  EXPECT_EQ(group.live_replicas(), 1);
+  EXPECT_FALSE(group.Reachable());
+  group.Submit(Plan(1), results.Sink());
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_TRUE(absl::IsUnavailable(results.got[0].status));
+  EXPECT_EQ(b->held(), 0u) << "an inactive replica got a plan";
+  group.ActivateReplica("b");
+  EXPECT_TRUE(group.Reachable());
+  group.Submit(Plan(2), results.Sink());
+  EXPECT_EQ(b->held(), 1u);
+}
+
+TEST(RotationGroupTest, AnUnreachableReplicaSitsOutUntilItRejoins) {
+  Results results;  // outlives the group, whose replicas answer into it at the end
+  RotationGroup group(/*batches=*/3, kLayers);
+  auto a = std::make_shared<ScriptedReplica>("a");
+  auto b = std::make_shared<ScriptedReplica>("b");
+  auto c = std::make_shared<ScriptedReplica>("c");
+  group.AddReplica("a", "addr-a", a);
+  group.AddReplica("b", "addr-b", b);
+  group.AddReplica("c", "addr-c", c);
+  std::vector<std::string> rejoined;
+  group.SetRejoinHandler([&](const std::string& name) { rejoined.push_back(name); });
+  group.Submit(Plan(1), results.Sink());
+  a->Answer(Tokens({}));
+  b->Answer(Tokens({}));
+  StepResult lost;
+  lost.status = absl::UnavailableError("stream broke");
+  lost.node_unreachable = true;
+  c->reachable = false;
+  c->Answer(lost);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_FALSE(results.got[0].status.ok());
+  // The next plan goes to a and b only.
+  group.Submit(Plan(2), results.Sink());
+  EXPECT_EQ(c->held(), 0u);
+  EXPECT_EQ(a->plan(0).rotation.replicas.size(), 2u);
+  // Reachable again: it rejoins through the handler, and sits out until activated.
+  c->reachable = true;
+  group.Submit(Plan(3), results.Sink());
+  EXPECT_EQ(rejoined, (std::vector<std::string>{"c"}));
+  EXPECT_EQ(c->held(), 0u);
+  group.ActivateReplica("c");
+  a->Answer(Tokens({}));
+  b->Answer(Tokens({}));
+  a->Answer(Tokens({}));
+  b->Answer(Tokens({}));
+  group.Submit(Plan(4), results.Sink());
+  EXPECT_EQ(c->held(), 1u);
+}
+
+TEST(RotationGroupTest, RemovingAReplicaThatFailsItsPlansOnTheWayOutDoesNotDeadlock) {
+  Results results;  // outlives the group, whose replicas answer into it at the end
+  RotationGroup group(/*batches=*/3, kLayers);
+  auto a = std::make_shared<ScriptedReplica>("a");
+  group.AddReplica("a", "addr-a", a);
+  group.AddReplica("b", "addr-b", std::make_shared<ScriptedReplica>("b"));
+  group.Submit(Plan(1), results.Sink());
+  a->Answer(Tokens({1}));
+  // The group holds b's only reference: removing it destroys it, and its destructor fails
+  // plan 1 through the group's callback.
+  std::thread remover([&] { group.RemoveReplica("b"); });
+  remover.join();
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_TRUE(absl::IsUnavailable(results.got[0].status)) << results.got[0].status;
+  EXPECT_EQ(group.live_replicas(), 1);
+  // Replacing a replica of the same name is the same path.
+  group.AddReplica("c", "addr-c", std::make_shared<ScriptedReplica>("c"));
+  group.Submit(Plan(2), results.Sink());
+  group.AddReplica("c", "addr-c2", std::make_shared<ScriptedReplica>("c"));
+  a->Answer(Tokens({2}));
+  EXPECT_EQ(results.size(), 2u);
+}
+
+}  // namespace
+}  // namespace strata
