@@ -1,0 +1,164 @@
+// The scheduler's ledger of disk extents: saves, lookups, loads, eviction of the least
+// recently used ready block, pinning while a block is read, failed writes and failed reads
+// (dropped, extent freed), the TTL, hash collisions as misses; and random operations
+// against a plain model of which blocks are where, with the ledger's invariants checked
+// after each.
+#include "server/disk_ledger.h"
+
+#include <map>
+#include <random>
+#include <set>
+
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+constexpr int kBlock = 4;
+
+std::vector<int32_t> Tokens(int blocks, int seed) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < blocks * kBlock; ++i) t.push_back(seed * 1000 + i);
+  return t;
+}
+
+const absl::Time t0 = absl::FromUnixSeconds(1000);
+
+TEST(DiskLedgerTest, SaveMatchLoad) {
+  DiskLedger ledger(3, kBlock, absl::Hours(1));
+  const auto tokens = Tokens(3, 1);
+  const std::vector<uint64_t> hashes = {11, 12, 13};
+  auto e0 = ledger.BeginSave(11, tokens.data(), t0);
+  auto e1 = ledger.BeginSave(12, tokens.data() + kBlock, t0);
+  ASSERT_TRUE(e0 && e1);
+  EXPECT_NE(*e0, *e1);
+  EXPECT_FALSE(ledger.BeginSave(11, tokens.data(), t0)) << "saved twice";
+  EXPECT_EQ(ledger.Match(tokens, hashes, 0, 3), 0) << "a block being written is not a hit";
+  ledger.SaveDone(11, true, t0);
+  ledger.SaveDone(12, true, t0);
+  EXPECT_EQ(ledger.Match(tokens, hashes, 0, 3), 2);
+  EXPECT_EQ(ledger.Match(tokens, hashes, 1, 3), 1);
+  EXPECT_EQ(ledger.Match(tokens, hashes, 0, 1), 1);
+  // Another prefix with the same hashes (a collision): a miss.
+  EXPECT_EQ(ledger.Match(Tokens(3, 2), hashes, 0, 3), 0);
+  auto read = ledger.BeginLoad(11, t0);
+  ASSERT_TRUE(read);
+  EXPECT_EQ(*read, *e0);
+  EXPECT_FALSE(ledger.BeginLoad(11, t0)) << "loaded twice at once";
+  EXPECT_EQ(ledger.Match(tokens, hashes, 0, 3), 2) << "a block being read is still a hit";
+  EXPECT_FALSE(ledger.LoadDone(11, true, t0));
+  EXPECT_TRUE(ledger.CheckInvariants());
+  EXPECT_EQ(ledger.Stats().ready, 2);
+  EXPECT_EQ(ledger.Stats().free, 1);
+}
+
+TEST(DiskLedgerTest, EvictsTheLeastRecentlyUsedReadyBlockNeverAPinnedOne) {
+  DiskLedger ledger(2, kBlock, absl::Hours(1));
+  const auto a = Tokens(1, 1), b = Tokens(1, 2), c = Tokens(1, 3), d = Tokens(1, 4);
+  ASSERT_TRUE(ledger.BeginSave(1, a.data(), t0));
+  ledger.SaveDone(1, true, t0);
+  ASSERT_TRUE(ledger.BeginSave(2, b.data(), t0));
+  ledger.SaveDone(2, true, t0 + absl::Seconds(1));
+  // Block 1 is used again: block 2 is now the least recently used.
+  ASSERT_TRUE(ledger.BeginLoad(1, t0 + absl::Seconds(2)));
+  ledger.LoadDone(1, true, t0 + absl::Seconds(2));
+  ASSERT_TRUE(ledger.BeginSave(3, c.data(), t0 + absl::Seconds(3)));
+  EXPECT_EQ(ledger.Stats().evicted, 1);
+  EXPECT_EQ(ledger.Match(b, {2}, 0, 1), 0) << "block 2 should have been evicted";
+  EXPECT_EQ(ledger.Match(a, {1}, 0, 1), 1);
+  // While block 1 is read and block 3 written, nothing can be evicted.
+  ASSERT_TRUE(ledger.BeginLoad(1, t0 + absl::Seconds(4)));
+  EXPECT_FALSE(ledger.BeginSave(4, d.data(), t0 + absl::Seconds(4)));
+  EXPECT_TRUE(ledger.CheckInvariants());
+}
+
+TEST(DiskLedgerTest, FailuresFreeTheirExtents) {
+  DiskLedger ledger(2, kBlock, absl::Hours(1));
+  const auto a = Tokens(1, 1), b = Tokens(1, 2);
+  auto ea = ledger.BeginSave(1, a.data(), t0);
+  ASSERT_TRUE(ea);
+  ledger.SaveDone(1, false, t0);  // a full disk: not on disk
+  EXPECT_EQ(ledger.Match(a, {1}, 0, 1), 0);
+  EXPECT_EQ(ledger.Stats().failed_writes, 1);
+  EXPECT_EQ(ledger.Stats().free, 2);
+  ASSERT_TRUE(ledger.BeginSave(2, b.data(), t0));
+  ledger.SaveDone(2, true, t0);
+  auto read = ledger.BeginLoad(2, t0);
+  ASSERT_TRUE(read);
+  const auto punched = ledger.LoadDone(2, false, t0);  // checksum failure
+  ASSERT_TRUE(punched);
+  EXPECT_EQ(*punched, *read);
+  EXPECT_EQ(ledger.Match(b, {2}, 0, 1), 0);
+  EXPECT_EQ(ledger.Stats().failed_reads, 1);
+  EXPECT_EQ(ledger.Stats().free, 2);
+  EXPECT_TRUE(ledger.CheckInvariants());
+}
+
+TEST(DiskLedgerTest, IdleBlocksExpire) {
+  DiskLedger ledger(4, kBlock, absl::Minutes(60));
+  const auto a = Tokens(1, 1), b = Tokens(1, 2);
+  ASSERT_TRUE(ledger.BeginSave(1, a.data(), t0));
+  ledger.SaveDone(1, true, t0);
+  ASSERT_TRUE(ledger.BeginSave(2, b.data(), t0 + absl::Minutes(30)));
+  ledger.SaveDone(2, true, t0 + absl::Minutes(30));
+  EXPECT_TRUE(ledger.Expire(t0 + absl::Minutes(59)).empty());
+  const auto gone = ledger.Expire(t0 + absl::Minutes(61));
+  EXPECT_EQ(gone.size(), 1u);
+  EXPECT_EQ(ledger.Match(a, {1}, 0, 1), 0);
+  EXPECT_EQ(ledger.Match(b, {2}, 0, 1), 1);
+  EXPECT_EQ(ledger.Stats().expired, 1);
+  EXPECT_TRUE(ledger.CheckInvariants());
+}
+
+// Random saves, completions, loads and expiry against a plain model.
+TEST(DiskLedgerTest, RandomOperationsKeepTheLedgerConsistent) {
+  std::mt19937 rng(17);
+  DiskLedger ledger(8, kBlock, absl::Seconds(50));
+  std::map<uint64_t, std::vector<int32_t>> tokens_of;
+  std::set<uint64_t> writing, reading;
+  absl::Time now = t0;
+  for (int step = 0; step < 5000; ++step) {
+    now += absl::Seconds(1);
+    const uint64_t hash = 1 + rng() % 24;
+    if (!tokens_of.count(hash)) tokens_of[hash] = Tokens(1, static_cast<int>(hash));
+    const auto& t = tokens_of[hash];
+    switch (rng() % 5) {
+      case 0:
+        if (ledger.BeginSave(hash, t.data(), now)) writing.insert(hash);
+        break;
+      case 1:
+        if (!writing.empty()) {
+          auto it = std::next(writing.begin(), rng() % writing.size());
+          ledger.SaveDone(*it, rng() % 8 != 0, now);
+          writing.erase(it);
+        }
+        break;
+      case 2:
+        if (ledger.BeginLoad(hash, now)) {
+          EXPECT_EQ(ledger.Match(t, {hash}, 0, 1), 1);
+          reading.insert(hash);
+        }
+        break;
+      case 3:
+        if (!reading.empty()) {
+          auto it = std::next(reading.begin(), rng() % reading.size());
+          ledger.LoadDone(*it, rng() % 10 != 0, now);
+          reading.erase(it);
+        }
+        break;
+      case 4:
+        ledger.Expire(now);
+        break;
+    }
+    ASSERT_TRUE(ledger.CheckInvariants()) << "step " << step;
+    const DiskLedgerStats s = ledger.Stats();
+    ASSERT_EQ(s.writing, static_cast<int64_t>(writing.size()));
+    ASSERT_EQ(s.reading, static_cast<int64_t>(reading.size()));
+    ASSERT_EQ(s.free + s.writing + s.ready + s.reading, 8);
+  }
+  EXPECT_GT(ledger.Stats().evicted, 0);
+  EXPECT_GT(ledger.Stats().expired, 0);
+}
+
+}  // namespace
+}  // namespace strata
