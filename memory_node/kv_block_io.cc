@@ -21,6 +21,7 @@ KvBlockIo::KvBlockIo(KvStore* store, KvDisk* disk, int block_tokens)
   CHECK_EQ(disk->sections(), store->config().num_layers) << "one disk section per layer";
   CHECK_GE(disk->section_bytes(), 2 * block_tokens * row_bytes_) << "sections too small";
   block_ = disk->AllocateBlock();
+  CHECK(block_ != nullptr) << "no memory for a block's staging";
 }
 
 absl::Status KvBlockIo::Save(uint64_t extent, uint64_t key, std::span<const int32_t> slots) {
@@ -43,8 +44,10 @@ absl::Status KvBlockIo::Save(uint64_t extent, uint64_t key, std::span<const int3
       std::memcpy(section + t * row_bytes_, k + slots[t] * row_bytes_, row_bytes_);
       std::memcpy(section + (n + t) * row_bytes_, v + slots[t] * row_bytes_, row_bytes_);
     }
+    // No earlier block's KV in the tail: what is on disk is this block's alone.
+    std::memset(section + 2 * n * row_bytes_, 0, disk_->section_bytes() - 2 * n * row_bytes_);
   }
-  // Every section is written whole (its unused tail is whatever the staging holds); the
+  // Every section is written whole (its unused tail zeroed above); the
   // payload in use ends after the last layer's V rows.
   ExtentIo io{extent,
               block_.get(),
@@ -80,15 +83,13 @@ absl::Status KvBlockIo::LoadLayers(uint64_t extent, uint64_t key, std::span<cons
   std::vector<absl::Status> each;
   for (const SectionIo& io : ios) {
     absl::Status s = io.status;
-    // A section written for another number of tokens is not this block.
-    if (s.ok() && io.section + 1 < store_->config().num_layers &&
-        io.bytes != disk_->section_bytes()) {
-      s = absl::DataLossError(
-          absl::StrCat("layer ", io.section, " of block ", extent, " is shorter than a section"));
-    }
-    if (s.ok() && io.section + 1 == store_->config().num_layers && io.bytes != 2 * n * row_bytes_) {
-      s = absl::DataLossError(absl::StrCat("block ", extent, " holds ", io.bytes / (2 * row_bytes_),
-                                           " tokens, not ", n));
+    // A block saved with another number of tokens lays its rows out otherwise: whatever
+    // layer is read, the block's size in its header must be this one's.
+    const uint64_t want =
+        static_cast<uint64_t>(store_->config().num_layers - 1) * disk_->section_bytes() +
+        2 * n * row_bytes_;
+    if (s.ok() && io.payload_bytes != want) {
+      s = absl::DataLossError(absl::StrCat("block ", extent, " is not one of ", n, " tokens"));
     }
     if (s.ok()) {
       const auto* section = static_cast<const uint8_t*>(io.data);

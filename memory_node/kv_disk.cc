@@ -97,10 +97,12 @@ std::shared_ptr<uint8_t> Aligned(uint64_t bytes) {
 absl::StatusOr<std::unique_ptr<KvDisk>> KvDisk::Open(const KvDiskOptions& options) {
   namespace fs = std::filesystem;
   if (options.dir.empty()) return absl::InvalidArgumentError("no KV disk directory");
-  if (options.block_bytes == 0 || options.queue_depth < 1 || options.sections < 1 ||
-      options.sections > kMaxSections) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a KV disk needs a block size, a queue depth and 1 to ", kMaxSections, " sections"));
+  if (options.block_bytes == 0 || options.block_bytes > (uint64_t{1} << 30) ||
+      options.queue_depth < 1 || options.queue_depth > 4096 || options.sections < 1 ||
+      options.sections > kMaxSections || options.budget_bytes > (uint64_t{1} << 52)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a KV disk needs a block size up to 1 GiB, a queue depth up to 4096, 1 to ",
+                     kMaxSections, " sections and a budget up to 4 PiB"));
   }
   auto disk = std::unique_ptr<KvDisk>(new KvDisk);
   disk->dir_ = options.dir;
@@ -174,7 +176,7 @@ absl::StatusOr<std::unique_ptr<KvDisk>> KvDisk::Open(const KvDiskOptions& option
     disk->fd_ = open(blocks_path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
   }
   if (disk->fd_ < 0) return Errno(errno, "open " + blocks_path);
-  fchmod(disk->fd_, 0600);
+  if (fchmod(disk->fd_, 0600) != 0) return Errno(errno, "chmod " + blocks_path);
   // Sparse: space is taken as blocks are written, so a full disk shows at write time.
   if (ftruncate(disk->fd_, static_cast<off_t>(disk->num_extents_ * disk->extent_bytes_)) != 0) {
     return Errno(errno, "size " + blocks_path);
@@ -212,7 +214,7 @@ absl::Status KvDisk::ReadSections(std::span<SectionIo> ios) {
   std::map<uint64_t, std::shared_ptr<uint8_t>> headers;
   std::map<uint64_t, absl::Status> header_status;
   for (SectionIo& io : ios) {
-    io.status = absl::OkStatus();
+    io.status = absl::AbortedError("not read");
     if (io.extent >= num_extents_ || io.section < 0 || io.section >= sections_ ||
         io.data == nullptr || reinterpret_cast<uintptr_t>(io.data) % kAlign != 0) {
       io.status = absl::InvalidArgumentError(
@@ -220,32 +222,23 @@ absl::Status KvDisk::ReadSections(std::span<SectionIo> ios) {
                        num_extents_, io.data == nullptr ? ", no buffer" : ""));
       continue;
     }
-    if (!headers.count(io.extent)) headers[io.extent] = Aligned(kAlign);
+    if (!headers.count(io.extent)) {
+      headers[io.extent] = Aligned(kAlign);
+      if (headers[io.extent] == nullptr) return absl::ResourceExhaustedError("no memory for I/O");
+    }
   }
-  // Reads (offset, length, buffer) `depth` at a time; returns each one's result.
+  // Reads (offset, length, buffer), queue_depth at a time; each one's result.
   auto read_all = [&](const std::vector<std::tuple<off_t, uint64_t, void*>>& reads)
       -> absl::StatusOr<std::vector<int>> {
-    std::vector<int> results(reads.size(), 0);
-    for (size_t begin = 0; begin < reads.size(); begin += queue_depth_) {
-      const size_t end = std::min(reads.size(), begin + static_cast<size_t>(queue_depth_));
-      for (size_t i = begin; i < end; ++i) {
-        io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
-        const auto& [offset, length, buffer] = reads[i];
-        io_uring_prep_read(sqe, fd_, buffer, static_cast<unsigned>(length), offset);
-        io_uring_sqe_set_data64(sqe, i);
-      }
-      if (const int rc = io_uring_submit(ring_.get()); rc < 0) {
-        return Errno(-rc, "io_uring submit");
-      }
-      for (size_t done = begin; done < end; ++done) {
-        io_uring_cqe* cqe = nullptr;
-        if (const int rc = io_uring_wait_cqe(ring_.get(), &cqe); rc < 0) {
-          return Errno(-rc, "io_uring wait");
-        }
-        results[io_uring_cqe_get_data64(cqe)] = cqe->res;
-        io_uring_cqe_seen(ring_.get(), cqe);
-      }
+    std::vector<Op> ops(reads.size());
+    for (size_t i = 0; i < reads.size(); ++i) {
+      const auto& [offset, length, buffer] = reads[i];
+      ops[i].offset = offset;
+      ops[i].iov[0] = {buffer, length};
     }
+    RETURN_IF_ERROR(Execute(ops));
+    std::vector<int> results;
+    for (const Op& op : ops) results.push_back(op.res);
     return results;
   };
   std::vector<std::tuple<off_t, uint64_t, void*>> reads;
@@ -262,7 +255,7 @@ absl::Status KvDisk::ReadSections(std::span<SectionIo> ios) {
     absl::Status& s = header_status[extent];
     if (got[i] < 0) {
       s = Errno(-got[i], absl::StrCat("read of block ", extent, " in ", dir_));
-    } else if (got[i] != static_cast<int>(kAlign) || h.magic != kMagic) {
+    } else if (static_cast<uint64_t>(got[i]) != kAlign || h.magic != kMagic) {
       s = absl::NotFoundError(absl::StrCat("block ", extent, " was never written"));
     } else if (h.version != kLayoutVersion || h.extent != extent || h.fingerprint != fingerprint_ ||
                h.bytes > block_bytes_ || !HeaderSound(headers[extent].get())) {
@@ -274,7 +267,7 @@ absl::Status KvDisk::ReadSections(std::span<SectionIo> ios) {
   reads.clear();
   std::vector<SectionIo*> pending;
   for (SectionIo& io : ios) {
-    if (!io.status.ok()) continue;
+    if (!absl::IsAborted(io.status)) continue;  // refused above
     const absl::Status& s = header_status[io.extent];
     ExtentHeader h;
     std::memcpy(&h, headers[io.extent].get(), sizeof(h));
@@ -300,7 +293,7 @@ absl::Status KvDisk::ReadSections(std::span<SectionIo> ios) {
     const uint64_t used = SectionUsed(h.bytes, section_bytes_, io.section);
     if (got[i] < 0) {
       io.status = Errno(-got[i], absl::StrCat("read of block ", io.extent, " in ", dir_));
-    } else if (got[i] != static_cast<int>(section_bytes_)) {
+    } else if (static_cast<uint64_t>(got[i]) != section_bytes_) {
       io.status = absl::DataLossError(absl::StrCat("short read of block ", io.extent));
     } else if (transport::PayloadChecksum(std::span<const uint8_t>(
                    static_cast<const uint8_t*>(io.data), used)) != sums[io.section]) {
@@ -309,6 +302,8 @@ absl::Status KvDisk::ReadSections(std::span<SectionIo> ios) {
           "block ", io.extent, " in ", dir_, " fails its checksum (section ", io.section, ")"));
     } else {
       io.bytes = used;
+      io.payload_bytes = h.bytes;
+      io.status = absl::OkStatus();
       stats_.bytes_read += static_cast<uint64_t>(got[i]);
     }
   }
@@ -321,26 +316,22 @@ absl::Status KvDisk::ReadSections(std::span<SectionIo> ios) {
 absl::StatusOr<std::vector<ExtentInfo>> KvDisk::Scan() {
   std::vector<ExtentInfo> found;
   std::vector<std::shared_ptr<uint8_t>> headers(queue_depth_);
-  for (auto& h : headers) h = Aligned(kAlign);
+  for (auto& h : headers) {
+    h = Aligned(kAlign);
+    if (h == nullptr) return absl::ResourceExhaustedError("no memory for I/O");
+  }
   for (uint64_t begin = 0; begin < num_extents_; begin += queue_depth_) {
     const uint64_t end = std::min(num_extents_, begin + static_cast<uint64_t>(queue_depth_));
+    std::vector<Op> ops(end - begin);
     for (uint64_t e = begin; e < end; ++e) {
-      io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
-      io_uring_prep_read(sqe, fd_, headers[e - begin].get(), kAlign,
-                         static_cast<off_t>(e * extent_bytes_));
-      io_uring_sqe_set_data64(sqe, e);
+      ops[e - begin].offset = static_cast<off_t>(e * extent_bytes_);
+      ops[e - begin].iov[0] = {headers[e - begin].get(), kAlign};
     }
-    if (const int rc = io_uring_submit(ring_.get()); rc < 0) return Errno(-rc, "io_uring submit");
-    for (uint64_t done = begin; done < end; ++done) {
-      io_uring_cqe* cqe = nullptr;
-      if (const int rc = io_uring_wait_cqe(ring_.get(), &cqe); rc < 0) {
-        return Errno(-rc, "io_uring wait");
-      }
-      const uint64_t e = io_uring_cqe_get_data64(cqe);
-      const int res = cqe->res;
-      io_uring_cqe_seen(ring_.get(), cqe);
+    RETURN_IF_ERROR(Execute(ops));
+    for (uint64_t e = begin; e < end; ++e) {
+      const int res = ops[e - begin].res;
       if (res < 0) return Errno(-res, absl::StrCat("scan of block ", e, " in ", dir_));
-      if (res != static_cast<int>(kAlign)) continue;
+      if (static_cast<uint64_t>(res) != kAlign) continue;
       ExtentHeader h;
       std::memcpy(&h, headers[e - begin].get(), sizeof(h));
       if (h.magic != kMagic || h.version != kLayoutVersion || h.extent != e ||
@@ -351,8 +342,6 @@ absl::StatusOr<std::vector<ExtentInfo>> KvDisk::Scan() {
       found.push_back({e, h.key, h.bytes, h.written_unix_s});
     }
   }
-  std::sort(found.begin(), found.end(),
-            [](const ExtentInfo& a, const ExtentInfo& b) { return a.extent < b.extent; });
   return found;
 }
 
@@ -362,7 +351,16 @@ absl::Status KvDisk::Drop(std::span<const uint64_t> extents) {
       return absl::InvalidArgumentError(absl::StrCat("extent ", e, " of ", num_extents_));
     }
     if (fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                  static_cast<off_t>(e * extent_bytes_), static_cast<off_t>(extent_bytes_)) != 0) {
+                  static_cast<off_t>(e * extent_bytes_), static_cast<off_t>(extent_bytes_)) == 0) {
+      continue;
+    }
+    if (errno != EOPNOTSUPP) return Errno(errno, absl::StrCat("drop block ", e, " in ", dir_));
+    // No hole punching here: a zeroed header makes the block read as never written (its
+    // space is not given back until it is overwritten).
+    std::shared_ptr<uint8_t> zeros = Aligned(kAlign);
+    if (zeros == nullptr) return absl::ResourceExhaustedError("no memory for I/O");
+    if (pwrite(fd_, zeros.get(), kAlign, static_cast<off_t>(e * extent_bytes_)) !=
+        static_cast<ssize_t>(kAlign)) {
       return Errno(errno, absl::StrCat("drop block ", e, " in ", dir_));
     }
   }
@@ -372,124 +370,164 @@ absl::Status KvDisk::Drop(std::span<const uint64_t> extents) {
 absl::Status KvDisk::Write(std::span<ExtentIo> ios) { return Run(ios, /*write=*/true); }
 absl::Status KvDisk::Read(std::span<ExtentIo> ios) { return Run(ios, /*write=*/false); }
 
-absl::Status KvDisk::Run(std::span<ExtentIo> ios, bool write) {
-  absl::Status first;
-  for (size_t begin = 0; begin < ios.size(); begin += queue_depth_) {
-    const size_t end = std::min(ios.size(), begin + static_cast<size_t>(queue_depth_));
-    std::vector<InFlight> flight(end - begin);
-    size_t submitted = 0;
+absl::Status KvDisk::Execute(std::vector<Op>& ops) {
+  if (broken_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the KV disk tier at ", dir_, " lost its I/O ring; reopen it"));
+  }
+  for (size_t begin = 0; begin < ops.size(); begin += queue_depth_) {
+    const size_t end = std::min(ops.size(), begin + static_cast<size_t>(queue_depth_));
     for (size_t i = begin; i < end; ++i) {
-      ExtentIo& io = ios[i];
-      io.status = absl::OkStatus();
-      if (io.extent >= num_extents_ || io.data == nullptr ||
-          reinterpret_cast<uintptr_t>(io.data) % kAlign != 0 ||
-          (write && io.bytes > block_bytes_)) {
-        io.status = absl::InvalidArgumentError(
-            absl::StrCat("extent ", io.extent, " of ", num_extents_, ", ", io.bytes, " bytes of ",
-                         block_bytes_, ", buffer ", io.data == nullptr ? "missing" : "given"));
-        continue;
-      }
-      InFlight& f = flight[i - begin];
-      f.header = Aligned(kAlign);
-      if (write) {
-        ExtentHeader h;
-        h.extent = io.extent;
-        h.bytes = io.bytes;
-        h.fingerprint = fingerprint_;
-        h.key = io.key;
-        h.written_unix_s = static_cast<int64_t>(time(nullptr));
-        h.sections = static_cast<uint32_t>(sections_);
-        std::memcpy(f.header.get(), &h, sizeof(h));
-        SumSections(f.header.get(), static_cast<const uint8_t*>(io.data), io.bytes, section_bytes_,
-                    sections_);
-      }
-      f.iov[0] = {f.header.get(), kAlign};
-      f.iov[1] = {io.data, block_bytes_};
+      Op& op = ops[i];
+      op.res = -ECANCELED;
       io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
-      const off_t offset = static_cast<off_t>(io.extent * extent_bytes_);
-      if (write) {
-        io_uring_prep_writev(sqe, fd_, f.iov, 2, offset);
+      if (sqe == nullptr) {
+        broken_ = true;
+        return absl::InternalError("io_uring: no submission entry free");
+      }
+      if (op.write) {
+        io_uring_prep_writev(sqe, fd_, op.iov, op.iovcnt, op.offset);
       } else {
-        io_uring_prep_readv(sqe, fd_, f.iov, 2, offset);
+        io_uring_prep_readv(sqe, fd_, op.iov, op.iovcnt, op.offset);
       }
       io_uring_sqe_set_data64(sqe, i);
-      ++submitted;
     }
-    if (submitted > 0) {
-      RETURN_IF_ERROR(Complete(ios, begin, submitted, write, flight));
+    // Everything prepared must go, and everything that went must come back before any
+    // buffer is let go: the kernel writes into them until their completions are reaped.
+    size_t submitted = 0;
+    absl::Status error;
+    while (submitted < end - begin) {
+      const int rc = io_uring_submit(ring_.get());
+      if (rc == -EINTR || rc == -EAGAIN || rc == -EBUSY) continue;
+      if (rc <= 0) {
+        error = Errno(rc < 0 ? -rc : EIO, "io_uring submit");
+        break;
+      }
+      submitted += static_cast<size_t>(rc);
     }
-    for (size_t i = begin; i < end; ++i) {
-      if (first.ok() && !ios[i].status.ok()) first = ios[i].status;
+    for (size_t done = 0; done < submitted;) {
+      io_uring_cqe* cqe = nullptr;
+      const int rc = io_uring_wait_cqe(ring_.get(), &cqe);
+      if (rc == -EINTR) continue;
+      if (rc < 0) {
+        broken_ = true;
+        return Errno(-rc, "io_uring wait");
+      }
+      const uint64_t i = io_uring_cqe_get_data64(cqe);
+      if (i < ops.size()) ops[i].res = cqe->res;
+      io_uring_cqe_seen(ring_.get(), cqe);
+      ++done;
+    }
+    if (!error.ok()) {
+      broken_ = true;  // entries prepared but not submitted would go with the next call
+      return error;
     }
   }
-  return first;
+  return absl::OkStatus();
 }
 
-absl::Status KvDisk::Complete(std::span<ExtentIo> ios, size_t begin, size_t submitted, bool write,
-                              std::vector<InFlight>& flight) {
-  if (const int rc = io_uring_submit(ring_.get()); rc < 0) {
-    return Errno(-rc, "io_uring submit");
-  }
-  for (size_t done = 0; done < submitted; ++done) {
-    io_uring_cqe* cqe = nullptr;
-    if (const int rc = io_uring_wait_cqe(ring_.get(), &cqe); rc < 0) {
-      return Errno(-rc, "io_uring wait");
-    }
-    const size_t i = static_cast<size_t>(io_uring_cqe_get_data64(cqe));
-    const int res = cqe->res;
-    io_uring_cqe_seen(ring_.get(), cqe);
+absl::Status KvDisk::Run(std::span<ExtentIo> ios, bool write) {
+  std::vector<Op> ops;
+  std::vector<size_t> which;  // ios index of each op
+  std::vector<std::shared_ptr<uint8_t>> headers;
+  for (size_t i = 0; i < ios.size(); ++i) {
     ExtentIo& io = ios[i];
-    const InFlight& f = flight[i - begin];
-    const int64_t want = static_cast<int64_t>(kAlign + block_bytes_);
+    io.status = absl::AbortedError(write ? "not written" : "not read");
+    if (io.extent >= num_extents_ || io.data == nullptr ||
+        reinterpret_cast<uintptr_t>(io.data) % kAlign != 0 || (write && io.bytes > block_bytes_)) {
+      io.status = absl::InvalidArgumentError(
+          absl::StrCat("extent ", io.extent, " of ", num_extents_, ", ", io.bytes, " bytes of ",
+                       block_bytes_, ", buffer ", io.data == nullptr ? "missing" : "given"));
+      continue;
+    }
+    std::shared_ptr<uint8_t> header = Aligned(kAlign);
+    if (header == nullptr) return absl::ResourceExhaustedError("no memory for I/O");
+    if (write) {
+      ExtentHeader h;
+      h.extent = io.extent;
+      h.bytes = io.bytes;
+      h.fingerprint = fingerprint_;
+      h.key = io.key;
+      h.written_unix_s = static_cast<int64_t>(time(nullptr));
+      h.sections = static_cast<uint32_t>(sections_);
+      std::memcpy(header.get(), &h, sizeof(h));
+      SumSections(header.get(), static_cast<const uint8_t*>(io.data), io.bytes, section_bytes_,
+                  sections_);
+    }
+    Op op;
+    op.write = write;
+    op.offset = static_cast<off_t>(io.extent * extent_bytes_);
+    op.iovcnt = 2;
+    op.iov[0] = {header.get(), kAlign};
+    op.iov[1] = {io.data, block_bytes_};
+    ops.push_back(op);
+    which.push_back(i);
+    headers.push_back(std::move(header));
+  }
+  RETURN_IF_ERROR(Execute(ops));
+  const int64_t want = static_cast<int64_t>(kAlign + block_bytes_);
+  for (size_t k = 0; k < ops.size(); ++k) {
+    ExtentIo& io = ios[which[k]];
+    const int res = ops[k].res;
     if (res < 0) {
       io.status = Errno(
           -res, absl::StrCat(write ? "write" : "read", " of block ", io.extent, " in ", dir_));
       if (write) ++stats_.write_errors;
-    } else if (res != want) {
+      continue;
+    }
+    if (res != want) {
       io.status =
           write ? absl::ResourceExhaustedError(absl::StrCat("short write of block ", io.extent,
                                                             " in ", dir_, ": ", res, " of ", want,
                                                             " bytes"))
                 : absl::NotFoundError(absl::StrCat("block ", io.extent, " was never written"));
       if (write) ++stats_.write_errors;
-    } else if (write) {
+      continue;
+    }
+    if (write) {
       stats_.bytes_written += static_cast<uint64_t>(res);
+      io.status = absl::OkStatus();
+      continue;
+    }
+    stats_.bytes_read += static_cast<uint64_t>(res);
+    const uint8_t* header = headers[k].get();
+    ExtentHeader h;
+    std::memcpy(&h, header, sizeof(h));
+    if (h.magic != kMagic) {
+      io.status = absl::NotFoundError(absl::StrCat("block ", io.extent, " was never written"));
+    } else if (h.version != kLayoutVersion || h.extent != io.extent ||
+               h.fingerprint != fingerprint_ || h.bytes > block_bytes_) {
+      ++stats_.checksum_failures;
+      io.status = absl::DataLossError(
+          absl::StrCat("block ", io.extent, " in ", dir_, " has a header that is not its own"));
+    } else if (h.key != io.key) {
+      io.status = absl::DataLossError(
+          absl::StrCat("block ", io.extent, " in ", dir_, " holds key ", h.key, ", not ", io.key));
+    } else if (!HeaderSound(header)) {
+      ++stats_.checksum_failures;
+      io.status = absl::DataLossError(
+          absl::StrCat("block ", io.extent, " in ", dir_, " has a damaged header"));
     } else {
-      stats_.bytes_read += static_cast<uint64_t>(res);
-      ExtentHeader h;
-      std::memcpy(&h, f.header.get(), sizeof(h));
-      if (h.magic != kMagic) {
-        io.status = absl::NotFoundError(absl::StrCat("block ", io.extent, " was never written"));
-      } else if (h.version != kLayoutVersion || h.extent != io.extent ||
-                 h.fingerprint != fingerprint_ || h.bytes > block_bytes_) {
-        ++stats_.checksum_failures;
-        io.status = absl::DataLossError(
-            absl::StrCat("block ", io.extent, " in ", dir_, " has a header that is not its own"));
-      } else if (h.key != io.key) {
-        io.status = absl::DataLossError(absl::StrCat("block ", io.extent, " in ", dir_,
-                                                     " holds key ", h.key, ", not ", io.key));
-      } else if (!HeaderSound(f.header.get())) {
-        ++stats_.checksum_failures;
-        io.status = absl::DataLossError(
-            absl::StrCat("block ", io.extent, " in ", dir_, " has a damaged header"));
-      } else {
-        const auto* sums = reinterpret_cast<const uint64_t*>(f.header.get() + kSectionSums);
-        io.bytes = h.bytes;
-        for (int s = 0; s < sections_; ++s) {
-          const uint64_t used = SectionUsed(h.bytes, section_bytes_, s);
-          if (transport::PayloadChecksum(std::span<const uint8_t>(
-                  static_cast<const uint8_t*>(io.data) + s * section_bytes_, used)) != sums[s]) {
-            ++stats_.checksum_failures;
-            io.status = absl::DataLossError(absl::StrCat("block ", io.extent, " in ", dir_,
-                                                         " fails its checksum (section ", s, ")"));
-            io.bytes = 0;
-            break;
-          }
+      const auto* sums = reinterpret_cast<const uint64_t*>(header + kSectionSums);
+      io.status = absl::OkStatus();
+      for (int sec = 0; sec < sections_; ++sec) {
+        const uint64_t used = SectionUsed(h.bytes, section_bytes_, sec);
+        if (transport::PayloadChecksum(std::span<const uint8_t>(
+                static_cast<const uint8_t*>(io.data) + sec * section_bytes_, used)) != sums[sec]) {
+          ++stats_.checksum_failures;
+          io.status = absl::DataLossError(absl::StrCat("block ", io.extent, " in ", dir_,
+                                                       " fails its checksum (section ", sec, ")"));
+          break;
         }
       }
+      if (io.status.ok()) io.bytes = h.bytes;
     }
   }
-  return absl::OkStatus();
+  absl::Status first;
+  for (const ExtentIo& io : ios) {
+    if (first.ok() && !io.status.ok()) first = io.status;
+  }
+  return first;
 }
 
 }  // namespace strata

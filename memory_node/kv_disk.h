@@ -72,9 +72,10 @@ struct SectionIo {
   uint64_t extent = 0;
   int section = 0;
   void* data = nullptr;
-  uint64_t key = 0;     // checked against the extent's
-  uint64_t bytes = 0;   // of the section in use; filled in
-  absl::Status status;  // per section, after the call
+  uint64_t key = 0;            // checked against the extent's
+  uint64_t bytes = 0;          // of the section in use; filled in
+  uint64_t payload_bytes = 0;  // of the whole block in use (its header's); filled in
+  absl::Status status;         // per section, after the call
 };
 
 // An extent Scan found whole (its payload is checked when it is read).
@@ -123,17 +124,21 @@ class KvDisk {
 
  private:
   KvDisk() = default;
-  // One request in flight: its header buffer and the two pieces of its extent.
-  struct InFlight {
-    std::shared_ptr<uint8_t> header;
+  // One vectored read or write; `res` is its result (bytes, or -errno).
+  struct Op {
+    bool write = false;
+    off_t offset = 0;
+    int iovcnt = 1;
     iovec iov[2];
+    int res = 0;
   };
   absl::Status Run(std::span<ExtentIo> ios, bool write);
   // Whether a header's section checksums are its own (its `checksum`).
   bool HeaderSound(const uint8_t* header) const;
-  // Submits the `submitted` requests prepared for ios[begin...] and completes them.
-  absl::Status Complete(std::span<ExtentIo> ios, size_t begin, size_t submitted, bool write,
-                        std::vector<InFlight>& flight);
+  // Runs `ops`, queue_depth at a time, and reaps every completion of what it submitted
+  // before returning (interrupted waits are retried). An error here leaves the ring unusable
+  // (`broken_`), and every later call fails.
+  absl::Status Execute(std::vector<Op>& ops);
 
   std::string dir_;
   int lock_fd_ = -1;
@@ -148,6 +153,7 @@ class KvDisk {
   uint64_t fingerprint_ = 0;  // hash of the fingerprint, in every extent's header
   std::unique_ptr<io_uring> ring_;
   int queue_depth_ = 8;
+  bool broken_ = false;
   KvDiskStats stats_;
 };
 

@@ -74,9 +74,10 @@ int DiskLedger::Match(const std::vector<int32_t>& tokens, const std::vector<uint
 
 std::optional<int64_t> DiskLedger::BeginLoad(uint64_t hash, absl::Time now) {
   auto it = blocks_.find(hash);
-  if (it == blocks_.end() || it->second.state != State::kReady) return std::nullopt;
+  if (it == blocks_.end() || it->second.state == State::kWriting) return std::nullopt;
   Unlist(it->second);
   it->second.state = State::kReading;
+  ++it->second.readers;
   it->second.last_used = now;
   return it->second.extent;
 }
@@ -87,11 +88,11 @@ std::optional<int64_t> DiskLedger::LoadDone(uint64_t hash, bool ok, absl::Time n
   if (!ok) {
     ++counters_.failed_reads;
     const int64_t extent = it->second.extent;
-    free_.push_back(extent);
-    blocks_.erase(it);
+    punching_.insert(extent);
+    blocks_.erase(it);  // other readers' LoadDone find nothing: their loads failed too
     return extent;
   }
-  MakeReady(hash, it->second, now);
+  if (--it->second.readers == 0) MakeReady(hash, it->second, now);
   return std::nullopt;
 }
 
@@ -102,17 +103,22 @@ std::vector<int64_t> DiskLedger::Expire(absl::Time now) {
     if (now - it->second.last_used <= ttl_) break;  // the rest were used later
     lru_.pop_front();
     out.push_back(it->second.extent);
-    free_.push_back(it->second.extent);
+    punching_.insert(it->second.extent);
     blocks_.erase(it);
     ++counters_.expired;
   }
   return out;
 }
 
+void DiskLedger::PunchDone(int64_t extent) {
+  if (punching_.erase(extent) > 0) free_.push_back(extent);
+}
+
 DiskLedgerStats DiskLedger::Stats() const {
   DiskLedgerStats s = counters_;
   s.extents = num_extents_;
   s.free = static_cast<int64_t>(free_.size());
+  s.punching = static_cast<int64_t>(punching_.size());
   for (const auto& [hash, b] : blocks_) {
     s.writing += b.state == State::kWriting;
     s.ready += b.state == State::kReady;
@@ -126,10 +132,14 @@ bool DiskLedger::CheckInvariants() const {
   for (int64_t e : free_) {
     if (e < 0 || e >= num_extents_ || !seen.insert(e).second) return false;
   }
+  for (int64_t e : punching_) {
+    if (e < 0 || e >= num_extents_ || !seen.insert(e).second) return false;
+  }
   size_t ready = 0;
   for (const auto& [hash, b] : blocks_) {
     if (b.extent < 0 || b.extent >= num_extents_ || !seen.insert(b.extent).second) return false;
     ready += b.state == State::kReady;
+    if ((b.state == State::kReading) != (b.readers > 0)) return false;
   }
   return static_cast<int64_t>(seen.size()) == num_extents_ && ready == lru_.size();
 }

@@ -13,11 +13,13 @@
 //     used ready block's, which is evicted); SaveDone makes it ready, or frees it when the
 //     write failed (a full disk, an I/O error: the block is simply not on disk).
 //   - Lookup: Match counts the ready blocks that continue a prefix.
-//   - Loading: BeginLoad pins a ready block while it is read into DRAM; LoadDone unpins it,
-//     or, when the read failed its checksum, drops it from the index and frees its extent
-//     (the caller recomputes those tokens).
+//   - Loading: BeginLoad pins a ready block while it is read into DRAM (several readers
+//     may pin it at once); LoadDone unpins it, or, when the read failed its checksum, drops
+//     it from the index (the caller recomputes those tokens).
 //   - Expire drops ready blocks idle longer than the TTL (persisted KV is user data).
-// Dropped, evicted and expired extents are returned for the memory node to punch out.
+// Dropped and expired extents are returned for the memory node to punch out, and are not
+// used again until PunchDone says it has (a write to a reused extent must not be punched
+// away). An evicted block's extent is reused at once: the new block overwrites it.
 //
 // Thread-safety: none; the scheduler thread owns it.
 #ifndef STRATA_SERVER_DISK_LEDGER_H_
@@ -27,6 +29,7 @@
 #include <list>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -39,6 +42,7 @@ struct DiskLedgerStats {
   int64_t writing = 0;
   int64_t ready = 0;
   int64_t reading = 0;
+  int64_t punching = 0;       // given up, waiting for the node to punch them out
   int64_t evicted = 0;        // ready blocks replaced by newer saves
   int64_t expired = 0;        // dropped by the TTL
   int64_t failed_writes = 0;  // saves that did not reach the disk
@@ -66,6 +70,8 @@ class DiskLedger {
 
   // Drops ready blocks idle for longer than the TTL; returns their extents.
   std::vector<int64_t> Expire(absl::Time now);
+  // The node has punched `extent` out: it is free again.
+  void PunchDone(int64_t extent);
 
   DiskLedgerStats Stats() const;
   // Consistency check for tests: every extent is free or owned by exactly one block.
@@ -78,6 +84,7 @@ class DiskLedger {
     State state = State::kWriting;
     std::vector<int32_t> tokens;
     absl::Time last_used;
+    int readers = 0;                       // loads in flight
     std::list<uint64_t>::iterator lru_it;  // valid while ready
   };
   void MakeReady(uint64_t hash, Block& block, absl::Time now);
@@ -87,6 +94,7 @@ class DiskLedger {
   absl::Duration ttl_;
   int64_t num_extents_;
   std::vector<int64_t> free_;  // LIFO
+  std::unordered_set<int64_t> punching_;
   std::unordered_map<uint64_t, Block> blocks_;
   std::list<uint64_t> lru_;  // ready blocks, least recently used first
   DiskLedgerStats counters_;
