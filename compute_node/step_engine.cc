@@ -74,8 +74,6 @@ std::optional<StepResult> StepEngine::Begin(int index, const StepPlan& plan) {
   const Stopwatch stage;
   TraceSpan span(options_.trace, index,
                  options_.trace ? absl::StrCat("step ", plan.step_id, " begin") : "");
-  lane.rotated = false;
-  lane.samples = true;
   if (std::optional<StepResult> refused = Prepare(lane, plan)) return refused;
   lane.busy = true;
   for (const auto& other : lanes_) {
@@ -94,6 +92,8 @@ std::optional<StepResult> StepEngine::Begin(int index, const StepPlan& plan) {
 }
 
 std::optional<StepResult> StepEngine::Prepare(Lane& lane, const StepPlan& plan) {
+  lane.rotated = false;  // BeginRotated sets its own part once the plan is prepared
+  lane.samples = true;
   lane.watch = Stopwatch();
   lane.busy_us = 0;
   lane.result = StepResult();
@@ -438,8 +438,6 @@ std::optional<StepResult> StepEngine::BeginRotated(int index, const StepPlan& pl
   const Stopwatch stage;
   TraceSpan span(options_.trace, index,
                  options_.trace ? absl::StrCat("step ", plan.step_id, " begin") : "");
-  lane.rotated = false;
-  lane.samples = true;
   if (role.num_replicas() < 2 || role.replica < 0 || role.replica >= role.num_replicas() ||
       role.batch < 0 || role.exchange == nullptr) {
     StepResult refused;

@@ -93,6 +93,16 @@ class MemoryServerTest : public ::testing::Test {
     auto server = MemoryServer::Create(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
+    ASSERT_TRUE(server_->Configure(Config()).ok());
+    client_ = std::make_unique<Client>(server_->data_address());
+  }
+  void TearDown() override {
+    client_.reset();
+    server_.reset();
+  }
+
+  // The scheduler's configuration of this node: pool 3, 1000 slots.
+  static MemoryConfig Config() {
     MemoryConfig config;
     config.epoch = kEpoch;
     config.pool = PoolIndex(3);
@@ -102,12 +112,27 @@ class MemoryServerTest : public ::testing::Test {
     config.model.head_dim = kDim;
     config.model.kv_dtype = "bf16";
     config.num_slots = 1000;
-    ASSERT_TRUE(server_->Configure(config).ok());
-    client_ = std::make_unique<Client>(server_->data_address());
+    return config;
   }
-  void TearDown() override {
-    client_.reset();
-    server_.reset();
+  // An independent engine, given the same rows, computes the reference answers.
+  static std::unique_ptr<AttentionEngine> ReferenceEngine() {
+    AttentionEngineConfig config;
+    config.store = {kLayers, kKvHeads, kDim, kernels::KvDType::kBF16, 1000, false};
+    config.num_heads = kHeads;
+    return *AttentionEngine::Create(config);
+  }
+  // The answer to mini-batch `m` of `layer` whose layer frame carried `payload`.
+  static std::vector<uint8_t> Expected(AttentionEngine& engine, PreparedStep& prepared, int layer,
+                                       const MinibatchLayout& m,
+                                       const std::vector<uint8_t>& payload) {
+    std::vector<uint8_t> want(m.out_bytes);
+    const auto* p = reinterpret_cast<const uint16_t*>(payload.data());
+    EXPECT_TRUE(engine
+                    .AttendRows(prepared, layer, m.begin, m.end, p, p + m.q_bytes / 2,
+                                p + (m.q_bytes + m.kv_bytes) / 2,
+                                reinterpret_cast<uint16_t*>(want.data()), nullptr)
+                    .ok());
+    return want;
   }
 
   // A step of one request: positions [0, n) as a prefill chunk all on the memory node.
@@ -162,10 +187,7 @@ TEST_F(MemoryServerTest, AnswersLayersWithTheEngineResult) {
   const AttentionDims dims{kLayers, kHeads, kKvHeads, kDim};
   const auto layouts = LayoutMinibatches(share, dims);
   // An independent engine given the same rows computes the reference.
-  AttentionEngineConfig config;
-  config.store = {kLayers, kKvHeads, kDim, kernels::KvDType::kBF16, 1000, false};
-  config.num_heads = kHeads;
-  auto engine = *AttentionEngine::Create(config);
+  auto engine = ReferenceEngine();
   auto prepared = *engine->Prepare(share.plan);
   for (int layer = 0; layer < kLayers; ++layer) {
     for (size_t j = 0; j < layouts.size(); ++j) {
@@ -177,14 +199,8 @@ TEST_F(MemoryServerTest, AnswersLayersWithTheEngineResult) {
       EXPECT_EQ(reply.header.layer, static_cast<uint32_t>(layer));
       EXPECT_EQ(reply.header.minibatch, j);
       ASSERT_TRUE(transport::CheckFramePayload(reply.header, reply.payload, true).ok());
-      std::vector<uint8_t> want(m.out_bytes);
-      const auto* p = reinterpret_cast<const uint16_t*>(payload.data());
-      ASSERT_TRUE(engine
-                      ->AttendRows(prepared, layer, m.begin, m.end, p, p + m.q_bytes / 2,
-                                   p + (m.q_bytes + m.kv_bytes) / 2,
-                                   reinterpret_cast<uint16_t*>(want.data()), nullptr)
-                      .ok());
-      EXPECT_EQ(reply.payload, want) << "layer " << layer << " mini-batch " << j;
+      EXPECT_EQ(reply.payload, Expected(*engine, prepared, layer, m, payload))
+          << "layer " << layer << " mini-batch " << j;
     }
   }
   const MemoryServerStats stats = server_->stats();
@@ -322,10 +338,7 @@ TEST_F(MemoryServerTest, RoutedStepsAnswerTheNamedEndpoint) {
   sender_a->Send(step, {reinterpret_cast<const uint8_t*>(body.data()), body.size()});
   const AttentionDims dims{kLayers, kHeads, kKvHeads, kDim};
   const auto layouts = LayoutMinibatches(share, dims);
-  AttentionEngineConfig config;
-  config.store = {kLayers, kKvHeads, kDim, kernels::KvDType::kBF16, 1000, false};
-  config.num_heads = kHeads;
-  auto engine = *AttentionEngine::Create(config);
+  auto engine = ReferenceEngine();
   auto prepared = *engine->Prepare(share.plan);
   for (int layer = 0; layer < kLayers; ++layer) {
     Client& sender = layer == 0 ? *sender_a : *sender_b;
@@ -339,14 +352,8 @@ TEST_F(MemoryServerTest, RoutedStepsAnswerTheNamedEndpoint) {
       ASSERT_EQ(reply.header.kind, static_cast<uint16_t>(FrameKind::kLayerResult))
           << std::string(reply.payload.begin(), reply.payload.end());
       EXPECT_EQ(reply.header.layer, static_cast<uint32_t>(layer));
-      std::vector<uint8_t> want(m.out_bytes);
-      const auto* p = reinterpret_cast<const uint16_t*>(payload.data());
-      ASSERT_TRUE(engine
-                      ->AttendRows(prepared, layer, m.begin, m.end, p, p + m.q_bytes / 2,
-                                   p + (m.q_bytes + m.kv_bytes) / 2,
-                                   reinterpret_cast<uint16_t*>(want.data()), nullptr)
-                      .ok());
-      EXPECT_EQ(reply.payload, want) << "layer " << layer << " mini-batch " << j;
+      EXPECT_EQ(reply.payload, Expected(*engine, prepared, layer, m, payload))
+          << "layer " << layer << " mini-batch " << j;
     }
   }
 
@@ -392,16 +399,7 @@ TEST_F(MemoryServerTest, RoutedStepsAnswerTheNamedEndpoint) {
   const std::string body24 = EncodeStepShare(share24);
   sender_a->Send(open_step, {reinterpret_cast<const uint8_t*>(body24.data()), body24.size()});
   absl::SleepFor(absl::Milliseconds(50));
-  MemoryConfig again;
-  again.epoch = kEpoch;
-  again.pool = PoolIndex(3);
-  again.model.num_layers = kLayers;
-  again.model.num_heads = kHeads;
-  again.model.num_kv_heads = kKvHeads;
-  again.model.head_dim = kDim;
-  again.model.kv_dtype = "bf16";
-  again.num_slots = 1000;
-  ASSERT_TRUE(server_->Configure(again).ok());
+  ASSERT_TRUE(server_->Configure(Config()).ok());
   FrameHeader late = LayerHeader(24, 0, 0, layouts[0].end - layouts[0].begin);
   late.reserved = kEndpoint;
   sender_a->Send(late, RandomRows(layouts[0].request_bytes(), 3));

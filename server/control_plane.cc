@@ -14,6 +14,27 @@
 namespace strata {
 namespace {
 
+// Whether the rotation has the two live replicas it needs (asked on the scheduler thread,
+// when the change is applied).
+std::function<bool()> RotationAlive(std::weak_ptr<RotationGroup> weak) {
+  return [weak] {
+    auto group = weak.lock();
+    return group != nullptr && group->live_replicas() >= 2;
+  };
+}
+
+// A replica that has not seen the running requests' set-ups (it joined, or it was out of
+// reach) takes plans once the scheduler has marked them to be sent again.
+void ActivateAfterSetups(Scheduler* scheduler, int index, std::weak_ptr<RotationGroup> weak,
+                         const std::string& name) {
+  scheduler->ResendSetups(index, [scheduler, index, weak, name] {
+    auto group = weak.lock();
+    if (group == nullptr) return;
+    group->ActivateReplica(name);
+    scheduler->RefreshExecutorAlive(index, RotationAlive(weak));
+  });
+}
+
 grpc::Status Refuse(const std::string& why) {
   LOG(ERROR) << "refused a node: " << why;
   return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, why);
@@ -31,15 +52,7 @@ ControlPlane::ControlPlane(Scheduler* scheduler, ControlPlaneOptions options)
     Scheduler* scheduler = scheduler_;
     const int index = options_.rotation_executor;
     options_.rotation->SetRejoinHandler([weak, scheduler, index](const std::string& name) {
-      scheduler->ResendSetups(index, [weak, scheduler, index, name] {
-        auto group = weak.lock();
-        if (group == nullptr) return;
-        group->ActivateReplica(name);
-        scheduler->RefreshExecutorAlive(index, [weak] {
-          auto g = weak.lock();
-          return g != nullptr && g->live_replicas() >= 2;
-        });
-      });
+      ActivateAfterSetups(scheduler, index, weak, name);
     });
   }
   configure_loop_.Start();
@@ -192,9 +205,7 @@ void ControlPlane::MarkDead(Node& node, const std::string& why) {
   if (node.in_rotation) {
     node.in_rotation = false;
     options_.rotation->RemoveReplica(node.view.info.name());
-    std::shared_ptr<RotationGroup> group = options_.rotation;
-    scheduler_->RefreshExecutorAlive(options_.rotation_executor,
-                                     [group] { return group->live_replicas() >= 2; });
+    scheduler_->RefreshExecutorAlive(options_.rotation_executor, RotationAlive(options_.rotation));
   }
   if (node.pool) scheduler_->SetPoolAlive(*node.pool, false);
 }
@@ -284,13 +295,7 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
                                   std::shared_ptr<StepExecutor>(std::move(executor)),
                                   /*active=*/false);
     node.in_rotation = true;
-    std::shared_ptr<RotationGroup> group = options_.rotation;
-    const int index = options_.rotation_executor;
-    Scheduler* scheduler = scheduler_;
-    scheduler_->ResendSetups(index, [group, index, scheduler, name = info.name()] {
-      group->ActivateReplica(name);
-      scheduler->RefreshExecutorAlive(index, [group] { return group->live_replicas() >= 2; });
-    });
+    ActivateAfterSetups(scheduler_, options_.rotation_executor, options_.rotation, info.name());
   } else {
     node.executor = scheduler_->AddExecutor(std::move(executor), local_pool);
   }

@@ -1,0 +1,251 @@
+// Applying a step's result: tokens to their sequences, stops, failures of steps, nodes and
+// pools, and the step clock. Building steps is in scheduler_plan.cc.
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/base/stopwatch.h"
+#include "server/scheduler.h"
+#include "server/scheduler_internal.h"
+
+namespace strata {
+namespace {
+
+// A request whose steps fail more often than this (not for a lost node) fails itself.
+constexpr int kMaxStepFailures = 2;
+
+}  // namespace
+
+void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, absl::Time started) {
+  // Requests that fail or finish below are erased only on the way out: by_id and involved
+  // point into them.
+  defer_removals_ = true;
+  absl::Cleanup remove_deferred = [this] { RemoveDeferred(); };
+  std::vector<Request*> involved;
+  // Last of all (before the removals above), the finished sequences of this plan free
+  // their KV, and requests with no plan left out land.
+  absl::Cleanup land = [this, &involved] {
+    for (Request* req : involved) Land(req);
+  };
+  Executor& ex = *executors_[executor];
+  const absl::Time now = absl::Now();
+  {
+    absl::MutexLock lock(&stats_mu_);
+    ++counters_.steps_total;
+    for (const SequenceChunk& c : plan.chunks) {
+      if (c.samples.empty() || c.tokens.size() > 1) counters_.prefill_rows_total += c.tokens.size();
+    }
+  }
+  if (observer_.on_step) observer_.on_step(plan, result, now - started);
+  if (result.status.ok()) {
+    bool decode_only = !plan.chunks.empty();
+    for (const SequenceChunk& c : plan.chunks) decode_only = decode_only && c.tokens.size() == 1;
+    // Under two and rotational the step's wall time holds other batches' work.
+    const bool overlapped =
+        (config_.pipelining == Pipelining::kTwo || config_.pipelining == Pipelining::kRotational) &&
+        !ex.local_pool;
+    clock_.Observe(now - started, result.timing, decode_only, overlapped);
+    UpdateAdvice();
+  }
+
+  // Sequences of this step, by wire id.
+  const std::unordered_map<SequenceId, Sequence*>& by_id = sequences_;
+  std::unordered_set<Request*> seen;
+  for (const SequenceChunk& c : plan.chunks) {
+    auto it = by_id.find(c.request_id);
+    if (it == by_id.end()) continue;
+    if (it->second->in_flight > 0) --it->second->in_flight;
+    Request* req = it->second->request;
+    if (seen.insert(req).second) involved.push_back(req);
+  }
+  for (Request* req : involved) {
+    if (req->in_flight > 0) --req->in_flight;
+  }
+
+  if (!result.status.ok()) {
+    LOG(ERROR) << "step " << plan.step_id << " on " << ex.impl->name()
+               << " failed: " << result.status;
+    // A node that cannot be reached is out of service at once (before its heartbeats stop),
+    // and its requests wait for another: losing the node is not their fault.
+    const bool lost = result.node_unreachable && !ex.impl->Reachable();
+    if (lost && ex.reachable) {
+      ex.reachable = false;
+      LOG(WARNING) << "compute node " << ex.impl->name() << " is unreachable";
+    }
+    bool other_node = false;
+    for (size_t e = 0; e < executors_.size(); ++e) {
+      other_node = other_node || (static_cast<int>(e) != executor && executors_[e]->alive &&
+                                  executors_[e]->reachable);
+    }
+    for (Request* req : involved) {
+      // Finished already (a stop seen before this plan came back), or a failure that an
+      // earlier plan's explains: this plan's rows depended on that plan's tokens.
+      if (req->state == Request::State::kDone || req->preempt_when_landed) continue;
+      if (lost) {
+        // Another node takes it; with none left it fails below, with the rest.
+        if (other_node) {
+          ForgetExecutor(req);
+          Preempt(req);
+        }
+      } else if (++req->step_failures > kMaxStepFailures) {
+        // The detail (node names, addresses) is in the log, not in the client's error.
+        FailRequest(req, FinishReason::kError,
+                    absl::InternalError(absl::StrCat("a compute node failed this request's step ",
+                                                     req->step_failures, " times")));
+      } else {
+        Preempt(req);
+      }
+    }
+    if (lost) {
+      // Requests placed on the lost node look for another one. With none left, every request
+      // fails (503) rather than wait for a node that may never return.
+      std::vector<Request*> failing;
+      for (auto& [id, req] : requests_) {
+        if (req->state == Request::State::kDone || req->in_flight) continue;
+        if (!other_node) {
+          failing.push_back(req.get());
+        } else if (req->executor == executor) {
+          ForgetExecutor(req.get());
+        }
+      }
+      for (Request* req : failing) {
+        FailRequest(req, FinishReason::kError,
+                    absl::UnavailableError("no compute node is available"));
+      }
+      PublishStats();
+    }
+    return;
+  }
+  for (PoolIndex p : result.dead_pools) {
+    if (p.value() < pools_.size() && pools_[p.value()]->alive) {
+      // Mark dead now, before the next step is built.
+      SetPoolAliveNow(p, false, -1);
+      if (pool_death_handler_) pool_death_handler_(p);
+    }
+  }
+  std::unordered_set<Request*> failed_now;
+  for (const auto& [id, status] : result.failed) {
+    auto it = by_id.find(id);
+    if (it == by_id.end()) continue;
+    Request* req = it->second->request;
+    if (failed_now.insert(req).second) {
+      // Already moved when its pool was declared dead above.
+      if (req->state != Request::State::kRunning || req->preempt_when_landed) continue;
+      const bool pool_dead =
+          req->pool && std::find(result.dead_pools.begin(), result.dead_pools.end(), *req->pool) !=
+                           result.dead_pools.end();
+      bool other_alive = false;
+      for (size_t p = 0; p < pools_.size(); ++p) {
+        other_alive = other_alive || (pools_[p]->alive &&
+                                      std::find(result.dead_pools.begin(), result.dead_pools.end(),
+                                                PoolIndex(p)) == result.dead_pools.end());
+      }
+      if (pool_dead && other_alive) {
+        ForgetLostKv(req);
+        Preempt(req);  // re-prefill on another pool
+      } else {
+        FailRequest(req, FinishReason::kError, status);
+      }
+    }
+  }
+
+  for (const SequenceChunk& c : plan.chunks) {
+    auto it = by_id.find(c.request_id);
+    if (it == by_id.end()) continue;
+    Sequence* seq = it->second;
+    Request* req = seq->request;
+    if (failed_now.count(req) || seq->finished || req->state != Request::State::kRunning ||
+        req->preempt_when_landed) {
+      continue;
+    }
+    seq->computed =
+        std::max<int64_t>(seq->computed, c.start_position + static_cast<int64_t>(c.tokens.size()));
+    RegisterBlocks(seq);
+  }
+
+  std::unordered_map<Request*, RequestUpdate> updates;
+  for (const SampledToken& t : result.tokens) {
+    auto it = by_id.find(t.request_id);
+    if (it == by_id.end()) continue;
+    Sequence* seq = it->second;
+    Request* req = seq->request;
+    if (seq->finished) {
+      // Sampled by a row planned before the stop was known: never streamed nor billed.
+      absl::MutexLock lock(&stats_mu_);
+      ++counters_.discarded_tokens_total;
+      continue;
+    }
+    if (failed_now.count(req) || req->state != Request::State::kRunning ||
+        req->preempt_when_landed) {
+      continue;
+    }
+    if (seq->waiting_for_owner) {
+      Sequence* owner = req->Owner();
+      if (owner == nullptr || owner == seq || owner->computed < req->prompt_len()) continue;
+      ShareParentPrompt(seq, owner);
+    }
+    RequestUpdate& update = updates[req];
+    update.request_id = req->id;
+    SequenceUpdate* su = nullptr;
+    for (auto& u : update.sequences) {
+      if (u.index == seq->index) su = &u;
+    }
+    if (su == nullptr) {
+      update.sequences.push_back({});
+      su = &update.sequences.back();
+      su->index = seq->index;
+    }
+    seq->tokens.push_back(t.token);
+    ++seq->num_outputs;
+    su->tokens.push_back(t.token);
+    if (req->spec.sampling.num_logprobs >= 0) {
+      su->logprobs.push_back({t.token, t.logprob, t.top_logprobs});
+    }
+    OutputProcessor::Delta delta = seq->output->Push(t.token);
+    su->text += delta.text;
+    if (req->first_token == absl::InfinitePast()) {
+      req->first_token = now;
+      if (observer_.on_first_token) {
+        observer_.on_first_token(req->id, req->admitted - req->submitted, now - req->submitted);
+      }
+    } else if (seq->last_token_time != absl::InfinitePast() && observer_.on_inter_token) {
+      observer_.on_inter_token(now - seq->last_token_time);
+    }
+    seq->last_token_time = now;
+    {
+      absl::MutexLock lock(&stats_mu_);
+      ++counters_.generation_tokens_total;
+    }
+    if (delta.finish != FinishReason::kNone) {
+      req->last_finish = delta.finish;
+      FinishSequence(seq, delta.finish, &update, "");
+      for (auto& u : update.sequences) {
+        if (u.index == seq->index) u.stop_reason = delta.stop_reason;
+      }
+    }
+  }
+  for (auto& [req, update] : updates) {
+    bool all_done = true;
+    for (const auto& s : req->seqs) all_done = all_done && s->finished;
+    update.finished = all_done;
+    update.prompt_tokens = req->prompt_len();
+    update.cached_prompt_tokens = req->cached_prompt_tokens;
+    if (req->callback) req->callback(update);
+    if (all_done) MaybeRemoveRequest(req);
+  }
+  // Cancellations and timeouts that arrived while the step ran.
+  for (Request* req : involved) {
+    if (req->state == Request::State::kDone) continue;
+    if (req->pending_finish == FinishReason::kAbort) {
+      FailRequest(req, FinishReason::kAbort, absl::CancelledError("cancelled by the client"));
+    } else if (req->pending_finish == FinishReason::kTimeout) {
+      FailRequest(req, FinishReason::kTimeout,
+                  absl::DeadlineExceededError("the request exceeded its timeout"));
+    }
+  }
+}
+
+}  // namespace strata
