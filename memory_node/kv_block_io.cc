@@ -4,8 +4,22 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
+#include "common/base/status_macros.h"
 
 namespace strata {
+
+absl::Status KvBlockIo::CheckSlots(std::span<const int32_t> slots) const {
+  if (slots.empty() || static_cast<int>(slots.size()) > block_tokens_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a block holds 1 to ", block_tokens_, " tokens, not ", slots.size()));
+  }
+  for (int32_t s : slots) {
+    if (s < 0 || s >= store_->num_slots()) {
+      return absl::InvalidArgumentError(absl::StrCat("slot ", s, " of ", store_->num_slots()));
+    }
+  }
+  return absl::OkStatus();
+}
 
 KvDiskOptions KvBlockIo::DiskOptions(const KvStoreConfig& store, int block_tokens) {
   KvDiskOptions o;
@@ -25,15 +39,7 @@ KvBlockIo::KvBlockIo(KvStore* store, KvDisk* disk, int block_tokens)
 }
 
 absl::Status KvBlockIo::Save(uint64_t extent, uint64_t key, std::span<const int32_t> slots) {
-  if (slots.empty() || static_cast<int>(slots.size()) > block_tokens_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a block holds 1 to ", block_tokens_, " tokens, not ", slots.size()));
-  }
-  for (int32_t s : slots) {
-    if (s < 0 || s >= store_->num_slots()) {
-      return absl::InvalidArgumentError(absl::StrCat("slot ", s, " of ", store_->num_slots()));
-    }
-  }
+  RETURN_IF_ERROR(CheckSlots(slots));
   const int layers = store_->config().num_layers;
   const uint64_t n = slots.size();
   for (int l = 0; l < layers; ++l) {
@@ -60,15 +66,7 @@ absl::Status KvBlockIo::Save(uint64_t extent, uint64_t key, std::span<const int3
 absl::Status KvBlockIo::LoadLayers(uint64_t extent, uint64_t key, std::span<const int> layers,
                                    std::span<const int32_t> slots,
                                    std::vector<absl::Status>* layer_status) {
-  if (slots.empty() || static_cast<int>(slots.size()) > block_tokens_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a block holds 1 to ", block_tokens_, " tokens, not ", slots.size()));
-  }
-  for (int32_t s : slots) {
-    if (s < 0 || s >= store_->num_slots()) {
-      return absl::InvalidArgumentError(absl::StrCat("slot ", s, " of ", store_->num_slots()));
-    }
-  }
+  RETURN_IF_ERROR(CheckSlots(slots));
   std::vector<SectionIo> ios;
   for (int l : layers) {
     if (l < 0 || l >= store_->config().num_layers) {

@@ -48,6 +48,9 @@ class KvBlockIo {
                           std::vector<absl::Status>* layer_status = nullptr);
 
  private:
+  // A block's slots: 1 to block_tokens of them, all in the store.
+  absl::Status CheckSlots(std::span<const int32_t> slots) const;
+
   KvStore* store_;
   KvDisk* disk_;
   int block_tokens_;
