@@ -70,6 +70,8 @@ class AttentionEngine {
 
   const AttentionEngineConfig& config() const { return config_; }
   const KvStore& store() const { return *store_; }
+  // For the disk tier, which loads blocks into slots no step uses meanwhile.
+  KvStore& mutable_store() { return *store_; }
   const kernels::AttentionParams& params() const { return params_; }
 
   absl::StatusOr<PreparedStep> Prepare(const StepKvPlan& plan);

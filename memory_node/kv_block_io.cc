@@ -1,5 +1,6 @@
 #include "memory_node/kv_block_io.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -29,21 +30,28 @@ KvDiskOptions KvBlockIo::DiskOptions(const KvStoreConfig& store, int block_token
   return o;
 }
 
-KvBlockIo::KvBlockIo(KvStore* store, KvDisk* disk, int block_tokens)
+KvBlockIo::KvBlockIo(KvStore* store, KvDisk* disk, int block_tokens, int staging_blocks)
     : store_(store), disk_(disk), block_tokens_(block_tokens) {
   row_bytes_ = static_cast<uint64_t>(store->row_elements()) * 2;
   CHECK_EQ(disk->sections(), store->config().num_layers) << "one disk section per layer";
   CHECK_GE(disk->section_bytes(), 2 * block_tokens * row_bytes_) << "sections too small";
-  block_ = disk->AllocateBlock();
-  CHECK(block_ != nullptr) << "no memory for a block's staging";
+  for (int i = 0; i < std::max(1, staging_blocks); ++i) {
+    staging_.push_back(disk->AllocateBlock());
+    CHECK(staging_.back() != nullptr) << "no memory for the disk tier's staging";
+  }
 }
 
-absl::Status KvBlockIo::Save(uint64_t extent, uint64_t key, std::span<const int32_t> slots) {
-  RETURN_IF_ERROR(CheckSlots(slots));
+uint64_t KvBlockIo::PayloadBytes(uint64_t tokens) const {
+  // Every section is written whole; the payload in use ends after the last layer's V rows.
+  return static_cast<uint64_t>(store_->config().num_layers - 1) * disk_->section_bytes() +
+         2 * tokens * row_bytes_;
+}
+
+uint64_t KvBlockIo::Gather(std::span<const int32_t> slots, uint8_t* buffer) {
   const int layers = store_->config().num_layers;
   const uint64_t n = slots.size();
   for (int l = 0; l < layers; ++l) {
-    uint8_t* section = block_.get() + static_cast<uint64_t>(l) * disk_->section_bytes();
+    uint8_t* section = buffer + static_cast<uint64_t>(l) * disk_->section_bytes();
     const auto* k = reinterpret_cast<const uint8_t*>(store_->k(l));
     const auto* v = reinterpret_cast<const uint8_t*>(store_->v(l));
     for (uint64_t t = 0; t < n; ++t) {
@@ -53,14 +61,78 @@ absl::Status KvBlockIo::Save(uint64_t extent, uint64_t key, std::span<const int3
     // No earlier block's KV in the tail: what is on disk is this block's alone.
     std::memset(section + 2 * n * row_bytes_, 0, disk_->section_bytes() - 2 * n * row_bytes_);
   }
-  // Every section is written whole (its unused tail zeroed above); the
-  // payload in use ends after the last layer's V rows.
-  ExtentIo io{extent,
-              block_.get(),
-              static_cast<uint64_t>(layers - 1) * disk_->section_bytes() + 2 * n * row_bytes_,
-              key,
-              {}};
-  return disk_->Write({&io, 1});
+  return PayloadBytes(n);
+}
+
+absl::Status KvBlockIo::Scatter(uint64_t extent, int layer, uint64_t payload_bytes,
+                                const uint8_t* section, std::span<const int32_t> slots) {
+  const uint64_t n = slots.size();
+  // A block saved with another number of tokens lays its rows out otherwise: whatever layer
+  // is read, the block's size in its header must be this one's.
+  if (payload_bytes != PayloadBytes(n)) {
+    return absl::DataLossError(absl::StrCat("block ", extent, " is not one of ", n, " tokens"));
+  }
+  auto* k = reinterpret_cast<uint8_t*>(store_->k(layer));
+  auto* v = reinterpret_cast<uint8_t*>(store_->v(layer));
+  for (uint64_t t = 0; t < n; ++t) {
+    std::memcpy(k + slots[t] * row_bytes_, section + t * row_bytes_, row_bytes_);
+    std::memcpy(v + slots[t] * row_bytes_, section + (n + t) * row_bytes_, row_bytes_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvBlockIo::Save(uint64_t extent, uint64_t key, std::span<const int32_t> slots) {
+  BlockIo block{extent, key, slots, {}};
+  SaveBlocks({&block, 1});
+  return block.status;
+}
+
+void KvBlockIo::SaveBlocks(std::span<BlockIo> blocks) {
+  for (size_t first = 0; first < blocks.size(); first += staging_.size()) {
+    const size_t count = std::min(staging_.size(), blocks.size() - first);
+    std::vector<ExtentIo> ios;
+    std::vector<BlockIo*> owners;
+    for (size_t i = 0; i < count; ++i) {
+      BlockIo& b = blocks[first + i];
+      b.status = CheckSlots(b.slots);
+      if (!b.status.ok()) continue;
+      uint8_t* buffer = staging_[ios.size()].get();
+      ios.push_back({b.extent, buffer, Gather(b.slots, buffer), b.key, {}});
+      owners.push_back(&b);
+    }
+    if (ios.empty()) continue;
+    disk_->Write(ios).IgnoreError();  // each extent's own status is below
+    for (size_t i = 0; i < ios.size(); ++i) owners[i]->status = ios[i].status;
+  }
+}
+
+void KvBlockIo::LoadBlocks(std::span<BlockIo> blocks) {
+  const int layers = store_->config().num_layers;
+  for (size_t first = 0; first < blocks.size(); first += staging_.size()) {
+    const size_t count = std::min(staging_.size(), blocks.size() - first);
+    // Whole extents, one read each (header and payload, checked together).
+    std::vector<ExtentIo> ios;
+    std::vector<BlockIo*> owners;
+    for (size_t i = 0; i < count; ++i) {
+      BlockIo& b = blocks[first + i];
+      b.status = CheckSlots(b.slots);
+      if (!b.status.ok()) continue;
+      ios.push_back({b.extent, staging_[ios.size()].get(), 0, b.key, {}});
+      owners.push_back(&b);
+    }
+    if (ios.empty()) continue;
+    disk_->Read(ios).IgnoreError();  // each extent's own status is below
+    for (size_t i = 0; i < ios.size(); ++i) {
+      BlockIo& b = *owners[i];
+      b.status = ios[i].status;
+      for (int l = 0; l < layers && b.status.ok(); ++l) {
+        b.status = Scatter(ios[i].extent, l, ios[i].bytes,
+                           static_cast<const uint8_t*>(ios[i].data) +
+                               static_cast<uint64_t>(l) * disk_->section_bytes(),
+                           b.slots);
+      }
+    }
+  }
 }
 
 absl::Status KvBlockIo::LoadLayers(uint64_t extent, uint64_t key, std::span<const int> layers,
@@ -73,32 +145,20 @@ absl::Status KvBlockIo::LoadLayers(uint64_t extent, uint64_t key, std::span<cons
       return absl::InvalidArgumentError(
           absl::StrCat("layer ", l, " of ", store_->config().num_layers));
     }
-    ios.push_back(
-        {extent, l, block_.get() + static_cast<uint64_t>(l) * disk_->section_bytes(), key, 0, {}});
+    ios.push_back({extent,
+                   l,
+                   staging_[0].get() + static_cast<uint64_t>(l) * disk_->section_bytes(),
+                   key,
+                   0,
+                   0,
+                   {}});
   }
   const absl::Status status = disk_->ReadSections(ios);
-  const uint64_t n = slots.size();
   std::vector<absl::Status> each;
   for (const SectionIo& io : ios) {
-    absl::Status s = io.status;
-    // A block saved with another number of tokens lays its rows out otherwise: whatever
-    // layer is read, the block's size in its header must be this one's.
-    const uint64_t want =
-        static_cast<uint64_t>(store_->config().num_layers - 1) * disk_->section_bytes() +
-        2 * n * row_bytes_;
-    if (s.ok() && io.payload_bytes != want) {
-      s = absl::DataLossError(absl::StrCat("block ", extent, " is not one of ", n, " tokens"));
-    }
-    if (s.ok()) {
-      const auto* section = static_cast<const uint8_t*>(io.data);
-      auto* k = reinterpret_cast<uint8_t*>(store_->k(io.section));
-      auto* v = reinterpret_cast<uint8_t*>(store_->v(io.section));
-      for (uint64_t t = 0; t < n; ++t) {
-        std::memcpy(k + slots[t] * row_bytes_, section + t * row_bytes_, row_bytes_);
-        std::memcpy(v + slots[t] * row_bytes_, section + (n + t) * row_bytes_, row_bytes_);
-      }
-    }
-    each.push_back(std::move(s));
+    each.push_back(io.status.ok() ? Scatter(io.extent, io.section, io.payload_bytes,
+                                            static_cast<const uint8_t*>(io.data), slots)
+                                  : io.status);
   }
   absl::Status first = status;
   for (const absl::Status& s : each) {

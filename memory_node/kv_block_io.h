@@ -1,5 +1,5 @@
-// Moves a block of KV between a memory node's DRAM store and the disk tier's block file
-// (groundwork of the disk tier: nothing drives it yet).
+// Moves blocks of KV between a memory node's DRAM store and the disk tier's block file
+// (memory_node/kv_disk_tier.h drives it).
 //
 // A block is the KV of `block_tokens` token slots across every layer. On disk it is one
 // extent whose sections are the layers, each holding that layer's K rows then its V rows
@@ -11,6 +11,9 @@
 // asked for and scatters them into the store's slots (which may be other slots than it was
 // saved from: a block is reloaded wherever the scheduler has room). A layer that fails its
 // checksum is reported (DataLoss) and nothing of it is written into the store.
+// SaveBlocks and LoadBlocks do the same for many blocks, as many at once as the staging
+// buffers hold (each block's I/O in flight together, up to the disk's queue depth); loads
+// go layer by layer across the blocks of a batch.
 //
 // Thread-safety: one thread at a time (the memory node's disk worker); the slots written
 // must not be read by attention until LoadLayers returns.
@@ -28,11 +31,19 @@
 
 namespace strata {
 
+// One block of a batch: its extent, key and slots; `status` is set by the call.
+struct BlockIo {
+  uint64_t extent = 0;
+  uint64_t key = 0;
+  std::span<const int32_t> slots;
+  absl::Status status;
+};
+
 class KvBlockIo {
  public:
   // `disk` must have been opened with KvBlockOptions(store config, block_tokens) and both
-  // must outlive this object.
-  KvBlockIo(KvStore* store, KvDisk* disk, int block_tokens);
+  // must outlive this object. `staging_blocks` (at least 1) block buffers are allocated.
+  KvBlockIo(KvStore* store, KvDisk* disk, int block_tokens, int staging_blocks = 1);
 
   // What KvDisk needs for blocks of `block_tokens` tokens of this store: one section per
   // layer.
@@ -47,15 +58,31 @@ class KvBlockIo {
                           std::span<const int32_t> slots,
                           std::vector<absl::Status>* layer_status = nullptr);
 
+  // Saves, or loads whole, every block; each gets its own status (a load that fails any
+  // layer fails, and its slots must not be used).
+  void SaveBlocks(std::span<BlockIo> blocks);
+  void LoadBlocks(std::span<BlockIo> blocks);
+
+  int staging_blocks() const { return static_cast<int>(staging_.size()); }
+  uint64_t staging_bytes() const { return staging_.size() * disk_->block_bytes(); }
+
  private:
+  // Gathers `slots` into `buffer`; the payload bytes in use.
+  uint64_t Gather(std::span<const int32_t> slots, uint8_t* buffer);
+  // Scatters one layer's section of extent `extent` into the slots, if the block's size (its
+  // header's `payload_bytes`) is that of `slots`.
+  absl::Status Scatter(uint64_t extent, int layer, uint64_t payload_bytes, const uint8_t* section,
+                       std::span<const int32_t> slots);
+  uint64_t PayloadBytes(uint64_t tokens) const;
+
   // A block's slots: 1 to block_tokens of them, all in the store.
   absl::Status CheckSlots(std::span<const int32_t> slots) const;
 
   KvStore* store_;
   KvDisk* disk_;
   int block_tokens_;
-  uint64_t row_bytes_;              // one token's K (or V) in one layer
-  std::shared_ptr<uint8_t> block_;  // staging for a whole block
+  uint64_t row_bytes_;                             // one token's K (or V) in one layer
+  std::vector<std::shared_ptr<uint8_t>> staging_;  // one whole block each
 };
 
 }  // namespace strata

@@ -14,6 +14,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "memory_node/testing/disk_test_env.h"
 
 namespace strata {
 namespace {
@@ -23,28 +24,15 @@ constexpr int kBlockTokens = 16;
 class KvBlockIoTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    io_uring ring;
-    const int rc = io_uring_queue_init(1, &ring, 0);
-    if (rc < 0) GTEST_SKIP() << "io_uring is not available here: " << std::strerror(-rc);
-    io_uring_queue_exit(&ring);
+    if (const std::string why = testing_env::IoUringUnavailable(); !why.empty())
+      GTEST_SKIP() << why;
     KvStoreConfig c;
     c.num_layers = 3;
     c.num_kv_heads = 2;
     c.head_dim = 16;
     c.num_slots = 200;
-    c.prefault = false;
-    store_ = std::move(*KvStore::Create(c));
-    // Random KV in every slot of every layer.
-    std::mt19937 rng(3);
-    for (int l = 0; l < c.num_layers; ++l) {
-      for (int64_t i = 0; i < c.num_slots * store_->row_elements(); ++i) {
-        store_->k(l)[i] = static_cast<uint16_t>(rng());
-        store_->v(l)[i] = static_cast<uint16_t>(rng());
-      }
-    }
-    const char* base = std::getenv("TEST_TMPDIR");
-    dir_ = std::string(base != nullptr ? base : "/tmp") + "/kv_block_io";
-    std::filesystem::remove_all(dir_);
+    store_ = testing_env::RandomStore(c, 3);
+    dir_ = testing_env::FreshDir("kv_block_io");
     KvDiskOptions o = KvBlockIo::DiskOptions(c, kBlockTokens);
     o.dir = dir_;
     o.fingerprint = "kv_block_io_test";

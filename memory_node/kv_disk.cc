@@ -94,6 +94,28 @@ std::shared_ptr<uint8_t> Aligned(uint64_t bytes) {
 
 }  // namespace
 
+absl::Status CheckKvDiskDir(const std::string& dir, bool allow_buffered) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  if (chmod(dir.c_str(), 0700) != 0) return Errno(errno, "chmod " + dir);
+  const std::string probe = dir + "/.probe";
+  int fd = open(probe.c_str(), O_CREAT | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
+  if (fd < 0 && errno == EINVAL) {
+    if (!allow_buffered) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the filesystem of ", dir,
+          " does not support O_DIRECT; put the KV disk tier on one that does (ext4, xfs), or "
+          "allow buffered I/O"));
+    }
+    fd = open(probe.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  }
+  if (fd < 0) return Errno(errno, "open " + probe);
+  close(fd);
+  unlink(probe.c_str());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<KvDisk>> KvDisk::Open(const KvDiskOptions& options) {
   namespace fs = std::filesystem;
   if (options.dir.empty()) return absl::InvalidArgumentError("no KV disk directory");
@@ -147,11 +169,12 @@ absl::StatusOr<std::unique_ptr<KvDisk>> KvDisk::Open(const KvDiskOptions& option
     buffer << in.rdbuf();
     have = buffer.str();
   }
-  if (have != want) {
+  if (have != want || options.start_empty) {
     if (fs::exists(blocks_path)) {
       LOG(WARNING) << "discarding the KV disk directory " << options.dir
-                   << (have.empty() ? " (no fingerprint)"
-                                    : " (written for another model or layout)");
+                   << (have != want && have.empty() ? " (no fingerprint)"
+                       : have != want               ? " (written for another model or layout)"
+                                      : " (the scheduler's index of it starts empty)");
       fs::remove(blocks_path, ec);
     }
     disk->discarded_ = true;

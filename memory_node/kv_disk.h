@@ -1,6 +1,5 @@
 // The cold tier's storage under a memory node: KV blocks in fixed-size extents of one file,
-// read and written with io_uring and O_DIRECT (groundwork of the disk tier; nothing uses it
-// yet, see docs/architecture.md, "Not built yet").
+// read and written with io_uring and O_DIRECT (docs/architecture.md, "The disk tier").
 //
 // The scheduler allocates extents, as it allocates DRAM slots: this class only executes
 // what it is told, and says what failed. An extent is a 4096-byte header (magic, layout
@@ -48,6 +47,9 @@ struct KvDiskOptions {
   int sections = 1;
   int queue_depth = 8;  // requests in flight
   bool allow_buffered = false;
+  // Discard what the directory holds, whatever its fingerprint (the scheduler's index of
+  // it is gone: a memory node configured anew starts its disk empty).
+  bool start_empty = false;
 };
 
 struct KvDiskStats {
@@ -85,6 +87,11 @@ struct ExtentInfo {
   uint64_t bytes = 0;
   int64_t written_unix_s = 0;
 };
+
+// Whether `dir` can hold a disk tier: it is created (0700) if need be and must be writable,
+// on a filesystem with O_DIRECT unless `allow_buffered`. A node checks at start, so that a
+// bad directory is a clear error then rather than a missing tier later.
+absl::Status CheckKvDiskDir(const std::string& dir, bool allow_buffered);
 
 class KvDisk {
  public:

@@ -18,28 +18,20 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "memory_node/testing/disk_test_env.h"
 
 namespace strata {
 namespace {
 
-// io_uring can be switched off (a container's seccomp profile, kernel.io_uring_disabled):
-// the tier then cannot run at all, which these tests cannot change.
 class KvDiskTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    io_uring ring;
-    const int rc = io_uring_queue_init(1, &ring, 0);
-    if (rc < 0) GTEST_SKIP() << "io_uring is not available here: " << std::strerror(-rc);
-    io_uring_queue_exit(&ring);
+    if (const std::string why = testing_env::IoUringUnavailable(); !why.empty())
+      GTEST_SKIP() << why;
   }
 };
 
-std::string TempDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  const std::string dir = std::string(base != nullptr ? base : "/tmp") + "/" + name;
-  std::filesystem::remove_all(dir);
-  return dir;
-}
+std::string TempDir(const std::string& name) { return testing_env::FreshDir(name); }
 
 KvDiskOptions Options(const std::string& dir, const std::string& fingerprint = "tiny bf16") {
   KvDiskOptions o;

@@ -75,6 +75,12 @@ absl::StatusOr<MemoryConfigAck> MemoryServer::Configure(const MemoryConfig& conf
     return absl::InvalidArgumentError(absl::StrCat("KV dtype \"", m.kv_dtype, "\""));
   }
   if (config.num_slots == 0) return absl::InvalidArgumentError("no KV slots");
+  std::lock_guard<std::mutex> disk_lock(disk_mu_);
+  {
+    // The old tier's blocks belong to the old index, and its store may go below.
+    std::lock_guard<std::mutex> ptr_lock(disk_ptr_mu_);
+    disk_.reset();
+  }
   std::lock_guard<std::mutex> lock(engine_mu_);
   const bool same_shape = engine_ != nullptr &&
                           dims_.num_layers == static_cast<int>(m.num_layers) &&
@@ -110,12 +116,49 @@ absl::StatusOr<MemoryConfigAck> MemoryServer::Configure(const MemoryConfig& conf
               << config.num_slots << " KV slots (" << engine_->store().total_bytes() / (1 << 20)
               << " MiB) for " << m.name << " in " << absl::FormatDuration(absl::Now() - start);
   }
-  ready_.store(true);
-  PublishKvLocked();
   MemoryConfigAck ack;
   ack.num_slots = engine_->store().num_slots();
   ack.kv_bytes = engine_->store().total_bytes();
+  disk_epoch_ = config.epoch;
+  if (!options_.disk.dir.empty() && config.disk_block_tokens > 0) {
+    auto tier = KvDiskTier::Open(options_.disk, &engine_->mutable_store(), config.disk_block_tokens,
+                                 absl::StrCat(m.name, " ", m.num_layers, "x", m.num_kv_heads, "x",
+                                              m.head_dim, " ", m.kv_dtype));
+    if (tier.ok()) {
+      ack.disk_extents = (*tier)->extents();
+      ack.disk_direct = (*tier)->direct();
+      ack.disk_block_bytes = (*tier)->block_bytes();
+      std::lock_guard<std::mutex> ptr_lock(disk_ptr_mu_);
+      disk_ = std::move(*tier);
+    } else {
+      // KV still lives in DRAM: the pool serves, without a disk tier.
+      LOG(ERROR) << "no disk tier: " << tier.status();
+    }
+  }
+  ready_.store(true);
+  PublishKvLocked();
   return ack;
+}
+
+absl::StatusOr<std::vector<absl::Status>> MemoryServer::MoveKv(uint64_t epoch,
+                                                               std::span<const KvMove> moves) {
+  std::lock_guard<std::mutex> lock(disk_mu_);
+  if (epoch != disk_epoch_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("KV moves of epoch ", epoch, " for a node of epoch ", disk_epoch_));
+  }
+  if (disk_ == nullptr) return absl::FailedPreconditionError("this memory node has no disk tier");
+  return disk_->Execute(moves);
+}
+
+std::optional<KvDiskTierStats> MemoryServer::disk_stats() const {
+  std::shared_ptr<KvDiskTier> disk;
+  {
+    std::lock_guard<std::mutex> lock(disk_ptr_mu_);
+    disk = disk_;
+  }
+  if (disk == nullptr) return std::nullopt;
+  return disk->stats();
 }
 
 NodeStatus MemoryServer::Status() const {

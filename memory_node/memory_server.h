@@ -33,6 +33,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -45,6 +47,7 @@
 #include "common/transport/frame.h"
 #include "common/transport/transport.h"
 #include "memory_node/attention_engine.h"
+#include "memory_node/kv_disk_tier.h"
 
 namespace strata {
 
@@ -60,6 +63,9 @@ struct MemoryServerOptions {
   // Records each layer frame's attention on the track of the connection it came on (one per
   // compute node lane); null: nothing is recorded. Must outlive the server.
   TraceRecorder* trace = nullptr;
+  // The disk tier under the KV store (dir empty: none). It is opened, empty, at each
+  // configuration that asks for one (MemoryConfig::disk_block_tokens).
+  KvDiskTierOptions disk;
 };
 
 struct MemoryServerStats {
@@ -92,6 +98,12 @@ class MemoryServer : public transport::MessageHandler {
   absl::StatusOr<MemoryConfigAck> Configure(const MemoryConfig& config);
   NodeStatus Status() const;
   MemoryServerStats stats() const;
+
+  // From the scheduler: moves between the KV store and the disk tier (kv_disk_tier.h), one
+  // status each. FailedPrecondition for another epoch or without a disk tier.
+  absl::StatusOr<std::vector<absl::Status>> MoveKv(uint64_t epoch, std::span<const KvMove> moves);
+  // The disk tier's counters; nullopt without one.
+  std::optional<KvDiskTierStats> disk_stats() const;
 
   // transport::MessageHandler (the transport thread).
   std::span<uint8_t> Place(transport::PeerId from, std::span<const uint8_t> header,
@@ -136,6 +148,14 @@ class MemoryServer : public transport::MessageHandler {
   MemoryServerOptions options_;
   std::unique_ptr<transport::Transport> transport_;
   std::string data_address_;
+
+  // The disk tier. disk_mu_ is held by a configuration and by moves (which take long: never
+  // under engine_mu_, so attention goes on meanwhile); Configure takes it before engine_mu_.
+  // disk_ptr_mu_ only guards the pointer, for stats.
+  std::mutex disk_mu_;
+  mutable std::mutex disk_ptr_mu_;
+  std::shared_ptr<KvDiskTier> disk_;
+  uint64_t disk_epoch_ = 0;  // guarded by disk_mu_
 
   // Engine and configuration, guarded by engine_mu_ (worker and Configure).
   mutable std::mutex engine_mu_;

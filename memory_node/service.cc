@@ -4,6 +4,7 @@
 #include "common/base/shutdown.h"
 #include "common/control/grpc_status.h"
 #include "common/protocol/node_config_proto.h"
+#include "common/protocol/step_proto.h"
 
 namespace strata {
 
@@ -17,6 +18,22 @@ grpc::Status MemoryNodeService::Configure(grpc::ServerContext* context,
     return ToGrpcStatus(ack.status());
   }
   *response = ToProto(*ack);
+  return grpc::Status::OK;
+}
+
+grpc::Status MemoryNodeService::MoveKv(grpc::ServerContext* context,
+                                       const control::KvMoves* request,
+                                       control::KvMoveReport* response) {
+  if (grpc::Status auth = auth_->Check(context); !auth.ok()) return auth;
+  std::vector<KvMove> moves;
+  for (const control::KvMove& m : request->moves()) {
+    auto move = FromProto(m);
+    if (!move.ok()) return ToGrpcStatus(move.status());
+    moves.push_back(std::move(*move));
+  }
+  auto done = server_->MoveKv(request->epoch(), moves);
+  if (!done.ok()) return ToGrpcStatus(done.status());
+  for (const absl::Status& s : *done) ToProto(s, response->add_status());
   return grpc::Status::OK;
 }
 

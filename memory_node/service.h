@@ -1,5 +1,5 @@
 // The memory node's gRPC service (proto/control.proto, service MemoryNode): configuration
-// by the scheduler, health, and shutdown.
+// by the scheduler, the disk tier's moves, health, and shutdown.
 #ifndef STRATA_MEMORY_NODE_SERVICE_H_
 #define STRATA_MEMORY_NODE_SERVICE_H_
 
@@ -21,6 +21,8 @@ class MemoryNodeService final : public control::MemoryNode::Service {
 
   grpc::Status Configure(grpc::ServerContext* context, const control::MemoryConfig* request,
                          control::MemoryConfigAck* response) override;
+  grpc::Status MoveKv(grpc::ServerContext* context, const control::KvMoves* request,
+                      control::KvMoveReport* response) override;
   grpc::Status Health(grpc::ServerContext* context, const control::HealthRequest* request,
                       control::HealthResponse* response) override;
   grpc::Status Shutdown(grpc::ServerContext* context, const control::ShutdownRequest* request,

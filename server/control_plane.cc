@@ -10,6 +10,7 @@
 #include "common/base/logging.h"
 #include "common/control/version.h"
 #include "server/grpc_executor.h"
+#include "server/grpc_kv_mover.h"
 
 namespace strata {
 namespace {
@@ -338,6 +339,10 @@ void ControlPlane::ConfigureMemory(uint64_t id) {
     config.set_pool_index(pool ? pool->value() : static_cast<uint32_t>(pool_of_name_.size()));
     *config.mutable_model() = m;
     config.set_num_slots(slots);
+    // The disk tier keeps prefix-cache blocks: none without the prefix cache.
+    if (scheduler_->config().enable_prefix_caching) {
+      config.set_disk_block_tokens(static_cast<uint32_t>(scheduler_->config().block_tokens));
+    }
   }
   if (config.num_slots() == 0) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -378,9 +383,20 @@ void ControlPlane::ConfigureMemory(uint64_t id) {
     }
     node.pool = pool;
     node.view.configured = true;
+    if (ack.disk_extents() > 0) {
+      // Its disk tier, opened empty: the scheduler's index of it starts empty too.
+      scheduler_->SetPoolDisk(*pool, static_cast<int64_t>(ack.disk_extents()),
+                              std::make_shared<GrpcKvMover>(channel, options_.auth, options_.epoch,
+                                                            options_.step_deadline));
+    }
     LOG(INFO) << "memory node " << info.name() << " is ready: pool " << *pool << ", "
               << ack.num_slots() << " KV slots (" << ack.kv_bytes() / (1 << 20)
-              << " MiB), data plane at " << info.data_address() << " over " << info.transport();
+              << " MiB), data plane at " << info.data_address() << " over " << info.transport()
+              << (ack.disk_extents() > 0
+                      ? absl::StrCat(", disk tier of ", ack.disk_extents(), " blocks of ",
+                                     ack.disk_block_bytes(), " bytes",
+                                     ack.disk_direct() ? "" : " (buffered)")
+                      : "");
   }
   ReconfigureComputeNodes();
 }

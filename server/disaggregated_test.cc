@@ -3,8 +3,13 @@
 // loopback TCP). Greedy outputs must be bit-identical to co-located attention for every
 // topology, policy and mini-batching, and a memory node that dies mid-generation only
 // moves its requests.
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <condition_variable>
+#include <filesystem>
 #include <map>
 #include <random>
 
@@ -24,6 +29,7 @@
 #include "server/rotation_group.h"
 #include "server/scheduler.h"
 #include "server/testing/in_process_executor.h"
+#include "server/testing/in_process_kv_mover.h"
 
 namespace strata {
 namespace {
@@ -58,6 +64,9 @@ struct Topology {
   bool rotational = false;
   // Rotational: the last this many compute nodes join the group inactive (JoinLate).
   int late_replicas = 0;
+  // A disk tier under each memory node, in its own subdirectory of this (empty: none).
+  std::string disk_dir;
+  uint64_t disk_budget_bytes = 64ull << 20;
 };
 
 std::string Name(const Topology& t) {
@@ -107,6 +116,12 @@ class Deployment {
       options.data_address =
           t.backend == "inproc" ? absl::StrCat("memory-", ++instance) : "127.0.0.1:0";
       options.prefault_kv = false;
+      if (!t.disk_dir.empty()) {
+        options.disk.dir = absl::StrCat(t.disk_dir, "/memory-", i);
+        options.disk.budget_bytes = t.disk_budget_bytes;
+        options.disk.staging_bytes = 4 << 20;
+        options.disk.allow_buffered = true;  // a test's tmpfs
+      }
       auto server = MemoryServer::Create(options);
       EXPECT_TRUE(server.ok()) << server.status();
       MemoryConfig mc;
@@ -119,10 +134,17 @@ class Deployment {
       mc.model.head_dim = c.head_dim;
       mc.model.kv_dtype = "bf16";
       mc.num_slots = slots_per_pool;
-      EXPECT_TRUE((*server)->Configure(mc).ok());
+      mc.disk_block_tokens = t.disk_dir.empty() ? 0 : config.block_tokens;
+      auto ack = (*server)->Configure(mc);
+      EXPECT_TRUE(ack.ok()) << ack.status();
       addresses.push_back({PoolIndex(i), absl::StrCat("memory-", i), (*server)->data_address()});
+      const PoolIndex pool = scheduler_->AddPool(absl::StrCat("memory-", i), slots_per_pool);
+      if (!t.disk_dir.empty()) {
+        EXPECT_GT(ack->disk_extents, 0u) << "no disk tier";
+        scheduler_->SetPoolDisk(pool, static_cast<int64_t>(ack->disk_extents),
+                                std::make_shared<InProcessKvMover>(server->get(), 42));
+      }
       memory_.push_back(std::move(*server));
-      scheduler_->AddPool(absl::StrCat("memory-", i), slots_per_pool);
     }
     for (int i = 0; i < t.compute_nodes; ++i) {
       auto runner = std::make_unique<ModelRunner>(weights, config.max_model_len);
@@ -650,6 +672,145 @@ TEST_F(DisaggregatedTest, LosingTheOnlyMemoryNodeFailsItsRequestsClearly) {
           << outcome->error;
     }
   }
+}
+
+// The disk tier (AttentionStore's reuse across turns): a conversation's KV, saved to disk
+// when its turn ends, is read back for its next turn after DRAM has been given to other
+// requests, and the next turn's output is what a fresh run computes. Then the same with
+// the blocks on disk corrupted (detected, never served, recomputed) and on a disk too full
+// to hold them (not cached; nothing fails).
+class DiskTierTest : public DisaggregatedTest {
+ protected:
+  // Turn 1 of a conversation, three other conversations that take the pool's DRAM (160
+  // slots: ten blocks), then turn 2 (turn 1's prompt and output, and a new question).
+  struct Turns {
+    std::vector<int32_t> turn1_output, turn2_output;
+    int64_t turn2_cached = 0;
+    SchedulerStats stats;
+    std::optional<KvDiskTierStats> disk;
+  };
+  static GenerateRequest Turn(std::vector<int32_t> prompt) {
+    GenerateRequest r;
+    r.prompt_tokens = std::move(prompt);
+    r.sampling.temperature = 0.0f;
+    r.max_tokens = 8;
+    r.ignore_eos = true;
+    return r;
+  }
+  static std::vector<int32_t> Turn2Prompt(const std::vector<int32_t>& turn1_output) {
+    std::vector<int32_t> p = Prompt(100, 7000);
+    p.insert(p.end(), turn1_output.begin(), turn1_output.end());
+    const auto question = Prompt(20, 7001);
+    p.insert(p.end(), question.begin(), question.end());
+    return p;
+  }
+  // `before_turn2` runs once the other conversations are done (with the disk directory).
+  static Turns Converse(const Topology& t, const std::function<void()>& before_turn2) {
+    Deployment d(weights_, t, 160);
+    Turns out;
+    auto first = d.Submit(Turn(Prompt(100, 7000)));
+    EXPECT_TRUE(d.Wait({first}));
+    out.turn1_output = first->tokens;
+    std::vector<std::shared_ptr<Outcome>> others;
+    for (int i = 0; i < 3; ++i) {
+      others.push_back(d.Submit(Turn(Prompt(100, 7100 + i))));
+      EXPECT_TRUE(d.Wait({others.back()}));
+    }
+    if (before_turn2) before_turn2();
+    auto second = d.Submit(Turn(Turn2Prompt(out.turn1_output)));
+    EXPECT_TRUE(d.Wait({second}));
+    for (const auto& o : others) EXPECT_TRUE(o->error.ok()) << o->error;
+    EXPECT_TRUE(first->error.ok()) << first->error;
+    EXPECT_TRUE(second->error.ok()) << second->error;
+    out.turn2_output = second->tokens;
+    out.turn2_cached = second->cached_prompt_tokens;
+    out.stats = d.scheduler().Stats();
+    out.disk = d.memory()[0]->disk_stats();
+    return out;
+  }
+  // Turn 2 computed from nothing: a deployment that has seen nothing else.
+  static std::vector<int32_t> Fresh(const std::vector<int32_t>& turn1_output) {
+    Deployment d(weights_, Topology{1, 1}, 2048);
+    auto o = d.Submit(Turn(Turn2Prompt(turn1_output)));
+    EXPECT_TRUE(d.Wait({o}));
+    EXPECT_TRUE(o->error.ok()) << o->error;
+    EXPECT_EQ(o->cached_prompt_tokens, 0);
+    return o->tokens;
+  }
+  static std::string DiskDir(const std::string& name) {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    const std::string dir = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/disk_tier_", name);
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    return dir;
+  }
+};
+
+TEST_F(DiskTierTest, TheNextTurnReadsItsHistoryFromDiskAndMatchesAFreshRun) {
+  Topology t{1, 1};
+  t.disk_dir = DiskDir("reuse");
+  const Turns turns = Converse(t, nullptr);
+  ASSERT_EQ(turns.turn2_output.size(), 8u);
+  EXPECT_EQ(turns.turn2_output, Fresh(turns.turn1_output));
+  // The history's blocks had left DRAM: they came back from disk (six full blocks of the
+  // 100-token prompt; the tail and the output are recomputed).
+  EXPECT_GT(turns.stats.dram_evicted_blocks_total, 0);
+  EXPECT_GE(turns.stats.disk_hit_tokens_total, 96);
+  EXPECT_GE(turns.turn2_cached, 96);
+  EXPECT_GE(turns.stats.disk_saved_blocks_total, 6);
+  EXPECT_EQ(turns.stats.disk_failed_loads_total, 0);
+  ASSERT_TRUE(turns.disk.has_value());
+  EXPECT_GE(turns.disk->loads, 6u);
+  EXPECT_EQ(turns.disk->checksum_failures, 0u);
+  EXPECT_GT(turns.disk->bytes_read, 0u);
+}
+
+TEST_F(DiskTierTest, ACorruptedBlockIsDetectedNeverServedAndRecomputed) {
+  Topology t{1, 1};
+  t.disk_dir = DiskDir("corrupt");
+  const std::string blocks = t.disk_dir + "/memory-0/blocks";
+  const Turns turns = Converse(t, [&] {
+    // Flip a byte in every block's payload (past each extent's 4 KiB header).
+    const int fd = open(blocks.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0) << blocks;
+    const off_t size = lseek(fd, 0, SEEK_END);
+    int flipped = 0;
+    for (off_t at = 4096 + 64; at < size; at += 4096) {
+      uint8_t b = 0;
+      if (pread(fd, &b, 1, at) != 1 || b == 0) continue;  // holes read as zeros
+      b ^= 0x5a;
+      ASSERT_EQ(pwrite(fd, &b, 1, at), 1);
+      ++flipped;
+    }
+    close(fd);
+    ASSERT_GT(flipped, 0) << "nothing on disk to corrupt";
+  });
+  EXPECT_EQ(turns.turn2_output, Fresh(turns.turn1_output));
+  EXPECT_GT(turns.stats.disk_failed_loads_total, 0);
+  EXPECT_EQ(turns.stats.disk_hit_tokens_total, 0);
+  ASSERT_TRUE(turns.disk.has_value());
+  EXPECT_GT(turns.disk->checksum_failures, 0u);
+}
+
+TEST_F(DiskTierTest, AFullDiskDegradesToNotCachedAndFailsNothing) {
+  const std::string dir = DiskDir("full");
+  // A 48 KiB disk (a tmpfs this test mounts; root only) under a 64 MiB budget: the first
+  // blocks fit, the rest fail with ENOSPC.
+  if (mount("strata-disk-tier-test", dir.c_str(), "tmpfs", 0, "size=48k,mode=0700") != 0) {
+    GTEST_SKIP() << "cannot mount a small tmpfs here: " << std::strerror(errno);
+  }
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { umount2(dir.c_str(), MNT_DETACH); }
+  } unmount{dir};
+  Topology t{1, 1};
+  t.disk_dir = dir;
+  const Turns turns = Converse(t, nullptr);
+  ASSERT_EQ(turns.turn2_output.size(), 8u);
+  EXPECT_EQ(turns.turn2_output, Fresh(turns.turn1_output));
+  EXPECT_GT(turns.stats.disk_failed_saves_total, 0);
+  ASSERT_TRUE(turns.disk.has_value());
+  EXPECT_GT(turns.disk->failed_saves, 0u);
 }
 
 }  // namespace

@@ -172,6 +172,14 @@ void KvPool::DropBlock(uint64_t hash) {
   }
 }
 
+bool KvPool::BlockContents(uint64_t hash, const int32_t** tokens, const int32_t** slots) const {
+  auto it = blocks_.find(hash);
+  if (it == blocks_.end()) return false;
+  *tokens = it->second.tokens.data();
+  *slots = it->second.slots.data();
+  return true;
+}
+
 bool KvPool::CheckInvariants(const std::vector<int32_t>& external_refs) const {
   std::vector<uint32_t> expected(refcount_.size(), 0);
   for (int32_t s : external_refs) ++expected[s];

@@ -87,6 +87,8 @@ class KvPool {
   void HoldBlock(uint64_t hash);
   // A request stops holding a block it took, inserted or held.
   void DropBlock(uint64_t hash);
+  // A cached block's tokens and slots (block_tokens each); false if it is not cached.
+  bool BlockContents(uint64_t hash, const int32_t** tokens, const int32_t** slots) const;
 
   // Consistency check for tests: every slot's refcount equals the references the caller
   // holds plus the cache's, and the free list holds exactly the unreferenced slots.

@@ -125,6 +125,7 @@ void Scheduler::AfterBatch() {
     return;
   }
   ScheduleIdleExecutors();
+  FlushDiskMoves();
   WatchUnreachable();
   PublishStats();
 }
@@ -263,7 +264,18 @@ void Scheduler::SetPoolAliveNow(PoolIndex pool, bool alive, int64_t num_slots) {
     p.alive = false;
     LOG(WARNING) << "KV pool " << p.name << " is gone; re-prefilling its requests elsewhere";
     // Its KV is lost: forget the tables without touching the (discarded) ledger.
+    retired_dram_evicted_ += p.kv->evicted_blocks();
     p.kv = std::make_unique<KvPool>(pool, 0, config_.block_tokens);
+    // Its disk tier is reopened empty when it comes back; late outcomes are ignored.
+    if (p.disk) {
+      retired_disk_evicted_ += p.disk->Stats().evicted;
+      retired_disk_expired_ += p.disk->Stats().expired;
+    }
+    p.disk.reset();
+    p.mover.reset();
+    ++p.generation;
+    p.loads.clear();
+    p.moves.clear();
     for (auto& e : executors_) {
       auto& rel = e->pending_releases;
       rel.erase(std::remove_if(rel.begin(), rel.end(),
@@ -471,7 +483,10 @@ void Scheduler::ReleaseKv(Sequence* seq) {
   Request* req = seq->request;
   if (req->pool && req->pool->value() < pools_.size() && pools_[req->pool->value()]->alive) {
     KvPool& kv = *pools_[req->pool->value()]->kv;
-    for (const auto& [block, hash] : seq->held) kv.DropBlock(hash);
+    for (const auto& [block, hash] : seq->held) {
+      SaveBlock(*req->pool, hash);  // save early: a later eviction from DRAM is then free
+      kv.DropBlock(hash);
+    }
     kv.Unref(seq->table);
     if (seq->setup_sent && req->executor >= 0) {
       executors_[req->executor]->pending_releases.push_back({seq->id, *req->pool});
@@ -598,6 +613,9 @@ void Scheduler::PublishStats() {
     absl::MutexLock lock(&stats_mu_);
     s = counters_;
   }
+  s.dram_evicted_blocks_total = retired_dram_evicted_;
+  s.disk_evicted_blocks_total = retired_disk_evicted_;
+  s.disk_expired_blocks_total = retired_disk_expired_;
   int64_t used = 0, total = 0;
   for (size_t i = 0; i < pools_.size(); ++i) {
     PoolStatus ps;
@@ -606,6 +624,11 @@ void Scheduler::PublishStats() {
     ps.alive = pools_[i]->alive;
     if (ps.alive) {
       ps.stats = pools_[i]->kv->Stats();
+      ps.has_disk = pools_[i]->disk != nullptr;
+      if (ps.has_disk) ps.disk = pools_[i]->disk->Stats();
+      s.dram_evicted_blocks_total += pools_[i]->kv->evicted_blocks();
+      s.disk_evicted_blocks_total += ps.disk.evicted;
+      s.disk_expired_blocks_total += ps.disk.expired;
       used += ps.stats.used_slots;
       total += ps.stats.total_slots;
     }

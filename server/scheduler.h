@@ -45,7 +45,9 @@
 #include "common/base/event_loop.h"
 #include "common/protocol/pipelining.h"
 #include "common/tokenizer/tokenizer.h"
+#include "server/disk_ledger.h"
 #include "server/kv_manager.h"
+#include "server/kv_mover.h"
 #include "server/output_processor.h"
 #include "server/policy.h"
 #include "server/request.h"
@@ -84,6 +86,9 @@ struct SchedulerConfig {
   std::vector<int32_t> eos_token_ids;
   int32_t vocab_size = 0;
   uint64_t epoch = 0;  // stamped on plans
+  // The disk tier (pools given one with SetPoolDisk): blocks idle longer than this are
+  // deleted (persisted KV is user data).
+  absl::Duration disk_ttl = absl::Hours(1);
 };
 
 struct PoolStatus {
@@ -91,6 +96,8 @@ struct PoolStatus {
   std::string name;
   bool alive = false;
   PoolStats stats;
+  bool has_disk = false;
+  DiskLedgerStats disk;
 };
 
 struct SchedulerStats {
@@ -102,6 +109,20 @@ struct SchedulerStats {
   int64_t prefix_query_tokens_total = 0;
   int64_t prefix_hit_tokens_total = 0;
   int64_t prefill_rows_total = 0;  // prompt rows actually computed
+  // The disk tier: prompt tokens whose KV was loaded from disk (also in
+  // prefix_hit_tokens_total), blocks saved and loaded, and moves that failed (a save: not
+  // cached; a load: the block is dropped and its tokens recomputed).
+  int64_t disk_hit_tokens_total = 0;
+  int64_t disk_saved_blocks_total = 0;
+  int64_t disk_loaded_blocks_total = 0;
+  int64_t disk_failed_saves_total = 0;
+  int64_t disk_failed_loads_total = 0;
+  // Blocks evicted from DRAM to make room (each was saved to disk first where a disk tier
+  // is, so that the eviction itself is free).
+  int64_t dram_evicted_blocks_total = 0;
+  // Disk blocks given up for newer ones, and deleted by the TTL.
+  int64_t disk_evicted_blocks_total = 0;
+  int64_t disk_expired_blocks_total = 0;
   int64_t steps_total = 0;
   // Asynchronous scheduling: rows planned before the previous token was known, and tokens
   // sampled for sequences that had already finished (never streamed nor billed).
@@ -173,6 +194,9 @@ class Scheduler {
   // answers out of order).
   void RefreshExecutorAlive(int executor, std::function<bool()> alive);
   PoolIndex AddPool(const std::string& name, int64_t num_slots);
+  // Gives a live pool a disk tier of `extents` blocks, empty, whose moves `mover` carries
+  // (the memory node's tier was just opened empty). It goes when the pool dies.
+  void SetPoolDisk(PoolIndex pool, int64_t extents, std::shared_ptr<KvMover> mover);
   // A dead pool's requests are re-prefilled on other pools. Reviving it starts it empty.
   void SetPoolAlive(PoolIndex pool, bool alive, int64_t num_slots = -1);
 
@@ -231,6 +255,30 @@ class Scheduler {
   // touching the pool's (discarded) ledger.
   void ForgetLostKv(Request* req);
   void RegisterBlocks(Sequence* seq);
+  // The disk tier (scheduler_disk.cc).
+  struct DiskOp;
+  // Orders a save of a cached block of `pool` that just went idle, unless it is on disk
+  // already; the block stays in DRAM (held) until the save is done.
+  void SaveBlock(PoolIndex pool, uint64_t hash);
+  // How many blocks from `from` on (at most `max`) `pool`'s disk holds for `tokens`.
+  int DiskMatch(PoolIndex pool, const std::vector<int32_t>& tokens,
+                const std::vector<uint64_t>& hashes, int from, int max) const;
+  // Orders the loads of blocks [from, from + count) of the request's owner into its table;
+  // the request is not planned until they are back (OnDiskMoves).
+  void StartLoads(Request* req, int from, int count);
+  // Submits the moves ordered since the last batch of events.
+  void FlushDiskMoves();
+  void OnDiskMoves(PoolIndex pool, uint64_t generation, std::vector<DiskOp> ops,
+                   std::vector<absl::Status> status);
+  // `current`: the pool's tier is the one that ordered them.
+  void LoadsDone(Request* req, PoolIndex pool, bool current,
+                 std::vector<std::pair<DiskOp, absl::Status>> loads);
+  void Drop(PoolIndex pool, int64_t extent);
+  // Deletes blocks idle longer than the TTL; runs on a timer while a pool has a disk.
+  void ExpireDisk();
+  bool expire_timer_set_ = false;
+  // Eviction counts of pools' ledgers that died with them (the totals never go back).
+  int64_t retired_dram_evicted_ = 0, retired_disk_evicted_ = 0, retired_disk_expired_ = 0;
   void ShareParentPrompt(Sequence* child, Sequence* owner);
   void FinishSequence(Sequence* seq, FinishReason reason, RequestUpdate* update,
                       const std::string& text);

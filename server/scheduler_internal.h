@@ -67,6 +67,10 @@ struct Scheduler::Request {
   EventLoop::TimerId deadline_timer = 0;  // the request's timeout; 0: none, or it has fired
   int64_t cached_prompt_tokens = 0;
   bool prompt_counted = false;
+  // Blocks of its prompt are being read from the disk tier into its table: it is not
+  // planned meanwhile (and counts as in flight, so that its KV stays allocated).
+  bool loading = false;
+  bool first_load = false;  // the loads of its first admission (their tokens count as cached)
 
   int32_t prompt_len() const { return static_cast<int32_t>(spec.prompt_tokens.size()); }
   // The first unfinished sequence: it computes the shared prompt.
@@ -78,11 +82,26 @@ struct Scheduler::Request {
   }
 };
 
+// A move ordered on a pool's disk tier, with what its outcome is applied to.
+struct Scheduler::DiskOp {
+  KvMove move;              // key: the block's hash
+  uint64_t request_id = 0;  // loads: the request, its sequence's sample index, and the
+  uint32_t sample = 0;      // block's index in its tokens
+  int block = 0;
+};
+
 struct Scheduler::Pool {
   std::string name;
   bool alive = false;
   int64_t num_slots = 0;
   std::unique_ptr<KvPool> kv;
+  // The disk tier, if any (the ledger of its extents and the carrier of its moves), and the
+  // moves ordered but not yet submitted. `generation` changes whenever the tier goes or
+  // comes: outcomes of an older one are ignored.
+  std::unique_ptr<DiskLedger> disk;
+  std::shared_ptr<KvMover> mover;
+  uint64_t generation = 0;
+  std::vector<DiskOp> loads, moves;
 };
 
 struct Scheduler::Executor {

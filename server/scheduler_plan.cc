@@ -1,6 +1,7 @@
 // Building steps: admission, batching, preemption. Applying their results is in
 // scheduler_results.cc.
 #include <algorithm>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -189,13 +190,17 @@ bool Scheduler::Place(Request* req, int executor) {
   }
   // The last token is always computed (its logits give the next one).
   const int max_blocks = static_cast<int>((length - 1) / config_.block_tokens);
-  // Prefix first, then free capacity.
-  std::vector<std::pair<int, int64_t>> order;  // (matched blocks, available)
+  // The longest prefix first (in DRAM, then continued on disk), then the most in DRAM, then
+  // free capacity.
+  std::vector<std::tuple<int, int, int64_t>> order;  // (matched blocks, in DRAM, available)
   for (PoolIndex p : candidates) {
     const KvPool& kv = *pools_[p.value()]->kv;
-    order.emplace_back(
-        config_.enable_prefix_caching ? kv.MatchLength(owner->tokens, hashes, max_blocks) : 0,
-        kv.available());
+    const int dram =
+        config_.enable_prefix_caching ? kv.MatchLength(owner->tokens, hashes, max_blocks) : 0;
+    const int disk = config_.enable_prefix_caching
+                         ? DiskMatch(p, owner->tokens, hashes, dram, max_blocks - dram)
+                         : 0;
+    order.emplace_back(dram + disk, dram, kv.available());
   }
   std::vector<size_t> idx(candidates.size());
   for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
@@ -226,6 +231,14 @@ bool Scheduler::Place(Request* req, int executor) {
       req->cached_prompt_tokens = std::min<int64_t>(owner->computed, req->prompt_len());
       queued_.fetch_sub(1);
     }
+    // The prefix continues on disk: read it into the fresh slots before any row runs.
+    const int on_disk = config_.enable_prefix_caching ? DiskMatch(p, owner->tokens, owner->hashes,
+                                                                  matched, max_blocks - matched)
+                                                      : 0;
+    if (on_disk > 0) {
+      req->first_load = first_admission;
+      StartLoads(req, matched, on_disk);
+    }
     {
       absl::MutexLock lock(&stats_mu_);
       if (first_admission) counters_.prompt_tokens_total += req->prompt_len();
@@ -235,7 +248,11 @@ bool Scheduler::Place(Request* req, int executor) {
     LOG_IF(INFO, first_admission) << "request " << req->id << " (" << req->spec.external_id
                                   << ") placed on " << pools_[p.value()]->name << " with "
                                   << owner->computed << "/" << length
-                                  << " tokens from the prefix cache";
+                                  << " tokens from the prefix cache"
+                                  << (on_disk > 0
+                                          ? absl::StrCat(" and ", on_disk * config_.block_tokens,
+                                                         " to load from disk")
+                                          : "");
     return true;
   }
   return false;
@@ -262,7 +279,7 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
   const bool async = config_.async_scheduling;
   std::vector<Request*> running;
   for (Request* req : running_) {
-    if (!pool_ok(req) || req->preempt_when_landed) continue;
+    if (!pool_ok(req) || req->preempt_when_landed || req->loading) continue;
     if (req->in_flight > 0 &&
         (!async || req->executor != e || req->pending_finish != FinishReason::kNone)) {
       continue;

@@ -48,6 +48,33 @@ ServerMetrics::ServerMetrics(std::shared_ptr<metrics::MetricsRegistry> registry,
       counter("strata_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.");
   prefix_hits_ = counter("strata_prefix_cache_hits_total",
                          "Prompt tokens found in the prefix cache (not recomputed).");
+  prefix_misses_ = counter("strata_prefix_cache_misses_total",
+                           "Prompt tokens looked up and found in no tier (computed).");
+  tier_hits_ = &BuildCounter()
+                    .Name("strata_prefix_cache_tier_hits_total")
+                    .Help("Prompt tokens found in the prefix cache, by tier: dram, disk.")
+                    .Register(r);
+  disk_blocks_ = &BuildCounter()
+                      .Name("strata_kv_disk_blocks_total")
+                      .Help(
+                          "KV blocks moved by the disk tier, by event: saved, loaded, "
+                          "save_failed (a full disk, an I/O error: not cached), load_failed "
+                          "(a checksum or I/O failure: dropped and recomputed).")
+                      .Register(r);
+  evictions_ = &BuildCounter()
+                    .Name("strata_kv_evictions_total")
+                    .Help(
+                        "Cached KV blocks given up, by tier and reason: dram/capacity (room "
+                        "for new KV; saved to disk first where there is a disk tier), "
+                        "disk/capacity (room for newer blocks), disk/ttl (idle past the TTL), "
+                        "disk/checksum (failed a read).")
+                    .Register(r);
+  disk_extents_ = &BuildGauge()
+                       .Name("strata_kv_disk_pool_blocks")
+                       .Help(
+                           "The scheduler's index of each pool's disk tier, in blocks, by "
+                           "state: ready, writing, reading, free.")
+                       .Register(r);
   preemptions_ = counter("strata_num_preemptions_total", "Requests preempted for KV room.");
   prompt_tokens_ = counter("strata_prompt_tokens_total", "Prompt tokens of admitted requests.");
   generation_tokens_ = counter("strata_generation_tokens_total", "Generated tokens.");
@@ -167,6 +194,24 @@ void ServerMetrics::Refresh() {
   advised_memory_->Set(static_cast<double>(s.advised_memory_nodes));
   metrics::SetCounterTo(*prefix_queries_, static_cast<double>(s.prefix_query_tokens_total));
   metrics::SetCounterTo(*prefix_hits_, static_cast<double>(s.prefix_hit_tokens_total));
+  metrics::SetCounterTo(*prefix_misses_,
+                        static_cast<double>(std::max<int64_t>(
+                            0, s.prefix_query_tokens_total - s.prefix_hit_tokens_total)));
+  const auto add = [&](prometheus::Family<prometheus::Counter>* family,
+                       std::map<std::string, std::string> labels, int64_t v) {
+    labels["model_name"] = model_;
+    metrics::SetCounterTo(family->Add(labels), static_cast<double>(v));
+  };
+  add(tier_hits_, {{"tier", "dram"}}, s.prefix_hit_tokens_total - s.disk_hit_tokens_total);
+  add(tier_hits_, {{"tier", "disk"}}, s.disk_hit_tokens_total);
+  add(disk_blocks_, {{"event", "saved"}}, s.disk_saved_blocks_total);
+  add(disk_blocks_, {{"event", "loaded"}}, s.disk_loaded_blocks_total);
+  add(disk_blocks_, {{"event", "save_failed"}}, s.disk_failed_saves_total);
+  add(disk_blocks_, {{"event", "load_failed"}}, s.disk_failed_loads_total);
+  add(evictions_, {{"tier", "dram"}, {"reason", "capacity"}}, s.dram_evicted_blocks_total);
+  add(evictions_, {{"tier", "disk"}, {"reason", "capacity"}}, s.disk_evicted_blocks_total);
+  add(evictions_, {{"tier", "disk"}, {"reason", "ttl"}}, s.disk_expired_blocks_total);
+  add(evictions_, {{"tier", "disk"}, {"reason", "checksum"}}, s.disk_failed_loads_total);
   metrics::SetCounterTo(*preemptions_, static_cast<double>(s.num_preemptions_total));
   metrics::SetCounterTo(*prompt_tokens_, static_cast<double>(s.prompt_tokens_total));
   metrics::SetCounterTo(*generation_tokens_, static_cast<double>(s.generation_tokens_total));
@@ -191,6 +236,16 @@ void ServerMetrics::Refresh() {
     set("reclaimable", p.stats.reclaimable_slots);
     set("total", p.stats.total_slots);
     pool_alive_->Add({{"model_name", model_}, {"pool", name}}).Set(p.alive ? 1 : 0);
+    if (p.has_disk) {
+      auto disk = [&](const char* state, int64_t v) {
+        disk_extents_->Add({{"model_name", model_}, {"pool", name}, {"state", state}})
+            .Set(static_cast<double>(v));
+      };
+      disk("ready", p.disk.ready);
+      disk("writing", p.disk.writing);
+      disk("reading", p.disk.reading);
+      disk("free", p.disk.free);
+    }
   }
 }
 

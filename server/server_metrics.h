@@ -48,6 +48,11 @@ class ServerMetrics {
   prometheus::Gauge* advised_memory_;
   prometheus::Counter* prefix_queries_;
   prometheus::Counter* prefix_hits_;
+  prometheus::Counter* prefix_misses_;
+  prometheus::Family<prometheus::Counter>* tier_hits_;
+  prometheus::Family<prometheus::Counter>* disk_blocks_;
+  prometheus::Family<prometheus::Counter>* evictions_;
+  prometheus::Family<prometheus::Gauge>* disk_extents_;
   prometheus::Counter* preemptions_;
   prometheus::Counter* prompt_tokens_;
   prometheus::Counter* generation_tokens_;

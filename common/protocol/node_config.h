@@ -46,11 +46,25 @@ struct MemoryConfig {
   PoolIndex pool;
   ModelShape model;
   uint64_t num_slots = 0;
+  int32_t disk_block_tokens = 0;  // the disk tier's block (0: no disk tier)
 };
 
 struct MemoryConfigAck {
   uint64_t num_slots = 0;
   uint64_t kv_bytes = 0;
+  uint64_t disk_extents = 0;  // 0: no disk tier
+  bool disk_direct = false;
+  uint64_t disk_block_bytes = 0;
+};
+
+// Scheduler -> memory node: one move of a KV block between DRAM slots and a disk extent
+// (proto KvMove).
+struct KvMove {
+  enum class Kind { kSave, kLoad, kDrop };
+  Kind kind = Kind::kSave;
+  uint64_t extent = 0;
+  uint64_t key = 0;
+  std::vector<int32_t> slots;
 };
 
 struct MemoryNodeAddress {

@@ -1,5 +1,9 @@
 #include "common/protocol/node_config_proto.h"
 
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
 namespace strata {
 
 control::ModelShape ToProto(const ModelShape& shape) {
@@ -37,13 +41,49 @@ control::NodeStatus ToProto(const NodeStatus& status) {
 }
 
 MemoryConfig FromProto(const control::MemoryConfig& in) {
-  return {in.epoch(), PoolIndex(in.pool_index()), FromProto(in.model()), in.num_slots()};
+  return {in.epoch(), PoolIndex(in.pool_index()), FromProto(in.model()), in.num_slots(),
+          static_cast<int32_t>(in.disk_block_tokens())};
+}
+
+control::KvMove ToProto(const KvMove& move) {
+  control::KvMove out;
+  out.set_kind(move.kind == KvMove::Kind::kSave   ? control::KvMove::SAVE
+               : move.kind == KvMove::Kind::kLoad ? control::KvMove::LOAD
+                                                  : control::KvMove::DROP);
+  out.set_extent(move.extent);
+  out.set_key(move.key);
+  out.mutable_slots()->Assign(move.slots.begin(), move.slots.end());
+  return out;
+}
+
+absl::StatusOr<KvMove> FromProto(const control::KvMove& in) {
+  KvMove out;
+  switch (in.kind()) {
+    case control::KvMove::SAVE:
+      out.kind = KvMove::Kind::kSave;
+      break;
+    case control::KvMove::LOAD:
+      out.kind = KvMove::Kind::kLoad;
+      break;
+    case control::KvMove::DROP:
+      out.kind = KvMove::Kind::kDrop;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("unknown KV move kind ", in.kind()));
+  }
+  out.extent = in.extent();
+  out.key = in.key();
+  out.slots.assign(in.slots().begin(), in.slots().end());
+  return out;
 }
 
 control::MemoryConfigAck ToProto(const MemoryConfigAck& ack) {
   control::MemoryConfigAck out;
   out.set_num_slots(ack.num_slots);
   out.set_kv_bytes(ack.kv_bytes);
+  out.set_disk_extents(ack.disk_extents);
+  out.set_disk_direct(ack.disk_direct);
+  out.set_disk_block_bytes(ack.disk_block_bytes);
   return out;
 }
 

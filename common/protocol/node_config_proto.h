@@ -3,6 +3,7 @@
 #ifndef STRATA_COMMON_PROTOCOL_NODE_CONFIG_PROTO_H_
 #define STRATA_COMMON_PROTOCOL_NODE_CONFIG_PROTO_H_
 
+#include "absl/status/statusor.h"
 #include "common/protocol/node_config.h"
 #include "proto/control.pb.h"
 
@@ -15,6 +16,9 @@ control::NodeStatus ToProto(const NodeStatus& status);
 
 MemoryConfig FromProto(const control::MemoryConfig& in);
 control::MemoryConfigAck ToProto(const MemoryConfigAck& ack);
+control::KvMove ToProto(const KvMove& move);
+// InvalidArgument for an unknown kind.
+absl::StatusOr<KvMove> FromProto(const control::KvMove& in);
 
 ComputeConfig FromProto(const control::ComputeConfig& in);
 control::ComputeConfigAck ToProto(const ComputeConfigAck& ack);

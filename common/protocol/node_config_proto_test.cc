@@ -98,17 +98,39 @@ TEST(NodeConfigProtoTest, MemoryConfigFromProto) {
   EXPECT_EQ(out.epoch, in.epoch());
   EXPECT_EQ(out.pool, PoolIndex(in.pool_index()));
   EXPECT_EQ(out.num_slots, in.num_slots());
+  EXPECT_EQ(out.disk_block_tokens, static_cast<int32_t>(in.disk_block_tokens()));
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(ToProto(out.model), in.model()));
 }
 
 TEST(NodeConfigProtoTest, AcksCarryEveryField) {
-  const control::MemoryConfigAck memory = ToProto(MemoryConfigAck{7, 8});
+  const control::MemoryConfigAck memory = ToProto(MemoryConfigAck{7, 8, 9, true, 10});
   EXPECT_TRUE(UnsetFields(memory).empty());
   EXPECT_EQ(memory.num_slots(), 7u);
   EXPECT_EQ(memory.kv_bytes(), 8u);
+  EXPECT_EQ(memory.disk_extents(), 9u);
+  EXPECT_TRUE(memory.disk_direct());
+  EXPECT_EQ(memory.disk_block_bytes(), 10u);
   const control::ComputeConfigAck compute = ToProto(ComputeConfigAck{9});
   EXPECT_TRUE(UnsetFields(compute).empty());
   EXPECT_EQ(compute.local_kv_slots(), 9u);
+}
+
+TEST(NodeConfigProtoTest, KvMovesRoundTripEveryFieldAndKind) {
+  for (const auto kind : {KvMove::Kind::kSave, KvMove::Kind::kLoad, KvMove::Kind::kDrop}) {
+    const KvMove in{kind, 12, 0xabcdef0123456789ull, {4, 5, 6}};
+    const control::KvMove wire = ToProto(in);
+    EXPECT_TRUE(UnsetFields(wire).empty());
+    auto out = FromProto(wire);
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->kind, in.kind);
+    EXPECT_EQ(out->extent, in.extent);
+    EXPECT_EQ(out->key, in.key);
+    EXPECT_EQ(out->slots, in.slots);
+  }
+  control::KvMove unknown;
+  unknown.set_kind(static_cast<control::KvMove::Kind>(9));
+  EXPECT_TRUE(absl::IsInvalidArgument(FromProto(unknown).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(FromProto(control::KvMove()).status()));
 }
 
 TEST(NodeConfigProtoTest, ComputeConfigFromProtoKeepsEveryMemoryNode) {

@@ -49,6 +49,10 @@ ABSL_FLAG(int64_t, omp_spin_count, -1,
           "sleeps (-1: from the core layout; here every process shares the cores)");
 ABSL_FLAG(int64_t, kv_budget_mib, 1024, "KV cache per compute node in co-located mode, MiB");
 ABSL_FLAG(int64_t, memory_kv_budget_mib, 1024, "KV cache per memory node, MiB");
+ABSL_FLAG(std::string, kv_disk_dir, "",
+          "The disk tier under the memory nodes: each gets its own subdirectory (memory-0, ...) "
+          "of this directory (empty: no disk tier)");
+ABSL_FLAG(double, kv_disk_budget_gib, 16, "The disk tier's budget per memory node, GiB");
 ABSL_FLAG(std::string, data_plane, "tcp",
           "tcp: UCX over loopback TCP, which detects dead peers; sm: UCX shared memory, "
           "faster, for benchmarks (a dead peer is found by deadlines only)");
@@ -167,6 +171,11 @@ int Run() {
     return 2;
   }
   const bool two = absl::GetFlag(FLAGS_pipelining) == Pipelining::kTwo;
+  if (!absl::GetFlag(FLAGS_kv_disk_dir).empty() && memory_nodes == 0) {
+    std::cerr << "launcher: --kv_disk_dir puts a disk tier under the memory nodes; co-located "
+                 "mode (--memory_nodes=0) has none yet\n";
+    return 2;
+  }
   if (two && memory_nodes == 0) {
     std::cerr << "launcher: --pipelining=two overlaps GEMMs with attention on memory nodes; "
                  "co-located attention (--memory_nodes=0) runs one batch\n";
@@ -373,6 +382,11 @@ int Run() {
                     absl::StrCat("--kv_budget_mib=", absl::GetFlag(FLAGS_memory_kv_budget_mib))},
                    OpenMpEnvironment(memory_threads(i), CoreShare::kShared, spin_count)};
     if (!memory_cpus[i].empty()) spec.argv.push_back("--cpus=" + FormatCpuList(memory_cpus[i]));
+    if (!absl::GetFlag(FLAGS_kv_disk_dir).empty()) {
+      spec.argv.push_back("--kv_disk_dir=" + absl::GetFlag(FLAGS_kv_disk_dir) + "/" + name);
+      spec.argv.push_back(
+          absl::StrCat("--kv_disk_budget_gib=", absl::GetFlag(FLAGS_kv_disk_budget_gib)));
+    }
     add_trace_file(spec);
     spec.argv.insert(spec.argv.end(), auth_args.begin(), auth_args.end());
     spec.argv.insert(spec.argv.end(), transport_args.begin(), transport_args.end());

@@ -1,0 +1,140 @@
+#include "memory_node/kv_disk_tier.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
+#include "common/base/stopwatch.h"
+
+namespace strata {
+
+absl::StatusOr<std::unique_ptr<KvDiskTier>> KvDiskTier::Open(const KvDiskTierOptions& options,
+                                                             KvStore* store, int block_tokens,
+                                                             const std::string& fingerprint) {
+  if (block_tokens < 1 || block_tokens > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat("a disk block of ", block_tokens, " tokens"));
+  }
+  KvDiskOptions disk = KvBlockIo::DiskOptions(store->config(), block_tokens);
+  disk.dir = options.dir;
+  disk.fingerprint = absl::StrCat(fingerprint, "\nblock ", block_tokens, " tokens");
+  disk.budget_bytes = options.budget_bytes;
+  disk.queue_depth = options.queue_depth;
+  disk.allow_buffered = options.allow_buffered;
+  disk.start_empty = true;
+  auto tier = std::unique_ptr<KvDiskTier>(new KvDiskTier);
+  ASSIGN_OR_RETURN(tier->disk_, KvDisk::Open(disk));
+  const uint64_t block_bytes = tier->disk_->block_bytes();
+  const int staging = static_cast<int>(
+      std::clamp<uint64_t>(options.staging_bytes / std::max<uint64_t>(block_bytes, 1), 1, 1024));
+  tier->io_ = std::make_unique<KvBlockIo>(store, tier->disk_.get(), block_tokens, staging);
+  tier->used_.assign(tier->disk_->num_extents(), false);
+  tier->stats_.extents = tier->disk_->num_extents();
+  tier->stats_.block_bytes = block_bytes;
+  tier->stats_.staging_bytes = tier->io_->staging_bytes();
+  return tier;
+}
+
+std::vector<absl::Status> KvDiskTier::Execute(std::span<const KvMove> moves) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<absl::Status> out(moves.size());
+  // Runs of one kind keep their order and batch together.
+  for (size_t first = 0; first < moves.size();) {
+    size_t end = first + 1;
+    while (end < moves.size() && moves[end].kind == moves[first].kind) ++end;
+    Run(moves[first].kind, moves.subspan(first, end - first),
+        std::span<absl::Status>(out).subspan(first, end - first));
+    first = end;
+  }
+  return out;
+}
+
+void KvDiskTier::Run(KvMove::Kind kind, std::span<const KvMove> moves,
+                     std::span<absl::Status> out) {
+  const Stopwatch watch;
+  const KvDiskStats before = disk_->stats();
+  uint64_t failed = 0;
+  if (kind == KvMove::Kind::kDrop) {
+    std::vector<uint64_t> extents;
+    for (size_t i = 0; i < moves.size(); ++i) {
+      if (moves[i].extent >= used_.size()) {
+        out[i] = absl::InvalidArgumentError(
+            absl::StrCat("extent ", moves[i].extent, " of ", used_.size()));
+        continue;
+      }
+      extents.push_back(moves[i].extent);
+    }
+    const absl::Status dropped = disk_->Drop(extents);
+    for (size_t i = 0; i < moves.size(); ++i) {
+      if (!out[i].ok()) continue;
+      out[i] = dropped;
+      if (dropped.ok()) Mark(moves[i].extent, false);
+    }
+  } else {
+    std::vector<BlockIo> blocks;
+    std::vector<size_t> index;
+    for (size_t i = 0; i < moves.size(); ++i) {
+      if (moves[i].extent >= used_.size()) {
+        out[i] = absl::InvalidArgumentError(
+            absl::StrCat("extent ", moves[i].extent, " of ", used_.size()));
+        continue;
+      }
+      blocks.push_back({moves[i].extent, moves[i].key, moves[i].slots, {}});
+      index.push_back(i);
+    }
+    if (kind == KvMove::Kind::kSave) {
+      io_->SaveBlocks(blocks);
+    } else {
+      io_->LoadBlocks(blocks);
+    }
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      out[index[b]] = blocks[b].status;
+      if (kind == KvMove::Kind::kSave) Mark(blocks[b].extent, blocks[b].status.ok());
+    }
+  }
+  for (const absl::Status& s : out) failed += s.ok() ? 0 : 1;
+  const KvDiskStats after = disk_->stats();
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  switch (kind) {
+    case KvMove::Kind::kSave:
+      stats_.saves += moves.size();
+      stats_.failed_saves += failed;
+      break;
+    case KvMove::Kind::kLoad:
+      stats_.loads += moves.size();
+      stats_.failed_loads += failed;
+      break;
+    case KvMove::Kind::kDrop:
+      stats_.drops += moves.size();
+      break;
+  }
+  stats_.used_extents = used_count_;
+  stats_.bytes_written += after.bytes_written - before.bytes_written;
+  stats_.bytes_read += after.bytes_read - before.bytes_read;
+  stats_.checksum_failures += after.checksum_failures - before.checksum_failures;
+  stats_.io_seconds += watch.ElapsedSeconds();
+  if (failed > 0) {
+    for (size_t i = 0; i < moves.size(); ++i) {
+      if (!out[i].ok()) {
+        LOG(WARNING) << failed << " of " << moves.size() << " disk-tier "
+                     << (kind == KvMove::Kind::kSave   ? "saves"
+                         : kind == KvMove::Kind::kLoad ? "loads"
+                                                       : "drops")
+                     << " failed; the first: " << out[i];
+        break;
+      }
+    }
+  }
+}
+
+void KvDiskTier::Mark(uint64_t extent, bool used) {
+  if (used_[extent] != used) used_count_ += used ? 1 : -1;
+  used_[extent] = used;
+}
+
+KvDiskTierStats KvDiskTier::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return stats_;
+}
+
+}  // namespace strata

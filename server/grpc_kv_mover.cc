@@ -1,0 +1,87 @@
+#include "server/grpc_kv_mover.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/control/grpc_status.h"
+#include "common/protocol/node_config_proto.h"
+#include "common/protocol/step_proto.h"
+
+namespace strata {
+
+GrpcKvMover::GrpcKvMover(std::shared_ptr<grpc::Channel> channel,
+                         std::shared_ptr<const ClusterAuth> auth, uint64_t epoch,
+                         absl::Duration deadline)
+    : stub_(control::MemoryNode::NewStub(std::move(channel))),
+      auth_(std::move(auth)),
+      epoch_(epoch),
+      deadline_(deadline) {
+  loads_.thread = std::thread([this] { Run(&loads_); });
+  others_.thread = std::thread([this] { Run(&others_); });
+}
+
+GrpcKvMover::~GrpcKvMover() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  loads_.thread.join();
+  others_.thread.join();
+}
+
+void GrpcKvMover::Submit(std::vector<KvMove> moves, KvMovesDone done) {
+  bool loads = !moves.empty();
+  for (const KvMove& m : moves) loads = loads && m.kind == KvMove::Kind::kLoad;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stop_) {
+      (loads ? loads_ : others_).queue.emplace_back(std::move(moves), std::move(done));
+      cv_.notify_all();
+      return;
+    }
+  }
+  done(std::vector<absl::Status>(moves.size(), absl::CancelledError("the mover is stopping")));
+}
+
+void GrpcKvMover::Run(Lane* lane) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || !lane->queue.empty(); });
+    if (stop_) {
+      // Never sent: failed, so that the scheduler unpins what they held.
+      auto left = std::move(lane->queue);
+      lock.unlock();
+      for (auto& [moves, done] : left) {
+        done(std::vector<absl::Status>(moves.size(), absl::CancelledError("the mover stopped")));
+      }
+      return;
+    }
+    auto [moves, done] = std::move(lane->queue.front());
+    lane->queue.pop_front();
+    lock.unlock();
+    control::KvMoves request;
+    request.set_epoch(epoch_);
+    for (const KvMove& m : moves) *request.add_moves() = ToProto(m);
+    grpc::ClientContext context;
+    auth_->Attach(&context);
+    context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
+    control::KvMoveReport report;
+    const grpc::Status status = stub_->MoveKv(&context, request, &report);
+    std::vector<absl::Status> out;
+    if (!status.ok()) {
+      out.assign(moves.size(),
+                 absl::Status(FromGrpcStatus(status).code(),
+                              absl::StrCat("KV moves failed: ", status.error_message())));
+    } else if (report.status_size() != static_cast<int>(moves.size())) {
+      out.assign(moves.size(),
+                 absl::InternalError(absl::StrCat("the memory node answered ", report.status_size(),
+                                                  " statuses for ", moves.size(), " KV moves")));
+    } else {
+      for (const control::Status& s : report.status()) out.push_back(FromProto(s));
+    }
+    done(std::move(out));
+    lock.lock();
+  }
+}
+
+}  // namespace strata

@@ -1,0 +1,57 @@
+// KvMover over the memory node's gRPC service (MoveKv): two lanes, one for loads (on a
+// request's time to first token) and one for saves and drops (never on anyone's critical
+// path), each a thread making one call at a time, so that a long run of saves never delays
+// a load behind it.
+//
+// Thread-safety: Submit may be called from any thread; `done` runs on a lane's thread.
+// Destruction fails what was never sent (Cancelled) and waits for the calls in progress.
+#ifndef STRATA_SERVER_GRPC_KV_MOVER_H_
+#define STRATA_SERVER_GRPC_KV_MOVER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/control/cluster_auth.h"
+#include "proto/control.grpc.pb.h"
+#include "server/kv_mover.h"
+
+namespace strata {
+
+class GrpcKvMover final : public KvMover {
+ public:
+  // Moves are stamped with `epoch`; each call must finish within `deadline`.
+  GrpcKvMover(std::shared_ptr<grpc::Channel> channel, std::shared_ptr<const ClusterAuth> auth,
+              uint64_t epoch, absl::Duration deadline);
+  ~GrpcKvMover() override;
+
+  void Submit(std::vector<KvMove> moves, KvMovesDone done) override;
+
+ private:
+  struct Lane {
+    std::deque<std::pair<std::vector<KvMove>, KvMovesDone>> queue;
+    std::thread thread;
+  };
+  void Run(Lane* lane);
+
+  std::unique_ptr<control::MemoryNode::Stub> stub_;
+  std::shared_ptr<const ClusterAuth> auth_;
+  uint64_t epoch_;
+  absl::Duration deadline_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  Lane loads_, others_;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_SERVER_GRPC_KV_MOVER_H_

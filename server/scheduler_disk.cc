@@ -1,0 +1,247 @@
+// The scheduler's side of the disk tier (docs/architecture.md, "The disk tier"): it
+// allocates disk extents (DiskLedger) as it allocates DRAM slots, orders the moves, and
+// applies their outcomes. Memory nodes only execute (memory_node/kv_disk_tier.h).
+//   - Save early: when a request finishes or is preempted, each full block it held goes
+//     to disk (unless it is there already), while the block stays in DRAM, held, until the
+//     save is back. Evicting a block from DRAM later is then a free drop.
+//   - Lookup: admission matches the prefix in DRAM, then continues it on disk.
+//   - Load: the disk blocks are read into the request's fresh slots before any of its rows
+//     run (attention always reads DRAM). A block that fails its checksum is dropped from
+//     the index, and its tokens and everything after them are recomputed.
+//   - A failed save (a full disk, an I/O error, a dead node) leaves the block "not on disk";
+//     nothing else changes.
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/base/logging.h"
+#include "server/scheduler_internal.h"
+
+namespace strata {
+namespace {
+
+// How often the TTL is enforced: a quarter of it, between 1 s and a minute.
+absl::Duration ExpiryPeriod(absl::Duration ttl) {
+  return std::clamp(ttl / 4, absl::Seconds(1), absl::Minutes(1));
+}
+
+}  // namespace
+
+void Scheduler::SetPoolDisk(PoolIndex pool, int64_t extents, std::shared_ptr<KvMover> mover) {
+  Post([this, pool, extents, mover = std::move(mover)]() mutable {
+    if (pool.value() >= pools_.size() || extents <= 0 || mover == nullptr) return;
+    Pool& p = *pools_[pool.value()];
+    if (!p.alive) return;
+    p.disk = std::make_unique<DiskLedger>(extents, config_.block_tokens, config_.disk_ttl);
+    p.mover = std::move(mover);
+    ++p.generation;
+    p.loads.clear();
+    p.moves.clear();
+    LOG(INFO) << "KV pool " << p.name << " has a disk tier of " << extents << " blocks";
+    if (!expire_timer_set_) {
+      expire_timer_set_ = true;
+      loop_.RunAfter(ExpiryPeriod(config_.disk_ttl), [this] { ExpireDisk(); });
+    }
+  });
+}
+
+void Scheduler::ExpireDisk() {
+  const absl::Time now = absl::Now();
+  bool any = false;
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    Pool& p = *pools_[i];
+    if (!p.alive || p.disk == nullptr) continue;
+    any = true;
+    for (int64_t extent : p.disk->Expire(now)) Drop(PoolIndex(i), extent);
+  }
+  expire_timer_set_ = any;
+  if (any) loop_.RunAfter(ExpiryPeriod(config_.disk_ttl), [this] { ExpireDisk(); });
+}
+
+void Scheduler::Drop(PoolIndex pool, int64_t extent) {
+  DiskOp op;
+  op.move.kind = KvMove::Kind::kDrop;
+  op.move.extent = static_cast<uint64_t>(extent);
+  pools_[pool.value()]->moves.push_back(std::move(op));
+}
+
+void Scheduler::SaveBlock(PoolIndex pool, uint64_t hash) {
+  Pool& p = *pools_[pool.value()];
+  if (!p.alive || p.disk == nullptr) return;
+  const int32_t* tokens = nullptr;
+  const int32_t* slots = nullptr;
+  if (!p.kv->BlockContents(hash, &tokens, &slots)) return;
+  const std::optional<int64_t> extent = p.disk->BeginSave(hash, tokens, absl::Now());
+  if (!extent) return;    // on disk already, or no extent free of reads and writes
+  p.kv->HoldBlock(hash);  // in DRAM until it is on disk
+  DiskOp op;
+  op.move.kind = KvMove::Kind::kSave;
+  op.move.extent = static_cast<uint64_t>(*extent);
+  op.move.key = hash;
+  op.move.slots.assign(slots, slots + config_.block_tokens);
+  p.moves.push_back(std::move(op));
+}
+
+int Scheduler::DiskMatch(PoolIndex pool, const std::vector<int32_t>& tokens,
+                         const std::vector<uint64_t>& hashes, int from, int max) const {
+  const Pool& p = *pools_[pool.value()];
+  if (!p.alive || p.disk == nullptr || max <= 0) return 0;
+  return p.disk->Match(tokens, hashes, from, max);
+}
+
+void Scheduler::StartLoads(Request* req, int from, int count) {
+  Sequence* owner = req->Owner();
+  Pool& p = *pools_[req->pool->value()];
+  const int64_t block = config_.block_tokens;
+  const absl::Time now = absl::Now();
+  int started = 0;
+  for (int b = from; b < from + count; ++b) {
+    const std::optional<int64_t> extent = p.disk->BeginLoad(owner->hashes[b], now);
+    if (!extent) break;
+    DiskOp op;
+    op.move.kind = KvMove::Kind::kLoad;
+    op.move.extent = static_cast<uint64_t>(*extent);
+    op.move.key = owner->hashes[b];
+    op.move.slots.assign(owner->table.begin() + b * block, owner->table.begin() + (b + 1) * block);
+    op.request_id = req->id;
+    op.sample = owner->index;
+    op.block = b;
+    p.loads.push_back(std::move(op));
+    ++started;
+  }
+  if (started == 0) return;
+  // Like a plan in flight: its KV stays allocated (a preemption or a cancellation waits
+  // for the loads), and it is not planned until they are back.
+  req->loading = true;
+  ++req->in_flight;
+  ++owner->in_flight;
+  owner->in_flight_samples = false;
+}
+
+void Scheduler::FlushDiskMoves() {
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    Pool& p = *pools_[i];
+    if (p.mover == nullptr || (p.loads.empty() && p.moves.empty())) continue;
+    for (std::vector<DiskOp>* ops : {&p.loads, &p.moves}) {
+      if (ops->empty()) continue;
+      std::vector<KvMove> moves;
+      for (const DiskOp& op : *ops) moves.push_back(op.move);
+      const PoolIndex pool(i);
+      p.mover->Submit(std::move(moves),
+                      [this, pool, generation = p.generation,
+                       done = std::move(*ops)](std::vector<absl::Status> status) mutable {
+                        Post([this, pool, generation, done = std::move(done),
+                              status = std::move(status)]() mutable {
+                          OnDiskMoves(pool, generation, std::move(done), std::move(status));
+                        });
+                      });
+      ops->clear();
+    }
+  }
+}
+
+void Scheduler::OnDiskMoves(PoolIndex pool, uint64_t generation, std::vector<DiskOp> ops,
+                            std::vector<absl::Status> status) {
+  Pool& p = *pools_[pool.value()];
+  const bool current = p.alive && p.disk != nullptr && p.generation == generation;
+  const absl::Time now = absl::Now();
+  std::map<uint64_t, std::vector<std::pair<DiskOp, absl::Status>>> loads;  // by request
+  int64_t saved = 0, failed_saves = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const absl::Status st = i < status.size() ? status[i] : absl::InternalError("no outcome");
+    DiskOp& op = ops[i];
+    switch (op.move.kind) {
+      case KvMove::Kind::kSave:
+        if (!current) break;  // the pool's KV and its tier are gone
+        p.disk->SaveDone(op.move.key, st.ok(), now);
+        p.kv->DropBlock(op.move.key);
+        (st.ok() ? saved : failed_saves) += 1;
+        break;
+      case KvMove::Kind::kDrop:
+        // A failed punch leaves stale bytes that the next save there overwrites whole.
+        if (current) p.disk->PunchDone(static_cast<int64_t>(op.move.extent));
+        break;
+      case KvMove::Kind::kLoad:
+        loads[op.request_id].emplace_back(std::move(op), st);
+        break;
+    }
+  }
+  if (failed_saves > 0) {
+    LOG(WARNING) << failed_saves << " KV blocks could not be saved on " << p.name
+                 << "'s disk tier (they stay uncached there)";
+  }
+  {
+    absl::MutexLock lock(&stats_mu_);
+    counters_.disk_saved_blocks_total += saved;
+    counters_.disk_failed_saves_total += failed_saves;
+  }
+  // Outcomes of an older tier (the pool died meanwhile) only release their requests.
+  for (auto& [id, done] : loads) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;  // cannot happen: a loading request is in flight
+    LoadsDone(it->second.get(), pool, current, std::move(done));
+  }
+}
+
+void Scheduler::LoadsDone(Request* req, PoolIndex pool, bool current,
+                          std::vector<std::pair<DiskOp, absl::Status>> loads) {
+  if (loads.empty()) return;
+  Sequence* seq = nullptr;
+  for (auto& s : req->seqs) {
+    if (s->index == loads.front().first.sample) seq = s.get();
+  }
+  req->loading = false;
+  if (req->in_flight > 0) --req->in_flight;
+  if (seq != nullptr && seq->in_flight > 0) --seq->in_flight;
+  const bool usable = seq != nullptr && req->pool == pool &&
+                      req->state == Request::State::kRunning && !seq->finished &&
+                      !req->preempt_when_landed;
+  // Only the tier that ordered the loads applies them (a pool that died has a new one).
+  Pool* p = pools_[pool.value()].get();
+  const bool ledger = current;
+  const int64_t block = config_.block_tokens;
+  const absl::Time now = absl::Now();
+  const int from = loads.front().first.block;
+  int loaded = 0, failed = 0;
+  bool contiguous = true;
+  for (auto& [op, st] : loads) {
+    if (ledger) {
+      const std::optional<int64_t> drop = p->disk->LoadDone(op.move.key, st.ok(), now);
+      if (drop) Drop(pool, *drop);
+    }
+    if (!st.ok()) {
+      ++failed;
+      LOG(WARNING) << "KV block " << op.block << " of request " << req->id
+                   << " could not be loaded from disk (" << st
+                   << "); it is dropped from the index and recomputed";
+    }
+    contiguous = contiguous && st.ok() && op.block == from + loaded;
+    if (!contiguous || !usable || !ledger) continue;
+    const int64_t at = static_cast<int64_t>(op.block) * block;
+    if (p->kv->InsertBlock(op.move.key, seq->tokens.data() + at, seq->table.data() + at)) {
+      seq->held.emplace_back(op.block, op.move.key);
+    }
+    ++loaded;
+  }
+  if (usable && ledger && loaded > 0) {
+    seq->computed = std::max<int64_t>(seq->computed, (from + loaded) * block);
+    seq->registered_blocks = std::max<int64_t>(seq->registered_blocks, from + loaded);
+    if (req->first_load) {
+      req->cached_prompt_tokens = std::min<int64_t>(seq->computed, req->prompt_len());
+    }
+  }
+  {
+    absl::MutexLock lock(&stats_mu_);
+    counters_.disk_failed_loads_total += failed;
+    if (usable && ledger) {
+      counters_.disk_loaded_blocks_total += loaded;
+      counters_.disk_hit_tokens_total += loaded * block;
+      counters_.prefix_hit_tokens_total += loaded * block;
+    }
+  }
+  req->first_load = false;
+  Land(req);
+}
+
+}  // namespace strata
