@@ -112,7 +112,8 @@ void KvDiskTier::Run(KvMove::Kind kind, std::span<const KvMove> moves,
   stats_.bytes_written += after.bytes_written - before.bytes_written;
   stats_.bytes_read += after.bytes_read - before.bytes_read;
   stats_.checksum_failures += after.checksum_failures - before.checksum_failures;
-  stats_.io_seconds += watch.ElapsedSeconds();
+  if (kind == KvMove::Kind::kSave) stats_.save_seconds += watch.ElapsedSeconds();
+  if (kind == KvMove::Kind::kLoad) stats_.load_seconds += watch.ElapsedSeconds();
   if (failed > 0) {
     for (size_t i = 0; i < moves.size(); ++i) {
       if (!out[i].ok()) {

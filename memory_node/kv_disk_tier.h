@@ -53,7 +53,9 @@ struct KvDiskTierStats {
   uint64_t bytes_written = 0;
   uint64_t bytes_read = 0;
   uint64_t checksum_failures = 0;
-  double io_seconds = 0;
+  // Time spent in batches of each kind (I/O and the copies to and from the store).
+  double save_seconds = 0;
+  double load_seconds = 0;
 };
 
 class KvDiskTier {

@@ -82,6 +82,14 @@ void RegisterMemoryNodeMetrics(metrics::MetricsRegistry& registry, const std::st
       &disk_moves.Add({{"node", node}, {"kind", "load"}, {"outcome", "failed"}});
   prometheus::Counter* drops =
       &disk_moves.Add({{"node", node}, {"kind", "drop"}, {"outcome", "ok"}});
+  auto& disk_seconds = prometheus::BuildCounter()
+                           .Name("strata_kv_disk_io_seconds_total")
+                           .Help(
+                               "Time the disk tier spent on batches of saves and of loads (I/O "
+                               "and the copies to and from the KV store), by kind.")
+                           .Register(r);
+  prometheus::Counter* save_seconds = &disk_seconds.Add({{"node", node}, {"kind", "save"}});
+  prometheus::Counter* load_seconds = &disk_seconds.Add({{"node", node}, {"kind", "load"}});
   prometheus::Counter* disk_checksum =
       counter("strata_kv_disk_checksum_failures_total",
               "KV blocks read from disk that failed their checksum (never served).", labels);
@@ -125,6 +133,8 @@ void RegisterMemoryNodeMetrics(metrics::MetricsRegistry& registry, const std::st
       metrics::SetCounterTo(*loads_failed, static_cast<double>(d->failed_loads));
       metrics::SetCounterTo(*drops, static_cast<double>(d->drops));
       metrics::SetCounterTo(*disk_checksum, static_cast<double>(d->checksum_failures));
+      metrics::SetCounterTo(*save_seconds, d->save_seconds);
+      metrics::SetCounterTo(*load_seconds, d->load_seconds);
       disk_used->Set(static_cast<double>(d->used_extents * d->block_bytes));
       disk_free->Set(static_cast<double>((d->extents - d->used_extents) * d->block_bytes));
       disk_staging->Set(static_cast<double>(d->staging_bytes));

@@ -67,6 +67,7 @@ struct Topology {
   // A disk tier under each memory node, in its own subdirectory of this (empty: none).
   std::string disk_dir;
   uint64_t disk_budget_bytes = 64ull << 20;
+  absl::Duration disk_ttl = absl::Hours(1);
 };
 
 std::string Name(const Topology& t) {
@@ -101,6 +102,7 @@ class Deployment {
                                                static_cast<int>(weights->config.num_layers));
     }
     config.block_tokens = 16;
+    config.disk_ttl = t.disk_ttl;
     config.vocab_size = static_cast<int32_t>(weights->config.vocab_size);
     config.epoch = 42;
     scheduler_ = std::make_unique<Scheduler>(config, nullptr);
@@ -790,6 +792,20 @@ TEST_F(DiskTierTest, ACorruptedBlockIsDetectedNeverServedAndRecomputed) {
   EXPECT_EQ(turns.stats.disk_hit_tokens_total, 0);
   ASSERT_TRUE(turns.disk.has_value());
   EXPECT_GT(turns.disk->checksum_failures, 0u);
+}
+
+// Persisted KV is user data: blocks idle past the TTL are deleted from the disk (punched
+// out by the node), and the next turn is computed again.
+TEST_F(DiskTierTest, BlocksIdlePastTheTtlAreDeleted) {
+  Topology t{1, 1};
+  t.disk_dir = DiskDir("ttl");
+  t.disk_ttl = absl::Seconds(1);
+  const Turns turns = Converse(t, [] { absl::SleepFor(absl::Seconds(3.5)); });
+  EXPECT_EQ(turns.turn2_output, Fresh(turns.turn1_output));
+  EXPECT_GT(turns.stats.disk_expired_blocks_total, 0);
+  EXPECT_EQ(turns.stats.disk_hit_tokens_total, 0);
+  ASSERT_TRUE(turns.disk.has_value());
+  EXPECT_GT(turns.disk->drops, 0u);
 }
 
 TEST_F(DiskTierTest, AFullDiskDegradesToNotCachedAndFailsNothing) {

@@ -56,6 +56,9 @@ ABSL_FLAG(strata::PolicyKind, policy, strata::SchedulerConfig().policy,
           "Scheduling policy: fifo or priority");
 ABSL_FLAG(bool, enable_prefix_caching, strata::SchedulerConfig().enable_prefix_caching,
           "Reuse cached prompt prefixes");
+ABSL_FLAG(double, kv_disk_ttl_s, absl::ToDoubleSeconds(strata::SchedulerConfig().disk_ttl),
+          "Memory nodes' disk tiers: KV blocks idle this long are deleted (persisted KV is "
+          "user data)");
 ABSL_FLAG(int64_t, request_timeout_s, 0, "Per-request timeout, seconds (0: none)");
 ABSL_FLAG(std::string, api_key, "",
           "Require 'Authorization: Bearer KEY' on /v1 and the gRPC API (visible in ps: prefer "
@@ -126,6 +129,7 @@ int main(int argc, char** argv) {
   o.scheduler.policy = absl::GetFlag(FLAGS_policy);
   o.scheduler.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   o.scheduler.default_timeout = absl::Seconds(absl::GetFlag(FLAGS_request_timeout_s));
+  o.scheduler.disk_ttl = absl::Seconds(std::max(1.0, absl::GetFlag(FLAGS_kv_disk_ttl_s)));
   o.http.host = absl::GetFlag(FLAGS_host);
   o.http.port = absl::GetFlag(FLAGS_port);
   o.http.threads = absl::GetFlag(FLAGS_http_threads);

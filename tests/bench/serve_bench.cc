@@ -9,7 +9,10 @@
 // sessions (--multi_turn) have 2-4 turns: each later turn resends the whole history (the
 // earlier prompts and the tokens the server generated) plus a new user message, after a
 // think time, so that prefix reuse matters as it does for chat. Prompts are token ids, so
-// the client needs no tokenizer.
+// the client needs no tokenizer. --sessions shapes conversations like ShareGPT's (73%
+// multi-turn, 5.75 turns on average) and reports cached prompt tokens per request and the
+// server's hits by tier (tests/bench/run_session_bench compares recompute, the DRAM prefix
+// cache and the disk tier).
 //
 //   serve_bench --port=8000 --rate=2 --duration_s=60
 //   tests/bench/run_serve_bench   (builds, starts deployments, sweeps the offered load)
@@ -17,6 +20,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -26,6 +30,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/base/stopwatch.h"
@@ -41,11 +46,18 @@ ABSL_FLAG(int, prompt_median, 120, "Median prompt length, tokens");
 ABSL_FLAG(int, output_median, 60, "Median output length, tokens");
 ABSL_FLAG(int, max_prompt, 1024, "Longest prompt, tokens");
 ABSL_FLAG(int, max_output, 256, "Longest output, tokens");
-ABSL_FLAG(double, multi_turn, 0.3, "Fraction of sessions with 2-4 turns");
+ABSL_FLAG(double, multi_turn, 0.3, "Fraction of sessions with several turns");
+ABSL_FLAG(double, mean_turns, 3,
+          "Mean turns of a multi-turn session (2 plus a geometric number; ShareGPT: 5.75)");
+ABSL_FLAG(bool, sessions, false,
+          "Session mode (the disk tier's benchmark): ShareGPT's conversation shape (73% "
+          "multi-turn, 5.75 turns on average, unless set), and a report of cached prompt tokens "
+          "per request and, from the server's /metrics, hits by tier and prefill computed");
 ABSL_FLAG(double, think_s, 1.0, "Mean think time between turns, seconds");
 ABSL_FLAG(int, vocab, 32000, "Token ids are drawn from [3, vocab)");
 ABSL_FLAG(uint32_t, seed, 1, "Workload seed");
 ABSL_FLAG(std::string, label, "", "Label printed with the result line");
+ABSL_FLAG(bool, dry_run, false, "Print the workload's sessions and turns, and send nothing");
 ABSL_FLAG(bool, header, true, "Print the header line");
 
 namespace strata::testing {
@@ -58,6 +70,8 @@ struct RequestRecord {
   std::string error;
   int prompt_tokens = 0;
   int output_tokens = 0;
+  int cached_tokens = 0;  // usage.prompt_tokens_details.cached_tokens
+  int turn = 0;           // of its session, from 0
   double ttft = 0, e2e = 0;
   std::vector<double> itl;  // gaps between token chunks
 };
@@ -95,8 +109,11 @@ class Workload {
       if (t > absl::GetFlag(FLAGS_duration_s)) break;
       Session s;
       s.arrival = t;
+      // Turns past the second: geometric, so that multi-turn sessions average --mean_turns.
+      std::geometric_distribution<int> more(1.0 /
+                                            std::max(1.0, absl::GetFlag(FLAGS_mean_turns) - 1.0));
       const int turns =
-          unit(rng_) < absl::GetFlag(FLAGS_multi_turn) ? 2 + static_cast<int>(rng_() % 3) : 1;
+          unit(rng_) < absl::GetFlag(FLAGS_multi_turn) ? std::min(2 + more(rng_), 32) : 1;
       for (int i = 0; i < turns; ++i) {
         // Later turns add a shorter user message to the resent history.
         const double median = absl::GetFlag(FLAGS_prompt_median) * (i == 0 ? 1.0 : 0.4);
@@ -147,7 +164,14 @@ RequestRecord Complete(const std::string& model, const std::vector<int>& prompt,
           pending.erase(0, end + 2);
           if (!absl::StartsWith(event, "data: ") || event == "data: [DONE]") continue;
           json j = json::parse(event.substr(6), nullptr, false);
-          if (j.is_discarded() || !j.contains("choices") || j["choices"].empty()) continue;
+          if (j.is_discarded()) continue;
+          if (j.contains("usage") && j["usage"].is_object()) {
+            const json& details = j["usage"]["prompt_tokens_details"];
+            if (details.is_object() && details.contains("cached_tokens")) {
+              rec.cached_tokens = details["cached_tokens"].get<int>();
+            }
+          }
+          if (!j.contains("choices") || j["choices"].empty()) continue;
           const json& lp = j["choices"][0]["logprobs"];
           int n = 0;
           if (lp.is_object() && lp.contains("tokens")) {
@@ -194,10 +218,83 @@ Stats Summarize(std::vector<double> v) {
   return s;
 }
 
+// The server's counters this report needs, by series (name and labels as exposed).
+std::map<std::string, double> ScrapeMetrics() {
+  std::map<std::string, double> out;
+  const HttpResponse r = HttpRequest(absl::GetFlag(FLAGS_port), "GET", "/metrics");
+  if (r.status != 200) return out;
+  for (absl::string_view line : absl::StrSplit(r.body, '\n')) {
+    if (line.empty() || line[0] == '#') continue;
+    if (!absl::StartsWith(line, "strata_prefix_cache") &&
+        !absl::StartsWith(line, "strata_prefill_tokens_computed") &&
+        !absl::StartsWith(line, "strata_prompt_tokens_total")) {
+      continue;
+    }
+    const size_t space = line.rfind(' ');
+    double v = 0;
+    if (space != absl::string_view::npos && absl::SimpleAtod(line.substr(space + 1), &v)) {
+      std::string series(line.substr(0, space));
+      // Keep the tier label alone: the model name differs by deployment.
+      const size_t tier = series.find("tier=\"");
+      const size_t brace = series.find('{');
+      if (brace != std::string::npos) {
+        series = series.substr(0, brace) +
+                 (tier != std::string::npos
+                      ? "{" + series.substr(tier, series.find('"', tier + 6) + 1 - tier) + "}"
+                      : "");
+      }
+      out[series] += v;
+    }
+  }
+  return out;
+}
+
+// Session mode's report: cached prompt tokens per request (all, and later turns alone), hit
+// rate overall and by tier, prefill tokens computed, and TTFT of later turns.
+void PrintSessions(const std::vector<RequestRecord>& records,
+                   const std::map<std::string, double>& before,
+                   const std::map<std::string, double>& after) {
+  auto delta = [&](const std::string& series) {
+    const auto a = after.find(series);
+    const auto b = before.find(series);
+    return (a == after.end() ? 0 : a->second) - (b == before.end() ? 0 : b->second);
+  };
+  int64_t prompt = 0, cached = 0, later = 0, later_prompt = 0, later_cached = 0;
+  std::vector<double> later_ttft;
+  for (const RequestRecord& r : records) {
+    if (!r.ok) continue;
+    prompt += r.prompt_tokens;
+    cached += r.cached_tokens;
+    if (r.turn > 0) {
+      ++later;
+      later_prompt += r.prompt_tokens;
+      later_cached += r.cached_tokens;
+      later_ttft.push_back(r.ttft);
+    }
+  }
+  const double queried = delta("strata_prefix_cache_queries_total");
+  const double dram = delta("strata_prefix_cache_tier_hits_total{tier=\"dram\"}");
+  const double disk = delta("strata_prefix_cache_tier_hits_total{tier=\"disk\"}");
+  const Stats t = Summarize(later_ttft);
+  std::printf(
+      "sessions %-14s requests %zu (later turns %lld): cached %.1f%% of prompt tokens "
+      "(%.0f per request; later turns %.1f%%); server hits %.1f%% (dram %.1f%%, disk %.1f%%) "
+      "of %.0f looked up; prefill computed %.0f of %.0f prompt tokens; later-turn TTFT ms "
+      "p50/p99 %d/%d\n",
+      absl::GetFlag(FLAGS_label).c_str(), records.size(), static_cast<long long>(later),
+      prompt > 0 ? 100.0 * cached / prompt : 0.0,
+      records.empty() ? 0.0 : static_cast<double>(cached) / records.size(),
+      later_prompt > 0 ? 100.0 * later_cached / later_prompt : 0.0,
+      queried > 0 ? 100.0 * (dram + disk) / queried : 0.0,
+      queried > 0 ? 100.0 * dram / queried : 0.0, queried > 0 ? 100.0 * disk / queried : 0.0,
+      queried, delta("strata_prefill_tokens_computed_total"), delta("strata_prompt_tokens_total"),
+      static_cast<int>(t.p50 * 1e3), static_cast<int>(t.p99 * 1e3));
+}
+
 int Run() {
   SetHttpHost(absl::GetFlag(FLAGS_host));
   std::string model = absl::GetFlag(FLAGS_model);
-  if (model.empty()) {
+  if (model.empty() && !absl::GetFlag(FLAGS_dry_run)) {
     json models = json::parse(HttpRequest(absl::GetFlag(FLAGS_port), "GET", "/v1/models").body,
                               nullptr, false);
     if (models.is_discarded() || models["data"].empty()) {
@@ -207,8 +304,24 @@ int Run() {
     }
     model = models["data"][0]["id"];
   }
+  if (absl::GetFlag(FLAGS_sessions)) {
+    // ShareGPT's shape, as AttentionStore measured it, where the flags were left alone.
+    if (absl::GetFlag(FLAGS_multi_turn) == 0.3) absl::SetFlag(&FLAGS_multi_turn, 0.73);
+    if (absl::GetFlag(FLAGS_mean_turns) == 3) absl::SetFlag(&FLAGS_mean_turns, 5.75);
+  }
+  const std::map<std::string, double> metrics_before = ScrapeMetrics();
   Workload workload(absl::GetFlag(FLAGS_seed));
   const std::vector<Session> sessions = workload.Sessions();
+  if (absl::GetFlag(FLAGS_dry_run)) {
+    size_t turns = 0;
+    for (const Session& s : sessions) {
+      turns += s.turns.size();
+      std::printf("session at %.1f s: %zu turns, first prompt %zu tokens\n", s.arrival,
+                  s.turns.size(), s.turns[0].new_tokens.size());
+    }
+    std::printf("%zu sessions, %zu turns\n", sessions.size(), turns);
+    return 0;
+  }
   std::mutex mu;
   std::vector<RequestRecord> records;
   std::vector<std::thread> threads;
@@ -218,6 +331,7 @@ int Run() {
     const double think = workload.Think();
     threads.emplace_back([&, session, think] {
       std::vector<int> history;
+      int index = 0;
       for (const Turn& turn : session.turns) {
         history.insert(history.end(), turn.new_tokens.begin(), turn.new_tokens.end());
         if (static_cast<int>(history.size()) > absl::GetFlag(FLAGS_max_prompt)) {
@@ -225,6 +339,7 @@ int Run() {
         }
         std::vector<int> generated;
         RequestRecord rec = Complete(model, history, turn.max_tokens, &generated);
+        rec.turn = index++;
         const bool ok = rec.ok;
         {
           std::lock_guard<std::mutex> lock(mu);
@@ -275,6 +390,7 @@ int Run() {
               static_cast<long long>(ok), static_cast<long long>(failed), ok / elapsed,
               output / elapsed, input / elapsed, ms(Summarize(ttft)).c_str(),
               ms(Summarize(tpot)).c_str(), ms(Summarize(itl)).c_str(), sec(Summarize(e2e)).c_str());
+  if (absl::GetFlag(FLAGS_sessions)) PrintSessions(records, metrics_before, ScrapeMetrics());
   if (!first_error.empty()) std::printf("first error: %s\n", first_error.c_str());
   return failed == 0 ? 0 : 2;
 }
