@@ -13,6 +13,7 @@ absl::StatusOr<std::unique_ptr<ComputeNode>> ComputeNode::Create(
     const ComputeNodeOptions& options) {
   auto node = std::unique_ptr<ComputeNode>(new ComputeNode);
   node->options_ = options;
+  node->disk_ = std::make_unique<KvDiskHost>(options.disk);
   if (options.lanes != 1 && options.lanes != 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("a compute node runs one or two batches in flight, not ", options.lanes));
@@ -153,6 +154,7 @@ absl::StatusOr<ComputeConfigAck> ComputeNode::Configure(const ComputeConfig& con
     }
     engine_.reset();
     ++engine_generation_;
+    disk_->Close();  // its store goes next
     local_.reset();
     ready_.store(false);
     epoch_ = config.epoch;
@@ -204,9 +206,22 @@ absl::StatusOr<ComputeConfigAck> ComputeNode::Configure(const ComputeConfig& con
                      (1 << 20)
               << " MiB)";
   }
+  ack.local_kv_slots = local_kv_slots();
+  if (disk_->enabled() && config.disk_block_tokens > 0) {
+    // Opened empty at every configuration: the scheduler's index of it starts empty too.
+    const ModelShape m = shape();
+    auto tier = disk_->Open(
+        config.epoch, &local_->engine().mutable_store(), config.disk_block_tokens,
+        KvDiskFingerprint(m.name, m.num_layers, m.num_kv_heads, m.head_dim, m.kv_dtype));
+    if (tier.ok()) {
+      ack.disk = *tier;
+    } else {
+      // The KV cache still serves, without a disk tier.
+      LOG(ERROR) << "no disk tier: " << tier.status();
+    }
+  }
   ready_.store(true);
   kv_slots_total_.store(local_->engine().store().num_slots());
-  ack.local_kv_slots = local_kv_slots();
   return ack;
 }
 
@@ -326,6 +341,11 @@ RemoteAttentionStats ComputeNode::remote_stats() const {
   }
   for (const auto& r : rotated_lanes_) total += r->stats();
   return total;
+}
+
+absl::StatusOr<std::vector<absl::Status>> ComputeNode::MoveKv(uint64_t epoch, uint64_t tier,
+                                                              std::span<const KvMove> moves) {
+  return disk_->Move(epoch, tier, moves);
 }
 
 ModelShape ComputeNode::shape() const {

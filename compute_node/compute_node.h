@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,7 @@
 #include "compute_node/rotation.h"
 #include "compute_node/step_engine.h"
 #include "compute_node/step_pipeline.h"
+#include "memory_node/kv_disk_host.h"
 
 namespace strata {
 
@@ -44,6 +46,9 @@ struct ComputeNodeOptions {
   int64_t max_batch_rows = 2048;              // rows per step
   int64_t local_kv_budget_bytes = 1LL << 30;  // co-located mode
   bool prefault_kv = true;
+  // Co-located mode: a disk tier under the local KV cache (dir empty: none), opened empty at
+  // each configuration that asks for one (ComputeConfig::disk_block_tokens).
+  KvDiskTierOptions disk;
   RemoteAttentionOptions remote;  // disaggregated mode
   // Batches in flight in disaggregated mode: 1, or 2 for "--pipelining two" (each lane has
   // its own data-plane connections; see step_pipeline.h). Co-located mode runs one.
@@ -63,9 +68,15 @@ class ComputeNode {
  public:
   static absl::StatusOr<std::unique_ptr<ComputeNode>> Create(const ComputeNodeOptions& options);
 
-  // Sets the topology. Co-located: allocates the local KV cache (once). Disaggregated:
-  // (re)points the data plane at the memory nodes.
+  // Sets the topology. Co-located: allocates the local KV cache (once) and opens the disk
+  // tier under it, empty. Disaggregated: (re)points the data plane at the memory nodes.
   absl::StatusOr<ComputeConfigAck> Configure(const ComputeConfig& config);
+  // Co-located mode: moves between the local KV cache and its disk tier (as a memory node's,
+  // memory_node/kv_disk_host.h), one status each.
+  absl::StatusOr<std::vector<absl::Status>> MoveKv(uint64_t epoch, uint64_t tier,
+                                                   std::span<const KvMove> moves);
+  // Co-located mode: the disk tier (its counters: disk().stats()).
+  const KvDiskHost& disk() const { return *disk_; }
   // Runs plans from `queue` with as many batches in flight as the engine has lanes (two in
   // disaggregated mode with options.lanes = 2, else one), until the queue is closed.
   // Several streams may call it (a scheduler reopens its stream after a failure while the
@@ -111,6 +122,8 @@ class ComputeNode {
 
   mutable std::mutex mu_;
   uint64_t epoch_ = 0;
+  // Closed before local_'s store goes (a move in progress finishes first).
+  std::unique_ptr<KvDiskHost> disk_;
   std::unique_ptr<LocalAttention> local_;
   std::unique_ptr<RemoteAttention> remote_;
   std::unique_ptr<RemoteAttention> remote_second_;  // the second lane's data plane

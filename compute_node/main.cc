@@ -1,6 +1,7 @@
 // compute_node: holds the model weights and runs every layer but attention.
 //
 //   compute_node --model=DIR --scheduler=HOST:PORT [--port=0] [--threads=N]
+//                [--kv_disk_dir=DIR --kv_disk_budget_gib=N]   (co-located mode)
 #include <omp.h>
 
 #include "absl/flags/flag.h"
@@ -21,6 +22,8 @@
 #include "compute_node/node_metrics.h"
 #include "compute_node/service.h"
 #include "kernels/cpu/isa.h"
+#include "memory_node/kv_disk_flags.h"
+#include "memory_node/kv_disk_metrics.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
 ABSL_FLAG(std::string, served_model_name, "", "Model name reported to the scheduler");
@@ -102,6 +105,13 @@ int main(int argc, char** argv) {
   options.max_batch_rows = absl::GetFlag(FLAGS_max_batch_rows);
   options.local_kv_budget_bytes = absl::GetFlag(FLAGS_kv_budget_mib) << 20;
   options.prefault_kv = absl::GetFlag(FLAGS_prefault_kv);
+  // Co-located mode's disk tier (unused when the scheduler has memory nodes).
+  auto disk = strata::KvDiskOptionsFromFlags();
+  if (!disk.ok()) {
+    LOG(ERROR) << disk.status().message();
+    return 2;
+  }
+  options.disk = *std::move(disk);
   options.remote.transport = strata::transport::TransportConfigFromFlags();
   options.remote.transport.auth_key = (*auth)->data_plane_key();
   options.remote.minibatches = absl::GetFlag(FLAGS_attention_minibatches);
@@ -122,6 +132,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   node_metrics.Attach(node->get());
+  if ((*node)->disk().enabled()) {
+    strata::RegisterKvDiskMetrics(*registry, absl::GetFlag(FLAGS_name), &(*node)->disk());
+  }
   strata::NodeProcess process;
   process.host = absl::GetFlag(FLAGS_host);
   process.port = absl::GetFlag(FLAGS_port);

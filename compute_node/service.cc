@@ -22,6 +22,18 @@ grpc::Status ComputeNodeService::Configure(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status ComputeNodeService::MoveKv(grpc::ServerContext* context,
+                                        const control::KvMoves* request,
+                                        control::KvMoveReport* response) {
+  if (grpc::Status auth = auth_->Check(context); !auth.ok()) return auth;
+  auto moves = MovesFromProto(*request);
+  if (!moves.ok()) return ToGrpcStatus(moves.status());
+  auto done = node_->MoveKv(request->epoch(), request->tier(), *moves);
+  if (!done.ok()) return ToGrpcStatus(done.status());
+  for (const absl::Status& s : *done) ToProto(s, response->add_status());
+  return grpc::Status::OK;
+}
+
 grpc::Status ComputeNodeService::RunSteps(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<control::StepResult, control::StepPlan>* stream) {

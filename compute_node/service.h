@@ -28,6 +28,9 @@ class ComputeNodeService final : public control::ComputeNode::Service {
 
   grpc::Status Configure(grpc::ServerContext* context, const control::ComputeConfig* request,
                          control::ComputeConfigAck* response) override;
+  // Co-located mode: moves between the node's own KV cache and its disk tier.
+  grpc::Status MoveKv(grpc::ServerContext* context, const control::KvMoves* request,
+                      control::KvMoveReport* response) override;
   grpc::Status RunSteps(
       grpc::ServerContext* context,
       grpc::ServerReaderWriter<control::StepResult, control::StepPlan>* stream) override;

@@ -21,7 +21,7 @@
 #include "common/protocol/node_config_proto.h"
 #include "common/transport/transport_flags.h"
 #include "kernels/cpu/isa.h"
-#include "memory_node/kv_disk.h"
+#include "memory_node/kv_disk_flags.h"
 #include "memory_node/memory_server.h"
 #include "memory_node/node_metrics.h"
 #include "memory_node/service.h"
@@ -39,16 +39,6 @@ ABSL_FLAG(int64_t, kv_budget_mib, 4096, "KV cache budget, MiB");
 ABSL_FLAG(bool, verify_checksums, true, "Verify the checksum of every data-plane frame");
 ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics port (-1: off, 0: any free port)");
 ABSL_FLAG(bool, prefault_kv, true, "Touch the KV cache when it is allocated");
-ABSL_FLAG(std::string, kv_disk_dir, "",
-          "The disk tier: a directory for KV blocks kept across turns (empty: no disk tier). "
-          "Created 0700; it holds user data (see the README)");
-ABSL_FLAG(double, kv_disk_budget_gib, 16, "The disk tier's budget, GiB");
-ABSL_FLAG(int64_t, kv_disk_staging_mib, 64,
-          "DRAM for disk-tier blocks in flight (beside the KV budget), MiB");
-ABSL_FLAG(int, kv_disk_queue_depth, 8, "Disk-tier I/O requests in flight");
-ABSL_FLAG(bool, kv_disk_allow_buffered, false,
-          "Allow a disk-tier filesystem without O_DIRECT (buffered I/O through the page cache)");
-
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   strata::InstallShutdownHandlers();
@@ -72,21 +62,12 @@ int main(int argc, char** argv) {
                              : absl::GetFlag(FLAGS_data_address);
   options.verify_checksums = absl::GetFlag(FLAGS_verify_checksums);
   options.prefault_kv = absl::GetFlag(FLAGS_prefault_kv);
-  options.disk.dir = absl::GetFlag(FLAGS_kv_disk_dir);
-  options.disk.budget_bytes =
-      static_cast<uint64_t>(std::max(0.0, absl::GetFlag(FLAGS_kv_disk_budget_gib)) * (1ull << 30));
-  options.disk.staging_bytes =
-      static_cast<uint64_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_kv_disk_staging_mib))) << 20;
-  options.disk.queue_depth = absl::GetFlag(FLAGS_kv_disk_queue_depth);
-  options.disk.allow_buffered = absl::GetFlag(FLAGS_kv_disk_allow_buffered);
-  if (!options.disk.dir.empty()) {
-    // A directory the tier cannot use is an error now, not at the first configuration.
-    if (absl::Status usable = strata::CheckKvDiskDir(options.disk.dir, options.disk.allow_buffered);
-        !usable.ok()) {
-      LOG(ERROR) << "--kv_disk_dir: " << usable.message();
-      return 2;
-    }
+  auto disk = strata::KvDiskOptionsFromFlags();
+  if (!disk.ok()) {
+    LOG(ERROR) << disk.status().message();
+    return 2;
   }
+  options.disk = *std::move(disk);
   const std::unique_ptr<strata::TraceRecorder> trace =
       strata::TraceRecorderFromFlags(absl::GetFlag(FLAGS_name));
   options.trace = trace.get();

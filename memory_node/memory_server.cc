@@ -75,12 +75,7 @@ absl::StatusOr<MemoryConfigAck> MemoryServer::Configure(const MemoryConfig& conf
     return absl::InvalidArgumentError(absl::StrCat("KV dtype \"", m.kv_dtype, "\""));
   }
   if (config.num_slots == 0) return absl::InvalidArgumentError("no KV slots");
-  std::lock_guard<std::mutex> disk_lock(disk_mu_);
-  {
-    // The old tier's blocks belong to the old index, and its store may go below.
-    std::lock_guard<std::mutex> ptr_lock(disk_ptr_mu_);
-    disk_.reset();
-  }
+  disk_.Close();  // the old tier's blocks belong to the old index, and its store may go below
   std::lock_guard<std::mutex> lock(engine_mu_);
   const bool same_shape = engine_ != nullptr &&
                           dims_.num_layers == static_cast<int>(m.num_layers) &&
@@ -119,17 +114,12 @@ absl::StatusOr<MemoryConfigAck> MemoryServer::Configure(const MemoryConfig& conf
   MemoryConfigAck ack;
   ack.num_slots = engine_->store().num_slots();
   ack.kv_bytes = engine_->store().total_bytes();
-  disk_epoch_ = config.epoch;
-  if (!options_.disk.dir.empty() && config.disk_block_tokens > 0) {
-    auto tier = KvDiskTier::Open(options_.disk, &engine_->mutable_store(), config.disk_block_tokens,
-                                 absl::StrCat(m.name, " ", m.num_layers, "x", m.num_kv_heads, "x",
-                                              m.head_dim, " ", m.kv_dtype));
+  if (disk_.enabled() && config.disk_block_tokens > 0) {
+    auto tier =
+        disk_.Open(config.epoch, &engine_->mutable_store(), config.disk_block_tokens,
+                   KvDiskFingerprint(m.name, m.num_layers, m.num_kv_heads, m.head_dim, m.kv_dtype));
     if (tier.ok()) {
-      ack.disk_extents = (*tier)->extents();
-      ack.disk_direct = (*tier)->direct();
-      ack.disk_block_bytes = (*tier)->block_bytes();
-      std::lock_guard<std::mutex> ptr_lock(disk_ptr_mu_);
-      disk_ = std::move(*tier);
+      ack.disk = *tier;
     } else {
       // KV still lives in DRAM: the pool serves, without a disk tier.
       LOG(ERROR) << "no disk tier: " << tier.status();
@@ -140,25 +130,9 @@ absl::StatusOr<MemoryConfigAck> MemoryServer::Configure(const MemoryConfig& conf
   return ack;
 }
 
-absl::StatusOr<std::vector<absl::Status>> MemoryServer::MoveKv(uint64_t epoch,
+absl::StatusOr<std::vector<absl::Status>> MemoryServer::MoveKv(uint64_t epoch, uint64_t tier,
                                                                std::span<const KvMove> moves) {
-  std::lock_guard<std::mutex> lock(disk_mu_);
-  if (epoch != disk_epoch_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("KV moves of epoch ", epoch, " for a node of epoch ", disk_epoch_));
-  }
-  if (disk_ == nullptr) return absl::FailedPreconditionError("this memory node has no disk tier");
-  return disk_->Execute(moves);
-}
-
-std::optional<KvDiskTierStats> MemoryServer::disk_stats() const {
-  std::shared_ptr<KvDiskTier> disk;
-  {
-    std::lock_guard<std::mutex> lock(disk_ptr_mu_);
-    disk = disk_;
-  }
-  if (disk == nullptr) return std::nullopt;
-  return disk->stats();
+  return disk_.Move(epoch, tier, moves);
 }
 
 NodeStatus MemoryServer::Status() const {

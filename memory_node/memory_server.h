@@ -47,7 +47,7 @@
 #include "common/transport/frame.h"
 #include "common/transport/transport.h"
 #include "memory_node/attention_engine.h"
-#include "memory_node/kv_disk_tier.h"
+#include "memory_node/kv_disk_host.h"
 
 namespace strata {
 
@@ -101,9 +101,10 @@ class MemoryServer : public transport::MessageHandler {
 
   // From the scheduler: moves between the KV store and the disk tier (kv_disk_tier.h), one
   // status each. FailedPrecondition for another epoch or without a disk tier.
-  absl::StatusOr<std::vector<absl::Status>> MoveKv(uint64_t epoch, std::span<const KvMove> moves);
-  // The disk tier's counters; nullopt without one.
-  std::optional<KvDiskTierStats> disk_stats() const;
+  absl::StatusOr<std::vector<absl::Status>> MoveKv(uint64_t epoch, uint64_t tier,
+                                                   std::span<const KvMove> moves);
+  // The disk tier (its counters: disk().stats()).
+  const KvDiskHost& disk() const { return disk_; }
 
   // transport::MessageHandler (the transport thread).
   std::span<uint8_t> Place(transport::PeerId from, std::span<const uint8_t> header,
@@ -128,7 +129,8 @@ class MemoryServer : public transport::MessageHandler {
   };
   static constexpr size_t kMaxRoutedSteps = 64;
 
-  explicit MemoryServer(MemoryServerOptions options) : options_(std::move(options)) {}
+  explicit MemoryServer(MemoryServerOptions options)
+      : options_(std::move(options)), disk_(options_.disk) {}
   void RunWorker();
   void Handle(Work& work);
   void HandleStep(transport::PeerId peer, const transport::FrameHeader& header,
@@ -149,13 +151,8 @@ class MemoryServer : public transport::MessageHandler {
   std::unique_ptr<transport::Transport> transport_;
   std::string data_address_;
 
-  // The disk tier. disk_mu_ is held by a configuration and by moves (which take long: never
-  // under engine_mu_, so attention goes on meanwhile); Configure takes it before engine_mu_.
-  // disk_ptr_mu_ only guards the pointer, for stats.
-  std::mutex disk_mu_;
-  mutable std::mutex disk_ptr_mu_;
-  std::shared_ptr<KvDiskTier> disk_;
-  uint64_t disk_epoch_ = 0;  // guarded by disk_mu_
+  // The disk tier, reopened at each configuration (closed before the store may go).
+  KvDiskHost disk_;
 
   // Engine and configuration, guarded by engine_mu_ (worker and Configure).
   mutable std::mutex engine_mu_;

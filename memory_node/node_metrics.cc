@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/base/stopwatch.h"
+#include "memory_node/kv_disk_metrics.h"
 
 namespace strata {
 
@@ -59,49 +60,7 @@ void RegisterMemoryNodeMetrics(metrics::MetricsRegistry& registry, const std::st
                                    .Register(r)
                                    .Add({{"node", node}, {"role", "memory"}});
 
-  // The disk tier (memory_node/kv_disk_tier.h); zero without one.
-  prometheus::Counter* disk_read = counter(
-      "strata_kv_disk_read_bytes_total", "Bytes the disk tier read (loads of KV blocks).", labels);
-  prometheus::Counter* disk_written =
-      counter("strata_kv_disk_written_bytes_total",
-              "Bytes the disk tier wrote (saves of KV blocks).", labels);
-  auto& disk_moves = prometheus::BuildCounter()
-                         .Name("strata_kv_disk_moves_total")
-                         .Help(
-                             "Disk-tier moves the scheduler ordered, by kind (save, load, drop) "
-                             "and outcome (ok, failed: a full disk, an I/O error, a block that "
-                             "failed its checksum).")
-                         .Register(r);
-  prometheus::Counter* saves_ok =
-      &disk_moves.Add({{"node", node}, {"kind", "save"}, {"outcome", "ok"}});
-  prometheus::Counter* saves_failed =
-      &disk_moves.Add({{"node", node}, {"kind", "save"}, {"outcome", "failed"}});
-  prometheus::Counter* loads_ok =
-      &disk_moves.Add({{"node", node}, {"kind", "load"}, {"outcome", "ok"}});
-  prometheus::Counter* loads_failed =
-      &disk_moves.Add({{"node", node}, {"kind", "load"}, {"outcome", "failed"}});
-  prometheus::Counter* drops =
-      &disk_moves.Add({{"node", node}, {"kind", "drop"}, {"outcome", "ok"}});
-  auto& disk_seconds = prometheus::BuildCounter()
-                           .Name("strata_kv_disk_io_seconds_total")
-                           .Help(
-                               "Time the disk tier spent on batches of saves and of loads (I/O "
-                               "and the copies to and from the KV store), by kind.")
-                           .Register(r);
-  prometheus::Counter* save_seconds = &disk_seconds.Add({{"node", node}, {"kind", "save"}});
-  prometheus::Counter* load_seconds = &disk_seconds.Add({{"node", node}, {"kind", "load"}});
-  prometheus::Counter* disk_checksum =
-      counter("strata_kv_disk_checksum_failures_total",
-              "KV blocks read from disk that failed their checksum (never served).", labels);
-  auto& disk_space = prometheus::BuildGauge()
-                         .Name("strata_kv_disk_bytes")
-                         .Help(
-                             "The disk tier's space, by state: used (blocks saved), free, "
-                             "staging (DRAM buffers for blocks in flight, beside the KV budget).")
-                         .Register(r);
-  prometheus::Gauge* disk_used = &disk_space.Add({{"node", node}, {"state", "used"}});
-  prometheus::Gauge* disk_free = &disk_space.Add({{"node", node}, {"state", "free"}});
-  prometheus::Gauge* disk_staging = &disk_space.Add({{"node", node}, {"state", "staging"}});
+  RegisterKvDiskMetrics(registry, node, &server->disk());
 
   struct Window {
     Stopwatch since;  // the start of the interval
@@ -124,21 +83,6 @@ void RegisterMemoryNodeMetrics(metrics::MetricsRegistry& registry, const std::st
     metrics::SetCounterTo(*checksum, static_cast<double>(s.checksum_failures));
     metrics::SetCounterTo(*malformed, static_cast<double>(s.malformed_frames));
     metrics::SetCounterTo(*rejected, static_cast<double>(s.rejected_steps));
-    if (const std::optional<KvDiskTierStats> d = server->disk_stats()) {
-      metrics::SetCounterTo(*disk_read, static_cast<double>(d->bytes_read));
-      metrics::SetCounterTo(*disk_written, static_cast<double>(d->bytes_written));
-      metrics::SetCounterTo(*saves_ok, static_cast<double>(d->saves - d->failed_saves));
-      metrics::SetCounterTo(*saves_failed, static_cast<double>(d->failed_saves));
-      metrics::SetCounterTo(*loads_ok, static_cast<double>(d->loads - d->failed_loads));
-      metrics::SetCounterTo(*loads_failed, static_cast<double>(d->failed_loads));
-      metrics::SetCounterTo(*drops, static_cast<double>(d->drops));
-      metrics::SetCounterTo(*disk_checksum, static_cast<double>(d->checksum_failures));
-      metrics::SetCounterTo(*save_seconds, d->save_seconds);
-      metrics::SetCounterTo(*load_seconds, d->load_seconds);
-      disk_used->Set(static_cast<double>(d->used_extents * d->block_bytes));
-      disk_free->Set(static_cast<double>((d->extents - d->used_extents) * d->block_bytes));
-      disk_staging->Set(static_cast<double>(d->staging_bytes));
-    }
     // Idle share of an interval in which frames flowed; 0 when nothing was asked of it.
     const double wall = window->since.ElapsedSeconds();
     window->since.Reset();

@@ -25,13 +25,9 @@ grpc::Status MemoryNodeService::MoveKv(grpc::ServerContext* context,
                                        const control::KvMoves* request,
                                        control::KvMoveReport* response) {
   if (grpc::Status auth = auth_->Check(context); !auth.ok()) return auth;
-  std::vector<KvMove> moves;
-  for (const control::KvMove& m : request->moves()) {
-    auto move = FromProto(m);
-    if (!move.ok()) return ToGrpcStatus(move.status());
-    moves.push_back(std::move(*move));
-  }
-  auto done = server_->MoveKv(request->epoch(), moves);
+  auto moves = MovesFromProto(*request);
+  if (!moves.ok()) return ToGrpcStatus(moves.status());
+  auto done = server_->MoveKv(request->epoch(), request->tier(), *moves);
   if (!done.ok()) return ToGrpcStatus(done.status());
   for (const absl::Status& s : *done) ToProto(s, response->add_status());
   return grpc::Status::OK;

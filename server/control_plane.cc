@@ -41,6 +41,22 @@ grpc::Status Refuse(const std::string& why) {
   return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, why);
 }
 
+// A pool's disk tier as its node acknowledged it (control::MemoryConfigAck or
+// ComputeConfigAck), opened empty: the scheduler's index of it starts empty too. Returns
+// what the log says of it ("" without one).
+template <typename Ack>
+std::string AttachDiskTier(Scheduler* scheduler, PoolIndex pool, GrpcKvMover::Node node,
+                           std::shared_ptr<grpc::Channel> channel,
+                           const ControlPlaneOptions& options, const Ack& ack) {
+  if (ack.disk_extents() == 0) return "";
+  scheduler->SetPoolDisk(
+      pool, static_cast<int64_t>(ack.disk_extents()),
+      std::make_shared<GrpcKvMover>(node, std::move(channel), options.auth, options.epoch,
+                                    ack.disk_tier(), options.step_deadline));
+  return absl::StrCat(", disk tier of ", ack.disk_extents(), " blocks of ", ack.disk_block_bytes(),
+                      " bytes", ack.disk_direct() ? "" : " (buffered)");
+}
+
 }  // namespace
 
 ControlPlane::ControlPlane(Scheduler* scheduler, ControlPlaneOptions options)
@@ -282,9 +298,13 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
   }
   node.channel = executor->channel();
   std::optional<PoolIndex> local_pool;
+  std::string disk;
   if (options_.expected_memory_nodes == 0) {
     node.pool = scheduler_->AddPool(info.name(), static_cast<int64_t>(ack.local_kv_slots()));
     local_pool = node.pool;
+    // Co-located: the disk tier under the node's own KV cache.
+    disk = AttachDiskTier(scheduler_, *local_pool, GrpcKvMover::Node::kCompute, executor->channel(),
+                          options_, ack);
   }
   if (options_.rotation != nullptr) {
     if (info.data_address().empty()) {
@@ -302,14 +322,19 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
   }
   node.view.configured = true;
   LOG(INFO) << "compute node " << info.name() << " is ready"
-            << (local_pool ? absl::StrCat(" (co-located, ", ack.local_kv_slots(), " KV slots)")
-                           : "");
+            << (local_pool
+                    ? absl::StrCat(" (co-located, ", ack.local_kv_slots(), " KV slots", disk, ")")
+                    : "");
 }
 
 control::ComputeConfig ControlPlane::ComputeConfigLocked() const {
   control::ComputeConfig config;
   config.set_epoch(options_.epoch);
   config.set_disaggregated(options_.expected_memory_nodes > 0);
+  // Co-located: the disk tier under the node's own cache keeps prefix-cache blocks.
+  if (options_.expected_memory_nodes == 0 && scheduler_->config().enable_prefix_caching) {
+    config.set_disk_block_tokens(static_cast<uint32_t>(scheduler_->config().block_tokens));
+  }
   for (const auto& [other_id, other] : nodes_) {
     if (other.view.info.role() == control::ROLE_MEMORY && other.view.alive &&
         other.view.configured && other.pool) {
@@ -383,20 +408,12 @@ void ControlPlane::ConfigureMemory(uint64_t id) {
     }
     node.pool = pool;
     node.view.configured = true;
-    if (ack.disk_extents() > 0) {
-      // Its disk tier, opened empty: the scheduler's index of it starts empty too.
-      scheduler_->SetPoolDisk(*pool, static_cast<int64_t>(ack.disk_extents()),
-                              std::make_shared<GrpcKvMover>(channel, options_.auth, options_.epoch,
-                                                            options_.step_deadline));
-    }
+    const std::string disk =
+        AttachDiskTier(scheduler_, *pool, GrpcKvMover::Node::kMemory, channel, options_, ack);
     LOG(INFO) << "memory node " << info.name() << " is ready: pool " << *pool << ", "
               << ack.num_slots() << " KV slots (" << ack.kv_bytes() / (1 << 20)
               << " MiB), data plane at " << info.data_address() << " over " << info.transport()
-              << (ack.disk_extents() > 0
-                      ? absl::StrCat(", disk tier of ", ack.disk_extents(), " blocks of ",
-                                     ack.disk_block_bytes(), " bytes",
-                                     ack.disk_direct() ? "" : " (buffered)")
-                      : "");
+              << disk;
   }
   ReconfigureComputeNodes();
 }

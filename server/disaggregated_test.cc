@@ -25,6 +25,7 @@
 #include "compute_node/step_engine.h"
 #include "compute_node/testing/generated_weights.h"
 #include "gtest/gtest.h"
+#include "memory_node/kv_disk_host.h"
 #include "memory_node/memory_server.h"
 #include "server/rotation_group.h"
 #include "server/scheduler.h"
@@ -64,7 +65,8 @@ struct Topology {
   bool rotational = false;
   // Rotational: the last this many compute nodes join the group inactive (JoinLate).
   int late_replicas = 0;
-  // A disk tier under each memory node, in its own subdirectory of this (empty: none).
+  // A disk tier under each KV pool (each memory node's, or in co-located mode each compute
+  // node's own cache), in its own subdirectory of this (empty: none).
   std::string disk_dir;
   uint64_t disk_budget_bytes = 64ull << 20;
   absl::Duration disk_ttl = absl::Hours(1);
@@ -142,9 +144,13 @@ class Deployment {
       addresses.push_back({PoolIndex(i), absl::StrCat("memory-", i), (*server)->data_address()});
       const PoolIndex pool = scheduler_->AddPool(absl::StrCat("memory-", i), slots_per_pool);
       if (!t.disk_dir.empty()) {
-        EXPECT_GT(ack->disk_extents, 0u) << "no disk tier";
-        scheduler_->SetPoolDisk(pool, static_cast<int64_t>(ack->disk_extents),
-                                std::make_shared<InProcessKvMover>(server->get(), 42));
+        EXPECT_GT(ack->disk.extents, 0u) << "no disk tier";
+        scheduler_->SetPoolDisk(
+            pool, static_cast<int64_t>(ack->disk.extents),
+            std::make_shared<InProcessKvMover>(
+                [server = server->get(), tier = ack->disk.tier](std::span<const KvMove> moves) {
+                  return server->MoveKv(42, tier, moves);
+                }));
       }
       memory_.push_back(std::move(*server));
     }
@@ -153,9 +159,31 @@ class Deployment {
       std::vector<AttentionBackend*> lanes;
       std::optional<PoolIndex> local_pool;
       if (t.memory_nodes == 0) {
-        attention_.push_back(std::move(*LocalAttention::Create(c, slots_per_pool, false)));
+        auto local = std::move(*LocalAttention::Create(c, slots_per_pool, false));
+        LocalAttention* cache = local.get();
+        attention_.push_back(std::move(local));
         lanes.push_back(attention_.back().get());
         local_pool = scheduler_->AddPool(absl::StrCat("local-", i), slots_per_pool);
+        if (!t.disk_dir.empty()) {
+          // The disk tier under the compute node's own cache, as ComputeNode opens it.
+          KvDiskTierOptions options;
+          options.dir = absl::StrCat(t.disk_dir, "/compute-", i);
+          options.budget_bytes = t.disk_budget_bytes;
+          options.staging_bytes = 4 << 20;
+          options.allow_buffered = true;  // a test's tmpfs
+          local_disks_.push_back(std::make_unique<KvDiskHost>(options));
+          KvDiskHost* host = local_disks_.back().get();
+          auto tier = host->Open(42, &cache->engine().mutable_store(), config.block_tokens,
+                                 "tiny co-located");
+          EXPECT_TRUE(tier.ok()) << tier.status();
+          if (tier.ok()) {
+            scheduler_->SetPoolDisk(*local_pool, static_cast<int64_t>(tier->extents),
+                                    std::make_shared<InProcessKvMover>(
+                                        [host, id = tier->tier](std::span<const KvMove> moves) {
+                                          return host->Move(42, id, moves);
+                                        }));
+          }
+        }
       } else if (t.rotational) {
         // A replica: its context exchange and one routed lane per batch slot.
         wakeups_.push_back(std::make_unique<Wakeup>());
@@ -287,6 +315,10 @@ class Deployment {
 
   Scheduler& scheduler() { return *scheduler_; }
   std::vector<std::unique_ptr<MemoryServer>>& memory() { return memory_; }
+  // The first KV pool's disk tier: memory node 0's, or co-located, compute node 0's.
+  const KvDiskHost& disk() const {
+    return memory_.empty() ? *local_disks_.front() : memory_.front()->disk();
+  }
   // Steps that began while another lane's step ran, over every compute node.
   uint64_t OverlappedSteps() const {
     uint64_t n = 0;
@@ -302,6 +334,7 @@ class Deployment {
   std::vector<std::unique_ptr<MemoryServer>> memory_;
   std::vector<std::unique_ptr<ModelRunner>> runners_;
   std::vector<std::unique_ptr<AttentionBackend>> attention_;
+  std::vector<std::unique_ptr<KvDiskHost>> local_disks_;  // co-located: over attention_'s
   std::vector<std::unique_ptr<StepEngine>> engines_;
   std::vector<std::unique_ptr<Wakeup>> wakeups_;
   std::vector<std::unique_ptr<ContextExchange>> exchanges_;
@@ -727,10 +760,13 @@ class DiskTierTest : public DisaggregatedTest {
     out.turn2_output = second->tokens;
     out.turn2_cached = second->cached_prompt_tokens;
     out.stats = d.scheduler().Stats();
-    out.disk = d.memory()[0]->disk_stats();
+    out.disk = d.disk().stats();
     return out;
   }
   // Turn 2 computed from nothing: a deployment that has seen nothing else.
+  // The history's blocks had left DRAM: turn 2 read them back from disk and computed exactly
+  // what a fresh run computes.
+  static void ExpectTurn2FromDisk(const Turns& turns);
   static std::vector<int32_t> Fresh(const std::vector<int32_t>& turn1_output) {
     Deployment d(weights_, Topology{1, 1}, 2048);
     auto o = d.Submit(Turn(Turn2Prompt(turn1_output)));
@@ -751,7 +787,17 @@ class DiskTierTest : public DisaggregatedTest {
 TEST_F(DiskTierTest, TheNextTurnReadsItsHistoryFromDiskAndMatchesAFreshRun) {
   Topology t{1, 1};
   t.disk_dir = DiskDir("reuse");
-  const Turns turns = Converse(t, nullptr);
+  ExpectTurn2FromDisk(Converse(t, nullptr));
+}
+
+// Co-located mode: the disk tier under the compute node's own cache.
+TEST_F(DiskTierTest, CoLocatedTheNextTurnReadsItsHistoryFromDiskAndMatchesAFreshRun) {
+  Topology t{0, 1};
+  t.disk_dir = DiskDir("reuse_colocated");
+  ExpectTurn2FromDisk(Converse(t, nullptr));
+}
+
+void DiskTierTest::ExpectTurn2FromDisk(const Turns& turns) {
   ASSERT_EQ(turns.turn2_output.size(), 8u);
   EXPECT_EQ(turns.turn2_output, Fresh(turns.turn1_output));
   // The history's blocks had left DRAM: they came back from disk (six full blocks of the

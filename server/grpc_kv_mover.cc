@@ -8,13 +8,19 @@
 
 namespace strata {
 
-GrpcKvMover::GrpcKvMover(std::shared_ptr<grpc::Channel> channel,
-                         std::shared_ptr<const ClusterAuth> auth, uint64_t epoch,
+GrpcKvMover::GrpcKvMover(Node node, std::shared_ptr<grpc::Channel> channel,
+                         std::shared_ptr<const ClusterAuth> auth, uint64_t epoch, uint64_t tier,
                          absl::Duration deadline)
-    : stub_(control::MemoryNode::NewStub(std::move(channel))),
-      auth_(std::move(auth)),
-      epoch_(epoch),
-      deadline_(deadline) {
+    : auth_(std::move(auth)), epoch_(epoch), tier_(tier), deadline_(deadline) {
+  if (node == Node::kMemory) {
+    call_ = [stub = std::shared_ptr(control::MemoryNode::NewStub(channel))](
+                grpc::ClientContext* context, const control::KvMoves& request,
+                control::KvMoveReport* report) { return stub->MoveKv(context, request, report); };
+  } else {
+    call_ = [stub = std::shared_ptr(control::ComputeNode::NewStub(channel))](
+                grpc::ClientContext* context, const control::KvMoves& request,
+                control::KvMoveReport* report) { return stub->MoveKv(context, request, report); };
+  }
   loads_.thread = std::thread([this] { Run(&loads_); });
   others_.thread = std::thread([this] { Run(&others_); });
 }
@@ -61,12 +67,13 @@ void GrpcKvMover::Run(Lane* lane) {
     lock.unlock();
     control::KvMoves request;
     request.set_epoch(epoch_);
+    request.set_tier(tier_);
     for (const KvMove& m : moves) *request.add_moves() = ToProto(m);
     grpc::ClientContext context;
     auth_->Attach(&context);
     context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
     control::KvMoveReport report;
-    const grpc::Status status = stub_->MoveKv(&context, request, &report);
+    const grpc::Status status = call_(&context, request, &report);
     std::vector<absl::Status> out;
     if (!status.ok()) {
       out.assign(moves.size(),
@@ -74,7 +81,7 @@ void GrpcKvMover::Run(Lane* lane) {
                               absl::StrCat("KV moves failed: ", status.error_message())));
     } else if (report.status_size() != static_cast<int>(moves.size())) {
       out.assign(moves.size(),
-                 absl::InternalError(absl::StrCat("the memory node answered ", report.status_size(),
+                 absl::InternalError(absl::StrCat("the node answered ", report.status_size(),
                                                   " statuses for ", moves.size(), " KV moves")));
     } else {
       for (const control::Status& s : report.status()) out.push_back(FromProto(s));

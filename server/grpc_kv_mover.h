@@ -1,4 +1,5 @@
-// KvMover over the memory node's gRPC service (MoveKv): two lanes, one for loads (on a
+// KvMover over a node's gRPC service (MoveKv): a memory node's, or a compute node's in
+// co-located mode, whose own KV cache is the pool. Two lanes, one for loads (on a
 // request's time to first token) and one for saves and drops (never on anyone's critical
 // path), each a thread making one call at a time, so that a long run of saves never delays
 // a load behind it.
@@ -12,6 +13,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -28,9 +30,12 @@ namespace strata {
 
 class GrpcKvMover final : public KvMover {
  public:
-  // Moves are stamped with `epoch`; each call must finish within `deadline`.
-  GrpcKvMover(std::shared_ptr<grpc::Channel> channel, std::shared_ptr<const ClusterAuth> auth,
-              uint64_t epoch, absl::Duration deadline);
+  enum class Node { kMemory, kCompute };
+  // Moves are stamped with `epoch` and `tier` (the node's configuration ack names the tier);
+  // each call must finish within `deadline`.
+  GrpcKvMover(Node node, std::shared_ptr<grpc::Channel> channel,
+              std::shared_ptr<const ClusterAuth> auth, uint64_t epoch, uint64_t tier,
+              absl::Duration deadline);
   ~GrpcKvMover() override;
 
   void Submit(std::vector<KvMove> moves, KvMovesDone done) override;
@@ -42,9 +47,12 @@ class GrpcKvMover final : public KvMover {
   };
   void Run(Lane* lane);
 
-  std::unique_ptr<control::MemoryNode::Stub> stub_;
+  // The node's MoveKv.
+  std::function<grpc::Status(grpc::ClientContext*, const control::KvMoves&, control::KvMoveReport*)>
+      call_;
   std::shared_ptr<const ClusterAuth> auth_;
   uint64_t epoch_;
+  uint64_t tier_;
   absl::Duration deadline_;
   std::mutex mu_;
   std::condition_variable cv_;

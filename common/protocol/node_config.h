@@ -49,12 +49,18 @@ struct MemoryConfig {
   int32_t disk_block_tokens = 0;  // the disk tier's block (0: no disk tier)
 };
 
+// A node's disk tier under its KV pool, as its configuration acknowledges it.
+struct DiskTierAck {
+  uint64_t extents = 0;  // 0: no disk tier
+  bool direct = false;   // O_DIRECT
+  uint64_t block_bytes = 0;
+  uint64_t tier = 0;  // names this opening of the tier in the moves meant for it
+};
+
 struct MemoryConfigAck {
   uint64_t num_slots = 0;
   uint64_t kv_bytes = 0;
-  uint64_t disk_extents = 0;  // 0: no disk tier
-  bool disk_direct = false;
-  uint64_t disk_block_bytes = 0;
+  DiskTierAck disk;
 };
 
 // Scheduler -> memory node: one move of a KV block between DRAM slots and a disk extent
@@ -79,10 +85,13 @@ struct ComputeConfig {
   uint64_t epoch = 0;
   std::vector<MemoryNodeAddress> memory_nodes;
   bool disaggregated = false;
+  int32_t disk_block_tokens = 0;  // co-located mode: the disk tier's block; 0: none
 };
 
 struct ComputeConfigAck {
   uint64_t local_kv_slots = 0;  // co-located mode: slots of the node's own KV cache
+  // Co-located mode: the disk tier under that cache (0 extents: none).
+  DiskTierAck disk;
 };
 
 }  // namespace strata

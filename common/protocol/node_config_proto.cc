@@ -77,13 +77,25 @@ absl::StatusOr<KvMove> FromProto(const control::KvMove& in) {
   return out;
 }
 
+absl::StatusOr<std::vector<KvMove>> MovesFromProto(const control::KvMoves& in) {
+  std::vector<KvMove> out;
+  out.reserve(in.moves_size());
+  for (const control::KvMove& m : in.moves()) {
+    auto move = FromProto(m);
+    if (!move.ok()) return move.status();
+    out.push_back(*std::move(move));
+  }
+  return out;
+}
+
 control::MemoryConfigAck ToProto(const MemoryConfigAck& ack) {
   control::MemoryConfigAck out;
   out.set_num_slots(ack.num_slots);
   out.set_kv_bytes(ack.kv_bytes);
-  out.set_disk_extents(ack.disk_extents);
-  out.set_disk_direct(ack.disk_direct);
-  out.set_disk_block_bytes(ack.disk_block_bytes);
+  out.set_disk_extents(ack.disk.extents);
+  out.set_disk_direct(ack.disk.direct);
+  out.set_disk_block_bytes(ack.disk.block_bytes);
+  out.set_disk_tier(ack.disk.tier);
   return out;
 }
 
@@ -91,6 +103,7 @@ ComputeConfig FromProto(const control::ComputeConfig& in) {
   ComputeConfig out;
   out.epoch = in.epoch();
   out.disaggregated = in.disaggregated();
+  out.disk_block_tokens = static_cast<int32_t>(in.disk_block_tokens());
   for (const control::MemoryNodeAddress& m : in.memory_nodes()) {
     out.memory_nodes.push_back({PoolIndex(m.pool_index()), m.name(), m.data_address()});
   }
@@ -100,6 +113,10 @@ ComputeConfig FromProto(const control::ComputeConfig& in) {
 control::ComputeConfigAck ToProto(const ComputeConfigAck& ack) {
   control::ComputeConfigAck out;
   out.set_local_kv_slots(ack.local_kv_slots);
+  out.set_disk_extents(ack.disk.extents);
+  out.set_disk_direct(ack.disk.direct);
+  out.set_disk_block_bytes(ack.disk.block_bytes);
+  out.set_disk_tier(ack.disk.tier);
   return out;
 }
 

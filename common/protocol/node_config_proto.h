@@ -19,6 +19,8 @@ control::MemoryConfigAck ToProto(const MemoryConfigAck& ack);
 control::KvMove ToProto(const KvMove& move);
 // InvalidArgument for an unknown kind.
 absl::StatusOr<KvMove> FromProto(const control::KvMove& in);
+// Every move of a batch; the first malformed one is the error.
+absl::StatusOr<std::vector<KvMove>> MovesFromProto(const control::KvMoves& in);
 
 ComputeConfig FromProto(const control::ComputeConfig& in);
 control::ComputeConfigAck ToProto(const ComputeConfigAck& ack);

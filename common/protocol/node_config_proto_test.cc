@@ -103,16 +103,21 @@ TEST(NodeConfigProtoTest, MemoryConfigFromProto) {
 }
 
 TEST(NodeConfigProtoTest, AcksCarryEveryField) {
-  const control::MemoryConfigAck memory = ToProto(MemoryConfigAck{7, 8, 9, true, 10});
+  const control::MemoryConfigAck memory = ToProto(MemoryConfigAck{7, 8, {9, true, 10, 13}});
   EXPECT_TRUE(UnsetFields(memory).empty());
   EXPECT_EQ(memory.num_slots(), 7u);
   EXPECT_EQ(memory.kv_bytes(), 8u);
   EXPECT_EQ(memory.disk_extents(), 9u);
   EXPECT_TRUE(memory.disk_direct());
   EXPECT_EQ(memory.disk_block_bytes(), 10u);
-  const control::ComputeConfigAck compute = ToProto(ComputeConfigAck{9});
+  EXPECT_EQ(memory.disk_tier(), 13u);
+  const control::ComputeConfigAck compute = ToProto(ComputeConfigAck{9, {11, true, 12, 14}});
   EXPECT_TRUE(UnsetFields(compute).empty());
   EXPECT_EQ(compute.local_kv_slots(), 9u);
+  EXPECT_EQ(compute.disk_extents(), 11u);
+  EXPECT_TRUE(compute.disk_direct());
+  EXPECT_EQ(compute.disk_block_bytes(), 12u);
+  EXPECT_EQ(compute.disk_tier(), 14u);
 }
 
 TEST(NodeConfigProtoTest, KvMovesRoundTripEveryFieldAndKind) {
@@ -131,6 +136,17 @@ TEST(NodeConfigProtoTest, KvMovesRoundTripEveryFieldAndKind) {
   unknown.set_kind(static_cast<control::KvMove::Kind>(9));
   EXPECT_TRUE(absl::IsInvalidArgument(FromProto(unknown).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(FromProto(control::KvMove()).status()));
+  // A batch: every move in order, or the error of the first malformed one.
+  control::KvMoves batch;
+  *batch.add_moves() = ToProto(KvMove{KvMove::Kind::kLoad, 1, 2, {3}});
+  *batch.add_moves() = ToProto(KvMove{KvMove::Kind::kDrop, 4, 0, {}});
+  auto moves = MovesFromProto(batch);
+  ASSERT_TRUE(moves.ok()) << moves.status();
+  ASSERT_EQ(moves->size(), 2u);
+  EXPECT_EQ((*moves)[0].kind, KvMove::Kind::kLoad);
+  EXPECT_EQ((*moves)[1].extent, 4u);
+  *batch.add_moves() = unknown;
+  EXPECT_TRUE(absl::IsInvalidArgument(MovesFromProto(batch).status()));
 }
 
 TEST(NodeConfigProtoTest, ComputeConfigFromProtoKeepsEveryMemoryNode) {
@@ -142,6 +158,7 @@ TEST(NodeConfigProtoTest, ComputeConfigFromProtoKeepsEveryMemoryNode) {
   const ComputeConfig out = FromProto(in);
   EXPECT_EQ(out.epoch, in.epoch());
   EXPECT_EQ(out.disaggregated, in.disaggregated());
+  EXPECT_EQ(out.disk_block_tokens, static_cast<int32_t>(in.disk_block_tokens()));
   ASSERT_EQ(out.memory_nodes.size(), 3u);
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(out.memory_nodes[i].pool, PoolIndex(in.memory_nodes(i).pool_index()));

@@ -50,9 +50,10 @@ ABSL_FLAG(int64_t, omp_spin_count, -1,
 ABSL_FLAG(int64_t, kv_budget_mib, 1024, "KV cache per compute node in co-located mode, MiB");
 ABSL_FLAG(int64_t, memory_kv_budget_mib, 1024, "KV cache per memory node, MiB");
 ABSL_FLAG(std::string, kv_disk_dir, "",
-          "The disk tier under the memory nodes: each gets its own subdirectory (memory-0, ...) "
-          "of this directory (empty: no disk tier)");
-ABSL_FLAG(double, kv_disk_budget_gib, 16, "The disk tier's budget per memory node, GiB");
+          "The disk tier under each KV pool: every memory node, or in co-located mode every "
+          "compute node, gets its own subdirectory (memory-0, compute-0, ...) of this "
+          "directory (empty: no disk tier)");
+ABSL_FLAG(double, kv_disk_budget_gib, 16, "The disk tier's budget per KV pool, GiB");
 ABSL_FLAG(std::string, data_plane, "tcp",
           "tcp: UCX over loopback TCP, which detects dead peers; sm: UCX shared memory, "
           "faster, for benchmarks (a dead peer is found by deadlines only)");
@@ -171,11 +172,6 @@ int Run() {
     return 2;
   }
   const bool two = absl::GetFlag(FLAGS_pipelining) == Pipelining::kTwo;
-  if (!absl::GetFlag(FLAGS_kv_disk_dir).empty() && memory_nodes == 0) {
-    std::cerr << "launcher: --kv_disk_dir puts a disk tier under the memory nodes; co-located "
-                 "mode (--memory_nodes=0) has none yet\n";
-    return 2;
-  }
   if (two && memory_nodes == 0) {
     std::cerr << "launcher: --pipelining=two overlaps GEMMs with attention on memory nodes; "
                  "co-located attention (--memory_nodes=0) runs one batch\n";
@@ -374,6 +370,13 @@ int Run() {
     spec.argv.push_back("--trace_file=" + absl::GetFlag(FLAGS_trace_dir) + "/" + spec.name +
                         ".json");
   };
+  // The disk tier under a KV pool: every memory node, or every co-located compute node.
+  auto add_disk_tier = [&](ChildSpec& spec) {
+    if (absl::GetFlag(FLAGS_kv_disk_dir).empty()) return;
+    spec.argv.push_back("--kv_disk_dir=" + absl::GetFlag(FLAGS_kv_disk_dir) + "/" + spec.name);
+    spec.argv.push_back(
+        absl::StrCat("--kv_disk_budget_gib=", absl::GetFlag(FLAGS_kv_disk_budget_gib)));
+  };
   for (int i = 0; i < memory_nodes; ++i) {
     const std::string name = absl::StrCat("memory-", i);
     ChildSpec spec{name,
@@ -382,11 +385,7 @@ int Run() {
                     absl::StrCat("--kv_budget_mib=", absl::GetFlag(FLAGS_memory_kv_budget_mib))},
                    OpenMpEnvironment(memory_threads(i), CoreShare::kShared, spin_count)};
     if (!memory_cpus[i].empty()) spec.argv.push_back("--cpus=" + FormatCpuList(memory_cpus[i]));
-    if (!absl::GetFlag(FLAGS_kv_disk_dir).empty()) {
-      spec.argv.push_back("--kv_disk_dir=" + absl::GetFlag(FLAGS_kv_disk_dir) + "/" + name);
-      spec.argv.push_back(
-          absl::StrCat("--kv_disk_budget_gib=", absl::GetFlag(FLAGS_kv_disk_budget_gib)));
-    }
+    add_disk_tier(spec);
     add_trace_file(spec);
     spec.argv.insert(spec.argv.end(), auth_args.begin(), auth_args.end());
     spec.argv.insert(spec.argv.end(), transport_args.begin(), transport_args.end());
@@ -404,6 +403,7 @@ int Run() {
          absl::StrCat("--kv_budget_mib=", absl::GetFlag(FLAGS_kv_budget_mib))},
         OpenMpEnvironment(threads, CoreShare::kShared, spin_count)};
     if (partition) spec.argv.push_back("--cpus=" + compute_cpu_list);
+    if (memory_nodes == 0) add_disk_tier(spec);
     if (two) spec.argv.push_back("--pipelining=two");
     if (rotational) {
       spec.argv.push_back("--pipelining=rotational");

@@ -1,25 +1,30 @@
-// A KvMover (server/kv_mover.h) that hands the scheduler's disk-tier moves to a MemoryServer
-// in this process, on a thread of its own, as the gRPC mover hands them to a memory node:
-// for tests that run the whole deployment in one process.
+// A KvMover (server/kv_mover.h) that hands the scheduler's disk-tier moves to a node's tier
+// in this process (a MemoryServer's, or a co-located KvDiskHost), on a thread of its own, as
+// the gRPC mover hands them to a node: for tests that run the whole deployment in one
+// process.
 #ifndef STRATA_SERVER_TESTING_IN_PROCESS_KV_MOVER_H_
 #define STRATA_SERVER_TESTING_IN_PROCESS_KV_MOVER_H_
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <utility>
 #include <vector>
 
-#include "memory_node/memory_server.h"
+#include "absl/status/statusor.h"
 #include "server/kv_mover.h"
 
 namespace strata {
 
 class InProcessKvMover final : public KvMover {
  public:
-  // `server` must outlive the mover.
-  InProcessKvMover(MemoryServer* server, uint64_t epoch) : server_(server), epoch_(epoch) {
+  using Execute =
+      std::function<absl::StatusOr<std::vector<absl::Status>>(std::span<const KvMove> moves)>;
+  // What `execute` uses must outlive the mover.
+  explicit InProcessKvMover(Execute execute) : execute_(std::move(execute)) {
     thread_ = std::thread([this] { Run(); });
   }
   ~InProcessKvMover() override {
@@ -45,19 +50,19 @@ class InProcessKvMover final : public KvMover {
       if (queue_.empty()) return;
       auto [moves, done] = std::move(queue_.front());
       queue_.pop_front();
+      const bool stopping = stop_;
       lock.unlock();
       auto status =
-          stop_
+          stopping
               ? absl::StatusOr<std::vector<absl::Status>>(absl::CancelledError("the mover stopped"))
-              : server_->MoveKv(epoch_, moves);
+              : execute_(moves);
       done(status.ok() ? std::move(*status)
                        : std::vector<absl::Status>(moves.size(), status.status()));
       lock.lock();
     }
   }
 
-  MemoryServer* server_;
-  uint64_t epoch_;
+  Execute execute_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::pair<std::vector<KvMove>, KvMovesDone>> queue_;

@@ -94,7 +94,7 @@ TEST(ControlAuthTest, EveryInternalCallWithoutTheSecretIsRefused) {
       }
     }
   }
-  EXPECT_EQ(calls, 2 * (2 + 4 + 3));
+  EXPECT_EQ(calls, 2 * (2 + 5 + 4));
 
   // The attacks of the review, as typed calls without credentials.
   {
@@ -202,8 +202,8 @@ TEST(ControlAuthTest, EveryInternalCallWithoutTheSecretIsRefused) {
 
   // Refusals are counted in every process, and the deployment still serves.
   EXPECT_GE(Refused((*d)->MetricsPort("server")), 2 * 2 + 20);
-  EXPECT_GE(Refused((*d)->MetricsPort("compute-0")), 2 * 4 + 2);
-  EXPECT_GE(Refused((*d)->MetricsPort("memory-0")), 2 * 3 + 2);
+  EXPECT_GE(Refused((*d)->MetricsPort("compute-0")), 2 * 5 + 2);
+  EXPECT_GE(Refused((*d)->MetricsPort("memory-0")), 2 * 4 + 2);
   EXPECT_EQ(HttpRequest((*d)->http_port(), "GET", "/health").status, 200);
   EXPECT_EQ(Generate((*d)->http_port()), 200);
   EXPECT_EQ((*d)->Stop(), 0);

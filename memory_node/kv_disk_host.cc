@@ -1,0 +1,101 @@
+#include "memory_node/kv_disk_host.h"
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+
+namespace strata {
+
+std::string KvDiskFingerprint(const std::string& model, uint32_t layers, uint32_t kv_heads,
+                              uint32_t head_dim, const std::string& kv_dtype) {
+  return absl::StrCat(model, " ", layers, "x", kv_heads, "x", head_dim, " ", kv_dtype);
+}
+
+namespace {
+
+// `to` += the counters of `from` (not its space, which belongs to the open tier).
+void AddCounters(const KvDiskTierStats& from, KvDiskTierStats& to) {
+  to.saves += from.saves;
+  to.failed_saves += from.failed_saves;
+  to.loads += from.loads;
+  to.failed_loads += from.failed_loads;
+  to.drops += from.drops;
+  to.bytes_written += from.bytes_written;
+  to.bytes_read += from.bytes_read;
+  to.checksum_failures += from.checksum_failures;
+  to.save_seconds += from.save_seconds;
+  to.load_seconds += from.load_seconds;
+}
+
+}  // namespace
+
+KvDiskHost::KvDiskHost(KvDiskTierOptions options) : options_(std::move(options)) {
+  // Ids differ across the node's restarts too: a mover of a previous process never matches.
+  std::random_device random;
+  next_id_ = (static_cast<uint64_t>(random()) << 32 | random()) | 1;
+}
+
+void KvDiskHost::RetireLocked() {
+  if (tier_ == nullptr) return;
+  if (!retired_) retired_.emplace();
+  AddCounters(tier_->stats(), *retired_);
+  tier_.reset();
+  tier_id_ = 0;
+}
+
+void KvDiskHost::Close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> ptr_lock(ptr_mu_);
+  RetireLocked();
+}
+
+absl::StatusOr<DiskTierAck> KvDiskHost::Open(uint64_t epoch, KvStore* store, int block_tokens,
+                                             const std::string& fingerprint) {
+  std::lock_guard<std::mutex> lock(mu_);
+  {
+    // The old tier's blocks belong to the old index.
+    std::lock_guard<std::mutex> ptr_lock(ptr_mu_);
+    RetireLocked();
+  }
+  epoch_ = epoch;
+  if (!enabled()) return absl::FailedPreconditionError("this node has no --kv_disk_dir");
+  auto tier = KvDiskTier::Open(options_, store, block_tokens, fingerprint);
+  if (!tier.ok()) return tier.status();
+  tier_id_ = next_id_++;
+  if (tier_id_ == 0) tier_id_ = next_id_++;
+  DiskTierAck info{(*tier)->extents(), (*tier)->direct(), (*tier)->block_bytes(), tier_id_};
+  std::lock_guard<std::mutex> ptr_lock(ptr_mu_);
+  tier_ = std::move(*tier);
+  return info;
+}
+
+absl::StatusOr<std::vector<absl::Status>> KvDiskHost::Move(uint64_t epoch, uint64_t tier,
+                                                           std::span<const KvMove> moves) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (epoch != epoch_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("KV moves of epoch ", epoch, " for a node of epoch ", epoch_));
+  }
+  if (tier_ == nullptr) return absl::FailedPreconditionError("this node has no disk tier");
+  if (tier != tier_id_) {
+    return absl::FailedPreconditionError(
+        "KV moves for a disk tier that a reconfiguration has replaced");
+  }
+  return tier_->Execute(moves);
+}
+
+std::optional<KvDiskTierStats> KvDiskHost::stats() const {
+  std::shared_ptr<KvDiskTier> tier;
+  std::optional<KvDiskTierStats> out;
+  {
+    std::lock_guard<std::mutex> lock(ptr_mu_);
+    tier = tier_;
+    out = retired_;
+  }
+  if (tier == nullptr) return out;
+  KvDiskTierStats now = tier->stats();
+  if (out) AddCounters(*out, now);
+  return now;
+}
+
+}  // namespace strata

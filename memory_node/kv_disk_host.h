@@ -1,0 +1,73 @@
+// A node's disk tier across its configurations: a memory node's, and a compute node's in
+// co-located mode, where its own KV cache is the pool. Each configuration closes the tier
+// and opens a fresh, empty one over the node's KV store (the scheduler's index starts empty
+// with it); moves are executed only when stamped with the epoch and the tier id that Open
+// returned, so moves ordered for a tier that a reconfiguration replaced never run.
+//
+// Thread-safety: every method may be called from any thread. Moves hold the host while they
+// run; Close waits for them, so the store may be freed once Close returns.
+#ifndef STRATA_MEMORY_NODE_KV_DISK_HOST_H_
+#define STRATA_MEMORY_NODE_KV_DISK_HOST_H_
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/protocol/node_config.h"
+#include "memory_node/kv_disk_tier.h"
+#include "memory_node/kv_store.h"
+
+namespace strata {
+
+// The disk index's model fingerprint: the model, its KV shape and dtype.
+std::string KvDiskFingerprint(const std::string& model, uint32_t layers, uint32_t kv_heads,
+                              uint32_t head_dim, const std::string& kv_dtype);
+
+class KvDiskHost {
+ public:
+  explicit KvDiskHost(KvDiskTierOptions options);
+
+  // Whether the node was given a directory (--kv_disk_dir).
+  bool enabled() const { return !options_.dir.empty(); }
+
+  // Closes the tier once the moves in progress are done. Moves fail until the next Open.
+  void Close();
+
+  // Closes the tier, then opens a fresh one over `store` for moves stamped `epoch` and the
+  // returned tier id (never 0).
+  absl::StatusOr<DiskTierAck> Open(uint64_t epoch, KvStore* store, int block_tokens,
+                                   const std::string& fingerprint);
+
+  // The scheduler's moves, one status each. FailedPrecondition for another epoch or tier, or
+  // while no tier is open.
+  absl::StatusOr<std::vector<absl::Status>> Move(uint64_t epoch, uint64_t tier,
+                                                 std::span<const KvMove> moves);
+
+  // Counters since the node started, over every tier it opened, and the open tier's space
+  // (none: zero); nullopt if it never opened one.
+  std::optional<KvDiskTierStats> stats() const;
+
+ private:
+  // Drops the open tier, keeping its counters (mu_ and ptr_mu_ held).
+  void RetireLocked();
+
+  const KvDiskTierOptions options_;
+  // Held by Open, Close and moves (which take long: never under a node's engine lock, so
+  // attention goes on meanwhile). ptr_mu_ only guards the pointer, for stats.
+  std::mutex mu_;
+  mutable std::mutex ptr_mu_;
+  std::shared_ptr<KvDiskTier> tier_;
+  std::optional<KvDiskTierStats> retired_;  // guarded by ptr_mu_
+  uint64_t epoch_ = 0;                      // guarded by mu_
+  uint64_t tier_id_ = 0;                    // of the open tier; guarded by mu_
+  uint64_t next_id_;                        // guarded by mu_
+};
+
+}  // namespace strata
+
+#endif  // STRATA_MEMORY_NODE_KV_DISK_HOST_H_

@@ -1,0 +1,110 @@
+// A node's disk tier across configurations: moves run only for the epoch and tier id that
+// Open returned, never before an Open or after a Close, and never for a tier a
+// reconfiguration replaced (even within one epoch); a reopened tier is empty (the blocks of
+// the previous index are never served); counters add up over every tier the node opened.
+#include "memory_node/kv_disk_host.h"
+
+#include "gtest/gtest.h"
+#include "memory_node/testing/disk_test_env.h"
+
+namespace strata {
+namespace {
+
+constexpr int kBlockTokens = 16;
+
+class KvDiskHostTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (const std::string why = testing_env::IoUringUnavailable(); !why.empty())
+      GTEST_SKIP() << why;
+    KvStoreConfig c;
+    c.num_layers = 2;
+    c.num_kv_heads = 2;
+    c.head_dim = 32;
+    c.num_slots = 64;
+    store_ = testing_env::RandomStore(c, 5);
+    options_.dir = testing_env::FreshDir("kv_disk_host");
+    options_.budget_bytes = 8 << 20;
+  }
+  static KvMove Move(KvMove::Kind kind, uint64_t extent, uint64_t key, int32_t first_slot) {
+    KvMove m{kind, extent, key, {}};
+    for (int i = 0; i < kBlockTokens; ++i) m.slots.push_back(first_slot + i);
+    return m;
+  }
+  static bool AllOk(const absl::StatusOr<std::vector<absl::Status>>& out) {
+    if (!out.ok()) return false;
+    for (const absl::Status& s : *out) {
+      if (!s.ok()) return false;
+    }
+    return true;
+  }
+
+  KvDiskTierOptions options_;
+  std::unique_ptr<KvStore> store_;
+};
+
+TEST_F(KvDiskHostTest, MovesRunOnlyForTheEpochThatOpenedTheTier) {
+  KvDiskHost host(options_);
+  ASSERT_TRUE(host.enabled());
+  EXPECT_FALSE(host.stats().has_value());
+  const KvMove save = Move(KvMove::Kind::kSave, 0, 77, 0);
+  EXPECT_TRUE(absl::IsFailedPrecondition(host.Move(0, 0, {&save, 1}).status()));  // not open
+  auto info = host.Open(3, store_.get(), kBlockTokens, "model a");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_GT(info->extents, 0u);
+  EXPECT_NE(info->tier, 0u);
+  EXPECT_EQ(info->block_bytes, host.stats()->block_bytes);
+  EXPECT_TRUE(absl::IsFailedPrecondition(host.Move(2, info->tier, {&save, 1}).status()));
+  EXPECT_TRUE(absl::IsFailedPrecondition(host.Move(3, info->tier + 1, {&save, 1}).status()));
+  EXPECT_TRUE(AllOk(host.Move(3, info->tier, {&save, 1})));
+  const KvMove load = Move(KvMove::Kind::kLoad, 0, 77, 32);
+  EXPECT_TRUE(AllOk(host.Move(3, info->tier, {&load, 1})));
+  // Reconfigured within the epoch: the old tier's moves are refused.
+  auto again = host.Open(3, store_.get(), kBlockTokens, "model a");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_NE(again->tier, info->tier);
+  EXPECT_TRUE(absl::IsFailedPrecondition(host.Move(3, info->tier, {&load, 1}).status()));
+  host.Close();
+  EXPECT_TRUE(absl::IsFailedPrecondition(host.Move(3, again->tier, {&load, 1}).status()));
+}
+
+TEST_F(KvDiskHostTest, AReopenedTierIsEmptyAndCountersAddUpOverTiers) {
+  KvDiskHost host(options_);
+  auto first = host.Open(1, store_.get(), kBlockTokens, "model a");
+  ASSERT_TRUE(first.ok()) << first.status();
+  const KvMove save = Move(KvMove::Kind::kSave, 0, 77, 0);
+  ASSERT_TRUE(AllOk(host.Move(1, first->tier, {&save, 1})));
+  const uint64_t written = host.stats()->bytes_written;
+  EXPECT_GT(written, 0u);
+  EXPECT_EQ(host.stats()->used_extents, 1u);
+  // The next configuration: the block saved for the old index must not come back.
+  auto second = host.Open(2, store_.get(), kBlockTokens, "model a");
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(host.stats()->used_extents, 0u);
+  const KvMove load = Move(KvMove::Kind::kLoad, 0, 77, 32);
+  auto out = host.Move(2, second->tier, {&load, 1});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->size(), 1u);
+  EXPECT_FALSE((*out)[0].ok()) << "a block of the previous tier was served";
+  ASSERT_TRUE(AllOk(host.Move(2, second->tier, {&save, 1})));
+  const KvDiskTierStats s = *host.stats();
+  EXPECT_EQ(s.saves, 2u);
+  EXPECT_EQ(s.loads, 1u);
+  EXPECT_EQ(s.failed_loads, 1u);
+  EXPECT_EQ(s.bytes_written, 2 * written);
+  // Closed: the counters stay.
+  host.Close();
+  ASSERT_TRUE(host.stats().has_value());
+  EXPECT_EQ(host.stats()->saves, 2u);
+  EXPECT_EQ(host.stats()->used_extents, 0u);
+}
+
+TEST_F(KvDiskHostTest, ANodeWithoutADirectoryOpensNoTier) {
+  KvDiskHost host(KvDiskTierOptions{});
+  EXPECT_FALSE(host.enabled());
+  EXPECT_TRUE(absl::IsFailedPrecondition(host.Open(1, store_.get(), kBlockTokens, "m").status()));
+  EXPECT_FALSE(host.stats().has_value());
+}
+
+}  // namespace
+}  // namespace strata
