@@ -721,6 +721,7 @@ class DiskTierTest : public DisaggregatedTest {
   struct Turns {
     std::vector<int32_t> turn1_output, turn2_output;
     int64_t turn2_cached = 0;
+    int64_t turn2_prefill_rows = 0;  // prompt rows computed for turn 2
     SchedulerStats stats;
     std::optional<KvDiskTierStats> disk;
   };
@@ -752,8 +753,10 @@ class DiskTierTest : public DisaggregatedTest {
       EXPECT_TRUE(d.Wait({others.back()}));
     }
     if (before_turn2) before_turn2();
+    const int64_t rows_before = d.scheduler().Stats().prefill_rows_total;
     auto second = d.Submit(Turn(Turn2Prompt(out.turn1_output)));
     EXPECT_TRUE(d.Wait({second}));
+    out.turn2_prefill_rows = d.scheduler().Stats().prefill_rows_total - rows_before;
     for (const auto& o : others) EXPECT_TRUE(o->error.ok()) << o->error;
     EXPECT_TRUE(first->error.ok()) << first->error;
     EXPECT_TRUE(second->error.ok()) << second->error;
@@ -805,6 +808,8 @@ void DiskTierTest::ExpectTurn2FromDisk(const Turns& turns) {
   EXPECT_GT(turns.stats.dram_evicted_blocks_total, 0);
   EXPECT_GE(turns.stats.disk_hit_tokens_total, 96);
   EXPECT_GE(turns.turn2_cached, 96);
+  // Only the rest of the prompt was computed (never a row before the loads were in).
+  EXPECT_LE(turns.turn2_prefill_rows, 128 - 96);
   EXPECT_GE(turns.stats.disk_saved_blocks_total, 6);
   EXPECT_EQ(turns.stats.disk_failed_loads_total, 0);
   ASSERT_TRUE(turns.disk.has_value());

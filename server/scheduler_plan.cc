@@ -474,6 +474,8 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     if (config_.prefill_chunk_tokens <= 0 && length > budget_rows) break;
     if (!Place(req, e)) break;
     --i;  // Place took it out of waiting_: index i is now the next one
+    // Its prefix is being read from disk into its slots: no row runs before that is done.
+    if (req->loading) continue;
     const int64_t count =
         std::min({length - owner->computed, chunk_limit, budget_rows, budget_prefill});
     add_chunk(owner, owner->computed, owner->computed + count);

@@ -116,10 +116,14 @@ TEST_P(DiskTierTest, TheNextTurnReadsItsHistoryFromDisk) {
     turn2.insert(turn2.end(), answer1.tokens.begin(), answer1.tokens.end());
     const std::vector<int> question = Tokens(20, 2);
     turn2.insert(turn2.end(), question.begin(), question.end());
-    answer2 = Complete(http, turn2);
-    // The history's 18 full blocks (288 tokens), from disk: none was left in DRAM.
-    EXPECT_GE(answer2.cached, 288);
     const int server = (*d)->MetricsPort("server");
+    const double computed_before = Metric(server, "strata_prefill_tokens_computed_total", "");
+    answer2 = Complete(http, turn2);
+    // The history's 18 full blocks (288 tokens), from disk: none was left in DRAM, and only
+    // the rest of the prompt was computed.
+    EXPECT_GE(answer2.cached, 288);
+    EXPECT_LE(Metric(server, "strata_prefill_tokens_computed_total", "") - computed_before,
+              static_cast<double>(turn2.size()) - 288);
     EXPECT_GE(Metric(server, "strata_prefix_cache_tier_hits_total", "tier=\"disk\""), 288);
     const std::string pool = memory_nodes > 0 ? "memory-0" : "compute-0";
     const int node = (*d)->MetricsPort(pool);
