@@ -344,8 +344,9 @@ RemoteAttentionStats ComputeNode::remote_stats() const {
 }
 
 absl::StatusOr<std::vector<absl::Status>> ComputeNode::MoveKv(uint64_t epoch, uint64_t tier,
-                                                              std::span<const KvMove> moves) {
-  return disk_->Move(epoch, tier, moves);
+                                                              std::span<const KvMove> moves,
+                                                              absl::Time deadline) {
+  return disk_->Move(epoch, tier, moves, deadline);
 }
 
 ModelShape ComputeNode::shape() const {

@@ -74,7 +74,8 @@ class ComputeNode {
   // Co-located mode: moves between the local KV cache and its disk tier (as a memory node's,
   // memory_node/kv_disk_host.h), one status each.
   absl::StatusOr<std::vector<absl::Status>> MoveKv(uint64_t epoch, uint64_t tier,
-                                                   std::span<const KvMove> moves);
+                                                   std::span<const KvMove> moves,
+                                                   absl::Time deadline = absl::InfiniteFuture());
   // Co-located mode: the disk tier (its counters: disk().stats()).
   const KvDiskHost& disk() const { return *disk_; }
   // Runs plans from `queue` with as many batches in flight as the engine has lanes (two in

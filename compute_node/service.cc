@@ -28,7 +28,8 @@ grpc::Status ComputeNodeService::MoveKv(grpc::ServerContext* context,
   if (grpc::Status auth = auth_->Check(context); !auth.ok()) return auth;
   auto moves = MovesFromProto(*request);
   if (!moves.ok()) return ToGrpcStatus(moves.status());
-  auto done = node_->MoveKv(request->epoch(), request->tier(), *moves);
+  auto done = node_->MoveKv(request->epoch(), request->tier(), *moves,
+                            absl::FromChrono(context->deadline()));
   if (!done.ok()) return ToGrpcStatus(done.status());
   for (const absl::Status& s : *done) ToProto(s, response->add_status());
   return grpc::Status::OK;

@@ -3,6 +3,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace strata {
 
@@ -70,8 +71,12 @@ absl::StatusOr<DiskTierAck> KvDiskHost::Open(uint64_t epoch, KvStore* store, int
 }
 
 absl::StatusOr<std::vector<absl::Status>> KvDiskHost::Move(uint64_t epoch, uint64_t tier,
-                                                           std::span<const KvMove> moves) {
+                                                           std::span<const KvMove> moves,
+                                                           absl::Time deadline) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (absl::Now() > deadline) {
+    return absl::DeadlineExceededError("KV moves whose caller gave up waiting (not run)");
+  }
   if (epoch != epoch_) {
     return absl::FailedPreconditionError(
         absl::StrCat("KV moves of epoch ", epoch, " for a node of epoch ", epoch_));

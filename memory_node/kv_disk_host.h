@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/protocol/node_config.h"
 #include "memory_node/kv_disk_tier.h"
 #include "memory_node/kv_store.h"
@@ -44,9 +45,12 @@ class KvDiskHost {
                                    const std::string& fingerprint);
 
   // The scheduler's moves, one status each. FailedPrecondition for another epoch or tier, or
-  // while no tier is open.
+  // while no tier is open; DeadlineExceeded, with nothing run, if `deadline` (the caller's)
+  // passed while they waited for the moves ahead: the caller has given up on them and may
+  // have reused their slots and extents.
   absl::StatusOr<std::vector<absl::Status>> Move(uint64_t epoch, uint64_t tier,
-                                                 std::span<const KvMove> moves);
+                                                 std::span<const KvMove> moves,
+                                                 absl::Time deadline = absl::InfiniteFuture());
 
   // Counters since the node started, over every tier it opened, and the open tier's space
   // (none: zero); nullopt if it never opened one.

@@ -4,6 +4,7 @@
 // the previous index are never served); counters add up over every tier the node opened.
 #include "memory_node/kv_disk_host.h"
 
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "memory_node/testing/disk_test_env.h"
 
@@ -64,6 +65,11 @@ TEST_F(KvDiskHostTest, MovesRunOnlyForTheEpochThatOpenedTheTier) {
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_NE(again->tier, info->tier);
   EXPECT_TRUE(absl::IsFailedPrecondition(host.Move(3, info->tier, {&load, 1}).status()));
+  // A caller that has given up (its deadline passed while the moves waited): nothing runs.
+  const uint64_t loads = host.stats()->loads;
+  EXPECT_TRUE(absl::IsDeadlineExceeded(
+      host.Move(3, again->tier, {&load, 1}, absl::Now() - absl::Seconds(1)).status()));
+  EXPECT_EQ(host.stats()->loads, loads);
   host.Close();
   EXPECT_TRUE(absl::IsFailedPrecondition(host.Move(3, again->tier, {&load, 1}).status()));
 }

@@ -131,8 +131,9 @@ absl::StatusOr<MemoryConfigAck> MemoryServer::Configure(const MemoryConfig& conf
 }
 
 absl::StatusOr<std::vector<absl::Status>> MemoryServer::MoveKv(uint64_t epoch, uint64_t tier,
-                                                               std::span<const KvMove> moves) {
-  return disk_.Move(epoch, tier, moves);
+                                                               std::span<const KvMove> moves,
+                                                               absl::Time deadline) {
+  return disk_.Move(epoch, tier, moves, deadline);
 }
 
 NodeStatus MemoryServer::Status() const {

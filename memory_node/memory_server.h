@@ -102,7 +102,8 @@ class MemoryServer : public transport::MessageHandler {
   // From the scheduler: moves between the KV store and the disk tier (kv_disk_tier.h), one
   // status each. FailedPrecondition for another epoch or without a disk tier.
   absl::StatusOr<std::vector<absl::Status>> MoveKv(uint64_t epoch, uint64_t tier,
-                                                   std::span<const KvMove> moves);
+                                                   std::span<const KvMove> moves,
+                                                   absl::Time deadline = absl::InfiniteFuture());
   // The disk tier (its counters: disk().stats()).
   const KvDiskHost& disk() const { return disk_; }
 

@@ -27,7 +27,8 @@ grpc::Status MemoryNodeService::MoveKv(grpc::ServerContext* context,
   if (grpc::Status auth = auth_->Check(context); !auth.ok()) return auth;
   auto moves = MovesFromProto(*request);
   if (!moves.ok()) return ToGrpcStatus(moves.status());
-  auto done = server_->MoveKv(request->epoch(), request->tier(), *moves);
+  auto done = server_->MoveKv(request->epoch(), request->tier(), *moves,
+                              absl::FromChrono(context->deadline()));
   if (!done.ok()) return ToGrpcStatus(done.status());
   for (const absl::Status& s : *done) ToProto(s, response->add_status());
   return grpc::Status::OK;

@@ -70,6 +70,8 @@ struct Topology {
   std::string disk_dir;
   uint64_t disk_budget_bytes = 64ull << 20;
   absl::Duration disk_ttl = absl::Hours(1);
+  // How long each batch of loads takes at least (a slow disk).
+  absl::Duration disk_load_delay = absl::ZeroDuration();
 };
 
 std::string Name(const Topology& t) {
@@ -145,12 +147,15 @@ class Deployment {
       const PoolIndex pool = scheduler_->AddPool(absl::StrCat("memory-", i), slots_per_pool);
       if (!t.disk_dir.empty()) {
         EXPECT_GT(ack->disk.extents, 0u) << "no disk tier";
-        scheduler_->SetPoolDisk(
-            pool, static_cast<int64_t>(ack->disk.extents),
-            std::make_shared<InProcessKvMover>(
-                [server = server->get(), tier = ack->disk.tier](std::span<const KvMove> moves) {
-                  return server->MoveKv(42, tier, moves);
-                }));
+        scheduler_->SetPoolDisk(pool, static_cast<int64_t>(ack->disk.extents),
+                                std::make_shared<InProcessKvMover>(
+                                    [server = server->get(), tier = ack->disk.tier,
+                                     delay = t.disk_load_delay](std::span<const KvMove> moves) {
+                                      if (!moves.empty() && moves[0].kind == KvMove::Kind::kLoad) {
+                                        absl::SleepFor(delay);
+                                      }
+                                      return server->MoveKv(42, tier, moves);
+                                    }));
       }
       memory_.push_back(std::move(*server));
     }
@@ -857,6 +862,38 @@ TEST_F(DiskTierTest, BlocksIdlePastTheTtlAreDeleted) {
   EXPECT_EQ(turns.stats.disk_hit_tokens_total, 0);
   ASSERT_TRUE(turns.disk.has_value());
   EXPECT_GT(turns.disk->drops, 0u);
+}
+
+// A request that times out while its prefix loads from a slow disk ends with the timeout as
+// soon as the loads are back, without computing a row; the deployment goes on serving.
+TEST_F(DiskTierTest, ATimeoutWhileLoadingEndsTheRequestWithoutComputingIt) {
+  Topology t{1, 1};
+  t.disk_dir = DiskDir("timeout");
+  t.disk_load_delay = absl::Milliseconds(800);
+  Deployment d(weights_, t, 160);
+  auto first = d.Submit(Turn(Prompt(100, 7000)));
+  ASSERT_TRUE(d.Wait({first}));
+  for (int i = 0; i < 3; ++i) {
+    auto other = d.Submit(Turn(Prompt(100, 7100 + i)));
+    ASSERT_TRUE(d.Wait({other}));
+  }
+  const SchedulerStats before = d.scheduler().Stats();
+  GenerateRequest turn2 = Turn(Turn2Prompt(first->tokens));
+  turn2.timeout = absl::Milliseconds(200);
+  auto second = d.Submit(std::move(turn2));
+  ASSERT_TRUE(d.Wait({second}));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(second->error)) << second->error;
+  // The deployment goes on (and its statistics, published after each batch, catch up).
+  auto next = d.Submit(Turn(Prompt(40, 7200)));
+  ASSERT_TRUE(d.Wait({next}));
+  EXPECT_TRUE(next->error.ok()) << next->error;
+  EXPECT_EQ(next->tokens.size(), 8u);
+  const SchedulerStats after = d.scheduler().Stats();
+  EXPECT_GT(after.disk_loaded_blocks_total + after.disk_failed_loads_total,
+            before.disk_loaded_blocks_total + before.disk_failed_loads_total)
+      << "it never loaded: the test did not test a timeout during loads";
+  // Only the next request's 40 prompt rows were computed, none of the timed-out one's.
+  EXPECT_LE(after.prefill_rows_total - before.prefill_rows_total, 40);
 }
 
 TEST_F(DiskTierTest, AFullDiskDegradesToNotCachedAndFailsNothing) {

@@ -29,6 +29,9 @@ GrpcKvMover::~GrpcKvMover() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    for (Lane* lane : {&loads_, &others_}) {
+      if (lane->call != nullptr) lane->call->TryCancel();
+    }
   }
   cv_.notify_all();
   loads_.thread.join();
@@ -64,7 +67,6 @@ void GrpcKvMover::Run(Lane* lane) {
     }
     auto [moves, done] = std::move(lane->queue.front());
     lane->queue.pop_front();
-    lock.unlock();
     control::KvMoves request;
     request.set_epoch(epoch_);
     request.set_tier(tier_);
@@ -72,8 +74,13 @@ void GrpcKvMover::Run(Lane* lane) {
     grpc::ClientContext context;
     auth_->Attach(&context);
     context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
+    lane->call = &context;  // the destructor may cancel it from now on
+    lock.unlock();
     control::KvMoveReport report;
     const grpc::Status status = call_(&context, request, &report);
+    lock.lock();
+    lane->call = nullptr;
+    lock.unlock();
     std::vector<absl::Status> out;
     if (!status.ok()) {
       out.assign(moves.size(),

@@ -5,7 +5,8 @@
 // a load behind it.
 //
 // Thread-safety: Submit may be called from any thread; `done` runs on a lane's thread.
-// Destruction fails what was never sent (Cancelled) and waits for the calls in progress.
+// Destruction fails what was never sent (Cancelled) and cancels the calls in progress (a
+// node that hangs must not hold the scheduler's thread until the deadline).
 #ifndef STRATA_SERVER_GRPC_KV_MOVER_H_
 #define STRATA_SERVER_GRPC_KV_MOVER_H_
 
@@ -43,6 +44,7 @@ class GrpcKvMover final : public KvMover {
  private:
   struct Lane {
     std::deque<std::pair<std::vector<KvMove>, KvMovesDone>> queue;
+    grpc::ClientContext* call = nullptr;  // the call in progress, guarded by mu_
     std::thread thread;
   };
   void Run(Lane* lane);

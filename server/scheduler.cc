@@ -276,6 +276,7 @@ void Scheduler::SetPoolAliveNow(PoolIndex pool, bool alive, int64_t num_slots) {
     ++p.generation;
     p.loads.clear();
     p.moves.clear();
+    p.saving_slots = 0;
     for (auto& e : executors_) {
       auto& rel = e->pending_releases;
       rel.erase(std::remove_if(rel.begin(), rel.end(),
@@ -554,6 +555,18 @@ void Scheduler::FailRequest(Request* req, FinishReason reason, const absl::Statu
   update.cached_prompt_tokens = req->cached_prompt_tokens;
   if (req->callback) req->callback(update);
   MaybeRemoveRequest(req);
+}
+
+bool Scheduler::FinishPending(Request* req) {
+  if (req->pending_finish == FinishReason::kAbort) {
+    FailRequest(req, FinishReason::kAbort, absl::CancelledError("cancelled by the client"));
+  } else if (req->pending_finish == FinishReason::kTimeout) {
+    FailRequest(req, FinishReason::kTimeout,
+                absl::DeadlineExceededError("the request exceeded its timeout"));
+  } else {
+    return false;
+  }
+  return true;
 }
 
 void Scheduler::MaybeRemoveRequest(Request* req) {

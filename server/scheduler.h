@@ -283,6 +283,9 @@ class Scheduler {
   void FinishSequence(Sequence* seq, FinishReason reason, RequestUpdate* update,
                       const std::string& text);
   void FailRequest(Request* req, FinishReason reason, const absl::Status& status);
+  // A cancellation or timeout that arrived while the request was in flight (a step, or loads
+  // from disk): fails it now. Returns whether it did (the request may be gone then).
+  bool FinishPending(Request* req);
   void MaybeRemoveRequest(Request* req);
   // Erases a finished request now, or at the end of the result being applied.
   void RemoveFinished(uint64_t id);

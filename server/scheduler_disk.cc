@@ -38,6 +38,7 @@ void Scheduler::SetPoolDisk(PoolIndex pool, int64_t extents, std::shared_ptr<KvM
     ++p.generation;
     p.loads.clear();
     p.moves.clear();
+    p.saving_slots = 0;
     LOG(INFO) << "KV pool " << p.name << " has a disk tier of " << extents << " blocks";
     if (!expire_timer_set_) {
       expire_timer_set_ = true;
@@ -75,6 +76,7 @@ void Scheduler::SaveBlock(PoolIndex pool, uint64_t hash) {
   const std::optional<int64_t> extent = p.disk->BeginSave(hash, tokens, absl::Now());
   if (!extent) return;    // on disk already, or no extent free of reads and writes
   p.kv->HoldBlock(hash);  // in DRAM until it is on disk
+  p.saving_slots += config_.block_tokens;
   DiskOp op;
   op.move.kind = KvMove::Kind::kSave;
   op.move.extent = static_cast<uint64_t>(*extent);
@@ -156,6 +158,7 @@ void Scheduler::OnDiskMoves(PoolIndex pool, uint64_t generation, std::vector<Dis
         if (!current) break;  // the pool's KV and its tier are gone
         p.disk->SaveDone(op.move.key, st.ok(), now);
         p.kv->DropBlock(op.move.key);
+        p.saving_slots = std::max<int64_t>(0, p.saving_slots - config_.block_tokens);
         (st.ok() ? saved : failed_saves) += 1;
         break;
       case KvMove::Kind::kDrop:
@@ -241,6 +244,8 @@ void Scheduler::LoadsDone(Request* req, PoolIndex pool, bool current,
     }
   }
   req->first_load = false;
+  // A cancellation or timeout that came while it loaded.
+  if (req->in_flight == 0 && req->state != Request::State::kDone && FinishPending(req)) return;
   Land(req);
 }
 

@@ -102,6 +102,9 @@ struct Scheduler::Pool {
   std::shared_ptr<KvMover> mover;
   uint64_t generation = 0;
   std::vector<DiskOp> loads, moves;
+  // DRAM slots of blocks held until their save is back: free soon, so admission and
+  // make_room wait for them rather than preempt more.
+  int64_t saving_slots = 0;
 };
 
 struct Scheduler::Executor {

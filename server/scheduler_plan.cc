@@ -290,10 +290,15 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
   const RankOrder before{this};  // the order running_ and waiting_ are kept in
 
   // Makes `need` slots available in `req`'s pool by preempting running requests that rank
-  // below it, are not in flight and are not in this step.
+  // below it, are not in flight and are not in this step. kWait: blocks whose saves to
+  // disk are in flight will free enough once those are back (an event that plans again),
+  // so nothing more is preempted and `req` waits.
+  enum class Room { kMade, kWait, kNone };
   auto make_room = [&](Request* req, int64_t need) {
-    KvPool& kv = *pools_[req->pool->value()]->kv;
+    const Pool& pool = *pools_[req->pool->value()];
+    KvPool& kv = *pool.kv;
     while (kv.available() < need) {
+      if (kv.available() + pool.saving_slots >= need) return Room::kWait;
       // The lowest-ranked running request below `req` that can give its slots up.
       Request* victim = nullptr;
       for (auto it = running_.rbegin(); it != running_.rend() && before(req, *it); ++it) {
@@ -302,11 +307,11 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
         victim = o;
         break;
       }
-      if (victim == nullptr) return false;
+      if (victim == nullptr) return Room::kNone;
       Preempt(victim);
       running.erase(std::remove(running.begin(), running.end(), victim), running.end());
     }
-    return true;
+    return Room::kMade;
   };
 
   struct PendingChunk {
@@ -377,7 +382,8 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     int64_t need = 0;
     for (Sequence* s : decode)
       need += static_cast<int64_t>(s->tokens.size()) - static_cast<int64_t>(s->table.size());
-    if (need > 0 && !make_room(req, need)) {
+    if (const Room room = need > 0 ? make_room(req, need) : Room::kMade; room != Room::kMade) {
+      if (room == Room::kWait) continue;
       Preempt(req);  // nothing below it to take from: it yields itself
       running.erase(running.begin() + i);
       --i;
@@ -399,7 +405,7 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     for (Sequence* s : ahead)
       need_ahead +=
           static_cast<int64_t>(s->tokens.size()) + 1 - static_cast<int64_t>(s->table.size());
-    if (need_ahead > 0 && !make_room(req, need_ahead)) continue;
+    if (need_ahead > 0 && make_room(req, need_ahead) != Room::kMade) continue;
     for (Sequence* s : ahead) {
       const int64_t position = static_cast<int64_t>(s->tokens.size());
       const int64_t missing = position + 1 - static_cast<int64_t>(s->table.size());
@@ -439,7 +445,7 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
       const int64_t end = seq->computed + count;
       const int64_t need = end - static_cast<int64_t>(seq->table.size());
       if (need > 0) {
-        if (!make_room(req, need)) continue;
+        if (make_room(req, need) != Room::kMade) continue;
         CHECK(pools_[req->pool->value()]->kv->Allocate(need, &seq->table));
       }
       add_chunk(seq, seq->computed, end);
@@ -475,7 +481,10 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     if (!Place(req, e)) break;
     --i;  // Place took it out of waiting_: index i is now the next one
     // Its prefix is being read from disk into its slots: no row runs before that is done.
-    if (req->loading) continue;
+    if (req->loading) {
+      --budget_seqs;
+      continue;
+    }
     const int64_t count =
         std::min({length - owner->computed, chunk_limit, budget_rows, budget_prefill});
     add_chunk(owner, owner->computed, owner->computed + count);

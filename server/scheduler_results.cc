@@ -238,13 +238,7 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
   }
   // Cancellations and timeouts that arrived while the step ran.
   for (Request* req : involved) {
-    if (req->state == Request::State::kDone) continue;
-    if (req->pending_finish == FinishReason::kAbort) {
-      FailRequest(req, FinishReason::kAbort, absl::CancelledError("cancelled by the client"));
-    } else if (req->pending_finish == FinishReason::kTimeout) {
-      FailRequest(req, FinishReason::kTimeout,
-                  absl::DeadlineExceededError("the request exceeded its timeout"));
-    }
+    if (req->state != Request::State::kDone) FinishPending(req);
   }
 }
 
