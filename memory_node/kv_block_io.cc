@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 
@@ -87,14 +88,23 @@ absl::Status KvBlockIo::Save(uint64_t extent, uint64_t key, std::span<const int3
   return block.status;
 }
 
-void KvBlockIo::SaveBlocks(std::span<BlockIo> blocks) {
+namespace {
+
+absl::Status LateError() {
+  return absl::DeadlineExceededError("the caller gave up on this block before it was moved");
+}
+
+}  // namespace
+
+void KvBlockIo::SaveBlocks(std::span<BlockIo> blocks, absl::Time deadline) {
   for (size_t first = 0; first < blocks.size(); first += staging_.size()) {
     const size_t count = std::min(staging_.size(), blocks.size() - first);
     std::vector<ExtentIo> ios;
     std::vector<BlockIo*> owners;
+    const bool late = absl::Now() > deadline;
     for (size_t i = 0; i < count; ++i) {
       BlockIo& b = blocks[first + i];
-      b.status = CheckSlots(b.slots);
+      b.status = late ? LateError() : CheckSlots(b.slots);
       if (!b.status.ok()) continue;
       uint8_t* buffer = staging_[ios.size()].get();
       ios.push_back({b.extent, buffer, Gather(b.slots, buffer), b.key, {}});
@@ -106,25 +116,28 @@ void KvBlockIo::SaveBlocks(std::span<BlockIo> blocks) {
   }
 }
 
-void KvBlockIo::LoadBlocks(std::span<BlockIo> blocks) {
+void KvBlockIo::LoadBlocks(std::span<BlockIo> blocks, absl::Time deadline) {
   const int layers = store_->config().num_layers;
   for (size_t first = 0; first < blocks.size(); first += staging_.size()) {
     const size_t count = std::min(staging_.size(), blocks.size() - first);
     // Whole extents, one read each (header and payload, checked together).
     std::vector<ExtentIo> ios;
     std::vector<BlockIo*> owners;
+    const bool late = absl::Now() > deadline;
     for (size_t i = 0; i < count; ++i) {
       BlockIo& b = blocks[first + i];
-      b.status = CheckSlots(b.slots);
+      b.status = late ? LateError() : CheckSlots(b.slots);
       if (!b.status.ok()) continue;
       ios.push_back({b.extent, staging_[ios.size()].get(), 0, b.key, {}});
       owners.push_back(&b);
     }
     if (ios.empty()) continue;
     disk_->Read(ios).IgnoreError();  // each extent's own status is below
+    // The slots are written only if the caller still waits for them.
+    const bool read_late = absl::Now() > deadline;
     for (size_t i = 0; i < ios.size(); ++i) {
       BlockIo& b = *owners[i];
-      b.status = ios[i].status;
+      b.status = read_late && ios[i].status.ok() ? LateError() : ios[i].status;
       for (int l = 0; l < layers && b.status.ok(); ++l) {
         b.status = Scatter(ios[i].extent, l, ios[i].bytes,
                            static_cast<const uint8_t*>(ios[i].data) +

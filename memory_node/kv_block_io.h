@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "memory_node/kv_disk.h"
 #include "memory_node/kv_store.h"
 
@@ -60,8 +61,11 @@ class KvBlockIo {
 
   // Saves, or loads whole, every block; each gets its own status (a load that fails any
   // layer fails, and its slots must not be used).
-  void SaveBlocks(std::span<BlockIo> blocks);
-  void LoadBlocks(std::span<BlockIo> blocks);
+  // Past `deadline` (the caller's, who then treats the blocks as failed and may reuse
+  // their slots and extents), the blocks not yet begun are DeadlineExceeded: a save gathers
+  // no slots after it, and a load scatters none.
+  void SaveBlocks(std::span<BlockIo> blocks, absl::Time deadline = absl::InfiniteFuture());
+  void LoadBlocks(std::span<BlockIo> blocks, absl::Time deadline = absl::InfiniteFuture());
 
   int staging_blocks() const { return static_cast<int>(staging_.size()); }
   uint64_t staging_bytes() const { return staging_.size() * disk_->block_bytes(); }

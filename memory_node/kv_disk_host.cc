@@ -86,7 +86,7 @@ absl::StatusOr<std::vector<absl::Status>> KvDiskHost::Move(uint64_t epoch, uint6
     return absl::FailedPreconditionError(
         "KV moves for a disk tier that a reconfiguration has replaced");
   }
-  return tier_->Execute(moves);
+  return tier_->Execute(moves, deadline);
 }
 
 std::optional<KvDiskTierStats> KvDiskHost::stats() const {

@@ -35,7 +35,7 @@ absl::StatusOr<std::unique_ptr<KvDiskTier>> KvDiskTier::Open(const KvDiskTierOpt
   return tier;
 }
 
-std::vector<absl::Status> KvDiskTier::Execute(std::span<const KvMove> moves) {
+std::vector<absl::Status> KvDiskTier::Execute(std::span<const KvMove> moves, absl::Time deadline) {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<absl::Status> out(moves.size());
   // Runs of one kind keep their order and batch together.
@@ -43,14 +43,14 @@ std::vector<absl::Status> KvDiskTier::Execute(std::span<const KvMove> moves) {
     size_t end = first + 1;
     while (end < moves.size() && moves[end].kind == moves[first].kind) ++end;
     Run(moves[first].kind, moves.subspan(first, end - first),
-        std::span<absl::Status>(out).subspan(first, end - first));
+        std::span<absl::Status>(out).subspan(first, end - first), deadline);
     first = end;
   }
   return out;
 }
 
-void KvDiskTier::Run(KvMove::Kind kind, std::span<const KvMove> moves,
-                     std::span<absl::Status> out) {
+void KvDiskTier::Run(KvMove::Kind kind, std::span<const KvMove> moves, std::span<absl::Status> out,
+                     absl::Time deadline) {
   const Stopwatch watch;
   const KvDiskStats before = disk_->stats();
   uint64_t failed = 0;
@@ -83,9 +83,9 @@ void KvDiskTier::Run(KvMove::Kind kind, std::span<const KvMove> moves,
       index.push_back(i);
     }
     if (kind == KvMove::Kind::kSave) {
-      io_->SaveBlocks(blocks);
+      io_->SaveBlocks(blocks, deadline);
     } else {
-      io_->LoadBlocks(blocks);
+      io_->LoadBlocks(blocks, deadline);
     }
     for (size_t b = 0; b < blocks.size(); ++b) {
       out[index[b]] = blocks[b].status;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/protocol/node_config.h"
 #include "memory_node/kv_block_io.h"
 #include "memory_node/kv_disk.h"
@@ -66,8 +67,10 @@ class KvDiskTier {
                                                           KvStore* store, int block_tokens,
                                                           const std::string& fingerprint);
 
-  // Runs `moves` in order; one status per move.
-  std::vector<absl::Status> Execute(std::span<const KvMove> moves);
+  // Runs `moves` in order; one status per move. Saves and loads not begun by `deadline`
+  // (the caller's) are DeadlineExceeded, and touch no slot (kv_block_io.h).
+  std::vector<absl::Status> Execute(std::span<const KvMove> moves,
+                                    absl::Time deadline = absl::InfiniteFuture());
 
   KvDiskTierStats stats() const;
   uint64_t extents() const { return disk_->num_extents(); }
@@ -76,7 +79,8 @@ class KvDiskTier {
 
  private:
   KvDiskTier() = default;
-  void Run(KvMove::Kind kind, std::span<const KvMove> moves, std::span<absl::Status> out);
+  void Run(KvMove::Kind kind, std::span<const KvMove> moves, std::span<absl::Status> out,
+           absl::Time deadline);
 
   std::mutex mu_;  // one batch at a time
   std::unique_ptr<KvDisk> disk_;

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <random>
 
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "memory_node/testing/disk_test_env.h"
 
@@ -137,6 +138,27 @@ TEST_F(KvDiskTierTest, ReopeningStartsEmpty) {
       (*tier)->Execute({{{KvMove::Kind::kLoad, 0, 5, Slots(100)}}});
   EXPECT_FALSE(out[0].ok()) << "a block of the old index was served";
   EXPECT_EQ((*tier)->stats().used_extents, 0u);
+}
+
+// Moves whose caller's deadline has passed (it has given up, and may reuse their slots and
+// extents) touch nothing: no slot is gathered for a save nor written by a load.
+TEST_F(KvDiskTierTest, MovesPastTheCallersDeadlineTouchNoSlot) {
+  for (const absl::Status& s : tier_->Execute({{{KvMove::Kind::kSave, 0, 5, Slots(0)}}})) {
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  const absl::Time gone = absl::Now() - absl::Seconds(1);
+  const std::vector<uint16_t> before = Rows(Slots(100));
+  std::vector<absl::Status> out = tier_->Execute({{{KvMove::Kind::kLoad, 0, 5, Slots(100)}}}, gone);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(out[0])) << out[0];
+  EXPECT_EQ(Rows(Slots(100)), before) << "a late load wrote its slots";
+  out = tier_->Execute({{{KvMove::Kind::kSave, 1, 6, Slots(16)}}}, gone);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(out[0])) << out[0];
+  EXPECT_EQ(tier_->stats().used_extents, 1u) << "a late save was written";
+  // In time, the same load works.
+  out =
+      tier_->Execute({{{KvMove::Kind::kLoad, 0, 5, Slots(100)}}}, absl::Now() + absl::Seconds(60));
+  EXPECT_TRUE(out[0].ok()) << out[0];
+  EXPECT_EQ(Rows(Slots(100)), Rows(Slots(0)));
 }
 
 }  // namespace
