@@ -49,10 +49,10 @@ std::string AttachDiskTier(Scheduler* scheduler, PoolIndex pool, GrpcKvMover::No
                            std::shared_ptr<grpc::Channel> channel,
                            const ControlPlaneOptions& options, const Ack& ack) {
   if (ack.disk_extents() == 0) return "";
-  scheduler->SetPoolDisk(
-      pool, static_cast<int64_t>(ack.disk_extents()),
-      std::make_shared<GrpcKvMover>(node, std::move(channel), options.auth, options.epoch,
-                                    ack.disk_tier(), options.step_deadline));
+  scheduler->SetPoolDisk(pool, static_cast<int64_t>(ack.disk_extents()),
+                         std::make_shared<GrpcKvMover>(
+                             node, std::move(channel), options.auth, options.epoch, ack.disk_tier(),
+                             options.disk_load_deadline, options.step_deadline));
   return absl::StrCat(", disk tier of ", ack.disk_extents(), " blocks of ", ack.disk_block_bytes(),
                       " bytes", ack.disk_direct() ? "" : " (buffered)");
 }

@@ -50,6 +50,9 @@ struct ControlPlaneOptions {
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   absl::Duration heartbeat_timeout = absl::Seconds(3);
   absl::Duration step_deadline = absl::Seconds(60);
+  // Disk tiers: how long a batch of loads may take before its requests recompute instead
+  // (saves and drops, which nobody waits for, take step_deadline).
+  absl::Duration disk_load_deadline = absl::Seconds(2);
   bool allow_mixed_isa = false;
   // Credentials every call in and out must carry (required).
   std::shared_ptr<const ClusterAuth> auth;

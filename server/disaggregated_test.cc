@@ -70,8 +70,10 @@ struct Topology {
   std::string disk_dir;
   uint64_t disk_budget_bytes = 64ull << 20;
   absl::Duration disk_ttl = absl::Hours(1);
-  // How long each batch of loads takes at least (a slow disk).
+  // How long each batch of loads takes at least (a slow disk), and how long the scheduler's
+  // side waits for one (as GrpcKvMover's load deadline).
   absl::Duration disk_load_delay = absl::ZeroDuration();
+  absl::Duration disk_load_deadline = absl::InfiniteDuration();
 };
 
 std::string Name(const Topology& t) {
@@ -147,15 +149,18 @@ class Deployment {
       const PoolIndex pool = scheduler_->AddPool(absl::StrCat("memory-", i), slots_per_pool);
       if (!t.disk_dir.empty()) {
         EXPECT_GT(ack->disk.extents, 0u) << "no disk tier";
-        scheduler_->SetPoolDisk(pool, static_cast<int64_t>(ack->disk.extents),
-                                std::make_shared<InProcessKvMover>(
-                                    [server = server->get(), tier = ack->disk.tier,
-                                     delay = t.disk_load_delay](std::span<const KvMove> moves) {
-                                      if (!moves.empty() && moves[0].kind == KvMove::Kind::kLoad) {
-                                        absl::SleepFor(delay);
-                                      }
-                                      return server->MoveKv(42, tier, moves);
-                                    }));
+        scheduler_->SetPoolDisk(
+            pool, static_cast<int64_t>(ack->disk.extents),
+            std::make_shared<InProcessKvMover>(
+                [server = server->get(), tier = ack->disk.tier, delay = t.disk_load_delay,
+                 wait = t.disk_load_deadline](std::span<const KvMove> moves) {
+                  absl::Time deadline = absl::InfiniteFuture();
+                  if (!moves.empty() && moves[0].kind == KvMove::Kind::kLoad) {
+                    deadline = absl::Now() + wait;
+                    absl::SleepFor(delay);
+                  }
+                  return server->MoveKv(42, tier, moves, deadline);
+                }));
       }
       memory_.push_back(std::move(*server));
     }
@@ -894,6 +899,23 @@ TEST_F(DiskTierTest, ATimeoutWhileLoadingEndsTheRequestWithoutComputingIt) {
       << "it never loaded: the test did not test a timeout during loads";
   // Only the next request's 40 prompt rows were computed, none of the timed-out one's.
   EXPECT_LE(after.prefill_rows_total - before.prefill_rows_total, 40);
+}
+
+// A disk slower than the load deadline: the loads fail unapplied, and the next turn is
+// recomputed, equal to a fresh run, without an error.
+TEST_F(DiskTierTest, ASlowDiskDegradesToRecomputingAndFailsNothing) {
+  Topology t{1, 1};
+  t.disk_dir = DiskDir("slow");
+  t.disk_load_delay = absl::Milliseconds(300);
+  t.disk_load_deadline = absl::Milliseconds(50);
+  const Turns turns = Converse(t, nullptr);
+  ASSERT_EQ(turns.turn2_output.size(), 8u);
+  EXPECT_EQ(turns.turn2_output, Fresh(turns.turn1_output));
+  EXPECT_GT(turns.stats.disk_failed_loads_total, 0);
+  EXPECT_EQ(turns.stats.disk_hit_tokens_total, 0);
+  EXPECT_EQ(turns.turn2_cached, 0);
+  ASSERT_TRUE(turns.disk.has_value());
+  EXPECT_EQ(turns.disk->bytes_read, 0u) << "the late loads ran";
 }
 
 TEST_F(DiskTierTest, AFullDiskDegradesToNotCachedAndFailsNothing) {

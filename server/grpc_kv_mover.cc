@@ -10,8 +10,10 @@ namespace strata {
 
 GrpcKvMover::GrpcKvMover(Node node, std::shared_ptr<grpc::Channel> channel,
                          std::shared_ptr<const ClusterAuth> auth, uint64_t epoch, uint64_t tier,
-                         absl::Duration deadline)
-    : auth_(std::move(auth)), epoch_(epoch), tier_(tier), deadline_(deadline) {
+                         absl::Duration load_deadline, absl::Duration deadline)
+    : auth_(std::move(auth)), epoch_(epoch), tier_(tier) {
+  loads_.deadline = load_deadline;
+  others_.deadline = deadline;
   if (node == Node::kMemory) {
     call_ = [stub = std::shared_ptr(control::MemoryNode::NewStub(channel))](
                 grpc::ClientContext* context, const control::KvMoves& request,
@@ -73,7 +75,7 @@ void GrpcKvMover::Run(Lane* lane) {
     for (const KvMove& m : moves) *request.add_moves() = ToProto(m);
     grpc::ClientContext context;
     auth_->Attach(&context);
-    context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
+    context.set_deadline(absl::ToChronoTime(absl::Now() + lane->deadline));
     lane->call = &context;  // the destructor may cancel it from now on
     lock.unlock();
     control::KvMoveReport report;

@@ -32,17 +32,20 @@ namespace strata {
 class GrpcKvMover final : public KvMover {
  public:
   enum class Node { kMemory, kCompute };
-  // Moves are stamped with `epoch` and `tier` (the node's configuration ack names the tier);
-  // each call must finish within `deadline`.
+  // Moves are stamped with `epoch` and `tier` (the node's configuration ack names the tier).
+  // A call of loads must finish within `load_deadline` (past it they fail, and the node
+  // writes none of their slots: a slow disk means "not cached"), other calls within
+  // `deadline`.
   GrpcKvMover(Node node, std::shared_ptr<grpc::Channel> channel,
               std::shared_ptr<const ClusterAuth> auth, uint64_t epoch, uint64_t tier,
-              absl::Duration deadline);
+              absl::Duration load_deadline, absl::Duration deadline);
   ~GrpcKvMover() override;
 
   void Submit(std::vector<KvMove> moves, KvMovesDone done) override;
 
  private:
   struct Lane {
+    absl::Duration deadline;
     std::deque<std::pair<std::vector<KvMove>, KvMovesDone>> queue;
     grpc::ClientContext* call = nullptr;  // the call in progress, guarded by mu_
     std::thread thread;
@@ -55,7 +58,6 @@ class GrpcKvMover final : public KvMover {
   std::shared_ptr<const ClusterAuth> auth_;
   uint64_t epoch_;
   uint64_t tier_;
-  absl::Duration deadline_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -59,6 +59,9 @@ ABSL_FLAG(bool, enable_prefix_caching, strata::SchedulerConfig().enable_prefix_c
 ABSL_FLAG(double, kv_disk_ttl_s, absl::ToDoubleSeconds(strata::SchedulerConfig().disk_ttl),
           "Memory nodes' disk tiers: KV blocks idle this long are deleted (persisted KV is "
           "user data)");
+ABSL_FLAG(int64_t, kv_disk_load_timeout_ms, 2000,
+          "Disk tiers: a batch of loads not back by then fails, and its requests recompute "
+          "those tokens instead (a slow disk degrades to 'not cached')");
 ABSL_FLAG(int64_t, request_timeout_s, 0, "Per-request timeout, seconds (0: none)");
 ABSL_FLAG(std::string, api_key, "",
           "Require 'Authorization: Bearer KEY' on /v1 and the gRPC API (visible in ps: prefer "
@@ -111,6 +114,8 @@ int main(int argc, char** argv) {
   o.cluster_auth = strata::ClusterAuthOptionsFromFlags();
   o.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
   o.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
+  o.disk_load_timeout =
+      absl::Milliseconds(std::max<int64_t>(1, absl::GetFlag(FLAGS_kv_disk_load_timeout_ms)));
   o.scheduler.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
   o.scheduler.async_scheduling = absl::GetFlag(FLAGS_async_scheduling);
   o.scheduler.pipelining = absl::GetFlag(FLAGS_pipelining);

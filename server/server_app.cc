@@ -95,6 +95,7 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions option
   cp.expected_memory_nodes = options.expected_memory_nodes;
   cp.heartbeat_timeout = options.heartbeat_timeout;
   cp.step_deadline = options.step_timeout;
+  cp.disk_load_deadline = options.disk_load_timeout;
   cp.allow_mixed_isa = options.allow_mixed_isa;
   cp.auth = auth;
   if (sc.pipelining == Pipelining::kRotational) {

@@ -37,6 +37,7 @@ struct ServerOptions {
   int expected_memory_nodes = 0;
   absl::Duration heartbeat_timeout = absl::Seconds(3);
   absl::Duration step_timeout = absl::Seconds(60);
+  absl::Duration disk_load_timeout = absl::Seconds(2);  // a batch of disk-tier loads
   absl::Duration drain_timeout = absl::Seconds(30);
   bool allow_mixed_isa = false;
   std::string api_key;
