@@ -901,6 +901,53 @@ TEST_F(DiskTierTest, ATimeoutWhileLoadingEndsTheRequestWithoutComputingIt) {
   EXPECT_LE(after.prefill_rows_total - before.prefill_rows_total, 40);
 }
 
+// Preemption under a small pool: the preempted requests' blocks are saved, and they come
+// back from disk when readmitted (swap, not recompute). Greedy and seeded output, n = 2
+// included, is bit-identical to a pool that never runs out.
+TEST_F(DiskTierTest, PreemptedRequestsComeBackFromDiskBitIdentical) {
+  std::vector<GenerateRequest> requests;
+  for (int i = 0; i < 8; ++i) {
+    GenerateRequest r;
+    r.prompt_tokens = Prompt(40 + 37 * i, 600 + i);
+    r.max_tokens = 24 + 3 * i;
+    r.ignore_eos = true;
+    if (i % 2 == 0) {
+      r.sampling.temperature = 0.9f;
+      r.sampling.frequency_penalty = 0.5f;
+      r.sampling.seed = 910 + i;
+      r.has_seed = true;
+      r.n = 2;
+    } else {
+      r.sampling.temperature = 0.0f;
+    }
+    requests.push_back(r);
+  }
+  auto run = [&](const Topology& t, int64_t slots, SchedulerStats* stats) {
+    Deployment d(weights_, t, slots);
+    std::vector<std::shared_ptr<Outcome>> outcomes;
+    for (const GenerateRequest& r : requests) outcomes.push_back(d.Submit(r));
+    EXPECT_TRUE(d.Wait(outcomes));
+    auto last = d.Submit(Turn(Prompt(20, 7300)));  // statistics catch up meanwhile
+    EXPECT_TRUE(d.Wait({last}));
+    *stats = d.scheduler().Stats();
+    return outcomes;
+  };
+  SchedulerStats free_stats, tight_stats;
+  const auto free_run = run(Topology{1, 1}, 4096, &free_stats);
+  Topology t{1, 1};
+  t.disk_dir = DiskDir("preempt");
+  const auto tight = run(t, 400, &tight_stats);
+  EXPECT_EQ(free_stats.num_preemptions_total, 0);
+  EXPECT_GT(tight_stats.num_preemptions_total, 0) << "the pool never ran out";
+  EXPECT_GT(tight_stats.disk_loaded_blocks_total, 0) << "no preempted request came back from disk";
+  EXPECT_EQ(tight_stats.disk_failed_loads_total, 0);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_TRUE(tight[i]->error.ok()) << i << ": " << tight[i]->error;
+    EXPECT_EQ(tight[i]->by_sample, free_run[i]->by_sample) << "request " << i;
+    EXPECT_EQ(tight[i]->by_sample.size(), static_cast<size_t>(requests[i].n));
+  }
+}
+
 // A disk slower than the load deadline: the loads fail unapplied, and the next turn is
 // recomputed, equal to a fresh run, without an error.
 TEST_F(DiskTierTest, ASlowDiskDegradesToRecomputingAndFailsNothing) {

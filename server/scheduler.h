@@ -15,7 +15,9 @@
 // sticks to the compute node that admitted it.
 //
 // Preemption is by recompute: a preempted request returns to the front of the queue with
-// its tokens, and is prefilled again on re-admission. Sampling is keyed by (seed, sample
+// its tokens, and is prefilled again on re-admission, except what the prefix cache still
+// holds; with a disk tier its full blocks are saved as it leaves, so it comes back mostly
+// from disk (a swap; scheduler_disk.cc). Sampling is keyed by (seed, sample
 // index, output position), so its output is exactly what it would have been. A pool or
 // compute node that dies has its requests re-prefilled elsewhere, or failed with a clear
 // error if nothing else is alive.
