@@ -874,7 +874,7 @@ TEST_F(DiskTierTest, BlocksIdlePastTheTtlAreDeleted) {
 TEST_F(DiskTierTest, ATimeoutWhileLoadingEndsTheRequestWithoutComputingIt) {
   Topology t{1, 1};
   t.disk_dir = DiskDir("timeout");
-  t.disk_load_delay = absl::Milliseconds(800);
+  t.disk_load_delay = absl::Seconds(2);
   Deployment d(weights_, t, 160);
   auto first = d.Submit(Turn(Prompt(100, 7000)));
   ASSERT_TRUE(d.Wait({first}));
@@ -884,7 +884,7 @@ TEST_F(DiskTierTest, ATimeoutWhileLoadingEndsTheRequestWithoutComputingIt) {
   }
   const SchedulerStats before = d.scheduler().Stats();
   GenerateRequest turn2 = Turn(Turn2Prompt(first->tokens));
-  turn2.timeout = absl::Milliseconds(200);
+  turn2.timeout = absl::Milliseconds(500);
   auto second = d.Submit(std::move(turn2));
   ASSERT_TRUE(d.Wait({second}));
   EXPECT_TRUE(absl::IsDeadlineExceeded(second->error)) << second->error;
