@@ -74,6 +74,7 @@ struct Topology {
   // side waits for one (as GrpcKvMover's load deadline).
   absl::Duration disk_load_delay = absl::ZeroDuration();
   absl::Duration disk_load_deadline = absl::InfiniteDuration();
+  bool disk_load_when_faster = true;  // SchedulerConfig::disk_load_when_faster
 };
 
 std::string Name(const Topology& t) {
@@ -109,6 +110,7 @@ class Deployment {
     }
     config.block_tokens = 16;
     config.disk_ttl = t.disk_ttl;
+    config.disk_load_when_faster = t.disk_load_when_faster;
     config.vocab_size = static_cast<int32_t>(weights->config.vocab_size);
     config.epoch = 42;
     scheduler_ = std::make_unique<Scheduler>(config, nullptr);
@@ -945,6 +947,49 @@ TEST_F(DiskTierTest, PreemptedRequestsComeBackFromDiskBitIdentical) {
     EXPECT_TRUE(tight[i]->error.ok()) << i << ": " << tight[i]->error;
     EXPECT_EQ(tight[i]->by_sample, free_run[i]->by_sample) << "request " << i;
     EXPECT_EQ(tight[i]->by_sample.size(), static_cast<size_t>(requests[i].n));
+  }
+}
+
+// The swap-or-recompute rule (load_rule.h): once a pool has seen that its disk returns
+// loads more slowly than prompts compute, a prefix found there is recomputed instead, with
+// the same output; with the rule off it is always read.
+TEST_F(DiskTierTest, APrefixOnADiskSlowerThanPrefillIsRecomputed) {
+  for (const bool rule : {true, false}) {
+    Topology t{1, 1};
+    t.disk_dir = DiskDir(rule ? "rule_on" : "rule_off");
+    t.disk_load_delay = absl::Milliseconds(400);  // per batch: far slower than tiny's prefill
+    t.disk_load_when_faster = rule;
+    Deployment d(weights_, t, 160);
+    SchedulerStats stats;
+    for (uint32_t conversation = 0; conversation < 2; ++conversation) {
+      auto first = d.Submit(Turn(Prompt(100, 8000 + conversation)));
+      ASSERT_TRUE(d.Wait({first}));
+      for (int i = 0; i < 3; ++i) {  // take the pool's DRAM
+        auto other = d.Submit(Turn(Prompt(100, 8100 + 10 * conversation + i)));
+        ASSERT_TRUE(d.Wait({other}));
+      }
+      std::vector<int32_t> prompt = Prompt(100, 8000 + conversation);
+      prompt.insert(prompt.end(), first->tokens.begin(), first->tokens.end());
+      auto second = d.Submit(Turn(prompt));
+      ASSERT_TRUE(d.Wait({second}));
+      EXPECT_TRUE(second->error.ok()) << second->error;
+      Deployment fresh(weights_, Topology{1, 1}, 2048);
+      auto reference = fresh.Submit(Turn(prompt));
+      ASSERT_TRUE(fresh.Wait({reference}));
+      EXPECT_EQ(second->tokens, reference->tokens) << "conversation " << conversation;
+    }
+    auto last = d.Submit(Turn(Prompt(20, 8200)));  // statistics catch up meanwhile
+    ASSERT_TRUE(d.Wait({last}));
+    stats = d.scheduler().Stats();
+    // The first conversation's history is read (nothing measured yet) either way.
+    EXPECT_GE(stats.disk_loaded_blocks_total, 6) << "rule " << rule;
+    if (rule) {
+      EXPECT_GE(stats.disk_recomputed_blocks_total, 6) << "the slow disk was read again";
+      EXPECT_LT(stats.disk_loaded_blocks_total, 12);
+    } else {
+      EXPECT_EQ(stats.disk_recomputed_blocks_total, 0);
+      EXPECT_GE(stats.disk_loaded_blocks_total, 12);
+    }
   }
 }
 

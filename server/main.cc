@@ -59,6 +59,9 @@ ABSL_FLAG(bool, enable_prefix_caching, strata::SchedulerConfig().enable_prefix_c
 ABSL_FLAG(double, kv_disk_ttl_s, absl::ToDoubleSeconds(strata::SchedulerConfig().disk_ttl),
           "Memory nodes' disk tiers: KV blocks idle this long are deleted (persisted KV is "
           "user data)");
+ABSL_FLAG(bool, kv_disk_load_when_faster, strata::SchedulerConfig().disk_load_when_faster,
+          "Disk tiers: read a prefix back only when that is measured to be faster than "
+          "recomputing it (false: always read it)");
 ABSL_FLAG(int64_t, kv_disk_load_timeout_ms, 2000,
           "Disk tiers: a batch of loads not back by then fails, and its requests recompute "
           "those tokens instead (a slow disk degrades to 'not cached')");
@@ -134,6 +137,7 @@ int main(int argc, char** argv) {
   o.scheduler.policy = absl::GetFlag(FLAGS_policy);
   o.scheduler.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   o.scheduler.default_timeout = absl::Seconds(absl::GetFlag(FLAGS_request_timeout_s));
+  o.scheduler.disk_load_when_faster = absl::GetFlag(FLAGS_kv_disk_load_when_faster);
   o.scheduler.disk_ttl = absl::Seconds(std::max(1.0, absl::GetFlag(FLAGS_kv_disk_ttl_s)));
   o.http.host = absl::GetFlag(FLAGS_host);
   o.http.port = absl::GetFlag(FLAGS_port);

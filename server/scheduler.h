@@ -50,6 +50,7 @@
 #include "server/disk_ledger.h"
 #include "server/kv_manager.h"
 #include "server/kv_mover.h"
+#include "server/load_rule.h"
 #include "server/output_processor.h"
 #include "server/policy.h"
 #include "server/request.h"
@@ -91,6 +92,9 @@ struct SchedulerConfig {
   // The disk tier (pools given one with SetPoolDisk): blocks idle longer than this are
   // deleted (persisted KV is user data).
   absl::Duration disk_ttl = absl::Hours(1);
+  // Load a prefix found on disk only when that is measured to be faster than recomputing
+  // it (server/load_rule.h); false: always load.
+  bool disk_load_when_faster = true;
 };
 
 struct PoolStatus {
@@ -119,6 +123,8 @@ struct SchedulerStats {
   int64_t disk_loaded_blocks_total = 0;
   int64_t disk_failed_saves_total = 0;
   int64_t disk_failed_loads_total = 0;
+  // Blocks found on disk but recomputed, which was measured to be faster (load_rule.h).
+  int64_t disk_recomputed_blocks_total = 0;
   // Blocks evicted from DRAM to make room (each was saved to disk first where a disk tier
   // is, so that the eviction itself is free).
   int64_t dram_evicted_blocks_total = 0;
@@ -270,8 +276,9 @@ class Scheduler {
   void StartLoads(Request* req, int from, int count);
   // Submits the moves ordered since the last batch of events.
   void FlushDiskMoves();
+  // `took`: from submitting the batch to its outcome.
   void OnDiskMoves(PoolIndex pool, uint64_t generation, std::vector<DiskOp> ops,
-                   std::vector<absl::Status> status);
+                   std::vector<absl::Status> status, absl::Duration took);
   // `current`: the pool's tier is the one that ordered them.
   void LoadsDone(Request* req, PoolIndex pool, bool current,
                  std::vector<std::pair<DiskOp, absl::Status>> loads);

@@ -39,6 +39,7 @@ void Scheduler::SetPoolDisk(PoolIndex pool, int64_t extents, std::shared_ptr<KvM
     p.loads.clear();
     p.moves.clear();
     p.saving_slots = 0;
+    p.load_rule = LoadRule();
     LOG(INFO) << "KV pool " << p.name << " has a disk tier of " << extents << " blocks";
     if (!expire_timer_set_) {
       expire_timer_set_ = true;
@@ -131,11 +132,12 @@ void Scheduler::FlushDiskMoves() {
       for (const DiskOp& op : *ops) moves.push_back(op.move);
       const PoolIndex pool(i);
       p.mover->Submit(std::move(moves),
-                      [this, pool, generation = p.generation,
-                       done = std::move(*ops)](std::vector<absl::Status> status) mutable {
+                      [this, pool, generation = p.generation, done = std::move(*ops),
+                       submitted = absl::Now()](std::vector<absl::Status> status) mutable {
+                        const absl::Duration took = absl::Now() - submitted;
                         Post([this, pool, generation, done = std::move(done),
-                              status = std::move(status)]() mutable {
-                          OnDiskMoves(pool, generation, std::move(done), std::move(status));
+                              status = std::move(status), took]() mutable {
+                          OnDiskMoves(pool, generation, std::move(done), std::move(status), took);
                         });
                       });
       ops->clear();
@@ -144,9 +146,15 @@ void Scheduler::FlushDiskMoves() {
 }
 
 void Scheduler::OnDiskMoves(PoolIndex pool, uint64_t generation, std::vector<DiskOp> ops,
-                            std::vector<absl::Status> status) {
+                            std::vector<absl::Status> status, absl::Duration took) {
   Pool& p = *pools_[pool.value()];
   const bool current = p.alive && p.disk != nullptr && p.generation == generation;
+  // A batch of loads that came back whole: what reading from this disk costs.
+  if (current && !ops.empty() && ops.front().move.kind == KvMove::Kind::kLoad) {
+    bool ok = status.size() == ops.size();
+    for (const absl::Status& s : status) ok = ok && s.ok();
+    if (ok) p.load_rule.ObserveLoad(static_cast<int>(ops.size()), absl::ToDoubleSeconds(took));
+  }
   const absl::Time now = absl::Now();
   std::map<uint64_t, std::vector<std::pair<DiskOp, absl::Status>>> loads;  // by request
   int64_t saved = 0, failed_saves = 0;

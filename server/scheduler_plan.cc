@@ -232,9 +232,16 @@ bool Scheduler::Place(Request* req, int executor) {
       queued_.fetch_sub(1);
     }
     // The prefix continues on disk: read it into the fresh slots before any row runs.
-    const int on_disk = config_.enable_prefix_caching ? DiskMatch(p, owner->tokens, owner->hashes,
-                                                                  matched, max_blocks - matched)
-                                                      : 0;
+    int on_disk = config_.enable_prefix_caching
+                      ? DiskMatch(p, owner->tokens, owner->hashes, matched, max_blocks - matched)
+                      : 0;
+    if (on_disk > 0 && config_.disk_load_when_faster &&
+        !pools_[p.value()]->load_rule.Load(on_disk, static_cast<int>(config_.block_tokens))) {
+      // Recomputing these is faster than reading them on this pool's disk, as measured.
+      absl::MutexLock lock(&stats_mu_);
+      counters_.disk_recomputed_blocks_total += on_disk;
+      on_disk = 0;
+    }
     if (on_disk > 0) {
       req->first_load = first_admission;
       StartLoads(req, matched, on_disk);

@@ -32,11 +32,20 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
   };
   Executor& ex = *executors_[executor];
   const absl::Time now = absl::Now();
+  int64_t prefill_rows = 0;
+  for (const SequenceChunk& c : plan.chunks) {
+    if (c.samples.empty() || c.tokens.size() > 1) prefill_rows += c.tokens.size();
+  }
   {
     absl::MutexLock lock(&stats_mu_);
     ++counters_.steps_total;
-    for (const SequenceChunk& c : plan.chunks) {
-      if (c.samples.empty() || c.tokens.size() > 1) counters_.prefill_rows_total += c.tokens.size();
+    counters_.prefill_rows_total += prefill_rows;
+  }
+  if (result.status.ok() && prefill_rows > 0) {
+    // How fast prompts compute, against which loading from disk is weighed.
+    for (auto& p : pools_) {
+      if (p->disk != nullptr)
+        p->load_rule.ObservePrefill(prefill_rows, absl::ToDoubleSeconds(now - started));
     }
   }
   if (observer_.on_step) observer_.on_step(plan, result, now - started);

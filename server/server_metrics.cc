@@ -59,7 +59,8 @@ ServerMetrics::ServerMetrics(std::shared_ptr<metrics::MetricsRegistry> registry,
                       .Help(
                           "KV blocks moved by the disk tier, by event: saved, loaded, "
                           "save_failed (a full disk, an I/O error: not cached), load_failed "
-                          "(a checksum or I/O failure: dropped and recomputed).")
+                          "(a checksum or I/O failure: dropped and recomputed), recomputed (found "
+                          "on disk, but recomputing was measured to be faster).")
                       .Register(r);
   evictions_ = &BuildCounter()
                     .Name("strata_kv_evictions_total")
@@ -208,6 +209,7 @@ void ServerMetrics::Refresh() {
   add(disk_blocks_, {{"event", "loaded"}}, s.disk_loaded_blocks_total);
   add(disk_blocks_, {{"event", "save_failed"}}, s.disk_failed_saves_total);
   add(disk_blocks_, {{"event", "load_failed"}}, s.disk_failed_loads_total);
+  add(disk_blocks_, {{"event", "recomputed"}}, s.disk_recomputed_blocks_total);
   add(evictions_, {{"tier", "dram"}, {"reason", "capacity"}}, s.dram_evicted_blocks_total);
   add(evictions_, {{"tier", "disk"}, {"reason", "capacity"}}, s.disk_evicted_blocks_total);
   add(evictions_, {{"tier", "disk"}, {"reason", "ttl"}}, s.disk_expired_blocks_total);
