@@ -1,6 +1,5 @@
 #include "server/load_rule.h"
 
-#include <algorithm>
 #include <cmath>
 
 namespace strata {
@@ -15,10 +14,10 @@ void LoadRule::ObserveLoad(int blocks, double seconds) {
   nt_ = kDecay * nt_ + n * seconds;
 }
 
-void LoadRule::ObservePrefill(int64_t rows, double seconds) {
+void PrefillRate::Observe(int64_t rows, double seconds) {
   if (rows <= 0 || !(seconds > 0) || !std::isfinite(seconds)) return;
   const double rate = static_cast<double>(rows) / seconds;
-  prefill_rate_ = prefill_rate_ == 0 ? rate : 0.8 * prefill_rate_ + 0.2 * rate;
+  rate_ = rate_ == 0 ? rate : 0.8 * rate_ + 0.2 * rate;
 }
 
 double LoadRule::LoadSeconds(int blocks) const {
@@ -37,16 +36,10 @@ double LoadRule::LoadSeconds(int blocks) const {
   return latency + per_block * blocks;
 }
 
-double LoadRule::RecomputeSeconds(int64_t tokens) const {
-  if (prefill_rate_ <= 0) return -1;
-  return static_cast<double>(tokens) / prefill_rate_;
-}
-
-bool LoadRule::Load(int blocks, int block_tokens) const {
+bool LoadRule::Load(int blocks, int block_tokens, const PrefillRate& prefill) const {
   const double load = LoadSeconds(blocks);
-  const double recompute = RecomputeSeconds(static_cast<int64_t>(blocks) * block_tokens);
-  if (load < 0 || recompute < 0) return true;
-  return load <= recompute;
+  if (load < 0 || prefill.rows_per_second() <= 0) return true;
+  return load <= static_cast<double>(blocks) * block_tokens / prefill.rows_per_second();
 }
 
 }  // namespace strata

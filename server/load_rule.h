@@ -3,9 +3,10 @@
 // pool has seen (a decayed least-squares line through their sizes and times, so a fixed
 // round-trip cost and the disk's bandwidth both show). Recomputing them takes
 // n * block_tokens / prefill_rate, with the rate measured from steps that computed prompt
-// rows. Short prefixes are recomputed when the round trip costs more than their prefill;
-// long ones are loaded when the disk reads faster than the node prefills. Until both sides
-// have been measured, it loads (measuring the disk needs loads).
+// rows (one PrefillRate for the scheduler: every pool's prefixes compute alike). Short
+// prefixes are recomputed when the round trip costs more than their prefill; long ones are
+// loaded when the disk reads faster than the node prefills. Until both sides have been
+// measured, it loads (measuring the disk needs loads).
 //
 // Thread-safety: none; the scheduler's thread owns it.
 #ifndef STRATA_SERVER_LOAD_RULE_H_
@@ -15,25 +16,34 @@
 
 namespace strata {
 
+// How fast prompt rows compute, smoothed over the steps that computed some.
+class PrefillRate {
+ public:
+  // A step computed `rows` prompt rows in `seconds` of wall time.
+  void Observe(int64_t rows, double seconds);
+  double rows_per_second() const { return rate_; }  // 0 before anything was measured
+
+ private:
+  double rate_ = 0;
+};
+
+// One pool's disk, as its load batches show it.
 class LoadRule {
  public:
   // A batch of `blocks` loads came back after `seconds` (queueing on the node included).
   void ObserveLoad(int blocks, double seconds);
-  // A step computed `rows` prompt rows in `seconds` of wall time.
-  void ObservePrefill(int64_t rows, double seconds);
 
-  // Whether to load `blocks` blocks of `block_tokens` tokens rather than recompute them.
-  bool Load(int blocks, int block_tokens) const;
+  // Whether to load `blocks` blocks of `block_tokens` tokens rather than recompute them at
+  // `prefill`'s rate.
+  bool Load(int blocks, int block_tokens, const PrefillRate& prefill) const;
 
-  // The estimates behind the rule (seconds); negative before anything was measured.
+  // The load estimate behind the rule (seconds); negative before any load was measured.
   double LoadSeconds(int blocks) const;
-  double RecomputeSeconds(int64_t tokens) const;
 
  private:
   static constexpr double kDecay = 0.9;  // weight of the older observations, per new one
   // Decayed sums over load batches (n blocks, t seconds): weight, n, n^2, t, n*t.
   double w_ = 0, n_ = 0, nn_ = 0, t_ = 0, nt_ = 0;
-  double prefill_rate_ = 0;  // rows per second, smoothed
 };
 
 }  // namespace strata

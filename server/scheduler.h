@@ -336,6 +336,7 @@ class Scheduler {
   // Fixed pipelining: the last step start on any compute node, and whether a timer is set
   // for the next allowed one.
   StepClock clock_;
+  PrefillRate prefill_rate_;  // for the disk tier's load-or-recompute rule
   absl::Time last_start_ = absl::InfinitePast();
   bool stagger_timer_set_ = false;
   int advised_memory_nodes_ = 0;

@@ -236,7 +236,8 @@ bool Scheduler::Place(Request* req, int executor) {
                       ? DiskMatch(p, owner->tokens, owner->hashes, matched, max_blocks - matched)
                       : 0;
     if (on_disk > 0 && config_.disk_load_when_faster &&
-        !pools_[p.value()]->load_rule.Load(on_disk, static_cast<int>(config_.block_tokens))) {
+        !pools_[p.value()]->load_rule.Load(on_disk, static_cast<int>(config_.block_tokens),
+                                           prefill_rate_)) {
       // Recomputing these is faster than reading them on this pool's disk, as measured.
       absl::MutexLock lock(&stats_mu_);
       counters_.disk_recomputed_blocks_total += on_disk;

@@ -41,13 +41,8 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
     ++counters_.steps_total;
     counters_.prefill_rows_total += prefill_rows;
   }
-  if (result.status.ok() && prefill_rows > 0) {
-    // How fast prompts compute, against which loading from disk is weighed.
-    for (auto& p : pools_) {
-      if (p->disk != nullptr)
-        p->load_rule.ObservePrefill(prefill_rows, absl::ToDoubleSeconds(now - started));
-    }
-  }
+  // How fast prompts compute, against which loading from disk is weighed.
+  if (result.status.ok()) prefill_rate_.Observe(prefill_rows, absl::ToDoubleSeconds(now - started));
   if (observer_.on_step) observer_.on_step(plan, result, now - started);
   if (result.status.ok()) {
     bool decode_only = !plan.chunks.empty();
