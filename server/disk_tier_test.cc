@@ -1,0 +1,316 @@
+// The disk tier under the KV pools, in one process (server/in_process_deployment.h):
+// a conversation's next turn reads its history back from disk and computes what a fresh
+// run computes, in disaggregated and co-located mode; corrupted blocks, a full disk, a slow
+// disk, the TTL, a timeout while loading, preemption (a swap), and the load-or-recompute
+// rule each degrade to recomputing and fail nothing.
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "server/in_process_deployment.h"
+
+namespace strata {
+namespace {
+
+using namespace in_process;  // NOLINT: the harness's types
+
+// The disk tier (AttentionStore's reuse across turns): a conversation's KV, saved to disk
+// when its turn ends, is read back for its next turn after DRAM has been given to other
+// requests, and the next turn's output is what a fresh run computes. Then the same with
+// the blocks on disk corrupted (detected, never served, recomputed) and on a disk too full
+// to hold them (not cached; nothing fails).
+class DiskTierTest : public InProcessDeploymentTest {
+ protected:
+  // Turn 1 of a conversation, three other conversations that take the pool's DRAM (160
+  // slots: ten blocks), then turn 2 (turn 1's prompt and output, and a new question).
+  struct Turns {
+    std::vector<int32_t> turn1_output, turn2_output;
+    int64_t turn2_cached = 0;
+    int64_t turn2_prefill_rows = 0;  // prompt rows computed for turn 2
+    SchedulerStats stats;
+    std::optional<KvDiskTierStats> disk;
+  };
+  static GenerateRequest Turn(std::vector<int32_t> prompt) {
+    GenerateRequest r;
+    r.prompt_tokens = std::move(prompt);
+    r.sampling.temperature = 0.0f;
+    r.max_tokens = 8;
+    r.ignore_eos = true;
+    return r;
+  }
+  static std::vector<int32_t> Turn2Prompt(const std::vector<int32_t>& turn1_output) {
+    std::vector<int32_t> p = Prompt(100, 7000);
+    p.insert(p.end(), turn1_output.begin(), turn1_output.end());
+    const auto question = Prompt(20, 7001);
+    p.insert(p.end(), question.begin(), question.end());
+    return p;
+  }
+  // `before_turn2` runs once the other conversations are done (with the disk directory).
+  static Turns Converse(const Topology& t, const std::function<void()>& before_turn2) {
+    Deployment d(weights_, t, 160);
+    Turns out;
+    auto first = d.Submit(Turn(Prompt(100, 7000)));
+    EXPECT_TRUE(d.Wait({first}));
+    out.turn1_output = first->tokens;
+    std::vector<std::shared_ptr<Outcome>> others;
+    for (int i = 0; i < 3; ++i) {
+      others.push_back(d.Submit(Turn(Prompt(100, 7100 + i))));
+      EXPECT_TRUE(d.Wait({others.back()}));
+    }
+    if (before_turn2) before_turn2();
+    const int64_t rows_before = d.scheduler().Stats().prefill_rows_total;
+    auto second = d.Submit(Turn(Turn2Prompt(out.turn1_output)));
+    EXPECT_TRUE(d.Wait({second}));
+    out.turn2_prefill_rows = d.scheduler().Stats().prefill_rows_total - rows_before;
+    for (const auto& o : others) EXPECT_TRUE(o->error.ok()) << o->error;
+    EXPECT_TRUE(first->error.ok()) << first->error;
+    EXPECT_TRUE(second->error.ok()) << second->error;
+    out.turn2_output = second->tokens;
+    out.turn2_cached = second->cached_prompt_tokens;
+    out.stats = d.scheduler().Stats();
+    out.disk = d.disk().stats();
+    return out;
+  }
+  // Turn 2 computed from nothing: a deployment that has seen nothing else.
+  // The history's blocks had left DRAM: turn 2 read them back from disk and computed exactly
+  // what a fresh run computes.
+  static void ExpectTurn2FromDisk(const Turns& turns);
+  static std::vector<int32_t> Fresh(const std::vector<int32_t>& turn1_output) {
+    Deployment d(weights_, Topology{1, 1}, 2048);
+    auto o = d.Submit(Turn(Turn2Prompt(turn1_output)));
+    EXPECT_TRUE(d.Wait({o}));
+    EXPECT_TRUE(o->error.ok()) << o->error;
+    EXPECT_EQ(o->cached_prompt_tokens, 0);
+    return o->tokens;
+  }
+  static std::string DiskDir(const std::string& name) {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    const std::string dir = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/disk_tier_", name);
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    return dir;
+  }
+};
+
+TEST_F(DiskTierTest, TheNextTurnReadsItsHistoryFromDiskAndMatchesAFreshRun) {
+  Topology t{1, 1};
+  t.disk_dir = DiskDir("reuse");
+  ExpectTurn2FromDisk(Converse(t, nullptr));
+}
+
+// Co-located mode: the disk tier under the compute node's own cache.
+TEST_F(DiskTierTest, CoLocatedTheNextTurnReadsItsHistoryFromDiskAndMatchesAFreshRun) {
+  Topology t{0, 1};
+  t.disk_dir = DiskDir("reuse_colocated");
+  ExpectTurn2FromDisk(Converse(t, nullptr));
+}
+
+void DiskTierTest::ExpectTurn2FromDisk(const Turns& turns) {
+  ASSERT_EQ(turns.turn2_output.size(), 8u);
+  EXPECT_EQ(turns.turn2_output, Fresh(turns.turn1_output));
+  // The history's blocks had left DRAM: they came back from disk (six full blocks of the
+  // 100-token prompt; the tail and the output are recomputed).
+  EXPECT_GT(turns.stats.dram_evicted_blocks_total, 0);
+  EXPECT_GE(turns.stats.disk_hit_tokens_total, 96);
+  EXPECT_GE(turns.turn2_cached, 96);
+  // Only the rest of the prompt was computed (never a row before the loads were in).
+  EXPECT_LE(turns.turn2_prefill_rows, 128 - 96);
+  EXPECT_GE(turns.stats.disk_saved_blocks_total, 6);
+  EXPECT_EQ(turns.stats.disk_failed_loads_total, 0);
+  ASSERT_TRUE(turns.disk.has_value());
+  EXPECT_GE(turns.disk->loads, 6u);
+  EXPECT_EQ(turns.disk->checksum_failures, 0u);
+  EXPECT_GT(turns.disk->bytes_read, 0u);
+}
+
+TEST_F(DiskTierTest, ACorruptedBlockIsDetectedNeverServedAndRecomputed) {
+  Topology t{1, 1};
+  t.disk_dir = DiskDir("corrupt");
+  const std::string blocks = t.disk_dir + "/memory-0/blocks";
+  const Turns turns = Converse(t, [&] {
+    // Flip a byte in every block's payload (past each extent's 4 KiB header).
+    const int fd = open(blocks.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0) << blocks;
+    const off_t size = lseek(fd, 0, SEEK_END);
+    int flipped = 0;
+    for (off_t at = 4096 + 64; at < size; at += 4096) {
+      uint8_t b = 0;
+      if (pread(fd, &b, 1, at) != 1 || b == 0) continue;  // holes read as zeros
+      b ^= 0x5a;
+      ASSERT_EQ(pwrite(fd, &b, 1, at), 1);
+      ++flipped;
+    }
+    close(fd);
+    ASSERT_GT(flipped, 0) << "nothing on disk to corrupt";
+  });
+  EXPECT_EQ(turns.turn2_output, Fresh(turns.turn1_output));
+  EXPECT_GT(turns.stats.disk_failed_loads_total, 0);
+  EXPECT_EQ(turns.stats.disk_hit_tokens_total, 0);
+  ASSERT_TRUE(turns.disk.has_value());
+  EXPECT_GT(turns.disk->checksum_failures, 0u);
+}
+
+// Persisted KV is user data: blocks idle past the TTL are deleted from the disk (punched
+// out by the node), and the next turn is computed again.
+TEST_F(DiskTierTest, BlocksIdlePastTheTtlAreDeleted) {
+  Topology t{1, 1};
+  t.disk_dir = DiskDir("ttl");
+  t.disk_ttl = absl::Seconds(1);
+  const Turns turns = Converse(t, [] { absl::SleepFor(absl::Seconds(3.5)); });
+  EXPECT_EQ(turns.turn2_output, Fresh(turns.turn1_output));
+  EXPECT_GT(turns.stats.disk_expired_blocks_total, 0);
+  EXPECT_EQ(turns.stats.disk_hit_tokens_total, 0);
+  ASSERT_TRUE(turns.disk.has_value());
+  EXPECT_GT(turns.disk->drops, 0u);
+}
+
+// A request that times out while its prefix loads from a slow disk ends with the timeout as
+// soon as the loads are back, without computing a row; the deployment goes on serving.
+TEST_F(DiskTierTest, ATimeoutWhileLoadingEndsTheRequestWithoutComputingIt) {
+  Topology t{1, 1};
+  t.disk_dir = DiskDir("timeout");
+  t.disk_load_delay = absl::Seconds(2);
+  Deployment d(weights_, t, 160);
+  auto first = d.Submit(Turn(Prompt(100, 7000)));
+  ASSERT_TRUE(d.Wait({first}));
+  for (int i = 0; i < 3; ++i) {
+    auto other = d.Submit(Turn(Prompt(100, 7100 + i)));
+    ASSERT_TRUE(d.Wait({other}));
+  }
+  const SchedulerStats before = d.scheduler().Stats();
+  GenerateRequest turn2 = Turn(Turn2Prompt(first->tokens));
+  turn2.timeout = absl::Milliseconds(500);
+  auto second = d.Submit(std::move(turn2));
+  ASSERT_TRUE(d.Wait({second}));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(second->error)) << second->error;
+  // The deployment goes on (and its statistics, published after each batch, catch up).
+  auto next = d.Submit(Turn(Prompt(40, 7200)));
+  ASSERT_TRUE(d.Wait({next}));
+  EXPECT_TRUE(next->error.ok()) << next->error;
+  EXPECT_EQ(next->tokens.size(), 8u);
+  const SchedulerStats after = d.scheduler().Stats();
+  EXPECT_GT(after.disk_loaded_blocks_total + after.disk_failed_loads_total,
+            before.disk_loaded_blocks_total + before.disk_failed_loads_total)
+      << "it never loaded: the test did not test a timeout during loads";
+  // Only the next request's 40 prompt rows were computed, none of the timed-out one's.
+  EXPECT_LE(after.prefill_rows_total - before.prefill_rows_total, 40);
+}
+
+// Preemption under a small pool: the preempted requests' blocks are saved, and they come
+// back from disk when readmitted (swap, not recompute). Greedy and seeded output, n = 2
+// included, is bit-identical to a pool that never runs out.
+TEST_F(DiskTierTest, PreemptedRequestsComeBackFromDiskBitIdentical) {
+  const std::vector<GenerateRequest> requests = MixedRequests(40, 600, 910);
+  auto run = [&](const Topology& t, int64_t slots, SchedulerStats* stats) {
+    Deployment d(weights_, t, slots);
+    std::vector<std::shared_ptr<Outcome>> outcomes;
+    for (const GenerateRequest& r : requests) outcomes.push_back(d.Submit(r));
+    EXPECT_TRUE(d.Wait(outcomes));
+    auto last = d.Submit(Turn(Prompt(20, 7300)));  // statistics catch up meanwhile
+    EXPECT_TRUE(d.Wait({last}));
+    *stats = d.scheduler().Stats();
+    return outcomes;
+  };
+  SchedulerStats free_stats, tight_stats;
+  const auto free_run = run(Topology{1, 1}, 4096, &free_stats);
+  Topology t{1, 1};
+  t.disk_dir = DiskDir("preempt");
+  const auto tight = run(t, 400, &tight_stats);
+  EXPECT_EQ(free_stats.num_preemptions_total, 0);
+  EXPECT_GT(tight_stats.num_preemptions_total, 0) << "the pool never ran out";
+  EXPECT_GT(tight_stats.disk_loaded_blocks_total, 0) << "no preempted request came back from disk";
+  EXPECT_EQ(tight_stats.disk_failed_loads_total, 0);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_TRUE(tight[i]->error.ok()) << i << ": " << tight[i]->error;
+    EXPECT_EQ(tight[i]->by_sample, free_run[i]->by_sample) << "request " << i;
+    EXPECT_EQ(tight[i]->by_sample.size(), static_cast<size_t>(requests[i].n));
+  }
+}
+
+// The swap-or-recompute rule (load_rule.h): once a pool has seen that its disk returns
+// loads more slowly than prompts compute, a prefix found there is recomputed instead, with
+// the same output; with the rule off it is always read.
+TEST_F(DiskTierTest, APrefixOnADiskSlowerThanPrefillIsRecomputed) {
+  for (const bool rule : {true, false}) {
+    Topology t{1, 1};
+    t.disk_dir = DiskDir(rule ? "rule_on" : "rule_off");
+    t.disk_load_delay = absl::Milliseconds(400);  // per batch: far slower than tiny's prefill
+    t.disk_load_when_faster = rule;
+    Deployment d(weights_, t, 160);
+    SchedulerStats stats;
+    for (uint32_t conversation = 0; conversation < 2; ++conversation) {
+      auto first = d.Submit(Turn(Prompt(100, 8000 + conversation)));
+      ASSERT_TRUE(d.Wait({first}));
+      for (int i = 0; i < 3; ++i) {  // take the pool's DRAM
+        auto other = d.Submit(Turn(Prompt(100, 8100 + 10 * conversation + i)));
+        ASSERT_TRUE(d.Wait({other}));
+      }
+      std::vector<int32_t> prompt = Prompt(100, 8000 + conversation);
+      prompt.insert(prompt.end(), first->tokens.begin(), first->tokens.end());
+      auto second = d.Submit(Turn(prompt));
+      ASSERT_TRUE(d.Wait({second}));
+      EXPECT_TRUE(second->error.ok()) << second->error;
+      Deployment fresh(weights_, Topology{1, 1}, 2048);
+      auto reference = fresh.Submit(Turn(prompt));
+      ASSERT_TRUE(fresh.Wait({reference}));
+      EXPECT_EQ(second->tokens, reference->tokens) << "conversation " << conversation;
+    }
+    auto last = d.Submit(Turn(Prompt(20, 8200)));  // statistics catch up meanwhile
+    ASSERT_TRUE(d.Wait({last}));
+    stats = d.scheduler().Stats();
+    // The first conversation's history is read (nothing measured yet) either way.
+    EXPECT_GE(stats.disk_loaded_blocks_total, 6) << "rule " << rule;
+    if (rule) {
+      EXPECT_GE(stats.disk_recomputed_blocks_total, 6) << "the slow disk was read again";
+      EXPECT_LT(stats.disk_loaded_blocks_total, 12);
+    } else {
+      EXPECT_EQ(stats.disk_recomputed_blocks_total, 0);
+      EXPECT_GE(stats.disk_loaded_blocks_total, 12);
+    }
+  }
+}
+
+// A disk slower than the load deadline: the loads fail unapplied, and the next turn is
+// recomputed, equal to a fresh run, without an error.
+TEST_F(DiskTierTest, ASlowDiskDegradesToRecomputingAndFailsNothing) {
+  Topology t{1, 1};
+  t.disk_dir = DiskDir("slow");
+  t.disk_load_delay = absl::Milliseconds(300);
+  t.disk_load_deadline = absl::Milliseconds(50);
+  const Turns turns = Converse(t, nullptr);
+  ASSERT_EQ(turns.turn2_output.size(), 8u);
+  EXPECT_EQ(turns.turn2_output, Fresh(turns.turn1_output));
+  EXPECT_GT(turns.stats.disk_failed_loads_total, 0);
+  EXPECT_EQ(turns.stats.disk_hit_tokens_total, 0);
+  EXPECT_EQ(turns.turn2_cached, 0);
+  ASSERT_TRUE(turns.disk.has_value());
+  EXPECT_EQ(turns.disk->bytes_read, 0u) << "the late loads ran";
+}
+
+TEST_F(DiskTierTest, AFullDiskDegradesToNotCachedAndFailsNothing) {
+  const std::string dir = DiskDir("full");
+  // A 48 KiB disk (a tmpfs this test mounts; root only) under a 64 MiB budget: the first
+  // blocks fit, the rest fail with ENOSPC.
+  if (mount("strata-disk-tier-test", dir.c_str(), "tmpfs", 0, "size=48k,mode=0700") != 0) {
+    GTEST_SKIP() << "cannot mount a small tmpfs here: " << std::strerror(errno);
+  }
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { umount2(dir.c_str(), MNT_DETACH); }
+  } unmount{dir};
+  Topology t{1, 1};
+  t.disk_dir = dir;
+  const Turns turns = Converse(t, nullptr);
+  ASSERT_EQ(turns.turn2_output.size(), 8u);
+  EXPECT_EQ(turns.turn2_output, Fresh(turns.turn1_output));
+  EXPECT_GT(turns.stats.disk_failed_saves_total, 0);
+  ASSERT_TRUE(turns.disk.has_value());
+  EXPECT_GT(turns.disk->failed_saves, 0u);
+}
+
+}  // namespace
+}  // namespace strata
