@@ -22,13 +22,18 @@ absl::StatusOr<std::unique_ptr<LocalAttention>> LocalAttention::Create(const Mod
   return local;
 }
 
-absl::Status LocalAttention::BeginStep(const StepKvPlan& plan) { return engine_->BeginStep(plan); }
+absl::Status LocalAttention::BeginStep(const StepKvPlan& plan) {
+  tickets_.clear();
+  for (const PendingLoad& l : plan.loads) tickets_.push_back(l.ticket);
+  return engine_->BeginStep(plan);
+}
 
 absl::Status LocalAttention::Attend(int layer, BatchBuffers& b, int64_t m) {
   if (m != engine_->num_rows()) {
     return absl::InvalidArgumentError(
         absl::StrCat("batch has ", m, " rows but the step plan ", engine_->num_rows()));
   }
+  if (gate_ != nullptr && !tickets_.empty()) gate_->Wait(tickets_, layer);
   return engine_->AttendLayer(layer, b.q.data(), b.k.data(), b.v.data(), b.attn.data(), nullptr);
 }
 

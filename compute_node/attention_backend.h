@@ -14,6 +14,7 @@
 #include "common/protocol/step_plan.h"
 #include "compute_node/model_runner.h"
 #include "memory_node/attention_engine.h"
+#include "memory_node/load_gate.h"
 
 namespace strata {
 
@@ -79,9 +80,14 @@ class LocalAttention : public AttentionBackend {
   absl::Status BeginStep(const StepKvPlan& plan) override;
   absl::Status Attend(int layer, BatchBuffers& b, int64_t m) override;
   AttentionEngine& engine() { return *engine_; }
+  // Layer-wise pre-loading: each layer waits here for the step's loads (the node's disk
+  // tier publishes their progress).
+  void set_load_gate(LoadGate* gate) { gate_ = gate; }
 
  private:
   std::unique_ptr<AttentionEngine> engine_;
+  LoadGate* gate_ = nullptr;
+  std::vector<uint64_t> tickets_;  // of the step in progress
 };
 
 // Runs embedding and every layer for the batch (no logits).

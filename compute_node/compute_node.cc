@@ -195,6 +195,7 @@ absl::StatusOr<ComputeConfigAck> ComputeNode::Configure(const ComputeConfig& con
     const int64_t slots = local_kv_slots();
     if (slots < 1) return absl::InvalidArgumentError("the local KV budget holds no token");
     ASSIGN_OR_RETURN(local_, LocalAttention::Create(weights_->config, slots, options_.prefault_kv));
+    local_->set_load_gate(&disk_->gate());
     engine_ =
         std::make_unique<StepEngine>(runner_.get(), local_.get(),
                                      StepEngineOptions{options_.max_batch_rows, max_model_len_,

@@ -263,6 +263,10 @@ absl::Status RemoteAttention::StartStep(const StepKvPlan& plan, bool send, uint6
   for (const SlotAssignment& a : plan.assignments) {
     share_for(a.pool).share.plan.assignments.push_back(a);
   }
+  // A pool's loads in progress matter only where its rows attend.
+  for (const PendingLoad& l : plan.loads) {
+    if (share_of_pool.count(l.pool)) share_for(l.pool).share.plan.loads.push_back(l);
+  }
 
   // Tile limits of prefill chunks (runs of one request at consecutive positions).
   const bool split = options_.prefill_policy == PrefillPolicy::kSplit;

@@ -203,6 +203,7 @@ std::optional<StepResult> StepEngine::Prepare(Lane& lane, const StepPlan& plan) 
       kv.rows.push_back({c->request_id, c->pool, c->start_position + static_cast<int32_t>(i), -1});
       tokens.push_back(t);
     }
+    if (c->load_ticket != 0) kv.loads.push_back({c->request_id, c->pool, c->load_ticket});
     if (!c->samples.empty()) {
       lane.last_rows.push_back(static_cast<int32_t>(tokens.size()) - 1);
       lane.sampled_chunks.push_back(c);

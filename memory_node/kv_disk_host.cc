@@ -60,7 +60,9 @@ absl::StatusOr<DiskTierAck> KvDiskHost::Open(uint64_t epoch, KvStore* store, int
   }
   epoch_ = epoch;
   if (!enabled()) return absl::FailedPreconditionError("this node has no --kv_disk_dir");
-  auto tier = KvDiskTier::Open(options_, store, block_tokens, fingerprint);
+  KvDiskTierOptions options = options_;
+  options.gate = &gate_;
+  auto tier = KvDiskTier::Open(options, store, block_tokens, fingerprint);
   if (!tier.ok()) return tier.status();
   tier_id_ = next_id_++;
   if (tier_id_ == 0) tier_id_ = next_id_++;
@@ -73,20 +75,32 @@ absl::StatusOr<DiskTierAck> KvDiskHost::Open(uint64_t epoch, KvStore* store, int
 absl::StatusOr<std::vector<absl::Status>> KvDiskHost::Move(uint64_t epoch, uint64_t tier,
                                                            std::span<const KvMove> moves,
                                                            absl::Time deadline) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (absl::Now() > deadline) {
-    return absl::DeadlineExceededError("KV moves whose caller gave up waiting (not run)");
+  // Steps that wait for these loads learn of them (and of their deadline) now, before the
+  // moves queue behind others.
+  for (const KvMove& m : moves) {
+    if (m.kind == KvMove::Kind::kLoad) gate_.Expect(m.ticket, deadline);
   }
-  if (epoch != epoch_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("KV moves of epoch ", epoch, " for a node of epoch ", epoch_));
+  absl::Status refused;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (absl::Now() > deadline) {
+      refused = absl::DeadlineExceededError("KV moves whose caller gave up waiting (not run)");
+    } else if (epoch != epoch_) {
+      refused = absl::FailedPreconditionError(
+          absl::StrCat("KV moves of epoch ", epoch, " for a node of epoch ", epoch_));
+    } else if (tier_ == nullptr) {
+      refused = absl::FailedPreconditionError("this node has no disk tier");
+    } else if (tier != tier_id_) {
+      refused = absl::FailedPreconditionError(
+          "KV moves for a disk tier that a reconfiguration has replaced");
+    } else {
+      return tier_->Execute(moves, deadline);
+    }
   }
-  if (tier_ == nullptr) return absl::FailedPreconditionError("this node has no disk tier");
-  if (tier != tier_id_) {
-    return absl::FailedPreconditionError(
-        "KV moves for a disk tier that a reconfiguration has replaced");
+  for (const KvMove& m : moves) {
+    if (m.kind == KvMove::Kind::kLoad) gate_.Finish(m.ticket, false);
   }
-  return tier_->Execute(moves, deadline);
+  return refused;
 }
 
 std::optional<KvDiskTierStats> KvDiskHost::stats() const {

@@ -22,6 +22,7 @@
 #include "common/protocol/node_config.h"
 #include "memory_node/kv_disk_tier.h"
 #include "memory_node/kv_store.h"
+#include "memory_node/load_gate.h"
 
 namespace strata {
 
@@ -56,11 +57,16 @@ class KvDiskHost {
   // (none: zero); nullopt if it never opened one.
   std::optional<KvDiskTierStats> stats() const;
 
+  // Where attention waits for layer-wise pre-loads (the node's AttentionEngine users).
+  LoadGate& gate() { return gate_; }
+  const LoadGate& gate() const { return gate_; }
+
  private:
   // Drops the open tier, keeping its counters (mu_ and ptr_mu_ held).
   void RetireLocked();
 
   const KvDiskTierOptions options_;
+  LoadGate gate_;  // outlives every tier (steps wait on it across configurations)
   // Held by Open, Close and moves (which take long: never under a node's engine lock, so
   // attention goes on meanwhile). ptr_mu_ only guards the pointer, for stats.
   std::mutex mu_;

@@ -48,6 +48,28 @@ void RegisterKvDiskMetrics(metrics::MetricsRegistry& registry, const std::string
   prometheus::Gauge* used = &space.Add({{"node", node}, {"state", "used"}});
   prometheus::Gauge* free = &space.Add({{"node", node}, {"state", "free"}});
   prometheus::Gauge* staging = &space.Add({{"node", node}, {"state", "staging"}});
+  auto& read_ahead = prometheus::BuildCounter()
+                         .Name("strata_kv_disk_read_ahead_layers_total")
+                         .Help(
+                             "Layer-wise pre-loading: layers of a step's attention that needed "
+                             "KV still being read from disk, by outcome: hit (the read-ahead "
+                             "had it in DRAM already), waited (attention waited for the disk).")
+                         .Register(r);
+  prometheus::Counter* ahead_hit = &read_ahead.Add({{"node", node}, {"outcome", "hit"}});
+  prometheus::Counter* ahead_waited = &read_ahead.Add({{"node", node}, {"outcome", "waited"}});
+  prometheus::Counter* ahead_seconds =
+      counter("strata_kv_disk_read_ahead_wait_seconds_total",
+              "Layer-wise pre-loading: time attention waited for KV still being read from disk.");
+  prometheus::Counter* abandoned =
+      counter("strata_kv_disk_read_ahead_abandoned_total",
+              "Layer-wise pre-loads a step gave up waiting for (their loads are reported failed).");
+  registry.AddRefresh([=] {
+    const LoadGateStats g = host->gate().stats();
+    metrics::SetCounterTo(*ahead_hit, static_cast<double>(g.ready_layers));
+    metrics::SetCounterTo(*ahead_waited, static_cast<double>(g.waited_layers));
+    metrics::SetCounterTo(*ahead_seconds, g.wait_seconds);
+    metrics::SetCounterTo(*abandoned, static_cast<double>(g.abandoned));
+  });
   registry.AddRefresh([=] {
     const std::optional<KvDiskTierStats> d = host->stats();
     if (!d) return;  // counters keep their last values across a reconfiguration

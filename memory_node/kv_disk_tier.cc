@@ -1,6 +1,8 @@
 #include "memory_node/kv_disk_tier.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
@@ -29,6 +31,7 @@ absl::StatusOr<std::unique_ptr<KvDiskTier>> KvDiskTier::Open(const KvDiskTierOpt
       std::clamp<uint64_t>(options.staging_bytes / std::max<uint64_t>(block_bytes, 1), 1, 1024));
   tier->io_ = std::make_unique<KvBlockIo>(store, tier->disk_.get(), block_tokens, staging);
   tier->used_.assign(tier->disk_->num_extents(), false);
+  tier->gate_ = options.gate;
   tier->stats_.extents = tier->disk_->num_extents();
   tier->stats_.block_bytes = block_bytes;
   tier->stats_.staging_bytes = tier->io_->staging_bytes();
@@ -77,6 +80,8 @@ void KvDiskTier::Run(KvMove::Kind kind, std::span<const KvMove> moves, std::span
       if (moves[i].extent >= used_.size()) {
         out[i] = absl::InvalidArgumentError(
             absl::StrCat("extent ", moves[i].extent, " of ", used_.size()));
+        // A step waiting for this ticket waits no longer.
+        if (gate_ != nullptr && kind == KvMove::Kind::kLoad) gate_->Finish(moves[i].ticket, false);
         continue;
       }
       blocks.push_back({moves[i].extent, moves[i].key, moves[i].slots, {}});
@@ -85,7 +90,26 @@ void KvDiskTier::Run(KvMove::Kind kind, std::span<const KvMove> moves, std::span
     if (kind == KvMove::Kind::kSave) {
       io_->SaveBlocks(blocks, deadline);
     } else {
-      io_->LoadBlocks(blocks, deadline);
+      // Loads a step waits for (layer-wise pre-loading) first, layer by layer; then the
+      // rest, whole.
+      std::vector<BlockIo> by_layer, whole;
+      std::vector<uint64_t> tickets;
+      std::vector<size_t> by_layer_index, whole_index;
+      for (size_t b = 0; b < blocks.size(); ++b) {
+        const uint64_t ticket = gate_ != nullptr ? moves[index[b]].ticket : 0;
+        if (ticket != 0) {
+          by_layer.push_back(blocks[b]);
+          tickets.push_back(ticket);
+          by_layer_index.push_back(b);
+        } else {
+          whole.push_back(blocks[b]);
+          whole_index.push_back(b);
+        }
+      }
+      if (!by_layer.empty()) LoadByLayer(by_layer, tickets, deadline);
+      if (!whole.empty()) io_->LoadBlocks(whole, deadline);
+      for (size_t i = 0; i < by_layer.size(); ++i) blocks[by_layer_index[i]] = by_layer[i];
+      for (size_t i = 0; i < whole.size(); ++i) blocks[whole_index[i]] = whole[i];
     }
     for (size_t b = 0; b < blocks.size(); ++b) {
       out[index[b]] = blocks[b].status;
@@ -124,6 +148,36 @@ void KvDiskTier::Run(KvMove::Kind kind, std::span<const KvMove> moves, std::span
                      << " failed; the first: " << out[i];
         break;
       }
+    }
+  }
+}
+
+void KvDiskTier::LoadByLayer(std::span<BlockIo> blocks, std::span<const uint64_t> tickets,
+                             absl::Time deadline) {
+  // A ticket's progress is the least of its blocks': layers each has in DRAM.
+  std::map<uint64_t, std::vector<size_t>> of_ticket;
+  for (size_t b = 0; b < blocks.size(); ++b) of_ticket[tickets[b]].push_back(b);
+  std::vector<int> layers_in(blocks.size(), 0);
+  io_->LoadBlocksByLayer(blocks, deadline, [&](size_t first, size_t count, int layers) {
+    std::set<uint64_t> touched;
+    for (size_t b = first; b < first + count; ++b) {
+      if (blocks[b].status.ok()) layers_in[b] = layers;
+      touched.insert(tickets[b]);
+    }
+    for (uint64_t ticket : touched) {
+      int ready = layers;
+      for (size_t b : of_ticket[ticket]) ready = std::min(ready, layers_in[b]);
+      gate_->Advance(ticket, ready);
+    }
+  });
+  for (const auto& [ticket, members] : of_ticket) {
+    bool ok = true;
+    for (size_t b : members) ok = ok && blocks[b].status.ok();
+    if (gate_->Finish(ticket, ok) || !ok) continue;
+    // A step stopped waiting for it and attended over what was there: it must not count.
+    for (size_t b : members) {
+      blocks[b].status = absl::DeadlineExceededError(
+          "the step waiting for this block gave up before it was loaded");
     }
   }
 }

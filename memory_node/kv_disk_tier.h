@@ -30,6 +30,7 @@
 #include "memory_node/kv_block_io.h"
 #include "memory_node/kv_disk.h"
 #include "memory_node/kv_store.h"
+#include "memory_node/load_gate.h"
 
 namespace strata {
 
@@ -39,6 +40,9 @@ struct KvDiskTierOptions {
   uint64_t staging_bytes = 64ull << 20;  // DRAM for blocks in flight, beside the KV budget
   int queue_depth = 8;
   bool allow_buffered = false;
+  // Layer-wise pre-loading: loads under a ticket publish their progress here, layer by
+  // layer (load_gate.h). Null: tickets are ignored and such loads run whole.
+  LoadGate* gate = nullptr;
 };
 
 struct KvDiskTierStats {
@@ -81,6 +85,11 @@ class KvDiskTier {
   KvDiskTier() = default;
   void Run(KvMove::Kind kind, std::span<const KvMove> moves, std::span<absl::Status> out,
            absl::Time deadline);
+  // Loads under tickets, layer by layer, publishing each ticket's progress to the gate.
+  void LoadByLayer(std::span<BlockIo> blocks, std::span<const uint64_t> tickets,
+                   absl::Time deadline);
+
+  LoadGate* gate_ = nullptr;
 
   std::mutex mu_;  // one batch at a time
   std::unique_ptr<KvDisk> disk_;

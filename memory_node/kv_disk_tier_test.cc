@@ -3,12 +3,17 @@
 // bit for bit into other slots, each move gets its own outcome in order (a wrong key is
 // DataLoss, a dropped extent reads as never written, a move naming an extent or slot
 // outside the tier is InvalidArgument and harms no other move), and the counters add up.
+// Under a ticket (layer-wise pre-loading) loads come back layer by layer through the gate.
 #include "memory_node/kv_disk_tier.h"
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <thread>
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -159,6 +164,124 @@ TEST_F(KvDiskTierTest, MovesPastTheCallersDeadlineTouchNoSlot) {
       tier_->Execute({{{KvMove::Kind::kLoad, 0, 5, Slots(100)}}}, absl::Now() + absl::Seconds(60));
   EXPECT_TRUE(out[0].ok()) << out[0];
   EXPECT_EQ(Rows(Slots(100)), Rows(Slots(0)));
+}
+
+// Layer-wise pre-loading: loads under a ticket come back layer by layer, and the gate lets
+// a step attend layer l only once every block of the ticket has layer l in DRAM (checked
+// by reading that layer the moment the gate opens); a block that fails a section fails
+// its ticket and releases the step; loads without a ticket still run whole, alongside.
+class KvDiskTierByLayerTest : public KvDiskTierTest {
+ protected:
+  void SetUp() override {
+    KvDiskTierTest::SetUp();
+    if (IsSkipped()) return;
+    tier_.reset();
+    options_.gate = &gate_;
+    options_.staging_bytes = 2 * 16384;  // two blocks at a time: a ticket spans batches
+    auto tier = KvDiskTier::Open(options_, store_.get(), kBlockTokens, "kv_disk_tier_test");
+    ASSERT_TRUE(tier.ok()) << tier.status();
+    tier_ = std::move(*tier);
+  }
+  // One layer's K and V rows of `slots`.
+  std::vector<uint16_t> LayerRows(const std::vector<int32_t>& slots, int l) const {
+    std::vector<uint16_t> out;
+    const int64_t row = store_->row_elements();
+    for (int32_t s : slots) {
+      out.insert(out.end(), store_->k(l) + s * row, store_->k(l) + (s + 1) * row);
+      out.insert(out.end(), store_->v(l) + s * row, store_->v(l) + (s + 1) * row);
+    }
+    return out;
+  }
+  LoadGate gate_;
+};
+
+TEST_F(KvDiskTierByLayerTest, AStepSeesEachLayerOnlyOnceItIsInDram) {
+  const int layers = store_->config().num_layers;
+  std::vector<KvMove> saves;
+  std::vector<std::vector<int32_t>> from, to;
+  for (int b = 0; b < 5; ++b) {
+    from.push_back(Slots(16 * b));
+    to.push_back(Slots(128 + 16 * b));
+    saves.push_back({KvMove::Kind::kSave, static_cast<uint64_t>(b), 500u + b, from.back()});
+  }
+  for (const absl::Status& s : tier_->Execute(saves)) ASSERT_TRUE(s.ok()) << s;
+  std::vector<std::vector<std::vector<uint16_t>>> want(5);  // [block][layer]
+  for (int b = 0; b < 5; ++b) {
+    for (int l = 0; l < layers; ++l) want[b].push_back(LayerRows(from[b], l));
+  }
+  // Four blocks under ticket 77 (two staging batches), one whole load without a ticket.
+  std::vector<KvMove> loads;
+  for (int b = 0; b < 4; ++b) {
+    loads.push_back({KvMove::Kind::kLoad, static_cast<uint64_t>(b), 500u + b, to[b], 77});
+  }
+  loads.push_back({KvMove::Kind::kLoad, 4, 504, to[4], 0});
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  ASSERT_TRUE(gate_.Expect(77, deadline));
+  std::vector<bool> layer_right(layers, false);
+  std::thread step([&] {
+    const uint64_t tickets[] = {77};
+    for (int l = 0; l < layers; ++l) {
+      gate_.Wait(tickets, l);
+      bool right = true;
+      for (int b = 0; b < 4; ++b) right = right && LayerRows(to[b], l) == want[b][l];
+      layer_right[l] = right;
+    }
+  });
+  const std::vector<absl::Status> out = tier_->Execute(loads, deadline);
+  step.join();
+  for (const absl::Status& s : out) EXPECT_TRUE(s.ok()) << s;
+  for (int l = 0; l < layers; ++l) EXPECT_TRUE(layer_right[l]) << "layer " << l;
+  for (int b = 0; b < 5; ++b) EXPECT_EQ(Rows(to[b]), Rows(from[b])) << "block " << b;
+  EXPECT_EQ(gate_.stats().abandoned, 0u);
+  EXPECT_EQ(tier_->stats().loads, 5u);
+}
+
+TEST_F(KvDiskTierByLayerTest, ADamagedSectionFailsItsTicketAndReleasesTheStep) {
+  std::vector<KvMove> saves;
+  for (int b = 0; b < 2; ++b) {
+    saves.push_back({KvMove::Kind::kSave, static_cast<uint64_t>(b), 600u + b, Slots(16 * b)});
+  }
+  for (const absl::Status& s : tier_->Execute(saves)) ASSERT_TRUE(s.ok()) << s;
+  // Flip a byte of extent 1's layer-2 section behind the tier's back.
+  const uint64_t section = tier_->block_bytes() / store_->config().num_layers;
+  const off_t at = static_cast<off_t>(1 * (4096 + tier_->block_bytes()) + 4096 + 2 * section + 9);
+  const int fd = open((options_.dir + "/blocks").c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  uint8_t byte = 0;
+  ASSERT_EQ(pread(fd, &byte, 1, at), 1);
+  byte ^= 0x10;
+  ASSERT_EQ(pwrite(fd, &byte, 1, at), 1);
+  fsync(fd);
+  close(fd);
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  ASSERT_TRUE(gate_.Expect(88, deadline));
+  std::thread step([&] {
+    const uint64_t tickets[] = {88};
+    gate_.Wait(tickets, store_->config().num_layers - 1);  // returns when the load is over
+  });
+  const std::vector<absl::Status> out =
+      tier_->Execute({{{KvMove::Kind::kLoad, 0, 600, Slots(128), 88},
+                       {KvMove::Kind::kLoad, 1, 601, Slots(144), 88}}},
+                     deadline);
+  step.join();
+  EXPECT_TRUE(out[0].ok()) << out[0];
+  EXPECT_TRUE(absl::IsDataLoss(out[1])) << out[1];
+  EXPECT_EQ(tier_->stats().checksum_failures, 1u);
+  EXPECT_EQ(gate_.stats().abandoned, 0u);
+}
+
+// A step that gave up waiting (its deadline passed) read whatever was there: the load must
+// then be reported failed even if its reads succeed.
+TEST_F(KvDiskTierByLayerTest, ALoadAStepGaveUpOnIsReportedFailed) {
+  for (const absl::Status& s : tier_->Execute({{{KvMove::Kind::kSave, 0, 700, Slots(0)}}})) {
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  ASSERT_TRUE(gate_.Expect(99, absl::Now() + absl::Milliseconds(20)));
+  const uint64_t tickets[] = {99};
+  gate_.Wait(tickets, 0);  // gives up at the deadline
+  const std::vector<absl::Status> out = tier_->Execute(
+      {{{KvMove::Kind::kLoad, 0, 700, Slots(128), 99}}}, absl::Now() + absl::Seconds(60));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(out[0])) << out[0];
 }
 
 }  // namespace

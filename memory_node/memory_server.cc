@@ -401,6 +401,19 @@ void MemoryServer::HandleStep(PeerId peer, const FrameHeader& header,
 
 void MemoryServer::HandleLayer(PeerId peer, const FrameHeader& header,
                                std::span<const uint8_t> payload) {
+  // Layer-wise pre-loading: outside the engine lock (moves and other peers' steps go on),
+  // wait until the step's loading requests have this layer in DRAM.
+  {
+    std::vector<uint64_t> tickets;
+    {
+      std::lock_guard<std::mutex> lock(engine_mu_);
+      PeerState* found = FindStepLocked(peer, header);
+      if (found != nullptr && header.layer < static_cast<uint32_t>(dims_.num_layers)) {
+        for (const PendingLoad& l : found->share.plan.loads) tickets.push_back(l.ticket);
+      }
+    }
+    if (!tickets.empty()) disk_.gate().Wait(tickets, static_cast<int>(header.layer));
+  }
   std::shared_ptr<std::vector<uint8_t>> reply;
   FrameHeader answer;
   absl::Status error;

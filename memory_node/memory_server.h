@@ -106,6 +106,8 @@ class MemoryServer : public transport::MessageHandler {
                                                    absl::Time deadline = absl::InfiniteFuture());
   // The disk tier (its counters: disk().stats()).
   const KvDiskHost& disk() const { return disk_; }
+  // Where layer frames of loading requests wait for their layers (layer-wise pre-loading).
+  LoadGate& load_gate() { return disk_.gate(); }
 
   // transport::MessageHandler (the transport thread).
   std::span<uint8_t> Place(transport::PeerId from, std::span<const uint8_t> header,

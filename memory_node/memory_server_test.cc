@@ -62,6 +62,11 @@ class Client : public transport::MessageHandler {
     if (fix_checksum) header.checksum = transport::PayloadChecksum(payload);
     SendRaw(transport::AsBytes(header), payload);
   }
+  // Whether a reply came within `wait` (it stays queued for Next).
+  bool Any(absl::Duration wait) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, absl::ToChronoNanoseconds(wait), [&] { return !replies_.empty(); });
+  }
   Reply Next() {
     std::unique_lock<std::mutex> lock(mu_);
     EXPECT_TRUE(cv_.wait_for(lock, absl::ToChronoNanoseconds(absl::Seconds(20)), [&] {
@@ -207,6 +212,38 @@ TEST_F(MemoryServerTest, AnswersLayersWithTheEngineResult) {
   EXPECT_EQ(stats.layer_frames, 2u * layouts.size());
   EXPECT_EQ(stats.kv_positions, n);
   EXPECT_EQ(stats.malformed_frames, 0u);
+}
+
+// Layer-wise pre-loading: a layer frame of a step whose descriptor names a load ticket is
+// answered only once the node's load gate has that layer of the ticket in DRAM (or the
+// load is over), and the answer is the engine's.
+TEST_F(MemoryServerTest, ALayerOfALoadingRequestWaitsForThatLayer) {
+  StepShare share = Share(2, 8);
+  share.minibatch_rows = {8};
+  share.plan.loads.push_back({SequenceId(1), PoolIndex(3), 41});
+  ASSERT_TRUE(server_->load_gate().Expect(41, absl::Now() + absl::Seconds(60)));
+  SendStep(share);
+  const AttentionDims dims{kLayers, kHeads, kKvHeads, kDim};
+  const MinibatchLayout m = LayoutMinibatches(share, dims)[0];
+  auto engine = ReferenceEngine();
+  auto prepared = *engine->Prepare(share.plan);
+  for (int layer = 0; layer < kLayers; ++layer) {
+    const auto payload = RandomRows(m.request_bytes(), 300 + layer);
+    client_->Send(LayerHeader(2, layer, 0, 8), payload);
+    EXPECT_FALSE(client_->Any(absl::Milliseconds(150)))
+        << "layer " << layer << " answered before it was in DRAM";
+    if (layer == 0) {
+      server_->load_gate().Advance(41, 1);
+    } else {
+      EXPECT_TRUE(server_->load_gate().Finish(41, true));
+    }
+    const Reply reply = client_->Next();
+    ASSERT_EQ(reply.header.kind, static_cast<uint16_t>(FrameKind::kLayerResult));
+    EXPECT_EQ(reply.header.layer, static_cast<uint32_t>(layer));
+    EXPECT_EQ(reply.payload, Expected(*engine, prepared, layer, m, payload));
+  }
+  EXPECT_EQ(server_->load_gate().stats().waited_layers, static_cast<uint64_t>(kLayers));
+  EXPECT_EQ(server_->load_gate().stats().abandoned, 0u);
 }
 
 TEST_F(MemoryServerTest, BadFramesGetErrorsAndTheServerKeepsServing) {

@@ -2,7 +2,8 @@
 // a conversation's next turn reads its history back from disk and computes what a fresh
 // run computes, in disaggregated and co-located mode; corrupted blocks, a full disk, a slow
 // disk, the TTL, a timeout while loading, preemption (a swap), and the load-or-recompute
-// rule each degrade to recomputing and fail nothing.
+// rule each degrade to recomputing and fail nothing. Layer-wise pre-loading computes the
+// new tokens while the history loads, and a failed load voids what was computed over it.
 #include <fcntl.h>
 #include <sys/mount.h>
 #include <unistd.h>
@@ -33,6 +34,7 @@ class DiskTierTest : public InProcessDeploymentTest {
     int64_t turn2_prefill_rows = 0;  // prompt rows computed for turn 2
     SchedulerStats stats;
     std::optional<KvDiskTierStats> disk;
+    LoadGateStats gate;  // the first pool's node: layer-wise pre-loading
   };
   static GenerateRequest Turn(std::vector<int32_t> prompt) {
     GenerateRequest r;
@@ -73,6 +75,7 @@ class DiskTierTest : public InProcessDeploymentTest {
     out.turn2_cached = second->cached_prompt_tokens;
     out.stats = d.scheduler().Stats();
     out.disk = d.disk().stats();
+    out.gate = d.disk().gate().stats();
     return out;
   }
   // Turn 2 computed from nothing: a deployment that has seen nothing else.
@@ -86,6 +89,22 @@ class DiskTierTest : public InProcessDeploymentTest {
     EXPECT_TRUE(o->error.ok()) << o->error;
     EXPECT_EQ(o->cached_prompt_tokens, 0);
     return o->tokens;
+  }
+  // Flips a byte in every block's payload in the file (past each extent's 4 KiB header).
+  static void FlipEveryBlock(const std::string& blocks) {
+    const int fd = open(blocks.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0) << blocks;
+    const off_t size = lseek(fd, 0, SEEK_END);
+    int flipped = 0;
+    for (off_t at = 4096 + 64; at < size; at += 4096) {
+      uint8_t b = 0;
+      if (pread(fd, &b, 1, at) != 1 || b == 0) continue;  // holes read as zeros
+      b ^= 0x5a;
+      ASSERT_EQ(pwrite(fd, &b, 1, at), 1);
+      ++flipped;
+    }
+    close(fd);
+    ASSERT_GT(flipped, 0) << "nothing on disk to corrupt";
   }
   static std::string DiskDir(const std::string& name) {
     const char* tmp = std::getenv("TEST_TMPDIR");
@@ -127,26 +146,51 @@ void DiskTierTest::ExpectTurn2FromDisk(const Turns& turns) {
   EXPECT_GT(turns.disk->bytes_read, 0u);
 }
 
+// Layer-wise pre-loading: on a slow disk (each batch of loads arrives 150 ms late), turn 2's
+// new tokens compute while its history loads, each layer's attention waiting on the node
+// for that layer, and the output is a fresh run's; without it the rows wait for the load.
+TEST_F(DiskTierTest, LayerWiseTheNewTokensComputeWhileTheHistoryLoads) {
+  for (const bool layerwise : {true, false}) {
+    Topology t{1, 1};
+    t.disk_dir = DiskDir(layerwise ? "layerwise" : "whole");
+    t.disk_load_delay = absl::Milliseconds(150);
+    t.disk_layerwise = layerwise;
+    const Turns turns = Converse(t, nullptr);
+    ExpectTurn2FromDisk(turns);
+    if (layerwise) {
+      EXPECT_EQ(turns.stats.disk_preloaded_requests_total, 1);
+      EXPECT_EQ(turns.stats.disk_preload_failed_total, 0);
+      // The chunk was out before its loads arrived: attention waited for the disk.
+      EXPECT_GT(turns.gate.waited_layers, 0u);
+      EXPECT_EQ(turns.gate.abandoned, 0u);
+    } else {
+      EXPECT_EQ(turns.stats.disk_preloaded_requests_total, 0);
+      EXPECT_EQ(turns.gate.waited_layers + turns.gate.ready_layers, 0u);
+    }
+  }
+}
+
+// A block that fails its checksum under layer-wise pre-loading: the chunk that computed
+// over it is void, the request is preempted and recomputes what is not cached, and its
+// output is a fresh run's.
+TEST_F(DiskTierTest, LayerWiseAFailedLoadVoidsTheChunkOverIt) {
+  Topology t{1, 1};
+  t.disk_dir = DiskDir("layerwise_corrupt");
+  t.disk_load_delay = absl::Milliseconds(100);  // the chunk is out before the loads fail
+  const std::string blocks = t.disk_dir + "/memory-0/blocks";
+  // Every load of turn 2 fails.
+  const Turns turns = Converse(t, [&] { FlipEveryBlock(blocks); });
+  EXPECT_EQ(turns.turn2_output, Fresh(turns.turn1_output));
+  EXPECT_GT(turns.stats.disk_failed_loads_total, 0);
+  EXPECT_EQ(turns.stats.disk_preload_failed_total, 1) << "the chunk did not run over the loads";
+  EXPECT_GT(turns.stats.num_preemptions_total, 0);
+}
+
 TEST_F(DiskTierTest, ACorruptedBlockIsDetectedNeverServedAndRecomputed) {
   Topology t{1, 1};
   t.disk_dir = DiskDir("corrupt");
   const std::string blocks = t.disk_dir + "/memory-0/blocks";
-  const Turns turns = Converse(t, [&] {
-    // Flip a byte in every block's payload (past each extent's 4 KiB header).
-    const int fd = open(blocks.c_str(), O_RDWR);
-    ASSERT_GE(fd, 0) << blocks;
-    const off_t size = lseek(fd, 0, SEEK_END);
-    int flipped = 0;
-    for (off_t at = 4096 + 64; at < size; at += 4096) {
-      uint8_t b = 0;
-      if (pread(fd, &b, 1, at) != 1 || b == 0) continue;  // holes read as zeros
-      b ^= 0x5a;
-      ASSERT_EQ(pwrite(fd, &b, 1, at), 1);
-      ++flipped;
-    }
-    close(fd);
-    ASSERT_GT(flipped, 0) << "nothing on disk to corrupt";
-  });
+  const Turns turns = Converse(t, [&] { FlipEveryBlock(blocks); });
   EXPECT_EQ(turns.turn2_output, Fresh(turns.turn1_output));
   EXPECT_GT(turns.stats.disk_failed_loads_total, 0);
   EXPECT_EQ(turns.stats.disk_hit_tokens_total, 0);
@@ -170,34 +214,39 @@ TEST_F(DiskTierTest, BlocksIdlePastTheTtlAreDeleted) {
 
 // A request that times out while its prefix loads from a slow disk ends with the timeout as
 // soon as the loads are back, without computing a row; the deployment goes on serving.
+// With layer-wise pre-loading its new tokens may have computed meanwhile (their result is
+// discarded with the request).
 TEST_F(DiskTierTest, ATimeoutWhileLoadingEndsTheRequestWithoutComputingIt) {
-  Topology t{1, 1};
-  t.disk_dir = DiskDir("timeout");
-  t.disk_load_delay = absl::Seconds(2);
-  Deployment d(weights_, t, 160);
-  auto first = d.Submit(Turn(Prompt(100, 7000)));
-  ASSERT_TRUE(d.Wait({first}));
-  for (int i = 0; i < 3; ++i) {
-    auto other = d.Submit(Turn(Prompt(100, 7100 + i)));
-    ASSERT_TRUE(d.Wait({other}));
+  for (const bool layerwise : {false, true}) {
+    Topology t{1, 1};
+    t.disk_dir = DiskDir(layerwise ? "timeout_layerwise" : "timeout");
+    t.disk_load_delay = absl::Seconds(2);
+    t.disk_layerwise = layerwise;
+    Deployment d(weights_, t, 160);
+    auto first = d.Submit(Turn(Prompt(100, 7000)));
+    ASSERT_TRUE(d.Wait({first}));
+    for (int i = 0; i < 3; ++i) {
+      auto other = d.Submit(Turn(Prompt(100, 7100 + i)));
+      ASSERT_TRUE(d.Wait({other}));
+    }
+    const SchedulerStats before = d.scheduler().Stats();
+    GenerateRequest turn2 = Turn(Turn2Prompt(first->tokens));
+    turn2.timeout = absl::Milliseconds(500);
+    auto second = d.Submit(std::move(turn2));
+    ASSERT_TRUE(d.Wait({second}));
+    EXPECT_TRUE(absl::IsDeadlineExceeded(second->error)) << second->error;
+    // The deployment goes on (and its statistics, published after each batch, catch up).
+    auto next = d.Submit(Turn(Prompt(40, 7200)));
+    ASSERT_TRUE(d.Wait({next}));
+    EXPECT_TRUE(next->error.ok()) << next->error;
+    EXPECT_EQ(next->tokens.size(), 8u);
+    const SchedulerStats after = d.scheduler().Stats();
+    EXPECT_GT(after.disk_loaded_blocks_total + after.disk_failed_loads_total,
+              before.disk_loaded_blocks_total + before.disk_failed_loads_total)
+        << "it never loaded: the test did not test a timeout during loads";
+    // Only the next request's 40 prompt rows were computed, none of the timed-out one's.
+    if (!layerwise) EXPECT_LE(after.prefill_rows_total - before.prefill_rows_total, 40);
   }
-  const SchedulerStats before = d.scheduler().Stats();
-  GenerateRequest turn2 = Turn(Turn2Prompt(first->tokens));
-  turn2.timeout = absl::Milliseconds(500);
-  auto second = d.Submit(std::move(turn2));
-  ASSERT_TRUE(d.Wait({second}));
-  EXPECT_TRUE(absl::IsDeadlineExceeded(second->error)) << second->error;
-  // The deployment goes on (and its statistics, published after each batch, catch up).
-  auto next = d.Submit(Turn(Prompt(40, 7200)));
-  ASSERT_TRUE(d.Wait({next}));
-  EXPECT_TRUE(next->error.ok()) << next->error;
-  EXPECT_EQ(next->tokens.size(), 8u);
-  const SchedulerStats after = d.scheduler().Stats();
-  EXPECT_GT(after.disk_loaded_blocks_total + after.disk_failed_loads_total,
-            before.disk_loaded_blocks_total + before.disk_failed_loads_total)
-      << "it never loaded: the test did not test a timeout during loads";
-  // Only the next request's 40 prompt rows were computed, none of the timed-out one's.
-  EXPECT_LE(after.prefill_rows_total - before.prefill_rows_total, 40);
 }
 
 // Preemption under a small pool: the preempted requests' blocks are saved, and they come

@@ -78,6 +78,7 @@ struct Topology {
   absl::Duration disk_load_delay = absl::ZeroDuration();
   absl::Duration disk_load_deadline = absl::InfiniteDuration();
   bool disk_load_when_faster = true;  // SchedulerConfig::disk_load_when_faster
+  bool disk_layerwise = true;         // SchedulerConfig::disk_layerwise
 };
 
 inline std::string Name(const Topology& t) {
@@ -114,6 +115,8 @@ class Deployment {
     config.block_tokens = 16;
     config.disk_ttl = t.disk_ttl;
     config.disk_load_when_faster = t.disk_load_when_faster;
+    config.disk_layerwise = t.disk_layerwise;
+    config.num_layers = static_cast<int>(weights->config.num_layers);
     config.vocab_size = static_cast<int32_t>(weights->config.vocab_size);
     config.epoch = 42;
     scheduler_ = std::make_unique<Scheduler>(config, nullptr);
@@ -188,6 +191,7 @@ class Deployment {
           options.allow_buffered = true;  // a test's tmpfs
           local_disks_.push_back(std::make_unique<KvDiskHost>(options));
           KvDiskHost* host = local_disks_.back().get();
+          cache->set_load_gate(&host->gate());
           auto tier = host->Open(42, &cache->engine().mutable_store(), config.block_tokens,
                                  "tiny co-located");
           EXPECT_TRUE(tier.ok()) << tier.status();

@@ -36,6 +36,14 @@ double LoadRule::LoadSeconds(int blocks) const {
   return latency + per_block * blocks;
 }
 
+double PreloadLead(double latency_s, double body_s, double compute_s, int layers) {
+  layers = layers < 1 ? 1 : layers;
+  const double load_layer = body_s > 0 ? body_s / layers : 0;
+  const double compute_layer = compute_s > 0 ? compute_s / layers : 0;
+  const double behind = load_layer > compute_layer ? load_layer - compute_layer : 0;
+  return (latency_s > 0 ? latency_s : 0) + load_layer + (layers - 1) * behind;
+}
+
 bool LoadRule::Load(int blocks, int block_tokens, const PrefillRate& prefill) const {
   const double load = LoadSeconds(blocks);
   if (load < 0 || prefill.rows_per_second() <= 0) return true;

@@ -39,12 +39,24 @@ class LoadRule {
 
   // The load estimate behind the rule (seconds); negative before any load was measured.
   double LoadSeconds(int blocks) const;
+  // Its fixed part (the round trip before the first byte): LoadSeconds(0), or 0 unknown.
+  double LatencySeconds() const { return LoadSeconds(0) > 0 ? LoadSeconds(0) : 0; }
 
  private:
   static constexpr double kDecay = 0.9;  // weight of the older observations, per new one
   // Decayed sums over load batches (n blocks, t seconds): weight, n, n^2, t, n*t.
   double w_ = 0, n_ = 0, nn_ = 0, t_ = 0, nt_ = 0;
 };
+
+// Layer-wise pre-loading's read-ahead (AttentionStore's rule, docs/architecture.md): a
+// load of `layers` layers takes `latency_s`, then `body_s` spread evenly over the layers
+// (t_l each); the chunk that needs it computes for `compute_s` (t_c per layer). If the
+// chunk starts D after the load, layer i is in DRAM at latency + (i + 1) t_l and needed at
+// D + i t_c, so no layer waits when
+//   D >= latency + t_l + (layers - 1) * max(0, t_l - t_c):
+// a disk faster than compute needs only its first layer ahead; a slower one needs enough
+// read ahead that the last layer lands as compute reaches it. Returns that lead (seconds).
+double PreloadLead(double latency_s, double body_s, double compute_s, int layers);
 
 }  // namespace strata
 

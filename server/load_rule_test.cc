@@ -1,7 +1,8 @@
 // The swap-or-recompute rule against hand-computed costs: it loads until both sides are
 // measured; it recovers a round-trip latency and a per-block cost from batches of different
 // sizes; with a fixed latency it recomputes short prefixes and loads long ones; a disk slower
-// per block than prefill is never worth it.
+// per block than prefill is never worth it. The read-ahead rule (PreloadLead) is checked
+// against a simulation of a step waiting on its layers.
 #include "server/load_rule.h"
 
 #include "gtest/gtest.h"
@@ -55,6 +56,41 @@ TEST(LoadRuleTest, ADiskSlowerThanPrefillIsNeverWorthIt) {
   prefill.Observe(10, 0.0);
   EXPECT_NEAR(prefill.rows_per_second(), 1600, 1e-9);
   EXPECT_NEAR(rule.LoadSeconds(1), 0.050, 1e-9);
+}
+
+// The read-ahead rule against a direct simulation of a step that starts `lead` after its
+// load: layer i is in DRAM at latency + (i + 1) t_l; the step waits for it, then computes
+// it for t_c. The lead the rule gives is the least with no wait at all.
+double Stall(double lead, double latency, double body, double compute, int layers) {
+  double t = lead, stalled = 0;
+  for (int i = 0; i < layers; ++i) {
+    const double ready = latency + (i + 1) * body / layers;
+    if (ready > t) {
+      stalled += ready - t;
+      t = ready;
+    }
+    t += compute / layers;
+  }
+  return stalled;
+}
+
+TEST(PreloadLeadTest, IsTheLeastLeadWithNoLayerWaiting) {
+  struct Case {
+    double latency, body, compute;
+    int layers;
+  };
+  for (const Case& c :
+       {Case{0.002, 0.010, 0.040, 18},  // disk faster than compute
+        Case{0.002, 0.080, 0.040, 18},  // disk slower: read further ahead
+        Case{0.0, 0.030, 0.030, 4}, Case{0.005, 0.001, 0.0, 1}, Case{0.001, 0.200, 0.010, 32}}) {
+    const double lead = PreloadLead(c.latency, c.body, c.compute, c.layers);
+    EXPECT_NEAR(Stall(lead, c.latency, c.body, c.compute, c.layers), 0, 1e-12)
+        << c.body << " over " << c.compute;
+    EXPECT_GT(Stall(lead - 1e-6, c.latency, c.body, c.compute, c.layers), 0)
+        << "a shorter lead would do: " << c.body << " over " << c.compute;
+  }
+  // Loading everything first (today's whole load) is never needed when compute keeps up:
+  EXPECT_LT(PreloadLead(0.002, 0.010, 0.040, 18), 0.002 + 0.010);
 }
 
 }  // namespace

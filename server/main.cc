@@ -62,6 +62,10 @@ ABSL_FLAG(double, kv_disk_ttl_s, absl::ToDoubleSeconds(strata::SchedulerConfig()
 ABSL_FLAG(bool, kv_disk_load_when_faster, strata::SchedulerConfig().disk_load_when_faster,
           "Disk tiers: read a prefix back only when that is measured to be faster than "
           "recomputing it (false: always read it)");
+ABSL_FLAG(bool, kv_disk_layerwise, strata::SchedulerConfig().disk_layerwise,
+          "Disk tiers: layer-wise pre-loading. A request whose prefix is read from disk "
+          "computes its new tokens while the read runs, each layer waiting on the node for "
+          "that layer (false: its rows wait for the whole read)");
 ABSL_FLAG(int64_t, kv_disk_load_timeout_ms, 2000,
           "Disk tiers: a batch of loads not back by then fails, and its requests recompute "
           "those tokens instead (a slow disk degrades to 'not cached')");
@@ -138,6 +142,7 @@ int main(int argc, char** argv) {
   o.scheduler.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   o.scheduler.default_timeout = absl::Seconds(absl::GetFlag(FLAGS_request_timeout_s));
   o.scheduler.disk_load_when_faster = absl::GetFlag(FLAGS_kv_disk_load_when_faster);
+  o.scheduler.disk_layerwise = absl::GetFlag(FLAGS_kv_disk_layerwise);
   o.scheduler.disk_ttl = absl::Seconds(std::max(1.0, absl::GetFlag(FLAGS_kv_disk_ttl_s)));
   o.http.host = absl::GetFlag(FLAGS_host);
   o.http.port = absl::GetFlag(FLAGS_port);

@@ -31,6 +31,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -95,6 +96,14 @@ struct SchedulerConfig {
   // Load a prefix found on disk only when that is measured to be faster than recomputing
   // it (server/load_rule.h); false: always load.
   bool disk_load_when_faster = true;
+  // Layer-wise pre-loading: a request whose prefix is read from disk computes its new
+  // tokens while the read runs, each layer's attention waiting on the node for that layer
+  // (memory_node/load_gate.h); its first chunk goes out once the read-ahead rule says the
+  // load is far enough ahead (load_rule.h, PreloadLead). false: its rows wait for the whole
+  // load.
+  bool disk_layerwise = true;
+  // The model's layers (for the read-ahead rule; 0: unknown, taken as one).
+  int num_layers = 0;
 };
 
 struct PoolStatus {
@@ -125,6 +134,10 @@ struct SchedulerStats {
   int64_t disk_failed_loads_total = 0;
   // Blocks found on disk but recomputed, which was measured to be faster (load_rule.h).
   int64_t disk_recomputed_blocks_total = 0;
+  // Layer-wise pre-loading: requests whose new tokens computed while their prefix loaded,
+  // and those of them whose load then failed (preempted, and recomputed).
+  int64_t disk_preloaded_requests_total = 0;
+  int64_t disk_preload_failed_total = 0;
   // Blocks evicted from DRAM to make room (each was saved to disk first where a disk tier
   // is, so that the eviction itself is free).
   int64_t dram_evicted_blocks_total = 0;
@@ -286,6 +299,23 @@ class Scheduler {
   // Deletes blocks idle longer than the TTL; runs on a timer while a pool has a disk.
   void ExpireDisk();
   bool expire_timer_set_ = false;
+  // Layer-wise pre-loading: tickets name each request's loads on the node (KvMove::ticket).
+  // A step result that carries a chunk over loads still out waits (parked) for their
+  // outcome: a failed load voids what the step computed for that request.
+  uint64_t next_load_ticket_ = 1;
+  struct ParkedResult {
+    int executor = 0;
+    StepPlan plan;
+    StepResult result;
+    absl::Time started;
+  };
+  std::deque<ParkedResult> parked_;
+  // Whether `plan` has a chunk over loads whose outcome is not back yet.
+  bool AwaitsLoads(const StepPlan& plan) const;
+  void ReplayParked();
+  // When the request's first chunk over its loads may go out (the read-ahead rule).
+  absl::Time PreloadAt(const Request& req, int blocks) const;
+  bool preload_timer_set_ = false;
   // Eviction counts of pools' ledgers that died with them (the totals never go back).
   int64_t retired_dram_evicted_ = 0, retired_disk_evicted_ = 0, retired_disk_expired_ = 0;
   void ShareParentPrompt(Sequence* child, Sequence* owner);

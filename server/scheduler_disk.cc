@@ -98,12 +98,14 @@ void Scheduler::StartLoads(Request* req, int from, int count) {
   Pool& p = *pools_[req->pool->value()];
   const int64_t block = config_.block_tokens;
   const absl::Time now = absl::Now();
+  const uint64_t ticket = config_.disk_layerwise ? next_load_ticket_++ : 0;
   int started = 0;
   for (int b = from; b < from + count; ++b) {
     const std::optional<int64_t> extent = p.disk->BeginLoad(owner->hashes[b], now);
     if (!extent) break;
     DiskOp op;
     op.move.kind = KvMove::Kind::kLoad;
+    op.move.ticket = ticket;
     op.move.extent = static_cast<uint64_t>(*extent);
     op.move.key = owner->hashes[b];
     op.move.slots.assign(owner->table.begin() + b * block, owner->table.begin() + (b + 1) * block);
@@ -120,6 +122,45 @@ void Scheduler::StartLoads(Request* req, int from, int count) {
   ++req->in_flight;
   ++owner->in_flight;
   owner->in_flight_samples = false;
+  if (ticket != 0) {
+    // Layer-wise: its new tokens may compute while these load (BuildPlan); they start after
+    // the loaded blocks, which are voided if the loads fail (LoadsDone).
+    req->load_ticket = ticket;
+    req->preload_planned = false;
+    owner->computed = static_cast<int64_t>(from + started) * block;
+    req->preload_at = PreloadAt(*req, started);
+  }
+}
+
+absl::Time Scheduler::PreloadAt(const Request& req, int blocks) const {
+  const Pool& p = *pools_[req.pool->value()];
+  const double load = p.load_rule.LoadSeconds(blocks);
+  const double rate = prefill_rate_.rows_per_second();
+  const Sequence* owner = req.Owner();
+  if (load < 0 || rate <= 0 || owner == nullptr) return absl::Now();  // not measured yet
+  const double latency = p.load_rule.LatencySeconds();
+  const double rows = static_cast<double>(owner->tokens.size()) - owner->computed;
+  return absl::Now() + absl::Seconds(PreloadLead(latency, std::max(0.0, load - latency),
+                                                 rows / rate, config_.num_layers));
+}
+
+bool Scheduler::AwaitsLoads(const StepPlan& plan) const {
+  for (const SequenceChunk& c : plan.chunks) {
+    if (c.load_ticket == 0) continue;
+    auto it = sequences_.find(c.request_id);
+    if (it != sequences_.end() && it->second->request->load_ticket == c.load_ticket) return true;
+  }
+  return false;
+}
+
+void Scheduler::ReplayParked() {
+  // In arrival order; one that still awaits loads holds back those after it, as results
+  // of one compute node are applied in order.
+  while (!parked_.empty() && !AwaitsLoads(parked_.front().plan)) {
+    ParkedResult r = std::move(parked_.front());
+    parked_.pop_front();
+    OnStepResult(r.executor, std::move(r.plan), std::move(r.result), r.started);
+  }
 }
 
 void Scheduler::FlushDiskMoves() {
@@ -193,6 +234,7 @@ void Scheduler::OnDiskMoves(PoolIndex pool, uint64_t generation, std::vector<Dis
     if (it == requests_.end()) continue;  // cannot happen: a loading request is in flight
     LoadsDone(it->second.get(), pool, current, std::move(done));
   }
+  ReplayParked();
 }
 
 void Scheduler::LoadsDone(Request* req, PoolIndex pool, bool current,
@@ -203,6 +245,10 @@ void Scheduler::LoadsDone(Request* req, PoolIndex pool, bool current,
     if (s->index == loads.front().first.sample) seq = s.get();
   }
   req->loading = false;
+  const bool layerwise = req->load_ticket != 0;
+  const bool preloaded = req->preload_planned;
+  req->load_ticket = 0;
+  req->preload_planned = false;
   if (req->in_flight > 0) --req->in_flight;
   if (seq != nullptr && seq->in_flight > 0) --seq->in_flight;
   const bool usable = seq != nullptr && req->pool == pool &&
@@ -235,6 +281,16 @@ void Scheduler::LoadsDone(Request* req, PoolIndex pool, bool current,
     }
     ++loaded;
   }
+  if (layerwise && usable && loaded < static_cast<int>(loads.size())) {
+    if (preloaded) {
+      // A chunk already computed over KV that is not all there: what it computed is void.
+      // The request starts over from what is cached (its result, parked until now, is
+      // discarded; preemption waits for it).
+      Preempt(req);
+    } else {
+      seq->computed = static_cast<int64_t>(from + (ledger ? loaded : 0)) * block;
+    }
+  }
   if (usable && ledger && loaded > 0) {
     seq->computed = std::max<int64_t>(seq->computed, (from + loaded) * block);
     seq->registered_blocks = std::max<int64_t>(seq->registered_blocks, from + loaded);
@@ -245,6 +301,10 @@ void Scheduler::LoadsDone(Request* req, PoolIndex pool, bool current,
   {
     absl::MutexLock lock(&stats_mu_);
     counters_.disk_failed_loads_total += failed;
+    if (preloaded) {
+      ++counters_.disk_preloaded_requests_total;
+      if (loaded < static_cast<int>(loads.size())) ++counters_.disk_preload_failed_total;
+    }
     if (usable && ledger) {
       counters_.disk_loaded_blocks_total += loaded;
       counters_.disk_hit_tokens_total += loaded * block;

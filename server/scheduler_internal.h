@@ -71,6 +71,11 @@ struct Scheduler::Request {
   // planned meanwhile (and counts as in flight, so that its KV stays allocated).
   bool loading = false;
   bool first_load = false;  // the loads of its first admission (their tokens count as cached)
+  // Layer-wise pre-loading: the ticket of its loads in progress (0: none, or they run
+  // whole), whether a chunk over them is out, and when it may go (the read-ahead rule).
+  uint64_t load_ticket = 0;
+  bool preload_planned = false;
+  absl::Time preload_at;
 
   int32_t prompt_len() const { return static_cast<int32_t>(spec.prompt_tokens.size()); }
   // The first unfinished sequence: it computes the shared prompt.

@@ -91,6 +91,11 @@ void Scheduler::SubmitPlan(int index, StepPlan plan) {
         result.status = absl::InternalError(
             absl::StrCat("step ", done.plan.step_id, " came back as step ", result.step_id));
       }
+      // A chunk computed over loads still out waits for their outcome (it may be void).
+      if (!parked_.empty() || AwaitsLoads(done.plan)) {
+        parked_.push_back({index, std::move(done.plan), std::move(result), done.started});
+        return;
+      }
       const Stopwatch applying;
       OnStepResult(index, std::move(done.plan), std::move(result), done.started);
       absl::MutexLock lock(&stats_mu_);
@@ -243,6 +248,7 @@ bool Scheduler::Place(Request* req, int executor) {
       counters_.disk_recomputed_blocks_total += on_disk;
       on_disk = 0;
     }
+    const int64_t in_dram = owner->computed;
     if (on_disk > 0) {
       req->first_load = first_admission;
       StartLoads(req, matched, on_disk);
@@ -251,12 +257,11 @@ bool Scheduler::Place(Request* req, int executor) {
       absl::MutexLock lock(&stats_mu_);
       if (first_admission) counters_.prompt_tokens_total += req->prompt_len();
       counters_.prefix_query_tokens_total += length;
-      counters_.prefix_hit_tokens_total += owner->computed;
+      counters_.prefix_hit_tokens_total += in_dram;
     }
     LOG_IF(INFO, first_admission) << "request " << req->id << " (" << req->spec.external_id
                                   << ") placed on " << pools_[p.value()]->name << " with "
-                                  << owner->computed << "/" << length
-                                  << " tokens from the prefix cache"
+                                  << in_dram << "/" << length << " tokens from the prefix cache"
                                   << (on_disk > 0
                                           ? absl::StrCat(" and ", on_disk * config_.block_tokens,
                                                          " to load from disk")
@@ -463,6 +468,45 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     }
   }
 
+  // Layer-wise pre-loading: a request whose prefix is still being read from disk computes
+  // its new tokens meanwhile, each layer waiting on the node for that layer of the load.
+  // Its chunk goes out once the read-ahead rule says the load is far enough ahead, or at
+  // once when nothing else is in the step (waiting on the disk then delays nobody else).
+  const absl::Time now = absl::Now();
+  auto preload = [&](Request* req) {
+    Sequence* owner = req->Owner();
+    if (!req->loading || req->load_ticket == 0 || req->preload_planned || owner == nullptr ||
+        req->preempt_when_landed || req->pending_finish != FinishReason::kNone || !pool_ok(req) ||
+        (req->executor >= 0 && req->executor != e)) {
+      return false;
+    }
+    if (budget_rows <= 0 || budget_prefill <= 0 || budget_seqs <= 0) return false;
+    const int64_t len = static_cast<int64_t>(owner->tokens.size());
+    const int64_t count =
+        std::min({len - owner->computed, chunk_limit, budget_rows, budget_prefill});
+    if (count <= 0 || owner->computed + count > static_cast<int64_t>(owner->table.size())) {
+      return false;
+    }
+    if (config_.prefill_chunk_tokens <= 0 && count < len - owner->computed) return false;
+    if (now < req->preload_at && !chunks.empty()) {
+      if (!preload_timer_set_) {
+        preload_timer_set_ = true;
+        // The timer's batch plans the idle compute nodes again.
+        loop_.RunAfter(req->preload_at - now, [this] { preload_timer_set_ = false; });
+      }
+      return false;
+    }
+    add_chunk(owner, owner->computed, owner->computed + count);
+    req->preload_planned = true;
+    budget_rows -= count;
+    budget_prefill -= count;
+    --budget_seqs;
+    return true;
+  };
+  for (Request* req : running_) {
+    if (req->loading && req->load_ticket != 0) preload(req);
+  }
+
   // Phase 3: admissions, in policy order, while the budget lasts. A request that cannot be
   // placed now stops admission (no overtaking under FIFO).
   std::vector<Request*> failed;
@@ -488,9 +532,10 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     if (config_.prefill_chunk_tokens <= 0 && length > budget_rows) break;
     if (!Place(req, e)) break;
     --i;  // Place took it out of waiting_: index i is now the next one
-    // Its prefix is being read from disk into its slots: no row runs before that is done.
+    // Its prefix is being read from disk into its slots: no row runs before that is done,
+    // or (layer-wise) before each layer of it is.
     if (req->loading) {
-      --budget_seqs;
+      if (!preload(req)) --budget_seqs;
       continue;
     }
     const int64_t count =
@@ -563,6 +608,7 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     chunk.request_id = seq->id;
     chunk.pool = *req->pool;
     chunk.start_position = static_cast<int32_t>(c.begin);
+    if (req->loading) chunk.load_ticket = req->load_ticket;
     if (c.ahead) {
       chunk.tokens = {kLastSampledToken};
       const int64_t draw = seq->num_outputs + 1;  // the one after the draw in flight

@@ -33,8 +33,10 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
   Executor& ex = *executors_[executor];
   const absl::Time now = absl::Now();
   int64_t prefill_rows = 0;
+  bool waited_on_disk = false;  // layer-wise pre-loading: its time holds the disk's
   for (const SequenceChunk& c : plan.chunks) {
     if (c.samples.empty() || c.tokens.size() > 1) prefill_rows += c.tokens.size();
+    waited_on_disk = waited_on_disk || c.load_ticket != 0;
   }
   {
     absl::MutexLock lock(&stats_mu_);
@@ -42,7 +44,9 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
     counters_.prefill_rows_total += prefill_rows;
   }
   // How fast prompts compute, against which loading from disk is weighed.
-  if (result.status.ok()) prefill_rate_.Observe(prefill_rows, absl::ToDoubleSeconds(now - started));
+  if (result.status.ok() && !waited_on_disk) {
+    prefill_rate_.Observe(prefill_rows, absl::ToDoubleSeconds(now - started));
+  }
   if (observer_.on_step) observer_.on_step(plan, result, now - started);
   if (result.status.ok()) {
     bool decode_only = !plan.chunks.empty();

@@ -62,6 +62,7 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions option
   SchedulerConfig& sc = options.scheduler;
   sc.max_model_len = max_model_len;
   sc.vocab_size = static_cast<int32_t>(model.vocab_size);
+  sc.num_layers = static_cast<int>(model.num_layers);
   sc.eos_token_ids.assign(model.eos_token_ids.begin(), model.eos_token_ids.end());
   if (app->tokenizer_ && app->tokenizer_->eos_token_id() >= 0 &&
       std::find(sc.eos_token_ids.begin(), sc.eos_token_ids.end(),

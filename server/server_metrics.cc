@@ -62,6 +62,13 @@ ServerMetrics::ServerMetrics(std::shared_ptr<metrics::MetricsRegistry> registry,
                           "(a checksum or I/O failure: dropped and recomputed), recomputed (found "
                           "on disk, but recomputing was measured to be faster).")
                       .Register(r);
+  preloads_ = &BuildCounter()
+                   .Name("strata_kv_disk_preloads_total")
+                   .Help(
+                       "Requests whose new tokens computed while their prefix was read from "
+                       "disk (layer-wise pre-loading), by outcome: ok, failed (a load failed; "
+                       "the request was preempted and recomputed what was not cached).")
+                   .Register(r);
   evictions_ = &BuildCounter()
                     .Name("strata_kv_evictions_total")
                     .Help(
@@ -210,6 +217,9 @@ void ServerMetrics::Refresh() {
   add(disk_blocks_, {{"event", "save_failed"}}, s.disk_failed_saves_total);
   add(disk_blocks_, {{"event", "load_failed"}}, s.disk_failed_loads_total);
   add(disk_blocks_, {{"event", "recomputed"}}, s.disk_recomputed_blocks_total);
+  add(preloads_, {{"outcome", "ok"}},
+      s.disk_preloaded_requests_total - s.disk_preload_failed_total);
+  add(preloads_, {{"outcome", "failed"}}, s.disk_preload_failed_total);
   add(evictions_, {{"tier", "dram"}, {"reason", "capacity"}}, s.dram_evicted_blocks_total);
   add(evictions_, {{"tier", "disk"}, {"reason", "capacity"}}, s.disk_evicted_blocks_total);
   add(evictions_, {{"tier", "disk"}, {"reason", "ttl"}}, s.disk_expired_blocks_total);

@@ -24,6 +24,10 @@ std::string EncodeStepShare(const StepShare& share) {
     d.add_row_tile_limit(r.tile_limit);
   }
   for (uint32_t n : share.minibatch_rows) d.add_minibatch_rows(n);
+  for (const PendingLoad& l : share.plan.loads) {
+    d.add_load_request(l.request_id.value());
+    d.add_load_ticket(l.ticket);
+  }
   return d.SerializeAsString();
 }
 
@@ -47,6 +51,11 @@ absl::StatusOr<StepShare> DecodeStepShare(std::span<const uint8_t> bytes) {
     return absl::InvalidArgumentError(absl::StrCat("step ", d.step_id(), " mini-batches hold ",
                                                    total, " rows; the step has ", rows));
   }
+  if (d.load_request_size() != d.load_ticket_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", d.step_id(), " descriptor has ",
+                                                   d.load_request_size(), " loading requests and ",
+                                                   d.load_ticket_size(), " tickets"));
+  }
   StepShare share;
   share.step_id = d.step_id();
   share.epoch = d.epoch();
@@ -63,6 +72,9 @@ absl::StatusOr<StepShare> DecodeStepShare(std::span<const uint8_t> bytes) {
   }
   share.plan.step_id = share.step_id;
   share.minibatch_rows.assign(d.minibatch_rows().begin(), d.minibatch_rows().end());
+  for (int i = 0; i < d.load_request_size(); ++i) {
+    share.plan.loads.push_back({SequenceId(d.load_request(i)), share.pool, d.load_ticket(i)});
+  }
   return share;
 }
 

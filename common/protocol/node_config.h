@@ -71,6 +71,7 @@ struct KvMove {
   uint64_t extent = 0;
   uint64_t key = 0;
   std::vector<int32_t> slots;
+  uint64_t ticket = 0;  // kLoad: non-zero for layer-wise pre-loading (proto KvMove.ticket)
 };
 
 struct MemoryNodeAddress {

@@ -53,6 +53,7 @@ control::KvMove ToProto(const KvMove& move) {
   out.set_extent(move.extent);
   out.set_key(move.key);
   out.mutable_slots()->Assign(move.slots.begin(), move.slots.end());
+  out.set_ticket(move.ticket);
   return out;
 }
 
@@ -74,6 +75,7 @@ absl::StatusOr<KvMove> FromProto(const control::KvMove& in) {
   out.extent = in.extent();
   out.key = in.key();
   out.slots.assign(in.slots().begin(), in.slots().end());
+  out.ticket = in.ticket();
   return out;
 }
 

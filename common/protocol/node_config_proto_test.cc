@@ -122,7 +122,7 @@ TEST(NodeConfigProtoTest, AcksCarryEveryField) {
 
 TEST(NodeConfigProtoTest, KvMovesRoundTripEveryFieldAndKind) {
   for (const auto kind : {KvMove::Kind::kSave, KvMove::Kind::kLoad, KvMove::Kind::kDrop}) {
-    const KvMove in{kind, 12, 0xabcdef0123456789ull, {4, 5, 6}};
+    const KvMove in{kind, 12, 0xabcdef0123456789ull, {4, 5, 6}, 0x1234567890ull};
     const control::KvMove wire = ToProto(in);
     EXPECT_TRUE(UnsetFields(wire).empty());
     auto out = FromProto(wire);
@@ -131,6 +131,7 @@ TEST(NodeConfigProtoTest, KvMovesRoundTripEveryFieldAndKind) {
     EXPECT_EQ(out->extent, in.extent);
     EXPECT_EQ(out->key, in.key);
     EXPECT_EQ(out->slots, in.slots);
+    EXPECT_EQ(out->ticket, in.ticket);
   }
   control::KvMove unknown;
   unknown.set_kind(static_cast<control::KvMove::Kind>(9));

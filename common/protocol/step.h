@@ -50,6 +50,9 @@ struct SequenceChunk {
   int32_t start_position = 0;
   std::vector<int32_t> tokens;        // ids, or one kLastSampledToken
   std::vector<SampleTarget> samples;  // drawn from the last row's logits
+  // Non-zero: the sequence's earlier KV is still being loaded from disk under this ticket
+  // (KvMove::ticket); attention of each layer waits for that layer of it.
+  uint64_t load_ticket = 0;
 };
 
 // Rotational pipelining: a replica's place in a plan's rotation (none: `replicas` empty).

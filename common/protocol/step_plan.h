@@ -46,11 +46,20 @@ struct AttentionRowPlan {
   int32_t tile_limit = -1;
 };
 
+// Layer-wise pre-loading: the sequence's earlier KV is still being read from the pool's
+// disk tier under `ticket`; attention of layer l waits until that layer is in DRAM.
+struct PendingLoad {
+  SequenceId request_id;
+  PoolIndex pool;
+  uint64_t ticket = 0;
+};
+
 struct StepKvPlan {
   uint64_t step_id = 0;
   std::vector<TableRelease> releases;  // applied first
   std::vector<SlotAssignment> assignments;
   std::vector<AttentionRowPlan> rows;
+  std::vector<PendingLoad> loads;  // of this pool's rows
 };
 
 }  // namespace strata

@@ -82,6 +82,7 @@ void ToProto(const StepPlan& plan, control::StepPlan* out) {
     chunk->set_pool(c.pool.value());
     chunk->set_start_position(c.start_position);
     chunk->mutable_tokens()->Add(c.tokens.begin(), c.tokens.end());
+    chunk->set_load_ticket(c.load_ticket);
     for (const SampleTarget& t : c.samples) {
       auto* target = chunk->add_samples();
       target->set_request_id(t.request_id.value());
@@ -132,6 +133,7 @@ absl::StatusOr<StepPlan> FromProto(const control::StepPlan& in) {
     chunk.pool = PoolIndex(c.pool());
     chunk.start_position = c.start_position();
     chunk.tokens.assign(c.tokens().begin(), c.tokens().end());
+    chunk.load_ticket = c.load_ticket();
     for (const auto& t : c.samples()) {
       chunk.samples.push_back({SequenceId(t.request_id()),
                                t.sample_index(),

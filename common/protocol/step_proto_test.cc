@@ -21,7 +21,7 @@ TEST(StepProto, PlanRoundTrip) {
   plan.releases.push_back({SequenceId(4), PoolIndex(1)});
   plan.assignments.push_back({SequenceId(11), PoolIndex(1), 0, {10, 11, 12, 13, 14}});
   plan.chunks.push_back(
-      {SequenceId(11), PoolIndex(1), 0, {1, 2, 3, 4, 5}, {{SequenceId(11), 0, 0, {2}}}});
+      {SequenceId(11), PoolIndex(1), 0, {1, 2, 3, 4, 5}, {{SequenceId(11), 0, 0, {2}}}, 0x5eed});
   control::StepPlan wire;
   ToProto(plan, &wire);
   // Through bytes, as on the network.
@@ -41,6 +41,7 @@ TEST(StepProto, PlanRoundTrip) {
   EXPECT_EQ(back->chunks[0].pool, PoolIndex(1));
   EXPECT_EQ(back->assignments[0].slots, (std::vector<int32_t>{10, 11, 12, 13, 14}));
   EXPECT_EQ(back->chunks[0].samples[0].banned_tokens, (std::vector<int32_t>{2}));
+  EXPECT_EQ(back->chunks[0].load_ticket, 0x5eedu);
   EXPECT_EQ(back->num_rows(), 5);
 }
 

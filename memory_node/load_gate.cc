@@ -1,0 +1,99 @@
+#include "memory_node/load_gate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "absl/time/clock.h"
+
+namespace strata {
+namespace {
+
+// How long an entry outlives its load (or its abandonment).
+constexpr absl::Duration kKeep = absl::Seconds(60);
+
+}  // namespace
+
+LoadGate::LoadGate(absl::Duration arrival_wait)
+    : arrival_wait_(arrival_wait), last_prune_(absl::Now()) {}
+
+bool LoadGate::Expect(uint64_t ticket, absl::Time deadline) {
+  if (ticket == 0) return true;
+  const absl::Time now = absl::Now();
+  std::lock_guard<std::mutex> lock(mu_);
+  PruneLocked(now);
+  Entry& e = entries_[ticket];
+  e.touched = now;
+  if (e.abandoned) return false;
+  if (!e.arrived) ++stats_.tickets;
+  e.arrived = true;
+  e.deadline = deadline;
+  changed_.notify_all();
+  return true;
+}
+
+void LoadGate::Advance(uint64_t ticket, int layers) {
+  if (ticket == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(ticket);
+  if (it == entries_.end() || it->second.abandoned || it->second.finished) return;
+  it->second.ready = std::max(it->second.ready, layers);
+  changed_.notify_all();
+}
+
+bool LoadGate::Finish(uint64_t ticket, bool ok) {
+  if (ticket == 0) return ok;
+  const absl::Time now = absl::Now();
+  std::lock_guard<std::mutex> lock(mu_);
+  Entry& e = entries_[ticket];
+  e.touched = now;
+  e.finished = true;
+  changed_.notify_all();
+  return ok && !e.abandoned;
+}
+
+void LoadGate::Wait(std::span<const uint64_t> tickets, int layer) {
+  if (std::all_of(tickets.begin(), tickets.end(), [](uint64_t t) { return t == 0; })) return;
+  const absl::Time start = absl::Now();
+  std::unique_lock<std::mutex> lock(mu_);
+  bool waited = false;
+  for (uint64_t ticket : tickets) {
+    if (ticket == 0) continue;
+    Entry& e = entries_[ticket];  // a step may come before its ticket's moves
+    if (e.touched == absl::Time()) e.touched = start;
+    while (!e.finished && !e.abandoned && e.ready <= layer) {
+      const absl::Time now = absl::Now();
+      const absl::Time until = e.arrived ? e.deadline : e.touched + arrival_wait_;
+      if (now >= until) {
+        e.abandoned = true;
+        ++stats_.abandoned;
+        break;
+      }
+      waited = true;
+      const absl::Duration left = std::min(until - now, absl::Seconds(1));
+      changed_.wait_for(lock, absl::ToChronoNanoseconds(left));
+    }
+  }
+  if (waited) {
+    ++stats_.waited_layers;
+    stats_.wait_seconds += absl::ToDoubleSeconds(absl::Now() - start);
+  } else {
+    ++stats_.ready_layers;
+  }
+}
+
+void LoadGate::PruneLocked(absl::Time now) {
+  if (now - last_prune_ < absl::Seconds(1)) return;
+  last_prune_ = now;
+  std::erase_if(entries_, [&](const auto& kv) {
+    const Entry& e = kv.second;
+    return (e.finished || e.abandoned) && now - e.touched > kKeep;
+  });
+}
+
+LoadGateStats LoadGate::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace strata

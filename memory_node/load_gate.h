@@ -1,0 +1,76 @@
+// Layer-wise pre-loading's meeting point (docs/architecture.md, "The disk tier"): a node's
+// disk tier reads a request's blocks layer by layer under a ticket (KvMove::ticket), while a
+// step that already runs the request's new tokens attends layer by layer. Attention of
+// layer l waits here until every block of the ticket has layer l in DRAM, or the load is
+// over (failed loads too: the scheduler then discards what the step computed for the
+// request, since its load report says so).
+//
+// A step that waits past the load's deadline (the scheduler's, carried by the moves), or
+// for a ticket whose moves never arrived, stops waiting and abandons the ticket: its load
+// is then reported failed whatever it does later (Finish returns false), so that nothing
+// computed over half-loaded slots is ever kept.
+//
+// Thread-safety: every method may be called from any thread.
+#ifndef STRATA_MEMORY_NODE_LOAD_GATE_H_
+#define STRATA_MEMORY_NODE_LOAD_GATE_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <unordered_map>
+
+#include "absl/time/time.h"
+
+namespace strata {
+
+struct LoadGateStats {
+  uint64_t tickets = 0;        // loads that arrived under a ticket
+  uint64_t ready_layers = 0;   // layer waits that found the layer in DRAM (read-ahead hits)
+  uint64_t waited_layers = 0;  // layer waits that had to wait for the disk
+  uint64_t abandoned = 0;      // tickets a step gave up on
+  double wait_seconds = 0;     // attention's time waiting for the disk
+};
+
+class LoadGate {
+ public:
+  // `arrival_wait`: how long a step waits for a ticket whose moves have not arrived.
+  explicit LoadGate(absl::Duration arrival_wait = absl::Seconds(5));
+
+  // The node has `ticket`'s moves; their caller gives up at `deadline`. False if a step
+  // already abandoned the ticket: the moves must then be refused.
+  bool Expect(uint64_t ticket, absl::Time deadline);
+  // Every block of `ticket` has layers [0, layers) in DRAM.
+  void Advance(uint64_t ticket, int layers);
+  // The ticket's load is over. Whether its outcome stands: false if a step stopped waiting
+  // for it, and the load must then be reported failed.
+  bool Finish(uint64_t ticket, bool ok);
+
+  // Waits until every ticket has `layer` in DRAM or is over (or abandoned, at its deadline).
+  void Wait(std::span<const uint64_t> tickets, int layer);
+
+  LoadGateStats stats() const;
+
+ private:
+  struct Entry {
+    int ready = 0;  // layers in DRAM
+    bool arrived = false;
+    bool finished = false;
+    bool abandoned = false;
+    absl::Time deadline = absl::InfiniteFuture();
+    absl::Time touched;
+  };
+  // Entries over for a while go (a step needs a ticket's entry only while its load runs).
+  void PruneLocked(absl::Time now);
+
+  const absl::Duration arrival_wait_;
+  mutable std::mutex mu_;
+  std::condition_variable changed_;
+  std::unordered_map<uint64_t, Entry> entries_;
+  absl::Time last_prune_;
+  LoadGateStats stats_;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_MEMORY_NODE_LOAD_GATE_H_

@@ -1,0 +1,114 @@
+#include "memory_node/load_gate.h"
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+TEST(LoadGateTest, ALayerInDramPassesAtOnce) {
+  LoadGate gate;
+  ASSERT_TRUE(gate.Expect(7, absl::Now() + absl::Seconds(10)));
+  gate.Advance(7, 3);
+  const uint64_t tickets[] = {7};
+  gate.Wait(tickets, 2);
+  EXPECT_EQ(gate.stats().ready_layers, 1u);
+  EXPECT_EQ(gate.stats().waited_layers, 0u);
+  EXPECT_TRUE(gate.Finish(7, true));
+}
+
+TEST(LoadGateTest, AttentionWaitsForItsLayerThenGoesOn) {
+  LoadGate gate;
+  ASSERT_TRUE(gate.Expect(1, absl::Now() + absl::Seconds(30)));
+  ASSERT_TRUE(gate.Expect(2, absl::Now() + absl::Seconds(30)));
+  std::atomic<int> passed{-1};
+  std::thread step([&] {
+    const uint64_t tickets[] = {1, 2};
+    for (int layer = 0; layer < 4; ++layer) {
+      gate.Wait(tickets, layer);
+      passed = layer;
+    }
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(passed.load(), -1);  // nothing of either load is in DRAM
+  gate.Advance(1, 2);
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(passed.load(), -1);  // ticket 2 holds layer 0 back
+  gate.Advance(2, 1);
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(passed.load(), 0);
+  gate.Advance(2, 4);
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(passed.load(), 1);  // ticket 1 has only layers 0 and 1
+  EXPECT_TRUE(gate.Finish(1, true));
+  step.join();
+  EXPECT_EQ(passed.load(), 3);
+  EXPECT_TRUE(gate.Finish(2, true));
+  EXPECT_GE(gate.stats().waited_layers, 2u);
+  EXPECT_EQ(gate.stats().abandoned, 0u);
+}
+
+TEST(LoadGateTest, AFailedLoadReleasesItsWaitersAndStaysFailed) {
+  LoadGate gate;
+  ASSERT_TRUE(gate.Expect(5, absl::Now() + absl::Seconds(30)));
+  std::thread step([&] {
+    const uint64_t tickets[] = {5};
+    gate.Wait(tickets, 10);
+  });
+  absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_FALSE(gate.Finish(5, false));
+  step.join();
+  EXPECT_EQ(gate.stats().abandoned, 0u);
+}
+
+TEST(LoadGateTest, AStepBeforeItsMovesWaitsForThem) {
+  LoadGate gate;
+  std::atomic<bool> done{false};
+  std::thread step([&] {
+    const uint64_t tickets[] = {9};
+    gate.Wait(tickets, 0);
+    done = true;
+  });
+  absl::SleepFor(absl::Milliseconds(30));
+  EXPECT_FALSE(done.load());
+  ASSERT_TRUE(gate.Expect(9, absl::Now() + absl::Seconds(30)));
+  gate.Advance(9, 1);
+  step.join();
+  EXPECT_TRUE(gate.Finish(9, true));
+}
+
+TEST(LoadGateTest, AtTheDeadlineTheStepGivesUpAndTheLoadCannotSucceed) {
+  LoadGate gate;
+  ASSERT_TRUE(gate.Expect(3, absl::Now() + absl::Milliseconds(50)));
+  const uint64_t tickets[] = {3};
+  gate.Wait(tickets, 0);  // returns at the deadline
+  EXPECT_EQ(gate.stats().abandoned, 1u);
+  gate.Advance(3, 8);
+  // What the step read was not the load's: the load must report failure.
+  EXPECT_FALSE(gate.Finish(3, true));
+}
+
+TEST(LoadGateTest, MovesThatNeverCameAreAbandonedAndRefusedLater) {
+  LoadGate gate(absl::Milliseconds(40));
+  const uint64_t tickets[] = {4};
+  gate.Wait(tickets, 0);
+  EXPECT_EQ(gate.stats().abandoned, 1u);
+  EXPECT_FALSE(gate.Expect(4, absl::Now() + absl::Seconds(30)));
+  EXPECT_FALSE(gate.Finish(4, true));
+}
+
+TEST(LoadGateTest, TicketZeroIsNoLoad) {
+  LoadGate gate;
+  const uint64_t tickets[] = {0};
+  gate.Wait(tickets, 3);
+  EXPECT_EQ(gate.stats().ready_layers + gate.stats().waited_layers, 0u);
+  EXPECT_TRUE(gate.Expect(0, absl::Now()));
+  EXPECT_TRUE(gate.Finish(0, true));
+}
+
+}  // namespace
+}  // namespace strata
