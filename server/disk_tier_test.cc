@@ -186,6 +186,48 @@ TEST_F(DiskTierTest, LayerWiseAFailedLoadVoidsTheChunkOverIt) {
   EXPECT_GT(turns.stats.num_preemptions_total, 0);
 }
 
+// Scheduler-aware placement (AttentionStore): while turn 2 waits in the queue (one
+// sequence at a time, and another request runs), its history on disk is prefetched into
+// DRAM, so its admission finds it there; under LRU it is read from disk at admission. The
+// output is a fresh run's either way.
+TEST_F(DiskTierTest, SchedulerAwarePrefetchesTheQueuedTurnsHistoryIntoDram) {
+  for (const KvEviction policy : {KvEviction::kSchedulerAware, KvEviction::kLru}) {
+    Topology t{1, 1};
+    t.disk_dir = DiskDir(AbslUnparseFlag(policy));
+    t.kv_eviction = policy;
+    t.max_num_seqs = 1;
+    Deployment d(weights_, t, 160);
+    auto first = d.Submit(Turn(Prompt(100, 7000)));
+    ASSERT_TRUE(d.Wait({first}));
+    for (int i = 0; i < 3; ++i) {  // take the pool's DRAM
+      auto other = d.Submit(Turn(Prompt(100, 7100 + i)));
+      ASSERT_TRUE(d.Wait({other}));
+    }
+    GenerateRequest long_one = Turn(Prompt(20, 7400));
+    long_one.max_tokens = 40;
+    auto blocker = d.Submit(long_one);  // runs while turn 2 waits
+    const SchedulerStats before = d.scheduler().Stats();
+    auto second = d.Submit(Turn(Turn2Prompt(first->tokens)));
+    ASSERT_TRUE(d.Wait({blocker, second}));
+    EXPECT_TRUE(second->error.ok()) << second->error;
+    EXPECT_EQ(second->tokens, Fresh(first->tokens)) << AbslUnparseFlag(policy);
+    EXPECT_GE(second->cached_prompt_tokens, 96);
+    auto last = d.Submit(Turn(Prompt(20, 7500)));  // statistics catch up meanwhile
+    ASSERT_TRUE(d.Wait({last}));
+    const SchedulerStats after = d.scheduler().Stats();
+    const int64_t disk_hits = after.disk_hit_tokens_total - before.disk_hit_tokens_total;
+    const int64_t prefetched =
+        after.disk_prefetched_blocks_total - before.disk_prefetched_blocks_total;
+    if (policy == KvEviction::kSchedulerAware) {
+      EXPECT_GE(prefetched, 6) << "the queued turn's history was not prefetched";
+      EXPECT_EQ(disk_hits, 0) << "turn 2 still read its history at admission";
+    } else {
+      EXPECT_EQ(prefetched, 0);
+      EXPECT_GE(disk_hits, 96);
+    }
+  }
+}
+
 TEST_F(DiskTierTest, ACorruptedBlockIsDetectedNeverServedAndRecomputed) {
   Topology t{1, 1};
   t.disk_dir = DiskDir("corrupt");

@@ -77,8 +77,10 @@ struct Topology {
   // side waits for one (as GrpcKvMover's load deadline).
   absl::Duration disk_load_delay = absl::ZeroDuration();
   absl::Duration disk_load_deadline = absl::InfiniteDuration();
-  bool disk_load_when_faster = true;  // SchedulerConfig::disk_load_when_faster
-  bool disk_layerwise = true;         // SchedulerConfig::disk_layerwise
+  bool disk_load_when_faster = true;          // SchedulerConfig::disk_load_when_faster
+  bool disk_layerwise = true;                 // SchedulerConfig::disk_layerwise
+  KvEviction kv_eviction = KvEviction::kLru;  // SchedulerConfig::kv_eviction
+  int max_num_seqs = 0;                       // 0: as the topology implies
 };
 
 inline std::string Name(const Topology& t) {
@@ -116,6 +118,8 @@ class Deployment {
     config.disk_ttl = t.disk_ttl;
     config.disk_load_when_faster = t.disk_load_when_faster;
     config.disk_layerwise = t.disk_layerwise;
+    config.kv_eviction = t.kv_eviction;
+    if (t.max_num_seqs > 0) config.max_num_seqs = t.max_num_seqs;
     config.num_layers = static_cast<int>(weights->config.num_layers);
     config.vocab_size = static_cast<int32_t>(weights->config.vocab_size);
     config.epoch = 42;

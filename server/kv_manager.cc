@@ -37,8 +37,34 @@ std::vector<uint64_t> BlockHashes(const std::vector<int32_t>& tokens, int block_
   return hashes;
 }
 
-KvPool::KvPool(PoolIndex index, int64_t num_slots, int block_tokens)
-    : index_(index), block_tokens_(block_tokens), refcount_(num_slots, 0) {
+bool AbslParseFlag(absl::string_view text, KvEviction* out, std::string* error) {
+  if (text == "lru") {
+    *out = KvEviction::kLru;
+  } else if (text == "fifo") {
+    *out = KvEviction::kFifo;
+  } else if (text == "scheduler-aware") {
+    *out = KvEviction::kSchedulerAware;
+  } else {
+    *error = "expected lru, fifo or scheduler-aware";
+    return false;
+  }
+  return true;
+}
+
+std::string AbslUnparseFlag(KvEviction e) {
+  switch (e) {
+    case KvEviction::kLru:
+      return "lru";
+    case KvEviction::kFifo:
+      return "fifo";
+    case KvEviction::kSchedulerAware:
+      return "scheduler-aware";
+  }
+  return "lru";
+}
+
+KvPool::KvPool(PoolIndex index, int64_t num_slots, int block_tokens, KvEviction eviction)
+    : index_(index), block_tokens_(block_tokens), eviction_(eviction), refcount_(num_slots, 0) {
   free_.reserve(num_slots);
   // Pushed in reverse so that the first allocations come out 0, 1, 2, ...
   for (int64_t s = num_slots - 1; s >= 0; --s) free_.push_back(static_cast<int32_t>(s));
@@ -51,14 +77,39 @@ PoolStats KvPool::Stats() const {
   s.reclaimable_slots = idle_block_slots_;
   s.used_slots = s.total_slots - s.free_slots - s.reclaimable_slots;
   s.cached_blocks = static_cast<int64_t>(blocks_.size());
-  s.idle_blocks = static_cast<int64_t>(lru_.size());
+  s.idle_blocks = static_cast<int64_t>(idle_.size());
   return s;
 }
 
+int64_t KvPool::AvailableOutsideLookahead() const {
+  int64_t protected_slots = 0;
+  for (uint64_t hash : lookahead_) {
+    auto it = blocks_.find(hash);
+    if (it != blocks_.end() && it->second.holders == 0) protected_slots += block_tokens_;
+  }
+  return available() - protected_slots;
+}
+
+void KvPool::MakeIdle(uint64_t hash, Block& block) {
+  block.idle_key = eviction_ == KvEviction::kFifo ? block.cached : ++tick_;
+  idle_.emplace(block.idle_key, hash);
+  idle_block_slots_ += block_tokens_;
+}
+
 bool KvPool::EvictOne() {
-  if (lru_.empty()) return false;
-  const uint64_t hash = lru_.front();
-  lru_.pop_front();
+  if (idle_.empty()) return false;
+  auto victim = idle_.begin();
+  if (eviction_ == KvEviction::kSchedulerAware && !lookahead_.empty()) {
+    // The least recently used block the look-ahead window does not need, if any.
+    for (auto i = idle_.begin(); i != idle_.end(); ++i) {
+      if (!lookahead_.count(i->second)) {
+        victim = i;
+        break;
+      }
+    }
+  }
+  const uint64_t hash = victim->second;
+  idle_.erase(victim);
   auto it = blocks_.find(hash);
   CHECK(it != blocks_.end());
   CHECK_EQ(it->second.holders, 0);
@@ -142,7 +193,7 @@ void KvPool::TakePrefix(const std::vector<uint64_t>& hashes, int num_blocks,
 void KvPool::HoldBlock(uint64_t hash) {
   Block& block = blocks_.at(hash);
   if (block.holders++ == 0) {
-    lru_.erase(block.lru_it);
+    idle_.erase({block.idle_key, hash});
     idle_block_slots_ -= block_tokens_;
   }
 }
@@ -157,6 +208,7 @@ bool KvPool::InsertBlock(uint64_t hash, const int32_t* tokens, const int32_t* sl
   block.tokens.assign(tokens, tokens + block_tokens_);
   block.slots.assign(slots, slots + block_tokens_);
   block.holders = 1;
+  block.cached = ++tick_;
   Ref(block.slots);  // the cache's own reference
   blocks_.emplace(hash, std::move(block));
   return true;
@@ -165,11 +217,7 @@ bool KvPool::InsertBlock(uint64_t hash, const int32_t* tokens, const int32_t* sl
 void KvPool::DropBlock(uint64_t hash) {
   Block& block = blocks_.at(hash);
   CHECK_GT(block.holders, 0);
-  if (--block.holders == 0) {
-    lru_.push_back(hash);
-    block.lru_it = std::prev(lru_.end());
-    idle_block_slots_ += block_tokens_;
-  }
+  if (--block.holders == 0) MakeIdle(hash, block);
 }
 
 bool KvPool::BlockContents(uint64_t hash, const int32_t** tokens, const int32_t** slots) const {
@@ -196,7 +244,7 @@ bool KvPool::CheckInvariants(const std::vector<int32_t>& external_refs) const {
       if (refcount_[s] != 1) return false;
     }
   }
-  if (idle != idle_block_slots_ || static_cast<int64_t>(lru_.size()) * block_tokens_ != idle) {
+  if (idle != idle_block_slots_ || static_cast<int64_t>(idle_.size()) * block_tokens_ != idle) {
     return false;
   }
   std::vector<bool> in_free(refcount_.size(), false);

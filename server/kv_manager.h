@@ -9,20 +9,25 @@
 //     each of its slots;
 //   - a prefix index: full blocks of `block_tokens` tokens, keyed by a chained hash of the
 //     block and everything before it (tokens compared on hit, so a hash collision is a
-//     miss, never wrong KV). Blocks whose requests finished stay cached, evictable least
-//     recently used first; their slots count as reclaimable capacity.
+//     miss, never wrong KV). Blocks whose requests finished stay cached and idle; their
+//     slots count as reclaimable capacity, and an allocation that runs short evicts them
+//     in the order of the pool's eviction policy (KvEviction).
 //
 // Thread-safety: none; the scheduler thread owns it.
 #ifndef STRATA_SERVER_KV_MANAGER_H_
 #define STRATA_SERVER_KV_MANAGER_H_
 
 #include <cstdint>
-#include <list>
 #include <memory>
 #include <optional>
+#include <set>
+#include <string>
 #include <unordered_map>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "common/protocol/step.h"
 
 namespace strata {
@@ -33,6 +38,16 @@ std::vector<uint64_t> BlockHashes(const std::vector<int32_t>& tokens, int block_
 // Extends `hashes` (the chained hashes of a prefix of `tokens`) to every full block.
 void AppendBlockHashes(const std::vector<int32_t>& tokens, int block_tokens, uint64_t salt,
                        std::vector<uint64_t>* hashes);
+
+// Which idle cached block goes first when DRAM runs short (AttentionStore compares them):
+//   kLru             the least recently used;
+//   kFifo            the oldest (first cached);
+//   kSchedulerAware  the least recently used outside the look-ahead window (blocks that
+//                    requests waiting in the queue will need, SetLookahead), then LRU
+//                    among those.
+enum class KvEviction { kLru, kFifo, kSchedulerAware };
+bool AbslParseFlag(absl::string_view text, KvEviction* out, std::string* error);
+std::string AbslUnparseFlag(KvEviction e);
 
 struct PoolStats {
   int64_t total_slots = 0;
@@ -46,13 +61,19 @@ struct PoolStats {
 
 class KvPool {
  public:
-  KvPool(PoolIndex index, int64_t num_slots, int block_tokens);
+  KvPool(PoolIndex index, int64_t num_slots, int block_tokens,
+         KvEviction eviction = KvEviction::kLru);
 
   PoolIndex index() const { return index_; }
   int block_tokens() const { return block_tokens_; }
   int64_t num_slots() const { return static_cast<int64_t>(refcount_.size()); }
   // Slots that an allocation can obtain now (free plus reclaimable).
   int64_t available() const { return static_cast<int64_t>(free_.size()) + idle_block_slots_; }
+  // Scheduler-aware eviction: the blocks the look-ahead window needs (their hashes); they
+  // are evicted last. Other policies keep the set but ignore it.
+  void SetLookahead(std::unordered_set<uint64_t> hashes) { lookahead_ = std::move(hashes); }
+  // Slots an allocation can obtain without evicting a block of the look-ahead window.
+  int64_t AvailableOutsideLookahead() const;
   PoolStats Stats() const;
 
   // `n` fresh slots (refcount 1), evicting idle cached blocks LRU-first when the free list
@@ -102,17 +123,24 @@ class KvPool {
     uint64_t hash;
     std::vector<int32_t> tokens;
     std::vector<int32_t> slots;
-    int holders = 0;                       // live requests holding it
-    std::list<uint64_t>::iterator lru_it;  // valid while idle (holders == 0)
+    int holders = 0;        // live requests holding it
+    uint64_t cached = 0;    // when it was cached (a tick)
+    uint64_t idle_key = 0;  // its place in idle_ while idle (holders == 0)
   };
   bool EvictOne();
+  void MakeIdle(uint64_t hash, Block& block);
 
   PoolIndex index_;
   int block_tokens_;
+  KvEviction eviction_;
   std::vector<uint32_t> refcount_;
   std::vector<int32_t> free_;  // LIFO stack
   std::unordered_map<uint64_t, Block> blocks_;
-  std::list<uint64_t> lru_;  // idle blocks, least recently used first
+  // Idle blocks in eviction order: (key, hash), the key being when the block went idle
+  // (LRU, scheduler-aware) or when it was cached (FIFO).
+  std::set<std::pair<uint64_t, uint64_t>> idle_;
+  uint64_t tick_ = 0;
+  std::unordered_set<uint64_t> lookahead_;
   int64_t idle_block_slots_ = 0;
   int64_t evicted_blocks_ = 0;
 };

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <random>
+#include <unordered_set>
 
 #include "gtest/gtest.h"
 
@@ -183,6 +184,97 @@ TEST(KvPool, IdleCachedBlocksAreReclaimedLruFirst) {
   EXPECT_EQ(pool.MatchLength(t2, {h2}, 1), 0) << "block 2 was evicted";
   EXPECT_EQ(pool.MatchLength(t1, {h1}, 1), 1) << "block 1 is held, not evictable";
   EXPECT_FALSE(pool.Allocate(1, &fresh));
+}
+
+// Each eviction policy against a direct model of it: blocks are cached, used again at
+// random, and a random look-ahead set is named; then allocations evict one block at a time,
+// and the block gone must be the one the model picks (LRU: least recently idle; FIFO:
+// first cached; scheduler-aware: least recently idle outside the look-ahead, else LRU).
+TEST(KvPool, EvictionPoliciesEvictInTheirOrder) {
+  for (const KvEviction policy :
+       {KvEviction::kLru, KvEviction::kFifo, KvEviction::kSchedulerAware}) {
+    std::mt19937 rng(7);
+    for (int round = 0; round < 20; ++round) {
+      const int n = 12;
+      KvPool pool(PoolIndex(0), n * 4, 4, policy);
+      struct Model {
+        std::vector<int32_t> tokens;
+        uint64_t hash;
+        int64_t cached, idle_since;
+        bool gone = false;
+      };
+      std::vector<Model> blocks;
+      int64_t tick = 0;
+      for (int b = 0; b < n; ++b) {
+        Model m;
+        m.tokens = {100 * b + 1, 100 * b + 2, 100 * b + 3, round};
+        m.hash = BlockHashes(m.tokens, 4, 0)[0];
+        std::vector<int32_t> slots;
+        ASSERT_TRUE(pool.Allocate(4, &slots));
+        ASSERT_TRUE(pool.InsertBlock(m.hash, m.tokens.data(), slots.data()));
+        m.cached = ++tick;
+        pool.DropBlock(m.hash);
+        pool.Unref(slots);
+        m.idle_since = ++tick;
+        blocks.push_back(m);
+      }
+      // Hits: a request takes a block and lets it go again.
+      for (int i = 0; i < 20; ++i) {
+        Model& m = blocks[rng() % n];
+        std::vector<int32_t> table;
+        pool.TakePrefix({m.hash}, 1, &table);
+        pool.DropBlock(m.hash);
+        pool.Unref(table);
+        m.idle_since = ++tick;
+      }
+      std::unordered_set<uint64_t> lookahead;
+      for (const Model& m : blocks) {
+        if (rng() % 3 == 0) lookahead.insert(m.hash);
+      }
+      pool.SetLookahead(lookahead);
+      int64_t protected_slots = 4 * static_cast<int64_t>(lookahead.size());
+      EXPECT_EQ(pool.AvailableOutsideLookahead(), n * 4 - protected_slots);
+      std::vector<int32_t> taken;
+      for (int e = 0; e < n; ++e) {
+        const Model* want = nullptr;
+        for (const Model& m : blocks) {
+          if (m.gone) continue;
+          auto before = [&](const Model& a, const Model& b) {
+            if (policy == KvEviction::kFifo) return a.cached < b.cached;
+            if (policy == KvEviction::kSchedulerAware &&
+                lookahead.count(a.hash) != lookahead.count(b.hash)) {
+              return lookahead.count(a.hash) < lookahead.count(b.hash);
+            }
+            return a.idle_since < b.idle_since;
+          };
+          if (want == nullptr || before(m, *want)) want = &m;
+        }
+        ASSERT_TRUE(pool.Allocate(4, &taken));
+        for (Model& m : blocks) {
+          const bool cached = pool.MatchLength(m.tokens, {m.hash}, 1) == 1;
+          if (!m.gone && !cached) {
+            EXPECT_EQ(&m, want) << AbslUnparseFlag(policy) << " round " << round << " eviction "
+                                << e;
+            m.gone = true;
+          }
+        }
+      }
+      EXPECT_TRUE(pool.CheckInvariants(taken));
+    }
+  }
+}
+
+TEST(KvPool, EvictionPolicyFlags) {
+  for (const char* name : {"lru", "fifo", "scheduler-aware"}) {
+    KvEviction e;
+    std::string error;
+    ASSERT_TRUE(AbslParseFlag(name, &e, &error)) << name;
+    EXPECT_EQ(AbslUnparseFlag(e), name);
+  }
+  KvEviction e;
+  std::string error;
+  EXPECT_FALSE(AbslParseFlag("mru", &e, &error));
+  EXPECT_FALSE(error.empty());
 }
 
 TEST(KvPool, HashCollisionIsAMiss) {

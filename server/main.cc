@@ -62,6 +62,12 @@ ABSL_FLAG(double, kv_disk_ttl_s, absl::ToDoubleSeconds(strata::SchedulerConfig()
 ABSL_FLAG(bool, kv_disk_load_when_faster, strata::SchedulerConfig().disk_load_when_faster,
           "Disk tiers: read a prefix back only when that is measured to be faster than "
           "recomputing it (false: always read it)");
+ABSL_FLAG(strata::KvEviction, kv_eviction_policy, strata::SchedulerConfig().kv_eviction,
+          "Which idle cached KV block DRAM gives up first: lru, fifo, or scheduler-aware "
+          "(blocks the next --kv_lookahead_requests waiting requests need go last, and their "
+          "history on disk is prefetched into DRAM before they run)");
+ABSL_FLAG(int32_t, kv_lookahead_requests, strata::SchedulerConfig().lookahead_requests,
+          "Scheduler-aware eviction: how many waiting requests the look-ahead window holds");
 ABSL_FLAG(bool, kv_disk_layerwise, strata::SchedulerConfig().disk_layerwise,
           "Disk tiers: layer-wise pre-loading. A request whose prefix is read from disk "
           "computes its new tokens while the read runs, each layer waiting on the node for "
@@ -143,6 +149,8 @@ int main(int argc, char** argv) {
   o.scheduler.default_timeout = absl::Seconds(absl::GetFlag(FLAGS_request_timeout_s));
   o.scheduler.disk_load_when_faster = absl::GetFlag(FLAGS_kv_disk_load_when_faster);
   o.scheduler.disk_layerwise = absl::GetFlag(FLAGS_kv_disk_layerwise);
+  o.scheduler.kv_eviction = absl::GetFlag(FLAGS_kv_eviction_policy);
+  o.scheduler.lookahead_requests = absl::GetFlag(FLAGS_kv_lookahead_requests);
   o.scheduler.disk_ttl = absl::Seconds(std::max(1.0, absl::GetFlag(FLAGS_kv_disk_ttl_s)));
   o.http.host = absl::GetFlag(FLAGS_host);
   o.http.port = absl::GetFlag(FLAGS_port);

@@ -125,6 +125,7 @@ void Scheduler::AfterBatch() {
     return;
   }
   ScheduleIdleExecutors();
+  Prefetch();
   FlushDiskMoves();
   WatchUnreachable();
   PublishStats();
@@ -229,7 +230,7 @@ PoolIndex Scheduler::AddPool(const std::string& name, int64_t num_slots) {
     p->name = name;
     p->alive = true;
     p->num_slots = num_slots;
-    p->kv = std::make_unique<KvPool>(index, num_slots, config_.block_tokens);
+    p->kv = std::make_unique<KvPool>(index, num_slots, config_.block_tokens, config_.kv_eviction);
     pools_.push_back(std::move(p));
   });
   return index;
@@ -256,7 +257,9 @@ void Scheduler::SetPoolAliveNow(PoolIndex pool, bool alive, int64_t num_slots) {
       if (p.alive) return;
       p.alive = true;
       if (num_slots > 0) p.num_slots = num_slots;
-      p.kv = std::make_unique<KvPool>(pool, p.num_slots, config_.block_tokens);
+      p.kv = std::make_unique<KvPool>(pool, p.num_slots, config_.block_tokens, config_.kv_eviction);
+      ++p.kv_epoch;
+      p.prefetching.clear();
       LOG(INFO) << "KV pool " << p.name << " is back with " << p.num_slots << " slots";
       return;
     }
@@ -266,6 +269,8 @@ void Scheduler::SetPoolAliveNow(PoolIndex pool, bool alive, int64_t num_slots) {
     // Its KV is lost: forget the tables without touching the (discarded) ledger.
     retired_dram_evicted_ += p.kv->evicted_blocks();
     p.kv = std::make_unique<KvPool>(pool, 0, config_.block_tokens);
+    ++p.kv_epoch;
+    p.prefetching.clear();
     // Its disk tier is reopened empty when it comes back; late outcomes are ignored.
     if (p.disk) {
       retired_disk_evicted_ += p.disk->Stats().evicted;

@@ -83,6 +83,13 @@ struct SchedulerConfig {
   int64_t max_waiting = 1024;             // queued requests before refusing (overload)
   int block_tokens = 16;                  // prefix-cache granularity
   bool enable_prefix_caching = true;
+  // Which idle cached block DRAM gives up first when it runs short (kv_manager.h): lru,
+  // fifo, or scheduler-aware: blocks that the look-ahead window (the next
+  // lookahead_requests waiting requests, in the order they will run) needs go last, and
+  // that window's history on disk is prefetched into DRAM before its requests run
+  // (AttentionStore's scheduler-aware placement).
+  KvEviction kv_eviction = KvEviction::kLru;
+  int lookahead_requests = 32;
   int max_n = 16;
   PolicyKind policy = PolicyKind::kFifo;
   absl::Duration default_timeout = absl::ZeroDuration();  // zero: none
@@ -99,8 +106,8 @@ struct SchedulerConfig {
   // Layer-wise pre-loading: a request whose prefix is read from disk computes its new
   // tokens while the read runs, each layer's attention waiting on the node for that layer
   // (memory_node/load_gate.h); its first chunk goes out once the read-ahead rule says the
-  // load is far enough ahead (load_rule.h, PreloadLead). false: its rows wait for the whole
-  // load.
+  // load is far enough ahead (load_rule.h, PreloadLead; BuildPlan allows half a decode
+  // step of waiting). false: its rows wait for the whole load.
   bool disk_layerwise = true;
   // The model's layers (for the read-ahead rule; 0: unknown, taken as one).
   int num_layers = 0;
@@ -134,6 +141,9 @@ struct SchedulerStats {
   int64_t disk_failed_loads_total = 0;
   // Blocks found on disk but recomputed, which was measured to be faster (load_rule.h).
   int64_t disk_recomputed_blocks_total = 0;
+  // Scheduler-aware placement: blocks read from disk into DRAM for a request still waiting
+  // in the queue (prefetch), before it was admitted.
+  int64_t disk_prefetched_blocks_total = 0;
   // Layer-wise pre-loading: requests whose new tokens computed while their prefix loaded,
   // and those of them whose load then failed (preempted, and recomputed).
   int64_t disk_preloaded_requests_total = 0;
@@ -316,6 +326,10 @@ class Scheduler {
   // When the request's first chunk over its loads may go out (the read-ahead rule).
   absl::Time PreloadAt(const Request& req, int blocks) const;
   bool preload_timer_set_ = false;
+  // Scheduler-aware placement: names the look-ahead window's blocks to each pool (they are
+  // evicted last) and starts reading the window's history on disk into DRAM.
+  void Prefetch();
+  void PrefetchDone(PoolIndex pool, bool current, DiskOp& op, const absl::Status& status);
   // Eviction counts of pools' ledgers that died with them (the totals never go back).
   int64_t retired_dram_evicted_ = 0, retired_disk_evicted_ = 0, retired_disk_expired_ = 0;
   void ShareParentPrompt(Sequence* child, Sequence* owner);

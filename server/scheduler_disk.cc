@@ -12,6 +12,8 @@
 //     nothing else changes.
 #include <algorithm>
 #include <map>
+#include <optional>
+#include <unordered_set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -36,6 +38,10 @@ void Scheduler::SetPoolDisk(PoolIndex pool, int64_t extents, std::shared_ptr<KvM
     p.disk = std::make_unique<DiskLedger>(extents, config_.block_tokens, config_.disk_ttl);
     p.mover = std::move(mover);
     ++p.generation;
+    for (const DiskOp& op : p.moves) {
+      if (op.prefetch) p.kv->Unref(op.move.slots);  // never sent: its slots go back
+    }
+    p.prefetching.clear();
     p.loads.clear();
     p.moves.clear();
     p.saving_slots = 0;
@@ -132,6 +138,111 @@ void Scheduler::StartLoads(Request* req, int from, int count) {
   }
 }
 
+void Scheduler::Prefetch() {
+  if (config_.kv_eviction != KvEviction::kSchedulerAware || !config_.enable_prefix_caching) {
+    return;
+  }
+  // The window: the next waiting requests, in the order they will run. Each protects, in
+  // the pool it would go to (the longest prefix in both tiers, as Place chooses), its
+  // blocks in DRAM and those it will read from disk.
+  struct Wanted {
+    Request* req;
+    PoolIndex pool;
+    int in_dram, on_disk;
+  };
+  std::vector<Wanted> wanted;
+  std::vector<std::unordered_set<uint64_t>> window(pools_.size());
+  int seen = 0;
+  for (Request* req : waiting_) {
+    if (seen++ >= config_.lookahead_requests) break;
+    Sequence* owner = req->Owner();
+    if (owner == nullptr || owner->tokens.size() < 2) continue;
+    if (req->lookahead_tokens != owner->tokens.size()) {
+      req->lookahead_hashes.clear();
+      AppendBlockHashes(owner->tokens, config_.block_tokens, config_.cache_salt,
+                        &req->lookahead_hashes);
+      req->lookahead_tokens = owner->tokens.size();
+    }
+    const std::vector<uint64_t>& hashes = req->lookahead_hashes;
+    const int max_blocks = static_cast<int>((owner->tokens.size() - 1) / config_.block_tokens);
+    std::optional<Wanted> best;
+    for (size_t i = 0; i < pools_.size(); ++i) {
+      const Pool& p = *pools_[i];
+      if (!p.alive) continue;
+      const int dram = p.kv->MatchLength(owner->tokens, hashes, max_blocks);
+      const int disk = DiskMatch(PoolIndex(i), owner->tokens, hashes, dram, max_blocks - dram);
+      if (!best || std::make_pair(dram + disk, dram) >
+                       std::make_pair(best->in_dram + best->on_disk, best->in_dram)) {
+        best = Wanted{req, PoolIndex(i), dram, disk};
+      }
+    }
+    if (!best) continue;
+    std::unordered_set<uint64_t>& protect = window[best->pool.value()];
+    protect.insert(hashes.begin(), hashes.begin() + best->in_dram + best->on_disk);
+    if (best->on_disk > 0) wanted.push_back(*best);
+  }
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    if (pools_[i]->alive) pools_[i]->kv->SetLookahead(std::move(window[i]));
+  }
+  // Read the window's history on disk into DRAM, in run order, while DRAM outside the
+  // window has room for it.
+  const int64_t block = config_.block_tokens;
+  const absl::Time now = absl::Now();
+  for (const Wanted& w : wanted) {
+    Pool& p = *pools_[w.pool.value()];
+    Sequence* owner = w.req->Owner();
+    const std::vector<uint64_t>& hashes = w.req->lookahead_hashes;
+    int first = w.in_dram, count = 0;
+    // Blocks already on their way are skipped (the rest still chain after them).
+    while (first < w.in_dram + w.on_disk && p.prefetching.count(hashes[first])) ++first;
+    count = w.in_dram + w.on_disk - first;
+    if (count <= 0 || p.mover == nullptr) continue;
+    if (p.kv->AvailableOutsideLookahead() < count * block) break;
+    for (int b = first; b < first + count; ++b) {
+      if (p.prefetching.count(hashes[b])) continue;
+      const std::optional<int64_t> extent = p.disk->BeginLoad(hashes[b], now);
+      if (!extent) break;
+      DiskOp op;
+      op.move.kind = KvMove::Kind::kLoad;
+      op.move.extent = static_cast<uint64_t>(*extent);
+      op.move.key = hashes[b];
+      CHECK(p.kv->Allocate(block, &op.move.slots));
+      op.prefetch = true;
+      op.kv_epoch = p.kv_epoch;
+      op.block = b;
+      op.tokens.assign(owner->tokens.begin() + b * block, owner->tokens.begin() + (b + 1) * block);
+      p.prefetching.insert(hashes[b]);
+      // Beside the saves: a request's own loads never queue behind a prefetch.
+      p.moves.push_back(std::move(op));
+    }
+  }
+}
+
+void Scheduler::PrefetchDone(PoolIndex pool, bool current, DiskOp& op, const absl::Status& st) {
+  Pool& p = *pools_[pool.value()];
+  if (current) {
+    p.prefetching.erase(op.move.key);
+    const std::optional<int64_t> drop = p.disk->LoadDone(op.move.key, st.ok(), absl::Now());
+    if (drop) Drop(pool, *drop);
+  }
+  // The slots belong to the KV ledger that allocated them; a new one (the pool died and came
+  // back) never saw them.
+  if (!p.alive || p.kv_epoch != op.kv_epoch) return;
+  bool cached = false;
+  if (current && st.ok()) {
+    // Cached in DRAM, idle: the next admission of its request finds it there.
+    cached = p.kv->InsertBlock(op.move.key, op.tokens.data(), op.move.slots.data());
+    if (cached) p.kv->DropBlock(op.move.key);
+  }
+  p.kv->Unref(op.move.slots);  // the prefetch's own reference; the cache keeps its own
+  if (!st.ok()) {
+    LOG(WARNING) << "prefetch of a KV block failed (" << st << "); it is recomputed if needed";
+  }
+  absl::MutexLock lock(&stats_mu_);
+  if (cached) ++counters_.disk_prefetched_blocks_total;
+  if (!st.ok()) ++counters_.disk_failed_loads_total;
+}
+
 absl::Time Scheduler::PreloadAt(const Request& req, int blocks) const {
   const Pool& p = *pools_[req.pool->value()];
   const double load = p.load_rule.LoadSeconds(blocks);
@@ -215,7 +326,11 @@ void Scheduler::OnDiskMoves(PoolIndex pool, uint64_t generation, std::vector<Dis
         if (current) p.disk->PunchDone(static_cast<int64_t>(op.move.extent));
         break;
       case KvMove::Kind::kLoad:
-        loads[op.request_id].emplace_back(std::move(op), st);
+        if (op.prefetch) {
+          PrefetchDone(pool, current, op, st);
+        } else {
+          loads[op.request_id].emplace_back(std::move(op), st);
+        }
         break;
     }
   }

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -76,6 +77,10 @@ struct Scheduler::Request {
   uint64_t load_ticket = 0;
   bool preload_planned = false;
   absl::Time preload_at;
+  // Scheduler-aware placement, while it waits: the block hashes of its owner's tokens (for
+  // `lookahead_tokens` of them).
+  std::vector<uint64_t> lookahead_hashes;
+  size_t lookahead_tokens = 0;
 
   int32_t prompt_len() const { return static_cast<int32_t>(spec.prompt_tokens.size()); }
   // The first unfinished sequence: it computes the shared prompt.
@@ -93,6 +98,11 @@ struct Scheduler::DiskOp {
   uint64_t request_id = 0;  // loads: the request, its sequence's sample index, and the
   uint32_t sample = 0;      // block's index in its tokens
   int block = 0;
+  // A prefetch (scheduler-aware placement): a load into slots the scheduler allocated for
+  // the block itself, cached in DRAM when it is back; `tokens` are the block's.
+  bool prefetch = false;
+  uint64_t kv_epoch = 0;  // of the pool's KV ledger that allocated the slots
+  std::vector<int32_t> tokens;
 };
 
 struct Scheduler::Pool {
@@ -112,6 +122,10 @@ struct Scheduler::Pool {
   int64_t saving_slots = 0;
   // Whether a prefix on disk is worth loading (its load times, and prefill speed).
   LoadRule load_rule;
+  // Scheduler-aware placement: blocks being prefetched, and which KV ledger `kv` is (it
+  // changes when the pool dies and comes back; a late prefetch must not touch a new one).
+  std::unordered_set<uint64_t> prefetching;
+  uint64_t kv_epoch = 0;
 };
 
 struct Scheduler::Executor {

@@ -470,9 +470,14 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
 
   // Layer-wise pre-loading: a request whose prefix is still being read from disk computes
   // its new tokens meanwhile, each layer waiting on the node for that layer of the load.
-  // Its chunk goes out once the read-ahead rule says the load is far enough ahead, or at
-  // once when nothing else is in the step (waiting on the disk then delays nobody else).
+  // The read-ahead rule gives the lead the load needs for no layer to wait (preload_at).
+  // The chunk joins this step if what is left of that lead, the most the step may then wait
+  // for the disk, is at most half a decode step (a stall that costs the batch less than
+  // deferring the chunk a whole step costs the request), or when nothing else is in the
+  // step (waiting on the disk then delays nobody else). Otherwise it joins the first step
+  // planned after the lead has passed.
   const absl::Time now = absl::Now();
+  const absl::Duration stall_allowed = absl::Seconds(0.5 * clock_.compute_seconds());
   auto preload = [&](Request* req) {
     Sequence* owner = req->Owner();
     if (!req->loading || req->load_ticket == 0 || req->preload_planned || owner == nullptr ||
@@ -488,7 +493,7 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
       return false;
     }
     if (config_.prefill_chunk_tokens <= 0 && count < len - owner->computed) return false;
-    if (now < req->preload_at && !chunks.empty()) {
+    if (now + stall_allowed < req->preload_at && !chunks.empty()) {
       if (!preload_timer_set_) {
         preload_timer_set_ = true;
         // The timer's batch plans the idle compute nodes again.

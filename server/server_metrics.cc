@@ -60,7 +60,9 @@ ServerMetrics::ServerMetrics(std::shared_ptr<metrics::MetricsRegistry> registry,
                           "KV blocks moved by the disk tier, by event: saved, loaded, "
                           "save_failed (a full disk, an I/O error: not cached), load_failed "
                           "(a checksum or I/O failure: dropped and recomputed), recomputed (found "
-                          "on disk, but recomputing was measured to be faster).")
+                          "on disk, but recomputing was measured to be faster), prefetched "
+                          "(read into DRAM for a request still in the queue: "
+                          "--kv_eviction_policy=scheduler-aware).")
                       .Register(r);
   preloads_ = &BuildCounter()
                    .Name("strata_kv_disk_preloads_total")
@@ -217,6 +219,7 @@ void ServerMetrics::Refresh() {
   add(disk_blocks_, {{"event", "save_failed"}}, s.disk_failed_saves_total);
   add(disk_blocks_, {{"event", "load_failed"}}, s.disk_failed_loads_total);
   add(disk_blocks_, {{"event", "recomputed"}}, s.disk_recomputed_blocks_total);
+  add(disk_blocks_, {{"event", "prefetched"}}, s.disk_prefetched_blocks_total);
   add(preloads_, {{"outcome", "ok"}},
       s.disk_preloaded_requests_total - s.disk_preload_failed_total);
   add(preloads_, {{"outcome", "failed"}}, s.disk_preload_failed_total);
