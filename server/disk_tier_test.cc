@@ -228,6 +228,35 @@ TEST_F(DiskTierTest, SchedulerAwarePrefetchesTheQueuedTurnsHistoryIntoDram) {
   }
 }
 
+// Delayed write-back on fill (HILOS): a running request's blocks go to disk one by one as
+// they fill during decode: the node's save count is seen between none and all of them.
+TEST_F(DiskTierTest, SaveOnFillWritesEachBlockAsItFills) {
+  Topology t{1, 1};
+  t.disk_dir = DiskDir("save_on_fill");
+  t.disk_save_on_fill = true;
+  Deployment d(weights_, t, 2048);
+  GenerateRequest long_one = Turn(Prompt(100, 7600));
+  long_one.max_tokens = 600;
+  auto o = d.Submit(long_one);
+  std::vector<uint64_t> seen;
+  for (int i = 0; i < 4000 && (seen.empty() || seen.back() < 30); ++i) {
+    const std::optional<KvDiskTierStats> s = d.disk().stats();
+    if (s) seen.push_back(s->saves);
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  ASSERT_TRUE(d.Wait({o}));
+  ASSERT_TRUE(o->error.ok()) << o->error;
+  auto last = d.Submit(Turn(Prompt(20, 7700)));  // its blocks are saved by now
+  ASSERT_TRUE(d.Wait({last}));
+  const uint64_t final_saves = d.disk().stats()->saves;
+  // 700 positions: 43 full blocks, each written once.
+  EXPECT_GE(final_saves, 43u);
+  bool progressive = false;
+  for (uint64_t s : seen) progressive = progressive || (s >= 6 && s < 43);
+  EXPECT_TRUE(progressive) << "the blocks were not written as they filled";
+  EXPECT_EQ(d.scheduler().Stats().disk_failed_saves_total, 0);
+}
+
 TEST_F(DiskTierTest, ACorruptedBlockIsDetectedNeverServedAndRecomputed) {
   Topology t{1, 1};
   t.disk_dir = DiskDir("corrupt");

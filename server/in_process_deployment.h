@@ -81,6 +81,7 @@ struct Topology {
   bool disk_layerwise = true;                 // SchedulerConfig::disk_layerwise
   KvEviction kv_eviction = KvEviction::kLru;  // SchedulerConfig::kv_eviction
   int max_num_seqs = 0;                       // 0: as the topology implies
+  bool disk_save_on_fill = false;             // SchedulerConfig::disk_save_on_fill
 };
 
 inline std::string Name(const Topology& t) {
@@ -119,6 +120,7 @@ class Deployment {
     config.disk_load_when_faster = t.disk_load_when_faster;
     config.disk_layerwise = t.disk_layerwise;
     config.kv_eviction = t.kv_eviction;
+    config.disk_save_on_fill = t.disk_save_on_fill;
     if (t.max_num_seqs > 0) config.max_num_seqs = t.max_num_seqs;
     config.num_layers = static_cast<int>(weights->config.num_layers);
     config.vocab_size = static_cast<int32_t>(weights->config.vocab_size);

@@ -68,6 +68,10 @@ ABSL_FLAG(strata::KvEviction, kv_eviction_policy, strata::SchedulerConfig().kv_e
           "history on disk is prefetched into DRAM before they run)");
 ABSL_FLAG(int32_t, kv_lookahead_requests, strata::SchedulerConfig().lookahead_requests,
           "Scheduler-aware eviction: how many waiting requests the look-ahead window holds");
+ABSL_FLAG(bool, kv_disk_save_on_fill, strata::SchedulerConfig().disk_save_on_fill,
+          "Disk tiers: save each KV block of a running request as soon as it is full "
+          "(HILOS's delayed write-back), rather than when the request finishes or is "
+          "preempted");
 ABSL_FLAG(bool, kv_disk_layerwise, strata::SchedulerConfig().disk_layerwise,
           "Disk tiers: layer-wise pre-loading. A request whose prefix is read from disk "
           "computes its new tokens while the read runs, each layer waiting on the node for "
@@ -149,6 +153,7 @@ int main(int argc, char** argv) {
   o.scheduler.default_timeout = absl::Seconds(absl::GetFlag(FLAGS_request_timeout_s));
   o.scheduler.disk_load_when_faster = absl::GetFlag(FLAGS_kv_disk_load_when_faster);
   o.scheduler.disk_layerwise = absl::GetFlag(FLAGS_kv_disk_layerwise);
+  o.scheduler.disk_save_on_fill = absl::GetFlag(FLAGS_kv_disk_save_on_fill);
   o.scheduler.kv_eviction = absl::GetFlag(FLAGS_kv_eviction_policy);
   o.scheduler.lookahead_requests = absl::GetFlag(FLAGS_kv_lookahead_requests);
   o.scheduler.disk_ttl = absl::Seconds(std::max(1.0, absl::GetFlag(FLAGS_kv_disk_ttl_s)));

@@ -109,6 +109,11 @@ struct SchedulerConfig {
   // load is far enough ahead (load_rule.h, PreloadLead; BuildPlan allows half a decode
   // step of waiting). false: its rows wait for the whole load.
   bool disk_layerwise = true;
+  // Delayed write-back (HILOS): KV produced during decode gathers in DRAM, and each block
+  // of a running request is saved to disk asynchronously as soon as it is full, rather
+  // than when the request finishes or is preempted (false). Either way nothing is written
+  // per token, and a block is written once.
+  bool disk_save_on_fill = false;
   // The model's layers (for the read-ahead rule; 0: unknown, taken as one).
   int num_layers = 0;
 };
@@ -290,7 +295,9 @@ class Scheduler {
   struct DiskOp;
   // Orders a save of a cached block of `pool` that just went idle, unless it is on disk
   // already; the block stays in DRAM (held) until the save is done.
-  void SaveBlock(PoolIndex pool, uint64_t hash);
+  // `frees`: the block goes idle once saved (its request is done with it), so its slots
+  // count as soon-free room meanwhile; false for a running request's block (save on fill).
+  void SaveBlock(PoolIndex pool, uint64_t hash, bool frees = true);
   // How many blocks from `from` on (at most `max`) `pool`'s disk holds for `tokens`.
   int DiskMatch(PoolIndex pool, const std::vector<int32_t>& tokens,
                 const std::vector<uint64_t>& hashes, int from, int max) const;

@@ -74,7 +74,7 @@ void Scheduler::Drop(PoolIndex pool, int64_t extent) {
   pools_[pool.value()]->moves.push_back(std::move(op));
 }
 
-void Scheduler::SaveBlock(PoolIndex pool, uint64_t hash) {
+void Scheduler::SaveBlock(PoolIndex pool, uint64_t hash, bool frees) {
   Pool& p = *pools_[pool.value()];
   if (!p.alive || p.disk == nullptr) return;
   const int32_t* tokens = nullptr;
@@ -83,8 +83,9 @@ void Scheduler::SaveBlock(PoolIndex pool, uint64_t hash) {
   const std::optional<int64_t> extent = p.disk->BeginSave(hash, tokens, absl::Now());
   if (!extent) return;    // on disk already, or no extent free of reads and writes
   p.kv->HoldBlock(hash);  // in DRAM until it is on disk
-  p.saving_slots += config_.block_tokens;
+  if (frees) p.saving_slots += config_.block_tokens;
   DiskOp op;
+  op.frees = frees;
   op.move.kind = KvMove::Kind::kSave;
   op.move.extent = static_cast<uint64_t>(*extent);
   op.move.key = hash;
@@ -318,7 +319,9 @@ void Scheduler::OnDiskMoves(PoolIndex pool, uint64_t generation, std::vector<Dis
         if (!current) break;  // the pool's KV and its tier are gone
         p.disk->SaveDone(op.move.key, st.ok(), now);
         p.kv->DropBlock(op.move.key);
-        p.saving_slots = std::max<int64_t>(0, p.saving_slots - config_.block_tokens);
+        if (op.frees) {
+          p.saving_slots = std::max<int64_t>(0, p.saving_slots - config_.block_tokens);
+        }
         (st.ok() ? saved : failed_saves) += 1;
         break;
       case KvMove::Kind::kDrop:

@@ -103,6 +103,7 @@ struct Scheduler::DiskOp {
   bool prefetch = false;
   uint64_t kv_epoch = 0;  // of the pool's KV ledger that allocated the slots
   std::vector<int32_t> tokens;
+  bool frees = true;  // saves: counted in the pool's saving_slots until back
 };
 
 struct Scheduler::Pool {

@@ -116,6 +116,8 @@ void Scheduler::RegisterBlocks(Sequence* seq) {
     if (kv.InsertBlock(seq->hashes[b], seq->tokens.data() + b * block,
                        seq->table.data() + b * block)) {
       seq->held.emplace_back(b, seq->hashes[b]);
+      // Delayed write-back: the block is full, and goes to disk now, in the background.
+      if (config_.disk_save_on_fill) SaveBlock(*req->pool, seq->hashes[b], /*frees=*/false);
     }
   }
   seq->registered_blocks = std::max(seq->registered_blocks, complete);
