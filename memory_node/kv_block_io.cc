@@ -149,47 +149,56 @@ void KvBlockIo::LoadBlocks(std::span<BlockIo> blocks, absl::Time deadline) {
 }
 
 void KvBlockIo::LoadBlocksByLayer(
-    std::span<BlockIo> blocks, absl::Time deadline,
+    std::span<BlockIo> blocks, absl::Time deadline, int layers_per_read,
     const std::function<void(size_t first, size_t count, int layers)>& on_layer) {
   const int layers = store_->config().num_layers;
+  const int group = std::clamp(layers_per_read, 1, layers);
   for (size_t first = 0; first < blocks.size(); first += staging_.size()) {
     const size_t count = std::min(staging_.size(), blocks.size() - first);
     for (size_t i = 0; i < count; ++i) {
       BlockIo& b = blocks[first + i];
       b.status = absl::Now() > deadline ? LateError() : CheckSlots(b.slots);
     }
-    for (int l = 0; l < layers; ++l) {
+    for (int l0 = 0; l0 < layers; l0 += group) {
+      const int l1 = std::min(layers, l0 + group);
+      // Layers [l0, l1) of every block still going: one call, all reads in flight together.
       std::vector<SectionIo> ios;
       std::vector<BlockIo*> owners;
       for (size_t i = 0; i < count; ++i) {
         BlockIo& b = blocks[first + i];
         if (!b.status.ok()) continue;
-        ios.push_back({b.extent,
-                       l,
-                       staging_[i].get() + static_cast<uint64_t>(l) * disk_->section_bytes(),
-                       b.key,
-                       0,
-                       0,
-                       {}});
-        owners.push_back(&b);
+        for (int l = l0; l < l1; ++l) {
+          ios.push_back({b.extent,
+                         l,
+                         staging_[i].get() + static_cast<uint64_t>(l) * disk_->section_bytes(),
+                         b.key,
+                         0,
+                         0,
+                         {}});
+          owners.push_back(&b);
+        }
       }
       if (ios.empty()) break;
       disk_->ReadSections(ios).IgnoreError();  // each section's own status is below
-      // The slots are written only if the caller still waits for them.
-      const bool late = absl::Now() > deadline;
-      for (size_t i = 0; i < ios.size(); ++i) {
-        BlockIo& b = *owners[i];
-        const absl::Status& s = ios[i].status;  // `read` is the first of these
-        if (!s.ok()) {
-          b.status = s;
-        } else if (late) {
-          b.status = LateError();
-        } else {
-          b.status = Scatter(ios[i].extent, l, ios[i].payload_bytes,
-                             static_cast<const uint8_t*>(ios[i].data), b.slots);
+      // Scattered layer by layer, each published as soon as every block has it. The slots
+      // are written only if the caller still waits for them.
+      for (int l = l0; l < l1; ++l) {
+        const bool late = absl::Now() > deadline;
+        for (size_t i = 0; i < ios.size(); ++i) {
+          if (ios[i].section != l) continue;
+          BlockIo& b = *owners[i];
+          if (!b.status.ok()) continue;
+          if (!ios[i].status.ok()) {
+            b.status = ios[i].status;
+          } else if (late) {
+            b.status = LateError();
+          } else {
+            b.status = Scatter(ios[i].extent, l, ios[i].payload_bytes,
+                               static_cast<const uint8_t*>(ios[i].data), b.slots);
+          }
         }
+        on_layer(first, count, l + 1);
       }
-      on_layer(first, count, l + 1);
     }
   }
 }

@@ -68,16 +68,18 @@ class KvBlockIo {
   void SaveBlocks(std::span<BlockIo> blocks, absl::Time deadline = absl::InfiniteFuture());
   void LoadBlocks(std::span<BlockIo> blocks, absl::Time deadline = absl::InfiniteFuture());
   // Layer-wise pre-loading: loads every block layer by layer. Each batch of blocks (as many
-  // as the staging buffers hold) reads layer 0 of all of them (one read per block, checked
-  // alone), scatters it, then layer 1, and so on; `on_layer(first, count, layers)` runs
-  // once layers [0, layers) of blocks [first, first + count) are in the store (a block
-  // whose status is not OK by then has stopped). Statuses and the deadline are as
-  // LoadBlocks's: past it, no more layers are scattered.
+  // as the staging buffers hold) reads `layers_per_read` layers of all of them at once (one
+  // read per block and layer, each checked alone; the block's header once per call), then
+  // scatters them a layer at a time, and so on; `on_layer(first, count, layers)` runs once
+  // layers [0, layers) of blocks [first, first + count) are in the store (a block whose
+  // status is not OK by then has stopped). Statuses and the deadline are as LoadBlocks's:
+  // past it, no more layers are scattered.
   void LoadBlocksByLayer(
-      std::span<BlockIo> blocks, absl::Time deadline,
+      std::span<BlockIo> blocks, absl::Time deadline, int layers_per_read,
       const std::function<void(size_t first, size_t count, int layers)>& on_layer);
 
   int staging_blocks() const { return static_cast<int>(staging_.size()); }
+  int num_layers() const { return store_->config().num_layers; }
   uint64_t staging_bytes() const { return staging_.size() * disk_->block_bytes(); }
 
  private:

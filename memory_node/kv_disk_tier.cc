@@ -158,18 +158,23 @@ void KvDiskTier::LoadByLayer(std::span<BlockIo> blocks, std::span<const uint64_t
   std::map<uint64_t, std::vector<size_t>> of_ticket;
   for (size_t b = 0; b < blocks.size(); ++b) of_ticket[tickets[b]].push_back(b);
   std::vector<int> layers_in(blocks.size(), 0);
-  io_->LoadBlocksByLayer(blocks, deadline, [&](size_t first, size_t count, int layers) {
-    std::set<uint64_t> touched;
-    for (size_t b = first; b < first + count; ++b) {
-      if (blocks[b].status.ok()) layers_in[b] = layers;
-      touched.insert(tickets[b]);
-    }
-    for (uint64_t ticket : touched) {
-      int ready = layers;
-      for (size_t b : of_ticket[ticket]) ready = std::min(ready, layers_in[b]);
-      gate_->Advance(ticket, ready);
-    }
-  });
+  // A quarter of the layers per read of a block rather than one: a quarter as many round
+  // trips to the disk, and the first quarter ready after the first.
+  const int layers_per_read = (io_->num_layers() + 3) / 4;
+  io_->LoadBlocksByLayer(blocks, deadline, layers_per_read,
+                         [&](size_t first, size_t count, int layers) {
+                           std::set<uint64_t> touched;
+                           for (size_t b = first; b < first + count; ++b) {
+                             if (blocks[b].status.ok()) layers_in[b] = layers;
+                             touched.insert(tickets[b]);
+                           }
+                           for (uint64_t ticket : touched) {
+                             int ready = layers;
+                             for (size_t b : of_ticket[ticket])
+                               ready = std::min(ready, layers_in[b]);
+                             gate_->Advance(ticket, ready);
+                           }
+                         });
   for (const auto& [ticket, members] : of_ticket) {
     bool ok = true;
     for (size_t b : members) ok = ok && blocks[b].status.ok();

@@ -29,8 +29,14 @@ std::optional<int64_t> DiskLedger::BeginSave(uint64_t hash, const int32_t* token
     extent = free_.back();
     free_.pop_back();
   } else if (!lru_.empty()) {
-    const uint64_t victim = lru_.front();
-    lru_.pop_front();
+    auto pick = lru_.begin();
+    if (!lookahead_.empty()) {
+      auto outside =
+          std::find_if(lru_.begin(), lru_.end(), [&](uint64_t h) { return !lookahead_.count(h); });
+      if (outside != lru_.end()) pick = outside;
+    }
+    const uint64_t victim = *pick;
+    lru_.erase(pick);
     extent = blocks_.at(victim).extent;
     blocks_.erase(victim);
     ++counters_.evicted;

@@ -73,6 +73,10 @@ class DiskLedger {
   // The node has punched `extent` out: it is free again.
   void PunchDone(int64_t extent);
 
+  // Scheduler-aware eviction: blocks the look-ahead window needs (hashes) are evicted last
+  // (the least recently used of the rest first).
+  void SetLookahead(std::unordered_set<uint64_t> hashes) { lookahead_ = std::move(hashes); }
+
   DiskLedgerStats Stats() const;
   // Consistency check for tests: every extent is free or owned by exactly one block.
   bool CheckInvariants() const;
@@ -97,6 +101,7 @@ class DiskLedger {
   std::unordered_set<int64_t> punching_;
   std::unordered_map<uint64_t, Block> blocks_;
   std::list<uint64_t> lru_;  // ready blocks, least recently used first
+  std::unordered_set<uint64_t> lookahead_;
   DiskLedgerStats counters_;
 };
 

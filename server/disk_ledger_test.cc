@@ -76,6 +76,28 @@ TEST(DiskLedgerTest, EvictsTheLeastRecentlyUsedReadyBlockNeverAPinnedOne) {
   EXPECT_TRUE(ledger.CheckInvariants());
 }
 
+// Scheduler-aware: the block the look-ahead window needs is passed over for the next least
+// recently used; with every ready block in the window, LRU decides again.
+TEST(DiskLedgerTest, SchedulerAwareEvictionPassesOverTheLookaheadWindow) {
+  DiskLedger ledger(3, kBlock, absl::Hours(1));
+  const auto a = Tokens(1, 1), b = Tokens(1, 2), c = Tokens(1, 3), d = Tokens(1, 4),
+             e = Tokens(1, 5);
+  for (const auto& [hash, tokens, at] :
+       {std::tuple{1u, &a, 0}, std::tuple{2u, &b, 1}, std::tuple{3u, &c, 2}}) {
+    ASSERT_TRUE(ledger.BeginSave(hash, tokens->data(), t0 + absl::Seconds(at)));
+    ledger.SaveDone(hash, true, t0 + absl::Seconds(at));
+  }
+  ledger.SetLookahead({1, 3});
+  ASSERT_TRUE(ledger.BeginSave(4, d.data(), t0 + absl::Seconds(5)));
+  EXPECT_EQ(ledger.Match(a, {1}, 0, 1), 1) << "the window's block was evicted";
+  EXPECT_EQ(ledger.Match(b, {2}, 0, 1), 0) << "block 2, outside the window, should have gone";
+  ledger.SaveDone(4, true, t0 + absl::Seconds(5));
+  ledger.SetLookahead({1, 3, 4});
+  ASSERT_TRUE(ledger.BeginSave(5, e.data(), t0 + absl::Seconds(6)));
+  EXPECT_EQ(ledger.Match(a, {1}, 0, 1), 0) << "all in the window: the LRU block goes";
+  EXPECT_TRUE(ledger.CheckInvariants());
+}
+
 TEST(DiskLedgerTest, FailuresFreeTheirExtents) {
   DiskLedger ledger(2, kBlock, absl::Hours(1));
   const auto a = Tokens(1, 1), b = Tokens(1, 2);

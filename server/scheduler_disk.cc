@@ -183,7 +183,10 @@ void Scheduler::Prefetch() {
     if (best->on_disk > 0) wanted.push_back(*best);
   }
   for (size_t i = 0; i < pools_.size(); ++i) {
-    if (pools_[i]->alive) pools_[i]->kv->SetLookahead(std::move(window[i]));
+    Pool& p = *pools_[i];
+    if (!p.alive) continue;
+    if (p.disk != nullptr) p.disk->SetLookahead(window[i]);
+    p.kv->SetLookahead(std::move(window[i]));
   }
   // Read the window's history on disk into DRAM, in run order, while DRAM outside the
   // window has room for it.
