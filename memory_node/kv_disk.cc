@@ -289,6 +289,12 @@ absl::Status KvDisk::ReadSections(std::span<SectionIo> ios) {
   }
   reads.clear();
   std::vector<SectionIo*> pending;
+  // Where each pending section lands: its read, and its offset in that read. Consecutive
+  // sections of one extent into consecutive buffers (a block's layers, for layer-wise
+  // loads) are one read: fewer, larger requests, each section still checked alone.
+  std::vector<std::pair<size_t, uint64_t>> place;
+  int last_section = -1;
+  uint64_t last_extent = 0;
   for (SectionIo& io : ios) {
     if (!absl::IsAborted(io.status)) continue;  // refused above
     const absl::Status& s = header_status[io.extent];
@@ -300,9 +306,21 @@ absl::Status KvDisk::ReadSections(std::span<SectionIo> ios) {
       io.status = absl::DataLossError(
           absl::StrCat("block ", io.extent, " in ", dir_, " holds key ", h.key, ", not ", io.key));
     } else {
-      reads.emplace_back(static_cast<off_t>(io.extent * extent_bytes_ + kAlign +
-                                            static_cast<uint64_t>(io.section) * section_bytes_),
-                         section_bytes_, io.data);
+      const bool joins =
+          !reads.empty() && last_extent == io.extent && last_section + 1 == io.section &&
+          static_cast<uint8_t*>(std::get<2>(reads.back())) + std::get<1>(reads.back()) ==
+              static_cast<uint8_t*>(io.data);
+      if (joins) {
+        place.emplace_back(reads.size() - 1, std::get<1>(reads.back()));
+        std::get<1>(reads.back()) += section_bytes_;
+      } else {
+        place.emplace_back(reads.size(), 0);
+        reads.emplace_back(static_cast<off_t>(io.extent * extent_bytes_ + kAlign +
+                                              static_cast<uint64_t>(io.section) * section_bytes_),
+                           section_bytes_, io.data);
+      }
+      last_extent = io.extent;
+      last_section = io.section;
       pending.push_back(&io);
     }
   }
@@ -314,9 +332,10 @@ absl::Status KvDisk::ReadSections(std::span<SectionIo> ios) {
     std::memcpy(&h, headers[io.extent].get(), sizeof(h));
     const auto* sums = reinterpret_cast<const uint64_t*>(headers[io.extent].get() + kSectionSums);
     const uint64_t used = SectionUsed(h.bytes, section_bytes_, io.section);
-    if (got[i] < 0) {
-      io.status = Errno(-got[i], absl::StrCat("read of block ", io.extent, " in ", dir_));
-    } else if (static_cast<uint64_t>(got[i]) != section_bytes_) {
+    const auto [read, at] = place[i];
+    if (got[read] < 0) {
+      io.status = Errno(-got[read], absl::StrCat("read of block ", io.extent, " in ", dir_));
+    } else if (static_cast<uint64_t>(got[read]) < at + section_bytes_) {
       io.status = absl::DataLossError(absl::StrCat("short read of block ", io.extent));
     } else if (transport::PayloadChecksum(std::span<const uint8_t>(
                    static_cast<const uint8_t*>(io.data), used)) != sums[io.section]) {
@@ -327,7 +346,7 @@ absl::Status KvDisk::ReadSections(std::span<SectionIo> ios) {
       io.bytes = used;
       io.payload_bytes = h.bytes;
       io.status = absl::OkStatus();
-      stats_.bytes_read += static_cast<uint64_t>(got[i]);
+      stats_.bytes_read += section_bytes_;
     }
   }
   for (const SectionIo& io : ios) {
