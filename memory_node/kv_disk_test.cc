@@ -15,8 +15,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <tuple>
 #include <random>
+#include <tuple>
 
 #include "gtest/gtest.h"
 #include "memory_node/testing/disk_test_env.h"
