@@ -204,7 +204,7 @@ TEST_F(DiskTierTest, SchedulerAwarePrefetchesTheQueuedTurnsHistoryIntoDram) {
       ASSERT_TRUE(d.Wait({other}));
     }
     GenerateRequest long_one = Turn(Prompt(20, 7400));
-    long_one.max_tokens = 40;  // 60 slots: the 96 the prefetch needs are left
+    long_one.max_tokens = 40;           // 60 slots: the 96 the prefetch needs are left
     auto blocker = d.Submit(long_one);  // runs while turn 2 waits
     const SchedulerStats before = d.scheduler().Stats();
     auto second = d.Submit(Turn(Turn2Prompt(first->tokens)));
