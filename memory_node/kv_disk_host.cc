@@ -76,9 +76,25 @@ absl::StatusOr<std::vector<absl::Status>> KvDiskHost::Move(uint64_t epoch, uint6
                                                            std::span<const KvMove> moves,
                                                            absl::Time deadline) {
   // Steps that wait for these loads learn of them (and of their deadline) now, before the
-  // moves queue behind others.
-  for (const KvMove& m : moves) {
-    if (m.kind == KvMove::Kind::kLoad) gate_.Expect(m.ticket, deadline);
+  // moves queue behind others. Loads a step already gave up on are refused: whatever they
+  // read would be reported failed.
+  std::vector<KvMove> kept;
+  std::vector<size_t> kept_index;
+  std::vector<absl::Status> given_up(moves.size());
+  for (size_t i = 0; i < moves.size(); ++i) {
+    const KvMove& m = moves[i];
+    if (m.kind == KvMove::Kind::kLoad && !gate_.Expect(m.ticket, deadline)) {
+      given_up[i] = absl::DeadlineExceededError("the step waiting for this block gave up");
+      continue;
+    }
+    kept.push_back(m);
+    kept_index.push_back(i);
+  }
+  if (kept.size() < moves.size()) {
+    auto out = Move(epoch, tier, kept, deadline);
+    if (!out.ok()) return out.status();
+    for (size_t k = 0; k < kept_index.size(); ++k) given_up[kept_index[k]] = (*out)[k];
+    return given_up;
   }
   absl::Status refused;
   {

@@ -105,6 +105,30 @@ TEST_F(KvDiskHostTest, AReopenedTierIsEmptyAndCountersAddUpOverTiers) {
   EXPECT_EQ(host.stats()->used_extents, 0u);
 }
 
+// Layer-wise pre-loading: a load whose ticket a step already gave up on is refused at once
+// (it would be reported failed whatever it read), and the other moves of its batch run.
+TEST_F(KvDiskHostTest, LoadsOfATicketAStepGaveUpOnAreRefused) {
+  KvDiskHost host(options_);
+  auto info = host.Open(3, store_.get(), kBlockTokens, "model a");
+  ASSERT_TRUE(info.ok()) << info.status();
+  const KvMove save = Move(KvMove::Kind::kSave, 0, 77, 0);
+  ASSERT_TRUE(AllOk(host.Move(3, info->tier, {&save, 1})));
+  ASSERT_TRUE(host.gate().Expect(5, absl::Now() + absl::Milliseconds(20)));
+  const uint64_t tickets[] = {5};
+  host.gate().Wait(tickets, 0);  // gives up at the deadline
+  ASSERT_EQ(host.gate().stats().abandoned, 1u);
+  KvMove given_up = Move(KvMove::Kind::kLoad, 0, 77, 32);
+  given_up.ticket = 5;
+  KvMove other = Move(KvMove::Kind::kLoad, 0, 77, 48);
+  other.ticket = 6;
+  const std::vector<KvMove> moves = {given_up, other};
+  auto out = host.Move(3, info->tier, moves, absl::Now() + absl::Seconds(60));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(absl::IsDeadlineExceeded((*out)[0])) << (*out)[0];
+  EXPECT_TRUE((*out)[1].ok()) << (*out)[1];
+  EXPECT_EQ(host.stats()->loads, 1u) << "the refused load ran";
+}
+
 TEST_F(KvDiskHostTest, ANodeWithoutADirectoryOpensNoTier) {
   KvDiskHost host(KvDiskTierOptions{});
   EXPECT_FALSE(host.enabled());

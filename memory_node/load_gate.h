@@ -35,7 +35,9 @@ struct LoadGateStats {
 class LoadGate {
  public:
   // `arrival_wait`: how long a step waits for a ticket whose moves have not arrived.
-  explicit LoadGate(absl::Duration arrival_wait = absl::Seconds(5));
+  // The default is the scheduler's default load deadline (--kv_disk_load_timeout_ms): by
+  // then it has given up on those loads anyway.
+  explicit LoadGate(absl::Duration arrival_wait = absl::Seconds(2));
 
   // The node has `ticket`'s moves; their caller gives up at `deadline`. False if a step
   // already abandoned the ticket: the moves must then be refused.

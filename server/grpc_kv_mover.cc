@@ -40,8 +40,8 @@ GrpcKvMover::~GrpcKvMover() {
   others_.thread.join();
 }
 
-void GrpcKvMover::Submit(std::vector<KvMove> moves, KvMovesDone done) {
-  bool loads = !moves.empty();
+void GrpcKvMover::Submit(std::vector<KvMove> moves, KvMovesDone done, bool background) {
+  bool loads = !moves.empty() && !background;
   for (const KvMove& m : moves) loads = loads && m.kind == KvMove::Kind::kLoad;
   {
     std::lock_guard<std::mutex> lock(mu_);

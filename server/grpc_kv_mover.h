@@ -41,7 +41,7 @@ class GrpcKvMover final : public KvMover {
               absl::Duration load_deadline, absl::Duration deadline);
   ~GrpcKvMover() override;
 
-  void Submit(std::vector<KvMove> moves, KvMovesDone done) override;
+  void Submit(std::vector<KvMove> moves, KvMovesDone done, bool background) override;
 
  private:
   struct Lane {

@@ -22,8 +22,9 @@ class KvMover {
   // Runs `moves` on the node, in order, and calls `done` exactly once, when they are all
   // done: each with its outcome, or all failed if the node could not be reached. Batches
   // of loads may overtake batches of saves and drops (never the other way round within a
-  // kind).
-  virtual void Submit(std::vector<KvMove> moves, KvMovesDone done) = 0;
+  // kind). `background`: nobody waits for these (saves, drops, prefetches): they never
+  // hold up loads a request waits for.
+  virtual void Submit(std::vector<KvMove> moves, KvMovesDone done, bool background) = 0;
 };
 
 }  // namespace strata

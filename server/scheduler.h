@@ -319,12 +319,13 @@ class Scheduler {
   // Layer-wise pre-loading: tickets name each request's loads on the node (KvMove::ticket).
   // A step result that carries a chunk over loads still out waits (parked) for their
   // outcome: a failed load voids what the step computed for that request.
-  uint64_t next_load_ticket_ = 1;
+  uint64_t next_load_ticket_ = 0;  // 0: not drawn yet (StartLoads draws a random start)
   struct ParkedResult {
     int executor = 0;
     StepPlan plan;
     StepResult result;
     absl::Time started;
+    absl::Time arrived;  // the step's time is arrived - started, not the time parked
   };
   std::deque<ParkedResult> parked_;
   // Whether `plan` has a chunk over loads whose outcome is not back yet.

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <random>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
@@ -105,6 +106,12 @@ void Scheduler::StartLoads(Request* req, int from, int count) {
   Pool& p = *pools_[req->pool->value()];
   const int64_t block = config_.block_tokens;
   const absl::Time now = absl::Now();
+  if (next_load_ticket_ == 0) {
+    // Tickets differ across schedulers (a restart, a second replica): a node's gate keeps
+    // a finished ticket for a while, and must never take a new load for it.
+    std::random_device random;
+    next_load_ticket_ = (static_cast<uint64_t>(random()) << 32 | random()) | 1;
+  }
   const uint64_t ticket = config_.disk_layerwise ? next_load_ticket_++ : 0;
   int started = 0;
   for (int b = from; b < from + count; ++b) {
@@ -201,7 +208,13 @@ void Scheduler::Prefetch() {
     while (first < w.in_dram + w.on_disk && p.prefetching.count(hashes[first])) ++first;
     count = w.in_dram + w.on_disk - first;
     if (count <= 0 || p.mover == nullptr) continue;
-    if (p.kv->AvailableOutsideLookahead() < count * block) break;
+    // Room outside the window, less a block per running sequence of the pool (their decode
+    // grows into it): a prefetch never makes a running request yield to a waiting one.
+    int64_t headroom = 0;
+    for (Request* r : running_) {
+      if (r->pool == w.pool) headroom += static_cast<int64_t>(r->seqs.size()) * block;
+    }
+    if (p.kv->AvailableOutsideLookahead() - headroom < count * block) break;
     for (int b = first; b < first + count; ++b) {
       if (p.prefetching.count(hashes[b])) continue;
       const std::optional<int64_t> extent = p.disk->BeginLoad(hashes[b], now);
@@ -274,7 +287,9 @@ void Scheduler::ReplayParked() {
   while (!parked_.empty() && !AwaitsLoads(parked_.front().plan)) {
     ParkedResult r = std::move(parked_.front());
     parked_.pop_front();
-    OnStepResult(r.executor, std::move(r.plan), std::move(r.result), r.started);
+    // Timed as if applied when it arrived: the wait for the loads is not the step's.
+    OnStepResult(r.executor, std::move(r.plan), std::move(r.result),
+                 r.started + (absl::Now() - r.arrived));
   }
 }
 
@@ -287,15 +302,17 @@ void Scheduler::FlushDiskMoves() {
       std::vector<KvMove> moves;
       for (const DiskOp& op : *ops) moves.push_back(op.move);
       const PoolIndex pool(i);
-      p.mover->Submit(std::move(moves),
-                      [this, pool, generation = p.generation, done = std::move(*ops),
-                       submitted = absl::Now()](std::vector<absl::Status> status) mutable {
-                        const absl::Duration took = absl::Now() - submitted;
-                        Post([this, pool, generation, done = std::move(done),
-                              status = std::move(status), took]() mutable {
-                          OnDiskMoves(pool, generation, std::move(done), std::move(status), took);
-                        });
-                      });
+      p.mover->Submit(
+          std::move(moves),
+          [this, pool, generation = p.generation, done = std::move(*ops),
+           submitted = absl::Now()](std::vector<absl::Status> status) mutable {
+            const absl::Duration took = absl::Now() - submitted;
+            Post([this, pool, generation, done = std::move(done), status = std::move(status),
+                  took]() mutable {
+              OnDiskMoves(pool, generation, std::move(done), std::move(status), took);
+            });
+          },
+          /*background=*/ops == &p.moves);
       ops->clear();
     }
   }
@@ -306,7 +323,8 @@ void Scheduler::OnDiskMoves(PoolIndex pool, uint64_t generation, std::vector<Dis
   Pool& p = *pools_[pool.value()];
   const bool current = p.alive && p.disk != nullptr && p.generation == generation;
   // A batch of loads that came back whole: what reading from this disk costs.
-  if (current && !ops.empty() && ops.front().move.kind == KvMove::Kind::kLoad) {
+  if (current && !ops.empty() && ops.front().move.kind == KvMove::Kind::kLoad &&
+      !ops.front().prefetch) {
     bool ok = status.size() == ops.size();
     for (const absl::Status& s : status) ok = ok && s.ok();
     if (ok) p.load_rule.ObserveLoad(static_cast<int>(ops.size()), absl::ToDoubleSeconds(took));

@@ -93,7 +93,8 @@ void Scheduler::SubmitPlan(int index, StepPlan plan) {
       }
       // A chunk computed over loads still out waits for their outcome (it may be void).
       if (!parked_.empty() || AwaitsLoads(done.plan)) {
-        parked_.push_back({index, std::move(done.plan), std::move(result), done.started});
+        parked_.push_back(
+            {index, std::move(done.plan), std::move(result), done.started, absl::Now()});
         return;
       }
       const Stopwatch applying;

@@ -36,7 +36,7 @@ class InProcessKvMover final : public KvMover {
     thread_.join();
   }
 
-  void Submit(std::vector<KvMove> moves, KvMovesDone done) override {
+  void Submit(std::vector<KvMove> moves, KvMovesDone done, bool /*background*/) override {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.emplace_back(std::move(moves), std::move(done));
     cv_.notify_all();
