@@ -78,23 +78,20 @@ absl::StatusOr<std::vector<absl::Status>> KvDiskHost::Move(uint64_t epoch, uint6
   // Steps that wait for these loads learn of them (and of their deadline) now, before the
   // moves queue behind others. Loads a step already gave up on are refused: whatever they
   // read would be reported failed.
-  std::vector<KvMove> kept;
-  std::vector<size_t> kept_index;
-  std::vector<absl::Status> given_up(moves.size());
+  std::vector<absl::Status> out(moves.size());
+  std::vector<size_t> run;  // the moves that run, by index
   for (size_t i = 0; i < moves.size(); ++i) {
-    const KvMove& m = moves[i];
-    if (m.kind == KvMove::Kind::kLoad && !gate_.Expect(m.ticket, deadline)) {
-      given_up[i] = absl::DeadlineExceededError("the step waiting for this block gave up");
-      continue;
+    if (moves[i].kind == KvMove::Kind::kLoad && !gate_.Expect(moves[i].ticket, deadline)) {
+      out[i] = absl::DeadlineExceededError("the step waiting for this block gave up");
+    } else {
+      run.push_back(i);
     }
-    kept.push_back(m);
-    kept_index.push_back(i);
   }
-  if (kept.size() < moves.size()) {
-    auto out = Move(epoch, tier, kept, deadline);
-    if (!out.ok()) return out.status();
-    for (size_t k = 0; k < kept_index.size(); ++k) given_up[kept_index[k]] = (*out)[k];
-    return given_up;
+  std::vector<KvMove> subset;  // only when some were refused
+  std::span<const KvMove> to_run = moves;
+  if (run.size() < moves.size()) {
+    for (size_t i : run) subset.push_back(moves[i]);
+    to_run = subset;
   }
   absl::Status refused;
   {
@@ -110,7 +107,9 @@ absl::StatusOr<std::vector<absl::Status>> KvDiskHost::Move(uint64_t epoch, uint6
       refused = absl::FailedPreconditionError(
           "KV moves for a disk tier that a reconfiguration has replaced");
     } else {
-      return tier_->Execute(moves, deadline);
+      const std::vector<absl::Status> done = tier_->Execute(to_run, deadline);
+      for (size_t k = 0; k < run.size(); ++k) out[run[k]] = done[k];
+      return out;
     }
   }
   for (const KvMove& m : moves) {

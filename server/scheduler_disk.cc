@@ -195,27 +195,30 @@ void Scheduler::Prefetch() {
     if (p.disk != nullptr) p.disk->SetLookahead(window[i]);
     p.kv->SetLookahead(std::move(window[i]));
   }
+  if (wanted.empty()) return;
   // Read the window's history on disk into DRAM, in run order, while DRAM outside the
-  // window has room for it.
+  // window has room for it, less a block per running sequence of the pool (their decode
+  // grows into it): a prefetch never makes a running request yield to a waiting one.
   const int64_t block = config_.block_tokens;
+  std::vector<int64_t> headroom(pools_.size(), 0);
+  for (Request* r : running_) {
+    if (r->pool) headroom[r->pool->value()] += static_cast<int64_t>(r->seqs.size()) * block;
+  }
   const absl::Time now = absl::Now();
   for (const Wanted& w : wanted) {
     Pool& p = *pools_[w.pool.value()];
+    if (p.mover == nullptr) continue;
     Sequence* owner = w.req->Owner();
     const std::vector<uint64_t>& hashes = w.req->lookahead_hashes;
-    int first = w.in_dram, count = 0;
+    const int end = w.in_dram + w.on_disk;
     // Blocks already on their way are skipped (the rest still chain after them).
-    while (first < w.in_dram + w.on_disk && p.prefetching.count(hashes[first])) ++first;
-    count = w.in_dram + w.on_disk - first;
-    if (count <= 0 || p.mover == nullptr) continue;
-    // Room outside the window, less a block per running sequence of the pool (their decode
-    // grows into it): a prefetch never makes a running request yield to a waiting one.
-    int64_t headroom = 0;
-    for (Request* r : running_) {
-      if (r->pool == w.pool) headroom += static_cast<int64_t>(r->seqs.size()) * block;
+    int first = w.in_dram;
+    while (first < end && p.prefetching.count(hashes[first])) ++first;
+    if (first == end) continue;
+    if (p.kv->AvailableOutsideLookahead() - headroom[w.pool.value()] < (end - first) * block) {
+      break;
     }
-    if (p.kv->AvailableOutsideLookahead() - headroom < count * block) break;
-    for (int b = first; b < first + count; ++b) {
+    for (int b = first; b < end; ++b) {
       if (p.prefetching.count(hashes[b])) continue;
       const std::optional<int64_t> extent = p.disk->BeginLoad(hashes[b], now);
       if (!extent) break;

@@ -294,7 +294,12 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
   // next row already.
   const bool async = config_.async_scheduling;
   std::vector<Request*> running;
+  std::vector<Request*> preloading;  // reading their prefix from disk, layer by layer
   for (Request* req : running_) {
+    if (req->loading && req->load_ticket != 0 && !req->preload_planned) {
+      preloading.push_back(req);
+      continue;
+    }
     if (!pool_ok(req) || req->preempt_when_landed || req->loading) continue;
     if (req->in_flight > 0 &&
         (!async || req->executor != e || req->pending_finish != FinishReason::kNone)) {
@@ -511,9 +516,7 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     --budget_seqs;
     return true;
   };
-  for (Request* req : running_) {
-    if (req->loading && req->load_ticket != 0) preload(req);
-  }
+  for (Request* req : preloading) preload(req);
 
   // Phase 3: admissions, in policy order, while the budget lasts. A request that cannot be
   // placed now stops admission (no overtaking under FIFO).
