@@ -67,10 +67,6 @@ class ModelRunner {
   std::vector<float> rope_cos_, rope_sin_;  // [max_positions][head_dim / 2]
 };
 
-// The inverse frequencies of RoPE for `config`, with its rope_scaling applied:
-// inv_freq[i] = theta^(-2i/head_dim), then linear (divide by factor) or llama3 scaling.
-std::vector<double> RopeInverseFrequencies(const ModelConfig& config);
-
 }  // namespace strata
 
 #endif  // STRATA_COMPUTE_NODE_MODEL_RUNNER_H_

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
+#include "kernels/cpu/rope_shift.h"
 
 namespace strata {
 
@@ -65,7 +66,28 @@ absl::StatusOr<PreparedStep> AttentionEngine::Prepare(const StepKvPlan& plan) {
                        num_slots, " slots");
       }
     }
-    size_after[a.request_id] = a.start + static_cast<int64_t>(a.slots.size());
+    const int64_t end = a.start + static_cast<int64_t>(a.slots.size());
+    for (const KvShift& shift : a.shifts) {
+      if (shift.position < a.start ||
+          shift.position + static_cast<int64_t>(shift.from.size()) > end) {
+        return invalid("request ", a.request_id, " shifts KV to positions [", shift.position, ", ",
+                       shift.position + shift.from.size(), ") outside its assignment [", a.start,
+                       ", ", end, ")");
+      }
+      if (static_cast<int64_t>(shift.cos.size()) != config_.store.head_dim / 2 ||
+          shift.sin.size() != shift.cos.size()) {
+        return invalid("request ", a.request_id, " shifts KV with ", shift.cos.size(), "/",
+                       shift.sin.size(), " angles; the head has ", config_.store.head_dim / 2,
+                       " pairs");
+      }
+      for (int32_t slot : shift.from) {
+        if (slot < 0 || slot >= num_slots) {
+          return invalid("request ", a.request_id, " shifts KV from slot ", slot,
+                         ", outside the store's ", num_slots, " slots");
+        }
+      }
+    }
+    size_after[a.request_id] = end;
   }
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     const AttentionRowPlan& r = plan.rows[i];
@@ -90,6 +112,9 @@ absl::StatusOr<PreparedStep> AttentionEngine::Prepare(const StepKvPlan& plan) {
     }
     table->resize(a.start);
     table->insert(table->end(), a.slots.begin(), a.slots.end());
+    for (const KvShift& shift : a.shifts) {
+      ApplyShift(shift, a.slots.data() + (shift.position - a.start));
+    }
   }
   PreparedStep step;
   step.step_id_ = plan.step_id;
@@ -169,6 +194,31 @@ absl::Status AttentionEngine::AttendRows(const PreparedStep& step, int layer, in
   };
   RETURN_IF_ERROR(run(RowKind::kFinal, final_q, nullptr));
   return run(RowKind::kPartial, partial_q, partial);
+}
+
+void AttentionEngine::ApplyShift(const KvShift& shift, const int32_t* to) {
+  const KvStoreConfig& c = config_.store;
+  const int64_t n = static_cast<int64_t>(shift.from.size());
+  const int64_t row = store_->row_elements();
+  shift_rows_.resize(static_cast<size_t>(n * row));
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    // Gathered first: a source slot may also be a target.
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(shift_rows_.data() + i * row, store_->k(layer) + shift.from[i] * row, row * 2);
+    }
+    kernels::ShiftRope(n, c.num_kv_heads, c.head_dim, c.dtype, shift.cos.data(), shift.sin.data(),
+                       shift_rows_.data(), shift_rows_.data());
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(store_->k(layer) + to[i] * row, shift_rows_.data() + i * row, row * 2);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(shift_rows_.data() + i * row, store_->v(layer) + shift.from[i] * row, row * 2);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(store_->v(layer) + to[i] * row, shift_rows_.data() + i * row, row * 2);
+    }
+  }
+  shifted_positions_ += n;
 }
 
 void AttentionEngine::Reset() {

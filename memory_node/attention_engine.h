@@ -1,7 +1,8 @@
 // Runs the attention operator of every layer over a node's KV store: the whole job of a
 // memory node, and the attention part of a compute node in co-located mode.
 //
-// Per step: Prepare applies the plan (released tables, slot assignments), validates it
+// Per step: Prepare applies the plan (released tables, slot assignments and the KV shifts
+// they carry), validates it
 // against the store and resolves its rows into a PreparedStep; AttendRows then, for each
 // layer in order and for consecutive ranges of rows (mini-batches), writes the rows' new
 // k/v into their assigned slots and computes attention for the rows that attend here. A
@@ -96,6 +97,9 @@ class AttentionEngine {
   // Drops every slot table (the KV contents become unreachable garbage).
   void Reset();
 
+  // Positions whose KV a shift moved (context truncation), since creation.
+  int64_t shifted_positions() const { return shifted_positions_; }
+
   // Requests with a slot table, and live (assigned) token positions across them.
   size_t num_tables() const { return tables_.size(); }
   int64_t num_assigned_positions() const;
@@ -108,7 +112,12 @@ class AttentionEngine {
   std::unique_ptr<KvStore> store_;
   std::unordered_map<SequenceId, std::shared_ptr<std::vector<int32_t>>> tables_;
 
+  // Copies a shift's KV into slots `to` (one per source slot), K re-rotated.
+  void ApplyShift(const KvShift& shift, const int32_t* to);
+
   PreparedStep current_;  // of BeginStep
+  std::vector<uint16_t> shift_rows_;
+  int64_t shifted_positions_ = 0;
   std::vector<uint16_t> q_gather_, out_gather_;
   std::vector<float> state_;
   std::vector<kernels::AttentionRow> kernel_rows_;

@@ -84,6 +84,67 @@ TEST(AttentionEngine, BadPlansChangeNothing) {
   EXPECT_TRUE(engine->Prepare(good).ok());
 }
 
+// Context truncation: an assignment's shift fills positions of the new table with the KV
+// of other slots, K rotated by the given angles (checked against a double-precision
+// rotation) and V as it was; bad shifts change nothing.
+TEST(AttentionEngine, ShiftsCopyKvAndRotateK) {
+  auto engine = MakeEngine();
+  Fill(*engine, 1, 40, 5);
+  const std::vector<int32_t> source = Slots(1, 40);
+  KvShift shift;
+  shift.position = 4;
+  shift.shift = -16;
+  shift.from.assign(source.begin() + 20, source.begin() + 36);
+  for (int i = 0; i < kDim / 2; ++i) {
+    const double angle = -16.0 * std::pow(10000.0, -2.0 * i / kDim);
+    shift.cos.push_back(static_cast<float>(std::cos(angle)));
+    shift.sin.push_back(static_cast<float>(std::sin(angle)));
+  }
+  std::vector<int32_t> fresh(24);
+  for (int i = 0; i < 24; ++i) fresh[i] = 3000 + i;
+  SlotAssignment a{SequenceId(2), PoolIndex(0), 0, fresh, {shift}};
+
+  // Bad shifts: beyond the assignment, too few angles, a source outside the store.
+  for (int bad = 0; bad < 3; ++bad) {
+    SlotAssignment b = a;
+    if (bad == 0) b.shifts[0].position = 10;  // 10 + 16 > 24
+    if (bad == 1) b.shifts[0].cos.pop_back();
+    if (bad == 2) b.shifts[0].from[3] = 4096;
+    StepKvPlan plan;
+    plan.assignments.push_back(b);
+    EXPECT_EQ(engine->Prepare(plan).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(engine->num_tables(), 1u);
+  EXPECT_EQ(engine->shifted_positions(), 0);
+
+  StepKvPlan plan;
+  plan.assignments.push_back(a);
+  ASSERT_TRUE(engine->Prepare(plan).ok());
+  EXPECT_EQ(engine->shifted_positions(), 16);
+  const KvStore& store = engine->store();
+  for (int layer = 0; layer < kLayers; ++layer) {
+    for (int i = 0; i < 16; ++i) {
+      const uint16_t* k_old = store.k(layer) + static_cast<int64_t>(shift.from[i]) * kKvRow;
+      const uint16_t* k_new = store.k(layer) + static_cast<int64_t>(fresh[4 + i]) * kKvRow;
+      EXPECT_EQ(
+          std::memcmp(store.v(layer) + static_cast<int64_t>(fresh[4 + i]) * kKvRow,
+                      store.v(layer) + static_cast<int64_t>(shift.from[i]) * kKvRow, kKvRow * 2),
+          0)
+          << "V of layer " << layer << " position " << i;
+      for (int h = 0; h < kKvHeads; ++h) {
+        for (int j = 0; j < kDim / 2; ++j) {
+          const int x = h * kDim + j, y = x + kDim / 2;
+          const double a0 = Bf16ToFloat(k_old[x]), b0 = Bf16ToFloat(k_old[y]);
+          const double angle = -16.0 * std::pow(10000.0, -2.0 * j / kDim);
+          const double tol = std::ldexp(std::hypot(a0, b0), -8) + 1e-6;
+          EXPECT_NEAR(Bf16ToFloat(k_new[x]), a0 * std::cos(angle) - b0 * std::sin(angle), tol);
+          EXPECT_NEAR(Bf16ToFloat(k_new[y]), b0 * std::cos(angle) + a0 * std::sin(angle), tol);
+        }
+      }
+    }
+  }
+}
+
 TEST(AttentionEngine, FinalRowMatchesDoubleReference) {
   auto engine = MakeEngine();
   const int n = 150;  // three tiles, the last partial

@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/base/logging.h"
+#include "common/model/model_config.h"
 #include "compute_node/attention_backend.h"
 #include "compute_node/context_exchange.h"
 #include "compute_node/model_runner.h"
@@ -41,6 +42,8 @@ namespace strata::in_process {
 struct Outcome {
   std::vector<int32_t> tokens;
   std::map<uint32_t, std::vector<int32_t>> by_sample;  // n > 1: each sample's tokens
+  std::vector<float> logprobs;  // of `tokens`, when the request asked for logprobs
+  std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;  // of each of `tokens`
   absl::Status error;
   bool done = false;
   int64_t cached_prompt_tokens = 0;
@@ -82,6 +85,9 @@ struct Topology {
   KvEviction kv_eviction = KvEviction::kLru;  // SchedulerConfig::kv_eviction
   int max_num_seqs = 0;                       // 0: as the topology implies
   bool disk_save_on_fill = false;             // SchedulerConfig::disk_save_on_fill
+  int64_t max_model_len = 1024;               // SchedulerConfig::max_model_len
+  // SchedulerConfig::context_overflow (the scheduler is given the model's RoPE frequencies).
+  ContextOverflow context_overflow = ContextOverflow::kError;
 };
 
 inline std::string Name(const Topology& t) {
@@ -98,7 +104,9 @@ class Deployment {
   Deployment(const ModelWeights* weights, const Topology& t, int64_t slots_per_pool)
       : weights_(weights), topology_(t) {
     SchedulerConfig config;
-    config.max_model_len = 1024;
+    config.max_model_len = t.max_model_len;
+    config.context_overflow = t.context_overflow;
+    config.rope_inv_freq = RopeInverseFrequencies(weights->config);
     config.max_num_batched_tokens = 256;
     config.max_prefill_tokens = 256;
     config.prefill_chunk_tokens = 64;
@@ -314,6 +322,10 @@ class Deployment {
       std::lock_guard<std::mutex> lock(mu_);
       for (const SequenceUpdate& s : u.sequences) {
         outcome->tokens.insert(outcome->tokens.end(), s.tokens.begin(), s.tokens.end());
+        for (const TokenLogprob& l : s.logprobs) {
+          outcome->logprobs.push_back(l.logprob);
+          outcome->top_logprobs.push_back(l.top);
+        }
         auto& sample = outcome->by_sample[s.index];
         sample.insert(sample.end(), s.tokens.begin(), s.tokens.end());
       }

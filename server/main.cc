@@ -72,6 +72,13 @@ ABSL_FLAG(bool, kv_disk_save_on_fill, strata::SchedulerConfig().disk_save_on_fil
           "Disk tiers: save each KV block of a running request as soon as it is full "
           "(HILOS's delayed write-back), rather than when the request finishes or is "
           "preempted");
+ABSL_FLAG(strata::ContextOverflow, context_overflow, strata::SchedulerConfig().context_overflow,
+          "A prompt that does not fit in the context with its max_tokens: error (400), or "
+          "truncate (keep its first --context_keep_tokens and its most recent tokens, drop "
+          "the middle; the kept tail's cached KV moves to its new positions, K re-rotated)");
+ABSL_FLAG(int64_t, context_keep_tokens, strata::SchedulerConfig().context_keep_tokens,
+          "--context_overflow=truncate: tokens kept at the start of the prompt (rounded up to "
+          "whole prefix-cache blocks)");
 ABSL_FLAG(bool, kv_disk_layerwise, strata::SchedulerConfig().disk_layerwise,
           "Disk tiers: layer-wise pre-loading. A request whose prefix is read from disk "
           "computes its new tokens while the read runs, each layer waiting on the node for "
@@ -154,6 +161,8 @@ int main(int argc, char** argv) {
   o.scheduler.disk_load_when_faster = absl::GetFlag(FLAGS_kv_disk_load_when_faster);
   o.scheduler.disk_layerwise = absl::GetFlag(FLAGS_kv_disk_layerwise);
   o.scheduler.disk_save_on_fill = absl::GetFlag(FLAGS_kv_disk_save_on_fill);
+  o.scheduler.context_overflow = absl::GetFlag(FLAGS_context_overflow);
+  o.scheduler.context_keep_tokens = absl::GetFlag(FLAGS_context_keep_tokens);
   o.scheduler.kv_eviction = absl::GetFlag(FLAGS_kv_eviction_policy);
   o.scheduler.lookahead_requests = absl::GetFlag(FLAGS_kv_lookahead_requests);
   o.scheduler.disk_ttl = absl::Seconds(std::max(1.0, absl::GetFlag(FLAGS_kv_disk_ttl_s)));

@@ -67,6 +67,9 @@ absl::Status Scheduler::ValidateConfig(const SchedulerConfig& c) {
     return absl::InvalidArgumentError(
         "without chunked prefill, max_num_batched_tokens must cover max_model_len");
   }
+  if (c.context_keep_tokens < 0 || c.context_keep_tokens >= c.max_model_len) {
+    return absl::InvalidArgumentError("context_keep_tokens must be in [0, max_model_len)");
+  }
   return absl::OkStatus();
 }
 
@@ -244,6 +247,8 @@ void Scheduler::ForgetLostKv(Request* req) {
   for (auto& s : req->seqs) {
     s->table.clear();
     s->held.clear();
+    s->shifts.clear();
+    s->shift_sources.clear();
     s->table_sent = 0;
     s->registered_blocks = 0;
   }
@@ -332,14 +337,28 @@ absl::StatusOr<uint64_t> Scheduler::Submit(GenerateRequest request, UpdateCallba
     return absl::InvalidArgumentError(absl::StrCat("n must be between 1 and ", config_.max_n));
   }
   if (request.max_tokens < 1) return absl::InvalidArgumentError("max_tokens must be at least 1");
+  std::optional<Truncation> truncation;
+  std::vector<int32_t> untruncated;
   if (prompt_len + request.max_tokens > config_.max_model_len) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("This model's maximum context length is ", config_.max_model_len,
-                     " tokens. However, you requested ", prompt_len + request.max_tokens,
-                     " tokens (", prompt_len, " in the prompt, ", request.max_tokens,
-                     " in the completion). Please reduce the length of the prompt or completion."));
+    if (config_.context_overflow == ContextOverflow::kTruncate) {
+      truncation = PlanTruncation(prompt_len, request.max_tokens, config_.max_model_len,
+                                  config_.context_keep_tokens, config_.block_tokens);
+    }
+    if (!truncation) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "This model's maximum context length is ", config_.max_model_len,
+          " tokens. However, you requested ", prompt_len + request.max_tokens, " tokens (",
+          prompt_len, " in the prompt, ", request.max_tokens, " in the completion). ",
+          config_.context_overflow == ContextOverflow::kTruncate
+              ? "Even with the middle of the prompt dropped it does not fit. "
+              : "",
+          "Please reduce the length of the prompt or completion."));
+    }
+    untruncated = std::move(request.prompt_tokens);
+    request.prompt_tokens = Truncate(untruncated, *truncation);
   }
-  const int64_t needed = prompt_len + static_cast<int64_t>(request.n) * request.max_tokens;
+  const int64_t truncated_len = static_cast<int64_t>(request.prompt_tokens.size());
+  const int64_t needed = truncated_len + static_cast<int64_t>(request.n) * request.max_tokens;
   int64_t largest_pool = 0;
   int64_t num_queued = 0;
   {
@@ -349,7 +368,7 @@ absl::StatusOr<uint64_t> Scheduler::Submit(GenerateRequest request, UpdateCallba
   }
   if (largest_pool > 0 && needed > largest_pool) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the request needs up to ", needed, " KV slots (prompt ", prompt_len, " + ", request.n,
+        "the request needs up to ", needed, " KV slots (prompt ", truncated_len, " + ", request.n,
         " x max_tokens ", request.max_tokens, ") but the largest KV pool holds ", largest_pool));
   }
   num_queued = queued_.fetch_add(1);
@@ -375,10 +394,20 @@ absl::StatusOr<uint64_t> Scheduler::Submit(GenerateRequest request, UpdateCallba
     }
     id = next_request_id_++;
   }
-  Post([this, id, request = std::move(request), on_update = std::move(on_update)]() mutable {
+  if (truncation) {
+    absl::MutexLock lock(&stats_mu_);
+    ++counters_.context_truncated_total;
+    counters_.context_dropped_tokens_total += truncation->dropped;
+  }
+  Post([this, id, request = std::move(request), on_update = std::move(on_update), truncation,
+        untruncated = std::move(untruncated)]() mutable {
     auto req = std::make_unique<Request>();
     req->id = id;
     req->spec = std::move(request);
+    if (truncation) {
+      req->truncation = *truncation;
+      req->untruncated = std::move(untruncated);
+    }
     req->callback = std::move(on_update);
     req->arrival = arrival_counter_++;
     req->submitted = absl::Now();
@@ -487,6 +516,7 @@ void Scheduler::OnDeadline(uint64_t request_id) {
 
 void Scheduler::ReleaseKv(Sequence* seq) {
   Request* req = seq->request;
+  DropShiftSources(seq);
   if (req->pool && req->pool->value() < pools_.size() && pools_[req->pool->value()]->alive) {
     KvPool& kv = *pools_[req->pool->value()]->kv;
     for (const auto& [block, hash] : seq->held) {

@@ -39,6 +39,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -57,6 +58,7 @@
 #include "server/request.h"
 #include "server/step_clock.h"
 #include "server/step_executor.h"
+#include "server/truncation.h"
 
 namespace strata {
 
@@ -116,6 +118,14 @@ struct SchedulerConfig {
   bool disk_save_on_fill = false;
   // The model's layers (for the read-ahead rule; 0: unknown, taken as one).
   int num_layers = 0;
+  // A prompt that does not fit in max_model_len with its max_tokens (server/truncation.h):
+  // kError refuses it (400); kTruncate keeps its first `context_keep_tokens` (rounded up to
+  // whole blocks) and its most recent tokens and drops the middle.
+  ContextOverflow context_overflow = ContextOverflow::kError;
+  int64_t context_keep_tokens = 16;
+  // RoPE's inverse frequencies (RopeInverseFrequencies): truncation moves the kept tail's
+  // cached KV to its new positions with them. Empty: the kept tail is recomputed.
+  std::vector<double> rope_inv_freq;
 };
 
 struct PoolStatus {
@@ -159,6 +169,12 @@ struct SchedulerStats {
   // Disk blocks given up for newer ones, and deleted by the TTL.
   int64_t disk_evicted_blocks_total = 0;
   int64_t disk_expired_blocks_total = 0;
+  // Context truncation: requests truncated, the tokens dropped from their prompts, and the
+  // kept tokens whose cached KV moved to new positions instead of being recomputed (also in
+  // prefix_hit_tokens_total).
+  int64_t context_truncated_total = 0;
+  int64_t context_dropped_tokens_total = 0;
+  int64_t context_moved_tokens_total = 0;
   int64_t steps_total = 0;
   // Asynchronous scheduling: rows planned before the previous token was known, and tokens
   // sampled for sequences that had already finished (never streamed nor billed).
@@ -291,6 +307,15 @@ class Scheduler {
   // touching the pool's (discarded) ledger.
   void ForgetLostKv(Request* req);
   void RegisterBlocks(Sequence* seq);
+  // Context truncation (scheduler_truncation.cc). A truncated request placed on `pool` with
+  // blocks [0, from) of its prompt cached: the following blocks (before `max_blocks`) that
+  // earlier turns of the conversation cached at later positions move to theirs (KvShift in
+  // its first assignment) instead of being computed. Returns how many blocks move. It also
+  // remembers the truncation, which later turns' KV may then come from.
+  int MoveTruncatedTail(Request* req, PoolIndex pool, int from, int max_blocks);
+  // The blocks a sequence's shifts copy from are no longer needed (the step is back, or the
+  // sequence lost its KV).
+  void DropShiftSources(Sequence* seq);
   // The disk tier (scheduler_disk.cc).
   struct DiskOp;
   // Orders a save of a cached block of `pool` that just went idle, unless it is on disk
@@ -389,6 +414,10 @@ class Scheduler {
   // for the next allowed one.
   StepClock clock_;
   PrefillRate prefill_rate_;  // for the disk tier's load-or-recompute rule
+  // Context truncation: chained block hashes of untruncated conversation prefixes that were
+  // truncated right before their last block (MoveTruncatedTail), oldest first.
+  std::unordered_set<uint64_t> truncated_prefixes_;
+  std::deque<uint64_t> truncated_order_;
   absl::Time last_start_ = absl::InfinitePast();
   bool stagger_timer_set_ = false;
   int advised_memory_nodes_ = 0;

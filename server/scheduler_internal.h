@@ -44,6 +44,10 @@ struct Scheduler::Sequence {
   }
   std::unique_ptr<OutputProcessor> output;
   absl::Time last_token_time = absl::InfinitePast();
+  // Context truncation: KV that cached blocks give its table (sent with its first
+  // assignment), and those blocks, held until the step that copies them is back.
+  std::vector<KvShift> shifts;
+  std::vector<uint64_t> shift_sources;
 };
 
 struct Scheduler::Request {
@@ -81,6 +85,10 @@ struct Scheduler::Request {
   // `lookahead_tokens` of them).
   std::vector<uint64_t> lookahead_hashes;
   size_t lookahead_tokens = 0;
+  // Context truncation (truncation.h): how the prompt (spec.prompt_tokens) was cut from the
+  // one submitted (`untruncated`; empty if it was not).
+  Truncation truncation;
+  std::vector<int32_t> untruncated;
 
   int32_t prompt_len() const { return static_cast<int32_t>(spec.prompt_tokens.size()); }
   // The first unfinished sequence: it computes the shared prompt.

@@ -251,6 +251,12 @@ bool Scheduler::Place(Request* req, int executor) {
       counters_.disk_recomputed_blocks_total += on_disk;
       on_disk = 0;
     }
+    // A truncated conversation: its kept tail's KV moves from where earlier turns cached it.
+    const int moved = MoveTruncatedTail(req, p, matched, on_disk > 0 ? matched : max_blocks);
+    owner->computed += static_cast<int64_t>(moved) * config_.block_tokens;
+    if (first_admission) {
+      req->cached_prompt_tokens = std::min<int64_t>(owner->computed, req->prompt_len());
+    }
     const int64_t in_dram = owner->computed;
     if (on_disk > 0) {
       req->first_load = first_admission;
@@ -261,10 +267,14 @@ bool Scheduler::Place(Request* req, int executor) {
       if (first_admission) counters_.prompt_tokens_total += req->prompt_len();
       counters_.prefix_query_tokens_total += length;
       counters_.prefix_hit_tokens_total += in_dram;
+      counters_.context_moved_tokens_total += static_cast<int64_t>(moved) * config_.block_tokens;
     }
     LOG_IF(INFO, first_admission) << "request " << req->id << " (" << req->spec.external_id
                                   << ") placed on " << pools_[p.value()]->name << " with "
                                   << in_dram << "/" << length << " tokens from the prefix cache"
+                                  << (moved > 0 ? absl::StrCat(" (", moved * config_.block_tokens,
+                                                               " of them moved by truncation)")
+                                                : "")
                                   << (on_disk > 0
                                           ? absl::StrCat(" and ", on_disk * config_.block_tokens,
                                                          " to load from disk")
@@ -602,6 +612,8 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     a.pool = *req->pool;
     a.start = static_cast<int32_t>(seq->table_sent);
     a.slots.assign(seq->table.begin() + seq->table_sent, seq->table.end());
+    a.shifts = std::move(seq->shifts);  // context truncation: filled before any row runs
+    seq->shifts.clear();
     plan->assignments.push_back(std::move(a));
     seq->table_sent = static_cast<int64_t>(seq->table.size());
   };

@@ -172,6 +172,8 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
     seq->computed =
         std::max<int64_t>(seq->computed, c.start_position + static_cast<int64_t>(c.tokens.size()));
     RegisterBlocks(seq);
+    // Context truncation: the step that moved KV from these blocks is back.
+    if (seq->shifts.empty()) DropShiftSources(seq);
   }
 
   std::unordered_map<Request*, RequestUpdate> updates;

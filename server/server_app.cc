@@ -63,6 +63,7 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions option
   sc.max_model_len = max_model_len;
   sc.vocab_size = static_cast<int32_t>(model.vocab_size);
   sc.num_layers = static_cast<int>(model.num_layers);
+  sc.rope_inv_freq = RopeInverseFrequencies(model);
   sc.eos_token_ids.assign(model.eos_token_ids.begin(), model.eos_token_ids.end());
   if (app->tokenizer_ && app->tokenizer_->eos_token_id() >= 0 &&
       std::find(sc.eos_token_ids.begin(), sc.eos_token_ids.end(),
@@ -122,6 +123,7 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions option
   api_options.limits.max_model_len = max_model_len;
   api_options.limits.vocab_size = static_cast<int32_t>(model.vocab_size);
   api_options.limits.max_n = sc.max_n;
+  api_options.limits.truncate_context = sc.context_overflow == ContextOverflow::kTruncate;
   ControlPlane* control = app->control_.get();
   const std::function<bool()> serving = [control] { return control->Serving(); };
   app->api_ = std::make_unique<api::OpenAiApi>(app->scheduler_.get(), app->tokenizer_.get(),

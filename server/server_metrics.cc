@@ -71,6 +71,16 @@ ServerMetrics::ServerMetrics(std::shared_ptr<metrics::MetricsRegistry> registry,
                        "disk (layer-wise pre-loading), by outcome: ok, failed (a load failed; "
                        "the request was preempted and recomputed what was not cached).")
                    .Register(r);
+  truncations_ = counter("strata_context_truncations_total",
+                         "Requests whose prompt lost its middle to fit the context "
+                         "(--context_overflow=truncate).");
+  truncation_tokens_ = &BuildCounter()
+                            .Name("strata_context_truncation_tokens_total")
+                            .Help(
+                                "Prompt tokens of truncated requests, by event: dropped (the "
+                                "middle), moved (kept tokens whose cached KV moved to their new "
+                                "positions, K re-rotated, instead of being recomputed).")
+                            .Register(r);
   evictions_ = &BuildCounter()
                     .Name("strata_kv_evictions_total")
                     .Help(
@@ -227,6 +237,9 @@ void ServerMetrics::Refresh() {
   add(evictions_, {{"tier", "disk"}, {"reason", "capacity"}}, s.disk_evicted_blocks_total);
   add(evictions_, {{"tier", "disk"}, {"reason", "ttl"}}, s.disk_expired_blocks_total);
   add(evictions_, {{"tier", "disk"}, {"reason", "checksum"}}, s.disk_failed_loads_total);
+  metrics::SetCounterTo(*truncations_, static_cast<double>(s.context_truncated_total));
+  add(truncation_tokens_, {{"event", "dropped"}}, s.context_dropped_tokens_total);
+  add(truncation_tokens_, {{"event", "moved"}}, s.context_moved_tokens_total);
   metrics::SetCounterTo(*preemptions_, static_cast<double>(s.num_preemptions_total));
   metrics::SetCounterTo(*prompt_tokens_, static_cast<double>(s.prompt_tokens_total));
   metrics::SetCounterTo(*generation_tokens_, static_cast<double>(s.generation_tokens_total));

@@ -53,6 +53,8 @@ class ServerMetrics {
   prometheus::Family<prometheus::Counter>* disk_blocks_;
   prometheus::Family<prometheus::Counter>* preloads_;
   prometheus::Family<prometheus::Counter>* evictions_;
+  prometheus::Counter* truncations_;
+  prometheus::Family<prometheus::Counter>* truncation_tokens_;
   prometheus::Family<prometheus::Gauge>* disk_extents_;
   prometheus::Counter* preemptions_;
   prometheus::Counter* prompt_tokens_;

@@ -7,7 +7,7 @@
 namespace strata {
 
 // The control and data plane protocol; a node with another version is refused.
-inline constexpr uint32_t kProtocolVersion = 2;
+inline constexpr uint32_t kProtocolVersion = 3;
 inline constexpr char kBuildVersion[] = "strata 0.1.0";
 
 }  // namespace strata

@@ -1,5 +1,6 @@
 #include "common/model/model_config.h"
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -224,6 +225,36 @@ std::string ModelConfigToJson(const ModelConfig& c) {
     j["eos_token_id"] = c.eos_token_ids;
   }
   return j.dump(2) + "\n";
+}
+
+std::vector<double> RopeInverseFrequencies(const ModelConfig& c) {
+  const int half = static_cast<int>(c.head_dim / 2);
+  std::vector<double> inv_freq(half);
+  for (int i = 0; i < half; ++i) {
+    inv_freq[i] = std::pow(c.rope_theta, -2.0 * i / static_cast<double>(c.head_dim));
+  }
+  const RopeScaling& s = c.rope_scaling;
+  if (s.type == RopeScaling::Type::kLinear) {
+    for (double& f : inv_freq) f /= s.factor;
+  } else if (s.type == RopeScaling::Type::kLlama3) {
+    // Frequencies whose wavelength is short relative to the original context are kept,
+    // long ones are divided by `factor`, and the band between is interpolated.
+    const double original = static_cast<double>(s.original_max_position_embeddings);
+    const double low_freq_wavelen = original / s.low_freq_factor;
+    const double high_freq_wavelen = original / s.high_freq_factor;
+    for (double& f : inv_freq) {
+      const double wavelen = 2.0 * M_PI / f;
+      if (wavelen < high_freq_wavelen) continue;
+      if (wavelen > low_freq_wavelen) {
+        f /= s.factor;
+        continue;
+      }
+      const double smooth =
+          (original / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      f = (1.0 - smooth) * f / s.factor + smooth * f;
+    }
+  }
+  return inv_freq;
 }
 
 }  // namespace strata

@@ -65,6 +65,10 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir);
 // Writes config.json text for `config` (used by the demo model generator).
 std::string ModelConfigToJson(const ModelConfig& config);
 
+// The inverse frequencies of RoPE for `config`, with its rope_scaling applied:
+// inv_freq[i] = theta^(-2i/head_dim), then linear (divide by factor) or llama3 scaling.
+std::vector<double> RopeInverseFrequencies(const ModelConfig& config);
+
 }  // namespace strata
 
 #endif  // STRATA_COMMON_MODEL_MODEL_CONFIG_H_

@@ -1,6 +1,7 @@
 #include "common/protocol/attention_wire.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/protocol/kv_shift_proto.h"
 #include "proto/data_plane.pb.h"
 
 namespace strata {
@@ -17,6 +18,7 @@ std::string EncodeStepShare(const StepShare& share) {
     e->set_request_id(a.request_id.value());
     e->set_start(a.start);
     e->mutable_slots()->Add(a.slots.begin(), a.slots.end());
+    KvShiftsToProto(a.shifts, e->mutable_shifts());
   }
   for (const AttentionRowPlan& r : share.plan.rows) {
     d.add_row_request(r.request_id.value());
@@ -63,8 +65,15 @@ absl::StatusOr<StepShare> DecodeStepShare(std::span<const uint8_t> bytes) {
   share.num_layers = d.num_layers();
   for (uint64_t id : d.released()) share.plan.releases.push_back({SequenceId(id), share.pool});
   for (const data::SlotExtent& e : d.assignments()) {
-    share.plan.assignments.push_back(
-        {SequenceId(e.request_id()), share.pool, e.start(), {e.slots().begin(), e.slots().end()}});
+    SlotAssignment a{SequenceId(e.request_id()),
+                     share.pool,
+                     e.start(),
+                     {e.slots().begin(), e.slots().end()},
+                     {}};
+    if (absl::Status s = KvShiftsFromProto(e.shifts(), &a.shifts); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", d.step_id(), ": ", s.message()));
+    }
+    share.plan.assignments.push_back(std::move(a));
   }
   for (int i = 0; i < rows; ++i) {
     share.plan.rows.push_back(

@@ -19,14 +19,28 @@ using SequenceId = StrongId<struct SequenceIdTag, uint64_t>;
 // A KV pool: a memory node, or (co-located mode) the compute node's own cache.
 using PoolIndex = StrongId<struct PoolIndexTag, uint32_t>;
 
+// The scheduler sends a sequence's full table once, then only new extents
+// (docs/architecture.md: diffs). Cutting a table back serves preemption and re-prefill.
+// Context truncation: KV that moves to positions [position, position + from.size()) of a
+// table, copied from the pool's slots `from` (where it sat `shift` positions later: the
+// kept tail of a conversation whose middle was dropped). K is re-rotated by the angles of
+// `shift` (RoPE was applied before storage); V is copied as is. The plan carries the
+// rotation's cos and sin ([head_dim / 2] each), so the attention side needs no model config.
+struct KvShift {
+  int32_t position = 0;
+  int32_t shift = 0;  // new position minus old: negative
+  std::vector<int32_t> from;
+  std::vector<float> cos, sin;
+};
+
 // table[start + i] = slots[i] for the sequence, after truncating its table to `start`
-// entries. The scheduler sends a sequence's full table once, then only new extents
-// (docs/architecture.md: diffs). Truncation serves preemption and re-prefill.
+// entries; then `shifts` fill some of the new positions (before any row of the step).
 struct SlotAssignment {
   SequenceId request_id;
   PoolIndex pool;  // the pool that holds the table
   int32_t start = 0;
   std::vector<int32_t> slots;
+  std::vector<KvShift> shifts;
 };
 
 // The sequence's table in `pool` is dropped (it finished, or moved).

@@ -1,6 +1,7 @@
 #include "common/protocol/step_proto.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/protocol/kv_shift_proto.h"
 
 namespace strata {
 
@@ -69,6 +70,7 @@ void ToProto(const StepPlan& plan, control::StepPlan* out) {
     assignment->set_pool(a.pool.value());
     assignment->set_start(a.start);
     assignment->mutable_slots()->Add(a.slots.begin(), a.slots.end());
+    KvShiftsToProto(a.shifts, assignment->mutable_shifts());
   }
   if (plan.rotation.active()) {
     auto* rotation = out->mutable_rotation();
@@ -118,10 +120,13 @@ absl::StatusOr<StepPlan> FromProto(const control::StepPlan& in) {
       return absl::InvalidArgumentError(
           absl::StrCat("assignment of request ", a.request_id(), " starts at ", a.start()));
     }
-    plan.assignments.push_back({SequenceId(a.request_id()),
-                                PoolIndex(a.pool()),
-                                a.start(),
-                                {a.slots().begin(), a.slots().end()}});
+    SlotAssignment assignment{SequenceId(a.request_id()),
+                              PoolIndex(a.pool()),
+                              a.start(),
+                              {a.slots().begin(), a.slots().end()},
+                              {}};
+    if (absl::Status s = KvShiftsFromProto(a.shifts(), &assignment.shifts); !s.ok()) return s;
+    plan.assignments.push_back(std::move(assignment));
   }
   for (const auto& c : in.chunks()) {
     if (c.tokens().empty() || c.start_position() < 0) {

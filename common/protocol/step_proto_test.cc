@@ -20,6 +20,7 @@ TEST(StepProto, PlanRoundTrip) {
   plan.setups.push_back(setup);
   plan.releases.push_back({SequenceId(4), PoolIndex(1)});
   plan.assignments.push_back({SequenceId(11), PoolIndex(1), 0, {10, 11, 12, 13, 14}});
+  plan.assignments[0].shifts.push_back({2, -32, {40, 41}, {1.0f, 0.5f}, {0.0f, -0.25f}});
   plan.chunks.push_back(
       {SequenceId(11), PoolIndex(1), 0, {1, 2, 3, 4, 5}, {{SequenceId(11), 0, 0, {2}}}, 0x5eed});
   control::StepPlan wire;
@@ -40,6 +41,13 @@ TEST(StepProto, PlanRoundTrip) {
   EXPECT_EQ(back->assignments[0].pool, PoolIndex(1));
   EXPECT_EQ(back->chunks[0].pool, PoolIndex(1));
   EXPECT_EQ(back->assignments[0].slots, (std::vector<int32_t>{10, 11, 12, 13, 14}));
+  ASSERT_EQ(back->assignments[0].shifts.size(), 1u);
+  const KvShift& shift = back->assignments[0].shifts[0];
+  EXPECT_EQ(shift.position, 2);
+  EXPECT_EQ(shift.shift, -32);
+  EXPECT_EQ(shift.from, (std::vector<int32_t>{40, 41}));
+  EXPECT_EQ(shift.cos, (std::vector<float>{1.0f, 0.5f}));
+  EXPECT_EQ(shift.sin, (std::vector<float>{0.0f, -0.25f}));
   EXPECT_EQ(back->chunks[0].samples[0].banned_tokens, (std::vector<int32_t>{2}));
   EXPECT_EQ(back->chunks[0].load_ticket, 0x5eedu);
   EXPECT_EQ(back->num_rows(), 5);
@@ -54,6 +62,15 @@ TEST(StepProto, MalformedPlansAreRejected) {
   auto* a = negative.add_assignments();
   a->set_start(-4);
   EXPECT_FALSE(FromProto(negative).ok());
+  // A shift with no slots, or with more cosines than sines.
+  control::StepPlan empty_shift;
+  empty_shift.add_assignments()->add_shifts()->set_position(3);
+  EXPECT_FALSE(FromProto(empty_shift).ok());
+  control::StepPlan uneven;
+  auto* shift = uneven.add_assignments()->add_shifts();
+  shift->add_from(1);
+  shift->add_cos(1.0f);
+  EXPECT_FALSE(FromProto(uneven).ok());
   // Truncated bytes do not parse.
   control::StepPlan good;
   good.add_chunks()->add_tokens(5);

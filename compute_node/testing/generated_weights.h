@@ -12,9 +12,11 @@
 namespace strata {
 
 // Generates the model `shape` (a NamedModelShape name) into $TEST_TMPDIR/`subdir` (/tmp
-// outside Bazel), replacing what is there, and loads it.
+// outside Bazel), replacing what is there, and loads it. `num_layers` > 0 replaces the
+// shape's layer count.
 absl::StatusOr<std::unique_ptr<ModelWeights>> GenerateAndLoadWeights(const std::string& shape,
-                                                                     const std::string& subdir);
+                                                                     const std::string& subdir,
+                                                                     int num_layers = 0);
 
 }  // namespace strata
 

@@ -479,8 +479,9 @@ std::optional<ApiError> CheckModel(const std::string& requested, const std::stri
 }
 
 int DefaultChatMaxTokens(const ApiLimits& limits, size_t prompt_tokens) {
-  return std::max<int>(
-      1, static_cast<int>(limits.max_model_len - static_cast<int64_t>(prompt_tokens)));
+  const int64_t rest = limits.max_model_len - static_cast<int64_t>(prompt_tokens);
+  const int64_t floor = limits.truncate_context ? limits.max_model_len / 4 : 1;
+  return static_cast<int>(std::max<int64_t>({rest, floor, 1}));
 }
 
 }  // namespace strata::api

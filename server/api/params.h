@@ -24,6 +24,9 @@ struct ApiLimits {
   int max_stop_sequences = 16;
   int64_t max_model_len = 4096;
   int32_t vocab_size = 0;  // also the most logit_bias entries a request may give
+  // --context_overflow=truncate: a prompt that does not fit loses its middle
+  // (server/truncation.h) rather than being refused.
+  bool truncate_context = false;
 };
 
 // What the request asked for beyond GenerateRequest.
@@ -106,7 +109,8 @@ std::variant<ParsedParams, ApiError> ParseParams(const nlohmann::ordered_json& b
 // the served one is a 404; nullopt when the request may go on.
 std::optional<ApiError> CheckModel(const std::string& requested, const std::string& served);
 
-// max_tokens when a chat request gives none: the rest of the context (at least 1).
+// max_tokens when a chat request gives none: the rest of the context (at least 1). With
+// truncation, at least a quarter of the context (the prompt then loses its middle).
 int DefaultChatMaxTokens(const ApiLimits& limits, size_t prompt_tokens);
 
 }  // namespace strata::api

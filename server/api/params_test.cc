@@ -138,5 +138,18 @@ TEST(Params, CombinationsAreChecked) {
   EXPECT_EQ(std::get<ParsedParams>(both).request.stop, std::vector<std::string>{"x"});
 }
 
+// A chat request without max_tokens gets the rest of the context; with truncation on, at
+// least a quarter of it (its prompt then loses its middle).
+TEST(Params, DefaultChatMaxTokens) {
+  ApiLimits limits = Limits();
+  EXPECT_EQ(DefaultChatMaxTokens(limits, 100), 28);
+  EXPECT_EQ(DefaultChatMaxTokens(limits, 128), 1);
+  EXPECT_EQ(DefaultChatMaxTokens(limits, 500), 1);
+  limits.truncate_context = true;
+  EXPECT_EQ(DefaultChatMaxTokens(limits, 100), 32);
+  EXPECT_EQ(DefaultChatMaxTokens(limits, 500), 32);
+  EXPECT_EQ(DefaultChatMaxTokens(limits, 10), 118);
+}
+
 }  // namespace
 }  // namespace strata::api
