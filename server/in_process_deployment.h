@@ -44,6 +44,7 @@ struct Outcome {
   std::map<uint32_t, std::vector<int32_t>> by_sample;  // n > 1: each sample's tokens
   std::vector<float> logprobs;  // of `tokens`, when the request asked for logprobs
   std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;  // of each of `tokens`
+  absl::Time first_token = absl::InfinitePast();  // when the first tokens arrived
   absl::Status error;
   bool done = false;
   int64_t cached_prompt_tokens = 0;
@@ -320,6 +321,9 @@ class Deployment {
     auto outcome = std::make_shared<Outcome>();
     auto id = scheduler_->Submit(std::move(req), [this, outcome](const RequestUpdate& u) {
       std::lock_guard<std::mutex> lock(mu_);
+      if (outcome->first_token == absl::InfinitePast() && !u.sequences.empty()) {
+        outcome->first_token = absl::Now();
+      }
       for (const SequenceUpdate& s : u.sequences) {
         outcome->tokens.insert(outcome->tokens.end(), s.tokens.begin(), s.tokens.end());
         for (const TokenLogprob& l : s.logprobs) {

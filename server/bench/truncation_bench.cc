@@ -21,7 +21,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "common/base/stopwatch.h"
 #include "server/in_process_deployment.h"
 
 ABSL_FLAG(std::string, model, "", "Model directory (the generated demo model)");
@@ -62,21 +61,16 @@ struct Run {
 
 // One request alone on `d`: its output and time to first token.
 Run Serve(Deployment& d, GenerateRequest r) {
-  const int max_tokens = r.max_tokens;
-  r.max_tokens = 1;
-  Stopwatch first;
-  auto one = d.Submit(r);
-  d.Wait({one});
   Run run;
-  run.ttft_s = first.ElapsedSeconds();
-  r.max_tokens = max_tokens;
+  const absl::Time start = absl::Now();
   run.outcome = d.Submit(std::move(r));
   d.Wait({run.outcome});
+  run.ttft_s = absl::ToDoubleSeconds(run.outcome->first_token - start);
   return run;
 }
 
 // Mean |logprob difference| over the reference's top tokens present in both, at the first
-// output token.
+// output token (NaN: none in common).
 double FirstTokenDistance(const Outcome& got, const Outcome& ref) {
   if (got.top_logprobs.empty() || ref.top_logprobs.empty()) return NAN;
   std::map<int32_t, float> mine(got.top_logprobs[0].begin(), got.top_logprobs[0].end());
@@ -97,7 +91,9 @@ int AgreeingPrefix(const Outcome& a, const Outcome& b) {
   return static_cast<int>(n);
 }
 
+// Of the values that are not NaN (a distance with no top token in common).
 double Median(std::vector<double> v) {
+  v.erase(std::remove_if(v.begin(), v.end(), [](double x) { return std::isnan(x); }), v.end());
   std::sort(v.begin(), v.end());
   return v.empty() ? NAN : v[v.size() / 2];
 }
@@ -130,8 +126,8 @@ int Main() {
   std::printf("model %s, context %d, earlier turn %d + %d tokens, new question %d, answer %d\n",
               dir.c_str(), context, history, answer, question, answer);
   std::printf("%4s %9s %9s %7s %9s %9s %9s %6s %6s %9s %9s %6s\n", "conv", "dropped", "moved",
-              "ttft_mv", "ttft_fr", "d1_mv", "d1_full", "top1mv", "top1fl", "agree_mv",
-              "agree_fl", "cached");
+              "ttft_mv", "ttft_fr", "d1_mv", "d1_full", "top1mv", "top1fl", "agree_mv", "agree_fl",
+              "cached");
   std::vector<double> ttft_moved, ttft_fresh, d_moved, d_full, agree_moved, agree_full;
   int top_moved = 0, top_full = 0, n = 0;
   for (int c = 0; c < absl::GetFlag(FLAGS_conversations); ++c) {
@@ -189,7 +185,8 @@ int Main() {
   }
   std::printf(
       "medians over %d conversations: TTFT moved %.3f s, fresh prefill %.3f s (%.2fx); "
-      "first-token |dlogprob| over the top 20: moved %.4f, untruncated %.4f; top token agrees: "
+      "first-token |dlogprob| over the top 20 (where any is common): moved %.4f, untruncated "
+      "%.4f; top token agrees: "
       "moved %d/%d, untruncated %d/%d; greedy tokens agreeing: moved %.0f, untruncated %.0f "
       "of %d\n",
       n, Median(ttft_moved), Median(ttft_fresh), Median(ttft_fresh) / Median(ttft_moved),
