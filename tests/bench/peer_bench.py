@@ -1,0 +1,318 @@
+#!/usr/bin/python3
+"""strata against llama.cpp on identical weights, interleaved, medians, ratios (issue 16).
+
+Given a llama.cpp build directory (built outside this repository with -DGGML_NATIVE=ON; its
+binaries in BUILD/bin), this exports the demo model to GGUF (tests/bench/export_gguf.py),
+then runs, in --rounds rounds whose order alternates:
+  tg       llama-bench tg at batch 1 (-n 128 at depth --tg_depth) against decode_bench
+           --batches=1 at the same context;
+  batched  llama-batched-bench S_TG at --sequences and --contexts against decode_bench at
+           the same batches and contexts;
+  served   llama-server against the launcher (deploy/local; --memory_nodes, co-located by
+           default) at 1 and --clients streaming clients, 128 tokens each from a 64-token
+           prompt of token ids, greedy. Before timing, both servers answer the same prompt
+           with 16 greedy tokens, and the script prints how many agree (a check that the
+           GGUF is the same model: bf16 rounding differs between the two, so the tail may
+           diverge).
+Without --llama_dir it runs strata alone and says that the peer was skipped.
+
+  /usr/bin/python3 tests/bench/peer_bench.py --bin_dir="$(bazel info bazel-bin)" \\
+      --llama_dir=/path/to/llama.cpp/build [--rounds=3] [--parts=tg,batched,served]
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare_builds  # noqa: E402
+import export_gguf  # noqa: E402
+
+THREADS = 2
+PROMPT = [3 + (i * 7919) % 31000 for i in range(64)]
+
+
+def demo_model():
+    cache = os.environ.get("STRATA_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "strata")
+    path = os.path.join(cache, "models", "demo")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        raise SystemExit(f"no demo model at {path}: start deploy/local/serve once")
+    return path
+
+
+def gguf_of(model):
+    out = os.path.join(model, "model.gguf")
+    source = os.path.join(model, "model.safetensors")
+    if not os.path.exists(out) or os.path.getmtime(out) < os.path.getmtime(source):
+        export_gguf.export(model, out)
+    return out
+
+
+def decode_bench(bin_dir, model, batches, contexts):
+    out = subprocess.run(
+        [f"{bin_dir}/compute_node/bench/decode_bench", f"--model={model}",
+         f"--batches={','.join(map(str, batches))}",
+         f"--contexts={','.join(map(str, contexts))}", "--rounds=3"],
+        env=compare_builds.ENV, capture_output=True, text=True, check=True, cwd="/tmp").stdout
+    rows = compare_builds.table_rows(out, 2)
+    return {(b, c): float(rows[f"batch={b} ctx={c}"]["tok/s"]) for b in batches for c in contexts}
+
+
+def llama_bench_tg(llama_dir, gguf, depth):
+    out = subprocess.run(
+        [f"{llama_dir}/bin/llama-bench", "-m", gguf, "-p", "0", "-n", "128", "-d", str(depth),
+         "-t", str(THREADS), "-r", "3", "-o", "json"],
+        capture_output=True, text=True, check=True).stdout
+    return float(json.loads(out)[0]["avg_ts"])
+
+
+def llama_batched(llama_dir, gguf, sequences, context):
+    ctx = max(sequences) * (context + 32) + 256
+    out = subprocess.run(
+        [f"{llama_dir}/bin/llama-batched-bench", "-m", gguf, "-c", str(ctx), "-b", "2048",
+         "-ub", "512", "-npp", str(context), "-ntg", "32",
+         "-npl", ",".join(map(str, sequences)), "-t", str(THREADS)],
+        capture_output=True, text=True, check=True).stdout
+    # |    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s | ...
+    result = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 8 and cells[0].isdigit():
+            result[int(cells[2])] = float(cells[7])
+    return result
+
+
+def completion(port, max_tokens, stream, model=None):
+    body = {"prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": stream}
+    if model:
+        body["model"] = model
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                     data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    return urllib.request.urlopen(request, timeout=600)
+
+
+def greedy_tokens(port, model, n, ids_field):
+    """n greedy token ids for PROMPT."""
+    body = {"prompt": PROMPT, "max_tokens": n, "temperature": 0, "ignore_eos": True}
+    if model:
+        body["model"] = model
+    body.update(ids_field)
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                     data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    j = json.load(urllib.request.urlopen(request, timeout=600))
+    if "tokens" in j:  # llama-server with return_tokens
+        return j["tokens"]
+    choice = j["choices"][0]
+    if "tokens" in choice:
+        return choice["tokens"]
+    return [int(t.split(":")[1]) for t in choice["logprobs"]["tokens"]]
+
+
+def throughput(port, model, clients, max_tokens=128):
+    """Generated tokens per second over `clients` concurrent streams, and the median of
+    each stream's own decode rate."""
+    counts, rates = [0] * clients, [0.0] * clients
+
+    def client(i):
+        times = []
+        with completion(port, max_tokens, True, model) as response:
+            for line in response:
+                if line.startswith(b"data: {"):
+                    times.append(time.monotonic())
+        counts[i] = len(times)
+        rates[i] = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
+
+    start = time.monotonic()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.monotonic() - start), statistics.median(rates)
+
+
+class Server:
+    """A server process group started on a free port, stopped on exit."""
+
+    def __init__(self, argv, port_of, env=None):
+        self.log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        self.port = port_of(self)
+
+    def stop(self):
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        self.proc.wait(timeout=60)
+
+
+def wait_http(port, path, proc):
+    for _ in range(1200):
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode})")
+        try:
+            if urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5).status == 200:
+                return
+        except Exception:  # noqa: BLE001: not up yet
+            pass
+        time.sleep(0.5)
+    raise RuntimeError("the server did not start")
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_llama_server(llama_dir, gguf, clients):
+    port = free_port()
+
+    def port_of(server):
+        wait_http(port, "/health", server.proc)
+        return port
+    return Server([f"{llama_dir}/bin/llama-server", "-m", gguf, "-t", str(THREADS),
+                   "-c", str(clients * 512), "-np", str(clients), "--port", str(port),
+                   "--host", "127.0.0.1"], port_of)
+
+
+def start_strata(bin_dir, memory_nodes):
+    run_dir = tempfile.mkdtemp()
+    port_file = os.path.join(run_dir, "ports.json")
+
+    def port_of(server):
+        for _ in range(1200):
+            if server.proc.poll() is not None:
+                raise RuntimeError("the launcher exited")
+            if os.path.exists(port_file) and os.path.getsize(port_file) > 0:
+                port = json.load(open(port_file))["http"]
+                wait_http(port, "/health", server.proc)
+                return port
+            time.sleep(0.5)
+        raise RuntimeError("the deployment did not start")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    return Server([f"{bin_dir}/deploy/local/launcher", f"--bin_dir={bin_dir}", "--port=0",
+                   "--grpc_port=-1", f"--port_file={port_file}",
+                   f"--memory_nodes={memory_nodes}", "--node_metrics=false"], port_of, env=env)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bin_dir", required=True)
+    parser.add_argument("--llama_dir", default="")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--parts", default="tg,batched,served")
+    parser.add_argument("--tg_depth", type=int, default=256)
+    parser.add_argument("--sequences", default="1,8,32,64")
+    parser.add_argument("--contexts", default="256,2048")
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--memory_nodes", type=int, default=0)
+    args = parser.parse_args()
+    model = demo_model()
+    peer = bool(args.llama_dir)
+    if not peer:
+        print("no --llama_dir: llama.cpp skipped, strata's figures alone")
+    gguf = gguf_of(model) if peer else None
+    parts = args.parts.split(",")
+    sequences = [int(s) for s in args.sequences.split(",")]
+    contexts = [int(c) for c in args.contexts.split(",")]
+    results = {}
+
+    def record(key, value):
+        results.setdefault(key, []).append(value)
+        print(f"  {key}: {value:.2f}", file=sys.stderr, flush=True)
+
+    runs = []
+    if "tg" in parts:
+        runs.append(("tg strata", lambda: record(
+            ("tg", "strata"), decode_bench(args.bin_dir, model, [1], [args.tg_depth])[
+                (1, args.tg_depth)])))
+        if peer:
+            runs.append(("tg llama.cpp", lambda: record(
+                ("tg", "llama.cpp"), llama_bench_tg(args.llama_dir, gguf, args.tg_depth))))
+    if "batched" in parts:
+        def strata_batched():
+            for (b, c), v in decode_bench(args.bin_dir, model, sequences, contexts).items():
+                record(("batched", b, c, "strata"), v)
+        runs.append(("batched strata", strata_batched))
+        if peer:
+            def llama_batched_all():
+                for c in contexts:
+                    for b, v in llama_batched(args.llama_dir, gguf, sequences, c).items():
+                        record(("batched", b, c, "llama.cpp"), v)
+            runs.append(("batched llama.cpp", llama_batched_all))
+    if "served" in parts:
+        def served(kind):
+            def run():
+                server = (start_strata(args.bin_dir, args.memory_nodes) if kind == "strata"
+                          else start_llama_server(args.llama_dir, gguf, args.clients))
+                try:
+                    name = None
+                    if kind == "strata":
+                        name = json.load(urllib.request.urlopen(
+                            f"http://127.0.0.1:{server.port}/v1/models"))["data"][0]["id"]
+                    ids = ({"logprobs": 0, "return_tokens_as_token_ids": True}
+                           if kind == "strata" else {"return_tokens": True})
+                    results.setdefault(("greedy", kind), greedy_tokens(server.port, name, 16, ids))
+                    throughput(server.port, name, 1, 16)  # warm-up
+                    one, _ = throughput(server.port, name, 1)
+                    record(("served", 1, kind), one)
+                    many, _ = throughput(server.port, name, args.clients)
+                    record(("served", args.clients, kind), many)
+                finally:
+                    server.stop()
+            return run
+        runs.append(("served strata", served("strata")))
+        if peer:
+            runs.append(("served llama.cpp", served("llama.cpp")))
+
+    for r in range(args.rounds):
+        order = runs if r % 2 == 0 else list(reversed(runs))
+        for name, run in order:
+            print(f"round {r + 1}: {name}", file=sys.stderr, flush=True)
+            run()
+
+    def median(key):
+        return statistics.median(results[key]) if key in results else float("nan")
+
+    print(f"\nmedians of {args.rounds} interleaved rounds, {THREADS} threads, the demo model "
+          f"(bf16); tok/s")
+    print(f"{'measurement':<34} {'llama.cpp':>10} {'strata':>10} {'strata/llama':>13}")
+
+    def row(label, ours, theirs):
+        ratio = ours / theirs if theirs == theirs and theirs > 0 else float("nan")
+        print(f"{label:<34} {theirs:>10.2f} {ours:>10.2f} {ratio:>13.3f}")
+    if "tg" in parts:
+        row(f"decode batch 1, ctx {args.tg_depth}", median(("tg", "strata")),
+            median(("tg", "llama.cpp")))
+    if "batched" in parts:
+        for c in contexts:
+            for b in sequences:
+                row(f"decode {b} seqs, ctx {c} (S_TG)", median(("batched", b, c, "strata")),
+                    median(("batched", b, c, "llama.cpp")))
+    if "served" in parts:
+        for n in (1, args.clients):
+            row(f"served, {n} client(s)", median(("served", n, "strata")),
+                median(("served", n, "llama.cpp")))
+        if peer and ("greedy", "strata") in results and ("greedy", "llama.cpp") in results:
+            a, b = results[("greedy", "strata")], results[("greedy", "llama.cpp")]
+            agree = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            print(f"\nsame prompt, 16 greedy tokens: the first {agree} agree\n  strata    {a}\n"
+                  f"  llama.cpp {b}")
+
+
+if __name__ == "__main__":
+    main()
