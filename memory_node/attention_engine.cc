@@ -1,5 +1,6 @@
 #include "memory_node/attention_engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -200,22 +201,29 @@ void AttentionEngine::ApplyShift(const KvShift& shift, const int32_t* to) {
   const KvStoreConfig& c = config_.store;
   const int64_t n = static_cast<int64_t>(shift.from.size());
   const int64_t row = store_->row_elements();
-  shift_rows_.resize(static_cast<size_t>(n * row));
+  // In batches of rows, so that the buffer stays small whatever the shift's length.
+  constexpr int64_t kBatch = 1024;
+  shift_rows_.resize(static_cast<size_t>(std::min(n, kBatch) * row));
   for (int layer = 0; layer < c.num_layers; ++layer) {
-    // Gathered first: a source slot may also be a target.
-    for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(shift_rows_.data() + i * row, store_->k(layer) + shift.from[i] * row, row * 2);
-    }
-    kernels::ShiftRope(n, c.num_kv_heads, c.head_dim, c.dtype, shift.cos.data(), shift.sin.data(),
-                       shift_rows_.data(), shift_rows_.data());
-    for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(store_->k(layer) + to[i] * row, shift_rows_.data() + i * row, row * 2);
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(shift_rows_.data() + i * row, store_->v(layer) + shift.from[i] * row, row * 2);
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(store_->v(layer) + to[i] * row, shift_rows_.data() + i * row, row * 2);
+    for (int64_t begin = 0; begin < n; begin += kBatch) {
+      const int64_t m = std::min(kBatch, n - begin);
+      const int32_t* from = shift.from.data() + begin;
+      // Gathered first. The scheduler's sources (held cached blocks) and targets (fresh
+      // slots) are disjoint; a plan where they overlap gets wrong KV, never a bad access.
+      for (int64_t i = 0; i < m; ++i) {
+        std::memcpy(shift_rows_.data() + i * row, store_->k(layer) + from[i] * row, row * 2);
+      }
+      kernels::ShiftRope(m, c.num_kv_heads, c.head_dim, c.dtype, shift.cos.data(), shift.sin.data(),
+                         shift_rows_.data(), shift_rows_.data());
+      for (int64_t i = 0; i < m; ++i) {
+        std::memcpy(store_->k(layer) + to[begin + i] * row, shift_rows_.data() + i * row, row * 2);
+      }
+      for (int64_t i = 0; i < m; ++i) {
+        std::memcpy(shift_rows_.data() + i * row, store_->v(layer) + from[i] * row, row * 2);
+      }
+      for (int64_t i = 0; i < m; ++i) {
+        std::memcpy(store_->v(layer) + to[begin + i] * row, shift_rows_.data() + i * row, row * 2);
+      }
     }
   }
   shifted_positions_ += n;

@@ -145,6 +145,41 @@ TEST(AttentionEngine, ShiftsCopyKvAndRotateK) {
   }
 }
 
+// A shift longer than the engine's batch of rows (1024) moves every row.
+TEST(AttentionEngine, LongShiftsMoveEveryRow) {
+  auto engine = MakeEngine();
+  const int n = 1500;
+  Fill(*engine, 1, n, 9);
+  KvShift shift;
+  shift.position = 0;
+  shift.shift = -3;
+  shift.from = Slots(1, n);
+  shift.cos.assign(kDim / 2, 1.0f);  // the identity rotation: K is copied as it is
+  shift.sin.assign(kDim / 2, 0.0f);
+  // Fresh slots: those request 1 does not use.
+  std::vector<bool> used(4096, false);
+  for (int32_t s : shift.from) used[s] = true;
+  std::vector<int32_t> fresh;
+  for (int32_t s = 0; s < 4096 && static_cast<int>(fresh.size()) < n; ++s) {
+    if (!used[s]) fresh.push_back(s);
+  }
+  ASSERT_EQ(static_cast<int>(fresh.size()), n);
+  StepKvPlan plan;
+  plan.assignments.push_back({SequenceId(2), PoolIndex(0), 0, fresh, {shift}});
+  ASSERT_TRUE(engine->Prepare(plan).ok());
+  const KvStore& store = engine->store();
+  for (int layer = 0; layer < kLayers; ++layer) {
+    for (int i : {0, 1023, 1024, n - 1}) {
+      for (const uint16_t* base : {store.k(layer), store.v(layer)}) {
+        EXPECT_EQ(std::memcmp(base + static_cast<int64_t>(fresh[i]) * kKvRow,
+                              base + static_cast<int64_t>(shift.from[i]) * kKvRow, kKvRow * 2),
+                  0)
+            << "layer " << layer << " row " << i;
+      }
+    }
+  }
+}
+
 TEST(AttentionEngine, FinalRowMatchesDoubleReference) {
   auto engine = MakeEngine();
   const int n = 150;  // three tiles, the last partial

@@ -164,6 +164,50 @@ TEST_P(ContextTruncationTest, WhatCannotFitIsRefused) {
   EXPECT_EQ(d.scheduler().Stats().context_dropped_tokens_total, 96);
 }
 
+// Two memory nodes: the truncated turn goes to the pool that holds the blocks it moves
+// (the kept start alone is on both, and the other has more room).
+TEST_P(ContextTruncationTest, WithTwoPoolsTheTurnGoesWhereItsKvIs) {
+  if (GetParam() == 0) GTEST_SKIP() << "co-located has one pool";
+  Topology t{2, 1};
+  t.max_model_len = 256;
+  t.context_overflow = ContextOverflow::kTruncate;
+  Deployment d(one_layer_, t, 1024);
+  std::vector<int32_t> conversation = Tokens(200, 41);
+  // The kept start (block 0) cached on both pools: a request with the same first block
+  // runs first, and the conversation's turn 1 lands on the other pool.
+  std::vector<int32_t> other = Tokens(40, 42);
+  std::copy(conversation.begin(), conversation.begin() + 16, other.begin());
+  auto warm = d.Submit(Turn(other, 4));
+  auto turn1 = d.Submit(Turn(conversation, 8));
+  ASSERT_TRUE(d.Wait({warm, turn1}));
+  conversation.insert(conversation.end(), turn1->tokens.begin(), turn1->tokens.end());
+  const std::vector<int32_t> question = Tokens(40, 43);
+  conversation.insert(conversation.end(), question.begin(), question.end());
+  auto turn2 = d.Submit(Turn(conversation, 16));
+  ASSERT_TRUE(d.Wait({turn2}));
+  ASSERT_TRUE(turn2->error.ok()) << turn2->error;
+  EXPECT_EQ(d.scheduler().Stats().context_moved_tokens_total, 160);
+  EXPECT_EQ(turn2->cached_prompt_tokens, 176);
+}
+
+// A pool with room for the turn's table but not also for the blocks it would move from:
+// the turn is admitted and recomputes its tail (the answer still matches a fresh prefill).
+TEST_P(ContextTruncationTest, WithoutRoomToMoveTheTailIsRecomputed) {
+  Deployment d(one_layer_, Layout(ContextOverflow::kTruncate), 300);
+  std::vector<int32_t> conversation = Tokens(200, 51);
+  auto turn1 = d.Submit(Turn(conversation, 8));
+  ASSERT_TRUE(d.Wait({turn1}));
+  conversation.insert(conversation.end(), turn1->tokens.begin(), turn1->tokens.end());
+  const std::vector<int32_t> question = Tokens(40, 52);
+  conversation.insert(conversation.end(), question.begin(), question.end());
+  auto turn2 = d.Submit(Turn(conversation, 16));
+  ASSERT_TRUE(d.Wait({turn2}));
+  ASSERT_TRUE(turn2->error.ok()) << turn2->error;
+  EXPECT_EQ(turn2->tokens.size(), 16u);
+  EXPECT_EQ(d.scheduler().Stats().context_moved_tokens_total, 0);
+  ExpectSameOutput(*turn2, *Fresh(one_layer_, Truncate(conversation, {16, 16}), 16), "turn 2");
+}
+
 INSTANTIATE_TEST_SUITE_P(Layouts, ContextTruncationTest, ::testing::Values(0, 1),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return info.param == 0 ? "colocated" : "disaggregated";

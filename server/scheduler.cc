@@ -67,7 +67,8 @@ absl::Status Scheduler::ValidateConfig(const SchedulerConfig& c) {
     return absl::InvalidArgumentError(
         "without chunked prefill, max_num_batched_tokens must cover max_model_len");
   }
-  if (c.context_keep_tokens < 0 || c.context_keep_tokens >= c.max_model_len) {
+  if (c.context_overflow == ContextOverflow::kTruncate &&
+      (c.context_keep_tokens < 0 || c.context_keep_tokens >= c.max_model_len)) {
     return absl::InvalidArgumentError("context_keep_tokens must be in [0, max_model_len)");
   }
   return absl::OkStatus();

@@ -307,12 +307,21 @@ class Scheduler {
   // touching the pool's (discarded) ledger.
   void ForgetLostKv(Request* req);
   void RegisterBlocks(Sequence* seq);
-  // Context truncation (scheduler_truncation.cc). A truncated request placed on `pool` with
-  // blocks [0, from) of its prompt cached: the following blocks (before `max_blocks`) that
-  // earlier turns of the conversation cached at later positions move to theirs (KvShift in
-  // its first assignment) instead of being computed. Returns how many blocks move. It also
-  // remembers the truncation, which later turns' KV may then come from.
-  int MoveTruncatedTail(Request* req, PoolIndex pool, int from, int max_blocks);
+  // Context truncation (scheduler_truncation.cc). A truncated request on `pool` with blocks
+  // [0, from) of its prompt cached: the following blocks (before `max_blocks`) that earlier
+  // turns of the conversation cached at later positions, and the shift that moves them to
+  // theirs. Changes nothing but a cache of the request's own hashes.
+  struct ShiftSource {
+    std::vector<uint64_t> blocks;  // the source blocks' hashes, one per moved block
+    int32_t shift = 0;
+  };
+  ShiftSource FindShiftSource(Request* req, PoolIndex pool, int from, int max_blocks);
+  // The owner's first assignment will move `source` (whose blocks the caller already holds)
+  // to blocks [from, from + blocks) of its table (KvShift); the holds pass to the owner.
+  void TakeShiftSource(Request* req, PoolIndex pool, int from, const ShiftSource& source);
+  // Remembers that a conversation was truncated (its untruncated prefix through the first
+  // kept block after the drop), so that its later turns can move KV from it.
+  void RememberTruncation(Request* req);
   // The blocks a sequence's shifts copy from are no longer needed (the step is back, or the
   // sequence lost its KV).
   void DropShiftSources(Sequence* seq);
@@ -415,7 +424,7 @@ class Scheduler {
   StepClock clock_;
   PrefillRate prefill_rate_;  // for the disk tier's load-or-recompute rule
   // Context truncation: chained block hashes of untruncated conversation prefixes that were
-  // truncated right before their last block (MoveTruncatedTail), oldest first.
+  // truncated right before their last block (RememberTruncation), oldest first.
   std::unordered_set<uint64_t> truncated_prefixes_;
   std::deque<uint64_t> truncated_order_;
   absl::Time last_start_ = absl::InfinitePast();

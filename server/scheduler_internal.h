@@ -89,6 +89,7 @@ struct Scheduler::Request {
   // one submitted (`untruncated`; empty if it was not).
   Truncation truncation;
   std::vector<int32_t> untruncated;
+  std::vector<uint64_t> untruncated_hashes;  // its chained block hashes, once needed
 
   int32_t prompt_len() const { return static_cast<int32_t>(spec.prompt_tokens.size()); }
   // The first unfinished sequence: it computes the shared prompt.

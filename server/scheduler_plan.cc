@@ -198,8 +198,9 @@ bool Scheduler::Place(Request* req, int executor) {
   }
   // The last token is always computed (its logits give the next one).
   const int max_blocks = static_cast<int>((length - 1) / config_.block_tokens);
-  // The longest prefix first (in DRAM, then continued on disk), then the most in DRAM, then
-  // free capacity.
+  // The longest prefix first (in DRAM, then continued on disk, or for a truncated
+  // conversation continued by blocks that move), then the most in DRAM, then free capacity.
+  const bool truncated = !req->untruncated.empty();
   std::vector<std::tuple<int, int, int64_t>> order;  // (matched blocks, in DRAM, available)
   for (PoolIndex p : candidates) {
     const KvPool& kv = *pools_[p.value()]->kv;
@@ -208,7 +209,11 @@ bool Scheduler::Place(Request* req, int executor) {
     const int disk = config_.enable_prefix_caching
                          ? DiskMatch(p, owner->tokens, hashes, dram, max_blocks - dram)
                          : 0;
-    order.emplace_back(dram + disk, dram, kv.available());
+    const int moves =
+        truncated && disk == 0
+            ? static_cast<int>(FindShiftSource(req, p, dram, max_blocks).blocks.size())
+            : 0;
+    order.emplace_back(dram + disk + moves, dram + moves, kv.available());
   }
   std::vector<size_t> idx(candidates.size());
   for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
@@ -216,12 +221,35 @@ bool Scheduler::Place(Request* req, int executor) {
   for (size_t i : idx) {
     const PoolIndex p = candidates[i];
     KvPool& kv = *pools_[p.value()]->kv;
+    // A truncated conversation: the blocks its kept tail moves from are held before the
+    // admission, whose allocation would otherwise evict them first (they are idle).
+    int shift_from = 0;
+    ShiftSource source;
+    if (truncated && config_.enable_prefix_caching) {
+      shift_from = kv.MatchLength(owner->tokens, hashes, max_blocks);
+      if (DiskMatch(p, owner->tokens, hashes, shift_from, max_blocks - shift_from) == 0) {
+        source = FindShiftSource(req, p, shift_from, max_blocks);
+        for (uint64_t hash : source.blocks) kv.HoldBlock(hash);
+      }
+    }
+    auto release_source = [&] {
+      for (uint64_t hash : source.blocks) kv.DropBlock(hash);
+      source.blocks.clear();
+    };
     std::vector<int32_t> table;
     std::vector<uint64_t> held;
-    const int matched =
-        kv.Admit(owner->tokens, hashes, config_.enable_prefix_caching ? max_blocks : 0, length,
-                 &table, &held);
-    if (matched < 0) continue;
+    const int prefix_blocks = config_.enable_prefix_caching ? max_blocks : 0;
+    int matched = kv.Admit(owner->tokens, hashes, prefix_blocks, length, &table, &held);
+    if (matched < 0 && !source.blocks.empty()) {
+      // Moving needs the sources and their copies at once; without room for both, the
+      // tail is recomputed.
+      release_source();
+      matched = kv.Admit(owner->tokens, hashes, prefix_blocks, length, &table, &held);
+    }
+    if (matched < 0) {
+      release_source();
+      continue;
+    }
     owner->table = std::move(table);
     owner->held.clear();
     for (int b = 0; b < matched; ++b) owner->held.emplace_back(b, held[b]);
@@ -252,7 +280,14 @@ bool Scheduler::Place(Request* req, int executor) {
       on_disk = 0;
     }
     // A truncated conversation: its kept tail's KV moves from where earlier turns cached it.
-    const int moved = MoveTruncatedTail(req, p, matched, on_disk > 0 ? matched : max_blocks);
+    int moved = 0;
+    if (!source.blocks.empty() && matched == shift_from && on_disk == 0) {
+      moved = static_cast<int>(source.blocks.size());
+      TakeShiftSource(req, p, matched, source);
+    } else {
+      release_source();
+    }
+    if (truncated && first_admission) RememberTruncation(req);
     owner->computed += static_cast<int64_t>(moved) * config_.block_tokens;
     if (first_admission) {
       req->cached_prompt_tokens = std::min<int64_t>(owner->computed, req->prompt_len());
@@ -267,7 +302,6 @@ bool Scheduler::Place(Request* req, int executor) {
       if (first_admission) counters_.prompt_tokens_total += req->prompt_len();
       counters_.prefix_query_tokens_total += length;
       counters_.prefix_hit_tokens_total += in_dram;
-      counters_.context_moved_tokens_total += static_cast<int64_t>(moved) * config_.block_tokens;
     }
     LOG_IF(INFO, first_admission) << "request " << req->id << " (" << req->spec.external_id
                                   << ") placed on " << pools_[p.value()]->name << " with "

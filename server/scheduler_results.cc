@@ -173,7 +173,14 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
         std::max<int64_t>(seq->computed, c.start_position + static_cast<int64_t>(c.tokens.size()));
     RegisterBlocks(seq);
     // Context truncation: the step that moved KV from these blocks is back.
-    if (seq->shifts.empty()) DropShiftSources(seq);
+    if (seq->shifts.empty() && !seq->shift_sources.empty()) {
+      {
+        absl::MutexLock lock(&stats_mu_);
+        counters_.context_moved_tokens_total +=
+            static_cast<int64_t>(seq->shift_sources.size()) * config_.block_tokens;
+      }
+      DropShiftSources(seq);
+    }
   }
 
   std::unordered_map<Request*, RequestUpdate> updates;

@@ -9,37 +9,48 @@
 namespace strata {
 namespace {
 
-// Truncations remembered for later turns (a few hundred bytes each).
+// Truncations remembered for later turns (8 bytes each, twice).
 constexpr size_t kRememberedTruncations = 4096;
 // Earlier truncations of one conversation tried as sources, the most recent first.
 constexpr size_t kShiftCandidates = 8;
 
 }  // namespace
 
-int Scheduler::MoveTruncatedTail(Request* req, PoolIndex pool, int from, int max_blocks) {
-  if (req->untruncated.empty() || !config_.enable_prefix_caching) return 0;
+void Scheduler::RememberTruncation(Request* req) {
   const Truncation& t = req->truncation;
   const int64_t b = config_.block_tokens;
-  const std::vector<uint64_t> full =
-      BlockHashes(req->untruncated, config_.block_tokens, config_.cache_salt);
-  // This truncation, for the conversation's later turns: the untruncated prefix through
-  // the first kept block after the drop.
-  const size_t mark = static_cast<size_t>((t.keep_first + t.dropped) / b);
-  if (mark < full.size() && truncated_prefixes_.insert(full[mark]).second) {
-    truncated_order_.push_back(full[mark]);
-    if (truncated_order_.size() > kRememberedTruncations) {
-      truncated_prefixes_.erase(truncated_order_.front());
-      truncated_order_.pop_front();
-    }
+  // The untruncated prefix through the first kept block after the drop.
+  const int64_t mark = (t.keep_first + t.dropped) / b;
+  const int64_t end = (mark + 1) * b;
+  if (req->untruncated.empty() || end > static_cast<int64_t>(req->untruncated.size())) return;
+  const std::vector<int32_t> prefix(req->untruncated.begin(), req->untruncated.begin() + end);
+  const uint64_t key = BlockHashes(prefix, config_.block_tokens, config_.cache_salt).back();
+  if (!truncated_prefixes_.insert(key).second) return;
+  truncated_order_.push_back(key);
+  if (truncated_order_.size() > kRememberedTruncations) {
+    truncated_prefixes_.erase(truncated_order_.front());
+    truncated_order_.pop_front();
   }
-  Sequence* owner = req->Owner();
+}
+
+Scheduler::ShiftSource Scheduler::FindShiftSource(Request* req, PoolIndex pool, int from,
+                                                  int max_blocks) {
+  ShiftSource best;
+  if (req->untruncated.empty() || !config_.enable_prefix_caching || config_.rope_inv_freq.empty()) {
+    return best;
+  }
+  const Truncation& t = req->truncation;
+  const int64_t b = config_.block_tokens;
+  const Sequence* owner = req->Owner();
   // Blocks of the prompt only (after a preemption the tokens go on with outputs, which the
   // untruncated conversation does not have).
   const int last = std::min<int>(max_blocks, static_cast<int>(req->prompt_len() / b));
-  if (owner == nullptr || config_.rope_inv_freq.empty() || from * b < t.keep_first ||
-      from >= last) {
-    return 0;
+  if (owner == nullptr || from * b < t.keep_first || from >= last) return best;
+  if (req->untruncated_hashes.empty()) {
+    req->untruncated_hashes =
+        BlockHashes(req->untruncated, config_.block_tokens, config_.cache_salt);
   }
+  const std::vector<uint64_t>& full = req->untruncated_hashes;
   // Where the kept tail sat before: the untruncated conversation (an earlier turn that fit),
   // or an earlier truncation of it that dropped less (d0 < dropped).
   std::vector<int64_t> drops;
@@ -50,18 +61,17 @@ int Scheduler::MoveTruncatedTail(Request* req, PoolIndex pool, int from, int max
     }
   }
   drops.push_back(0);
-  KvPool& kv = *pools_[pool.value()]->kv;
-  int best_run = 0;
-  int64_t best_drop = 0;
-  std::vector<uint64_t> best_hashes;
+  const KvPool& kv = *pools_[pool.value()]->kv;
   for (int64_t d0 : drops) {
     // The source sequence: the conversation as the earlier turn saw it.
-    const std::vector<uint64_t> hashes =
-        d0 == 0 ? full
-                : BlockHashes(Truncate(req->untruncated, {t.keep_first, d0}), config_.block_tokens,
+    std::vector<uint64_t> truncated;
+    if (d0 > 0) {
+      truncated = BlockHashes(Truncate(req->untruncated, {t.keep_first, d0}), config_.block_tokens,
                               config_.cache_salt);
+    }
+    const std::vector<uint64_t>& hashes = d0 == 0 ? full : truncated;
     const int64_t offset = (t.dropped - d0) / b;  // source block = target block + offset
-    int run = 0;
+    std::vector<uint64_t> run;
     for (int j = from; j < last; ++j) {
       const size_t k = static_cast<size_t>(j + offset);
       const int32_t* tokens = nullptr;
@@ -70,32 +80,32 @@ int Scheduler::MoveTruncatedTail(Request* req, PoolIndex pool, int from, int max
           !std::equal(tokens, tokens + b, owner->tokens.begin() + j * b)) {
         break;
       }
-      ++run;
+      run.push_back(hashes[k]);
     }
-    if (run > best_run) {
-      best_run = run;
-      best_drop = d0;
-      best_hashes = hashes;
+    if (run.size() > best.blocks.size()) {
+      best.blocks = std::move(run);
+      best.shift = static_cast<int32_t>(-offset * b);
     }
   }
-  if (best_run == 0) return 0;
-  const int64_t offset = (t.dropped - best_drop) / b;
+  return best;
+}
+
+void Scheduler::TakeShiftSource(Request* req, PoolIndex pool, int from, const ShiftSource& source) {
+  Sequence* owner = req->Owner();
+  KvPool& kv = *pools_[pool.value()]->kv;
+  const int b = config_.block_tokens;
   KvShift shift;
-  shift.position = static_cast<int32_t>(from * b);
-  shift.shift = static_cast<int32_t>(-offset * b);
+  shift.position = from * b;
+  shift.shift = source.shift;
   ShiftAngles(config_.rope_inv_freq, shift.shift, &shift.cos, &shift.sin);
-  for (int j = from; j < from + best_run; ++j) {
-    const uint64_t hash = best_hashes[j + offset];
+  for (uint64_t hash : source.blocks) {
     const int32_t* tokens = nullptr;
     const int32_t* slots = nullptr;
-    CHECK(kv.BlockContents(hash, &tokens, &slots));
+    CHECK(kv.BlockContents(hash, &tokens, &slots)) << "a held source block left the pool";
     shift.from.insert(shift.from.end(), slots, slots + b);
-    // Held (never evicted) until the step that copies it is back.
-    kv.HoldBlock(hash);
-    owner->shift_sources.push_back(hash);
+    owner->shift_sources.push_back(hash);  // held since before admission
   }
   owner->shifts.push_back(std::move(shift));
-  return best_run;
 }
 
 void Scheduler::DropShiftSources(Sequence* seq) {

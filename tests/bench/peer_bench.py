@@ -37,6 +37,9 @@ import compare_builds  # noqa: E402
 import export_gguf  # noqa: E402
 
 THREADS = 2
+# decode_bench's streaming-read probe (GB/s) and the step's fraction of the read bound, by
+# (batch, context), one entry per run: the machine's state beside each figure.
+PROBES = {}
 PROMPT = [3 + (i * 7919) % 31000 for i in range(64)]
 
 
@@ -64,6 +67,11 @@ def decode_bench(bin_dir, model, batches, contexts):
          f"--contexts={','.join(map(str, contexts))}", "--rounds=3"],
         env=compare_builds.ENV, capture_output=True, text=True, check=True, cwd="/tmp").stdout
     rows = compare_builds.table_rows(out, 2)
+    for b in batches:
+        for c in contexts:
+            row = rows[f"batch={b} ctx={c}"]
+            PROBES.setdefault((b, c), []).append(
+                (float(row["probe"]), float(row["bound_frac"])))
     return {(b, c): float(rows[f"batch={b} ctx={c}"]["tok/s"]) for b in batches for c in contexts}
 
 
@@ -102,22 +110,24 @@ def completion(port, max_tokens, stream, model=None):
     return urllib.request.urlopen(request, timeout=600)
 
 
-def greedy_tokens(port, model, n, ids_field):
-    """n greedy token ids for PROMPT."""
-    body = {"prompt": PROMPT, "max_tokens": n, "temperature": 0, "ignore_eos": True}
-    if model:
-        body["model"] = model
-    body.update(ids_field)
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+def greedy_tokens(port, model, n, kind):
+    """n greedy token ids for PROMPT: strata's OpenAI endpoint with token ids as logprob
+    entries, llama-server's own /completion with return_tokens."""
+    if kind == "strata":
+        path = "/v1/completions"
+        body = {"model": model, "prompt": PROMPT, "max_tokens": n, "temperature": 0,
+                "ignore_eos": True, "logprobs": 0, "return_tokens_as_token_ids": True}
+    else:
+        path = "/completion"
+        body = {"prompt": PROMPT, "n_predict": n, "temperature": 0, "ignore_eos": True,
+                "return_tokens": True}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
                                      data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     j = json.load(urllib.request.urlopen(request, timeout=600))
-    if "tokens" in j:  # llama-server with return_tokens
-        return j["tokens"]
-    choice = j["choices"][0]
-    if "tokens" in choice:
-        return choice["tokens"]
-    return [int(t.split(":")[1]) for t in choice["logprobs"]["tokens"]]
+    if kind == "strata":
+        return [int(t.split(":")[1]) for t in j["choices"][0]["logprobs"]["tokens"]]
+    return j["tokens"]
 
 
 def throughput(port, model, clients, max_tokens=128):
@@ -264,9 +274,8 @@ def main():
                     if kind == "strata":
                         name = json.load(urllib.request.urlopen(
                             f"http://127.0.0.1:{server.port}/v1/models"))["data"][0]["id"]
-                    ids = ({"logprobs": 0, "return_tokens_as_token_ids": True}
-                           if kind == "strata" else {"return_tokens": True})
-                    results.setdefault(("greedy", kind), greedy_tokens(server.port, name, 16, ids))
+                    results.setdefault(("greedy", kind),
+                                       greedy_tokens(server.port, name, 16, kind))
                     throughput(server.port, name, 1, 16)  # warm-up
                     one, _ = throughput(server.port, name, 1)
                     record(("served", 1, kind), one)
@@ -303,6 +312,12 @@ def main():
             for b in sequences:
                 row(f"decode {b} seqs, ctx {c} (S_TG)", median(("batched", b, c, "strata")),
                     median(("batched", b, c, "llama.cpp")))
+    if PROBES:
+        print("\ndecode_bench's read probe (GB/s) and the step's fraction of the read bound "
+              "(weights + KV over the probe), medians over the rounds")
+        for (b, c), values in sorted(PROBES.items()):
+            print(f"  batch {b} ctx {c}: probe {statistics.median(v[0] for v in values):.1f}, "
+                  f"bound fraction {statistics.median(v[1] for v in values):.3f}")
     if "served" in parts:
         for n in (1, args.clients):
             row(f"served, {n} client(s)", median(("served", n, "strata")),
