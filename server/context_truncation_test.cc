@@ -7,6 +7,9 @@
 // rotation. That checks the whole path: which blocks move, by how much, the rotation on the
 // node, and the blocks registered after. With more layers the two differ by design; the
 // distance is a benchmark figure (docs/benchmarks.md), not a test.
+#include <cstdlib>
+#include <filesystem>
+
 #include "server/in_process_deployment.h"
 
 namespace strata {
@@ -204,6 +207,62 @@ TEST_P(ContextTruncationTest, WithoutRoomToMoveTheTailIsRecomputed) {
   ASSERT_TRUE(d.Wait({turn2}));
   ASSERT_TRUE(turn2->error.ok()) << turn2->error;
   EXPECT_EQ(turn2->tokens.size(), 16u);
+  EXPECT_EQ(d.scheduler().Stats().context_moved_tokens_total, 0);
+  ExpectSameOutput(*turn2, *Fresh(one_layer_, Truncate(conversation, {16, 16}), 16), "turn 2");
+}
+
+// n = 2 samples and asynchronous scheduling: both samples of the truncated turn share the
+// moved KV and compute what a fresh prefill computes.
+TEST_P(ContextTruncationTest, SamplesAndAsynchronousSchedulingShareTheMovedKv) {
+  Topology t = Layout(ContextOverflow::kTruncate);
+  t.async = true;
+  Deployment d(one_layer_, t, 1024);
+  std::vector<int32_t> conversation = Tokens(200, 61);
+  auto turn1 = d.Submit(Turn(conversation, 8));
+  ASSERT_TRUE(d.Wait({turn1}));
+  conversation.insert(conversation.end(), turn1->tokens.begin(), turn1->tokens.end());
+  const std::vector<int32_t> question = Tokens(40, 62);
+  conversation.insert(conversation.end(), question.begin(), question.end());
+  GenerateRequest r = Turn(conversation, 16);
+  r.n = 2;
+  auto turn2 = d.Submit(r);
+  ASSERT_TRUE(d.Wait({turn2}));
+  ASSERT_TRUE(turn2->error.ok()) << turn2->error;
+  EXPECT_EQ(d.scheduler().Stats().context_moved_tokens_total, 160);
+  const auto fresh = Fresh(one_layer_, Truncate(conversation, {16, 16}), 16);
+  ASSERT_EQ(turn2->by_sample.size(), 2u);
+  EXPECT_EQ(turn2->by_sample[0], fresh->tokens);
+  EXPECT_EQ(turn2->by_sample[1], fresh->tokens);
+  for (const PoolStatus& p : d.scheduler().Stats().pools) {
+    EXPECT_EQ(p.stats.used_slots, 0) << p.name << ": every held block was let go";
+  }
+}
+
+// The earlier turn's blocks left DRAM for the disk tier: nothing moves (blocks move only
+// from DRAM), the kept tail is recomputed, and the answer is a fresh prefill's.
+TEST_P(ContextTruncationTest, SourcesOnlyOnDiskAreRecomputed) {
+  Topology t = Layout(ContextOverflow::kTruncate);
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  t.disk_dir = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/truncation_disk_", GetParam());
+  std::filesystem::remove_all(t.disk_dir);
+  std::filesystem::create_directories(t.disk_dir);
+  Deployment d(one_layer_, t, 320);
+  std::vector<int32_t> conversation = Tokens(200, 71);
+  auto turn1 = d.Submit(Turn(conversation, 8));
+  ASSERT_TRUE(d.Wait({turn1}));
+  // Other conversations take the pool's DRAM.
+  for (uint32_t i = 0; i < 3; ++i) {
+    auto other = d.Submit(Turn(Tokens(200, 80 + i), 8));
+    ASSERT_TRUE(d.Wait({other}));
+    ASSERT_TRUE(other->error.ok()) << other->error;
+  }
+  conversation.insert(conversation.end(), turn1->tokens.begin(), turn1->tokens.end());
+  const std::vector<int32_t> question = Tokens(40, 72);
+  conversation.insert(conversation.end(), question.begin(), question.end());
+  auto turn2 = d.Submit(Turn(conversation, 16));
+  ASSERT_TRUE(d.Wait({turn2}));
+  ASSERT_TRUE(turn2->error.ok()) << turn2->error;
+  EXPECT_GT(d.scheduler().Stats().dram_evicted_blocks_total, 0);
   EXPECT_EQ(d.scheduler().Stats().context_moved_tokens_total, 0);
   ExpectSameOutput(*turn2, *Fresh(one_layer_, Truncate(conversation, {16, 16}), 16), "turn 2");
 }
