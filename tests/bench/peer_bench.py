@@ -35,21 +35,13 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare_builds  # noqa: E402
 import export_gguf  # noqa: E402
+from step_loop_bench import demo_model  # noqa: E402
 
 THREADS = 2
 # decode_bench's streaming-read probe (GB/s) and the step's fraction of the read bound, by
 # (batch, context), one entry per run: the machine's state beside each figure.
 PROBES = {}
 PROMPT = [3 + (i * 7919) % 31000 for i in range(64)]
-
-
-def demo_model():
-    cache = os.environ.get("STRATA_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "strata")
-    path = os.path.join(cache, "models", "demo")
-    if not os.path.exists(os.path.join(path, "config.json")):
-        raise SystemExit(f"no demo model at {path}: start deploy/local/serve once")
-    return path
 
 
 def gguf_of(model):
