@@ -311,11 +311,19 @@ class Scheduler {
   // [0, from) of its prompt cached: the following blocks (before `max_blocks`) that earlier
   // turns of the conversation cached at later positions, and the shift that moves them to
   // theirs. Changes nothing but a cache of the request's own hashes.
+  // With `with_disk`, the run may also take blocks on the pool's disk tier only; those are
+  // listed in `on_disk` (index into `blocks`), to be read back before they can move.
   struct ShiftSource {
     std::vector<uint64_t> blocks;  // the source blocks' hashes, one per moved block
     int32_t shift = 0;
+    std::vector<size_t> on_disk;
   };
-  ShiftSource FindShiftSource(Request* req, PoolIndex pool, int from, int max_blocks);
+  ShiftSource FindShiftSource(Request* req, PoolIndex pool, int from, int max_blocks,
+                              bool with_disk = false);
+  // Reads a source's blocks that are on disk only back into DRAM, cached and idle, as
+  // scheduler-aware prefetches are (PrefetchDone), so that the request's next placement
+  // finds them there. false if there is no room for them.
+  bool PrefetchShiftSource(Request* req, PoolIndex pool, int from, const ShiftSource& source);
   // The owner's first assignment will move `source` (whose blocks the caller already holds)
   // to blocks [from, from + blocks) of its table (KvShift); the holds pass to the owner.
   void TakeShiftSource(Request* req, PoolIndex pool, int from, const ShiftSource& source);

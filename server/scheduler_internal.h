@@ -90,6 +90,10 @@ struct Scheduler::Request {
   Truncation truncation;
   std::vector<int32_t> untruncated;
   std::vector<uint64_t> untruncated_hashes;  // its chained block hashes, once needed
+  // The blocks its kept tail moves from were on disk, and their reads were ordered: it
+  // waits until they are back (loaded or failed), once, and is not held back again.
+  bool shift_prefetched = false;
+  std::vector<uint64_t> shift_prefetches;  // those blocks' hashes
 
   int32_t prompt_len() const { return static_cast<int32_t>(spec.prompt_tokens.size()); }
   // The first unfinished sequence: it computes the shared prompt.

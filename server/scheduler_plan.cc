@@ -228,6 +228,20 @@ bool Scheduler::Place(Request* req, int executor) {
     if (truncated && config_.enable_prefix_caching) {
       shift_from = kv.MatchLength(owner->tokens, hashes, max_blocks);
       if (DiskMatch(p, owner->tokens, hashes, shift_from, max_blocks - shift_from) == 0) {
+        if (!req->shift_prefetched) {
+          // Blocks to move that sit on disk only are read back first, once: the request
+          // waits for them (as for a prefetch) rather than recompute them.
+          const ShiftSource wider = FindShiftSource(req, p, shift_from, max_blocks, true);
+          if (!wider.on_disk.empty() && PrefetchShiftSource(req, p, shift_from, wider)) {
+            req->shift_prefetched = true;
+            return false;
+          }
+        }
+        const Pool& pool = *pools_[p.value()];
+        for (uint64_t hash : req->shift_prefetches) {
+          if (pool.prefetching.count(hash)) return false;  // still being read
+        }
+        req->shift_prefetches.clear();
         source = FindShiftSource(req, p, shift_from, max_blocks);
         for (uint64_t hash : source.blocks) kv.HoldBlock(hash);
       }

@@ -34,7 +34,7 @@ void Scheduler::RememberTruncation(Request* req) {
 }
 
 Scheduler::ShiftSource Scheduler::FindShiftSource(Request* req, PoolIndex pool, int from,
-                                                  int max_blocks) {
+                                                  int max_blocks, bool with_disk) {
   ShiftSource best;
   if (req->untruncated.empty() || !config_.enable_prefix_caching || config_.rope_inv_freq.empty()) {
     return best;
@@ -61,33 +61,77 @@ Scheduler::ShiftSource Scheduler::FindShiftSource(Request* req, PoolIndex pool, 
     }
   }
   drops.push_back(0);
-  const KvPool& kv = *pools_[pool.value()]->kv;
+  const Pool& p = *pools_[pool.value()];
+  const KvPool& kv = *p.kv;
+  with_disk = with_disk && p.disk != nullptr && p.mover != nullptr;
   for (int64_t d0 : drops) {
     // The source sequence: the conversation as the earlier turn saw it.
+    std::vector<int32_t> truncated_tokens;
     std::vector<uint64_t> truncated;
     if (d0 > 0) {
-      truncated = BlockHashes(Truncate(req->untruncated, {t.keep_first, d0}), config_.block_tokens,
-                              config_.cache_salt);
+      truncated_tokens = Truncate(req->untruncated, {t.keep_first, d0});
+      truncated = BlockHashes(truncated_tokens, config_.block_tokens, config_.cache_salt);
     }
+    const std::vector<int32_t>& source_tokens = d0 == 0 ? req->untruncated : truncated_tokens;
     const std::vector<uint64_t>& hashes = d0 == 0 ? full : truncated;
     const int64_t offset = (t.dropped - d0) / b;  // source block = target block + offset
-    std::vector<uint64_t> run;
+    ShiftSource found;
+    found.shift = static_cast<int32_t>(-offset * b);
     for (int j = from; j < last; ++j) {
       const size_t k = static_cast<size_t>(j + offset);
+      if (k >= hashes.size()) break;
       const int32_t* tokens = nullptr;
       const int32_t* slots = nullptr;
-      if (k >= hashes.size() || !kv.BlockContents(hashes[k], &tokens, &slots) ||
-          !std::equal(tokens, tokens + b, owner->tokens.begin() + j * b)) {
+      if (kv.BlockContents(hashes[k], &tokens, &slots) &&
+          std::equal(tokens, tokens + b, owner->tokens.begin() + j * b)) {
+        found.blocks.push_back(hashes[k]);
+      } else if (with_disk && !p.prefetching.count(hashes[k]) &&
+                 p.disk->Match(source_tokens, hashes, static_cast<int>(k), 1) == 1) {
+        found.on_disk.push_back(found.blocks.size());
+        found.blocks.push_back(hashes[k]);
+      } else {
         break;
       }
-      run.push_back(hashes[k]);
     }
-    if (run.size() > best.blocks.size()) {
-      best.blocks = std::move(run);
-      best.shift = static_cast<int32_t>(-offset * b);
-    }
+    if (found.blocks.size() > best.blocks.size()) best = std::move(found);
   }
   return best;
+}
+
+bool Scheduler::PrefetchShiftSource(Request* req, PoolIndex pool, int from,
+                                    const ShiftSource& source) {
+  Pool& p = *pools_[pool.value()];
+  const int64_t b = config_.block_tokens;
+  const int64_t need = static_cast<int64_t>(source.on_disk.size()) * b;
+  // Room for the blocks now, and, once the saves in flight free theirs, for them and the
+  // request's table together.
+  const Sequence* owner = req->Owner();
+  if (p.kv->available() < need ||
+      p.kv->available() + p.saving_slots < need + static_cast<int64_t>(owner->tokens.size())) {
+    return false;
+  }
+  const absl::Time now = absl::Now();
+  int ordered = 0;
+  for (size_t i : source.on_disk) {
+    const uint64_t hash = source.blocks[i];
+    const std::optional<int64_t> extent = p.disk->BeginLoad(hash, now);
+    if (!extent) break;
+    const int64_t j = from + static_cast<int64_t>(i);  // the target block: the same tokens
+    DiskOp op;
+    op.move.kind = KvMove::Kind::kLoad;
+    op.move.extent = static_cast<uint64_t>(*extent);
+    op.move.key = hash;
+    CHECK(p.kv->Allocate(b, &op.move.slots));
+    op.prefetch = true;
+    op.kv_epoch = p.kv_epoch;
+    op.block = static_cast<int>(j);
+    op.tokens.assign(owner->tokens.begin() + j * b, owner->tokens.begin() + (j + 1) * b);
+    p.prefetching.insert(hash);
+    p.moves.push_back(std::move(op));
+    req->shift_prefetches.push_back(hash);
+    ++ordered;
+  }
+  return ordered > 0;
 }
 
 void Scheduler::TakeShiftSource(Request* req, PoolIndex pool, int from, const ShiftSource& source) {
