@@ -93,7 +93,8 @@ struct Scheduler::Request {
   // The blocks its kept tail moves from were on disk, and their reads were ordered: it
   // waits until they are back (loaded or failed), once, and is not held back again.
   bool shift_prefetched = false;
-  std::vector<uint64_t> shift_prefetches;  // those blocks' hashes
+  std::vector<uint64_t> shift_prefetches;  // those blocks' hashes, being read into
+  PoolIndex shift_prefetch_pool;           // this pool
 
   int32_t prompt_len() const { return static_cast<int32_t>(spec.prompt_tokens.size()); }
   // The first unfinished sequence: it computes the shared prompt.

@@ -192,6 +192,14 @@ bool Scheduler::Place(Request* req, int executor) {
     candidates.push_back(PoolIndex(p));
   }
   if (candidates.empty()) return false;
+  // A truncated request whose blocks to move are being read back from disk waits for them,
+  // whichever pool or compute node is asking.
+  if (!req->shift_prefetches.empty()) {
+    const Pool& pool = *pools_[req->shift_prefetch_pool.value()];
+    for (uint64_t hash : req->shift_prefetches) {
+      if (pool.alive && pool.prefetching.count(hash)) return false;
+    }
+  }
   std::vector<uint64_t> hashes;
   if (config_.enable_prefix_caching) {
     AppendBlockHashes(owner->tokens, config_.block_tokens, config_.cache_salt, &hashes);
@@ -236,10 +244,6 @@ bool Scheduler::Place(Request* req, int executor) {
             req->shift_prefetched = true;
             return false;
           }
-        }
-        const Pool& pool = *pools_[p.value()];
-        for (uint64_t hash : req->shift_prefetches) {
-          if (pool.prefetching.count(hash)) return false;  // still being read
         }
         req->shift_prefetches.clear();
         source = FindShiftSource(req, p, shift_from, max_blocks);

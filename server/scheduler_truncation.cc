@@ -2,6 +2,7 @@
 // the KV its earlier turns cached, moved to its new positions, instead of being recomputed.
 #include <algorithm>
 
+#include "absl/cleanup/cleanup.h"
 #include "common/base/logging.h"
 #include "server/scheduler.h"
 #include "server/scheduler_internal.h"
@@ -103,11 +104,31 @@ bool Scheduler::PrefetchShiftSource(Request* req, PoolIndex pool, int from,
   Pool& p = *pools_[pool.value()];
   const int64_t b = config_.block_tokens;
   const int64_t need = static_cast<int64_t>(source.on_disk.size()) * b;
-  // Room for the blocks now, and, once the saves in flight free theirs, for them and the
-  // request's table together.
+  // The source's blocks already in DRAM are held while the reads' slots are allocated,
+  // which would otherwise evict them first (they are idle); let go after, they are the
+  // most recently used. Room: for the blocks read, less a block per running sequence of the
+  // pool (their decode grows into it); and, once the saves in flight free theirs, for those
+  // and the request's table beside the held blocks.
   const Sequence* owner = req->Owner();
-  if (p.kv->available() < need ||
-      p.kv->available() + p.saving_slots < need + static_cast<int64_t>(owner->tokens.size())) {
+  std::vector<uint64_t> in_dram;
+  for (size_t i = 0, d = 0; i < source.blocks.size(); ++i) {
+    if (d < source.on_disk.size() && source.on_disk[d] == i) {
+      ++d;
+    } else {
+      in_dram.push_back(source.blocks[i]);
+    }
+  }
+  for (uint64_t hash : in_dram) p.kv->HoldBlock(hash);
+  absl::Cleanup release = [&] {
+    for (uint64_t hash : in_dram) p.kv->DropBlock(hash);
+  };
+  int64_t headroom = 0;
+  for (const Request* r : running_) {
+    if (r->pool == pool) headroom += static_cast<int64_t>(r->seqs.size()) * b;
+  }
+  if (p.kv->available() - headroom < need ||
+      p.kv->available() + p.saving_slots - headroom <
+          need + static_cast<int64_t>(owner->tokens.size())) {
     return false;
   }
   const absl::Time now = absl::Now();
@@ -131,6 +152,7 @@ bool Scheduler::PrefetchShiftSource(Request* req, PoolIndex pool, int from,
     req->shift_prefetches.push_back(hash);
     ++ordered;
   }
+  req->shift_prefetch_pool = pool;
   return ordered > 0;
 }
 
