@@ -312,11 +312,12 @@ class Scheduler {
   // turns of the conversation cached at later positions, and the shift that moves them to
   // theirs. Changes nothing but a cache of the request's own hashes.
   // With `with_disk`, the run may also take blocks on the pool's disk tier only; those are
-  // listed in `on_disk` (index into `blocks`), to be read back before they can move.
+  // marked in `on_disk`, to be read back before they can move.
   struct ShiftSource {
     std::vector<uint64_t> blocks;  // the source blocks' hashes, one per moved block
+    std::vector<bool> on_disk;     // per block
     int32_t shift = 0;
-    std::vector<size_t> on_disk;
+    bool any_on_disk() const;
   };
   ShiftSource FindShiftSource(Request* req, PoolIndex pool, int from, int max_blocks,
                               bool with_disk = false);
@@ -330,6 +331,8 @@ class Scheduler {
   // Remembers that a conversation was truncated (its untruncated prefix through the first
   // kept block after the drop), so that its later turns can move KV from it.
   void RememberTruncation(Request* req);
+  // The chained block hashes of the request's untruncated prompt, computed once.
+  const std::vector<uint64_t>& UntruncatedHashes(Request* req);
   // The blocks a sequence's shifts copy from are no longer needed (the step is back, or the
   // sequence lost its KV).
   void DropShiftSources(Sequence* seq);
@@ -380,6 +383,13 @@ class Scheduler {
   // evicted last) and starts reading the window's history on disk into DRAM.
   void Prefetch();
   void PrefetchDone(PoolIndex pool, bool current, DiskOp& op, const absl::Status& status);
+  // Orders the read of block `hash` (on the pool's disk) into fresh slots, cached in DRAM
+  // when it is back (PrefetchDone); `tokens` are the block's. false if it is not ready.
+  bool OrderPrefetch(PoolIndex pool, uint64_t hash, const int32_t* tokens, int block,
+                     absl::Time now);
+  // Slots per pool that running sequences' decode grows into: a block per sequence. A
+  // prefetch leaves them free, so that it never makes a running request yield.
+  std::vector<int64_t> DecodeHeadroom() const;
   // Eviction counts of pools' ledgers that died with them (the totals never go back).
   int64_t retired_dram_evicted_ = 0, retired_disk_evicted_ = 0, retired_disk_expired_ = 0;
   void ShareParentPrompt(Sequence* child, Sequence* owner);

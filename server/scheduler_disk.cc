@@ -200,10 +200,7 @@ void Scheduler::Prefetch() {
   // window has room for it, less a block per running sequence of the pool (their decode
   // grows into it): a prefetch never makes a running request yield to a waiting one.
   const int64_t block = config_.block_tokens;
-  std::vector<int64_t> headroom(pools_.size(), 0);
-  for (Request* r : running_) {
-    if (r->pool) headroom[r->pool->value()] += static_cast<int64_t>(r->seqs.size()) * block;
-  }
+  const std::vector<int64_t> headroom = DecodeHeadroom();
   const absl::Time now = absl::Now();
   for (const Wanted& w : wanted) {
     Pool& p = *pools_[w.pool.value()];
@@ -220,22 +217,39 @@ void Scheduler::Prefetch() {
     }
     for (int b = first; b < end; ++b) {
       if (p.prefetching.count(hashes[b])) continue;
-      const std::optional<int64_t> extent = p.disk->BeginLoad(hashes[b], now);
-      if (!extent) break;
-      DiskOp op;
-      op.move.kind = KvMove::Kind::kLoad;
-      op.move.extent = static_cast<uint64_t>(*extent);
-      op.move.key = hashes[b];
-      CHECK(p.kv->Allocate(block, &op.move.slots));
-      op.prefetch = true;
-      op.kv_epoch = p.kv_epoch;
-      op.block = b;
-      op.tokens.assign(owner->tokens.begin() + b * block, owner->tokens.begin() + (b + 1) * block);
-      p.prefetching.insert(hashes[b]);
-      // Beside the saves: a request's own loads never queue behind a prefetch.
-      p.moves.push_back(std::move(op));
+      if (!OrderPrefetch(w.pool, hashes[b], owner->tokens.data() + b * block, b, now)) break;
     }
   }
+}
+
+std::vector<int64_t> Scheduler::DecodeHeadroom() const {
+  std::vector<int64_t> headroom(pools_.size(), 0);
+  for (const Request* r : running_) {
+    if (r->pool) {
+      headroom[r->pool->value()] += static_cast<int64_t>(r->seqs.size()) * config_.block_tokens;
+    }
+  }
+  return headroom;
+}
+
+bool Scheduler::OrderPrefetch(PoolIndex pool, uint64_t hash, const int32_t* tokens, int block,
+                              absl::Time now) {
+  Pool& p = *pools_[pool.value()];
+  const std::optional<int64_t> extent = p.disk->BeginLoad(hash, now);
+  if (!extent) return false;
+  DiskOp op;
+  op.move.kind = KvMove::Kind::kLoad;
+  op.move.extent = static_cast<uint64_t>(*extent);
+  op.move.key = hash;
+  CHECK(p.kv->Allocate(config_.block_tokens, &op.move.slots));
+  op.prefetch = true;
+  op.kv_epoch = p.kv_epoch;
+  op.block = block;
+  op.tokens.assign(tokens, tokens + config_.block_tokens);
+  p.prefetching.insert(hash);
+  // Beside the saves: a request's own loads never queue behind a prefetch.
+  p.moves.push_back(std::move(op));
+  return true;
 }
 
 void Scheduler::PrefetchDone(PoolIndex pool, bool current, DiskOp& op, const absl::Status& st) {

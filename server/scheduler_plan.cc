@@ -209,46 +209,48 @@ bool Scheduler::Place(Request* req, int executor) {
   // The longest prefix first (in DRAM, then continued on disk, or for a truncated
   // conversation continued by blocks that move), then the most in DRAM, then free capacity.
   const bool truncated = !req->untruncated.empty();
-  std::vector<std::tuple<int, int, int64_t>> order;  // (matched blocks, in DRAM, available)
+  struct Candidate {
+    PoolIndex pool;
+    int dram = 0, disk = 0;  // prefix blocks matched in DRAM, then continued on disk
+    ShiftSource moves;       // truncated: the blocks after the DRAM prefix that can move
+    std::tuple<int, int, int64_t> rank;
+  };
+  std::vector<Candidate> ranked;
   for (PoolIndex p : candidates) {
     const KvPool& kv = *pools_[p.value()]->kv;
-    const int dram =
-        config_.enable_prefix_caching ? kv.MatchLength(owner->tokens, hashes, max_blocks) : 0;
-    const int disk = config_.enable_prefix_caching
-                         ? DiskMatch(p, owner->tokens, hashes, dram, max_blocks - dram)
-                         : 0;
-    const int moves =
-        truncated && disk == 0
-            ? static_cast<int>(FindShiftSource(req, p, dram, max_blocks).blocks.size())
-            : 0;
-    order.emplace_back(dram + disk + moves, dram + moves, kv.available());
+    Candidate c;
+    c.pool = p;
+    c.dram = config_.enable_prefix_caching ? kv.MatchLength(owner->tokens, hashes, max_blocks) : 0;
+    c.disk = config_.enable_prefix_caching
+                 ? DiskMatch(p, owner->tokens, hashes, c.dram, max_blocks - c.dram)
+                 : 0;
+    if (truncated && c.disk == 0) c.moves = FindShiftSource(req, p, c.dram, max_blocks);
+    const int moves = static_cast<int>(c.moves.blocks.size());
+    c.rank = {c.dram + c.disk + moves, c.dram + moves, kv.available()};
+    ranked.push_back(std::move(c));
   }
-  std::vector<size_t> idx(candidates.size());
-  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-  std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return order[a] > order[b]; });
-  for (size_t i : idx) {
-    const PoolIndex p = candidates[i];
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.rank > b.rank; });
+  for (Candidate& c : ranked) {
+    const PoolIndex p = c.pool;
     KvPool& kv = *pools_[p.value()]->kv;
     // A truncated conversation: the blocks its kept tail moves from are held before the
     // admission, whose allocation would otherwise evict them first (they are idle).
-    int shift_from = 0;
+    const int shift_from = c.dram;
     ShiftSource source;
-    if (truncated && config_.enable_prefix_caching) {
-      shift_from = kv.MatchLength(owner->tokens, hashes, max_blocks);
-      if (DiskMatch(p, owner->tokens, hashes, shift_from, max_blocks - shift_from) == 0) {
-        if (!req->shift_prefetched) {
-          // Blocks to move that sit on disk only are read back first, once: the request
-          // waits for them (as for a prefetch) rather than recompute them.
-          const ShiftSource wider = FindShiftSource(req, p, shift_from, max_blocks, true);
-          if (!wider.on_disk.empty() && PrefetchShiftSource(req, p, shift_from, wider)) {
-            req->shift_prefetched = true;
-            return false;
-          }
+    if (truncated && c.disk == 0) {
+      if (!req->shift_prefetched) {
+        // Blocks to move that sit on disk only are read back first, once: the request
+        // waits for them (as for a prefetch) rather than recompute them.
+        const ShiftSource wider = FindShiftSource(req, p, shift_from, max_blocks, true);
+        if (wider.any_on_disk() && PrefetchShiftSource(req, p, shift_from, wider)) {
+          req->shift_prefetched = true;
+          return false;
         }
-        req->shift_prefetches.clear();
-        source = FindShiftSource(req, p, shift_from, max_blocks);
-        for (uint64_t hash : source.blocks) kv.HoldBlock(hash);
       }
+      req->shift_prefetches.clear();
+      source = std::move(c.moves);
+      for (uint64_t hash : source.blocks) kv.HoldBlock(hash);
     }
     auto release_source = [&] {
       for (uint64_t hash : source.blocks) kv.DropBlock(hash);

@@ -17,15 +17,26 @@ constexpr size_t kShiftCandidates = 8;
 
 }  // namespace
 
+bool Scheduler::ShiftSource::any_on_disk() const {
+  return std::find(on_disk.begin(), on_disk.end(), true) != on_disk.end();
+}
+
+const std::vector<uint64_t>& Scheduler::UntruncatedHashes(Request* req) {
+  if (req->untruncated_hashes.empty()) {
+    req->untruncated_hashes =
+        BlockHashes(req->untruncated, config_.block_tokens, config_.cache_salt);
+  }
+  return req->untruncated_hashes;
+}
+
 void Scheduler::RememberTruncation(Request* req) {
   const Truncation& t = req->truncation;
-  const int64_t b = config_.block_tokens;
   // The untruncated prefix through the first kept block after the drop.
-  const int64_t mark = (t.keep_first + t.dropped) / b;
-  const int64_t end = (mark + 1) * b;
-  if (req->untruncated.empty() || end > static_cast<int64_t>(req->untruncated.size())) return;
-  const std::vector<int32_t> prefix(req->untruncated.begin(), req->untruncated.begin() + end);
-  const uint64_t key = BlockHashes(prefix, config_.block_tokens, config_.cache_salt).back();
+  const size_t mark = static_cast<size_t>((t.keep_first + t.dropped) / config_.block_tokens);
+  if (req->untruncated.empty()) return;
+  const std::vector<uint64_t>& hashes = UntruncatedHashes(req);
+  if (mark >= hashes.size()) return;
+  const uint64_t key = hashes[mark];
   if (!truncated_prefixes_.insert(key).second) return;
   truncated_order_.push_back(key);
   if (truncated_order_.size() > kRememberedTruncations) {
@@ -47,11 +58,7 @@ Scheduler::ShiftSource Scheduler::FindShiftSource(Request* req, PoolIndex pool, 
   // untruncated conversation does not have).
   const int last = std::min<int>(max_blocks, static_cast<int>(req->prompt_len() / b));
   if (owner == nullptr || from * b < t.keep_first || from >= last) return best;
-  if (req->untruncated_hashes.empty()) {
-    req->untruncated_hashes =
-        BlockHashes(req->untruncated, config_.block_tokens, config_.cache_salt);
-  }
-  const std::vector<uint64_t>& full = req->untruncated_hashes;
+  const std::vector<uint64_t>& full = UntruncatedHashes(req);
   // Where the kept tail sat before: the untruncated conversation (an earlier turn that fit),
   // or an earlier truncation of it that dropped less (d0 < dropped).
   std::vector<int64_t> drops;
@@ -85,14 +92,14 @@ Scheduler::ShiftSource Scheduler::FindShiftSource(Request* req, PoolIndex pool, 
       const int32_t* slots = nullptr;
       if (kv.BlockContents(hashes[k], &tokens, &slots) &&
           std::equal(tokens, tokens + b, owner->tokens.begin() + j * b)) {
-        found.blocks.push_back(hashes[k]);
+        found.on_disk.push_back(false);
       } else if (with_disk && !p.prefetching.count(hashes[k]) &&
                  p.disk->Match(source_tokens, hashes, static_cast<int>(k), 1) == 1) {
-        found.on_disk.push_back(found.blocks.size());
-        found.blocks.push_back(hashes[k]);
+        found.on_disk.push_back(true);
       } else {
         break;
       }
+      found.blocks.push_back(hashes[k]);
     }
     if (found.blocks.size() > best.blocks.size()) best = std::move(found);
   }
@@ -103,57 +110,37 @@ bool Scheduler::PrefetchShiftSource(Request* req, PoolIndex pool, int from,
                                     const ShiftSource& source) {
   Pool& p = *pools_[pool.value()];
   const int64_t b = config_.block_tokens;
-  const int64_t need = static_cast<int64_t>(source.on_disk.size()) * b;
+  const int64_t need =
+      static_cast<int64_t>(std::count(source.on_disk.begin(), source.on_disk.end(), true)) * b;
   // The source's blocks already in DRAM are held while the reads' slots are allocated,
   // which would otherwise evict them first (they are idle); let go after, they are the
-  // most recently used. Room: for the blocks read, less a block per running sequence of the
-  // pool (their decode grows into it); and, once the saves in flight free theirs, for those
-  // and the request's table beside the held blocks.
+  // most recently used. Room: for the blocks read, beside the running sequences' decode
+  // headroom; and, once the saves in flight free theirs, for those and the request's table
+  // beside the held blocks.
   const Sequence* owner = req->Owner();
-  std::vector<uint64_t> in_dram;
-  for (size_t i = 0, d = 0; i < source.blocks.size(); ++i) {
-    if (d < source.on_disk.size() && source.on_disk[d] == i) {
-      ++d;
-    } else {
-      in_dram.push_back(source.blocks[i]);
-    }
+  for (size_t i = 0; i < source.blocks.size(); ++i) {
+    if (!source.on_disk[i]) p.kv->HoldBlock(source.blocks[i]);
   }
-  for (uint64_t hash : in_dram) p.kv->HoldBlock(hash);
   absl::Cleanup release = [&] {
-    for (uint64_t hash : in_dram) p.kv->DropBlock(hash);
+    for (size_t i = 0; i < source.blocks.size(); ++i) {
+      if (!source.on_disk[i]) p.kv->DropBlock(source.blocks[i]);
+    }
   };
-  int64_t headroom = 0;
-  for (const Request* r : running_) {
-    if (r->pool == pool) headroom += static_cast<int64_t>(r->seqs.size()) * b;
-  }
+  const int64_t headroom = DecodeHeadroom()[pool.value()];
   if (p.kv->available() - headroom < need ||
       p.kv->available() + p.saving_slots - headroom <
           need + static_cast<int64_t>(owner->tokens.size())) {
     return false;
   }
   const absl::Time now = absl::Now();
-  int ordered = 0;
-  for (size_t i : source.on_disk) {
-    const uint64_t hash = source.blocks[i];
-    const std::optional<int64_t> extent = p.disk->BeginLoad(hash, now);
-    if (!extent) break;
-    const int64_t j = from + static_cast<int64_t>(i);  // the target block: the same tokens
-    DiskOp op;
-    op.move.kind = KvMove::Kind::kLoad;
-    op.move.extent = static_cast<uint64_t>(*extent);
-    op.move.key = hash;
-    CHECK(p.kv->Allocate(b, &op.move.slots));
-    op.prefetch = true;
-    op.kv_epoch = p.kv_epoch;
-    op.block = static_cast<int>(j);
-    op.tokens.assign(owner->tokens.begin() + j * b, owner->tokens.begin() + (j + 1) * b);
-    p.prefetching.insert(hash);
-    p.moves.push_back(std::move(op));
-    req->shift_prefetches.push_back(hash);
-    ++ordered;
+  for (size_t i = 0; i < source.blocks.size(); ++i) {
+    if (!source.on_disk[i]) continue;
+    const int j = from + static_cast<int>(i);  // the target block: the same tokens
+    if (!OrderPrefetch(pool, source.blocks[i], owner->tokens.data() + j * b, j, now)) break;
+    req->shift_prefetches.push_back(source.blocks[i]);
   }
   req->shift_prefetch_pool = pool;
-  return ordered > 0;
+  return !req->shift_prefetches.empty();
 }
 
 void Scheduler::TakeShiftSource(Request* req, PoolIndex pool, int from, const ShiftSource& source) {
