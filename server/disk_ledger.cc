@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include "common/base/logging.h"
+#include "server/lookahead.h"
 
 namespace strata {
 
@@ -29,12 +30,8 @@ std::optional<int64_t> DiskLedger::BeginSave(uint64_t hash, const int32_t* token
     extent = free_.back();
     free_.pop_back();
   } else if (!lru_.empty()) {
-    auto pick = lru_.begin();
-    if (!lookahead_.empty()) {
-      auto outside =
-          std::find_if(lru_.begin(), lru_.end(), [&](uint64_t h) { return !lookahead_.count(h); });
-      if (outside != lru_.end()) pick = outside;
-    }
+    const auto pick =
+        FirstOutsideLookahead(lru_.begin(), lru_.end(), lookahead_, [](uint64_t h) { return h; });
     const uint64_t victim = *pick;
     lru_.erase(pick);
     extent = blocks_.at(victim).extent;

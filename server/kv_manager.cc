@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/base/logging.h"
+#include "server/lookahead.h"
 
 namespace strata {
 namespace {
@@ -98,16 +99,11 @@ void KvPool::MakeIdle(uint64_t hash, Block& block) {
 
 bool KvPool::EvictOne() {
   if (idle_.empty()) return false;
-  auto victim = idle_.begin();
-  if (eviction_ == KvEviction::kSchedulerAware && !lookahead_.empty()) {
-    // The least recently used block the look-ahead window does not need, if any.
-    for (auto i = idle_.begin(); i != idle_.end(); ++i) {
-      if (!lookahead_.count(i->second)) {
-        victim = i;
-        break;
-      }
-    }
-  }
+  const auto victim =
+      eviction_ == KvEviction::kSchedulerAware
+          ? FirstOutsideLookahead(idle_.begin(), idle_.end(), lookahead_,
+                                  [](const std::pair<uint64_t, uint64_t>& e) { return e.second; })
+          : idle_.begin();
   const uint64_t hash = victim->second;
   idle_.erase(victim);
   auto it = blocks_.find(hash);
