@@ -100,6 +100,26 @@ inline std::string Name(const Topology& t) {
 
 inline int deployment_instance = 0;  // names in-process endpoints
 
+// `n` token ids drawn from [3, 31003) with `seed`: the same ids for the same seed.
+inline std::vector<int32_t> RandomPrompt(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back(3 + rng() % 31000);
+  return p;
+}
+
+// A greedy request for `max_tokens` tokens that ignores EOS, reporting `num_logprobs`
+// top logprobs per token (0: the sampled token's only; -1: none).
+inline GenerateRequest GreedyTurn(std::vector<int32_t> prompt, int max_tokens, int num_logprobs) {
+  GenerateRequest r;
+  r.prompt_tokens = std::move(prompt);
+  r.sampling.temperature = 0.0f;
+  r.sampling.num_logprobs = num_logprobs;
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  return r;
+}
+
 class Deployment {
  public:
   Deployment(const ModelWeights* weights, const Topology& t, int64_t slots_per_pool)
@@ -395,12 +415,7 @@ class InProcessDeploymentTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { delete weights_; }
 
-  static std::vector<int32_t> Prompt(int n, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::vector<int32_t> p;
-    for (int i = 0; i < n; ++i) p.push_back(3 + rng() % 31000);
-    return p;
-  }
+  static std::vector<int32_t> Prompt(int n, uint32_t seed) { return RandomPrompt(n, seed); }
 
   // Eight requests of growing prompts and lengths: odd ones greedy, even ones seeded with a
   // frequency penalty and n = 2 (prompt i: `first_len` + 37 i tokens, seeded `prompt_seed` + i).

@@ -37,21 +37,10 @@ using in_process::Deployment;
 using in_process::Outcome;
 using in_process::Topology;
 
-std::vector<int32_t> Tokens(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> p;
-  for (int i = 0; i < n; ++i) p.push_back(3 + rng() % 31000);
-  return p;
-}
+using in_process::RandomPrompt;
 
 GenerateRequest Turn(std::vector<int32_t> prompt, int max_tokens) {
-  GenerateRequest r;
-  r.prompt_tokens = std::move(prompt);
-  r.sampling.temperature = 0.0f;
-  r.sampling.num_logprobs = 20;
-  r.max_tokens = max_tokens;
-  r.ignore_eos = true;
-  return r;
+  return in_process::GreedyTurn(std::move(prompt), max_tokens, 20);
 }
 
 struct Run {
@@ -129,14 +118,15 @@ int Main() {
               "ttft_mv", "ttft_fr", "d1_mv", "d1_full", "top1mv", "top1fl", "agree_mv", "agree_fl",
               "cached");
   std::vector<double> ttft_moved, ttft_fresh, d_moved, d_full, agree_moved, agree_full;
-  int top_moved = 0, top_full = 0, n = 0;
-  for (int c = 0; c < absl::GetFlag(FLAGS_conversations); ++c) {
+  int top_moved = 0, top_full = 0;
+  const int n = absl::GetFlag(FLAGS_conversations);
+  for (int c = 0; c < n; ++c) {
     Deployment served(weights->get(), truncating, slots);
-    std::vector<int32_t> conversation = Tokens(history, 100 + c);
+    std::vector<int32_t> conversation = RandomPrompt(history, 100 + c);
     auto earlier = served.Submit(Turn(conversation, answer));
     served.Wait({earlier});
     conversation.insert(conversation.end(), earlier->tokens.begin(), earlier->tokens.end());
-    const auto q = Tokens(question, 200 + c);
+    const auto q = RandomPrompt(question, 200 + c);
     conversation.insert(conversation.end(), q.begin(), q.end());
     const auto plan = PlanTruncation(static_cast<int64_t>(conversation.size()), answer, context,
                                      SchedulerConfig().context_keep_tokens, 16);
@@ -162,12 +152,9 @@ int Main() {
         served.scheduler().Stats().context_moved_tokens_total - moved_before;
     const double dm = FirstTokenDistance(*moved.outcome, *fresh.outcome);
     const double df = FirstTokenDistance(*full.outcome, *fresh.outcome);
-    const bool tm = !moved.outcome->tokens.empty() && !fresh.outcome->tokens.empty() &&
-                    moved.outcome->tokens[0] == fresh.outcome->tokens[0];
-    const bool tf = !full.outcome->tokens.empty() && !fresh.outcome->tokens.empty() &&
-                    full.outcome->tokens[0] == fresh.outcome->tokens[0];
     const int am = AgreeingPrefix(*moved.outcome, *fresh.outcome);
     const int af = AgreeingPrefix(*full.outcome, *fresh.outcome);
+    const bool tm = am > 0, tf = af > 0;  // the first token agrees
     std::printf("%4d %9lld %9lld %7.3f %9.3f %9.4f %9.4f %6d %6d %9d %9d %6lld\n", c,
                 static_cast<long long>(plan->dropped), static_cast<long long>(moved_tokens),
                 moved.ttft_s, fresh.ttft_s, dm, df, tm ? 1 : 0, tf ? 1 : 0, am, af,
@@ -181,7 +168,6 @@ int Main() {
     agree_full.push_back(af);
     top_moved += tm ? 1 : 0;
     top_full += tf ? 1 : 0;
-    ++n;
   }
   std::printf(
       "medians over %d conversations: TTFT moved %.3f s, fresh prefill %.3f s (%.2fx); "

@@ -20,6 +20,7 @@ serve: the embedded default, co-located (launcher --memory_nodes=0), one streame
   the first to the last token.
 """
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -93,38 +94,62 @@ def plan_wait_ms(metrics_port):
     return 1000.0 * values["sum"] / values["count"] if values.get("count") else float("nan")
 
 
-def run_serve(bin_dir, memory_nodes=0, extra_args=(), env=None, rounds=3, plan_wait=False):
-    """Median single-stream decode tokens/s of `rounds` streamed completions; with
-    `plan_wait`, also the compute node's mean wait for its next plan between steps."""
+def wait_http(port, path, proc):
+    """Until GET `path` on `port` answers 200; raises if `proc` exits or 10 minutes pass."""
+    for _ in range(1200):
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode})")
+        try:
+            if urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5).status == 200:
+                return
+        except Exception:  # noqa: BLE001: not up yet
+            pass
+        time.sleep(0.5)
+    raise RuntimeError("the server did not start")
+
+
+@contextlib.contextmanager
+def launch(bin_dir, memory_nodes=0, extra_args=(), env=None, node_metrics=False):
+    """The embedded default (deploy/local launcher) on free ports, until the block ends:
+    yields (HTTP port, served model name, the launcher's port file) once /health is 200."""
     with tempfile.TemporaryDirectory() as run_dir:
         port_file = os.path.join(run_dir, "ports.json")
         log = open(os.path.join(run_dir, "launcher.log"), "w")
         launcher = subprocess.Popen(
             [f"{bin_dir}/deploy/local/launcher", f"--bin_dir={bin_dir}", "--port=0",
              "--grpc_port=-1", f"--port_file={port_file}", f"--memory_nodes={memory_nodes}",
-             f"--node_metrics={'true' if plan_wait else 'false'}", *extra_args], stdout=log, stderr=subprocess.STDOUT,
-            env=env or ENV,
-            start_new_session=True)
+             f"--node_metrics={'true' if node_metrics else 'false'}", *extra_args],
+            stdout=log, stderr=subprocess.STDOUT, env=env or ENV, start_new_session=True)
         try:
             for _ in range(1200):
+                if launcher.poll() is not None:
+                    raise RuntimeError("the launcher exited")
                 if os.path.exists(port_file) and os.path.getsize(port_file) > 0:
                     break
                 time.sleep(0.5)
             else:
                 raise RuntimeError("the deployment did not start")
             port = json.load(open(port_file))["http"]
+            wait_http(port, "/health", launcher)
             models = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models"))
-            model = models["data"][0]["id"]
-            stream_tokens_per_second(port, model, 16)  # warm-up
-            rates = [stream_tokens_per_second(port, model, 128) for _ in range(rounds)]
-            result = {"serve single-stream decode tok/s": statistics.median(rates)}
-            if plan_wait:
-                metrics_port = json.load(open(port_file))["metrics"]["compute-0"]
-                result["plan wait ms"] = plan_wait_ms(metrics_port)
-            return result
+            yield port, models["data"][0]["id"], port_file
         finally:
             os.killpg(launcher.pid, signal.SIGTERM)
             launcher.wait(timeout=60)
+
+
+def run_serve(bin_dir, memory_nodes=0, extra_args=(), env=None, rounds=3, plan_wait=False):
+    """Median single-stream decode tokens/s of `rounds` streamed completions; with
+    `plan_wait`, also the compute node's mean wait for its next plan between steps."""
+    with launch(bin_dir, memory_nodes, extra_args, env, node_metrics=plan_wait) as (
+            port, model, port_file):
+        stream_tokens_per_second(port, model, 16)  # warm-up
+        rates = [stream_tokens_per_second(port, model, 128) for _ in range(rounds)]
+        result = {"serve single-stream decode tok/s": statistics.median(rates)}
+        if plan_wait:
+            metrics_port = json.load(open(port_file))["metrics"]["compute-0"]
+            result["plan wait ms"] = plan_wait_ms(metrics_port)
+        return result
 
 
 BENCHES = {"decode": run_decode, "offload": run_offload, "serve": run_serve}

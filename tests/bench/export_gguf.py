@@ -103,7 +103,7 @@ def gguf_kv(key, vtype, value):
 
 
 def vocabulary(model_dir, vocab_size):
-    """(tokens, scores, types, add_bos) for tokenizer.ggml.model "llama"."""
+    """(tokens, scores, types) for tokenizer.ggml.model "llama"."""
     tokens = [f"<tok_{i}>" for i in range(vocab_size)]
     path = os.path.join(model_dir, "tokenizer.json")
     if os.path.exists(path):
@@ -211,9 +211,7 @@ def export(model_dir, out_path):
 
     infos = b""
     offset = 0
-    offsets = []
     for name, gtype, shape, raw in tensors:
-        offsets.append(offset)
         dims = list(reversed(shape))  # ne[0] is the innermost dimension
         infos += gguf_string(name) + struct.pack("<I", len(dims))
         infos += b"".join(struct.pack("<Q", d) for d in dims)
@@ -224,7 +222,7 @@ def export(model_dir, out_path):
     with open(tmp, "wb") as f:
         f.write(header)
         f.write(b"\0" * ((-len(header)) % ALIGNMENT))
-        for (name, gtype, shape, raw), at in zip(tensors, offsets):
+        for _, _, _, raw in tensors:
             f.write(raw)
             f.write(b"\0" * ((-len(raw)) % ALIGNMENT))
     os.replace(tmp, out_path)

@@ -20,9 +20,9 @@ Without --llama_dir it runs strata alone and says that the peer was skipped.
       --llama_dir=/path/to/llama.cpp/build [--rounds=3] [--parts=tg,batched,served]
 """
 import argparse
+import contextlib
 import json
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -123,18 +123,14 @@ def greedy_tokens(port, model, n, kind):
 
 
 def throughput(port, model, clients, max_tokens=128):
-    """Generated tokens per second over `clients` concurrent streams, and the median of
-    each stream's own decode rate."""
-    counts, rates = [0] * clients, [0.0] * clients
+    """Generated tokens per second over `clients` concurrent streams."""
+    counts = [0] * clients
 
     def client(i):
-        times = []
         with completion(port, max_tokens, True, model) as response:
             for line in response:
                 if line.startswith(b"data: {"):
-                    times.append(time.monotonic())
-        counts[i] = len(times)
-        rates[i] = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
+                    counts[i] += 1
 
     start = time.monotonic()
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
@@ -142,34 +138,7 @@ def throughput(port, model, clients, max_tokens=128):
         t.start()
     for t in threads:
         t.join()
-    return sum(counts) / (time.monotonic() - start), statistics.median(rates)
-
-
-class Server:
-    """A server process group started on a free port, stopped on exit."""
-
-    def __init__(self, argv, port_of, env=None):
-        self.log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
-        self.port = port_of(self)
-
-    def stop(self):
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        self.proc.wait(timeout=60)
-
-
-def wait_http(port, path, proc):
-    for _ in range(1200):
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited ({proc.returncode})")
-        try:
-            if urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5).status == 200:
-                return
-        except Exception:  # noqa: BLE001: not up yet
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("the server did not start")
+    return sum(counts) / (time.monotonic() - start)
 
 
 def free_port():
@@ -179,36 +148,22 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_llama_server(llama_dir, gguf, clients):
+@contextlib.contextmanager
+def llama_server(llama_dir, gguf, clients):
+    """llama-server on a free port, until the block ends: yields (port, None, None) once its
+    /health is 200, as compare_builds.launch yields for strata."""
     port = free_port()
-
-    def port_of(server):
-        wait_http(port, "/health", server.proc)
-        return port
-    return Server([f"{llama_dir}/bin/llama-server", "-m", gguf, "-t", str(THREADS),
-                   "-c", str(clients * 512), "-np", str(clients), "--port", str(port),
-                   "--host", "127.0.0.1"], port_of)
-
-
-def start_strata(bin_dir, memory_nodes):
-    run_dir = tempfile.mkdtemp()
-    port_file = os.path.join(run_dir, "ports.json")
-
-    def port_of(server):
-        for _ in range(1200):
-            if server.proc.poll() is not None:
-                raise RuntimeError("the launcher exited")
-            if os.path.exists(port_file) and os.path.getsize(port_file) > 0:
-                port = json.load(open(port_file))["http"]
-                wait_http(port, "/health", server.proc)
-                return port
-            time.sleep(0.5)
-        raise RuntimeError("the deployment did not start")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_NUM_THREADS", "GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-    return Server([f"{bin_dir}/deploy/local/launcher", f"--bin_dir={bin_dir}", "--port=0",
-                   "--grpc_port=-1", f"--port_file={port_file}",
-                   f"--memory_nodes={memory_nodes}", "--node_metrics=false"], port_of, env=env)
+    log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)
+    proc = subprocess.Popen(
+        [f"{llama_dir}/bin/llama-server", "-m", gguf, "-t", str(THREADS), "-c",
+         str(clients * 512), "-np", str(clients), "--port", str(port), "--host", "127.0.0.1"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        compare_builds.wait_http(port, "/health", proc)
+        yield port, None, None
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
 
 
 def main():
@@ -259,22 +214,16 @@ def main():
     if "served" in parts:
         def served(kind):
             def run():
-                server = (start_strata(args.bin_dir, args.memory_nodes) if kind == "strata"
-                          else start_llama_server(args.llama_dir, gguf, args.clients))
-                try:
-                    name = None
-                    if kind == "strata":
-                        name = json.load(urllib.request.urlopen(
-                            f"http://127.0.0.1:{server.port}/v1/models"))["data"][0]["id"]
-                    results.setdefault(("greedy", kind),
-                                       greedy_tokens(server.port, name, 16, kind))
-                    throughput(server.port, name, 1, 16)  # warm-up
-                    one, _ = throughput(server.port, name, 1)
-                    record(("served", 1, kind), one)
-                    many, _ = throughput(server.port, name, args.clients)
-                    record(("served", args.clients, kind), many)
-                finally:
-                    server.stop()
+                env = {k: v for k, v in os.environ.items()
+                       if k not in ("OMP_NUM_THREADS", "GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+                server = (compare_builds.launch(args.bin_dir, args.memory_nodes, env=env)
+                          if kind == "strata" else
+                          llama_server(args.llama_dir, gguf, args.clients))
+                with server as (port, name, _):
+                    results.setdefault(("greedy", kind), greedy_tokens(port, name, 16, kind))
+                    throughput(port, name, 1, 16)  # warm-up
+                    record(("served", 1, kind), throughput(port, name, 1))
+                    record(("served", args.clients, kind), throughput(port, name, args.clients))
             return run
         runs.append(("served strata", served("strata")))
         if peer:
