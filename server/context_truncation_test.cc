@@ -31,20 +31,9 @@ class ContextTruncationTest : public ::testing::TestWithParam<int> {
     delete one_layer_;
     delete two_layers_;
   }
-  static std::vector<int32_t> Tokens(int n, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::vector<int32_t> p;
-    for (int i = 0; i < n; ++i) p.push_back(3 + rng() % 31000);
-    return p;
-  }
+  static std::vector<int32_t> Tokens(int n, uint32_t seed) { return RandomPrompt(n, seed); }
   static GenerateRequest Turn(std::vector<int32_t> prompt, int max_tokens) {
-    GenerateRequest r;
-    r.prompt_tokens = std::move(prompt);
-    r.sampling.temperature = 0.0f;
-    r.sampling.num_logprobs = 0;
-    r.max_tokens = max_tokens;
-    r.ignore_eos = true;
-    return r;
+    return GreedyTurn(std::move(prompt), max_tokens, 0);
   }
   Topology Layout(ContextOverflow overflow) const {
     Topology t{GetParam(), 1};
@@ -254,12 +243,14 @@ TEST_P(ContextTruncationTest, SourcesOnDiskAreReadBackOrRecomputed) {
     std::vector<int32_t> conversation = Tokens(200, 71);
     auto turn1 = d.Submit(Turn(conversation, 8));
     ASSERT_TRUE(d.Wait({turn1}));
-    // Other conversations take the pool's DRAM. They start with the same block, which so
-    // stays in DRAM (the kept start is a DRAM hit; only the tail's sources go to disk).
-    for (uint32_t i = 0; i < 3; ++i) {
-      std::vector<int32_t> other = Tokens(200, 80 + i);
+    // Other conversations take the pool's DRAM. They start with the same block; a last
+    // short request over that block alone makes it the most recently used, so that it is in
+    // DRAM when turn 2 comes (the kept start is a DRAM hit; only the tail's sources are on
+    // disk).
+    for (uint32_t i = 0; i < 4; ++i) {
+      std::vector<int32_t> other = Tokens(i < 3 ? 200 : 24, 80 + i);
       std::copy(conversation.begin(), conversation.begin() + 16, other.begin());
-      auto o = d.Submit(Turn(other, 8));
+      auto o = d.Submit(Turn(other, i < 3 ? 8 : 1));
       ASSERT_TRUE(d.Wait({o}));
       ASSERT_TRUE(o->error.ok()) << o->error;
     }

@@ -324,7 +324,9 @@ class Scheduler {
   // Reads a source's blocks that are on disk only back into DRAM, cached and idle, as
   // scheduler-aware prefetches are (PrefetchDone), so that the request's next placement
   // finds them there. false if there is no room for them.
-  bool PrefetchShiftSource(Request* req, PoolIndex pool, int from, const ShiftSource& source);
+  // `hashes`: the request's own block hashes, whose blocks [0, from) it will take from DRAM.
+  bool PrefetchShiftSource(Request* req, PoolIndex pool, int from, const ShiftSource& source,
+                           const std::vector<uint64_t>& hashes);
   // The owner's first assignment will move `source` (whose blocks the caller already holds)
   // to blocks [from, from + blocks) of its table (KvShift); the holds pass to the owner.
   void TakeShiftSource(Request* req, PoolIndex pool, int from, const ShiftSource& source);

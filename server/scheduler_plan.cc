@@ -243,7 +243,7 @@ bool Scheduler::Place(Request* req, int executor) {
         // Blocks to move that sit on disk only are read back first, once: the request
         // waits for them (as for a prefetch) rather than recompute them.
         const ShiftSource wider = FindShiftSource(req, p, shift_from, max_blocks, true);
-        if (wider.any_on_disk() && PrefetchShiftSource(req, p, shift_from, wider)) {
+        if (wider.any_on_disk() && PrefetchShiftSource(req, p, shift_from, wider, hashes)) {
           req->shift_prefetched = true;
           return false;
         }

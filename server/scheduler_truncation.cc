@@ -107,24 +107,25 @@ Scheduler::ShiftSource Scheduler::FindShiftSource(Request* req, PoolIndex pool, 
 }
 
 bool Scheduler::PrefetchShiftSource(Request* req, PoolIndex pool, int from,
-                                    const ShiftSource& source) {
+                                    const ShiftSource& source,
+                                    const std::vector<uint64_t>& hashes) {
   Pool& p = *pools_[pool.value()];
   const int64_t b = config_.block_tokens;
   const int64_t need =
       static_cast<int64_t>(std::count(source.on_disk.begin(), source.on_disk.end(), true)) * b;
-  // The source's blocks already in DRAM are held while the reads' slots are allocated,
-  // which would otherwise evict them first (they are idle); let go after, they are the
-  // most recently used. Room: for the blocks read, beside the running sequences' decode
-  // headroom; and, once the saves in flight free theirs, for those and the request's table
-  // beside the held blocks.
+  // The blocks the request will take from DRAM (its cached prefix, and the source's blocks
+  // already there) are held while the reads' slots are allocated, which would otherwise
+  // evict them first (they are idle); let go after, they are the most recently used. Room:
+  // for the blocks read, beside the running sequences' decode headroom; and, once the saves
+  // in flight free theirs, for those and the request's table beside the held blocks.
   const Sequence* owner = req->Owner();
+  std::vector<uint64_t> in_dram(hashes.begin(), hashes.begin() + from);
   for (size_t i = 0; i < source.blocks.size(); ++i) {
-    if (!source.on_disk[i]) p.kv->HoldBlock(source.blocks[i]);
+    if (!source.on_disk[i]) in_dram.push_back(source.blocks[i]);
   }
+  for (uint64_t hash : in_dram) p.kv->HoldBlock(hash);
   absl::Cleanup release = [&] {
-    for (size_t i = 0; i < source.blocks.size(); ++i) {
-      if (!source.on_disk[i]) p.kv->DropBlock(source.blocks[i]);
-    }
+    for (uint64_t hash : in_dram) p.kv->DropBlock(hash);
   };
   const int64_t headroom = DecodeHeadroom()[pool.value()];
   if (p.kv->available() - headroom < need ||
