@@ -162,4 +162,18 @@ std::vector<std::string> SseEvents(const std::string& body) {
   return events;
 }
 
+double MetricSum(int port, const std::string& name, const std::string& label) {
+  const HttpResponse r = HttpRequest(port, "GET", "/metrics");
+  double sum = 0;
+  size_t at = 0;
+  while ((at = r.body.find("\n" + name + "{", at)) != std::string::npos) {
+    const size_t end = r.body.find('\n', at + 1);
+    const std::string line = r.body.substr(at + 1, end - at - 1);
+    at = end;
+    if (line.find(label) == std::string::npos) continue;
+    sum += std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return sum;
+}
+
 }  // namespace strata::testing

@@ -37,6 +37,9 @@ std::string RawExchange(int port, const std::string& bytes, double timeout_s = 1
 // The "data: ..." payloads of an SSE body, in order.
 std::vector<std::string> SseEvents(const std::string& body);
 
+// The sum of every series of `name` whose labels contain `label`, on a /metrics port.
+double MetricSum(int port, const std::string& name, const std::string& label);
+
 }  // namespace strata::testing
 
 #endif  // STRATA_TESTS_COMMON_HTTP_CLIENT_H_

@@ -60,21 +60,6 @@ Completion Complete(int http_port, const std::vector<int>& prompt) {
   return out;
 }
 
-// The sum of every series of `name` whose labels contain `label` on a /metrics port.
-double Metric(int port, const std::string& name, const std::string& label) {
-  const HttpResponse r = HttpRequest(port, "GET", "/metrics");
-  double sum = 0;
-  size_t at = 0;
-  while ((at = r.body.find("\n" + name + "{", at)) != std::string::npos) {
-    const size_t end = r.body.find('\n', at + 1);
-    const std::string line = r.body.substr(at + 1, end - at - 1);
-    at = end;
-    if (line.find(label) == std::string::npos) continue;
-    sum += std::stod(line.substr(line.rfind(' ') + 1));
-  }
-  return sum;
-}
-
 // Empty when `dir` takes O_DIRECT (the tier refuses buffered I/O unless told).
 std::string DirectIoUnavailable(const std::string& dir) {
   const std::string probe = dir + "/probe";
@@ -117,19 +102,19 @@ TEST_P(DiskTierTest, TheNextTurnReadsItsHistoryFromDisk) {
     const std::vector<int> question = Tokens(20, 2);
     turn2.insert(turn2.end(), question.begin(), question.end());
     const int server = (*d)->MetricsPort("server");
-    const double computed_before = Metric(server, "strata_prefill_tokens_computed_total", "");
+    const double computed_before = MetricSum(server, "strata_prefill_tokens_computed_total", "");
     answer2 = Complete(http, turn2);
     // The history's 18 full blocks (288 tokens), from disk: none was left in DRAM, and only
     // the rest of the prompt was computed.
     EXPECT_GE(answer2.cached, 288);
-    EXPECT_LE(Metric(server, "strata_prefill_tokens_computed_total", "") - computed_before,
+    EXPECT_LE(MetricSum(server, "strata_prefill_tokens_computed_total", "") - computed_before,
               static_cast<double>(turn2.size()) - 288);
-    EXPECT_GE(Metric(server, "strata_prefix_cache_tier_hits_total", "tier=\"disk\""), 288);
+    EXPECT_GE(MetricSum(server, "strata_prefix_cache_tier_hits_total", "tier=\"disk\""), 288);
     const std::string pool = memory_nodes > 0 ? "memory-0" : "compute-0";
     const int node = (*d)->MetricsPort(pool);
-    EXPECT_GT(Metric(node, "strata_kv_disk_read_bytes_total", ""), 0);
-    EXPECT_GT(Metric(node, "strata_kv_disk_written_bytes_total", ""), 0);
-    EXPECT_EQ(Metric(node, "strata_kv_disk_checksum_failures_total", ""), 0);
+    EXPECT_GT(MetricSum(node, "strata_kv_disk_read_bytes_total", ""), 0);
+    EXPECT_GT(MetricSum(node, "strata_kv_disk_written_bytes_total", ""), 0);
+    EXPECT_EQ(MetricSum(node, "strata_kv_disk_checksum_failures_total", ""), 0);
     // Persisted KV is user data: only the node's user can read it.
     struct stat st;
     ASSERT_EQ(stat((dir + "/" + pool).c_str(), &st), 0) << dir << "/" << pool;

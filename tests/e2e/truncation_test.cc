@@ -42,15 +42,6 @@ std::vector<int> OutputTokens(const json& j) {
   return out;
 }
 
-double Metric(int port, const std::string& series) {
-  const HttpResponse r = HttpRequest(port, "GET", "/metrics");
-  const size_t at = r.body.find("\n" + series + " ");
-  if (at == std::string::npos) return -1;
-  const size_t end = r.body.find('\n', at + 1);
-  const std::string line = r.body.substr(at + 1, end - at - 1);
-  return std::stod(line.substr(line.rfind(' ') + 1));
-}
-
 TEST(Truncation, AnOverflowingTurnIsTruncatedWithTheFlagAndRefusedWithout) {
   std::vector<int> conversation = Tokens(200, 1);
   {
@@ -77,12 +68,12 @@ TEST(Truncation, AnOverflowingTurnIsTruncatedWithTheFlagAndRefusedWithout) {
     EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 16 + 160);
     const int server = (*d)->MetricsPort("server");
     const std::string model = "model_name=\"tiny\"";
-    EXPECT_EQ(Metric(server, "strata_context_truncations_total{" + model + "}"), 1);
+    EXPECT_EQ(MetricSum(server, "strata_context_truncations_total", model), 1);
     EXPECT_EQ(
-        Metric(server, "strata_context_truncation_tokens_total{event=\"dropped\"," + model + "}"),
+        MetricSum(server, "strata_context_truncation_tokens_total", "event=\"dropped\"," + model),
         16);
     EXPECT_EQ(
-        Metric(server, "strata_context_truncation_tokens_total{event=\"moved\"," + model + "}"),
+        MetricSum(server, "strata_context_truncation_tokens_total", "event=\"moved\"," + model),
         160);
     EXPECT_EQ((*d)->Stop(), 0);
   }
