@@ -11,6 +11,7 @@
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
 #include "common/base/trace_flags.h"
+#include "common/base/wait_policy.h"
 #include "common/control/cluster_flags.h"
 #include "common/control/node_main.h"
 #include "common/metrics/metrics.h"
@@ -126,7 +127,10 @@ int main(int argc, char** argv) {
   options.remote.on_layer_round_trip = [&node_metrics](double s) {
     node_metrics.OnLayerRoundTrip(s);
   };
-  auto node = strata::ComputeNode::Create(options);
+  // Loading packs weights in parallel regions: on a thread of its own, so that their OpenMP
+  // team does not outlive it (common/base/wait_policy.h).
+  auto node =
+      strata::OnOwnOpenMpThread([&options] { return strata::ComputeNode::Create(options); });
   if (!node.ok()) {
     LOG(ERROR) << "cannot load the model: " << node.status();
     return 1;

@@ -6,6 +6,7 @@
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
 #include "common/base/stopwatch.h"
+#include "common/base/wait_policy.h"
 #include "common/control/grpc_status.h"
 #include "common/protocol/node_config_proto.h"
 #include "common/protocol/step_proto.h"
@@ -73,7 +74,10 @@ grpc::Status ComputeNodeService::RunSteps(
     if (context->IsCancelled()) queue.Abort();
     queue.Close();
   });
-  node_->RunPipelined(queue, plan_wait_observer_);
+  // The steps run on a thread of the stream's own, whose OpenMP team ends with the stream:
+  // gRPC hands each stream to whichever of its threads is free, and a team left behind on
+  // one of them would throttle the next stream's spin (common/base/wait_policy.h).
+  OnOwnOpenMpThread([&] { node_->RunPipelined(queue, plan_wait_observer_); });
   reader.join();
   return grpc::Status::OK;
 }

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
+#include "common/base/wait_policy.h"
 
 namespace strata {
 
@@ -28,11 +29,15 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreConfig& co
   madvise(p, store->bytes_, MADV_HUGEPAGE);
   store->base_ = static_cast<uint16_t*>(p);
   if (config.prefault) {
-    // Touch one byte per 4 KiB page, in parallel; zero pages stay zero.
+    // Touch one byte per 4 KiB page, in parallel; zero pages stay zero. On a thread of its
+    // own: the caller is a gRPC handler or a main thread, which must not keep an idle
+    // OpenMP team beside the steps' (common/base/wait_policy.h).
     const int64_t pages = static_cast<int64_t>(store->bytes_ / 4096);
     volatile char* bytes = static_cast<volatile char*>(p);
+    OnOwnOpenMpThread([pages, bytes] {
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < pages; ++i) bytes[i * 4096] = 0;
+      for (int64_t i = 0; i < pages; ++i) bytes[i * 4096] = 0;
+    });
   }
   return store;
 }

@@ -21,7 +21,11 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace strata {
@@ -43,6 +47,29 @@ std::map<std::string, std::string> OpenMpEnvironment(int threads, CoreShare shar
 // The same, as NAME=VALUE strings for execve-style environments.
 std::vector<std::string> OpenMpEnvironmentList(int threads, CoreShare share,
                                                int64_t spin_count = -1);
+
+// Runs `work` on a thread of its own and returns what it returns, so that the OpenMP team
+// its parallel regions create ends when it does.
+//
+// libgomp keeps a team of worker threads for every thread that has entered a parallel
+// region, until that thread exits, and counts the workers of every team together: while
+// they outnumber the cores, every team spins at most 100 iterations (about 1 us) before it
+// sleeps, whatever GOMP_SPINCOUNT says. A node whose model loading, pool touching or
+// configuration ran parallel regions on the main thread or a gRPC handler thread kept those
+// teams idle but alive, and its steps' team then slept and woke in every gap between two
+// GEMMs. Everything in a node process that runs parallel regions outside its one step
+// thread goes through here.
+template <typename Work>
+auto OnOwnOpenMpThread(Work&& work) -> std::invoke_result_t<Work&> {
+  using Result = std::invoke_result_t<Work&>;
+  if constexpr (std::is_void_v<Result>) {
+    std::thread([&work] { work(); }).join();
+  } else {
+    std::optional<Result> result;
+    std::thread([&work, &result] { result.emplace(work()); }).join();
+    return std::move(*result);
+  }
+}
 
 }  // namespace strata
 

@@ -5,7 +5,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -14,18 +17,25 @@ namespace {
 
 constexpr int kIdleMs = 300;
 
-// CPU seconds the probe burnt while idle, started with `env` (NAME=VALUE ...).
-double IdleCpuSeconds(const std::vector<std::string>& env) {
+// Runs the probe with `env` (NAME=VALUE ..., on top of the test's environment less the
+// OpenMP wait variables) and `args`, and returns the second figure it prints (after its
+// thread count); -1 if it did not run.
+double Probe(const std::vector<std::string>& env, const std::string& args) {
   std::string command = "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT";
   for (const std::string& e : env) command += " " + e;
-  command += " common/base/wait_policy_probe " + std::to_string(kIdleMs);
+  command += " common/base/wait_policy_probe " + args;
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return -1;
   int threads = 0;
-  double seconds = -1;
-  if (std::fscanf(pipe, "%d %lf", &threads, &seconds) != 2) seconds = -1;
+  double figure = -1;
+  if (std::fscanf(pipe, "%d %lf", &threads, &figure) != 2) figure = -1;
   pclose(pipe);
-  return seconds;
+  return figure;
+}
+
+// CPU seconds the probe burnt while idle, started with `env`.
+double IdleCpuSeconds(const std::vector<std::string>& env) {
+  return Probe(env, std::to_string(kIdleMs));
 }
 
 TEST(WaitPolicyTest, EnvironmentFollowsTheCoreLayout) {
@@ -55,6 +65,40 @@ TEST(WaitPolicyTest, NoSpinWithoutBound) {
   // The control: an unbounded spin burns a core for the whole idle time.
   const double active = IdleCpuSeconds({"OMP_NUM_THREADS=2", "OMP_WAIT_POLICY=ACTIVE"});
   EXPECT_GT(active, kIdleMs / 3 / 1000.0);
+}
+
+// Voluntary context switches of the probe's `teams` mode (`how`: own or kept), with as many
+// OpenMP threads as cores, so that a second team makes the threads outnumber the cores.
+long TeamSwitches(const std::string& how, int regions) {
+  return static_cast<long>(
+      Probe({"OMP_NUM_THREADS=" + std::to_string(std::thread::hardware_concurrency()),
+             "GOMP_SPINCOUNT=" + std::to_string(kSharedCoreSpinCount)},
+            "teams " + how + " " + std::to_string(regions)));
+}
+
+TEST(WaitPolicyTest, WorkOnItsOwnThreadLeavesNoTeamBehind) {
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "needs two cores";
+  constexpr int kRegions = 2000;
+  // Parallel regions with 20 us gaps, after another thread ran one through
+  // OnOwnOpenMpThread: the team spins across the gaps, and hardly a thread sleeps.
+  const long own = TeamSwitches("own", kRegions);
+  ASSERT_GE(own, 0) << "the probe did not run";
+  EXPECT_LT(own, kRegions / 10);
+  // The control: the other thread stays alive with its team, the threads outnumber the
+  // cores, libgomp cuts the spin to 100 iterations, and a thread sleeps in every gap.
+  const long kept = TeamSwitches("kept", kRegions);
+  EXPECT_GT(kept, kRegions / 2);
+}
+
+TEST(WaitPolicyTest, OnOwnOpenMpThreadReturnsWhatTheWorkReturns) {
+  const std::thread::id caller = std::this_thread::get_id();
+  EXPECT_NE(OnOwnOpenMpThread([] { return std::this_thread::get_id(); }), caller);
+  auto moved = OnOwnOpenMpThread([] { return std::make_unique<int>(7); });
+  ASSERT_NE(moved, nullptr);
+  EXPECT_EQ(*moved, 7);
+  int ran = 0;
+  OnOwnOpenMpThread([&ran] { ran = 1; });
+  EXPECT_EQ(ran, 1);
 }
 
 }  // namespace
