@@ -43,7 +43,12 @@ ABSL_FLAG(int, rotation_batches, 3,
           "Rotational pipelining: batches n in flight over the n - 1 compute replicas");
 ABSL_FLAG(bool, async_scheduling, false,
           "Send a batch's next step while the current one runs; the compute node feeds each "
-          "sequence the token it sampled last. Output is identical to synchronous scheduling");
+          "sequence the token it sampled last. Output is identical to synchronous scheduling. "
+          "Off under every --pipelining other than off, which schedule their batches' steps "
+          "themselves");
+ABSL_FLAG(double, plan_ahead_lead, strata::SchedulerConfig().plan_ahead_lead,
+          "Asynchronous scheduling: build the next plan this fraction of the node's step time "
+          "before the running step is expected to end (1: as soon as it starts)");
 ABSL_FLAG(int64_t, max_num_batched_tokens, strata::SchedulerConfig().max_num_batched_tokens,
           "Rows per step");
 ABSL_FLAG(int64_t, max_prefill_tokens, strata::SchedulerConfig().max_prefill_tokens,
@@ -141,8 +146,14 @@ int main(int argc, char** argv) {
   o.disk_load_timeout =
       absl::Milliseconds(std::max<int64_t>(1, absl::GetFlag(FLAGS_kv_disk_load_timeout_ms)));
   o.scheduler.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
-  o.scheduler.async_scheduling = absl::GetFlag(FLAGS_async_scheduling);
   o.scheduler.pipelining = absl::GetFlag(FLAGS_pipelining);
+  o.scheduler.async_scheduling = absl::GetFlag(FLAGS_async_scheduling);
+  if (o.scheduler.async_scheduling && o.scheduler.pipelining != strata::Pipelining::kOff) {
+    LOG(WARNING) << "asynchronous scheduling is off under --pipelining="
+                 << AbslUnparseFlag(o.scheduler.pipelining);
+    o.scheduler.async_scheduling = false;
+  }
+  o.scheduler.plan_ahead_lead = absl::GetFlag(FLAGS_plan_ahead_lead);
   o.scheduler.max_plans_in_flight = absl::GetFlag(FLAGS_max_plans_in_flight);
   if (o.scheduler.pipelining == strata::Pipelining::kRotational) {
     o.scheduler.max_plans_in_flight = absl::GetFlag(FLAGS_rotation_batches);

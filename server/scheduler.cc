@@ -33,6 +33,9 @@ absl::Status Scheduler::ValidateConfig(const SchedulerConfig& c) {
   if (c.max_plans_in_flight < 1) {
     return absl::InvalidArgumentError("max_plans_in_flight must be at least 1");
   }
+  if (!(c.plan_ahead_lead >= 0 && c.plan_ahead_lead <= 1)) {
+    return absl::InvalidArgumentError("plan_ahead_lead must be between 0 and 1");
+  }
   if (c.async_scheduling && c.max_plans_in_flight < 2) {
     return absl::InvalidArgumentError(
         "asynchronous scheduling needs max_plans_in_flight of at least 2 (the next plan goes "

@@ -75,6 +75,10 @@ struct SchedulerConfig {
   // max_plans_in_flight >= 2. Output is bit-identical to synchronous scheduling; a stop is
   // seen one step late and the extra token is discarded.
   bool async_scheduling = false;
+  // When the plan ahead is built: this fraction of the node's step time (at least 1 ms)
+  // before the running step is expected to end, so that a request arriving meanwhile joins
+  // the next step rather than the one after. 1: as soon as the running step starts.
+  double plan_ahead_lead = 0.25;
   // kTwo needs max_plans_in_flight >= 2 and synchronous scheduling; kFixed needs one plan
   // in flight per compute node (each replica owns one batch) and synchronous scheduling.
   Pipelining pipelining = Pipelining::kOff;
@@ -286,6 +290,10 @@ class Scheduler {
   void ScheduleIdleExecutors();
   // Fixed pipelining: whether a step may start now; if not, sets a timer for when it may.
   bool StaggerAllowsStart();
+  // Asynchronous scheduling: whether the plan ahead of executor `index`'s running step may
+  // be built now; if not, sets a timer for when it may.
+  bool AheadPlanDue(int index);
+  static constexpr double kAheadLeadMin = 1e-3;  // seconds
   int LiveReplicas() const;
   // Memory-node sizing advice from the step clock (logged when it changes).
   void UpdateAdvice();

@@ -154,6 +154,12 @@ struct Scheduler::Executor {
   };
   std::deque<InFlight> in_flight;  // oldest first: results come back in submission order
   bool busy() const { return !in_flight.empty(); }
+  // Asynchronous scheduling: when the oldest plan in flight started on the node (as far as
+  // the scheduler can tell), the node's smoothed step time, and whether a timer will plan
+  // ahead (Scheduler::AheadPlanDue).
+  absl::Time running_since;
+  double step_seconds = 0;
+  bool ahead_timer_set = false;
   std::vector<TableRelease> pending_releases;
 };
 

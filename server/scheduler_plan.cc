@@ -24,6 +24,7 @@ void Scheduler::ScheduleIdleExecutors() {
     while (ex.alive && ex.reachable &&
            static_cast<int>(ex.in_flight.size()) < config_.max_plans_in_flight) {
       if (!StaggerAllowsStart()) return;
+      if (!ex.in_flight.empty() && !AheadPlanDue(static_cast<int>(e))) break;
       StepPlan plan;
       const Stopwatch planning;
       const bool built = BuildPlan(static_cast<int>(e), &plan);
@@ -34,10 +35,32 @@ void Scheduler::ScheduleIdleExecutors() {
       }
       if (!built) break;
       last_start_ = absl::Now();
+      if (ex.in_flight.empty()) ex.running_since = last_start_;
       ex.in_flight.push_back({plan, last_start_});
       SubmitPlan(static_cast<int>(e), std::move(plan));
     }
   }
+}
+
+bool Scheduler::AheadPlanDue(int index) {
+  Executor& ex = *executors_[index];
+  if (!config_.async_scheduling || ex.step_seconds <= 0 || config_.plan_ahead_lead >= 1) {
+    return true;
+  }
+  // The plan ahead is built shortly before the running step is expected to end, not when
+  // it starts: a request that arrives meanwhile joins it instead of waiting for the step
+  // after. The lead covers planning and the trip to the node; a step that ends sooner than
+  // expected waits for its next plan, as under synchronous scheduling.
+  const double lead = std::max(kAheadLeadMin, config_.plan_ahead_lead * ex.step_seconds);
+  const absl::Time due = ex.running_since + absl::Seconds(ex.step_seconds - lead);
+  const absl::Time now = absl::Now();
+  if (now >= due) return true;
+  if (!ex.ahead_timer_set) {
+    ex.ahead_timer_set = true;
+    // The timer's batch runs AfterBatch, which plans the idle compute nodes again.
+    loop_.RunAfter(due - now, [this, index] { executors_[index]->ahead_timer_set = false; });
+  }
+  return false;
 }
 
 int Scheduler::LiveReplicas() const {
@@ -87,6 +110,13 @@ void Scheduler::SubmitPlan(int index, StepPlan plan) {
       CHECK(!x.in_flight.empty()) << "a result from " << x.impl->name() << " with no plan";
       Executor::InFlight done = std::move(x.in_flight.front());
       x.in_flight.pop_front();
+      // The next plan, if one is queued at the node, starts now; the node's own time for
+      // this step feeds the estimate of when that one ends.
+      if (!x.in_flight.empty()) x.running_since = absl::Now();
+      if (result.status.ok() && result.timing.total_us > 0) {
+        const double step = 1e-6 * static_cast<double>(result.timing.total_us);
+        x.step_seconds = x.step_seconds <= 0 ? step : 0.8 * x.step_seconds + 0.2 * step;
+      }
       if (done.plan.step_id != result.step_id && result.status.ok()) {
         result.status = absl::InternalError(
             absl::StrCat("step ", done.plan.step_id, " came back as step ", result.step_id));

@@ -24,7 +24,9 @@ namespace strata {
 namespace {
 
 // The harness's compute node, counting the plans it holds at once (the scheduler may hand it
-// up to max_plans_in_flight).
+// up to max_plans_in_flight). With a step delay, every step takes that much longer (the
+// node's worker sleeps before it answers, and reports the time in the step's timing), and
+// each plan that arrives while another is held records how long that one had been running.
 class CountingExecutor final : public StepExecutor {
  public:
   explicit CountingExecutor(std::unique_ptr<StepExecutor> inner) : inner_(std::move(inner)) {}
@@ -32,13 +34,20 @@ class CountingExecutor final : public StepExecutor {
   void Submit(StepPlan plan, StepResultSink sink) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (outstanding_ > 0) ahead_after_.push_back(absl::Now() - running_since_);
+      if (outstanding_ == 0) running_since_ = absl::Now();
       ++outstanding_;
       max_outstanding_ = std::max(max_outstanding_, outstanding_);
     }
     inner_->Submit(std::move(plan), [this, sink = std::move(sink)](StepResult result) {
+      if (step_delay_ > absl::ZeroDuration()) {
+        absl::SleepFor(step_delay_);
+        result.timing.total_us += absl::ToInt64Microseconds(step_delay_);
+      }
       {
         std::lock_guard<std::mutex> lock(mu_);
         --outstanding_;
+        running_since_ = absl::Now();  // the next plan held, if any, starts now
       }
       sink(std::move(result));
     });
@@ -47,11 +56,20 @@ class CountingExecutor final : public StepExecutor {
     std::lock_guard<std::mutex> lock(mu_);
     return max_outstanding_;
   }
+  // For each plan submitted while another was held: how long that one had been running.
+  std::vector<absl::Duration> ahead_after() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ahead_after_;
+  }
+  void set_step_delay(absl::Duration d) { step_delay_ = d; }
 
  private:
   std::unique_ptr<StepExecutor> inner_;
+  absl::Duration step_delay_;  // set before the first plan
   std::mutex mu_;
   int outstanding_ = 0, max_outstanding_ = 0;
+  absl::Time running_since_;
+  std::vector<absl::Duration> ahead_after_;
 };
 
 struct Outcome {
@@ -152,6 +170,7 @@ class Harness {
   }
 
   Scheduler& scheduler() { return *scheduler_; }
+  CountingExecutor& executor() { return *executor_; }
   int max_plans_held() { return executor_->max_outstanding(); }
   std::vector<uint64_t> finished_order() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -492,6 +511,10 @@ TEST_F(SchedulerTest, AsyncSchedulingIsBitIdenticalToSync) {
   SchedulerConfig async = sync;
   async.async_scheduling = true;
   async.max_plans_in_flight = 2;
+  // Plans ahead as soon as a step starts, so that every row that can go ahead does (with
+  // the default lead, this model's steps of a millisecond or two often come back first).
+  SchedulerConfig late = async;
+  async.plan_ahead_lead = 1;
 
   std::vector<GenerateRequest> requests;
   for (int i = 0; i < 4; ++i) requests.push_back(Greedy(Prompt(20 + 31 * i, 200 + i), 16));
@@ -525,14 +548,18 @@ TEST_F(SchedulerTest, AsyncSchedulingIsBitIdenticalToSync) {
     int held_sync = 0, held_async = 0;
     const auto a = Run(sync, slots, requests, &stats_sync, &held_sync);
     const auto b = Run(async, slots, requests, &stats_async, &held_async);
+    const auto c = Run(late, slots, requests);
     ASSERT_EQ(a.size(), requests.size());
     ASSERT_EQ(b.size(), requests.size());
+    ASSERT_EQ(c.size(), requests.size());
     for (size_t i = 0; i < requests.size(); ++i) {
       EXPECT_TRUE(a[i]->error.ok()) << a[i]->error;
       EXPECT_TRUE(b[i]->error.ok()) << b[i]->error;
       EXPECT_EQ(a[i]->tokens, b[i]->tokens) << "request " << i;
       EXPECT_EQ(a[i]->finish, b[i]->finish) << "request " << i;
       EXPECT_EQ(b[i]->late_updates, 0) << "request " << i;
+      EXPECT_EQ(a[i]->tokens, c[i]->tokens) << "request " << i << ", planned ahead late";
+      EXPECT_EQ(a[i]->finish, c[i]->finish) << "request " << i << ", planned ahead late";
     }
     EXPECT_EQ(a[kStopped]->finish[0], FinishReason::kStop) << "the stop token never stopped it";
     EXPECT_LE(a[kStopped]->tokens[0].size(), 6u);
@@ -583,6 +610,30 @@ TEST_F(SchedulerTest, AsyncSchedulingEndsTimedOutAndCancelledRequestsCleanly) {
   const auto alone = Run(Config(), 4096, {Greedy(Prompt(25, 5), 30)});
   EXPECT_EQ(bystander->tokens, alone[0]->tokens);
   for (const auto& o : {timed, cancelled, bystander}) EXPECT_EQ(o->late_updates, 0);
+  h.ExpectNoLeak();
+}
+
+// Asynchronous scheduling builds the plan ahead shortly before the running step is expected
+// to end (from the node's own step times), not when it starts: a request that arrives
+// meanwhile joins the next step instead of the one after.
+TEST_F(SchedulerTest, AsyncSchedulingPlansAheadLate) {
+  constexpr absl::Duration kStep = absl::Milliseconds(300);
+  SchedulerConfig async = Config();
+  async.async_scheduling = true;
+  async.max_plans_in_flight = 2;
+  Harness h(weights_, async, 4096);
+  h.executor().set_step_delay(kStep);
+  auto first = *h.Submit(Greedy(Prompt(20, 7), 10));
+  h.Wait({first});
+  const auto ahead = h.executor().ahead_after();
+  // The first plans ahead go out at once (no step time known yet); the later ones must wait
+  // for most of the running step (the lead is a quarter of it).
+  ASSERT_GE(ahead.size(), 4u) << "too few plans went out ahead of their token";
+  for (size_t i = 2; i < ahead.size(); ++i) {
+    EXPECT_GE(ahead[i], kStep / 2) << "plan ahead " << i << " went out early";
+  }
+  const auto alone = Run(Config(), 4096, {Greedy(Prompt(20, 7), 10)});
+  EXPECT_EQ(first->tokens, alone[0]->tokens);
   h.ExpectNoLeak();
 }
 

@@ -70,9 +70,10 @@ ABSL_FLAG(std::string, api_key, "",
 ABSL_FLAG(std::string, api_key_file, "", "Require the API key in this file (mode 0600)");
 
 ABSL_FLAG(std::string, server_args, "", "Extra server flags, comma-separated");
-ABSL_FLAG(bool, async_scheduling, false,
+ABSL_FLAG(bool, async_scheduling, true,
           "Asynchronous scheduling: the next step of a batch goes to the compute node while the "
-          "current one runs (the server's --async_scheduling)");
+          "current one runs (the server's --async_scheduling). Off under every --pipelining "
+          "other than off, which schedule their batches' steps themselves");
 ABSL_FLAG(strata::Pipelining, pipelining, strata::Pipelining::kOff,
           "Batches in flight with memory nodes: off; two (on each compute node, one batch's "
           "GEMMs run while the other's attention is on the memory nodes); or fixed (one batch "
@@ -177,19 +178,10 @@ int Run() {
                  "co-located attention (--memory_nodes=0) runs one batch\n";
     return 2;
   }
-  if (two && absl::GetFlag(FLAGS_async_scheduling)) {
-    std::cerr << "launcher: --pipelining=two and --async_scheduling do not combine (yet)\n";
-    return 2;
-  }
   const bool fixed = absl::GetFlag(FLAGS_pipelining) == Pipelining::kFixed;
   if (fixed && (memory_nodes == 0 || absl::GetFlag(FLAGS_compute_nodes) < 2)) {
     std::cerr << "launcher: --pipelining=fixed staggers compute nodes that share memory nodes: "
                  "it needs --compute_nodes of at least 2 and --memory_nodes of at least 1\n";
-    return 2;
-  }
-  if (fixed && absl::GetFlag(FLAGS_async_scheduling)) {
-    std::cerr << "launcher: --pipelining=fixed gives each compute node one plan at a time; it "
-                 "does not combine with --async_scheduling\n";
     return 2;
   }
   const bool rotational = absl::GetFlag(FLAGS_pipelining) == Pipelining::kRotational;
@@ -202,11 +194,14 @@ int Run() {
                  "of at least 1\n";
     return 2;
   }
-  if (rotational && (absl::GetFlag(FLAGS_async_scheduling) || rotation_batches < 3)) {
-    std::cerr << "launcher: --pipelining=rotational needs --rotation_batches of at least 3 and "
-                 "synchronous scheduling\n";
+  if (rotational && rotation_batches < 3) {
+    std::cerr << "launcher: --pipelining=rotational needs --rotation_batches of at least 3\n";
     return 2;
   }
+  // Pipelining decides when each batch's next step starts, so the scheduler plans it when
+  // the last one is back.
+  const bool async_scheduling =
+      absl::GetFlag(FLAGS_async_scheduling) && !two && !fixed && !rotational;
   // The core partition: compute nodes and the scheduler on one set, memory nodes on the other.
   std::optional<CorePartition> partition;
   const bool partitioned =
@@ -305,7 +300,7 @@ int Run() {
   if (absl::GetFlag(FLAGS_max_model_len) > 0) {
     server_argv.push_back(absl::StrCat("--max_model_len=", absl::GetFlag(FLAGS_max_model_len)));
   }
-  if (absl::GetFlag(FLAGS_async_scheduling)) server_argv.push_back("--async_scheduling");
+  if (async_scheduling) server_argv.push_back("--async_scheduling");
   if (two || fixed || rotational) {
     server_argv.push_back("--pipelining=" + AbslUnparseFlag(absl::GetFlag(FLAGS_pipelining)));
   }

@@ -35,7 +35,6 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare_builds  # noqa: E402
 import export_gguf  # noqa: E402
-from step_loop_bench import demo_model  # noqa: E402
 
 THREADS = 2
 # decode_bench's streaming-read probe (GB/s) and the step's fraction of the read bound, by
@@ -178,7 +177,7 @@ def main():
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--memory_nodes", type=int, default=0)
     args = parser.parse_args()
-    model = demo_model()
+    model = compare_builds.demo_model()
     peer = bool(args.llama_dir)
     if not peer:
         print("no --llama_dir: llama.cpp skipped, strata's figures alone")

@@ -8,34 +8,31 @@ loop": served should reach 95% of in-process).
   2 memory nodes:  launcher --memory_nodes=2 --data_plane=sm, against offload_bench
                    --mode=breakdown --batches=1 (2 memory nodes over UCX shared memory).
 
-Each layout is served twice: with synchronous scheduling (the next plan is built when the
-last result is back) and with --async_scheduling (the next plan is at the node already).
+Each layout is served twice: with synchronous scheduling (--async_scheduling=false: the
+next plan is built when the last result is back) and with asynchronous scheduling, the
+launcher's default (the next plan is at the node already).
 
 Both in-process benchmarks run at context 64 (the served stream's mean context is about
 70), on the launcher's demo model. Medians of the rounds, and served/in-process.
 
-  /usr/bin/python3 tests/bench/step_loop_bench.py --bin_dir="$(bazel info bazel-bin)" [--rounds=3]
+With --llama_dir (a llama.cpp build directory, built outside the repository), llama-server
+serves the same weights (exported to GGUF by export_gguf.py) with as many threads, and the
+same streamed completion is timed in the same rounds.
+
+  /usr/bin/python3 tests/bench/step_loop_bench.py --bin_dir="$(bazel info bazel-bin)" \
+      [--rounds=3] [--llama_dir=DIR]
 """
 import argparse
 import os
-import re
 import statistics
 import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare_builds  # noqa: E402
+import peer_bench  # noqa: E402
 
 CONTEXT = 64
-
-
-def demo_model():
-    cache = os.environ.get("STRATA_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "strata")
-    path = os.path.join(cache, "models", "demo")
-    if not os.path.exists(os.path.join(path, "config.json")):
-        raise SystemExit(f"no demo model at {path}: start deploy/local/serve once")
-    return path
 
 
 def in_process_colocated(bin_dir, model):
@@ -61,8 +58,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bin_dir", required=True)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--llama_dir", default="",
+                        help="a llama.cpp build directory: llama-server joins the rounds")
     args = parser.parse_args()
-    model = demo_model()
+    model = compare_builds.demo_model()
     env = {k: v for k, v in os.environ.items()
            if k not in ("OMP_NUM_THREADS", "GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
     waits = {}
@@ -76,15 +75,25 @@ def main():
         return run
 
     sm = ["--data_plane=sm"]
+    synchronous = ["--async_scheduling=false"]
     asynchronous = ["--async_scheduling"]
     runs = {
         ("co-located", "in-process"): lambda: in_process_colocated(args.bin_dir, model),
-        ("co-located", "served"): served(0, []),
+        ("co-located", "served"): served(0, synchronous),
         ("co-located", "served async"): served(0, asynchronous),
         ("2 memory nodes", "in-process"): lambda: in_process_offloaded(args.bin_dir, model),
-        ("2 memory nodes", "served"): served(2, sm),
+        ("2 memory nodes", "served"): served(2, sm + synchronous),
         ("2 memory nodes", "served async"): served(2, sm + asynchronous),
     }
+    if args.llama_dir:
+        gguf = peer_bench.gguf_of(model)
+
+        def llama_served():
+            with peer_bench.llama_server(args.llama_dir, gguf, 1) as (port, _, _):
+                compare_builds.stream_tokens_per_second(port, None, 16)  # warm-up
+                return statistics.median(
+                    compare_builds.stream_tokens_per_second(port, None, 128) for _ in range(3))
+        runs[("llama.cpp", "llama-server")] = llama_served
     rates = {}
     for r in range(args.rounds):
         keys = list(runs) if r % 2 == 0 else list(reversed(runs))
@@ -102,10 +111,15 @@ def main():
         b = statistics.median(rates[(layout, "served")])
         c = statistics.median(rates[(layout, "served async")])
         print(f"{layout:<16} {a:>10.2f} {b:>8.2f} {b / a:>18.3f} {c:>8.2f} {c / a:>17.3f}")
+    if args.llama_dir:
+        peer = statistics.median(rates[("llama.cpp", "llama-server")])
+        ours = statistics.median(rates[("co-located", "served async")])
+        print(f"llama-server on the same weights, {peer_bench.THREADS} threads: {peer:.2f} tok/s; "
+              f"strata co-located served async / llama-server: {ours / peer:.3f}")
     print("\ncompute node's mean wait for its next plan between steps, ms (medians of rounds)")
     print(f"{'layout':<16} {'served':>8} {'async':>8}")
     for layout, nodes, extra in (("co-located", 0, []), ("2 memory nodes", 2, sm)):
-        b = statistics.median(waits[(nodes, tuple(extra))])
+        b = statistics.median(waits[(nodes, tuple(extra + synchronous))])
         c = statistics.median(waits[(nodes, tuple(extra + asynchronous))])
         print(f"{layout:<16} {b:>8.3f} {c:>8.3f}")
 
