@@ -77,7 +77,7 @@ grpc::Status ComputeNodeService::RunSteps(
   // The steps run on a thread of the stream's own, whose OpenMP team ends with the stream:
   // gRPC hands each stream to whichever of its threads is free, and a team left behind on
   // one of them would throttle the next stream's spin (common/base/wait_policy.h).
-  OnOwnOpenMpThread([&] { node_->RunPipelined(queue, plan_wait_observer_); });
+  OnOwnOpenMpThread([&] { node_->RunPipelined(queue, plan_wait_observer_); }, threads_);
   reader.join();
   return grpc::Status::OK;
 }

@@ -3,6 +3,8 @@
 #ifndef STRATA_COMPUTE_NODE_SERVICE_H_
 #define STRATA_COMPUTE_NODE_SERVICE_H_
 
+#include <omp.h>
+
 #include <functional>
 #include <memory>
 
@@ -44,6 +46,9 @@ class ComputeNodeService final : public control::ComputeNode::Service {
   control::NodeInfo info_;
   std::shared_ptr<const ClusterAuth> auth_;
   std::function<void(double)> plan_wait_observer_;
+  // The service is made on the main thread after --threads/--cpus: the steps' team takes
+  // this size (gRPC's handler threads have libgomp's default).
+  const int threads_ = omp_get_max_threads();
 };
 
 }  // namespace strata

@@ -62,6 +62,10 @@ int main(int argc, char** argv) {
                              : absl::GetFlag(FLAGS_data_address);
   options.verify_checksums = absl::GetFlag(FLAGS_verify_checksums);
   options.prefault_kv = absl::GetFlag(FLAGS_prefault_kv);
+  // Frames run inline on the transport thread only without an OpenMP team: with one, the
+  // transport thread and the worker would each keep a team, and two teams throttle each
+  // other's spin (common/base/wait_policy.h).
+  options.run_on_transport_thread = omp_get_max_threads() == 1;
   auto disk = strata::KvDiskOptionsFromFlags();
   if (!disk.ok()) {
     LOG(ERROR) << disk.status().message();

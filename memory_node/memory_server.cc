@@ -1,5 +1,7 @@
 #include "memory_node/memory_server.h"
 
+#include <omp.h>
+
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -46,7 +48,12 @@ absl::StatusOr<std::unique_ptr<MemoryServer>> MemoryServer::Create(MemoryServerO
       });
   ASSIGN_OR_RETURN(server->data_address_,
                    server->transport_->Listen(server->options_.data_address));
-  server->worker_ = std::thread([self] { self->RunWorker(); });
+  // The worker's team takes the creating thread's size (--threads, --cpus set it there).
+  const int threads = omp_get_max_threads();
+  server->worker_ = std::thread([self, threads] {
+    omp_set_num_threads(threads);
+    self->RunWorker();
+  });
   return server;
 }
 

@@ -58,7 +58,8 @@ struct MemoryServerOptions {
   bool prefault_kv = true;
   // A frame with nothing queued ahead of it runs on the transport thread that received
   // it, which saves a thread wake-up per frame; frames that arrive meanwhile queue for the
-  // worker thread (and overlap with the attention).
+  // worker thread (and overlap with the attention). memory_node's main sets it only for a
+  // single attention thread: otherwise two threads would run parallel regions.
   bool run_on_transport_thread = true;
   // Records each layer frame's attention on the track of the connection it came on (one per
   // compute node lane); null: nothing is recorded. Must outlive the server.

@@ -143,6 +143,13 @@ struct Scheduler::Pool {
   uint64_t kv_epoch = 0;
 };
 
+// Every row of the plan decodes (one token per chunk).
+inline bool DecodeOnly(const StepPlan& plan) {
+  bool decode_only = !plan.chunks.empty();
+  for (const SequenceChunk& c : plan.chunks) decode_only = decode_only && c.tokens.size() == 1;
+  return decode_only;
+}
+
 struct Scheduler::Executor {
   std::unique_ptr<StepExecutor> impl;
   std::optional<PoolIndex> local_pool;  // co-located mode
@@ -155,11 +162,15 @@ struct Scheduler::Executor {
   std::deque<InFlight> in_flight;  // oldest first: results come back in submission order
   bool busy() const { return !in_flight.empty(); }
   // Asynchronous scheduling: when the oldest plan in flight started on the node (as far as
-  // the scheduler can tell), the node's smoothed step time, and whether a timer will plan
-  // ahead (Scheduler::AheadPlanDue).
+  // the scheduler can tell); the node's smoothed step time for decode-only plans and for
+  // plans with prompt rows (kept apart, so that one prefill chunk does not stretch the
+  // estimate for the decode steps after it); and the timer that will plan ahead, with its
+  // due time (Scheduler::AheadPlanDue).
   absl::Time running_since;
-  double step_seconds = 0;
-  bool ahead_timer_set = false;
+  double decode_step_seconds = 0;
+  double mixed_step_seconds = 0;
+  EventLoop::TimerId ahead_timer = 0;
+  absl::Time ahead_due;
   std::vector<TableRelease> pending_releases;
 };
 

@@ -44,21 +44,24 @@ void Scheduler::ScheduleIdleExecutors() {
 
 bool Scheduler::AheadPlanDue(int index) {
   Executor& ex = *executors_[index];
-  if (!config_.async_scheduling || ex.step_seconds <= 0 || config_.plan_ahead_lead >= 1) {
-    return true;
-  }
+  if (!config_.async_scheduling || config_.plan_ahead_lead >= 1) return true;
+  const double step =
+      DecodeOnly(ex.in_flight.front().plan) ? ex.decode_step_seconds : ex.mixed_step_seconds;
+  if (step <= 0) return true;
   // The plan ahead is built shortly before the running step is expected to end, not when
   // it starts: a request that arrives meanwhile joins it instead of waiting for the step
   // after. The lead covers planning and the trip to the node; a step that ends sooner than
   // expected waits for its next plan, as under synchronous scheduling.
-  const double lead = std::max(kAheadLeadMin, config_.plan_ahead_lead * ex.step_seconds);
-  const absl::Time due = ex.running_since + absl::Seconds(ex.step_seconds - lead);
+  const double lead = std::max(kAheadLeadMin, config_.plan_ahead_lead * step);
+  const absl::Time due = ex.running_since + absl::Seconds(step - lead);
   const absl::Time now = absl::Now();
   if (now >= due) return true;
-  if (!ex.ahead_timer_set) {
-    ex.ahead_timer_set = true;
+  // One timer per executor, moved earlier when a shorter step took over.
+  if (ex.ahead_timer == 0 || due < ex.ahead_due) {
+    if (ex.ahead_timer != 0) loop_.Cancel(ex.ahead_timer);
+    ex.ahead_due = due;
     // The timer's batch runs AfterBatch, which plans the idle compute nodes again.
-    loop_.RunAfter(due - now, [this, index] { executors_[index]->ahead_timer_set = false; });
+    ex.ahead_timer = loop_.RunAt(due, [this, index] { executors_[index]->ahead_timer = 0; });
   }
   return false;
 }
@@ -115,7 +118,8 @@ void Scheduler::SubmitPlan(int index, StepPlan plan) {
       if (!x.in_flight.empty()) x.running_since = absl::Now();
       if (result.status.ok() && result.timing.total_us > 0) {
         const double step = 1e-6 * static_cast<double>(result.timing.total_us);
-        x.step_seconds = x.step_seconds <= 0 ? step : 0.8 * x.step_seconds + 0.2 * step;
+        double& estimate = DecodeOnly(done.plan) ? x.decode_step_seconds : x.mixed_step_seconds;
+        estimate = estimate <= 0 ? step : 0.8 * estimate + 0.2 * step;
       }
       if (done.plan.step_id != result.step_id && result.status.ok()) {
         result.status = absl::InternalError(

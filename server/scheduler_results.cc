@@ -49,8 +49,7 @@ void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, abs
   }
   if (observer_.on_step) observer_.on_step(plan, result, now - started);
   if (result.status.ok()) {
-    bool decode_only = !plan.chunks.empty();
-    for (const SequenceChunk& c : plan.chunks) decode_only = decode_only && c.tokens.size() == 1;
+    const bool decode_only = DecodeOnly(plan);
     // Under two and rotational the step's wall time holds other batches' work.
     const bool overlapped =
         (config_.pipelining == Pipelining::kTwo || config_.pipelining == Pipelining::kRotational) &&

@@ -511,8 +511,9 @@ TEST_F(SchedulerTest, AsyncSchedulingIsBitIdenticalToSync) {
   SchedulerConfig async = sync;
   async.async_scheduling = true;
   async.max_plans_in_flight = 2;
-  // Plans ahead as soon as a step starts, so that every row that can go ahead does (with
-  // the default lead, this model's steps of a millisecond or two often come back first).
+  // `late` plans ahead with the default lead; `async` as soon as a step starts, so that
+  // every row that can go ahead does (with the default lead, this model's steps of a
+  // millisecond or two often come back before the plan ahead is due).
   SchedulerConfig late = async;
   async.plan_ahead_lead = 1;
 

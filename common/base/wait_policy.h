@@ -19,6 +19,8 @@
 #ifndef STRATA_COMMON_BASE_WAIT_POLICY_H_
 #define STRATA_COMMON_BASE_WAIT_POLICY_H_
 
+#include <omp.h>
+
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -59,14 +61,23 @@ std::vector<std::string> OpenMpEnvironmentList(int threads, CoreShare share,
 // teams idle but alive, and its steps' team then slept and woke in every gap between two
 // GEMMs. Everything in a node process that runs parallel regions outside its one step
 // thread goes through here.
+// The thread's team has `threads` threads, by default the caller's team size: a size set
+// with omp_set_num_threads (--threads, --cpus) holds only for the thread that set it.
 template <typename Work>
-auto OnOwnOpenMpThread(Work&& work) -> std::invoke_result_t<Work&> {
+auto OnOwnOpenMpThread(Work&& work, int threads = omp_get_max_threads())
+    -> std::invoke_result_t<Work&> {
   using Result = std::invoke_result_t<Work&>;
   if constexpr (std::is_void_v<Result>) {
-    std::thread([&work] { work(); }).join();
+    std::thread([&work, threads] {
+      omp_set_num_threads(threads);
+      work();
+    }).join();
   } else {
     std::optional<Result> result;
-    std::thread([&work, &result] { result.emplace(work()); }).join();
+    std::thread([&work, &result, threads] {
+      omp_set_num_threads(threads);
+      result.emplace(work());
+    }).join();
     return std::move(*result);
   }
 }

@@ -125,7 +125,7 @@ TEST(FaultTest, AComputeNodeDyingWithTwoPlansInFlightLosesNothing) {
     // At most 2 sequences per step, so that 8 requests make several plans.
     options.server_args = {"--served_model_name=tiny", "--max_plans_in_flight=2",
                            "--max_num_seqs=2"};
-    if (async) options.server_args.push_back("--async_scheduling");
+    options.server_args.push_back(async ? "--async_scheduling" : "--async_scheduling=false");
     options.memory_nodes = memory_nodes;
     auto d = Deployment::Start(options);
     ASSERT_TRUE(d.ok()) << d.status();
