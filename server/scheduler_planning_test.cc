@@ -37,6 +37,9 @@ class PlannerTest : public ::testing::Test {
     c.block_tokens = 16;
     c.vocab_size = 1000;
     c.async_scheduling = async;
+    // The loop runs by hand here and never fires a timer that is not yet due: plan ahead
+    // at once rather than on the step-time timer (Scheduler::AheadPlanDue).
+    c.plan_ahead_lead = 1;
     c.pipelining = pipelining;
     c.max_plans_in_flight = async || pipelining == Pipelining::kTwo ? 2 : 1;
     ASSERT_TRUE(Scheduler::ValidateConfig(c).ok());
