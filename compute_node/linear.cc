@@ -1,9 +1,11 @@
 #include "compute_node/linear.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -47,9 +49,19 @@ dnnl::engine& CpuEngine() {
   return *engine;
 }
 
+absl::StatusOr<bool> OwnGemmRequested() {
+  const char* env = std::getenv("STRATA_GEMM");
+  const std::string choice = env == nullptr ? "" : env;
+  if (choice.empty() || choice == "auto") return false;
+  if (choice == "own") return true;
+  return absl::InvalidArgumentError(
+      absl::StrCat("STRATA_GEMM must be auto or own, not \"", choice, "\""));
+}
+
 bool UseOneDnnBf16() {
   static const bool use = [] {
     if (kernels::ActiveCpuIsa() < kernels::CpuIsa::kAvx512) return false;
+    if (OwnGemmRequested().value_or(false)) return false;
     try {
       const dnnl::memory::desc src({16, 64}, dt::bf16, tag::ab);
       const dnnl::memory::desc weights({64, 64}, dt::bf16, tag::any);

@@ -88,10 +88,21 @@ int64_t NumRowBuckets(int64_t max_rows);
 dnnl::engine& CpuEngine();
 
 // Whether linear layers run on oneDNN's bf16 matmul: where the active CPU path
-// (kernels/cpu/isa.h) is AVX-512 or later and oneDNN has the primitive. Elsewhere they run
+// (kernels/cpu/isa.h) is AVX-512 or later and oneDNN has the primitive, unless
+// STRATA_GEMM=own (the compute node's --gemm=own) asks for strata's own. Elsewhere they run
 // on kernels::GemmBf16 (AVX2 or scalar), which multiplies the same bf16 values and sums in
 // f32, with the same independence of rows from the batch and the thread count.
+//
+// The choice is per process, never per batch size: a row's result must not depend on the
+// batch it runs in, and the two kernels sum in different orders. Measured on an AVX-512
+// machine (docs/benchmarks.md, "Batch-1 GEMMs"), the own kernel reads weights near the
+// memory bound at batch 1 (1.34x oneDNN's decode rate there) and oneDNN is 2.1x faster at
+// batch 8: --gemm=own is for deployments that decode one or two streams at a time.
 bool UseOneDnnBf16();
+
+// Whether STRATA_GEMM asks for strata's own GEMM ("own"); "auto" or unset: no. Any other
+// value is an error that the compute node reports at start.
+absl::StatusOr<bool> OwnGemmRequested();
 
 }  // namespace strata
 

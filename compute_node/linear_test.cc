@@ -3,8 +3,10 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "common/base/bfloat16.h"
@@ -51,6 +53,26 @@ std::vector<uint16_t> RandomRows(int64_t rows, int64_t in, uint32_t seed) {
   std::vector<uint16_t> x(rows * in);
   for (auto& v : x) v = FloatToBf16(normal(rng));
   return x;
+}
+
+// STRATA_GEMM=own (linear_test_own_gemm) keeps layers off oneDNN on every CPU; values other
+// than auto and own are refused.
+TEST(Linear, GemmChoiceFollowsStrataGemm) {
+  const char* env = std::getenv("STRATA_GEMM");
+  const std::string saved = env == nullptr ? "" : env;
+  auto own = OwnGemmRequested();
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_EQ(*own, saved == "own");
+  if (*own) EXPECT_FALSE(UseOneDnnBf16());
+  setenv("STRATA_GEMM", "fastest", 1);
+  EXPECT_EQ(OwnGemmRequested().status().code(), absl::StatusCode::kInvalidArgument);
+  setenv("STRATA_GEMM", "auto", 1);
+  EXPECT_EQ(OwnGemmRequested().value_or(true), false);
+  if (env == nullptr) {
+    unsetenv("STRATA_GEMM");
+  } else {
+    setenv("STRATA_GEMM", saved.c_str(), 1);
+  }
 }
 
 TEST(Linear, MatchesExactDotProducts) {

@@ -4,6 +4,8 @@
 //                [--kv_disk_dir=DIR --kv_disk_budget_gib=N]   (co-located mode)
 #include <omp.h>
 
+#include <cstdlib>
+
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
@@ -20,6 +22,7 @@
 #include "common/protocol/pipelining.h"
 #include "common/transport/transport_flags.h"
 #include "compute_node/compute_node.h"
+#include "compute_node/linear.h"
 #include "compute_node/node_metrics.h"
 #include "compute_node/service.h"
 #include "kernels/cpu/isa.h"
@@ -36,6 +39,10 @@ ABSL_FLAG(int, threads, 0, "Compute threads (0: all cores)");
 ABSL_FLAG(int64_t, kv_budget_mib, 1024, "Local KV cache for co-located mode, MiB");
 ABSL_FLAG(int64_t, max_batch_rows, 2048, "Rows (tokens) per step");
 ABSL_FLAG(int64_t, max_model_len, 0, "Context length (0: the model's)");
+ABSL_FLAG(std::string, gemm, "",
+          "Linear layers' GEMM: auto (oneDNN's bf16 matmul where the CPU has AVX-512, strata's "
+          "own elsewhere) or own (strata's own everywhere: faster at one or two rows per "
+          "step, slower at more). Sets STRATA_GEMM; empty: STRATA_GEMM as given, else auto");
 ABSL_FLAG(bool, prefault_kv, true, "Touch the KV cache at start-up");
 // Defaults come from the options structs, declared once there.
 ABSL_FLAG(int, attention_minibatches, strata::RemoteAttentionOptions().minibatches,
@@ -127,6 +134,14 @@ int main(int argc, char** argv) {
   options.remote.on_layer_round_trip = [&node_metrics](double s) {
     node_metrics.OnLayerRoundTrip(s);
   };
+  // Before any layer is built: the GEMM choice is read once per process.
+  if (!absl::GetFlag(FLAGS_gemm).empty()) {
+    setenv("STRATA_GEMM", absl::GetFlag(FLAGS_gemm).c_str(), 1);
+  }
+  if (auto own = strata::OwnGemmRequested(); !own.ok()) {
+    LOG(ERROR) << "--gemm: " << own.status().message();
+    return 2;
+  }
   // Loading packs weights in parallel regions: on a thread of its own, so that their OpenMP
   // team does not outlive it (common/base/wait_policy.h).
   auto node =

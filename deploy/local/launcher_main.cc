@@ -70,6 +70,10 @@ ABSL_FLAG(std::string, api_key, "",
 ABSL_FLAG(std::string, api_key_file, "", "Require the API key in this file (mode 0600)");
 
 ABSL_FLAG(std::string, server_args, "", "Extra server flags, comma-separated");
+ABSL_FLAG(std::string, gemm, "",
+          "The compute nodes' GEMM (their --gemm): auto (oneDNN where the CPU has AVX-512) or "
+          "own (strata's own kernel: faster for one or two streams, slower for batches); "
+          "empty: the compute nodes' default (auto)");
 ABSL_FLAG(bool, async_scheduling, true,
           "Asynchronous scheduling: the next step of a batch goes to the compute node while the "
           "current one runs (the server's --async_scheduling). Off under every --pipelining "
@@ -398,6 +402,8 @@ int Run() {
          absl::StrCat("--kv_budget_mib=", absl::GetFlag(FLAGS_kv_budget_mib))},
         OpenMpEnvironment(threads, CoreShare::kShared, spin_count)};
     if (partition) spec.argv.push_back("--cpus=" + compute_cpu_list);
+    if (!absl::GetFlag(FLAGS_gemm).empty())
+      spec.argv.push_back("--gemm=" + absl::GetFlag(FLAGS_gemm));
     if (memory_nodes == 0) add_disk_tier(spec);
     if (two) spec.argv.push_back("--pipelining=two");
     if (rotational) {

@@ -176,7 +176,13 @@ def main():
     parser.add_argument("--contexts", default="256,2048")
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--memory_nodes", type=int, default=0)
+    parser.add_argument("--gemm", default="",
+                        help="strata's GEMM (STRATA_GEMM for decode_bench and the compute "
+                             "nodes): auto or own; empty: the default")
     args = parser.parse_args()
+    if args.gemm:
+        os.environ["STRATA_GEMM"] = args.gemm
+        compare_builds.ENV["STRATA_GEMM"] = args.gemm
     model = compare_builds.demo_model()
     peer = bool(args.llama_dir)
     if not peer:
