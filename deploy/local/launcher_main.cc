@@ -402,8 +402,9 @@ int Run() {
          absl::StrCat("--kv_budget_mib=", absl::GetFlag(FLAGS_kv_budget_mib))},
         OpenMpEnvironment(threads, CoreShare::kShared, spin_count)};
     if (partition) spec.argv.push_back("--cpus=" + compute_cpu_list);
-    if (!absl::GetFlag(FLAGS_gemm).empty())
+    if (!absl::GetFlag(FLAGS_gemm).empty()) {
       spec.argv.push_back("--gemm=" + absl::GetFlag(FLAGS_gemm));
+    }
     if (memory_nodes == 0) add_disk_tier(spec);
     if (two) spec.argv.push_back("--pipelining=two");
     if (rotational) {
