@@ -79,6 +79,9 @@ RemoteAttentionOptions LaneOptions(uint64_t endpoint, std::function<void()> on_s
 struct Replica {
   Wakeup wakeup;
   std::unique_ptr<ContextExchange> exchange;
+  // The exchange's address, kept: Kill() frees the exchange while other batches' plans may
+  // still be naming this replica.
+  std::string address;
   std::unique_ptr<StepEngine> engine;  // goes after the lanes, whose answers land in it
   std::vector<std::unique_ptr<RemoteAttention>> lanes;
   PlanQueue queue;
@@ -94,6 +97,7 @@ struct Replica {
     EXPECT_TRUE(e.ok()) << e.status();
     exchange = std::move(*e);
     exchange->SetEpoch(kEpoch);
+    address = exchange->address();
     std::vector<AttentionBackend*> backends;
     for (int j = 0; j < batches; ++j) {
       auto lane = RemoteAttention::Create(
@@ -305,7 +309,7 @@ StepResult Broadcast(std::vector<Replica*> replicas, int batch, const StepPlan& 
                      std::vector<absl::Status>* every_error = nullptr,
                      const std::function<void()>& after_submit = {}) {
   std::vector<std::string> addresses;
-  for (Replica* r : replicas) addresses.push_back(r->exchange->address());
+  for (Replica* r : replicas) addresses.push_back(r->address);
   std::vector<std::future<StepResult>> results;
   for (size_t i = 0; i < replicas.size(); ++i) {
     auto promise = std::make_shared<std::promise<StepResult>>();
