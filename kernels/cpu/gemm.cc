@@ -55,6 +55,7 @@ void PackGemmWeight(const uint16_t* w, int64_t n, int64_t k, uint16_t* packed) {
 void GemmBf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t* packed,
               const float* bias, bool accumulate, float* y) {
   const bool avx2 = ActiveCpuIsa() >= CpuIsa::kAvx2;
+  const bool avx512 = ActiveCpuIsa() >= CpuIsa::kAvx512;
   const int64_t blocks = (n + kGemmColumnBlock - 1) / kGemmColumnBlock;
   thread_local std::vector<float> xf;
   for (int64_t r0 = 0; r0 < m; r0 += kRowBlock) {
@@ -67,7 +68,9 @@ void GemmBf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t
       EnableFlushToZero();
       float out[kRowBlock * kGemmColumnBlock];
       const uint16_t* block = packed + b * k * kGemmColumnBlock;
-      if (avx2) {
+      if (avx512) {
+        gemm_internal::ColumnBlockAvx512(rows, k, xr, block, out);
+      } else if (avx2) {
         gemm_internal::ColumnBlockAvx2(rows, k, xr, block, out);
       } else {
         gemm_internal::ColumnBlockScalar(rows, k, xr, block, out);

@@ -1,12 +1,13 @@
 // strata's own GEMM for linear layers on CPUs where oneDNN has no bf16 matmul (AVX2
-// without AVX-512, and machines without AVX2): y = x W^T (+ bias) (+ y), bf16 inputs,
-// f32 products and sums.
+// without AVX-512, and machines without AVX2), or everywhere with STRATA_GEMM=own:
+// y = x W^T (+ bias) (+ y), bf16 inputs, f32 products and sums. Scalar, AVX2 and AVX-512
+// kernels, chosen by the active ISA.
 //
 // Each output element is summed over k in ascending order with one fused multiply-add per
 // term, starting from zero; then the bias is added, then (accumulate) the old y. Nothing
 // else enters that order, so a row's output does not depend on the number of rows, the
 // row's place in the batch, the thread count or the ISA path (the scalar path uses
-// std::fmaf in the same order and matches the AVX2 path bit for bit).
+// std::fmaf in the same order and matches the AVX2 and AVX-512 paths bit for bit).
 //
 // Weights are packed once, at load, into blocks of 16 output columns: [ceil(n/16)][k][16]
 // bf16, zero-padded, so one block is read sequentially while its columns accumulate.

@@ -11,6 +11,7 @@ namespace strata::kernels::gemm_internal {
 // out has rows of 16 floats.
 void ColumnBlockScalar(int rows, int64_t k, const float* x, const uint16_t* block, float* out);
 void ColumnBlockAvx2(int rows, int64_t k, const float* x, const uint16_t* block, float* out);
+void ColumnBlockAvx512(int rows, int64_t k, const float* x, const uint16_t* block, float* out);
 
 }  // namespace strata::kernels::gemm_internal
 

@@ -103,5 +103,24 @@ TEST(GemmBf16, ScalarAndAvx2PathsAgreeBitForBit) {
   EXPECT_EQ(std::memcmp(scalar.data(), avx2.data(), scalar.size() * sizeof(float)), 0);
 }
 
+TEST(GemmBf16, ScalarAndAvx512PathsAgreeBitForBit) {
+  if (!CpuSupports(CpuIsa::kAvx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
+  const CpuIsa saved = ActiveCpuIsa();
+  // Row counts below, at and past a tile (12) and the pass (48), odd n and k.
+  for (int64_t m : {1, 5, 12, 13, 50}) {
+    const int64_t n = 70, k = 257;
+    Problem p(n, k, 21);
+    const std::vector<uint16_t> x = RandomBf16(m * k, 22);
+    std::vector<float> scalar(m * n), avx512(m * n);
+    ASSERT_TRUE(ForceCpuIsa(CpuIsa::kScalar));
+    GemmBf16(m, n, k, x.data(), p.packed.data(), p.bias.data(), false, scalar.data());
+    ASSERT_TRUE(ForceCpuIsa(CpuIsa::kAvx512));
+    GemmBf16(m, n, k, x.data(), p.packed.data(), p.bias.data(), false, avx512.data());
+    EXPECT_EQ(std::memcmp(scalar.data(), avx512.data(), scalar.size() * sizeof(float)), 0)
+        << m << " rows";
+  }
+  ForceCpuIsa(saved);
+}
+
 }  // namespace
 }  // namespace strata::kernels
