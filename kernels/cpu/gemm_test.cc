@@ -106,8 +106,8 @@ TEST(GemmBf16, ScalarAndAvx2PathsAgreeBitForBit) {
 TEST(GemmBf16, ScalarAndAvx512PathsAgreeBitForBit) {
   if (!CpuSupports(CpuIsa::kAvx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
   const CpuIsa saved = ActiveCpuIsa();
-  // Row counts below, at and past a tile (12) and the pass (48), odd n and k.
-  for (int64_t m : {1, 5, 12, 13, 50}) {
+  // Rows 1-67: below, at and past a tile (12) and a pass (48); n and k not multiples of 16.
+  for (int64_t m : {1, 5, 12, 13, 47, 48, 49, 67}) {
     const int64_t n = 70, k = 257;
     Problem p(n, k, 21);
     const std::vector<uint16_t> x = RandomBf16(m * k, 22);
