@@ -7,6 +7,7 @@
 
 #include <cctype>
 #include <cstring>
+#include <random>
 
 namespace strata::testing {
 namespace {
@@ -174,6 +175,13 @@ double MetricSum(int port, const std::string& name, const std::string& label) {
     sum += std::stod(line.substr(line.rfind(' ') + 1));
   }
   return sum;
+}
+
+std::vector<int> RandomPromptTokens(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int> out;
+  for (int i = 0; i < n; ++i) out.push_back(100 + static_cast<int>(rng() % 20000));
+  return out;
 }
 
 }  // namespace strata::testing

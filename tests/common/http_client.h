@@ -3,6 +3,7 @@
 #ifndef STRATA_TESTS_COMMON_HTTP_CLIENT_H_
 #define STRATA_TESTS_COMMON_HTTP_CLIENT_H_
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
@@ -39,6 +40,9 @@ std::vector<std::string> SseEvents(const std::string& body);
 
 // The sum of every series of `name` whose labels contain `label`, on a /metrics port.
 double MetricSum(int port, const std::string& name, const std::string& label);
+
+// `n` token ids for a prompt, from 100 up (clear of special tokens), the same for a seed.
+std::vector<int> RandomPromptTokens(int n, uint32_t seed);
 
 }  // namespace strata::testing
 

@@ -11,7 +11,6 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -23,13 +22,6 @@ namespace strata::testing {
 namespace {
 
 using json = nlohmann::json;
-
-std::vector<int> Tokens(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int> out;
-  for (int i = 0; i < n; ++i) out.push_back(100 + static_cast<int>(rng() % 20000));
-  return out;
-}
 
 struct Completion {
   int status = 0;
@@ -80,7 +72,7 @@ TEST_P(DiskTierTest, TheNextTurnReadsItsHistoryFromDisk) {
   std::filesystem::create_directories(dir);
   if (const std::string why = DirectIoUnavailable(dir); !why.empty()) GTEST_SKIP() << why;
 
-  const std::vector<int> turn1 = Tokens(300, 1);
+  const std::vector<int> turn1 = RandomPromptTokens(300, 1);
   std::vector<int> turn2 = turn1;
   Completion answer1, answer2;
   {
@@ -97,9 +89,10 @@ TEST_P(DiskTierTest, TheNextTurnReadsItsHistoryFromDisk) {
     answer1 = Complete(http, turn1);
     ASSERT_EQ(answer1.tokens.size(), 8u);
     // Other conversations take the DRAM cache.
-    for (uint32_t i = 0; i < 4; ++i) ASSERT_EQ(Complete(http, Tokens(300, 10 + i)).status, 200);
+    for (uint32_t i = 0; i < 4; ++i)
+      ASSERT_EQ(Complete(http, RandomPromptTokens(300, 10 + i)).status, 200);
     turn2.insert(turn2.end(), answer1.tokens.begin(), answer1.tokens.end());
-    const std::vector<int> question = Tokens(20, 2);
+    const std::vector<int> question = RandomPromptTokens(20, 2);
     turn2.insert(turn2.end(), question.begin(), question.end());
     const int server = (*d)->MetricsPort("server");
     const double computed_before = MetricSum(server, "strata_prefill_tokens_computed_total", "");

@@ -3,7 +3,6 @@
 // 256-token context is answered: its middle block is dropped, the rest of its history's KV
 // moves from the earlier turn (usage reports it cached), and the server counts what was
 // dropped and moved. Without the flag, the same request gets the 400 it always got.
-#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -15,13 +14,6 @@ namespace strata::testing {
 namespace {
 
 using json = nlohmann::json;
-
-std::vector<int> Tokens(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int> out;
-  for (int i = 0; i < n; ++i) out.push_back(100 + static_cast<int>(rng() % 20000));
-  return out;
-}
 
 HttpResponse Complete(int http_port, const std::vector<int>& prompt, int max_tokens) {
   const json body = {{"model", "tiny"},
@@ -43,7 +35,7 @@ std::vector<int> OutputTokens(const json& j) {
 }
 
 TEST(Truncation, AnOverflowingTurnIsTruncatedWithTheFlagAndRefusedWithout) {
-  std::vector<int> conversation = Tokens(200, 1);
+  std::vector<int> conversation = RandomPromptTokens(200, 1);
   {
     DeploymentOptions options;
     options.memory_nodes = 1;
@@ -57,7 +49,7 @@ TEST(Truncation, AnOverflowingTurnIsTruncatedWithTheFlagAndRefusedWithout) {
     const std::vector<int> answer = OutputTokens(json::parse(first.body));
     ASSERT_EQ(answer.size(), 8u);
     conversation.insert(conversation.end(), answer.begin(), answer.end());
-    const std::vector<int> question = Tokens(40, 2);
+    const std::vector<int> question = RandomPromptTokens(40, 2);
     conversation.insert(conversation.end(), question.begin(), question.end());
     // 248 + 16 > 256: one block dropped after the first; turn 1's blocks 2..11 move.
     const HttpResponse second = Complete(http, conversation, 16);
@@ -87,7 +79,7 @@ TEST(Truncation, AnOverflowingTurnIsTruncatedWithTheFlagAndRefusedWithout) {
   EXPECT_EQ(refused.status, 400) << refused.body;
   EXPECT_NE(refused.body.find("maximum context length is 256"), std::string::npos) << refused.body;
   // The server goes on serving.
-  EXPECT_EQ(Complete((*d)->http_port(), Tokens(50, 3), 4).status, 200);
+  EXPECT_EQ(Complete((*d)->http_port(), RandomPromptTokens(50, 3), 4).status, 200);
 }
 
 }  // namespace
