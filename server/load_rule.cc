@@ -16,8 +16,7 @@ void LoadRule::ObserveLoad(int blocks, double seconds) {
 
 void PrefillRate::Observe(int64_t rows, double seconds) {
   if (rows <= 0 || !(seconds > 0) || !std::isfinite(seconds)) return;
-  const double rate = static_cast<double>(rows) / seconds;
-  rate_ = rate_ == 0 ? rate : 0.8 * rate_ + 0.2 * rate;
+  rate_.Observe(static_cast<double>(rows) / seconds);
 }
 
 double LoadRule::LoadSeconds(int blocks) const {

@@ -14,6 +14,8 @@
 
 #include <cstdint>
 
+#include "server/moving_average.h"
+
 namespace strata {
 
 // How fast prompt rows compute, smoothed over the steps that computed some.
@@ -21,10 +23,10 @@ class PrefillRate {
  public:
   // A step computed `rows` prompt rows in `seconds` of wall time.
   void Observe(int64_t rows, double seconds);
-  double rows_per_second() const { return rate_; }  // 0 before anything was measured
+  double rows_per_second() const { return rate_.value(); }  // 0 before anything was measured
 
  private:
-  double rate_ = 0;
+  MovingAverage rate_;
 };
 
 // One pool's disk, as its load batches show it.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "server/moving_average.h"
 #include "server/scheduler.h"
 
 namespace strata {
@@ -167,8 +168,8 @@ struct Scheduler::Executor {
   // estimate for the decode steps after it); and the timer that will plan ahead, with its
   // due time (Scheduler::AheadPlanDue).
   absl::Time running_since;
-  double decode_step_seconds = 0;
-  double mixed_step_seconds = 0;
+  MovingAverage decode_step_seconds;
+  MovingAverage mixed_step_seconds;
   EventLoop::TimerId ahead_timer = 0;
   absl::Time ahead_due;
   std::vector<TableRelease> pending_releases;

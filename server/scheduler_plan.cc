@@ -46,7 +46,8 @@ bool Scheduler::AheadPlanDue(int index) {
   Executor& ex = *executors_[index];
   if (!config_.async_scheduling || config_.plan_ahead_lead >= 1) return true;
   const double step =
-      DecodeOnly(ex.in_flight.front().plan) ? ex.decode_step_seconds : ex.mixed_step_seconds;
+      (DecodeOnly(ex.in_flight.front().plan) ? ex.decode_step_seconds : ex.mixed_step_seconds)
+          .value();
   if (step <= 0) return true;
   // The plan ahead is built shortly before the running step is expected to end, not when
   // it starts: a request that arrives meanwhile joins it instead of waiting for the step
@@ -117,9 +118,8 @@ void Scheduler::SubmitPlan(int index, StepPlan plan) {
       // this step feeds the estimate of when that one ends.
       if (!x.in_flight.empty()) x.running_since = absl::Now();
       if (result.status.ok() && result.timing.total_us > 0) {
-        const double step = 1e-6 * static_cast<double>(result.timing.total_us);
-        double& estimate = DecodeOnly(done.plan) ? x.decode_step_seconds : x.mixed_step_seconds;
-        estimate = estimate <= 0 ? step : 0.8 * estimate + 0.2 * step;
+        (DecodeOnly(done.plan) ? x.decode_step_seconds : x.mixed_step_seconds)
+            .Observe(1e-6 * static_cast<double>(result.timing.total_us));
       }
       if (done.plan.step_id != result.step_id && result.status.ok()) {
         result.status = absl::InternalError(

@@ -17,21 +17,16 @@ int AdviseMemoryNodes(double compute_seconds, double attention_seconds, int memo
 
 void StepClock::Observe(absl::Duration wall, const StepTiming& timing, bool decode_only,
                         bool overlapped) {
-  const auto blend = [](double* average, double sample, bool first) {
-    *average = first ? sample : (1.0 - kWeight) * *average + kWeight * sample;
-  };
   // Decode steps only: a prefill step's long wall would hold the stagger wide for many
   // steps after it.
   if (!decode_only) return;
-  blend(&period_s_, absl::ToDoubleSeconds(wall), !seen_step_);
-  seen_step_ = true;
+  period_.Observe(absl::ToDoubleSeconds(wall));
   if (timing.gemm_us == 0) return;
   const double compute = timing.gemm_us * 1e-6;
   double attention = timing.attention_us * 1e-6;
   if (overlapped) attention += compute;
-  blend(&compute_s_, compute, !seen_decode_);
-  blend(&attention_s_, attention, !seen_decode_);
-  seen_decode_ = true;
+  compute_.Observe(compute);
+  attention_.Observe(attention);
 }
 
 }  // namespace strata

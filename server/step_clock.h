@@ -17,6 +17,7 @@
 
 #include "absl/time/time.h"
 #include "common/protocol/step.h"
+#include "server/moving_average.h"
 
 namespace strata {
 
@@ -35,7 +36,7 @@ class StepClock {
   void Observe(absl::Duration wall, const StepTiming& timing, bool decode_only, bool overlapped);
 
   // Smoothed wall time of decode steps (zero before the first).
-  absl::Duration period() const { return absl::Seconds(period_s_); }
+  absl::Duration period() const { return absl::Seconds(period_.value()); }
   // How long after one replica's step start the next replica may start.
   absl::Duration StaggerGap(int replicas) const {
     return replicas > 1 ? period() / replicas : absl::ZeroDuration();
@@ -43,16 +44,13 @@ class StepClock {
   // Smoothed per-step GEMM time (t_m) and attention time (t_a) of decode steps. Under two
   // lanes t_a is estimated as wait + the GEMM time that hid the rest; a step that did not
   // wait at all says only t_a <= t_m, and counts as t_a = t_m.
-  double compute_seconds() const { return compute_s_; }
-  double attention_seconds() const { return attention_s_; }
+  double compute_seconds() const { return compute_.value(); }
+  double attention_seconds() const { return attention_.value(); }
 
  private:
-  static constexpr double kWeight = 0.2;  // of the newest step in the moving averages
-  double period_s_ = 0.0;
-  double compute_s_ = 0.0;
-  double attention_s_ = 0.0;
-  bool seen_step_ = false;
-  bool seen_decode_ = false;
+  MovingAverage period_;  // seconds
+  MovingAverage compute_;
+  MovingAverage attention_;
 };
 
 }  // namespace strata
