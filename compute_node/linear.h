@@ -96,8 +96,9 @@ dnnl::engine& CpuEngine();
 // The choice is per process, never per batch size: a row's result must not depend on the
 // batch it runs in, and the two kernels sum in different orders. Measured on an AVX-512
 // machine (docs/benchmarks.md, "Batch-1 GEMMs"), the own kernel reads weights near the
-// memory bound at batch 1 (1.34x oneDNN's decode rate there) and oneDNN is 2.1x faster at
-// batch 8: --gemm=own is for deployments that decode one or two streams at a time.
+// memory bound at batch 1 (1.4-1.8x oneDNN's decode rate there) and oneDNN is 1.3-1.7x
+// faster from 8 rows up: --gemm=own is for deployments that decode one or two streams at a
+// time.
 bool UseOneDnnBf16();
 
 // Whether STRATA_GEMM asks for strata's own GEMM ("own"); "auto" or unset: no. Any other
