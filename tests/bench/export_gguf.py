@@ -23,6 +23,9 @@ import sys
 
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
+import llama_reference  # noqa: E402  (its safetensors reader: bytes as stored)
+
 ALIGNMENT = 32
 # GGUF value types.
 UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY = 4, 5, 6, 7, 8, 9
@@ -33,24 +36,10 @@ DTYPES = {"F32": (GGML_F32, np.float32), "F16": (GGML_F16, np.float16),
 
 
 def read_tensors(model_dir):
-    """name -> (dtype name, shape, raw little-endian bytes)."""
-    index = os.path.join(model_dir, "model.safetensors.index.json")
-    if os.path.exists(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-    else:
-        files = ["model.safetensors"]
+    """name -> (dtype name, shape, raw little-endian bytes), over every shard."""
     out = {}
-    for name in files:
-        with open(os.path.join(model_dir, name), "rb") as f:
-            data = f.read()
-        (n,) = struct.unpack("<Q", data[:8])
-        header = json.loads(data[8:8 + n])
-        for key, e in header.items():
-            if key == "__metadata__":
-                continue
-            begin, end = e["data_offsets"]
-            out[key] = (e["dtype"], e["shape"], data[8 + n + begin:8 + n + end])
+    for path in llama_reference.safetensors_files(model_dir):
+        out.update(llama_reference.read_safetensors_raw(path))
     return out
 
 

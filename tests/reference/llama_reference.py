@@ -27,7 +27,19 @@ def bf16_round(x):
     return u.astype(np.uint32).view(np.float32).astype(np.float64)
 
 
-def read_safetensors(path):
+def safetensors_files(model_dir):
+    """The checkpoint's safetensors files: the shards its index names, or the one file."""
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    return [os.path.join(model_dir, name) for name in files]
+
+
+def read_safetensors_raw(path):
+    """name -> (dtype name, shape, the stored little-endian bytes)."""
     with open(path, "rb") as f:
         data = f.read()
     (header_len,) = struct.unpack("<Q", data[:8])
@@ -38,8 +50,13 @@ def read_safetensors(path):
         if name == "__metadata__":
             continue
         begin, end = entry["data_offsets"]
-        raw = data[base + begin: base + end]
-        dtype = entry["dtype"]
+        tensors[name] = (entry["dtype"], entry["shape"], data[base + begin: base + end])
+    return tensors
+
+
+def read_safetensors(path):
+    tensors = {}
+    for name, (dtype, shape, raw) in read_safetensors_raw(path).items():
         if dtype == "BF16":
             u = np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16
             arr = u.view(np.float32)
@@ -49,21 +66,15 @@ def read_safetensors(path):
             arr = np.frombuffer(raw, dtype=np.float32)
         else:
             raise ValueError(f"{path}: {name}: unsupported dtype {dtype}")
-        arr = arr.astype(np.float64).reshape(entry["shape"])
+        arr = arr.astype(np.float64).reshape(shape)
         tensors[name] = bf16_round(arr) if arr.ndim == 2 else arr
     return tensors
 
 
 def load_weights(model_dir):
-    index = os.path.join(model_dir, "model.safetensors.index.json")
-    if os.path.exists(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-    else:
-        files = ["model.safetensors"]
     weights = {}
-    for name in files:
-        weights.update(read_safetensors(os.path.join(model_dir, name)))
+    for path in safetensors_files(model_dir):
+        weights.update(read_safetensors(path))
     return weights
 
 
