@@ -38,35 +38,29 @@ absl::StatusOr<std::unique_ptr<MemoryServer>> MemoryServer::Create(MemoryServerO
           return;
         }
         LOG(WARNING) << "data-plane peer " << peer << " left: " << why.message();
-        // Its step, if any, is dropped by the worker (in order with its frames).
+        // Its step, if any, is dropped in order with its frames.
         Work work;
         work.peer = peer;
         work.status = absl::CancelledError("peer left");
-        std::lock_guard<std::mutex> lock(self->queue_mu_);
-        self->queue_.push_back(std::move(work));
-        self->queue_cv_.notify_all();
+        self->Enqueue(std::move(work));
       });
   ASSIGN_OR_RETURN(server->data_address_,
                    server->transport_->Listen(server->options_.data_address));
   // The worker's team takes the creating thread's size (--threads, --cpus set it there).
-  const int threads = omp_get_max_threads();
-  server->worker_ = std::thread([self, threads] {
-    omp_set_num_threads(threads);
-    self->RunWorker();
-  });
+  server->worker_.Start();
+  server->worker_.Post([threads = omp_get_max_threads()] { omp_set_num_threads(threads); });
   return server;
 }
 
 MemoryServer::~MemoryServer() {
   {
-    std::unique_lock<std::mutex> lock(queue_mu_);
+    // Frames still posted are let go unhandled; one being handled finishes before the
+    // transport goes.
+    std::unique_lock<std::mutex> lock(pending_mu_);
     stop_ = true;
-    queue_cv_.notify_all();
-    // A frame being handled on the transport thread finishes before the transport goes.
-    queue_cv_.wait(lock, [&] { return !worker_busy_; });
+    pending_cv_.wait(lock, [&] { return pending_ == 0; });
   }
-  queue_cv_.notify_all();
-  if (worker_.joinable()) worker_.join();
+  worker_.Stop();
   transport_.reset();  // completes every send before buffers go
 }
 
@@ -234,39 +228,45 @@ void MemoryServer::Deliver(PeerId from, std::span<const uint8_t> header,
     std::lock_guard<std::mutex> lock(stats_mu_);
     stats_.bytes_received += header.size() + payload.size();
   }
-  {
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    if (!options_.run_on_transport_thread || worker_busy_ || !queue_.empty() || stop_) {
-      queue_.push_back(std::move(work));
-      queue_cv_.notify_all();
-      return;
-    }
-    worker_busy_ = true;  // nothing ahead of it: run it here, saving the worker's wake-up
-  }
-  Handle(work);
-  Recycle(pool_mu_, free_buffers_, std::move(work.payload));
-  std::lock_guard<std::mutex> lock(queue_mu_);
-  worker_busy_ = false;
-  queue_cv_.notify_all();
+  Enqueue(std::move(work));
 }
 
-void MemoryServer::RunWorker() {
-  while (true) {
-    Work work;
-    {
-      std::unique_lock<std::mutex> lock(queue_mu_);
-      queue_cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !worker_busy_); });
-      if (stop_) return;
-      work = std::move(queue_.front());
-      queue_.pop_front();
-      worker_busy_ = true;
+void MemoryServer::Enqueue(Work work) {
+  {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    if (stop_) return;
+    // Nothing ahead of it: run it here, saving the worker's wake-up.
+    const bool run_inline = options_.run_on_transport_thread && pending_ == 0;
+    ++pending_;
+    if (run_inline) {
+      inline_busy_ = true;
+    } else {
+      worker_.Post([this, work = std::move(work)]() mutable {
+        {
+          // In case the transport hands frames on from more than one thread.
+          std::unique_lock<std::mutex> lock(pending_mu_);
+          pending_cv_.wait(lock, [&] { return !inline_busy_; });
+        }
+        Finish(work, false);
+      });
+      return;
     }
-    Handle(work);
-    Recycle(pool_mu_, free_buffers_, std::move(work.payload));
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    worker_busy_ = false;
-    queue_cv_.notify_all();
   }
+  Finish(work, true);
+}
+
+void MemoryServer::Finish(Work& work, bool is_inline) {
+  bool stopping;
+  {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    stopping = stop_ && !is_inline;
+  }
+  if (!stopping) Handle(work);
+  Recycle(pool_mu_, free_buffers_, std::move(work.payload));
+  std::lock_guard<std::mutex> lock(pending_mu_);
+  --pending_;
+  if (is_inline) inline_busy_ = false;
+  pending_cv_.notify_all();
 }
 
 void MemoryServer::Handle(Work& work) {

@@ -18,9 +18,10 @@
 // a replica died mid-rotation).
 //
 // Threads: the transport thread receives frames into pooled buffers; a frame with nothing
-// ahead of it runs right there, and frames that arrive while one runs queue for a worker
-// thread, in arrival order (attention itself uses the OpenMP team). So a mini-batch's
-// transfer overlaps the previous mini-batch's attention.
+// ahead of it runs right there, and frames that arrive while one runs are posted to the
+// worker's event loop, in arrival order (attention itself uses the OpenMP team of the
+// thread that runs it). So a mini-batch's transfer overlaps the previous mini-batch's
+// attention.
 //
 // Thread-safety: public methods may be called from any thread.
 #ifndef STRATA_MEMORY_NODE_MEMORY_SERVER_H_
@@ -29,18 +30,17 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/base/event_loop.h"
 #include "common/base/trace.h"
 #include "common/protocol/attention_wire.h"
 #include "common/protocol/node_config.h"
@@ -135,7 +135,10 @@ class MemoryServer : public transport::MessageHandler {
 
   explicit MemoryServer(MemoryServerOptions options)
       : options_(std::move(options)), disk_(options_.disk) {}
-  void RunWorker();
+  // Runs `work` inline (nothing ahead of it) or posts it to the worker loop.
+  void Enqueue(Work work);
+  // Handles `work` unless the server is stopping, then lets its buffer go and counts it done.
+  void Finish(Work& work, bool is_inline);
   void Handle(Work& work);
   void HandleStep(transport::PeerId peer, const transport::FrameHeader& header,
                   std::span<const uint8_t> payload);
@@ -171,12 +174,13 @@ class MemoryServer : public transport::MessageHandler {
   // Buffers received but not yet run, by data pointer (transport thread only).
   std::unordered_map<const uint8_t*, std::shared_ptr<std::vector<uint8_t>>> placed_;
 
-  std::mutex queue_mu_;
-  std::condition_variable queue_cv_;
-  std::deque<Work> queue_;
-  bool stop_ = false;
-  bool worker_busy_ = false;  // a frame is being handled (by the worker or inline)
-  std::thread worker_;
+  // Frames that could not run inline run here, in arrival order.
+  EventLoop worker_{"memory-worker"};
+  std::mutex pending_mu_;
+  std::condition_variable pending_cv_;
+  int pending_ = 0;           // frames handed on and not yet finished; guarded by pending_mu_
+  bool inline_busy_ = false;  // a frame runs on the transport thread; guarded by pending_mu_
+  bool stop_ = false;         // guarded by pending_mu_
 
   std::mutex pool_mu_;
   std::vector<std::shared_ptr<std::vector<uint8_t>>> free_buffers_;

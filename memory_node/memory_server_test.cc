@@ -88,13 +88,17 @@ class Client : public transport::MessageHandler {
 
 int counter = 0;
 
-class MemoryServerTest : public ::testing::Test {
+// Each case runs twice: frames with nothing ahead of them handled on the transport thread
+// (memory_node's choice for one attention thread), and every frame posted to the worker
+// loop (its choice otherwise).
+class MemoryServerTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     MemoryServerOptions options;
     options.transport.backend = transport::Backend::kInproc;
     options.data_address = "memory-test-" + std::to_string(++counter);
     options.prefault_kv = false;
+    options.run_on_transport_thread = GetParam();
     auto server = MemoryServer::Create(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -185,7 +189,7 @@ class MemoryServerTest : public ::testing::Test {
   std::unique_ptr<Client> client_;
 };
 
-TEST_F(MemoryServerTest, AnswersLayersWithTheEngineResult) {
+TEST_P(MemoryServerTest, AnswersLayersWithTheEngineResult) {
   const int n = 70;
   const StepShare share = Share(1, n);
   SendStep(share);
@@ -214,10 +218,43 @@ TEST_F(MemoryServerTest, AnswersLayersWithTheEngineResult) {
   EXPECT_EQ(stats.malformed_frames, 0u);
 }
 
+// Frames sent without waiting queue behind the one that runs and are answered in the
+// order they came, each with the engine's result.
+TEST_P(MemoryServerTest, FramesSentBackToBackAreAnsweredInOrder) {
+  const int n = 70;
+  const StepShare share = Share(1, n);
+  SendStep(share);
+  const AttentionDims dims{kLayers, kHeads, kKvHeads, kDim};
+  const auto layouts = LayoutMinibatches(share, dims);
+  ASSERT_GT(layouts.size(), 1u);
+  auto engine = ReferenceEngine();
+  auto prepared = *engine->Prepare(share.plan);
+  std::vector<std::vector<uint8_t>> expected;
+  for (int layer = 0; layer < kLayers; ++layer) {
+    for (size_t j = 0; j < layouts.size(); ++j) {
+      const MinibatchLayout& m = layouts[j];
+      const auto payload = RandomRows(m.request_bytes(), 700 + 10 * layer + j);
+      client_->Send(LayerHeader(1, layer, j, m.end - m.begin), payload);
+      expected.push_back(Expected(*engine, prepared, layer, m, payload));
+    }
+  }
+  for (int layer = 0; layer < kLayers; ++layer) {
+    for (size_t j = 0; j < layouts.size(); ++j) {
+      const Reply reply = client_->Next();
+      ASSERT_EQ(reply.header.kind, static_cast<uint16_t>(FrameKind::kLayerResult));
+      EXPECT_EQ(reply.header.layer, static_cast<uint32_t>(layer));
+      EXPECT_EQ(reply.header.minibatch, j);
+      EXPECT_EQ(reply.payload, expected[layer * layouts.size() + j])
+          << "layer " << layer << " mini-batch " << j;
+    }
+  }
+  EXPECT_EQ(server_->stats().layer_frames, static_cast<uint64_t>(kLayers) * layouts.size());
+}
+
 // Layer-wise pre-loading: a layer frame of a step whose descriptor names a load ticket is
 // answered only once the node's load gate has that layer of the ticket in DRAM (or the
 // load is over), and the answer is the engine's.
-TEST_F(MemoryServerTest, ALayerOfALoadingRequestWaitsForThatLayer) {
+TEST_P(MemoryServerTest, ALayerOfALoadingRequestWaitsForThatLayer) {
   StepShare share = Share(2, 8);
   share.minibatch_rows = {8};
   share.plan.loads.push_back({SequenceId(1), PoolIndex(3), 41});
@@ -246,7 +283,7 @@ TEST_F(MemoryServerTest, ALayerOfALoadingRequestWaitsForThatLayer) {
   EXPECT_EQ(server_->load_gate().stats().abandoned, 0u);
 }
 
-TEST_F(MemoryServerTest, BadFramesGetErrorsAndTheServerKeepsServing) {
+TEST_P(MemoryServerTest, BadFramesGetErrorsAndTheServerKeepsServing) {
   const StepShare share = Share(5, 10);
   SendStep(share);
   const AttentionDims dims{kLayers, kHeads, kKvHeads, kDim};
@@ -327,7 +364,7 @@ TEST_F(MemoryServerTest, BadFramesGetErrorsAndTheServerKeepsServing) {
   EXPECT_EQ(r.payload.size(), m.out_bytes);
 }
 
-TEST_F(MemoryServerTest, RejectsAnUnusableConfiguration) {
+TEST_P(MemoryServerTest, RejectsAnUnusableConfiguration) {
   MemoryConfig config;
   config.epoch = 1;
   config.model.num_layers = 2;
@@ -353,7 +390,7 @@ TEST_F(MemoryServerTest, RejectsAnUnusableConfiguration) {
 // independent engine. A routed frame to an endpoint that never said hello, or of another
 // epoch, is refused with an error to whoever should hear of it; a new configuration drops
 // routed steps.
-TEST_F(MemoryServerTest, RoutedStepsAnswerTheNamedEndpoint) {
+TEST_P(MemoryServerTest, RoutedStepsAnswerTheNamedEndpoint) {
   auto sender_a = std::make_unique<Client>(server_->data_address());  // slice 0's replica
   auto sender_b = std::make_unique<Client>(server_->data_address());  // slice 1's replica
   auto receiver = std::make_unique<Client>(server_->data_address());  // gets the answers
@@ -445,6 +482,11 @@ TEST_F(MemoryServerTest, RoutedStepsAnswerTheNamedEndpoint) {
   EXPECT_NE(std::string(error.payload.begin(), error.payload.end()).find("without its descriptor"),
             std::string::npos);
 }
+
+INSTANTIATE_TEST_SUITE_P(InlineOrWorker, MemoryServerTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "FirstFrameInline" : "AllOnWorker";
+                         });
 
 }  // namespace
 }  // namespace strata
