@@ -16,6 +16,11 @@ void EventLoop::SetAfterBatch(Closure hook) {
   after_batch_ = std::move(hook);
 }
 
+void EventLoop::SetPoller(Poller* poller) {
+  CHECK(!thread_.joinable()) << name_ << ": SetPoller after Start";
+  poller_ = poller;
+}
+
 void EventLoop::Start() {
   CHECK(!thread_.joinable()) << name_ << ": started twice";
   // The loop takes mu_ before it runs anything, so its closures see thread_id_ set.
@@ -25,22 +30,35 @@ void EventLoop::Start() {
 }
 
 bool EventLoop::Post(Closure fn) {
-  absl::MutexLock lock(&mu_);
-  if (quit_) return false;
-  posted_.push_back(std::move(fn));
-  wake_.Signal();
+  {
+    absl::MutexLock lock(&mu_);
+    if (quit_) return false;
+    posted_.push_back(std::move(fn));
+    wake_.Signal();
+  }
+  if (poller_ != nullptr) poller_->Wake();
   return true;
 }
 
 EventLoop::TimerId EventLoop::RunAt(absl::Time when, Closure fn) {
-  absl::MutexLock lock(&mu_);
-  if (quit_) return 0;
-  const TimerId id = next_timer_++;
-  const bool earliest = timers_.empty() || when < timers_.begin()->first.first;
-  timers_.emplace(std::make_pair(when, id), std::move(fn));
-  timer_due_.emplace(id, when);
-  if (earliest) wake_.Signal();  // the sleeping loop waits for the old earliest
+  TimerId id;
+  bool earliest;
+  {
+    absl::MutexLock lock(&mu_);
+    if (quit_) return 0;
+    id = next_timer_++;
+    earliest = timers_.empty() || when < timers_.begin()->first.first;
+    timers_.emplace(std::make_pair(when, id), std::move(fn));
+    timer_due_.emplace(id, when);
+    if (earliest) wake_.Signal();  // the sleeping loop waits for the old earliest
+  }
+  if (earliest && poller_ != nullptr) poller_->Wake();
   return id;
+}
+
+bool EventLoop::NothingPosted() {
+  absl::MutexLock lock(&mu_);
+  return posted_.empty() && !quit_;
 }
 
 bool EventLoop::Cancel(TimerId id) {
@@ -53,9 +71,14 @@ bool EventLoop::Cancel(TimerId id) {
 }
 
 void EventLoop::Quit() {
-  absl::MutexLock lock(&mu_);
-  quit_ = true;
-  wake_.Signal();
+  {
+    absl::MutexLock lock(&mu_);
+    if (quit_) return;
+    quit_ = true;
+    wake_.Signal();
+  }
+  // Only the first time: the poller may be gone by a later Quit() (the destructor's).
+  if (poller_ != nullptr) poller_->Wake();
 }
 
 void EventLoop::Join() {
@@ -76,6 +99,7 @@ void EventLoop::TakeBatch(std::deque<Closure>* batch, std::vector<Closure>* due)
 
 int EventLoop::RunUntilIdle() {
   CHECK(!thread_.joinable()) << name_ << ": RunUntilIdle on a started loop";
+  CHECK(poller_ == nullptr) << name_ << ": RunUntilIdle with a poller";
   int ran = 0;
   std::deque<Closure> batch;
   std::vector<Closure> due;
@@ -99,11 +123,37 @@ int EventLoop::RunUntilIdle() {
   }
 }
 
+void EventLoop::WaitOnPoller(std::deque<Closure>* batch, std::vector<Closure>* due) {
+  poller_->Progress();
+  absl::Time next;
+  {
+    absl::MutexLock lock(&mu_);
+    TakeBatch(batch, due);
+    if (!batch->empty() || !due->empty() || quit_) return;
+    next = timers_.empty() ? absl::InfiniteFuture() : timers_.begin()->first.first;
+  }
+  // A post from here on calls Wake(), which the poller must not miss.
+  poller_->Wait(next);
+}
+
 void EventLoop::Run() {
+  if (poller_ != nullptr) poller_->Begin();
   std::deque<Closure> batch;
   std::vector<Closure> due;
   while (true) {
-    {
+    if (poller_ != nullptr) {
+      WaitOnPoller(&batch, &due);
+      {
+        absl::MutexLock lock(&mu_);
+        // What was posted after the batch was taken, before Quit(), still runs.
+        if (quit_ && batch.empty() && posted_.empty()) {
+          timers_.clear();
+          timer_due_.clear();
+          break;
+        }
+      }
+      if (batch.empty() && due.empty()) continue;  // the poller did its work, or woke
+    } else {
       absl::MutexLock lock(&mu_);
       while (posted_.empty() && !quit_) {
         if (!timers_.empty() && timers_.begin()->first.first <= absl::Now()) break;
@@ -124,6 +174,7 @@ void EventLoop::Run() {
     due.clear();
     if (after_batch_) after_batch_();
   }
+  if (poller_ != nullptr) poller_->End();
 }
 
 }  // namespace strata

@@ -15,6 +15,11 @@
 // after Quit() are refused and dropped. Pending timers that are not yet due are dropped at
 // quit. Closures may post, schedule and cancel on their own loop.
 //
+// A loop may also wait on a Poller, a source of work besides posts and timers (a UCX
+// worker's completions and its event file descriptor, say): the loop then lets the poller
+// make progress before each batch and sleeps in the poller's Wait() instead of on its
+// condition variable, and a post, an earlier timer or Quit() calls the poller's Wake().
+//
 // Thread-safety: every method is thread-safe. Join() and Stop() must not be called on the
 // loop's own thread.
 #ifndef STRATA_COMMON_BASE_EVENT_LOOP_H_
@@ -40,6 +45,23 @@ class EventLoop {
   using Closure = absl::AnyInvocable<void()>;
   using TimerId = uint64_t;  // 0 is never a timer
 
+  // Work besides posts and timers. Every method but Wake() runs on the loop thread.
+  class Poller {
+   public:
+    virtual ~Poller() = default;
+    // Once when the loop thread starts, and once when it ends.
+    virtual void Begin() {}
+    virtual void End() {}
+    // Before each batch: does the work that is ready, without blocking.
+    virtual void Progress() = 0;
+    // Nothing is posted and no timer is due: sleeps until there is work, Wake() is called
+    // or `deadline` passes. It may return early; it must not miss a Wake() that came
+    // after the loop last looked at its posts.
+    virtual void Wait(absl::Time deadline) = 0;
+    // From any thread: ends the Wait() in progress, or the next one, early.
+    virtual void Wake() = 0;
+  };
+
   explicit EventLoop(std::string name);
   ~EventLoop();  // Stop()
   EventLoop(const EventLoop&) = delete;
@@ -47,6 +69,8 @@ class EventLoop {
 
   // Set before Start(): runs on the loop thread after each batch of work.
   void SetAfterBatch(Closure hook);
+  // Set before Start(); it must outlive the loop's thread. Not for RunUntilIdle().
+  void SetPoller(Poller* poller);
   void Start();
 
   // Runs `fn` on the loop thread after what is already posted. False (and `fn` dropped)
@@ -60,6 +84,9 @@ class EventLoop {
   }
   // True if the timer had not run and now never will.
   bool Cancel(TimerId id);
+  // True if no posted closure waits to run and the loop has not quit: a caller that may
+  // do the work itself, on its own thread, keeps the order of what others posted.
+  bool NothingPosted();
 
   // Manual mode, for deterministic tests of a loop's owner, instead of Start(): runs on the
   // calling thread what is posted and due (and what that posts), each batch followed by the
@@ -68,7 +95,7 @@ class EventLoop {
   int RunUntilIdle();
 
   // Finishes what is posted, then ends the thread. Safe from any thread, including the
-  // loop's own, and more than once.
+  // loop's own, and more than once (only the first wakes the poller).
   void Quit();
   // Waits for the thread to end (after Quit()).
   void Join();
@@ -82,12 +109,15 @@ class EventLoop {
 
  private:
   void Run();
+  // The loop's wait with a poller: the next batch, or an empty one after a Wait().
+  void WaitOnPoller(std::deque<Closure>* batch, std::vector<Closure>* due);
   // Takes the next batch: what is posted, and the timers due (none once quitting).
   void TakeBatch(std::deque<Closure>* batch, std::vector<Closure>* due)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string name_;
   Closure after_batch_;
+  Poller* poller_ = nullptr;
   std::thread thread_;
   std::thread::id thread_id_;
 

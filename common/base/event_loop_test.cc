@@ -1,6 +1,14 @@
 #include "common/base/event_loop.h"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cstdint>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -172,6 +180,151 @@ TEST(EventLoopTest, RunUntilIdleRunsEverythingReadyOnTheCallingThread) {
   EXPECT_EQ(loop.RunUntilIdle(), 0) << "nothing was left";
   EXPECT_EQ(hooks, 2) << "the hook ran without work";
   EXPECT_TRUE(loop.Cancel(later)) << "a timer not yet due ran";
+}
+
+// A poller over a pipe (the source's work: bytes to read) and an eventfd (Wake), as a
+// transport's poller waits on its network's descriptor.
+class PipePoller : public EventLoop::Poller {
+ public:
+  PipePoller() {
+    EXPECT_EQ(pipe2(pipe_, O_NONBLOCK | O_CLOEXEC), 0);
+    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    EXPECT_GE(wake_fd_, 0);
+  }
+  ~PipePoller() override {
+    close(pipe_[0]);
+    close(pipe_[1]);
+    close(wake_fd_);
+  }
+  void Feed(const std::string& bytes) {
+    EXPECT_EQ(write(pipe_[1], bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  }
+
+  void Begin() override { begun_on_ = std::this_thread::get_id(); }
+  void End() override { ended_on_ = std::this_thread::get_id(); }
+  void Progress() override {
+    char buffer[256];
+    ssize_t n;
+    while ((n = read(pipe_[0], buffer, sizeof(buffer))) > 0) {
+      received_.append(buffer, n);
+      ++progressed_with_work_;
+    }
+  }
+  void Wait(absl::Time deadline) override {
+    ++waits_;
+    pollfd fds[2] = {{pipe_[0], POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    const int timeout_ms =
+        deadline == absl::InfiniteFuture()
+            ? -1
+            : static_cast<int>(std::max<int64_t>(
+                  0, absl::ToInt64Milliseconds(deadline - absl::Now() + absl::Milliseconds(1))));
+    poll(fds, 2, timeout_ms);
+    uint64_t count;
+    if (read(wake_fd_, &count, sizeof(count)) > 0) ++woken_;
+  }
+  void Wake() override {
+    const uint64_t one = 1;
+    EXPECT_EQ(write(wake_fd_, &one, sizeof(one)), static_cast<ssize_t>(sizeof(one)));
+  }
+
+  // Loop thread only, or after the loop has ended.
+  std::string received_;
+  int progressed_with_work_ = 0;
+  std::thread::id begun_on_, ended_on_;
+  std::atomic<int> waits_{0}, woken_{0};
+
+ private:
+  int pipe_[2] = {-1, -1};
+  int wake_fd_ = -1;
+};
+
+TEST(EventLoopTest, APollerMakesProgressBetweenPostsAndSleepsWhenIdle) {
+  PipePoller poller;
+  EventLoop loop("test");
+  loop.SetPoller(&poller);
+  loop.Start();
+  // The source's work is seen on the loop thread, between the posted closures.
+  std::string seen_by_closures;
+  for (int i = 0; i < 20; ++i) {
+    poller.Feed(std::string(1, static_cast<char>('a' + i)));
+    absl::Notification ran;
+    ASSERT_TRUE(loop.Post([&] {
+      EXPECT_TRUE(loop.InLoopThread());
+      ran.Notify();
+    }));
+    ASSERT_TRUE(ran.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    // Bytes fed without a post still wake the loop.
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    std::string received;
+    while (absl::Now() < give_up) {
+      absl::Notification read;
+      loop.Post([&] {
+        received = poller.received_;
+        read.Notify();
+      });
+      ASSERT_TRUE(read.WaitForNotificationWithTimeout(absl::Seconds(10)));
+      if (received.size() == static_cast<size_t>(i + 1)) break;
+    }
+    seen_by_closures = received;
+  }
+  EXPECT_EQ(seen_by_closures, "abcdefghijklmnopqrst");
+  // Idle, it sleeps in Wait() instead of spinning.
+  const int waits_before = poller.waits_.load();
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_LE(poller.waits_.load() - waits_before, 2);
+  // Quit wakes the Wait() that has no deadline.
+  const absl::Time quit_at = absl::Now();
+  loop.Stop();
+  EXPECT_LT(absl::Now() - quit_at, absl::Seconds(5));
+  EXPECT_NE(poller.begun_on_, std::thread::id());
+  EXPECT_EQ(poller.begun_on_, poller.ended_on_);
+  EXPECT_NE(poller.begun_on_, std::this_thread::get_id());
+}
+
+TEST(EventLoopTest, APollersWaitEndsForTheNextTimer) {
+  PipePoller poller;
+  EventLoop loop("test");
+  loop.SetPoller(&poller);
+  loop.Start();
+  loop.RunAfter(absl::Hours(1), [] {});
+  absl::Notification fired;
+  const absl::Time start = absl::Now();
+  absl::Time ran_at;
+  loop.RunAfter(absl::Milliseconds(30), [&] {
+    ran_at = absl::Now();
+    fired.Notify();
+  });
+  ASSERT_TRUE(fired.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_GE(ran_at - start, absl::Milliseconds(30));
+  loop.Stop();
+}
+
+TEST(EventLoopTest, NoPostIsLostWhileThePollerSleeps) {
+  PipePoller poller;
+  EventLoop loop("test");
+  loop.SetPoller(&poller);
+  loop.Start();
+  constexpr int kThreads = 4, kEach = 5000;
+  std::atomic<int> ran{0};
+  std::vector<std::thread> posters;
+  for (int t = 0; t < kThreads; ++t) {
+    posters.emplace_back([&] {
+      for (int i = 0; i < kEach; ++i) {
+        loop.Post([&] { ran.fetch_add(1); });
+        if (i % 64 == 0) absl::SleepFor(absl::Microseconds(50));  // let the loop sleep
+      }
+    });
+  }
+  for (auto& t : posters) t.join();
+  absl::Notification last;
+  loop.Post([&] { last.Notify(); });
+  ASSERT_TRUE(last.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(ran.load(), kThreads * kEach);
+  EXPECT_GT(poller.woken_.load(), 0);
+  // A post refused after Quit() says so.
+  loop.Stop();
+  EXPECT_FALSE(loop.Post([] {}));
+  EXPECT_FALSE(loop.NothingPosted());
 }
 
 }  // namespace

@@ -13,19 +13,18 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/base/event_loop.h"
 #include "common/transport/transport.h"
 
 namespace strata::transport::ucx_internal {
@@ -59,7 +58,10 @@ class Waiter {
   std::optional<T> value_;
 };
 
-class UcxTransport final : public Transport {
+// The transport thread is an EventLoop whose poller is the UCX worker: it progresses the
+// worker before each batch of posted commands, and sleeps on the worker's event file
+// descriptor (and the bootstrap listener) when there is nothing to do.
+class UcxTransport final : public Transport, private EventLoop::Poller {
  public:
   explicit UcxTransport(TransportConfig config) : config_(std::move(config)) {}
   ~UcxTransport() override;
@@ -121,9 +123,18 @@ class UcxTransport final : public Transport {
     Tag tag;
   };
 
-  void Post(std::function<void()> fn);
-  void Run();
-  void RunCommands();
+  // Runs `fn` on the transport thread; false (and `fn` dropped) once it is shutting down.
+  bool Post(EventLoop::Closure fn);
+  // EventLoop::Poller, on the transport thread.
+  void Begin() override;
+  void End() override;
+  void Progress() override;
+  void Wait(absl::Time deadline) override;
+  void Wake() override;
+  // On the transport thread, at shutdown: closes every endpoint and the listener, then
+  // (posted after what the closes posted) waits for the closes and lets go of the rest.
+  void ClosePeers();
+  void FinishShutdown();
   Peer* FindPeer(PeerId id);
   PeerId AddPeer(ucp_ep_h ep);
   absl::StatusOr<ucp_ep_h> CreateEndpoint(ucp_ep_params_t params, PeerId id);
@@ -147,16 +158,15 @@ class UcxTransport final : public Transport {
   ucp_worker_h worker_ = nullptr;
   int epoll_fd_ = -1;
   size_t eager_max_bytes_ = 0;  // TransportConfig::eager_max_bytes, resolved
-  std::thread thread_;
+  EventLoop loop_{"ucx-transport"};
+  bool started_ = false;  // the loop runs
 
   // Held by the transport thread except while it sleeps, and by a thread that starts a
   // send itself: UCX's worker is used by one thread at a time. Guards the peer maps.
   std::mutex worker_mu_;
-  std::atomic<std::thread::id> thread_id_{};
+  std::unique_lock<std::mutex> worker_lock_{worker_mu_, std::defer_lock};  // transport thread
   std::mutex mu_;
-  std::deque<std::function<void()>> commands_;  // guarded by mu_
-  bool stop_ = false;                           // guarded by mu_
-  MessageHandler* handlers_[kMaxTag + 1] = {};  // set before traffic starts
+  MessageHandler* handlers_[kMaxTag + 1] = {};  // set before traffic starts; guarded by mu_
   TagArg tag_args_[kMaxTag + 1];
   PeerHandler peer_handler_;
 

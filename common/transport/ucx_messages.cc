@@ -136,7 +136,7 @@ void UcxTransport::Send(PeerId peer, Tag tag, std::span<const uint8_t> header,
   }
   ctx->done = std::move(done);
   // On the transport thread (a handler answering), the worker is already ours.
-  if (std::this_thread::get_id() == thread_id_) {
+  if (loop_.InLoopThread()) {
     StartSend(std::move(ctx), tag);
     return;
   }
@@ -144,21 +144,16 @@ void UcxTransport::Send(PeerId peer, Tag tag, std::span<const uint8_t> header,
   // it (which keeps the order): the transport thread need not wake up for it.
   {
     std::unique_lock<std::mutex> worker_lock(worker_mu_, std::try_to_lock);
-    if (worker_lock.owns_lock()) {
-      bool queue_empty;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        queue_empty = commands_.empty() && !stop_;
-      }
-      if (queue_empty) {
-        StartSend(std::move(ctx), tag);
-        return;
-      }
+    if (worker_lock.owns_lock() && loop_.NothingPosted()) {
+      StartSend(std::move(ctx), tag);
+      return;
     }
   }
-  Post([this, ctx = ctx.release(), tag]() mutable {
-    StartSend(std::unique_ptr<SendContext>(ctx), tag);
-  });
+  SendContext* raw = ctx.release();
+  if (!Post([this, raw, tag] { StartSend(std::unique_ptr<SendContext>(raw), tag); })) {
+    std::unique_ptr<SendContext> refused(raw);
+    refused->done(absl::CancelledError("the transport is shutting down"));
+  }
 }
 
 void UcxTransport::StartSend(std::unique_ptr<SendContext> ctx, Tag tag) {

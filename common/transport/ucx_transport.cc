@@ -158,68 +158,55 @@ absl::Status UcxTransport::Init() {
     status = ucp_worker_set_am_recv_handler(worker_, &handler);
     if (status != UCS_OK) return UcxError("ucp_worker_set_am_recv_handler", status);
   }
-  thread_ = std::thread([this] { Run(); });
+  loop_.SetPoller(this);
+  loop_.Start();
+  started_ = true;
   return absl::OkStatus();
 }
 
 UcxTransport::~UcxTransport() {
-  if (thread_.joinable()) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    ucp_worker_signal(worker_);
-    thread_.join();
+  if (started_) {
+    loop_.Post([this] { ClosePeers(); });
+    loop_.Join();
   }
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
   if (context_ != nullptr) ucp_cleanup(context_);
   if (epoll_fd_ >= 0) close(epoll_fd_);
 }
 
-void UcxTransport::Post(std::function<void()> fn) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    commands_.push_back(std::move(fn));
+bool UcxTransport::Post(EventLoop::Closure fn) { return loop_.Post(std::move(fn)); }
+
+void UcxTransport::Begin() { worker_lock_.lock(); }
+
+void UcxTransport::End() { worker_lock_.unlock(); }
+
+void UcxTransport::Progress() {
+  while (ucp_worker_progress(worker_) != 0) {
   }
-  ucp_worker_signal(worker_);
 }
 
-void UcxTransport::RunCommands() {
-  std::deque<std::function<void()>> commands;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    commands.swap(commands_);
+void UcxTransport::Wait(absl::Time deadline) {
+  // Busy: events came since the last progress, or Wake() signalled the worker.
+  if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) return;
+  // At most a second, in case an event is missed; other threads may start sends while
+  // this one sleeps (Send).
+  const absl::Duration left = deadline - absl::Now();
+  const int timeout_ms = left >= absl::Seconds(1)
+                             ? 1000
+                             : static_cast<int>(std::max<int64_t>(
+                                   0, absl::ToInt64Milliseconds(left + absl::Milliseconds(1))));
+  worker_lock_.unlock();
+  epoll_event events[4];
+  const int n = epoll_wait(epoll_fd_, events, 4, timeout_ms);
+  worker_lock_.lock();
+  for (int i = 0; i < n; ++i) {
+    if (events[i].data.fd == listen_fd_ && listen_fd_ >= 0) AcceptBootstrap();
   }
-  for (auto& command : commands) command();
 }
 
-void UcxTransport::Run() {
-  thread_id_ = std::this_thread::get_id();
-  std::unique_lock<std::mutex> worker_lock(worker_mu_);
-  while (true) {
-    RunCommands();
-    while (ucp_worker_progress(worker_) != 0) {
-    }
-    bool stop, pending;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop = stop_;
-      pending = !commands_.empty();
-    }
-    if (stop) break;
-    if (pending) continue;
-    const ucs_status_t status = ucp_worker_arm(worker_);
-    if (status == UCS_ERR_BUSY) continue;
-    // Other threads may start sends while this one sleeps (Send).
-    worker_lock.unlock();
-    epoll_event events[4];
-    const int n = epoll_wait(epoll_fd_, events, 4, 1000);
-    worker_lock.lock();
-    for (int i = 0; i < n; ++i) {
-      if (events[i].data.fd == listen_fd_ && listen_fd_ >= 0) AcceptBootstrap();
-    }
-  }
-  // Shutdown: close every endpoint and the listener, and let the closes finish.
+void UcxTransport::Wake() { ucp_worker_signal(worker_); }
+
+void UcxTransport::ClosePeers() {
   if (listen_fd_ >= 0) {
     close(listen_fd_);
     listen_fd_ = -1;
@@ -227,7 +214,12 @@ void UcxTransport::Run() {
   std::vector<PeerId> ids;
   for (const auto& [id, peer] : peers_) ids.push_back(id);
   for (PeerId id : ids) ClosePeer(id, absl::CancelledError("the transport is shutting down"));
-  RunCommands();
+  // After whatever the closes posted; nothing posted after this is run.
+  loop_.Post([this] { FinishShutdown(); });
+  loop_.Quit();
+}
+
+void UcxTransport::FinishShutdown() {
   const absl::Time deadline = absl::Now() + absl::Seconds(2);
   while (absl::Now() < deadline) {
     ucp_worker_progress(worker_);
