@@ -49,19 +49,23 @@ dnnl::engine& CpuEngine() {
   return *engine;
 }
 
-absl::StatusOr<bool> OwnGemmRequested() {
+absl::StatusOr<GemmChoice> RequestedGemm() {
   const char* env = std::getenv("STRATA_GEMM");
   const std::string choice = env == nullptr ? "" : env;
-  if (choice.empty() || choice == "auto") return false;
-  if (choice == "own") return true;
+  if (choice.empty() || choice == "auto") return GemmChoice::kAuto;
+  if (choice == "own") return GemmChoice::kOwn;
+  if (choice == "onednn") return GemmChoice::kOneDnn;
   return absl::InvalidArgumentError(
-      absl::StrCat("STRATA_GEMM must be auto or own, not \"", choice, "\""));
+      absl::StrCat("STRATA_GEMM must be auto, own or onednn, not \"", choice, "\""));
 }
 
 bool UseOneDnnBf16() {
   static const bool use = [] {
-    if (kernels::ActiveCpuIsa() < kernels::CpuIsa::kAvx512) return false;
-    if (OwnGemmRequested().value_or(false)) return false;
+    const kernels::CpuIsa isa = kernels::ActiveCpuIsa();
+    if (isa < kernels::CpuIsa::kAvx512) return false;
+    const GemmChoice choice = RequestedGemm().value_or(GemmChoice::kAuto);
+    if (choice == GemmChoice::kOwn) return false;
+    if (choice == GemmChoice::kAuto && isa >= kernels::CpuIsa::kAvx512Bf16) return false;
     try {
       const dnnl::memory::desc src({16, 64}, dt::bf16, tag::ab);
       const dnnl::memory::desc weights({64, 64}, dt::bf16, tag::any);

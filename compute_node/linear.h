@@ -87,23 +87,25 @@ int64_t NumRowBuckets(int64_t max_rows);
 // The process-wide oneDNN CPU engine.
 dnnl::engine& CpuEngine();
 
-// Whether linear layers run on oneDNN's bf16 matmul: where the active CPU path
-// (kernels/cpu/isa.h) is AVX-512 or later and oneDNN has the primitive, unless
-// STRATA_GEMM=own (the compute node's --gemm=own) asks for strata's own. Elsewhere they run
-// on kernels::GemmBf16 (AVX2 or scalar), which multiplies the same bf16 values and sums in
-// f32, with the same independence of rows from the batch and the thread count.
+// Whether linear layers run on oneDNN's bf16 matmul rather than kernels::GemmBf16, which
+// multiplies the same bf16 values and sums in f32, with the same independence of rows from
+// the batch and the thread count. STRATA_GEMM (the compute node's --gemm) chooses:
+//   auto (or unset): strata's own where the active CPU path (kernels/cpu/isa.h) is AVX-512
+//     BF16 or below AVX-512; oneDNN on AVX-512 without BF16, where it has the primitive;
+//   own: strata's own everywhere;
+//   onednn: oneDNN wherever the path is AVX-512 or later and it has the primitive.
 //
 // The choice is per process, never per batch size: a row's result must not depend on the
 // batch it runs in, and the two kernels sum in different orders. Measured on an AVX-512
-// machine (docs/benchmarks.md, "Batch-1 GEMMs"), the own kernel reads weights near the
-// memory bound at batch 1 (1.4-1.8x oneDNN's decode rate there) and oneDNN is 1.3-1.7x
-// faster from 8 rows up: --gemm=own is for deployments that decode one or two streams at a
-// time.
+// BF16 machine (docs/benchmarks.md, "strata's own GEMM with an AVX-512 BF16 kernel"), the
+// own kernel (vdpbf16ps) is 1.2-1.8x oneDNN's decode rate at batch 1, about 1.25x at 8
+// rows and level with it at 32 and 64.
 bool UseOneDnnBf16();
 
-// Whether STRATA_GEMM asks for strata's own GEMM ("own"); "auto" or unset: no. Any other
-// value is an error that the compute node reports at start.
-absl::StatusOr<bool> OwnGemmRequested();
+enum class GemmChoice { kAuto, kOwn, kOneDnn };
+// STRATA_GEMM's choice; any value but auto, own and onednn is an error that the compute
+// node reports at start.
+absl::StatusOr<GemmChoice> RequestedGemm();
 
 }  // namespace strata
 

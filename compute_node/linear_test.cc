@@ -11,6 +11,7 @@
 
 #include "common/base/bfloat16.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/isa.h"
 
 namespace strata {
 namespace {
@@ -55,19 +56,31 @@ std::vector<uint16_t> RandomRows(int64_t rows, int64_t in, uint32_t seed) {
   return x;
 }
 
-// STRATA_GEMM=own (linear_test_own_gemm) keeps layers off oneDNN on every CPU; values other
-// than auto and own are refused.
+// STRATA_GEMM=own (linear_test_own_gemm) keeps layers off oneDNN on every CPU, and
+// onednn (linear_test_onednn) puts them there wherever the CPU path is AVX-512; values other
+// than auto, own and onednn are refused.
 TEST(Linear, GemmChoiceFollowsStrataGemm) {
   const char* env = std::getenv("STRATA_GEMM");
   const std::string saved = env == nullptr ? "" : env;
-  auto own = OwnGemmRequested();
-  ASSERT_TRUE(own.ok()) << own.status();
-  EXPECT_EQ(*own, saved == "own");
-  if (*own) EXPECT_FALSE(UseOneDnnBf16());
+  auto choice = RequestedGemm();
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  const kernels::CpuIsa isa = kernels::ActiveCpuIsa();
+  if (saved == "own") {
+    EXPECT_EQ(*choice, GemmChoice::kOwn);
+    EXPECT_FALSE(UseOneDnnBf16());
+  } else if (saved == "onednn") {
+    EXPECT_EQ(*choice, GemmChoice::kOneDnn);
+    EXPECT_EQ(UseOneDnnBf16(), isa >= kernels::CpuIsa::kAvx512);
+  } else {
+    EXPECT_EQ(*choice, GemmChoice::kAuto);
+    if (isa >= kernels::CpuIsa::kAvx512Bf16 || isa < kernels::CpuIsa::kAvx512) {
+      EXPECT_FALSE(UseOneDnnBf16());
+    }
+  }
   setenv("STRATA_GEMM", "fastest", 1);
-  EXPECT_EQ(OwnGemmRequested().status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RequestedGemm().status().code(), absl::StatusCode::kInvalidArgument);
   setenv("STRATA_GEMM", "auto", 1);
-  EXPECT_EQ(OwnGemmRequested().value_or(true), false);
+  EXPECT_EQ(RequestedGemm().value_or(GemmChoice::kOwn), GemmChoice::kAuto);
   if (env == nullptr) {
     unsetenv("STRATA_GEMM");
   } else {

@@ -15,11 +15,17 @@ namespace strata::kernels {
 namespace gemm_internal {
 
 void ColumnBlockScalar(int rows, int64_t k, const float* x, const uint16_t* block, float* out) {
+  const int64_t pairs = (k + 1) / 2;
   for (int r = 0; r < rows; ++r) {
     float acc[16] = {};
-    for (int64_t kk = 0; kk < k; ++kk) {
-      const float xv = x[r * k + kk];
-      for (int j = 0; j < 16; ++j) acc[j] = std::fmaf(xv, Bf16ToFloat(block[kk * 16 + j]), acc[j]);
+    for (int64_t p = 0; p < pairs; ++p) {
+      const float xo = 2 * p + 1 < k ? x[r * k + 2 * p + 1] : 0.0f;
+      const float xe = x[r * k + 2 * p];
+      const uint16_t* w = block + p * 32;
+      for (int j = 0; j < 16; ++j) {
+        acc[j] = std::fmaf(xo, Bf16ToFloat(w[2 * j + 1]), acc[j]);
+        acc[j] = std::fmaf(xe, Bf16ToFloat(w[2 * j]), acc[j]);
+      }
     }
     std::memcpy(out + r * 16, acc, sizeof(acc));
   }
@@ -36,27 +42,87 @@ constexpr int64_t kRowBlock = 48;
 }  // namespace
 
 int64_t PackedGemmWeightSize(int64_t n, int64_t k) {
-  return (n + kGemmColumnBlock - 1) / kGemmColumnBlock * kGemmColumnBlock * k;
+  return (n + kGemmColumnBlock - 1) / kGemmColumnBlock * gemm_internal::PackedBlockSize(k);
 }
 
 void PackGemmWeight(const uint16_t* w, int64_t n, int64_t k, uint16_t* packed) {
   const int64_t blocks = (n + kGemmColumnBlock - 1) / kGemmColumnBlock;
+  const int64_t pairs = (k + 1) / 2;
   for (int64_t b = 0; b < blocks; ++b) {
-    uint16_t* out = packed + b * k * kGemmColumnBlock;
-    for (int64_t kk = 0; kk < k; ++kk) {
+    uint16_t* out = packed + b * gemm_internal::PackedBlockSize(k);
+    for (int64_t p = 0; p < pairs; ++p) {
       for (int64_t j = 0; j < kGemmColumnBlock; ++j) {
         const int64_t col = b * kGemmColumnBlock + j;
-        out[kk * kGemmColumnBlock + j] = col < n ? w[col * k + kk] : 0;
+        for (int64_t h = 0; h < 2; ++h) {
+          const int64_t kk = 2 * p + h;
+          out[(p * kGemmColumnBlock + j) * 2 + h] = col < n && kk < k ? w[col * k + kk] : 0;
+        }
       }
     }
   }
 }
 
+namespace {
+
+// y[r][c0 + j] for j < cols from the accumulators: the sum, then the bias, then the old y.
+void Store(int rows, int64_t cols, const float* acc, int64_t acc_stride, const float* bias,
+           bool accumulate, float* y, int64_t n) {
+  for (int r = 0; r < rows; ++r) {
+    float* dst = y + r * n;
+    for (int64_t j = 0; j < cols; ++j) {
+      float v = acc[r * acc_stride + j];
+      if (bias != nullptr) v += bias[j];
+      if (accumulate) v += dst[j];
+      dst[j] = v;
+    }
+  }
+}
+
+// With AVX-512 BF16: x stays bf16 (copied only to give an odd k its zero), and each thread
+// takes groups of kGroupBlocks column blocks.
+void GemmAvx512Bf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t* packed,
+                    const float* bias, bool accumulate, float* y) {
+  using gemm_internal::kGroupBlocks;
+  const int64_t blocks = (n + kGemmColumnBlock - 1) / kGemmColumnBlock;
+  const int64_t groups = (blocks + kGroupBlocks - 1) / kGroupBlocks;
+  const int64_t block_size = gemm_internal::PackedBlockSize(k);
+  const int64_t x_stride = (k + 1) / 2 * 2;
+  thread_local std::vector<uint16_t> padded;
+  if (x_stride != k) {
+    padded.assign(static_cast<size_t>(m) * x_stride, 0);
+    for (int64_t r = 0; r < m; ++r) std::memcpy(&padded[r * x_stride], x + r * k, k * 2);
+    x = padded.data();
+  }
+  constexpr int64_t kGroupColumns = kGroupBlocks * kGemmColumnBlock;
+  for (int64_t r0 = 0; r0 < m; r0 += kRowBlock) {
+    const int rows = static_cast<int>(std::min(kRowBlock, m - r0));
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < groups; ++g) {
+      EnableFlushToZero();  // vdpbf16ps flushes denormals itself; the stores here alike
+      float out[kRowBlock * kGroupColumns];
+      const int64_t b0 = g * kGroupBlocks;
+      const int count = static_cast<int>(std::min<int64_t>(kGroupBlocks, blocks - b0));
+      gemm_internal::ColumnGroupAvx512Bf16(rows, count, k, x + r0 * x_stride, x_stride,
+                                           packed + b0 * block_size, out, kGroupColumns);
+      const int64_t c0 = b0 * kGemmColumnBlock;
+      Store(rows, std::min(kGroupColumns, n - c0), out, kGroupColumns,
+            bias != nullptr ? bias + c0 : nullptr, accumulate, y + r0 * n + c0, n);
+    }
+  }
+}
+
+}  // namespace
+
 void GemmBf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t* packed,
               const float* bias, bool accumulate, float* y) {
+  if (ActiveCpuIsa() >= CpuIsa::kAvx512Bf16) {
+    GemmAvx512Bf16(m, n, k, x, packed, bias, accumulate, y);
+    return;
+  }
   const bool avx2 = ActiveCpuIsa() >= CpuIsa::kAvx2;
   const bool avx512 = ActiveCpuIsa() >= CpuIsa::kAvx512;
   const int64_t blocks = (n + kGemmColumnBlock - 1) / kGemmColumnBlock;
+  const int64_t block_size = gemm_internal::PackedBlockSize(k);
   thread_local std::vector<float> xf;
   for (int64_t r0 = 0; r0 < m; r0 += kRowBlock) {
     const int rows = static_cast<int>(std::min(kRowBlock, m - r0));
@@ -67,7 +133,7 @@ void GemmBf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t
     for (int64_t b = 0; b < blocks; ++b) {
       EnableFlushToZero();
       float out[kRowBlock * kGemmColumnBlock];
-      const uint16_t* block = packed + b * k * kGemmColumnBlock;
+      const uint16_t* block = packed + b * block_size;
       if (avx512) {
         gemm_internal::ColumnBlockAvx512(rows, k, xr, block, out);
       } else if (avx2) {
@@ -76,17 +142,8 @@ void GemmBf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t
         gemm_internal::ColumnBlockScalar(rows, k, xr, block, out);
       }
       const int64_t c0 = b * kGemmColumnBlock;
-      const int64_t cols = std::min(kGemmColumnBlock, n - c0);
-      for (int r = 0; r < rows; ++r) {
-        float* dst = y + (r0 + r) * n + c0;
-        const float* acc = out + r * kGemmColumnBlock;
-        for (int64_t j = 0; j < cols; ++j) {
-          float v = acc[j];
-          if (bias != nullptr) v += bias[c0 + j];
-          if (accumulate) v += dst[j];
-          dst[j] = v;
-        }
-      }
+      Store(rows, std::min(kGemmColumnBlock, n - c0), out, kGemmColumnBlock,
+            bias != nullptr ? bias + c0 : nullptr, accumulate, y + r0 * n + c0, n);
     }
   }
 }

@@ -1,19 +1,24 @@
-// strata's own GEMM for linear layers on CPUs where oneDNN has no bf16 matmul (AVX2
-// without AVX-512, and machines without AVX2), or everywhere with STRATA_GEMM=own:
-// y = x W^T (+ bias) (+ y), bf16 inputs, f32 products and sums. Scalar, AVX2 and AVX-512
-// kernels, chosen by the active ISA.
+// strata's own GEMM for linear layers (the default; compute_node/linear.h says where
+// oneDNN runs instead): y = x W^T (+ bias) (+ y), bf16 inputs, f32 products and sums.
+// Scalar, AVX2, AVX-512 and AVX-512 BF16 kernels, chosen by the active ISA.
 //
-// Each output element is summed over k in ascending order with one fused multiply-add per
-// term, starting from zero; then the bias is added, then (accumulate) the old y. Nothing
+// Each output element is summed over k-pairs (2p, 2p + 1) in ascending order, from zero:
+// for each pair, one fused multiply-add for the odd term and then one for the even term
+// (with k odd, the last pair's odd term is zero). That is the per-lane arithmetic of
+// AVX-512 BF16's vdpbf16ps (the product of two bf16 values is exact in f32, and each of its
+// two additions rounds once), so that kernel runs on bf16 directly; the others convert to
+// f32 and do the same FMAs. Then the bias is added, then (accumulate) the old y. Nothing
 // else enters that order, so a row's output does not depend on the number of rows, the
 // row's place in the batch, the thread count or the ISA path (the scalar path uses
-// std::fmaf in the same order and matches the AVX2 and AVX-512 paths bit for bit).
+// std::fmaf in the same order and matches every vector path bit for bit; denormals are
+// flushed on every path).
 //
-// Weights are packed once, at load, into blocks of 16 output columns: [ceil(n/16)][k][16]
-// bf16, zero-padded, so one block is read sequentially while its columns accumulate.
+// Weights are packed once, at load, into blocks of 16 output columns as k-pairs:
+// [ceil(n/16)][ceil(k/2)][16][2] bf16, zero-padded, so one block is read sequentially while
+// its columns accumulate, and one 64-byte load gives a pair for all 16 columns.
 //
 // Thread-safety: GemmBf16 may be called from several threads at once; it runs an OpenMP
-// team over column blocks.
+// team over column blocks (groups of 4 on AVX-512 BF16).
 #ifndef STRATA_KERNELS_CPU_GEMM_H_
 #define STRATA_KERNELS_CPU_GEMM_H_
 

@@ -1,5 +1,6 @@
 // The AVX2 + FMA column-block kernel of GemmBf16. This file alone is compiled with AVX2
-// enabled (see BUILD); gemm.cc calls it only where the CPU has it.
+// enabled (see BUILD); gemm.cc calls it only where the CPU has it. Same arithmetic as the
+// scalar kernel (gemm_internal.h), bit for bit.
 #include <immintrin.h>
 
 #include "kernels/cpu/gemm_internal.h"
@@ -7,22 +8,30 @@
 namespace strata::kernels::gemm_internal {
 namespace {
 
-// R rows by 16 columns: 2R accumulators, 2 weight vectors and a broadcast fit AVX2's 16
-// registers for R <= 6.
+// R rows by 16 columns: 2R accumulators, 4 weight vectors and a broadcast fit AVX2's 16
+// registers for R <= 5.
 template <int R>
 void Tile(int64_t k, const float* x, const uint16_t* block, float* out) {
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  for (int64_t kk = 0; kk < k; ++kk) {
-    const uint16_t* w = block + kk * 16;
-    const __m256 w0 = _mm256_castsi256_ps(_mm256_slli_epi32(
-        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))), 16));
-    const __m256 w1 = _mm256_castsi256_ps(_mm256_slli_epi32(
-        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 8))), 16));
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const int64_t pairs = (k + 1) / 2;
+  for (int64_t p = 0; p < pairs; ++p) {
+    // Columns 0-7 and 8-15 of the pair: each 32-bit lane holds (even, odd) weights.
+    const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + p * 32));
+    const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + p * 32 + 16));
+    const __m256 even0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16));
+    const __m256 even1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
+    const __m256 odd0 = _mm256_castsi256_ps(_mm256_and_si256(v0, high));
+    const __m256 odd1 = _mm256_castsi256_ps(_mm256_and_si256(v1, high));
+    const bool last_odd = 2 * p + 1 == k;  // x[r][k] is zero
     for (int r = 0; r < R; ++r) {
-      const __m256 xv = _mm256_broadcast_ss(x + r * k + kk);
-      acc[r][0] = _mm256_fmadd_ps(xv, w0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(xv, w1, acc[r][1]);
+      const __m256 xo = _mm256_set1_ps(last_odd ? 0.0f : x[r * k + 2 * p + 1]);
+      acc[r][0] = _mm256_fmadd_ps(xo, odd0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(xo, odd1, acc[r][1]);
+      const __m256 xe = _mm256_broadcast_ss(x + r * k + 2 * p);
+      acc[r][0] = _mm256_fmadd_ps(xe, even0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(xe, even1, acc[r][1]);
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -35,11 +44,8 @@ void Tile(int64_t k, const float* x, const uint16_t* block, float* out) {
 
 void ColumnBlockAvx2(int rows, int64_t k, const float* x, const uint16_t* block, float* out) {
   int r = 0;
-  for (; r + 6 <= rows; r += 6) Tile<6>(k, x + r * k, block, out + r * 16);
+  for (; r + 5 <= rows; r += 5) Tile<5>(k, x + r * k, block, out + r * 16);
   switch (rows - r) {
-    case 5:
-      Tile<5>(k, x + r * k, block, out + r * 16);
-      break;
     case 4:
       Tile<4>(k, x + r * k, block, out + r * 16);
       break;

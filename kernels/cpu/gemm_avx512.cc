@@ -1,8 +1,10 @@
 // The AVX-512 column-block kernel of GemmBf16. This file alone is compiled with AVX-512
-// enabled (see BUILD); gemm.cc calls it only where the CPU has it. Same arithmetic as the
-// AVX2 and scalar kernels (one FMA per term, k ascending, from zero), so the three agree
-// bit for bit; one register holds a row's 16 columns, and a weight vector loaded once
-// serves up to 12 rows.
+// enabled (see BUILD); gemm.cc calls it only where the CPU has it (and lacks AVX-512 BF16).
+// Same arithmetic as the scalar kernel (gemm_internal.h: per k-pair, the odd term's FMA
+// and then the even term's, from zero), so they agree bit for bit. One 64-byte load holds a
+// pair for 16 columns: shifting each 32-bit lane left by 16 gives the even weights, masking
+// its low half the odd ones. One register holds a row's 16 columns, and the weights of a
+// pair serve up to 12 rows.
 #include <immintrin.h>
 
 #include <array>
@@ -17,13 +19,17 @@ template <int R>
 void Tile(int64_t k, const float* x, const uint16_t* block, float* out) {
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t kk = 0; kk < k; ++kk) {
-    const __m512 w = _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kk * 16))),
-        16));
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const int64_t pairs = (k + 1) / 2;
+  for (int64_t p = 0; p < pairs; ++p) {
+    const __m512i v = _mm512_loadu_si512(block + p * 32);
+    const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+    const bool last_odd = 2 * p + 1 == k;  // x[r][k] is zero
     for (int r = 0; r < R; ++r) {
-      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * k + kk]), w, acc[r]);
+      const float xo = last_odd ? 0.0f : x[r * k + 2 * p + 1];
+      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xo), odd, acc[r]);
+      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * k + 2 * p]), even, acc[r]);
     }
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * 16, acc[r]);

@@ -1,4 +1,9 @@
-// The per-ISA column-block kernels behind GemmBf16 (gemm.h). Private to kernels/cpu.
+// The per-ISA kernels behind GemmBf16 (gemm.h). Private to kernels/cpu.
+//
+// A packed column block holds 16 output columns as k-pairs: element (p, j, h) at
+// block[(p * 16 + j) * 2 + h] is w[column j][2p + h], zero past k. Every kernel computes
+// out[r][j] = the sum, over pairs p ascending, of fma(x[r][2p + 1], w[2p + 1][j], .) then
+// fma(x[r][2p], w[2p][j], .), from zero (x[r][k] is taken as zero when k is odd).
 #ifndef STRATA_KERNELS_CPU_GEMM_INTERNAL_H_
 #define STRATA_KERNELS_CPU_GEMM_INTERNAL_H_
 
@@ -6,12 +11,22 @@
 
 namespace strata::kernels::gemm_internal {
 
-// Rows [0, rows) of x (f32, row stride k) against one packed column block (k x 16 bf16):
-// out[r][j] = sum over kk ascending of fma(x[r][kk], w[kk][j], .), from zero.
-// out has rows of 16 floats.
+// Elements of one packed column block.
+inline int64_t PackedBlockSize(int64_t k) { return (k + 1) / 2 * 32; }
+
+// Rows [0, rows) of x (f32, row stride k) against one packed column block; out has rows
+// of 16 floats.
 void ColumnBlockScalar(int rows, int64_t k, const float* x, const uint16_t* block, float* out);
 void ColumnBlockAvx2(int rows, int64_t k, const float* x, const uint16_t* block, float* out);
 void ColumnBlockAvx512(int rows, int64_t k, const float* x, const uint16_t* block, float* out);
+
+// The AVX-512 BF16 kernel (vdpbf16ps, whose per-lane arithmetic is the two FMAs above):
+// rows [0, rows) of x (bf16 pairs, row stride x_stride elements, even, with x[r][k] = 0
+// when k is odd) against `blocks` (1 to kGroupBlocks) consecutive packed column blocks;
+// out has rows of out_stride floats, block b's columns at b * 16.
+inline constexpr int kGroupBlocks = 4;
+void ColumnGroupAvx512Bf16(int rows, int blocks, int64_t k, const uint16_t* x, int64_t x_stride,
+                           const uint16_t* group, float* out, int64_t out_stride);
 
 }  // namespace strata::kernels::gemm_internal
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "common/base/bfloat16.h"
@@ -89,15 +90,29 @@ TEST(GemmBf16, RowsIndependentOfBatchAndThreads) {
 }
 
 // Every vector path against the scalar one, bit for bit: rows 1-67 (below, at and past the
-// AVX-512 tile of 12 and the pass of 48), n and k not multiples of 16.
+// tiles of 5, 6 and 12 rows and the pass of 48), n not a multiple of 16 nor of the AVX-512
+// BF16 kernel's group of 64 columns (and past one group), k odd and even.
 TEST(GemmBf16, VectorPathsAgreeWithScalarBitForBit) {
   const CpuIsa saved = ActiveCpuIsa();
   int checked = 0;
-  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
     if (!CpuSupports(isa)) continue;
     ++checked;
-    for (int64_t m : {1, 5, 9, 12, 13, 47, 48, 49, 67}) {
-      const int64_t n = 70, k = 257;
+    for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 70, 257},
+                                                                                    {5, 70, 257},
+                                                                                    {6, 70, 257},
+                                                                                    {9, 70, 257},
+                                                                                    {12, 70, 257},
+                                                                                    {13, 70, 257},
+                                                                                    {47, 70, 257},
+                                                                                    {48, 70, 257},
+                                                                                    {49, 70, 257},
+                                                                                    {67, 70, 257},
+                                                                                    {1, 200, 256},
+                                                                                    {7, 200, 256},
+                                                                                    {67, 200, 256},
+                                                                                    {3, 16, 1},
+                                                                                    {2, 33, 3}}) {
       Problem p(n, k, 11);
       const std::vector<uint16_t> x = RandomBf16(m * k, 12);
       std::vector<float> scalar(m * n), vector(m * n);
@@ -106,7 +121,7 @@ TEST(GemmBf16, VectorPathsAgreeWithScalarBitForBit) {
       ASSERT_TRUE(ForceCpuIsa(isa));
       GemmBf16(m, n, k, x.data(), p.packed.data(), p.bias.data(), false, vector.data());
       EXPECT_EQ(std::memcmp(scalar.data(), vector.data(), scalar.size() * sizeof(float)), 0)
-          << CpuIsaName(isa) << ", " << m << " rows";
+          << CpuIsaName(isa) << ", " << m << "x" << n << "x" << k;
     }
   }
   ForceCpuIsa(saved);

@@ -178,7 +178,7 @@ def main():
     parser.add_argument("--memory_nodes", type=int, default=0)
     parser.add_argument("--gemm", default="",
                         help="strata's GEMM (STRATA_GEMM for decode_bench and the compute "
-                             "nodes): auto or own; empty: the default")
+                             "nodes): auto, own or onednn; empty: the default")
     args = parser.parse_args()
     if args.gemm:
         os.environ["STRATA_GEMM"] = args.gemm
