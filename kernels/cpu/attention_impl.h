@@ -59,6 +59,12 @@ inline void PrefetchLines(const void* p, int bytes) {
   for (int b = 0; b < bytes; b += 64) __builtin_prefetch(c + b);
 }
 
+// Into L2 only (prefetcht1): the far prefetch of whole slots, ahead of the per-head one.
+inline void PrefetchLinesL2(const void* p, int bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 2);
+}
+
 template <class Ops>
 inline float ExpScalar(float x) {
   float out[Ops::kLanes];
@@ -310,7 +316,21 @@ void TileHeads(const AttentionParams& p, const uint16_t* q_row, const float* q_r
   const int d = p.head_dim;
   const int group = p.num_heads / p.num_kv_heads;
   const int64_t slot_stride = static_cast<int64_t>(p.num_kv_heads) * d;
+  // The keys after these heads (`after`), for every KV head at once: each slot's heads are
+  // one contiguous run of K and one of V, which DRAM serves far better than the per-head
+  // pieces the kernels read. Spread over the heads of this tile, one share of the slots
+  // each, so that the requests are in flight while this tile computes.
+  const int64_t slot_bytes = slot_stride * 2;
+  const int heads = h1 - h0;
   for (int kvh = h0; kvh < h1; ++kvh) {
+    if (after.n > 0) {
+      const int j0 = after.n * (kvh - h0) / heads, j1 = after.n * (kvh - h0 + 1) / heads;
+      for (int j = j0; j < j1; ++j) {
+        const int64_t slot = after.slots[j];
+        PrefetchLinesL2(k_cache + slot * slot_stride, static_cast<int>(slot_bytes));
+        PrefetchLinesL2(v_cache + slot * slot_stride, static_cast<int>(slot_bytes));
+      }
+    }
     const NextKeys next = kvh + 1 < h1 ? TileKeys(p, row, tile, kvh + 1, k_cache) : after;
     const size_t q_offset = static_cast<size_t>(kvh) * group * d;
     ComputeTile<Ops, kKv, kDim>(d, group, p.scale, row, tile, q_row + q_offset,

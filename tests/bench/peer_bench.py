@@ -61,8 +61,9 @@ def decode_bench(bin_dir, model, batches, contexts):
     for b in batches:
         for c in contexts:
             row = rows[f"batch={b} ctx={c}"]
-            PROBES.setdefault((b, c), []).append(
-                (float(row["probe"]), float(row["bound_frac"])))
+            # decode_bench gives the read-bound fraction at batch 1 only ("-" elsewhere).
+            bound = None if row["bound_frac"] == "-" else float(row["bound_frac"])
+            PROBES.setdefault((b, c), []).append((float(row["probe"]), bound))
     return {(b, c): float(rows[f"batch={b} ctx={c}"]["tok/s"]) for b in batches for c in contexts}
 
 
@@ -262,8 +263,10 @@ def main():
         print("\ndecode_bench's read probe (GB/s) and the step's fraction of the read bound "
               "(weights + KV over the probe), medians over the rounds")
         for (b, c), values in sorted(PROBES.items()):
-            print(f"  batch {b} ctx {c}: probe {statistics.median(v[0] for v in values):.1f}, "
-                  f"bound fraction {statistics.median(v[1] for v in values):.3f}")
+            bounds = [v[1] for v in values if v[1] is not None]
+            bound = f", bound fraction {statistics.median(bounds):.3f}" if bounds else ""
+            print(f"  batch {b} ctx {c}: probe {statistics.median(v[0] for v in values):.1f}"
+                  f"{bound}")
     if "served" in parts:
         for n in (1, args.clients):
             row(f"served, {n} client(s)", median(("served", n, "strata")),

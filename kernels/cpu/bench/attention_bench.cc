@@ -2,7 +2,8 @@
 // token-granular KV cache, per instruction set, against a streaming-read probe of the
 // same run. KV bytes are counted once (K and V of every attended position and KV head).
 // Calls rotate through layers of KV that together far exceed the last-level cache, so that
-// every call reads from DRAM, as in a real step where the weights stream in between.
+// every call reads from DRAM, as in a real step where the weights stream in between. Slots
+// are scattered in runs of 16 positions by default (--scatter_tokens), as serving leaves them.
 //
 //   bazel run -c opt //kernels/cpu/bench:attention_bench -- --batches=1,8,64 --contexts=256,2048
 #include <omp.h>
@@ -18,6 +19,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/base/stopwatch.h"
 #include "common/bench/read_probe.h"
@@ -34,6 +36,10 @@ ABSL_FLAG(int, rotate_mb, 512,
           "reads from DRAM as in a real step");
 ABSL_FLAG(std::string, isas, "", "Instruction sets to run (default: the active one)");
 ABSL_FLAG(double, seconds, 2.0, "Approximate time per configuration and instruction set");
+ABSL_FLAG(int, scatter_tokens, 16,
+          "Slots come in runs of this many consecutive positions, the runs in random order over "
+          "the whole cache, as the scheduler's blocks (16 tokens) end up after allocation churn; "
+          "0: every row's slots in one contiguous run");
 ABSL_FLAG(bool, probe, true, "Measure the read probe (the of_probe column needs it)");
 
 namespace strata::kernels {
@@ -61,8 +67,13 @@ int Run() {
     for (int i = 0; i < 5; ++i) samples.push_back(read_probe.Measure());
     probe = Median(samples);
   }
-  std::printf("read probe (all cores, loads only, median of 5): %.1f GB/s; %d threads\n",
-              probe / 1e9, omp_get_max_threads());
+  std::printf("read probe (all cores, loads only, median of 5): %.1f GB/s; %d threads; slots %s\n",
+              probe / 1e9, omp_get_max_threads(),
+              absl::GetFlag(FLAGS_scatter_tokens) > 0
+                  ? absl::StrCat("in runs of ", absl::GetFlag(FLAGS_scatter_tokens),
+                                 " positions, scattered")
+                        .c_str()
+                  : "contiguous per row");
   std::vector<CpuIsa> isas;
   if (absl::GetFlag(FLAGS_isas).empty()) {
     isas.push_back(ActiveCpuIsa());
@@ -92,6 +103,15 @@ int Run() {
       std::vector<uint16_t> q(static_cast<size_t>(batch) * p.num_heads * p.head_dim, 0x3f80);
       std::vector<int32_t> slot_table(slots);
       for (int64_t i = 0; i < slots; ++i) slot_table[i] = static_cast<int32_t>(i);
+      if (const int run = absl::GetFlag(FLAGS_scatter_tokens); run > 0) {
+        std::vector<int32_t> runs((slots + run - 1) / run);
+        for (size_t i = 0; i < runs.size(); ++i) runs[i] = static_cast<int32_t>(i);
+        std::shuffle(runs.begin(), runs.end(), rng);
+        for (int64_t i = 0; i < slots; ++i) {
+          const int64_t slot = static_cast<int64_t>(runs[i / run]) * run + i % run;
+          slot_table[i] = static_cast<int32_t>(slot < slots ? slot : i);
+        }
+      }
       std::vector<AttentionRow> rows(batch);
       for (int r = 0; r < batch; ++r) {
         rows[r].slots = slot_table.data() + static_cast<int64_t>(r) * ctx;
