@@ -20,7 +20,7 @@ serves the same weights (exported to GGUF by export_gguf.py) with as many thread
 same streamed completion is timed in the same rounds.
 
   /usr/bin/python3 tests/bench/step_loop_bench.py --bin_dir="$(bazel info bazel-bin)" \
-      [--rounds=3] [--llama_dir=DIR]
+      [--rounds=3] [--llama_dir=DIR] [--launcher_args="--server_args=--plan_ahead_lead=1"]
 """
 import argparse
 import os
@@ -60,6 +60,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--llama_dir", default="",
                         help="a llama.cpp build directory: llama-server joins the rounds")
+    parser.add_argument("--launcher_args", default="",
+                        help="extra launcher flags for every served mode, space-separated "
+                             "(e.g. --server_args=--plan_ahead_lead=1)")
     args = parser.parse_args()
     model = compare_builds.demo_model()
     env = {k: v for k, v in os.environ.items()
@@ -75,8 +78,9 @@ def main():
         return run
 
     sm = ["--data_plane=sm"]
-    synchronous = ["--async_scheduling=false"]
-    asynchronous = ["--async_scheduling"]
+    extra = args.launcher_args.split()
+    synchronous = ["--async_scheduling=false"] + extra
+    asynchronous = ["--async_scheduling"] + extra
     runs = {
         ("co-located", "in-process"): lambda: in_process_colocated(args.bin_dir, model),
         ("co-located", "served"): served(0, synchronous),
