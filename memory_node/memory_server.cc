@@ -26,6 +26,10 @@ constexpr uint64_t kMaxPayload = uint64_t{2} << 30;
 
 absl::StatusOr<std::unique_ptr<MemoryServer>> MemoryServer::Create(MemoryServerOptions options) {
   auto server = std::unique_ptr<MemoryServer>(new MemoryServer(std::move(options)));
+  // The worker's team takes the creating thread's size (--threads, --cpus set it there),
+  // before any frame can arrive.
+  server->worker_.Start();
+  server->worker_.Post([threads = omp_get_max_threads()] { omp_set_num_threads(threads); });
   ASSIGN_OR_RETURN(server->transport_, transport::Transport::Create(server->options_.transport));
   server->transport_->SetHandler(transport::kFrameTag, server.get());
   MemoryServer* self = server.get();
@@ -46,9 +50,6 @@ absl::StatusOr<std::unique_ptr<MemoryServer>> MemoryServer::Create(MemoryServerO
       });
   ASSIGN_OR_RETURN(server->data_address_,
                    server->transport_->Listen(server->options_.data_address));
-  // The worker's team takes the creating thread's size (--threads, --cpus set it there).
-  server->worker_.Start();
-  server->worker_.Post([threads = omp_get_max_threads()] { omp_set_num_threads(threads); });
   return server;
 }
 

@@ -137,6 +137,9 @@ void EventLoop::WaitOnPoller(std::deque<Closure>* batch, std::vector<Closure>* d
 }
 
 void EventLoop::Run() {
+  // Start() sets thread_id_ under mu_: taking it once here makes it visible to what the
+  // poller runs (InLoopThread) before the first batch.
+  { absl::MutexLock lock(&mu_); }
   if (poller_ != nullptr) poller_->Begin();
   std::deque<Closure> batch;
   std::vector<Closure> due;

@@ -84,8 +84,11 @@ class EventLoop {
   }
   // True if the timer had not run and now never will.
   bool Cancel(TimerId id);
-  // True if no posted closure waits to run and the loop has not quit: a caller that may
-  // do the work itself, on its own thread, keeps the order of what others posted.
+  // True if no posted closure waits to run and the loop has not quit. A batch already
+  // taken may still be running: a caller that would do the work itself instead of
+  // posting it keeps the order of what others posted only if it also shuts the loop's
+  // thread out meanwhile (the UCX transport holds the worker's mutex, which its loop
+  // thread gives up only while its poller sleeps).
   bool NothingPosted();
 
   // Manual mode, for deterministic tests of a loop's owner, instead of Start(): runs on the

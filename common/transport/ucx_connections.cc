@@ -99,23 +99,26 @@ absl::StatusOr<std::string> UcxTransport::Listen(const std::string& address) {
   socklen_t bound_length = sizeof(bound);
   getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &bound_length);
   auto waiter = std::make_shared<Waiter<absl::Status>>();
-  Post([this, waiter, fd] {
-    if (listen_fd_ >= 0) {
-      close(fd);
-      waiter->Set(absl::FailedPreconditionError("already listening"));
-      return;
-    }
-    epoll_event event{};
-    event.events = EPOLLIN;
-    event.data.fd = fd;
-    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event) != 0) {
-      close(fd);
-      waiter->Set(absl::InternalError("epoll_ctl failed"));
-      return;
-    }
-    listen_fd_ = fd;
-    waiter->Set(absl::OkStatus());
-  });
+  if (!Post([this, waiter, fd] {
+        if (listen_fd_ >= 0) {
+          close(fd);
+          waiter->Set(absl::FailedPreconditionError("already listening"));
+          return;
+        }
+        epoll_event event{};
+        event.events = EPOLLIN;
+        event.data.fd = fd;
+        if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event) != 0) {
+          close(fd);
+          waiter->Set(absl::InternalError("epoll_ctl failed"));
+          return;
+        }
+        listen_fd_ = fd;
+        waiter->Set(absl::OkStatus());
+      })) {
+    close(fd);
+    waiter->Set(absl::CancelledError("the transport is shutting down"));
+  }
   auto result = waiter->Wait(absl::Seconds(30));
   if (!result) return absl::DeadlineExceededError("the transport thread did not answer");
   if (!result->ok()) return *result;
@@ -176,36 +179,38 @@ absl::StatusOr<PeerId> UcxTransport::Connect(const std::string& address) {
   }
   auto waiter = std::make_shared<Waiter<absl::StatusOr<PeerId>>>();
   auto id_waiter = std::make_shared<Waiter<PeerId>>();
-  Post([this, waiter, id_waiter, theirs = *theirs, address] {
-    const PeerId id = AddPeer(nullptr);
-    id_waiter->Set(id);
-    ucp_ep_params_t params{};
-    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
-    params.address = reinterpret_cast<const ucp_address_t*>(theirs.data());
-    auto ep = CreateEndpoint(params, id);
-    if (!ep.ok()) {
-      peers_.erase(id);
-      waiter->Set(ep.status());
-      return;
-    }
-    Peer& peer = peers_[id];
-    peer.ep = *ep;
-    by_endpoint_[*ep] = id;
-    peer.connect_waiter = waiter;
-    auto ctx = std::make_unique<SendContext>();
-    ctx->self = this;
-    ctx->peer = id;
-    Handshake hello;
-    const auto bytes = AsBytes(hello);
-    ctx->header.assign(bytes.begin(), bytes.end());
-    ctx->done = [this, id, address](absl::Status status) {
-      if (!status.ok()) {
-        ClosePeer(id, absl::UnavailableError(
-                          absl::StrCat("cannot connect to ", address, ": ", status.message())));
-      }
-    };
-    StartSend(std::move(ctx), 0);
-  });
+  if (!Post([this, waiter, id_waiter, theirs = *theirs, address] {
+        const PeerId id = AddPeer(nullptr);
+        id_waiter->Set(id);
+        ucp_ep_params_t params{};
+        params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+        params.address = reinterpret_cast<const ucp_address_t*>(theirs.data());
+        auto ep = CreateEndpoint(params, id);
+        if (!ep.ok()) {
+          peers_.erase(id);
+          waiter->Set(ep.status());
+          return;
+        }
+        Peer& peer = peers_[id];
+        peer.ep = *ep;
+        by_endpoint_[*ep] = id;
+        peer.connect_waiter = waiter;
+        auto ctx = std::make_unique<SendContext>();
+        ctx->self = this;
+        ctx->peer = id;
+        Handshake hello;
+        const auto bytes = AsBytes(hello);
+        ctx->header.assign(bytes.begin(), bytes.end());
+        ctx->done = [this, id, address](absl::Status status) {
+          if (!status.ok()) {
+            ClosePeer(id, absl::UnavailableError(
+                              absl::StrCat("cannot connect to ", address, ": ", status.message())));
+          }
+        };
+        StartSend(std::move(ctx), 0);
+      })) {
+    waiter->Set(absl::CancelledError("the transport is shutting down"));
+  }
   auto result = waiter->Wait(config_.connect_timeout);
   if (!result) {
     auto id = id_waiter->Wait(absl::Seconds(1));
@@ -222,41 +227,45 @@ absl::StatusOr<PeerId> UcxTransport::Connect(const std::string& address) {
 
 void UcxTransport::Disconnect(PeerId peer) {
   auto waiter = std::make_shared<Waiter<bool>>();
-  Post([this, peer, waiter] {
-    ClosePeer(peer, absl::CancelledError("disconnected"));
-    waiter->Set(true);
-  });
+  if (!Post([this, peer, waiter] {
+        ClosePeer(peer, absl::CancelledError("disconnected"));
+        waiter->Set(true);
+      })) {
+    waiter->Set(false);
+  }
   waiter->Wait(absl::Seconds(10));
 }
 
 std::string UcxTransport::DescribePeer(PeerId id) {
   auto waiter = std::make_shared<Waiter<std::string>>();
-  Post([this, id, waiter] {
-    Peer* peer = FindPeer(id);
-    if (peer == nullptr || peer->ep == nullptr) {
-      waiter->Set("not connected");
-      return;
-    }
-    char* text = nullptr;
-    size_t size = 0;
-    FILE* stream = open_memstream(&text, &size);
-    if (stream == nullptr) {
-      waiter->Set("?");
-      return;
-    }
-    ucp_ep_print_info(peer->ep, stream);
-    fclose(stream);
-    // Keep the lane lines ("lane[0]: 2:posix/memory.0 md[2] ... am am_bw ...").
-    std::string summary;
-    for (absl::string_view line : absl::StrSplit(absl::string_view(text, size), '\n')) {
-      const size_t at = line.find("lane[");
-      if (at == absl::string_view::npos) continue;
-      if (!summary.empty()) summary += "; ";
-      summary += std::string(absl::StripAsciiWhitespace(line.substr(at)));
-    }
-    free(text);
-    waiter->Set(summary.empty() ? "no lanes yet" : summary);
-  });
+  if (!Post([this, id, waiter] {
+        Peer* peer = FindPeer(id);
+        if (peer == nullptr || peer->ep == nullptr) {
+          waiter->Set("not connected");
+          return;
+        }
+        char* text = nullptr;
+        size_t size = 0;
+        FILE* stream = open_memstream(&text, &size);
+        if (stream == nullptr) {
+          waiter->Set("?");
+          return;
+        }
+        ucp_ep_print_info(peer->ep, stream);
+        fclose(stream);
+        // Keep the lane lines ("lane[0]: 2:posix/memory.0 md[2] ... am am_bw ...").
+        std::string summary;
+        for (absl::string_view line : absl::StrSplit(absl::string_view(text, size), '\n')) {
+          const size_t at = line.find("lane[");
+          if (at == absl::string_view::npos) continue;
+          if (!summary.empty()) summary += "; ";
+          summary += std::string(absl::StripAsciiWhitespace(line.substr(at)));
+        }
+        free(text);
+        waiter->Set(summary.empty() ? "no lanes yet" : summary);
+      })) {
+    waiter->Set("not connected");
+  }
   return waiter->Wait(absl::Seconds(10)).value_or("the transport thread did not answer");
 }
 

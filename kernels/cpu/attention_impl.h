@@ -52,6 +52,7 @@ struct NextKeys {
   const int32_t* slots = nullptr;
   int n = 0;
   const uint16_t* k_base = nullptr;
+  int h0 = 0, h1 = 0;  // the KV heads that work reads: [h0, h1)
 };
 
 inline void PrefetchLines(const void* p, int bytes) {
@@ -286,11 +287,12 @@ inline void ComputeTile(int d, int group, float scale, const AttentionRow& row, 
                             s);
 }
 
-// The first KV head h0 of tile `tile` of `row`, as the NextKeys of the work before it.
+// KV heads [h0, h1) of tile `tile` of `row`, as the NextKeys of the work before it (k_base:
+// head h0).
 inline NextKeys TileKeys(const AttentionParams& p, const AttentionRow& row, int tile, int h0,
-                         const uint16_t* k_cache) {
+                         int h1, const uint16_t* k_cache) {
   const int pos0 = tile * kTile;
-  return {row.slots + pos0, std::min(kTile, row.kv_end - pos0), k_cache + h0 * p.head_dim};
+  return {row.slots + pos0, std::min(kTile, row.kv_end - pos0), k_cache + h0 * p.head_dim, h0, h1};
 }
 
 // Where a thread starts on keys no earlier work announced, the K lines of the heads after
@@ -316,22 +318,24 @@ void TileHeads(const AttentionParams& p, const uint16_t* q_row, const float* q_r
   const int d = p.head_dim;
   const int group = p.num_heads / p.num_kv_heads;
   const int64_t slot_stride = static_cast<int64_t>(p.num_kv_heads) * d;
-  // The keys after these heads (`after`), for every KV head at once: each slot's heads are
-  // one contiguous run of K and one of V, which DRAM serves far better than the per-head
-  // pieces the kernels read. Spread over the heads of this tile, one share of the slots
-  // each, so that the requests are in flight while this tile computes.
-  const int64_t slot_bytes = slot_stride * 2;
+  // The keys after these heads (`after`), for all of its KV heads at once: each slot's
+  // heads are one contiguous run of K and one of V (the whole slot when `after` reads every
+  // head), which DRAM serves far better than the per-head pieces the kernels read. Spread
+  // over the heads of this tile, one share of the slots each, so that the requests are in
+  // flight while this tile computes.
+  const int64_t run_offset = static_cast<int64_t>(after.h0) * d;
+  const int run_bytes = (after.h1 - after.h0) * d * 2;
   const int heads = h1 - h0;
   for (int kvh = h0; kvh < h1; ++kvh) {
-    if (after.n > 0) {
+    if (after.n > 0 && run_bytes > 0) {
       const int j0 = after.n * (kvh - h0) / heads, j1 = after.n * (kvh - h0 + 1) / heads;
       for (int j = j0; j < j1; ++j) {
-        const int64_t slot = after.slots[j];
-        PrefetchLinesL2(k_cache + slot * slot_stride, static_cast<int>(slot_bytes));
-        PrefetchLinesL2(v_cache + slot * slot_stride, static_cast<int>(slot_bytes));
+        const int64_t at = after.slots[j] * slot_stride + run_offset;
+        PrefetchLinesL2(k_cache + at, run_bytes);
+        PrefetchLinesL2(v_cache + at, run_bytes);
       }
     }
-    const NextKeys next = kvh + 1 < h1 ? TileKeys(p, row, tile, kvh + 1, k_cache) : after;
+    const NextKeys next = kvh + 1 < h1 ? TileKeys(p, row, tile, kvh + 1, h1, k_cache) : after;
     const size_t q_offset = static_cast<size_t>(kvh) * group * d;
     ComputeTile<Ops, kKv, kDim>(d, group, p.scale, row, tile, q_row + q_offset,
                                 q_row_f32 + q_offset, k_cache + kvh * d, v_cache + kvh * d,
@@ -393,8 +397,9 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
         load_q(r, s);
         PrefetchTileStart(p, row, row.tile_begin, 0, p.num_kv_heads, k_cache);
         for (int t = row.tile_begin; t < row.tile_end; ++t) {
-          const NextKeys after =
-              t + 1 < row.tile_end ? TileKeys(p, row, t + 1, 0, k_cache) : NextKeys{};
+          const NextKeys after = t + 1 < row.tile_end
+                                     ? TileKeys(p, row, t + 1, 0, p.num_kv_heads, k_cache)
+                                     : NextKeys{};
           TileHeads<Ops, kKv, kDim>(p, q + r * row_q, s.q.data(), row, t, 0, p.num_kv_heads, after,
                                     k_cache, v_cache, s,
                                     [&](int kvh) { merge_tile(state_at(r, kvh), s); });
@@ -452,7 +457,7 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
       NextKeys after;
       if (u + 1 < u_end) {
         const Unit& following = units[u + 1];
-        after = TileKeys(p, rows[following.r], following.tile, following.h0, k_cache);
+        after = TileKeys(p, rows[following.r], following.tile, following.h0, following.h1, k_cache);
       }
       TileHeads<Ops, kKv, kDim>(
           p, q + unit.r * row_q, s.q.data(), rows[unit.r], unit.tile, unit.h0, unit.h1, after,

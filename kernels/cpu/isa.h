@@ -5,7 +5,8 @@
 // polynomial, reduction widths, bf16 dot products), so all processes of one deployment
 // must use the same path; they report it at registration. The default is the best the CPU
 // supports; STRATA_CPU_ISA=scalar|avx2|avx512|avx512bf16 or ForceCpuIsa (tests) overrides
-// it. avx512bf16 is avx512 plus a dedicated attention tile kernel for bf16 KV caches.
+// it. avx512bf16 is avx512 plus vdpbf16ps kernels: an attention tile kernel for bf16 KV
+// caches and the own GEMM's (gemm.h).
 #ifndef STRATA_KERNELS_CPU_ISA_H_
 #define STRATA_KERNELS_CPU_ISA_H_
 
