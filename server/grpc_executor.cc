@@ -32,7 +32,9 @@ GrpcExecutor::~GrpcExecutor() {
     stop_ = true;
     if (context_) context_->TryCancel();
   }
-  cv_.notify_all();
+  writer_cv_.notify_all();
+  reader_cv_.notify_all();
+  watchdog_cv_.notify_all();
   writer_.join();
   reader_.join();
   watchdog_.join();
@@ -53,13 +55,13 @@ void GrpcExecutor::Submit(StepPlan plan, StepResultSink sink) {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.emplace_back(std::move(plan), std::move(sink));
   }
-  cv_.notify_all();
+  writer_cv_.notify_one();
 }
 
 void GrpcExecutor::Watchdog() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
-    cv_.wait_for(lock, absl::ToChronoNanoseconds(absl::Milliseconds(100)));
+    watchdog_cv_.wait_for(lock, absl::ToChronoNanoseconds(absl::Milliseconds(100)));
     if (context_ != nullptr && absl::Now() > step_deadline_at_) {
       LOG(ERROR) << "compute node " << name_ << " did not finish a step within "
                  << absl::FormatDuration(step_deadline_) << "; cancelling its stream";
@@ -72,7 +74,7 @@ void GrpcExecutor::Watchdog() {
 void GrpcExecutor::WriteLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !broken_); });
+    writer_cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !broken_); });
     if (stop_) return;
     if (stream_ == nullptr) {
       auto context = std::make_unique<grpc::ClientContext>();
@@ -87,7 +89,7 @@ void GrpcExecutor::WriteLoop() {
     sent_.push_back({plan.step_id, std::move(sink)});
     writing_ = true;
     auto* stream = stream_.get();
-    cv_.notify_all();  // the reader has a result to wait for
+    reader_cv_.notify_all();  // the reader has a result to wait for
     lock.unlock();
     control::StepPlan wire;
     ToProto(plan, &wire);
@@ -96,14 +98,14 @@ void GrpcExecutor::WriteLoop() {
     writing_ = false;
     // A failed write breaks the stream: the reader's Read fails and it closes the stream.
     if (!ok && context_ != nullptr) context_->TryCancel();
-    cv_.notify_all();
+    reader_cv_.notify_all();  // a reader closing the stream waits for the write to end
   }
 }
 
 void GrpcExecutor::ReadLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    cv_.wait(lock, [&] { return !sent_.empty() || stop_; });
+    reader_cv_.wait(lock, [&] { return !sent_.empty() || stop_; });
     if (sent_.empty()) return;  // stopping, and nothing unanswered
     auto* stream = stream_.get();
     lock.unlock();
@@ -127,7 +129,7 @@ void GrpcExecutor::CloseBrokenStream(std::unique_lock<std::mutex>& lock) {
   broken_ = true;
   // Finish must not race a Write; a write blocked on a dead peer ends when cancelled.
   if (writing_) context_->TryCancel();
-  cv_.wait(lock, [&] { return !writing_; });
+  reader_cv_.wait(lock, [&] { return !writing_; });
   auto stream = std::move(stream_);
   auto context = std::move(context_);
   std::deque<Sent> failed;
@@ -151,7 +153,7 @@ void GrpcExecutor::CloseBrokenStream(std::unique_lock<std::mutex>& lock) {
   }
   lock.lock();
   broken_ = false;
-  cv_.notify_all();
+  writer_cv_.notify_all();
 }
 
 bool GrpcExecutor::Reachable() {

@@ -58,7 +58,10 @@ class GrpcExecutor : public StepExecutor {
   absl::Duration step_deadline_;
 
   std::mutex mu_;
-  std::condition_variable cv_;
+  // One per waiter, so that a step wakes only the thread it concerns: the writer (a plan
+  // queued, the stream mended, stop), the reader (a plan written, a write over, stop) and
+  // the watchdog (stop; otherwise it looks every 100 ms).
+  std::condition_variable writer_cv_, reader_cv_, watchdog_cv_;
   std::deque<std::pair<StepPlan, StepResultSink>> queue_;  // not written yet
   struct Sent {
     uint64_t step_id;
