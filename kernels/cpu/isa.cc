@@ -4,7 +4,6 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
 
 namespace strata::kernels {
 namespace {
@@ -12,12 +11,8 @@ namespace {
 CpuIsa DefaultIsa() {
   const char* env = std::getenv("STRATA_CPU_ISA");
   if (env != nullptr) {
-    if (std::strcmp(env, "scalar") == 0) return CpuIsa::kScalar;
-    if (std::strcmp(env, "avx2") == 0 && CpuSupports(CpuIsa::kAvx2)) return CpuIsa::kAvx2;
-    if (std::strcmp(env, "avx512") == 0 && CpuSupports(CpuIsa::kAvx512)) return CpuIsa::kAvx512;
-    if (std::strcmp(env, "avx512bf16") == 0 && CpuSupports(CpuIsa::kAvx512Bf16)) {
-      return CpuIsa::kAvx512Bf16;
-    }
+    const std::optional<CpuIsa> asked = CpuIsaFromName(env);
+    if (asked && CpuSupports(*asked)) return *asked;
   }
   if (CpuSupports(CpuIsa::kAvx512Bf16)) return CpuIsa::kAvx512Bf16;
   if (CpuSupports(CpuIsa::kAvx512)) return CpuIsa::kAvx512;
@@ -70,6 +65,13 @@ const char* CpuIsaName(CpuIsa isa) {
       return "avx512bf16";
   }
   return "?";
+}
+
+std::optional<CpuIsa> CpuIsaFromName(std::string_view name) {
+  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
+    if (name == CpuIsaName(isa)) return isa;
+  }
+  return std::nullopt;
 }
 
 bool ForceCpuIsa(CpuIsa isa) {

@@ -10,12 +10,17 @@
 #ifndef STRATA_KERNELS_CPU_ISA_H_
 #define STRATA_KERNELS_CPU_ISA_H_
 
+#include <optional>
+#include <string_view>
+
 namespace strata::kernels {
 
 enum class CpuIsa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3 };
 
 CpuIsa ActiveCpuIsa();
 const char* CpuIsaName(CpuIsa isa);
+// The path CpuIsaName calls `name`; nullopt for any other name.
+std::optional<CpuIsa> CpuIsaFromName(std::string_view name);
 bool CpuSupports(CpuIsa isa);
 // Returns false (and changes nothing) if the CPU lacks `isa`. Not for use while kernels
 // run on other threads.

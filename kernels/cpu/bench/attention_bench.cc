@@ -79,9 +79,7 @@ int Run() {
     isas.push_back(ActiveCpuIsa());
   } else {
     for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_isas), ',')) {
-      for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
-        if (name == CpuIsaName(isa)) isas.push_back(isa);
-      }
+      if (const auto isa = CpuIsaFromName({name.data(), name.size()})) isas.push_back(*isa);
     }
   }
   std::printf("%-11s %6s %6s %9s %9s %8s\n", "isa", "batch", "ctx", "layer_us", "KV_GB/s",

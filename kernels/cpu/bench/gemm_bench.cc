@@ -58,9 +58,7 @@ int Run() {
   }
   std::vector<CpuIsa> isas;
   for (const auto& name : absl::StrSplit(absl::GetFlag(FLAGS_isas), ',', absl::SkipEmpty())) {
-    for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
-      if (name == CpuIsaName(isa)) isas.push_back(isa);
-    }
+    if (const auto isa = CpuIsaFromName({name.data(), name.size()})) isas.push_back(*isa);
   }
   if (isas.empty()) isas.push_back(ActiveCpuIsa());
   std::printf("own GEMM: %d layers of %lld/%lld, %.1f MB of weights, %d threads\n",
