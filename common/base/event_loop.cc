@@ -123,17 +123,23 @@ int EventLoop::RunUntilIdle() {
   }
 }
 
-void EventLoop::WaitOnPoller(std::deque<Closure>* batch, std::vector<Closure>* due) {
+bool EventLoop::WaitOnPoller(std::deque<Closure>* batch, std::vector<Closure>* due) {
   poller_->Progress();
   absl::Time next;
   {
     absl::MutexLock lock(&mu_);
     TakeBatch(batch, due);
-    if (!batch->empty() || !due->empty() || quit_) return;
+    if (quit_ && batch->empty()) {
+      timers_.clear();
+      timer_due_.clear();
+      return false;
+    }
+    if (!batch->empty() || !due->empty() || quit_) return true;
     next = timers_.empty() ? absl::InfiniteFuture() : timers_.begin()->first.first;
   }
   // A post from here on calls Wake(), which the poller must not miss.
   poller_->Wait(next);
+  return true;
 }
 
 void EventLoop::Run() {
@@ -145,16 +151,7 @@ void EventLoop::Run() {
   std::vector<Closure> due;
   while (true) {
     if (poller_ != nullptr) {
-      WaitOnPoller(&batch, &due);
-      {
-        absl::MutexLock lock(&mu_);
-        // What was posted after the batch was taken, before Quit(), still runs.
-        if (quit_ && batch.empty() && posted_.empty()) {
-          timers_.clear();
-          timer_due_.clear();
-          break;
-        }
-      }
+      if (!WaitOnPoller(&batch, &due)) break;
       if (batch.empty() && due.empty()) continue;  // the poller did its work, or woke
     } else {
       absl::MutexLock lock(&mu_);

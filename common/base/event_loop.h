@@ -112,8 +112,9 @@ class EventLoop {
 
  private:
   void Run();
-  // The loop's wait with a poller: the next batch, or an empty one after a Wait().
-  void WaitOnPoller(std::deque<Closure>* batch, std::vector<Closure>* due);
+  // The loop's wait with a poller: the next batch, or an empty one after a Wait(). False
+  // once the loop has quit and nothing posted is left.
+  bool WaitOnPoller(std::deque<Closure>* batch, std::vector<Closure>* due);
   // Takes the next batch: what is posted, and the timers due (none once quitting).
   void TakeBatch(std::deque<Closure>* batch, std::vector<Closure>* due)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
