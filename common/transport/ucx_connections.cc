@@ -117,7 +117,7 @@ absl::StatusOr<std::string> UcxTransport::Listen(const std::string& address) {
         waiter->Set(absl::OkStatus());
       })) {
     close(fd);
-    waiter->Set(absl::CancelledError("the transport is shutting down"));
+    waiter->Set(ShuttingDown());
   }
   auto result = waiter->Wait(absl::Seconds(30));
   if (!result) return absl::DeadlineExceededError("the transport thread did not answer");
@@ -209,7 +209,7 @@ absl::StatusOr<PeerId> UcxTransport::Connect(const std::string& address) {
         };
         StartSend(std::move(ctx), 0);
       })) {
-    waiter->Set(absl::CancelledError("the transport is shutting down"));
+    waiter->Set(ShuttingDown());
   }
   auto result = waiter->Wait(config_.connect_timeout);
   if (!result) {

@@ -35,6 +35,10 @@ absl::Status UcxError(const std::string& what, ucs_status_t status);
 absl::StatusOr<sockaddr_storage> Resolve(const std::string& address, socklen_t* length);
 // A socket address as "host:port".
 std::string FormatAddress(const sockaddr_storage& addr);
+// What calls refused, and peers closed, at shutdown get.
+inline absl::Status ShuttingDown() {
+  return absl::CancelledError("the transport is shutting down");
+}
 
 // A one-shot result that a caller thread waits for.
 template <class T>

@@ -152,7 +152,7 @@ void UcxTransport::Send(PeerId peer, Tag tag, std::span<const uint8_t> header,
   SendContext* raw = ctx.release();
   if (!Post([this, raw, tag] { StartSend(std::unique_ptr<SendContext>(raw), tag); })) {
     std::unique_ptr<SendContext> refused(raw);
-    refused->done(absl::CancelledError("the transport is shutting down"));
+    refused->done(ShuttingDown());
   }
 }
 

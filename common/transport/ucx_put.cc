@@ -32,7 +32,7 @@ absl::StatusOr<RemoteRegion> UcxTransport::RegisterRegion(void* base, size_t byt
         mapped_.push_back(memh);  // the mapping lives as long as the transport
         waiter->Set(region);
       })) {
-    waiter->Set(absl::CancelledError("the transport is shutting down"));
+    waiter->Set(ShuttingDown());
   }
   auto result = waiter->Wait(absl::Seconds(30));
   if (!result) return absl::DeadlineExceededError("the transport thread did not answer");
@@ -87,7 +87,7 @@ void UcxTransport::PutWithFlag(PeerId peer_id, const RemoteRegion& region, uint6
           OnSendDone(nullptr, UCS_PTR_STATUS(request), raw);
         }
       })) {
-    (*done_box)(absl::CancelledError("the transport is shutting down"));
+    (*done_box)(ShuttingDown());
   }
 }
 

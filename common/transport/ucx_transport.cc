@@ -213,7 +213,7 @@ void UcxTransport::ClosePeers() {
   }
   std::vector<PeerId> ids;
   for (const auto& [id, peer] : peers_) ids.push_back(id);
-  for (PeerId id : ids) ClosePeer(id, absl::CancelledError("the transport is shutting down"));
+  for (PeerId id : ids) ClosePeer(id, ShuttingDown());
   // After whatever the closes posted; nothing posted after this is run.
   loop_.Post([this] { FinishShutdown(); });
   loop_.Quit();
