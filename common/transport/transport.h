@@ -161,6 +161,11 @@ class Transport {
   virtual void PutWithFlag(PeerId peer, const RemoteRegion& region, uint64_t remote_address,
                            std::span<const uint8_t> data, uint64_t flag_address,
                            uint64_t flag_value, SendDone done);
+
+  // Times the transport's thread, asleep waiting for traffic, was not woken by traffic that
+  // came and found it only when its safety bound on the sleep ran out (UCX: one second).
+  // Each is a message that waited that long for nothing; anything but 0 is a bug.
+  virtual int64_t LostWakeups() const { return 0; }
 };
 
 // Makes `backend` available to Transport::Create. Each backend's library calls this from a

@@ -72,6 +72,7 @@ class UcxTransport final : public Transport, private EventLoop::Poller {
 
   absl::Status Init();
   Capabilities capabilities() const override { return capabilities_; }
+  int64_t LostWakeups() const override { return lost_wakeups_.load(); }
   void SetHandler(Tag tag, MessageHandler* handler) override;
   void SetPeerHandler(PeerHandler handler) override;
   absl::StatusOr<std::string> Listen(const std::string& address) override;
@@ -164,6 +165,10 @@ class UcxTransport final : public Transport, private EventLoop::Poller {
   size_t eager_max_bytes_ = 0;  // TransportConfig::eager_max_bytes, resolved
   EventLoop loop_{"ucx-transport"};
   bool started_ = false;  // the loop runs
+  // Wait slept until its safety bound (transport thread); what Progress then finds was
+  // lost by the wake-up (LostWakeups).
+  bool slept_to_bound_ = false;
+  std::atomic<int64_t> lost_wakeups_{0};
 
   // Held by the transport thread except while it sleeps, and by a thread that starts a
   // send itself: UCX's worker is used by one thread at a time. Guards the peer maps.

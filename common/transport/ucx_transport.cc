@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/base/logging.h"
 #include "common/transport/ucx_bootstrap.h"
 #include "common/transport/ucx_internal.h"
 
@@ -181,8 +182,14 @@ void UcxTransport::Begin() { worker_lock_.lock(); }
 void UcxTransport::End() { worker_lock_.unlock(); }
 
 void UcxTransport::Progress() {
-  while (ucp_worker_progress(worker_) != 0) {
+  int events = 0;
+  while (ucp_worker_progress(worker_) != 0) ++events;
+  if (slept_to_bound_ && events > 0) {
+    lost_wakeups_.fetch_add(1);
+    LOG(WARNING) << "UCX transport: traffic waited for the one-second bound on the transport "
+                    "thread's sleep (a lost wake-up)";
   }
+  slept_to_bound_ = false;
 }
 
 void UcxTransport::Wait(absl::Time deadline) {
@@ -199,6 +206,7 @@ void UcxTransport::Wait(absl::Time deadline) {
   epoll_event events[4];
   const int n = epoll_wait(epoll_fd_, events, 4, timeout_ms);
   worker_lock_.lock();
+  slept_to_bound_ = n == 0 && timeout_ms == 1000;
   for (int i = 0; i < n; ++i) {
     if (events[i].data.fd == listen_fd_ && listen_fd_ >= 0) AcceptBootstrap();
   }
