@@ -1,6 +1,7 @@
 // Building steps: admission, batching, preemption. Applying their results is in
 // scheduler_results.cc.
 #include <algorithm>
+#include <limits>
 #include <tuple>
 #include <unordered_map>
 #include <unordered_set>
@@ -618,11 +619,25 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
 
   // Phase 3: admissions, in policy order, while the budget lasts. A request that cannot be
   // placed now stops admission (no overtaking under FIFO).
+  // Fixed pipelining: each replica owns one batch, and staggering their steps hides one
+  // batch's attention behind another's GEMMs only if the batches are alike. So a replica
+  // admits no more than its share of the requests running and waiting; the rest wait for
+  // the other replicas' next plans (at most a step away). Otherwise the first replica to
+  // plan would take a whole burst of arrivals and the others would idle.
+  int64_t admit_cap = std::numeric_limits<int64_t>::max();
+  if (config_.pipelining == Pipelining::kFixed && LiveReplicas() > 1) {
+    const int64_t replicas = LiveReplicas();
+    const int64_t share =
+        (static_cast<int64_t>(running_.size() + waiting_.size()) + replicas - 1) / replicas;
+    int64_t own = 0;
+    for (const Request* req : running_) own += req->executor == e ? 1 : 0;
+    admit_cap = share - own;
+  }
   std::vector<Request*> failed;
   // Placing a request takes it out of waiting_ (at index i); the rest stay where they are.
   for (size_t i = 0; i < waiting_.size(); ++i) {
     Request* req = waiting_[i];
-    if (budget_rows <= 0 || budget_prefill <= 0 || budget_seqs <= 0) break;
+    if (budget_rows <= 0 || budget_prefill <= 0 || budget_seqs <= 0 || admit_cap <= 0) break;
     if (req->pending_finish != FinishReason::kNone) continue;
     Sequence* owner = req->Owner();
     if (owner == nullptr) continue;
@@ -641,6 +656,7 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     if (config_.prefill_chunk_tokens <= 0 && length > budget_rows) break;
     if (!Place(req, e)) break;
     --i;  // Place took it out of waiting_: index i is now the next one
+    --admit_cap;
     // Its prefix is being read from disk into its slots: no row runs before that is done,
     // or (layer-wise) before each layer of it is.
     if (req->loading) {

@@ -28,7 +28,9 @@ class HeldExecutor final : public StepExecutor {
 
 class PlannerTest : public ::testing::Test {
  protected:
-  void Start(bool async, int64_t slots = 64, Pipelining pipelining = Pipelining::kOff) {
+  // `replicas` compute nodes share one pool (disaggregated); executor_ is the first.
+  void Start(bool async, int64_t slots = 64, Pipelining pipelining = Pipelining::kOff,
+             int replicas = 1) {
     SchedulerConfig c;
     c.max_model_len = 256;
     c.max_num_batched_tokens = 64;
@@ -44,11 +46,18 @@ class PlannerTest : public ::testing::Test {
     c.max_plans_in_flight = async || pipelining == Pipelining::kTwo ? 2 : 1;
     ASSERT_TRUE(Scheduler::ValidateConfig(c).ok());
     scheduler_ = std::make_unique<Scheduler>(c, nullptr);
-    auto executor = std::make_unique<HeldExecutor>();
-    executor_ = executor.get();
     scheduler_->StartManual();
-    const PoolIndex pool = scheduler_->AddPool("local", slots);
-    scheduler_->AddExecutor(std::move(executor), pool);
+    const PoolIndex pool = scheduler_->AddPool(replicas > 1 ? "memory" : "local", slots);
+    for (int i = 0; i < replicas; ++i) {
+      auto executor = std::make_unique<HeldExecutor>();
+      replicas_.push_back(executor.get());
+      if (replicas > 1) {
+        scheduler_->AddExecutor(std::move(executor), std::nullopt);
+      } else {
+        scheduler_->AddExecutor(std::move(executor), pool);
+      }
+    }
+    executor_ = replicas_.front();
     scheduler_->RunPending();
   }
   void TearDown() override {
@@ -106,6 +115,7 @@ class PlannerTest : public ::testing::Test {
 
   std::unique_ptr<Scheduler> scheduler_;
   HeldExecutor* executor_ = nullptr;
+  std::vector<HeldExecutor*> replicas_;
   std::vector<RequestUpdate> updates_;
 };
 
@@ -289,6 +299,17 @@ TEST_F(PlannerTest, TwoBatchesBalanceKvReadAsWellAsRows) {
   for (size_t p = 0; p < 2; ++p) {
     if (Held(p).chunks.size() == 1) EXPECT_GE(Held(p).chunks[0].start_position, 100);
   }
+}
+
+TEST_F(PlannerTest, FixedPipeliningSharesABurstOfRequestsBetweenReplicas) {
+  Start(/*async=*/false, /*slots=*/256, Pipelining::kFixed, /*replicas=*/2);
+  for (int i = 0; i < 5; ++i) Submit({1, 2, 3, static_cast<int32_t>(10 + i)}, 4, {}, false);
+  scheduler_->RunPending();
+  // Each replica owns one batch: the burst is split, not all taken by the first to plan.
+  ASSERT_EQ(replicas_[0]->held.size(), 1u);
+  ASSERT_EQ(replicas_[1]->held.size(), 1u);
+  EXPECT_EQ(replicas_[0]->held.front().first.chunks.size(), 3u);
+  EXPECT_EQ(replicas_[1]->held.front().first.chunks.size(), 2u);
 }
 
 }  // namespace
