@@ -144,8 +144,9 @@ class TransportTest : public ::testing::TestWithParam<Backend> {
                : "127.0.0.1:0";
   }
   // A connected pair: server listens, client connects. Returns the client's peer id.
-  // `server_ping` handles the server's messages of tag kFrameTag + 1.
-  void MakePair(MessageHandler* server_ping = nullptr) {
+  // `server_ping` handles the server's messages of tag kFrameTag + 1; `client_frames`, if
+  // given, the client's of kFrameTag in place of client_rx_.
+  void MakePair(MessageHandler* server_ping = nullptr, MessageHandler* client_frames = nullptr) {
     auto server = Transport::Create(GetParam().config);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -154,7 +155,7 @@ class TransportTest : public ::testing::TestWithParam<Backend> {
     client_ = std::move(*client);
     server_->SetHandler(kFrameTag, &server_rx_);
     if (server_ping != nullptr) server_->SetHandler(kFrameTag + 1, server_ping);
-    client_->SetHandler(kFrameTag, &client_rx_);
+    client_->SetHandler(kFrameTag, client_frames != nullptr ? client_frames : &client_rx_);
     server_->SetPeerHandler(
         [this](PeerId id, PeerEvent event, const absl::Status&) { server_events_.Add(id, event); });
     auto address = server_->Listen(ListenAddress());
@@ -263,44 +264,50 @@ TEST_P(TransportTest, ManySmallMessagesKeepTheirOrder) {
   }
 }
 
-// Sends started on the caller's thread while the transport's own thread sleeps, towards a
-// peer too busy to take them at once (its thread is held up in a handler): what is not out
-// yet when Send returns must go out when the peer catches up, not when the sender's
-// transport thread next wakes for some other reason.
+// Bursts of sends towards a peer too busy to take them at once (its thread is held up in
+// a handler), so that sends are still waiting for room when the sender's transport thread
+// goes to sleep: what is not out yet must go out when the peer catches up, not when the
+// sender's transport thread next wakes for some other reason. The client's bursts start on
+// the test's thread, the server's answers on its transport thread (in a handler).
 TEST_P(TransportTest, SendsToABusyPeerLoseNoWakeUp) {
+  constexpr int kBurst = 400;
+  const auto payload = Bytes(8000, 7);  // about one shared-memory FIFO element
   class Slow : public MessageHandler {
    public:
     std::span<uint8_t> Place(PeerId, std::span<const uint8_t>, size_t) override { return {}; }
-    void Deliver(PeerId, std::span<const uint8_t>, std::span<const uint8_t>,
+    void Deliver(PeerId from, std::span<const uint8_t>, std::span<const uint8_t>,
                  absl::Status) override {
-      if (count_.fetch_add(1) == 0) absl::SleepFor(absl::Milliseconds(100));
+      const int c = count_.fetch_add(1);
+      if (c % kBurst == 0) absl::SleepFor(absl::Milliseconds(100));  // busy as a burst starts
+      if (c % kBurst == kBurst - 1 && after_burst) after_burst(from);
     }
     int count() const { return count_.load(); }
+    std::function<void(PeerId)> after_burst;
 
    private:
     std::atomic<int> count_{0};
-  } slow;
-  MakePair(&slow);
-  const auto payload = Bytes(8000, 7);  // about one shared-memory FIFO element
-  const int n = 400;
-  std::atomic<int> sent{0};
-  for (int round = 0; round < 3; ++round) {
-    for (int i = 0; i < n; ++i) {
+  } server_side, client_side;
+  auto burst = [&](Transport& from, PeerId to, Tag tag) {
+    for (int i = 0; i < kBurst; ++i) {
       uint8_t header[4];
       std::memcpy(header, &i, 4);
-      client_->Send(to_server_, kFrameTag + 1, header, {payload}, [&](absl::Status s) {
-        EXPECT_TRUE(s.ok()) << s;
-        ++sent;
-      });
+      from.Send(to, tag, header, {payload}, [](absl::Status s) { EXPECT_TRUE(s.ok()) << s; });
     }
-    for (int i = 0; i < 2000 && slow.count() < (round + 1) * n; ++i) {
+  };
+  server_side.after_burst = [&](PeerId from) { burst(*server_, from, kFrameTag); };
+  MakePair(&server_side, &client_side);
+  for (int round = 1; round <= 3; ++round) {
+    burst(*client_, to_server_, kFrameTag + 1);
+    for (int i = 0; i < 2000 && client_side.count() < round * kBurst; ++i) {
       absl::SleepFor(absl::Milliseconds(5));
     }
-    ASSERT_EQ(slow.count(), (round + 1) * n);
+    ASSERT_EQ(server_side.count(), round * kBurst);
+    ASSERT_EQ(client_side.count(), round * kBurst);
   }
   EXPECT_EQ(client_->LostWakeups(), 0);
   EXPECT_EQ(server_->LostWakeups(), 0);
-  server_.reset();  // before `slow`, which it calls
+  client_.reset();  // before the handlers they call
+  server_.reset();
 }
 
 TEST_P(TransportTest, SendToUnknownPeerFails) {
