@@ -81,12 +81,28 @@ def stream(port, model, prompt, tokens, times, errors):
         errors.append(str(e))
 
 
-def run_point(port, model, rows, context, tokens, seed, metrics_ports):
+def run_point(port, model, rows, context, tokens, seed, metrics_ports, shared_prefix=True):
+    """With `shared_prefix`, the rows' prompts differ only in their last 8 tokens, and the
+    common part is cached first: the prefill is short, but every row attends to the same
+    KV, which the memory node then reads from its caches rather than from DRAM. Without it,
+    every row has a prompt of its own, as in serving unrelated requests, each cached by a
+    one-token request first."""
     rng = random.Random(seed)
-    prefix = [rng.randrange(3, 30000) for _ in range(context - 8)]
-    prompts = [prefix + [rng.randrange(3, 30000) for _ in range(8)] for _ in range(rows)]
-    # Cache the shared prefix first.
-    stream(port, model, prefix + [5] * 8, 1, [], [])
+    if shared_prefix:
+        prefix = [rng.randrange(3, 30000) for _ in range(context - 8)]
+        prompts = [prefix + [rng.randrange(3, 30000) for _ in range(8)] for _ in range(rows)]
+        # Cache the shared prefix first.
+        stream(port, model, prefix + [5] * 8, 1, [], [])
+    else:
+        prompts = [[rng.randrange(3, 30000) for _ in range(context)] for _ in range(rows)]
+        # Cache each prompt first (one token each, all at once), so that the streams below
+        # start decoding together instead of waiting on each other's prefill.
+        warm = [threading.Thread(target=stream, args=(port, model, p, 1, [], []))
+                for p in prompts]
+        for t in warm:
+            t.start()
+        for t in warm:
+            t.join()
     before = {role: metric_values(p, COMPUTE_IDLE if role == "compute" else MEMORY_BUSY)
               for role, p in metrics_ports.items()}
     start = time.monotonic()
@@ -118,7 +134,7 @@ def run_point(port, model, rows, context, tokens, seed, metrics_ports):
     return result
 
 
-def run_mode(bin_dir, args, grid, tokens, seed):
+def run_mode(bin_dir, args, grid, tokens, seed, shared_prefix=True):
     with tempfile.TemporaryDirectory() as run_dir:
         port_file = os.path.join(run_dir, "ports.json")
         log = open(os.path.join(run_dir, "launcher.log"), "w")
@@ -144,7 +160,7 @@ def run_mode(bin_dir, args, grid, tokens, seed):
                 metrics_ports["memory"] = ports["metrics"]["memory-0"]
             run_point(port, model, 4, 64, 8, seed, metrics_ports)  # warm-up
             return {point: run_point(port, model, point[0], point[1], tokens, seed,
-                                     metrics_ports) for point in grid}
+                                     metrics_ports, shared_prefix) for point in grid}
         finally:
             os.killpg(launcher.pid, signal.SIGTERM)
             launcher.wait(timeout=60)

@@ -6,9 +6,12 @@ used for calibration and print prediction against measurement.
 Calibration (micro-benchmarks only, written to a flag file for strata_planner):
   - compute: decode_bench's GEMM-only step (every slice, LM head, sampling; no attention) on
     one core with one thread, as the compute node runs in the partition below;
-  - attention: decode_bench's full step minus its GEMM-only step at the same shape on one
-    core (the memory node runs the same attention engine), fitted by least squares to
-    fixed + per_row * rows + per_position * rows * context;
+  - attention: attention_bench, the kernel the memory node runs, alone on the memory
+    node's core with one thread (slots scattered in blocks, as serving leaves them), times
+    the layers, fitted by least squares to fixed + per_row * rows + per_position * rows *
+    context. (Until 2026-11-26 this was decode_bench's full step minus its GEMM-only step
+    on the compute core, a difference of two noisy figures that also carried the full
+    step's cache contention: it made attention 2.4x slower than the memory node runs it.)
   - link: transport_bench over UCX shared memory (the partition's data plane): half the
     round trip of a 64-byte message, and the streaming bandwidth at 300 kB.
 The calibration shapes (batches 1, 4, 12, 24, 48 at contexts 512, 1536, 3072) differ from
@@ -33,7 +36,6 @@ rounds, medians:
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -42,7 +44,6 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import compare_builds  # noqa: E402
 import pipeline_bench  # noqa: E402
 
 CAL_BATCHES = "1,4,12,24,48"
@@ -53,18 +54,35 @@ def calibrate(bin_dir, model, compute_cpu, memory_cpu):
     env = dict(os.environ, OMP_NUM_THREADS="1", GOMP_SPINCOUNT="10000")
     out = subprocess.run(
         ["taskset", "-c", str(compute_cpu), f"{bin_dir}/compute_node/bench/decode_bench",
-         f"--model={model}", f"--batches={CAL_BATCHES}", f"--contexts={CAL_CONTEXTS}",
-         "--rounds=2", "--iters=4"], env=env, capture_output=True, text=True, check=True,
+         f"--model={model}", f"--batches={CAL_BATCHES}",
+         # Its GEMM-only step does not depend on the context: the shortest will do.
+         f"--contexts={CAL_CONTEXTS.split(',')[0]}", "--rounds=2", "--iters=4"], env=env, capture_output=True, text=True, check=True,
         cwd="/tmp").stdout
-    gemm, attention = {}, []
+    gemm = {}
     for line in out.splitlines():
         f = line.split()
         if len(f) == 11 and f[0].isdigit():
-            batch, ctx = int(f[0]), int(f[1])
-            gemm.setdefault(batch, []).append(float(f[5]) * 1e3)
-            attention.append((batch, ctx, float(f[8]) * 1e3))
+            gemm.setdefault(int(f[0]), []).append(float(f[5]) * 1e3)
     if not gemm:
         raise RuntimeError("decode_bench printed no figures:\n" + out)
+    config = json.load(open(os.path.join(model, "config.json")))
+    hidden = config["hidden_size"]
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads", heads)
+    head_dim = config.get("head_dim", hidden // heads)
+    layers = config["num_hidden_layers"]
+    out = subprocess.run(
+        ["taskset", "-c", str(memory_cpu), f"{bin_dir}/kernels/cpu/bench/attention_bench",
+         f"--batches={CAL_BATCHES}", f"--contexts={CAL_CONTEXTS}", f"--heads={heads}",
+         f"--kv_heads={kv_heads}", f"--head_dim={head_dim}", "--seconds=0.5", "--probe=false"],
+        env=env, capture_output=True, text=True, check=True, cwd="/tmp").stdout
+    attention = []
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) == 6 and f[1].isdigit():
+            attention.append((int(f[1]), int(f[2]), float(f[3]) * layers))
+    if not attention:
+        raise RuntimeError("attention_bench printed no figures:\n" + out)
     compute_us = ",".join(f"{b}:{statistics.median(v):.1f}" for b, v in sorted(gemm.items()))
     a = np.array([[1.0, b, b * c] for b, c, _ in attention])
     y = np.array([t for _, _, t in attention])
@@ -81,13 +99,8 @@ def calibrate(bin_dir, model, compute_cpu, memory_cpu):
             if len(f) == 4 and f[0].isdigit()}
     latency_us = float(rows[64][2]) / 2
     gbytes = float(rows[300000][3])
-    config = json.load(open(os.path.join(model, "config.json")))
-    hidden = config["hidden_size"]
-    heads = config["num_attention_heads"]
-    kv_heads = config.get("num_key_value_heads", heads)
-    head_dim = config.get("head_dim", hidden // heads)
     flags = [
-        f"--layers={config['num_hidden_layers']}",
+        f"--layers={layers}",
         f"--compute_us={compute_us}",
         f"--attention_fixed_us={coef[0]:.3f}",
         f"--attention_per_row_us={coef[1]:.4f}",
@@ -162,8 +175,10 @@ def main():
     for round_index in range(args.rounds):
         order = names[round_index % len(names):] + names[:round_index % len(names)]
         for name in order:
+            # Every row with a prompt of its own: the memory node reads its KV from DRAM,
+            # as attention_bench's calibration does.
             got = pipeline_bench.run_mode(args.bin_dir, all_modes[name][0], grid, args.tokens,
-                                          7 + round_index)
+                                          7 + round_index, shared_prefix=False)
             for point, figures in got.items():
                 results[name][point].append(figures)
             print(f"round {round_index + 1}: {name} done", file=sys.stderr, flush=True)
