@@ -72,7 +72,12 @@ ABSL_FLAG(strata::KvEviction, kv_eviction_policy, strata::SchedulerConfig().kv_e
           "(blocks the next --kv_lookahead_requests waiting requests need go last, and their "
           "history on disk is prefetched into DRAM before they run)");
 ABSL_FLAG(int32_t, kv_lookahead_requests, strata::SchedulerConfig().lookahead_requests,
-          "Scheduler-aware eviction: how many waiting requests the look-ahead window holds");
+          "Scheduler-aware eviction: how many waiting requests the look-ahead window holds at "
+          "most");
+ABSL_FLAG(bool, kv_lookahead_fits_dram, strata::SchedulerConfig().lookahead_fits_dram,
+          "Scheduler-aware eviction: the look-ahead window also ends before the first waiting "
+          "request whose blocks would not fit in its pool's DRAM beside the running requests "
+          "(false: always --kv_lookahead_requests)");
 ABSL_FLAG(bool, kv_disk_save_on_fill, strata::SchedulerConfig().disk_save_on_fill,
           "Disk tiers: save each KV block of a running request as soon as it is full "
           "(HILOS's delayed write-back), rather than when the request finishes or is "
@@ -176,6 +181,7 @@ int main(int argc, char** argv) {
   o.scheduler.context_keep_tokens = absl::GetFlag(FLAGS_context_keep_tokens);
   o.scheduler.kv_eviction = absl::GetFlag(FLAGS_kv_eviction_policy);
   o.scheduler.lookahead_requests = absl::GetFlag(FLAGS_kv_lookahead_requests);
+  o.scheduler.lookahead_fits_dram = absl::GetFlag(FLAGS_kv_lookahead_fits_dram);
   o.scheduler.disk_ttl = absl::Seconds(std::max(1.0, absl::GetFlag(FLAGS_kv_disk_ttl_s)));
   o.http.host = absl::GetFlag(FLAGS_host);
   o.http.port = absl::GetFlag(FLAGS_port);

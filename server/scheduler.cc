@@ -688,6 +688,7 @@ void Scheduler::PublishStats() {
   }
   s.num_running = static_cast<int64_t>(running_.size());
   s.num_waiting = static_cast<int64_t>(waiting_.size());
+  s.lookahead_window_requests = lookahead_window_requests_;
   for (const Request* req : running_) {
     if (!req->pool || req->pool->value() >= s.pools.size()) continue;
     for (const auto& seq : req->seqs) {

@@ -96,6 +96,10 @@ struct SchedulerConfig {
   // (AttentionStore's scheduler-aware placement).
   KvEviction kv_eviction = KvEviction::kLru;
   int lookahead_requests = 32;
+  // The window also ends where it would protect more blocks in a pool than that pool has
+  // room for beside its running requests (scheduler_disk.cc, Prefetch); false: exactly the
+  // next lookahead_requests.
+  bool lookahead_fits_dram = true;
   int max_n = 16;
   PolicyKind policy = PolicyKind::kFifo;
   absl::Duration default_timeout = absl::ZeroDuration();  // zero: none
@@ -144,6 +148,8 @@ struct PoolStatus {
 struct SchedulerStats {
   int64_t num_running = 0;
   int64_t num_waiting = 0;
+  // Scheduler-aware eviction: the waiting requests in the look-ahead window (Prefetch).
+  int64_t lookahead_window_requests = 0;
   int64_t num_preemptions_total = 0;
   int64_t prompt_tokens_total = 0;  // prompt tokens of admitted requests
   int64_t generation_tokens_total = 0;
@@ -458,6 +464,7 @@ class Scheduler {
   absl::Time last_start_ = absl::InfinitePast();
   bool stagger_timer_set_ = false;
   int advised_memory_nodes_ = 0;
+  int64_t lookahead_window_requests_ = 0;  // Prefetch's last window
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
   // While a step's result is applied, finished requests stay allocated (state kDone) until
   // it is done, because it holds pointers to them and their sequences.

@@ -152,7 +152,14 @@ void Scheduler::Prefetch() {
   }
   // The window: the next waiting requests, in the order they will run. Each protects, in
   // the pool it would go to (the longest prefix in both tiers, as Place chooses), its
-  // blocks in DRAM and those it will read from disk.
+  // blocks in DRAM and those it will read from disk. With lookahead_fits_dram it ends
+  // before the first request whose blocks would take what the window protects in its pool
+  // (every block counted once) past the room there: DRAM that running requests leave,
+  // less a block per running sequence (their decode grows into it). A window larger than
+  // DRAM protects blocks it cannot keep, and its prefetches stop at the first that finds
+  // no room, while the requests about to run lose theirs to LRU among the protected.
+  const int64_t block = config_.block_tokens;
+  const std::vector<int64_t> headroom = DecodeHeadroom();
   struct Wanted {
     Request* req;
     PoolIndex pool;
@@ -161,6 +168,7 @@ void Scheduler::Prefetch() {
   std::vector<Wanted> wanted;
   std::vector<std::unordered_set<uint64_t>> window(pools_.size());
   int seen = 0;
+  lookahead_window_requests_ = 0;
   for (Request* req : waiting_) {
     if (seen++ >= config_.lookahead_requests) break;
     Sequence* owner = req->Owner();
@@ -186,7 +194,18 @@ void Scheduler::Prefetch() {
     }
     if (!best) continue;
     std::unordered_set<uint64_t>& protect = window[best->pool.value()];
-    protect.insert(hashes.begin(), hashes.begin() + best->in_dram + best->on_disk);
+    const auto first = hashes.begin(), last = first + best->in_dram + best->on_disk;
+    if (config_.lookahead_fits_dram) {
+      const int64_t added =
+          std::count_if(first, last, [&](uint64_t h) { return !protect.count(h); });
+      const Pool& p = *pools_[best->pool.value()];
+      if ((static_cast<int64_t>(protect.size()) + added) * block >
+          p.kv->available() - headroom[best->pool.value()]) {
+        break;
+      }
+    }
+    protect.insert(first, last);
+    ++lookahead_window_requests_;
     if (best->on_disk > 0) wanted.push_back(*best);
   }
   for (size_t i = 0; i < pools_.size(); ++i) {
@@ -199,8 +218,6 @@ void Scheduler::Prefetch() {
   // Read the window's history on disk into DRAM, in run order, while DRAM outside the
   // window has room for it, less a block per running sequence of the pool (their decode
   // grows into it): a prefetch never makes a running request yield to a waiting one.
-  const int64_t block = config_.block_tokens;
-  const std::vector<int64_t> headroom = DecodeHeadroom();
   const absl::Time now = absl::Now();
   for (const Wanted& w : wanted) {
     Pool& p = *pools_[w.pool.value()];

@@ -4,6 +4,7 @@
 // positions, draws, literal tokens against kLastSampledToken, the ledger's slots, releases,
 // and what reaches the client.
 #include <deque>
+#include <functional>
 #include <memory>
 #include <set>
 #include <utility>
@@ -44,6 +45,7 @@ class PlannerTest : public ::testing::Test {
     c.plan_ahead_lead = 1;
     c.pipelining = pipelining;
     c.max_plans_in_flight = async || pipelining == Pipelining::kTwo ? 2 : 1;
+    if (configure_) configure_(c);
     ASSERT_TRUE(Scheduler::ValidateConfig(c).ok());
     scheduler_ = std::make_unique<Scheduler>(c, nullptr);
     scheduler_->StartManual();
@@ -113,6 +115,7 @@ class PlannerTest : public ::testing::Test {
     return tokens;
   }
 
+  std::function<void(SchedulerConfig&)> configure_;  // Start's last word on the config
   std::unique_ptr<Scheduler> scheduler_;
   HeldExecutor* executor_ = nullptr;
   std::vector<HeldExecutor*> replicas_;
@@ -310,6 +313,47 @@ TEST_F(PlannerTest, FixedPipeliningSharesABurstOfRequestsBetweenReplicas) {
   ASSERT_EQ(replicas_[1]->held.size(), 1u);
   EXPECT_EQ(replicas_[0]->held.front().first.chunks.size(), 3u);
   EXPECT_EQ(replicas_[1]->held.front().first.chunks.size(), 2u);
+}
+
+// Scheduler-aware eviction: the look-ahead window holds the next waiting requests whose
+// cached blocks fit in the DRAM that the running requests leave (less a block per running
+// sequence), not a fixed number of them regardless of DRAM.
+TEST_F(PlannerTest, TheLookAheadWindowEndsWhereDramDoes) {
+  for (const bool fits_dram : {true, false}) {
+    SCOPED_TRACE(fits_dram ? "sized by DRAM" : "a fixed count");
+    configure_ = [&](SchedulerConfig& c) {
+      c.kv_eviction = KvEviction::kSchedulerAware;
+      c.lookahead_fits_dram = fits_dram;
+      c.max_num_seqs = 1;  // one request runs, the others wait
+      c.prefill_chunk_tokens = 128;
+      c.max_num_batched_tokens = c.max_prefill_tokens = 128;
+    };
+    Start(/*async=*/false, /*slots=*/256);
+    // Three conversations whose prompts (3 blocks each) stay cached, idle: 144 slots.
+    auto prompt = [](int i, int length) {
+      std::vector<int32_t> p;
+      for (int k = 0; k < length; ++k) p.push_back(k == 0 ? 10 + i : 100 + (7 * k) % 800);
+      return p;
+    };
+    for (int i = 0; i < 3; ++i) {
+      Submit(prompt(i, 48), 1);
+      while (!executor_->held.empty()) Answer(7);  // its step, then its release
+    }
+    // A long request takes 101 of the 112 free slots and keeps running.
+    Submit(prompt(9, 100), 4);
+    ASSERT_EQ(executor_->held.size(), 1u);
+    // The three conversations' next turns wait behind it. Room: 11 free + 144 idle - 16
+    // (the running sequence's next block) = 139 slots, for two windows of 48 but not three.
+    for (int i = 0; i < 3; ++i) Submit(prompt(i, 64), 1);
+    EXPECT_EQ(scheduler_->Stats().num_waiting, 3);
+    EXPECT_EQ(scheduler_->Stats().lookahead_window_requests, fits_dram ? 2 : 3);
+    while (!executor_->held.empty()) Answer(7);
+    EXPECT_EQ(scheduler_->Stats().num_waiting, 0);
+    scheduler_->Stop();
+    scheduler_.reset();
+    replicas_.clear();
+    updates_.clear();
+  }
 }
 
 }  // namespace

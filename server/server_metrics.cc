@@ -27,6 +27,9 @@ ServerMetrics::ServerMetrics(std::shared_ptr<metrics::MetricsRegistry> registry,
   waiting_ = gauge("strata_num_requests_waiting", "Requests waiting to be admitted.");
   kv_usage_ = gauge("strata_kv_cache_usage_perc",
                     "KV cache usage over alive pools, as a fraction (1 = full), as vLLM.");
+  lookahead_window_ = gauge("strata_kv_lookahead_window_requests",
+                            "Scheduler-aware eviction: waiting requests whose blocks the "
+                            "look-ahead window protects and prefetches now.");
   paged_waste_ = gauge("strata_kv_paged_waste_tokens",
                        "KV slots that 16-token pages would waste on the running sequences "
                        "(strata allocates per token and wastes none).");
@@ -206,6 +209,7 @@ void ServerMetrics::Refresh() {
   waiting_->Set(static_cast<double>(s.num_waiting));
   kv_usage_->Set(s.kv_usage);
   paged_waste_->Set(static_cast<double>(s.kv_paged_waste_slots));
+  lookahead_window_->Set(static_cast<double>(s.lookahead_window_requests));
   alive_compute_->Set(static_cast<double>(s.alive_executors));
   step_period_->Set(s.step_period_seconds);
   stagger_->Set(s.stagger_seconds);

@@ -40,6 +40,7 @@ class ServerMetrics {
   prometheus::Gauge* waiting_;
   prometheus::Gauge* kv_usage_;
   prometheus::Gauge* paged_waste_;
+  prometheus::Gauge* lookahead_window_;
   prometheus::Gauge* alive_compute_;
   prometheus::Gauge* step_period_;
   prometheus::Gauge* stagger_;
