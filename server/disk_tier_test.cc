@@ -191,10 +191,15 @@ TEST_F(DiskTierTest, LayerWiseAFailedLoadVoidsTheChunkOverIt) {
 // DRAM, so its admission finds it there; under LRU it is read from disk at admission. The
 // output is a fresh run's either way.
 TEST_F(DiskTierTest, SchedulerAwarePrefetchesTheQueuedTurnsHistoryIntoDram) {
-  for (const KvEviction policy : {KvEviction::kSchedulerAware, KvEviction::kLru}) {
+  // Scheduler-aware with its window, the same with an empty window, and LRU.
+  for (const auto& [policy, window] :
+       {std::pair{KvEviction::kSchedulerAware, 32}, std::pair{KvEviction::kSchedulerAware, 0},
+        std::pair{KvEviction::kLru, 32}}) {
+    SCOPED_TRACE(absl::StrCat(AbslUnparseFlag(policy), ", window ", window));
     Topology t{1, 1};
-    t.disk_dir = DiskDir(AbslUnparseFlag(policy));
+    t.disk_dir = DiskDir(absl::StrCat(AbslUnparseFlag(policy), window));
     t.kv_eviction = policy;
+    t.lookahead_requests = window;
     t.max_num_seqs = 1;
     Deployment d(weights_, t, 160);
     auto first = d.Submit(Turn(Prompt(100, 7000)));
@@ -218,12 +223,21 @@ TEST_F(DiskTierTest, SchedulerAwarePrefetchesTheQueuedTurnsHistoryIntoDram) {
     const int64_t disk_hits = after.disk_hit_tokens_total - before.disk_hit_tokens_total;
     const int64_t prefetched =
         after.disk_prefetched_blocks_total - before.disk_prefetched_blocks_total;
-    if (policy == KvEviction::kSchedulerAware) {
+    const int64_t outside =
+        after.admission_loads_outside_window_total - before.admission_loads_outside_window_total;
+    const int64_t in_window =
+        after.admission_loads_prefetching_total - before.admission_loads_prefetching_total +
+        after.admission_loads_not_prefetched_total - before.admission_loads_not_prefetched_total;
+    if (policy == KvEviction::kSchedulerAware && window > 0) {
       EXPECT_GE(prefetched, 6) << "the queued turn's history was not prefetched";
       EXPECT_EQ(disk_hits, 0) << "turn 2 still read its history at admission";
+      EXPECT_EQ(outside + in_window, 0);
     } else {
       EXPECT_EQ(prefetched, 0);
       EXPECT_GE(disk_hits, 96);
+      // Only scheduler-aware placement says why DRAM missed: turn 2 was outside the window.
+      EXPECT_EQ(outside, policy == KvEviction::kSchedulerAware ? disk_hits / 16 : 0);
+      EXPECT_EQ(in_window, 0);
     }
   }
 }

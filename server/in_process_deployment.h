@@ -84,6 +84,7 @@ struct Topology {
   bool disk_load_when_faster = true;          // SchedulerConfig::disk_load_when_faster
   bool disk_layerwise = true;                 // SchedulerConfig::disk_layerwise
   KvEviction kv_eviction = KvEviction::kLru;  // SchedulerConfig::kv_eviction
+  int lookahead_requests = 32;                // SchedulerConfig::lookahead_requests
   int max_num_seqs = 0;                       // 0: as the topology implies
   bool disk_save_on_fill = false;             // SchedulerConfig::disk_save_on_fill
   int64_t max_model_len = 1024;               // SchedulerConfig::max_model_len
@@ -149,6 +150,7 @@ class Deployment {
     config.disk_load_when_faster = t.disk_load_when_faster;
     config.disk_layerwise = t.disk_layerwise;
     config.kv_eviction = t.kv_eviction;
+    config.lookahead_requests = t.lookahead_requests;
     config.disk_save_on_fill = t.disk_save_on_fill;
     if (t.max_num_seqs > 0) config.max_num_seqs = t.max_num_seqs;
     config.num_layers = static_cast<int>(weights->config.num_layers);

@@ -169,6 +169,13 @@ struct SchedulerStats {
   // Scheduler-aware placement: blocks read from disk into DRAM for a request still waiting
   // in the queue (prefetch), before it was admitted.
   int64_t disk_prefetched_blocks_total = 0;
+  // Scheduler-aware placement's misses: blocks a request read from disk when it was
+  // admitted, by why DRAM did not have them. Its request was outside the last look-ahead
+  // window; or inside it, and the block's prefetch was still being read; or inside it, and
+  // the block was not prefetched (no room for it), or was and was evicted again.
+  int64_t admission_loads_outside_window_total = 0;
+  int64_t admission_loads_prefetching_total = 0;
+  int64_t admission_loads_not_prefetched_total = 0;
   // Layer-wise pre-loading: requests whose new tokens computed while their prefix loaded,
   // and those of them whose load then failed (preempted, and recomputed).
   int64_t disk_preloaded_requests_total = 0;
@@ -316,6 +323,9 @@ class Scheduler {
   void Land(Request* req);
   // The request no longer has a compute node: the next one gets its setup again.
   void ForgetExecutor(Request* req);
+  // Scheduler-aware placement: why DRAM lacked the `count` blocks from `from` that `req`
+  // is about to load from `pool` at admission (SchedulerStats::admission_loads_*).
+  void CountAdmissionLoads(const Request& req, PoolIndex pool, int from, int count);
   void ReleaseKv(Sequence* seq);
   // Its pool died with its KV: forgets the request's slot tables and cached blocks without
   // touching the pool's (discarded) ledger.
@@ -465,6 +475,7 @@ class Scheduler {
   bool stagger_timer_set_ = false;
   int advised_memory_nodes_ = 0;
   int64_t lookahead_window_requests_ = 0;  // Prefetch's last window
+  uint64_t lookahead_pass_ = 0;            // Prefetch's passes (Request::lookahead_pass)
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
   // While a step's result is applied, finished requests stay allocated (state kDone) until
   // it is done, because it holds pointers to them and their sequences.

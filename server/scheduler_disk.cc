@@ -169,6 +169,7 @@ void Scheduler::Prefetch() {
   std::vector<std::unordered_set<uint64_t>> window(pools_.size());
   int seen = 0;
   lookahead_window_requests_ = 0;
+  ++lookahead_pass_;
   for (Request* req : waiting_) {
     if (seen++ >= config_.lookahead_requests) break;
     Sequence* owner = req->Owner();
@@ -206,6 +207,7 @@ void Scheduler::Prefetch() {
     }
     protect.insert(first, last);
     ++lookahead_window_requests_;
+    req->lookahead_pass = lookahead_pass_;
     if (best->on_disk > 0) wanted.push_back(*best);
   }
   for (size_t i = 0; i < pools_.size(); ++i) {
@@ -237,6 +239,25 @@ void Scheduler::Prefetch() {
       if (!OrderPrefetch(w.pool, hashes[b], owner->tokens.data() + b * block, b, now)) break;
     }
   }
+}
+
+void Scheduler::CountAdmissionLoads(const Request& req, PoolIndex pool, int from, int count) {
+  const Pool& p = *pools_[pool.value()];
+  const Sequence* owner = req.Owner();
+  int64_t outside = 0, prefetching = 0, not_prefetched = 0;
+  for (int b = from; b < from + count && b < static_cast<int>(owner->hashes.size()); ++b) {
+    if (req.lookahead_pass != lookahead_pass_) {
+      ++outside;
+    } else if (p.prefetching.count(owner->hashes[b])) {
+      ++prefetching;
+    } else {
+      ++not_prefetched;
+    }
+  }
+  absl::MutexLock lock(&stats_mu_);
+  counters_.admission_loads_outside_window_total += outside;
+  counters_.admission_loads_prefetching_total += prefetching;
+  counters_.admission_loads_not_prefetched_total += not_prefetched;
 }
 
 std::vector<int64_t> Scheduler::DecodeHeadroom() const {

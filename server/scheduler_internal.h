@@ -86,6 +86,8 @@ struct Scheduler::Request {
   // `lookahead_tokens` of them).
   std::vector<uint64_t> lookahead_hashes;
   size_t lookahead_tokens = 0;
+  // Whether the last look-ahead window held it (Scheduler::lookahead_pass_ then).
+  uint64_t lookahead_pass = 0;
   // Context truncation (truncation.h): how the prompt (spec.prompt_tokens) was cut from the
   // one submitted (`untruncated`; empty if it was not).
   Truncation truncation;

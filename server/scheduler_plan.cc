@@ -350,6 +350,8 @@ bool Scheduler::Place(Request* req, int executor) {
     const int64_t in_dram = owner->computed;
     if (on_disk > 0) {
       req->first_load = first_admission;
+      if (config_.kv_eviction == KvEviction::kSchedulerAware)
+        CountAdmissionLoads(*req, p, matched, on_disk);
       StartLoads(req, matched, on_disk);
     }
     {

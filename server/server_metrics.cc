@@ -57,6 +57,15 @@ ServerMetrics::ServerMetrics(std::shared_ptr<metrics::MetricsRegistry> registry,
                     .Name("strata_prefix_cache_tier_hits_total")
                     .Help("Prompt tokens found in the prefix cache, by tier: dram, disk.")
                     .Register(r);
+  admission_loads_ =
+      &BuildCounter()
+           .Name("strata_kv_admission_disk_loads_total")
+           .Help(
+               "Scheduler-aware eviction: KV blocks a request read from disk when it was "
+               "admitted, by why DRAM lacked them: outside_window (the request was not in the "
+               "look-ahead window), prefetching (its prefetch was still being read), "
+               "not_prefetched (no room to prefetch it, or evicted after its prefetch).")
+           .Register(r);
   disk_blocks_ = &BuildCounter()
                       .Name("strata_kv_disk_blocks_total")
                       .Help(
@@ -234,6 +243,9 @@ void ServerMetrics::Refresh() {
   add(disk_blocks_, {{"event", "load_failed"}}, s.disk_failed_loads_total);
   add(disk_blocks_, {{"event", "recomputed"}}, s.disk_recomputed_blocks_total);
   add(disk_blocks_, {{"event", "prefetched"}}, s.disk_prefetched_blocks_total);
+  add(admission_loads_, {{"why", "outside_window"}}, s.admission_loads_outside_window_total);
+  add(admission_loads_, {{"why", "prefetching"}}, s.admission_loads_prefetching_total);
+  add(admission_loads_, {{"why", "not_prefetched"}}, s.admission_loads_not_prefetched_total);
   add(preloads_, {{"outcome", "ok"}},
       s.disk_preloaded_requests_total - s.disk_preload_failed_total);
   add(preloads_, {{"outcome", "failed"}}, s.disk_preload_failed_total);

@@ -51,6 +51,7 @@ class ServerMetrics {
   prometheus::Counter* prefix_hits_;
   prometheus::Counter* prefix_misses_;
   prometheus::Family<prometheus::Counter>* tier_hits_;
+  prometheus::Family<prometheus::Counter>* admission_loads_;
   prometheus::Family<prometheus::Counter>* disk_blocks_;
   prometheus::Family<prometheus::Counter>* preloads_;
   prometheus::Family<prometheus::Counter>* evictions_;
