@@ -91,6 +91,11 @@ int64_t KvPool::AvailableOutsideLookahead() const {
   return available() - protected_slots;
 }
 
+bool KvPool::IsIdleBlock(uint64_t hash) const {
+  auto it = blocks_.find(hash);
+  return it != blocks_.end() && it->second.holders == 0;
+}
+
 void KvPool::MakeIdle(uint64_t hash, Block& block) {
   block.idle_key = eviction_ == KvEviction::kFifo ? block.cached : ++tick_;
   idle_.emplace(block.idle_key, hash);

@@ -74,6 +74,9 @@ class KvPool {
   void SetLookahead(std::unordered_set<uint64_t> hashes) { lookahead_ = std::move(hashes); }
   // Slots an allocation can obtain without evicting a block of the look-ahead window.
   int64_t AvailableOutsideLookahead() const;
+  // Whether `hash` is a cached block that only the cache holds (its slots count in
+  // available()).
+  bool IsIdleBlock(uint64_t hash) const;
   PoolStats Stats() const;
 
   // `n` fresh slots (refcount 1), evicting idle cached blocks LRU-first when the free list

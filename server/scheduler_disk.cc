@@ -153,7 +153,7 @@ void Scheduler::Prefetch() {
   // The window: the next waiting requests, in the order they will run. Each protects, in
   // the pool it would go to (the longest prefix in both tiers, as Place chooses), its
   // blocks in DRAM and those it will read from disk. With lookahead_fits_dram it ends
-  // before the first request whose blocks would take what the window protects in its pool
+  // before the first request whose blocks would take what the window needs of its pool
   // (every block counted once) past the room there: DRAM that running requests leave,
   // less a block per running sequence (their decode grows into it). A window larger than
   // DRAM protects blocks it cannot keep, and its prefetches stop at the first that finds
@@ -167,6 +167,7 @@ void Scheduler::Prefetch() {
   };
   std::vector<Wanted> wanted;
   std::vector<std::unordered_set<uint64_t>> window(pools_.size());
+  std::vector<int64_t> window_blocks(pools_.size(), 0);  // of the room, per pool
   int seen = 0;
   lookahead_window_requests_ = 0;
   ++lookahead_pass_;
@@ -197,13 +198,19 @@ void Scheduler::Prefetch() {
     std::unordered_set<uint64_t>& protect = window[best->pool.value()];
     const auto first = hashes.begin(), last = first + best->in_dram + best->on_disk;
     if (config_.lookahead_fits_dram) {
-      const int64_t added =
-          std::count_if(first, last, [&](uint64_t h) { return !protect.count(h); });
+      // What the window takes of the room: its idle blocks in DRAM, and its blocks on disk
+      // not yet on their way (a prefetch in flight has its slots already). Blocks running
+      // requests hold are not in the room at all.
       const Pool& p = *pools_[best->pool.value()];
-      if ((static_cast<int64_t>(protect.size()) + added) * block >
-          p.kv->available() - headroom[best->pool.value()]) {
-        break;
+      int64_t cost = 0;
+      for (int b = 0; b < best->in_dram + best->on_disk; ++b) {
+        if (protect.count(hashes[b])) continue;
+        cost += b < best->in_dram ? (p.kv->IsIdleBlock(hashes[b]) ? 1 : 0)
+                                  : (p.prefetching.count(hashes[b]) ? 0 : 1);
       }
+      int64_t& taken = window_blocks[best->pool.value()];
+      if ((taken + cost) * block > p.kv->available() - headroom[best->pool.value()]) break;
+      taken += cost;
     }
     protect.insert(first, last);
     ++lookahead_window_requests_;

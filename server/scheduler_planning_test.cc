@@ -339,14 +339,19 @@ TEST_F(PlannerTest, TheLookAheadWindowEndsWhereDramDoes) {
       Submit(prompt(i, 48), 1);
       while (!executor_->held.empty()) Answer(7);  // its step, then its release
     }
-    // A long request takes 101 of the 112 free slots and keeps running.
+    // A long request takes 102 of the 112 free slots and keeps running; its prompt's 6
+    // blocks are cached (held by it) once its prefill is back.
     Submit(prompt(9, 100), 4);
+    Answer(7);
     ASSERT_EQ(executor_->held.size(), 1u);
-    // The three conversations' next turns wait behind it. Room: 11 free + 144 idle - 16
-    // (the running sequence's next block) = 139 slots, for two windows of 48 but not three.
+    // A request continuing the running one's prompt waits first: its 6 blocks in DRAM are
+    // the running request's, not the room's, and cost the window nothing. Then the three
+    // conversations' next turns. Room: 10 free + 144 idle - 16 (the running sequence's
+    // next block) = 138 slots, for two turns of 48 but not three.
+    Submit(prompt(9, 112), 1);
     for (int i = 0; i < 3; ++i) Submit(prompt(i, 64), 1);
-    EXPECT_EQ(scheduler_->Stats().num_waiting, 3);
-    EXPECT_EQ(scheduler_->Stats().lookahead_window_requests, fits_dram ? 2 : 3);
+    EXPECT_EQ(scheduler_->Stats().num_waiting, 4);
+    EXPECT_EQ(scheduler_->Stats().lookahead_window_requests, fits_dram ? 3 : 4);
     while (!executor_->held.empty()) Answer(7);
     EXPECT_EQ(scheduler_->Stats().num_waiting, 0);
     scheduler_->Stop();

@@ -14,8 +14,8 @@
 #include <mutex>
 #include <optional>
 #include <random>
-#include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -160,7 +160,6 @@ class TransportTest : public ::testing::TestWithParam<Backend> {
         [this](PeerId id, PeerEvent event, const absl::Status&) { server_events_.Add(id, event); });
     auto address = server_->Listen(ListenAddress());
     ASSERT_TRUE(address.ok()) << address.status();
-    address_ = *address;
     auto peer = client_->Connect(*address);
     ASSERT_TRUE(peer.ok()) << peer.status();
     to_server_ = *peer;
@@ -178,7 +177,6 @@ class TransportTest : public ::testing::TestWithParam<Backend> {
   PeerEvents server_events_;
   std::unique_ptr<Transport> server_, client_;
   PeerId to_server_ = 0, server_peer_ = 0;
-  std::string address_;  // where the server listens
 };
 
 std::vector<uint8_t> Bytes(size_t n, uint32_t seed) {
@@ -296,6 +294,11 @@ TEST_P(TransportTest, SendsToABusyPeerLoseNoWakeUp) {
   };
   server_side.after_burst = [&](PeerId from) { burst(*server_, from, kFrameTag); };
   MakePair(&server_side, &client_side);
+  // The transports go before the handlers and the payload they use, however the test ends.
+  absl::Cleanup close = [&] {
+    client_.reset();
+    server_.reset();
+  };
   for (int round = 1; round <= 3; ++round) {
     burst(*client_, to_server_, kFrameTag + 1);
     for (int i = 0; i < 2000 && client_side.count() < round * kBurst; ++i) {
@@ -306,8 +309,6 @@ TEST_P(TransportTest, SendsToABusyPeerLoseNoWakeUp) {
   }
   EXPECT_EQ(client_->LostWakeups(), 0);
   EXPECT_EQ(server_->LostWakeups(), 0);
-  client_.reset();  // before the handlers they call
-  server_.reset();
 }
 
 TEST_P(TransportTest, SendToUnknownPeerFails) {

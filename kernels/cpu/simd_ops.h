@@ -118,7 +118,7 @@ struct Avx512Ops {
 
 #ifdef __AVX512BF16__
 // AVX-512 with the BF16 dot-product instruction: attention on a bf16 KV cache uses a
-// dedicated tile kernel (attention_impl.h, TileStateBf16Dot).
+// dedicated tile kernel (attention_impl.h, TileHeadsSlotMajorBf16).
 struct Avx512Bf16Ops : Avx512Ops {
   static constexpr bool kBf16Dot = true;
   static V Exp(V x) {
