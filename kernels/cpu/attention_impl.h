@@ -279,12 +279,17 @@ void TileHeadsSlotMajorBf16(const AttentionParams& p, const uint16_t* q_row,
   const __m512i high_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   const int64_t after_offset = static_cast<int64_t>(after.h0) * kDim;
   const int after_bytes = (after.h1 - after.h0) * kDim * 2;
+  auto prefetch_after = [&](int j) {
+    const int64_t at = after.slots[j] * slot_stride + after_offset;
+    PrefetchLinesL2(k_cache + at, after_bytes);
+    PrefetchLinesL2(v_cache + at, after_bytes);
+  };
+  // A partial tile has fewer slots than the next work may have: those beyond it go first.
+  if (after_bytes > 0) {
+    for (int j = n; j < after.n; ++j) prefetch_after(j);
+  }
   for (int j = 0; j < n; ++j) {
-    if (j < after.n && after_bytes > 0) {
-      const int64_t at = after.slots[j] * slot_stride + after_offset;
-      PrefetchLinesL2(k_cache + at, after_bytes);
-      PrefetchLinesL2(v_cache + at, after_bytes);
-    }
+    if (j < after.n && after_bytes > 0) prefetch_after(j);
     const uint16_t* v_run = v_cache + slots[j] * slot_stride + h0 * kDim;
     for (int kvh = 0; kvh < h1 - h0; ++kvh) {
       __m512 even_v[kChunks], odd_v[kChunks];
