@@ -11,7 +11,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <optional>
+#include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -110,21 +113,32 @@ std::string CacheDir() {
   return std::string(home ? home : "/root") + "/.cache/strata";
 }
 
-// A loopback TCP port that was free a moment ago (metrics ports of the nodes; each is
-// bound by its node right after start, and reported in the port file).
+// A loopback TCP port that was free a moment ago (metrics and control ports of the nodes;
+// each is bound by its node right after start, and reported in the port file). Below
+// Linux's ephemeral range (32768 and up by default): a port the kernel handed out for
+// bind(0) can be taken, before the node binds it, by any outgoing connection (the nodes
+// open dozens over UCX and gRPC), which made a node fail to start now and then. Random
+// ports under that range are taken only by another explicit bind; none is handed out twice.
 int FreePort() {
+  static std::mutex mu;
+  static std::set<int> handed_out;
+  std::lock_guard<std::mutex> lock(mu);
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return 0;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<int> below_ephemeral(20000, 32767);
   int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
+  for (int attempt = 0; attempt < 200 && port == 0; ++attempt) {
+    const int candidate = below_ephemeral(rng);
+    if (handed_out.count(candidate)) continue;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(candidate));
+    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) port = candidate;
   }
   close(fd);
+  if (port != 0) handed_out.insert(port);
   return port;
 }
 
