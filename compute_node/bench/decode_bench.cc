@@ -23,10 +23,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "common/base/bfloat16.h"
 #include "common/base/stopwatch.h"
+#include "common/bench/int_list.h"
 #include "common/bench/read_probe.h"
 #include "common/model/model_generator.h"
 #include "compute_node/attention_backend.h"
@@ -50,15 +49,6 @@ class NoAttention : public AttentionBackend {
   absl::Status BeginStep(const StepKvPlan&) override { return absl::OkStatus(); }
   absl::Status Attend(int, BatchBuffers&, int64_t) override { return absl::OkStatus(); }
 };
-
-std::vector<int> ParseList(const std::string& s) {
-  std::vector<int> out;
-  for (absl::string_view piece : absl::StrSplit(s, ',', absl::SkipEmpty())) {
-    int v;
-    if (absl::SimpleAtoi(piece, &v)) out.push_back(v);
-  }
-  return out;
-}
 
 int Run() {
   std::string dir = absl::GetFlag(FLAGS_model);
@@ -96,8 +86,8 @@ int Run() {
   std::printf("%6s %6s %8s %9s %9s %9s %8s %10s %9s %8s %8s\n", "batch", "ctx", "probe", "step_ms",
               "tok/s", "gemm_ms", "vs_gemm", "bound_frac", "attn_ms", "KV_GB/s", "KV_frac");
   const int iters = absl::GetFlag(FLAGS_iters);
-  for (int ctx : ParseList(absl::GetFlag(FLAGS_contexts))) {
-    for (int batch : ParseList(absl::GetFlag(FLAGS_batches))) {
+  for (int ctx : ParseIntList(absl::GetFlag(FLAGS_contexts))) {
+    for (int batch : ParseIntList(absl::GetFlag(FLAGS_batches))) {
       const int64_t slots = static_cast<int64_t>(batch) * (ctx + iters + 8);
       ModelRunner runner(weights->get(), ctx + iters + 8);
       auto local = LocalAttention::Create(c, slots, /*prefault=*/true);

@@ -28,13 +28,12 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/base/stopwatch.h"
 #include "common/base/wait_policy.h"
+#include "common/bench/int_list.h"
 #include "common/bench/read_probe.h"
 #include "common/model/model_generator.h"
 #include "common/process/supervisor.h"
@@ -68,15 +67,6 @@ ABSL_FLAG(std::string, memory_node_bin, "", "memory_node binary (default: next t
 
 namespace strata {
 namespace {
-
-std::vector<int> ParseList(const std::string& s) {
-  std::vector<int> out;
-  for (absl::string_view piece : absl::StrSplit(s, ',', absl::SkipEmpty())) {
-    int v;
-    if (absl::SimpleAtoi(piece, &v)) out.push_back(v);
-  }
-  return out;
-}
 
 class NoAttention : public AttentionBackend {
  public:
@@ -143,7 +133,7 @@ int Breakdown(const ModelWeights& weights, const std::string& memory_bin) {
   const int n_mem = absl::GetFlag(FLAGS_memory_nodes);
   const int ctx = absl::GetFlag(FLAGS_ctx);
   const int iters = absl::GetFlag(FLAGS_iters);
-  const std::vector<int> batches = ParseList(absl::GetFlag(FLAGS_batches));
+  const std::vector<int> batches = ParseIntList(absl::GetFlag(FLAGS_batches));
   const int max_batch = *std::max_element(batches.begin(), batches.end());
   const int64_t slots = static_cast<int64_t>((max_batch + n_mem - 1) / n_mem + 1) * (ctx + 64);
   Supervisor supervisor;
@@ -294,16 +284,16 @@ int Overlap(const ModelWeights& weights, const std::string& memory_bin) {
       "and memory pinned to one core each; median step ms over %d rounds x %d steps\n",
       batch, ctx, absl::GetFlag(FLAGS_rounds), iters);
   std::printf("%10s", "link");
-  for (int mb : ParseList(absl::GetFlag(FLAGS_overlap_minibatches))) {
+  for (int mb : ParseIntList(absl::GetFlag(FLAGS_overlap_minibatches))) {
     std::printf(" %9s", absl::StrCat(mb, "_mb").c_str());
   }
   std::printf(" %12s\n", "best_vs_1mb");
   ModelRunner runner(&weights, ctx + 128);
-  for (int rate : ParseList(absl::GetFlag(FLAGS_rates_mbit))) {
+  for (int rate : ParseIntList(absl::GetFlag(FLAGS_rates_mbit))) {
     if (!(*hosts)->Shape(1, rate).ok() || !(*hosts)->ShapeOwn(rate).ok()) return 1;
     std::printf("%7d Mb", rate);
     double first = 0, best = 1e30;
-    for (int mb : ParseList(absl::GetFlag(FLAGS_overlap_minibatches))) {
+    for (int mb : ParseIntList(absl::GetFlag(FLAGS_overlap_minibatches))) {
       RemoteAttentionOptions options;
       options.transport.ucx_options = {{"TLS", "tcp"}, {"NET_DEVICES", (*hosts)->OwnDevice()}};
       options.transport.auth_key = bench::BenchAuth()->data_plane_key();

@@ -74,6 +74,17 @@ std::optional<CpuIsa> CpuIsaFromName(std::string_view name) {
   return std::nullopt;
 }
 
+std::vector<CpuIsa> CpuIsasFromList(std::string_view names) {
+  std::vector<CpuIsa> out;
+  while (!names.empty()) {
+    const size_t comma = names.find(',');
+    if (const auto isa = CpuIsaFromName(names.substr(0, comma))) out.push_back(*isa);
+    names = comma == std::string_view::npos ? std::string_view() : names.substr(comma + 1);
+  }
+  if (out.empty()) out.push_back(ActiveCpuIsa());
+  return out;
+}
+
 bool ForceCpuIsa(CpuIsa isa) {
   if (!CpuSupports(isa)) return false;
   ActiveStorage().store(static_cast<int>(isa), std::memory_order_relaxed);

@@ -12,6 +12,7 @@
 
 #include <optional>
 #include <string_view>
+#include <vector>
 
 namespace strata::kernels {
 
@@ -21,6 +22,9 @@ CpuIsa ActiveCpuIsa();
 const char* CpuIsaName(CpuIsa isa);
 // The path CpuIsaName calls `name`; nullopt for any other name.
 std::optional<CpuIsa> CpuIsaFromName(std::string_view name);
+// The paths named in a comma-separated list (names CpuIsaFromName does not know are
+// skipped); the active one if the list names none. For benchmarks' --isas.
+std::vector<CpuIsa> CpuIsasFromList(std::string_view names);
 bool CpuSupports(CpuIsa isa);
 // Returns false (and changes nothing) if the CPU lacks `isa`. Not for use while kernels
 // run on other threads.

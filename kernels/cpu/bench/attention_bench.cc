@@ -18,10 +18,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "common/base/stopwatch.h"
+#include "common/bench/int_list.h"
 #include "common/bench/read_probe.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/isa.h"
@@ -45,15 +44,6 @@ ABSL_FLAG(bool, probe, true, "Measure the read probe (the of_probe column needs 
 namespace strata::kernels {
 namespace {
 
-std::vector<int> ParseList(const std::string& s) {
-  std::vector<int> out;
-  for (absl::string_view part : absl::StrSplit(s, ',', absl::SkipEmpty())) {
-    int v = 0;
-    if (absl::SimpleAtoi(part, &v)) out.push_back(v);
-  }
-  return out;
-}
-
 int Run() {
   AttentionParams p;
   p.num_heads = absl::GetFlag(FLAGS_heads);
@@ -74,19 +64,12 @@ int Run() {
                                  " positions, scattered")
                         .c_str()
                   : "contiguous per row");
-  std::vector<CpuIsa> isas;
-  if (absl::GetFlag(FLAGS_isas).empty()) {
-    isas.push_back(ActiveCpuIsa());
-  } else {
-    for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_isas), ',')) {
-      if (const auto isa = CpuIsaFromName({name.data(), name.size()})) isas.push_back(*isa);
-    }
-  }
+  const std::vector<CpuIsa> isas = CpuIsasFromList(absl::GetFlag(FLAGS_isas));
   std::printf("%-11s %6s %6s %9s %9s %8s\n", "isa", "batch", "ctx", "layer_us", "KV_GB/s",
               "of_probe");
   const int64_t row_elems = static_cast<int64_t>(p.num_kv_heads) * p.head_dim;
-  for (int ctx : ParseList(absl::GetFlag(FLAGS_contexts))) {
-    for (int batch : ParseList(absl::GetFlag(FLAGS_batches))) {
+  for (int ctx : ParseIntList(absl::GetFlag(FLAGS_contexts))) {
+    for (int batch : ParseIntList(absl::GetFlag(FLAGS_batches))) {
       const int64_t slots = static_cast<int64_t>(batch) * ctx;
       const double kv_bytes = 2.0 * slots * row_elems * 2;
       const int layers =

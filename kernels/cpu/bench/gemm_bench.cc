@@ -15,9 +15,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "common/base/stopwatch.h"
+#include "common/bench/int_list.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
 
@@ -56,20 +55,15 @@ int Run() {
       weights.push_back(std::move(packed));
     }
   }
-  std::vector<CpuIsa> isas;
-  for (const auto& name : absl::StrSplit(absl::GetFlag(FLAGS_isas), ',', absl::SkipEmpty())) {
-    if (const auto isa = CpuIsaFromName({name.data(), name.size()})) isas.push_back(*isa);
-  }
-  if (isas.empty()) isas.push_back(ActiveCpuIsa());
+  const std::vector<CpuIsa> isas = CpuIsasFromList(absl::GetFlag(FLAGS_isas));
   std::printf("own GEMM: %d layers of %lld/%lld, %.1f MB of weights, %d threads\n",
               absl::GetFlag(FLAGS_layers), static_cast<long long>(hidden),
               static_cast<long long>(ffn), bytes / 1e6, omp_get_max_threads());
   std::printf("%12s %6s %10s %10s %10s\n", "isa", "rows", "ms/pass", "GFLOP/s", "weight_GB/s");
   for (CpuIsa isa : isas) {
     if (!ForceCpuIsa(isa)) continue;
-    for (const auto& part : absl::StrSplit(absl::GetFlag(FLAGS_rows), ',', absl::SkipEmpty())) {
-      int m = 0;
-      if (!absl::SimpleAtoi(part, &m) || m <= 0) continue;
+    for (const int m : ParseIntList(absl::GetFlag(FLAGS_rows))) {
+      if (m <= 0) continue;
       const int64_t widest = std::max(hidden, ffn);
       std::vector<uint16_t> x(m * widest);
       for (auto& v : x) v = static_cast<uint16_t>(0x3f80 + rng() % 0x80);
