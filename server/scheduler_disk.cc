@@ -251,14 +251,17 @@ void Scheduler::Prefetch() {
 void Scheduler::CountAdmissionLoads(const Request& req, PoolIndex pool, int from, int count) {
   const Pool& p = *pools_[pool.value()];
   const Sequence* owner = req.Owner();
+  const int end = std::min(from + count, static_cast<int>(owner->hashes.size()));
   int64_t outside = 0, prefetching = 0, not_prefetched = 0;
-  for (int b = from; b < from + count && b < static_cast<int>(owner->hashes.size()); ++b) {
-    if (req.lookahead_pass != lookahead_pass_) {
-      ++outside;
-    } else if (p.prefetching.count(owner->hashes[b])) {
-      ++prefetching;
-    } else {
-      ++not_prefetched;
+  if (req.lookahead_pass != lookahead_pass_) {
+    outside = std::max(0, end - from);
+  } else {
+    for (int b = from; b < end; ++b) {
+      if (p.prefetching.count(owner->hashes[b])) {
+        ++prefetching;
+      } else {
+        ++not_prefetched;
+      }
     }
   }
   absl::MutexLock lock(&stats_mu_);

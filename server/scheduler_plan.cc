@@ -627,8 +627,8 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
   // the other replicas' next plans (at most a step away). Otherwise the first replica to
   // plan would take a whole burst of arrivals and the others would idle.
   int64_t admit_cap = std::numeric_limits<int64_t>::max();
-  if (config_.pipelining == Pipelining::kFixed && LiveReplicas() > 1) {
-    const int64_t replicas = LiveReplicas();
+  if (const int64_t replicas = LiveReplicas();
+      config_.pipelining == Pipelining::kFixed && replicas > 1) {
     const int64_t share =
         (static_cast<int64_t>(running_.size() + waiting_.size()) + replicas - 1) / replicas;
     int64_t own = 0;

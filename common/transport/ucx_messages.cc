@@ -142,11 +142,11 @@ void UcxTransport::Send(PeerId peer, Tag tag, std::span<const uint8_t> header,
   }
   // Start the send on this thread when the worker is free and nothing is queued before
   // it (which keeps the order), without waiting for the transport thread. That thread may
-  // be asleep on an armed worker (Wait): a send between arming and waking can swallow the
-  // event that a later arrival raises (UCX asks for no communication calls in between),
-  // and the arrival then sat unhandled until Wait's one-second bound (seen as one-second
-  // stalls of a memory node whose attention threads answer from their own threads). So
-  // the transport thread is woken after the send, to progress and arm again.
+  // be asleep on an armed worker (Wait). A send that finds the peer's shared-memory FIFO
+  // full stays pending and needs the worker progressed, which no event announces: it (and
+  // the answer it waits for) sat until Wait's one-second bound, seen as one-second stalls
+  // of compute nodes. So the transport thread is woken after the send, to progress and arm
+  // again.
   {
     std::unique_lock<std::mutex> worker_lock(worker_mu_, std::try_to_lock);
     if (worker_lock.owns_lock() && loop_.NothingPosted()) {

@@ -330,6 +330,16 @@ void TileHeadsSlotMajorBf16(const AttentionParams& p, const uint16_t* q_row,
 }
 #endif  // __AVX512BF16__
 
+// Whether a tile runs TileHeadsSlotMajorBf16 (which reads the bf16 query as it is; the
+// other kernels read the f32 copy in ItemScratch::q).
+template <class Ops, KvDType kKv, int kDim>
+inline constexpr bool kSlotMajorBf16 =
+#ifdef __AVX512BF16__
+    simd::HasBf16Dot<Ops>::value&& kKv == KvDType::kBF16&& kDim > 0 && kDim % 32 == 0;
+#else
+    false;
+#endif
+
 // KV heads [h0, h1) of tile `tile` of `row`, as the NextKeys of the work before it (k_base:
 // head h0).
 inline NextKeys TileKeys(const AttentionParams& p, const AttentionRow& row, int tile, int h0,
@@ -359,8 +369,7 @@ void TileHeads(const AttentionParams& p, const uint16_t* q_row, const float* q_r
                const AttentionRow& row, int tile, int h0, int h1, const NextKeys& after,
                const uint16_t* k_cache, const uint16_t* v_cache, ItemScratch& s, Sink&& sink) {
 #ifdef __AVX512BF16__
-  if constexpr (simd::HasBf16Dot<Ops>::value && kKv == KvDType::kBF16 && kDim > 0 &&
-                kDim % 32 == 0) {
+  if constexpr (kSlotMajorBf16<Ops, kKv, kDim>) {
     (void)q_row_f32;
     TileHeadsSlotMajorBf16<Ops, kDim>(p, q_row, row, tile, h0, h1, after, k_cache, v_cache, s,
                                       std::forward<Sink>(sink));
@@ -425,6 +434,7 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
     return state + (static_cast<size_t>(r) * p.num_heads + kvh * group) * (d + 2);
   };
   auto load_q = [&](int r, ItemScratch& s) {
+    if constexpr (kSlotMajorBf16<Ops, kKv, kDim>) return;  // reads q as bf16
     const uint16_t* q_row = q + r * row_q;
     for (size_t i = 0; i < row_q; ++i) s.q[i] = Bf16ToFloat(q_row[i]);
   };
