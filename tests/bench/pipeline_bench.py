@@ -81,6 +81,17 @@ def stream(port, model, prompt, tokens, times, errors):
         errors.append(str(e))
 
 
+def stream_all(port, model, prompts, tokens, times, errors):
+    """Streams every prompt at once, each on a thread of its own (times[i] for prompts[i]),
+    and returns when all have ended."""
+    threads = [threading.Thread(target=stream, args=(port, model, p, tokens, t, errors))
+               for p, t in zip(prompts, times)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def run_point(port, model, rows, context, tokens, seed, metrics_ports, shared_prefix=True):
     """With `shared_prefix`, the rows' prompts differ only in their last 8 tokens, and the
     common part is cached first: the prefill is short, but every row attends to the same
@@ -97,23 +108,13 @@ def run_point(port, model, rows, context, tokens, seed, metrics_ports, shared_pr
         prompts = [[rng.randrange(3, 30000) for _ in range(context)] for _ in range(rows)]
         # Cache each prompt first (one token each, all at once), so that the streams below
         # start decoding together instead of waiting on each other's prefill.
-        warm = [threading.Thread(target=stream, args=(port, model, p, 1, [], []))
-                for p in prompts]
-        for t in warm:
-            t.start()
-        for t in warm:
-            t.join()
+        stream_all(port, model, prompts, 1, [[] for _ in prompts], [])
     before = {role: metric_values(p, COMPUTE_IDLE if role == "compute" else MEMORY_BUSY)
               for role, p in metrics_ports.items()}
     start = time.monotonic()
     times = [[] for _ in range(rows)]
     errors = []
-    threads = [threading.Thread(target=stream, args=(port, model, prompts[i], tokens, times[i],
-                                                     errors)) for i in range(rows)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    stream_all(port, model, prompts, tokens, times, errors)
     wall = time.monotonic() - start
     if errors or any(len(t) < tokens // 2 for t in times):
         raise RuntimeError(f"rows={rows} ctx={context}: {errors[:3]}")
