@@ -40,17 +40,17 @@ GrpcExecutor::~GrpcExecutor() {
   watchdog_.join();
   if (stream_) stream_->Finish();  // cancelled above: returns at once
   // Plans never written complete with an error: none is lost.
-  std::deque<std::pair<StepPlan, StepResultSink>> left;
+  std::deque<std::pair<std::shared_ptr<const StepPlan>, StepResultSink>> left;
   left.swap(queue_);
   for (auto& [plan, sink] : left) {
     StepResult r;
-    r.step_id = plan.step_id;
+    r.step_id = plan->step_id;
     r.status = absl::CancelledError("the executor is shutting down");
     sink(std::move(r));
   }
 }
 
-void GrpcExecutor::Submit(StepPlan plan, StepResultSink sink) {
+void GrpcExecutor::Submit(std::shared_ptr<const StepPlan> plan, StepResultSink sink) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.emplace_back(std::move(plan), std::move(sink));
@@ -86,13 +86,13 @@ void GrpcExecutor::WriteLoop() {
     auto [plan, sink] = std::move(queue_.front());
     queue_.pop_front();
     if (sent_.empty()) step_deadline_at_ = absl::Now() + step_deadline_;
-    sent_.push_back({plan.step_id, std::move(sink)});
+    sent_.push_back({plan->step_id, std::move(sink)});
     writing_ = true;
     auto* stream = stream_.get();
     reader_cv_.notify_all();  // the reader has a result to wait for
     lock.unlock();
     control::StepPlan wire;
-    ToProto(plan, &wire);
+    ToProto(*plan, &wire);
     const bool ok = stream->Write(wire);
     lock.lock();
     writing_ = false;

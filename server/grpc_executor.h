@@ -38,7 +38,7 @@ class GrpcExecutor : public StepExecutor {
   ~GrpcExecutor() override;
 
   std::string name() const override { return name_; }
-  void Submit(StepPlan plan, StepResultSink sink) override;
+  void Submit(std::shared_ptr<const StepPlan> plan, StepResultSink sink) override;
   bool Reachable() override;
 
   std::shared_ptr<grpc::Channel> channel() const { return channel_; }
@@ -62,7 +62,7 @@ class GrpcExecutor : public StepExecutor {
   // queued, the stream mended, stop), the reader (a plan written, a write over, stop) and
   // the watchdog (stop; otherwise it looks every 100 ms).
   std::condition_variable writer_cv_, reader_cv_, watchdog_cv_;
-  std::deque<std::pair<StepPlan, StepResultSink>> queue_;  // not written yet
+  std::deque<std::pair<std::shared_ptr<const StepPlan>, StepResultSink>> queue_;  // not written
   struct Sent {
     uint64_t step_id;
     StepResultSink sink;

@@ -82,7 +82,7 @@ bool RotationGroup::Reachable() {
   return reachable >= 2 || usable >= 2;
 }
 
-void RotationGroup::Submit(StepPlan plan, StepResultSink sink) {
+void RotationGroup::Submit(std::shared_ptr<const StepPlan> plan, StepResultSink sink) {
   auto p = std::make_shared<Pending>();
   std::vector<Replica> members;
   // Replicas a step found unreachable rejoin once they can be reached (outside mu_: the
@@ -120,7 +120,7 @@ void RotationGroup::Submit(StepPlan plan, StepResultSink sink) {
     }
     pending_.push_back(p);
     if (members.size() < 2 || p->slot < 0) {
-      p->combined.step_id = p->plan.step_id;
+      p->combined.step_id = p->plan->step_id;
       p->combined.node_unreachable = members.size() < 2;
       p->combined.status =
           members.size() < 2
@@ -143,10 +143,11 @@ void RotationGroup::Submit(StepPlan plan, StepResultSink sink) {
   std::vector<std::string> addresses;
   for (const Replica& r : members) addresses.push_back(r.address);
   for (size_t i = 0; i < members.size(); ++i) {
-    StepPlan copy = p->plan;
-    copy.rotation.batch = p->slot;
-    copy.rotation.replica = static_cast<int32_t>(i);
-    copy.rotation.replicas = addresses;
+    // Each replica's plan differs in its rotation role.
+    auto copy = std::make_shared<StepPlan>(*p->plan);
+    copy->rotation.batch = p->slot;
+    copy->rotation.replica = static_cast<int32_t>(i);
+    copy->rotation.replicas = addresses;
     const std::string name = members[i].name;
     const StepExecutor* executor = members[i].executor.get();
     members[i].executor->Submit(std::move(copy), [this, p, i, name, executor](StepResult result) {
@@ -171,7 +172,7 @@ void RotationGroup::Submit(StepPlan plan, StepResultSink sink) {
 
 void RotationGroup::CombineLocked(Pending& p) {
   StepResult out = std::move(*p.results[p.sampler]);
-  out.step_id = p.plan.step_id;
+  out.step_id = p.plan->step_id;
   std::unordered_set<SequenceId> failed;
   for (const auto& [id, why] : out.failed) failed.insert(id);
   for (size_t i = 0; i < p.results.size(); ++i) {
@@ -229,7 +230,7 @@ class Forward : public StepExecutor {
  public:
   explicit Forward(std::shared_ptr<StepExecutor> to) : to_(std::move(to)) {}
   std::string name() const override { return to_->name(); }
-  void Submit(StepPlan plan, StepResultSink sink) override {
+  void Submit(std::shared_ptr<const StepPlan> plan, StepResultSink sink) override {
     to_->Submit(std::move(plan), std::move(sink));
   }
   bool Reachable() override { return to_->Reachable(); }

@@ -41,7 +41,7 @@ class RotationGroup : public StepExecutor {
   ~RotationGroup() override;
 
   std::string name() const override { return "rotation"; }
-  void Submit(StepPlan plan, StepResultSink sink) override;
+  void Submit(std::shared_ptr<const StepPlan> plan, StepResultSink sink) override;
   bool Reachable() override;
 
   // A replica (re)joins under `name` with its context-exchange address; one of the same
@@ -72,7 +72,7 @@ class RotationGroup : public StepExecutor {
     bool active = true;
   };
   struct Pending {
-    StepPlan plan;  // without the rotation
+    std::shared_ptr<const StepPlan> plan;  // without the rotation
     StepResultSink sink;
     int slot = -1;
     size_t sampler = 0;  // index of the replica that samples

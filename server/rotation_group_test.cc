@@ -34,9 +34,9 @@ class ScriptedReplica : public StepExecutor {
     }
   }
   std::string name() const override { return name_; }
-  void Submit(StepPlan plan, StepResultSink sink) override {
+  void Submit(std::shared_ptr<const StepPlan> plan, StepResultSink sink) override {
     std::lock_guard<std::mutex> lock(mu_);
-    held_.emplace_back(std::move(plan), std::move(sink));
+    held_.emplace_back(*plan, std::move(sink));
   }
   bool Reachable() override { return reachable; }
 
@@ -69,14 +69,14 @@ class ScriptedReplica : public StepExecutor {
   std::vector<std::pair<StepPlan, StepResultSink>> held_;
 };
 
-StepPlan Plan(uint64_t id) {
+std::shared_ptr<const StepPlan> Plan(uint64_t id) {
   StepPlan p;
   p.step_id = id;
   SequenceChunk c;
   c.request_id = SequenceId(id);
   c.tokens = {5};
   p.chunks.push_back(c);
-  return p;
+  return std::make_shared<const StepPlan>(std::move(p));
 }
 
 StepResult Tokens(std::vector<uint64_t> ids) {

@@ -311,9 +311,9 @@ class Scheduler {
   // Memory-node sizing advice from the step clock (logged when it changes).
   void UpdateAdvice();
   // Sends a plan (already recorded in the executor's in_flight) and applies its result.
-  void SubmitPlan(int executor, StepPlan plan);
+  void SubmitPlan(int executor, std::shared_ptr<const StepPlan> plan);
   bool BuildPlan(int executor, StepPlan* plan);
-  void OnStepResult(int executor, StepPlan plan, StepResult result, absl::Time started);
+  void OnStepResult(int executor, const StepPlan& plan, StepResult result, absl::Time started);
   bool Place(Request* req, int executor);
   // Preempts now, or once the plans in flight holding the request are back (Land).
   void Preempt(Request* req);
@@ -393,7 +393,7 @@ class Scheduler {
   uint64_t next_load_ticket_ = 0;  // 0: not drawn yet (StartLoads draws a random start)
   struct ParkedResult {
     int executor = 0;
-    StepPlan plan;
+    std::shared_ptr<const StepPlan> plan;
     StepResult result;
     absl::Time started;
     absl::Time arrived;  // the step's time is arrived - started, not the time parked

@@ -349,12 +349,11 @@ bool Scheduler::AwaitsLoads(const StepPlan& plan) const {
 void Scheduler::ReplayParked() {
   // In arrival order; one that still awaits loads holds back those after it, as results
   // of one compute node are applied in order.
-  while (!parked_.empty() && !AwaitsLoads(parked_.front().plan)) {
+  while (!parked_.empty() && !AwaitsLoads(*parked_.front().plan)) {
     ParkedResult r = std::move(parked_.front());
     parked_.pop_front();
     // Timed as if applied when it arrived: the wait for the loads is not the step's.
-    OnStepResult(r.executor, std::move(r.plan), std::move(r.result),
-                 r.started + (absl::Now() - r.arrived));
+    OnStepResult(r.executor, *r.plan, std::move(r.result), r.started + (absl::Now() - r.arrived));
   }
 }
 

@@ -159,7 +159,7 @@ struct Scheduler::Executor {
   bool alive = true;                    // the control plane's view (heartbeats)
   bool reachable = true;  // false from a step that could not reach it until Reachable()
   struct InFlight {
-    StepPlan plan;
+    std::shared_ptr<const StepPlan> plan;  // the one the executor was given
     absl::Time started;
   };
   std::deque<InFlight> in_flight;  // oldest first: results come back in submission order

@@ -26,9 +26,9 @@ void Scheduler::ScheduleIdleExecutors() {
            static_cast<int>(ex.in_flight.size()) < config_.max_plans_in_flight) {
       if (!StaggerAllowsStart()) return;
       if (!ex.in_flight.empty() && !AheadPlanDue(static_cast<int>(e))) break;
-      StepPlan plan;
+      auto plan = std::make_shared<StepPlan>();
       const Stopwatch planning;
-      const bool built = BuildPlan(static_cast<int>(e), &plan);
+      const bool built = BuildPlan(static_cast<int>(e), plan.get());
       {
         absl::MutexLock lock(&stats_mu_);
         counters_.plan_seconds_total += planning.ElapsedSeconds();
@@ -47,7 +47,7 @@ bool Scheduler::AheadPlanDue(int index) {
   Executor& ex = *executors_[index];
   if (!config_.async_scheduling || config_.plan_ahead_lead >= 1) return true;
   const double step =
-      (DecodeOnly(ex.in_flight.front().plan) ? ex.decode_step_seconds : ex.mixed_step_seconds)
+      (DecodeOnly(*ex.in_flight.front().plan) ? ex.decode_step_seconds : ex.mixed_step_seconds)
           .value();
   if (step <= 0) return true;
   // The plan ahead is built shortly before the running step is expected to end, not when
@@ -107,7 +107,7 @@ void Scheduler::UpdateAdvice() {
             << clock_.attention_seconds() * 1e3 << " ms, " << batches << " batch(es) in flight)";
 }
 
-void Scheduler::SubmitPlan(int index, StepPlan plan) {
+void Scheduler::SubmitPlan(int index, std::shared_ptr<const StepPlan> plan) {
   executors_[index]->impl->Submit(std::move(plan), [this, index](StepResult result) {
     Post([this, index, result = std::move(result)]() mutable {
       Executor& x = *executors_[index];
@@ -119,21 +119,21 @@ void Scheduler::SubmitPlan(int index, StepPlan plan) {
       // this step feeds the estimate of when that one ends.
       if (!x.in_flight.empty()) x.running_since = absl::Now();
       if (result.status.ok() && result.timing.total_us > 0) {
-        (DecodeOnly(done.plan) ? x.decode_step_seconds : x.mixed_step_seconds)
+        (DecodeOnly(*done.plan) ? x.decode_step_seconds : x.mixed_step_seconds)
             .Observe(1e-6 * static_cast<double>(result.timing.total_us));
       }
-      if (done.plan.step_id != result.step_id && result.status.ok()) {
+      if (done.plan->step_id != result.step_id && result.status.ok()) {
         result.status = absl::InternalError(
-            absl::StrCat("step ", done.plan.step_id, " came back as step ", result.step_id));
+            absl::StrCat("step ", done.plan->step_id, " came back as step ", result.step_id));
       }
       // A chunk computed over loads still out waits for their outcome (it may be void).
-      if (!parked_.empty() || AwaitsLoads(done.plan)) {
+      if (!parked_.empty() || AwaitsLoads(*done.plan)) {
         parked_.push_back(
             {index, std::move(done.plan), std::move(result), done.started, absl::Now()});
         return;
       }
       const Stopwatch applying;
-      OnStepResult(index, std::move(done.plan), std::move(result), done.started);
+      OnStepResult(index, *done.plan, std::move(result), done.started);
       absl::MutexLock lock(&stats_mu_);
       counters_.apply_seconds_total += applying.ElapsedSeconds();
     });
@@ -462,7 +462,7 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
   double total_rows = 0, total_kv = 0, plan_rows = 0, plan_kv = 0;
   if (balance) {
     for (const Executor::InFlight& f : ex.in_flight) {
-      for (const SequenceChunk& c : f.plan.chunks) {
+      for (const SequenceChunk& c : f.plan->chunks) {
         const double n = static_cast<double>(c.tokens.size());
         total_rows += n;
         total_kv += n * c.start_position + n * (n + 1) / 2;  // positions 0..p for each row p

@@ -21,10 +21,10 @@ namespace {
 class HeldExecutor final : public StepExecutor {
  public:
   std::string name() const override { return "held"; }
-  void Submit(StepPlan plan, StepResultSink sink) override {
+  void Submit(std::shared_ptr<const StepPlan> plan, StepResultSink sink) override {
     held.emplace_back(std::move(plan), std::move(sink));
   }
-  std::deque<std::pair<StepPlan, StepResultSink>> held;
+  std::deque<std::pair<std::shared_ptr<const StepPlan>, StepResultSink>> held;
 };
 
 class PlannerTest : public ::testing::Test {
@@ -86,10 +86,10 @@ class PlannerTest : public ::testing::Test {
     auto [plan, sink] = std::move(executor_->held.front());
     executor_->held.pop_front();
     StepResult result;
-    result.step_id = plan.step_id;
+    result.step_id = plan->step_id;
     result.status = status;
     if (status.ok()) {
-      for (const SequenceChunk& c : plan.chunks) {
+      for (const SequenceChunk& c : plan->chunks) {
         for (const SampleTarget& t : c.samples) result.tokens.push_back({t.request_id, token});
       }
     }
@@ -97,7 +97,7 @@ class PlannerTest : public ::testing::Test {
     scheduler_->RunPending();
   }
 
-  const StepPlan& Held(size_t i) { return executor_->held.at(i).first; }
+  const StepPlan& Held(size_t i) { return *executor_->held.at(i).first; }
   // The sequences a held plan decodes or prefills.
   std::set<SequenceId> Sequences(size_t i) {
     std::set<SequenceId> ids;
@@ -142,6 +142,27 @@ TEST_F(PlannerTest, SynchronousPlansOneStepAtATimeWithLiteralTokens) {
 // The next row goes out before the token it decodes is known; the ledger holds the slots of
 // both plans; a stop is seen one step late and the token drawn past it is discarded, its
 // slot held until the plan that wrote it is back, then released in the next plan.
+// The scheduler keeps the plan it sent, to apply the result against: the very object the
+// executor got, not a copy of it.
+TEST_F(PlannerTest, AResultIsAppliedAgainstThePlanTheExecutorGot) {
+  Start(/*async=*/true);
+  std::vector<const StepPlan*> applied;
+  SchedulerObserver observer;
+  observer.on_step = [&](const StepPlan& plan, const StepResult&, absl::Duration) {
+    applied.push_back(&plan);
+  };
+  scheduler_->SetObserver(observer);
+  Submit({1, 2, 3, 4, 5}, 3);
+  std::vector<const StepPlan*> sent;
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_FALSE(executor_->held.empty());
+    sent.push_back(executor_->held.front().first.get());
+    Answer(7);
+  }
+  ASSERT_EQ(applied.size(), 3u);
+  EXPECT_EQ(applied, sent);
+}
+
 TEST_F(PlannerTest, AsynchronousPlansAheadAndDiscardsTheTokenPastAStop) {
   Start(/*async=*/true);
   Submit({1, 2, 3, 4, 5}, 8, /*stop_ids=*/{99});
@@ -311,8 +332,8 @@ TEST_F(PlannerTest, FixedPipeliningSharesABurstOfRequestsBetweenReplicas) {
   // Each replica owns one batch: the burst is split, not all taken by the first to plan.
   ASSERT_EQ(replicas_[0]->held.size(), 1u);
   ASSERT_EQ(replicas_[1]->held.size(), 1u);
-  EXPECT_EQ(replicas_[0]->held.front().first.chunks.size(), 3u);
-  EXPECT_EQ(replicas_[1]->held.front().first.chunks.size(), 2u);
+  EXPECT_EQ(replicas_[0]->held.front().first->chunks.size(), 3u);
+  EXPECT_EQ(replicas_[1]->held.front().first->chunks.size(), 2u);
 }
 
 // Scheduler-aware eviction: the look-ahead window holds the next waiting requests whose

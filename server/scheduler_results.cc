@@ -19,7 +19,8 @@ constexpr int kMaxStepFailures = 2;
 
 }  // namespace
 
-void Scheduler::OnStepResult(int executor, StepPlan plan, StepResult result, absl::Time started) {
+void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult result,
+                             absl::Time started) {
   // Requests that fail or finish below are erased only on the way out: by_id and involved
   // point into them.
   defer_removals_ = true;

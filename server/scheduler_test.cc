@@ -31,7 +31,7 @@ class CountingExecutor final : public StepExecutor {
  public:
   explicit CountingExecutor(std::unique_ptr<StepExecutor> inner) : inner_(std::move(inner)) {}
   std::string name() const override { return inner_->name(); }
-  void Submit(StepPlan plan, StepResultSink sink) override {
+  void Submit(std::shared_ptr<const StepPlan> plan, StepResultSink sink) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (outstanding_ > 0) ahead_after_.push_back(absl::Now() - running_since_);

@@ -4,6 +4,7 @@
 #define STRATA_SERVER_STEP_EXECUTOR_H_
 
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "common/protocol/step.h"
@@ -20,8 +21,9 @@ class StepExecutor {
   // Starts the plan, or queues it behind the ones already submitted (the scheduler holds at
   // most SchedulerConfig::max_plans_in_flight at once). Exactly one result comes back per
   // plan, in submission order, with `status` set if the node failed; a plan is never lost
-  // silently.
-  virtual void Submit(StepPlan plan, StepResultSink sink) = 0;
+  // silently. The plan is shared with the scheduler's in-flight record, which reads it when
+  // the result comes back: neither side copies it, and neither may change it.
+  virtual void Submit(std::shared_ptr<const StepPlan> plan, StepResultSink sink) = 0;
   // Whether the node can be reached now (a remote node: its connection is up, reconnecting
   // if need be). The scheduler stops counting a node whose steps failed as unreachable
   // until this turns true again. Thread-safe.

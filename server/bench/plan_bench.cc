@@ -34,10 +34,10 @@ constexpr int32_t kToken = 7;  // what every sample draws (no EOS configured)
 class EchoExecutor final : public StepExecutor {
  public:
   std::string name() const override { return "echo"; }
-  void Submit(StepPlan plan, StepResultSink sink) override {
+  void Submit(std::shared_ptr<const StepPlan> plan, StepResultSink sink) override {
     StepResult result;
-    result.step_id = plan.step_id;
-    for (const SequenceChunk& chunk : plan.chunks) {
+    result.step_id = plan->step_id;
+    for (const SequenceChunk& chunk : plan->chunks) {
       for (const SampleTarget& s : chunk.samples) result.tokens.push_back({s.request_id, kToken});
     }
     sink(std::move(result));

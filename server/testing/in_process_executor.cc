@@ -18,8 +18,8 @@ InProcessExecutor::~InProcessExecutor() {
   thread_.join();
 }
 
-void InProcessExecutor::Submit(StepPlan plan, StepResultSink sink) {
-  queue_.Push({std::move(plan), std::nullopt, std::move(sink)});
+void InProcessExecutor::Submit(std::shared_ptr<const StepPlan> plan, StepResultSink sink) {
+  queue_.Push({*plan, std::nullopt, std::move(sink)});  // the node's own copy, as over gRPC
 }
 
 }  // namespace strata

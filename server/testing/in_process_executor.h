@@ -25,7 +25,7 @@ class InProcessExecutor : public StepExecutor {
   ~InProcessExecutor() override;
 
   std::string name() const override { return name_; }
-  void Submit(StepPlan plan, StepResultSink sink) override;
+  void Submit(std::shared_ptr<const StepPlan> plan, StepResultSink sink) override;
 
  private:
   std::string name_;
