@@ -75,13 +75,13 @@ inline float ExpScalar(float x) {
 }
 
 // Computes the softmax state of tile `tile` for the `group` query heads that share one KV
-// head. kv_* point at that KV head inside slot 0; slot s is at + s * slot_stride.
-template <class Ops, KvDType kKv, int kDim>
-void TileState(int head_dim_runtime, int group, float scale, const AttentionRow& row, int tile,
-               const float* q_f32, const uint16_t* k_base, const uint16_t* v_base,
-               int64_t slot_stride, const NextKeys& next, ItemScratch& s) {
+// head, for a head size known only at run time (TileHeadsSlotMajor serves the others).
+// kv_* point at that KV head inside slot 0; slot s is at + s * slot_stride.
+template <class Ops, KvDType kKv>
+void TileState(int d, int group, float scale, const AttentionRow& row, int tile, const float* q_f32,
+               const uint16_t* k_base, const uint16_t* v_base, int64_t slot_stride,
+               const NextKeys& next, ItemScratch& s) {
   constexpr int L = Ops::kLanes;
-  const int d = kDim > 0 ? kDim : head_dim_runtime;
   const int chunks = d / L;
   const int pos0 = tile * kTile;
   const int n = std::min(kTile, row.kv_end - pos0);
@@ -116,28 +116,14 @@ void TileState(int head_dim_runtime, int group, float scale, const AttentionRow&
 
     float* acc = s.acc.data() + static_cast<size_t>(g) * d;
     const bool last = g + 1 == group;
-    if constexpr (kDim > 0) {
-      typename Ops::V a[kDim / L];
-      for (int c = 0; c < kDim / L; ++c) a[c] = Ops::Zero();
-      for (int j = 0; j < n; ++j) {
-        const uint16_t* v = v_base + slots[j] * slot_stride;
-        if (last && j < next.n) PrefetchLines(next.k_base + next.slots[j] * slot_stride, d * 2);
-        const typename Ops::V p = Ops::Set1(scores[j]);
-        for (int c = 0; c < kDim / L; ++c) {
-          a[c] = Ops::Fma(p, Ops::template LoadKv<kKv>(v + c * L), a[c]);
-        }
-      }
-      for (int c = 0; c < kDim / L; ++c) Ops::Store(acc + c * L, a[c]);
-    } else {
-      for (int c = 0; c < chunks; ++c) Ops::Store(acc + c * L, Ops::Zero());
-      for (int j = 0; j < n; ++j) {
-        const uint16_t* v = v_base + slots[j] * slot_stride;
-        if (last && j < next.n) PrefetchLines(next.k_base + next.slots[j] * slot_stride, d * 2);
-        const typename Ops::V p = Ops::Set1(scores[j]);
-        for (int c = 0; c < chunks; ++c) {
-          Ops::Store(acc + c * L,
-                     Ops::Fma(p, Ops::template LoadKv<kKv>(v + c * L), Ops::Load(acc + c * L)));
-        }
+    for (int c = 0; c < chunks; ++c) Ops::Store(acc + c * L, Ops::Zero());
+    for (int j = 0; j < n; ++j) {
+      const uint16_t* v = v_base + slots[j] * slot_stride;
+      if (last && j < next.n) PrefetchLines(next.k_base + next.slots[j] * slot_stride, d * 2);
+      const typename Ops::V p = Ops::Set1(scores[j]);
+      for (int c = 0; c < chunks; ++c) {
+        Ops::Store(acc + c * L,
+                   Ops::Fma(p, Ops::template LoadKv<kKv>(v + c * L), Ops::Load(acc + c * L)));
       }
     }
   }
@@ -162,47 +148,42 @@ inline void MergeInto(int d, float* state, float tile_m, float tile_l, const flo
   m = new_m;
 }
 
-#ifdef __AVX512BF16__
-// Sum of each of 16 vectors, as the 16 lanes of one vector (lane k = sum of v[k]), by a
-// fixed butterfly of in-lane unpacks and cross-lane shuffles.
-inline __m512 TransposeReduce16(const __m512* v) {
-  __m512 s[8];
-  for (int i = 0; i < 8; ++i) {
-    s[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+// q.k of one key for G query heads (their queries kDim floats apart) at once, the dots in
+// registers: out[g * kTile] = scale * (q_g . k). Each dot is TileState's: fused products
+// over ascending chunks, then one reduction.
+template <class Ops, KvDType kKv, int kDim, int G>
+inline void KeyDots(const float* q, const uint16_t* k, float scale, float* out) {
+  constexpr int L = Ops::kLanes;
+  typename Ops::V dot[G];
+  for (int g = 0; g < G; ++g) dot[g] = Ops::Zero();
+  for (int c = 0; c < kDim / L; ++c) {
+    const typename Ops::V kv = Ops::template LoadKv<kKv>(k + c * L);
+    for (int g = 0; g < G; ++g) dot[g] = Ops::Fma(Ops::Load(q + g * kDim + c * L), kv, dot[g]);
   }
-  __m512 t[4];
-  for (int i = 0; i < 4; ++i) {
-    const __m512d a = _mm512_castps_pd(s[2 * i]), b = _mm512_castps_pd(s[2 * i + 1]);
-    t[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-                         _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
-  __m512 z[2];
-  for (int i = 0; i < 2; ++i) {
-    z[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0xDD));
-  }
-  return _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], 0x88),
-                       _mm512_shuffle_f32x4(z[0], z[1], 0xDD));
+  for (int g = 0; g < G; ++g) out[g * kTile] = Ops::ReduceAdd(dot[g]) * scale;
 }
 
-// The tile kernel for a bf16 KV cache on AVX512-BF16: tile `tile` of one row for KV heads
-// [h0, h1) at once, slot by slot. Each slot's K (then V) of those heads is one contiguous
-// run, which DRAM and the hardware prefetchers serve far better than the per-head pieces,
-// strided by the slot, that a walk head by head reads (measured: 1.4-1.7x the KV read rate
-// at context 2048, docs/benchmarks.md). Per head the arithmetic is fixed: q.k with
-// vdpbf16ps over bf16 pairs, 16 keys at a time (independent accumulators, one transpose-
-// reduce per 16 keys); the softmax over the tile; and p.v in f32 over ascending keys. So a
-// head's state does not depend on which heads share its work (split-K units). Hands each
-// head's state (in s.acc/s.m/s.l) to sink(kvh). While V is summed, the keys `after` names
-// (the next work) are requested into L2, whole slots at a time.
-template <class Ops, int kDim, class Sink>
-void TileHeadsSlotMajorBf16(const AttentionParams& p, const uint16_t* q_row,
-                            const AttentionRow& row, int tile, int h0, int h1,
-                            const NextKeys& after, const uint16_t* k_cache, const uint16_t* v_cache,
-                            ItemScratch& s, Sink&& sink) {
-  static_assert(kDim % 32 == 0);
-  constexpr int kChunks = kDim / 32;
+// The tile kernel when the head size is known at compile time (64, 128): tile `tile` of
+// one row for KV heads [h0, h1), the keys read slot by slot. A slot holds every KV head of
+// one position, so each slot's K of those heads is one contiguous run, which DRAM and the
+// hardware prefetchers serve far better than the per-head pieces, strided by the slot,
+// that a walk head by head reads (docs/benchmarks.md, "Attention slot by slot"). Each
+// slot's V run is requested into L2 meanwhile, and p.v then walks the tile head by head
+// over those lines, its sums in registers. Each head's arithmetic is the head-by-head
+// walk's (TileState), term for term: the same fused products in the same order and the
+// same reductions, so the results are bit-identical to it (checked on the demo model's
+// logits); only the order of the memory reads differs. Hands each head's state (in
+// s.acc/s.m/s.l) to sink(kvh). While V is summed, the keys `after` names are requested
+// into L2, whole slots at a time, one share of the slots per KV head.
+template <class Ops, KvDType kKv, int kDim, class Sink>
+void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const AttentionRow& row,
+                        int tile, int h0, int h1, const NextKeys& after, const uint16_t* k_cache,
+                        const uint16_t* v_cache, ItemScratch& s, Sink&& sink) {
+  static_assert(kDim > 0);
+  constexpr int L = Ops::kLanes;
+  constexpr int kChunks = kDim / L;
+  constexpr int kHeadsAtOnce = 4;  // query heads of one KV head whose dots stay in registers
+  using V = typename Ops::V;
   const int group = p.num_heads / p.num_kv_heads;
   const int64_t slot_stride = static_cast<int64_t>(p.num_kv_heads) * kDim;
   const int heads = (h1 - h0) * group;  // query heads of this work
@@ -210,135 +191,88 @@ void TileHeadsSlotMajorBf16(const AttentionParams& p, const uint16_t* q_row,
   const int n = std::min(kTile, row.kv_end - pos0);
   const int32_t* slots = row.slots + pos0;
   const int run_bytes = (h1 - h0) * kDim * 2;
-  thread_local std::vector<__m512> dots, acc;  // [heads][16] key dots; [heads][2 * kChunks]
-  thread_local std::vector<float> scores, m, l;
-  dots.resize(static_cast<size_t>(heads) * 16);
-  acc.assign(static_cast<size_t>(heads) * 2 * kChunks, _mm512_setzero_ps());
+  thread_local std::vector<float> scores, m, l;  // [heads][kTile]; [heads]
   scores.resize(static_cast<size_t>(heads) * kTile);
   m.resize(heads);
   l.resize(heads);
-  const uint16_t* q = q_row + static_cast<size_t>(h0) * group * kDim;
-  const __m512 scale = _mm512_set1_ps(p.scale);
+  const float* q = q_row_f32 + static_cast<size_t>(h0) * group * kDim;
 
-  // q.k, 16 keys at a time: every head's 16 dot vectors, then their transposes.
-  for (int block = 0; block < kTile; block += 16) {
-    for (int kk = 0; kk < 16; ++kk) {
-      const int j = block + kk;
-      if (j >= n) {
-        for (int h = 0; h < heads; ++h) dots[h * 16 + kk] = _mm512_setzero_ps();
-        continue;
-      }
-      const uint16_t* k_run = k_cache + slots[j] * slot_stride + h0 * kDim;
-      PrefetchLines(v_cache + slots[j] * slot_stride + h0 * kDim, run_bytes);
-      for (int kvh = 0; kvh < h1 - h0; ++kvh) {
-        __m512bh kv[kChunks];
-        for (int c = 0; c < kChunks; ++c) {
-          kv[c] = (__m512bh)_mm512_loadu_si512(
-              reinterpret_cast<const void*>(k_run + kvh * kDim + 32 * c));
-        }
-        for (int g = 0; g < group; ++g) {
-          const int h = kvh * group + g;
-          __m512 a = _mm512_setzero_ps();
-          for (int c = 0; c < kChunks; ++c) {
-            a = _mm512_dpbf16_ps(
-                a,
-                (__m512bh)_mm512_loadu_si512(reinterpret_cast<const void*>(q + h * kDim + 32 * c)),
-                kv[c]);
-          }
-          dots[h * 16 + kk] = a;
+  // q.k, slot by slot.
+  for (int j = 0; j < n; ++j) {
+    const uint16_t* k_run = k_cache + slots[j] * slot_stride + h0 * kDim;
+    PrefetchLinesL2(v_cache + slots[j] * slot_stride + h0 * kDim, run_bytes);
+    for (int kvh = 0; kvh < h1 - h0; ++kvh) {
+      const uint16_t* k = k_run + kvh * kDim;
+      for (int g0 = 0; g0 < group; g0 += kHeadsAtOnce) {
+        const size_t h = static_cast<size_t>(kvh * group + g0);
+        const float* qh = q + h * kDim;
+        float* out = scores.data() + h * kTile + j;
+        switch (std::min(kHeadsAtOnce, group - g0)) {
+          case 1:
+            KeyDots<Ops, kKv, kDim, 1>(qh, k, p.scale, out);
+            break;
+          case 2:
+            KeyDots<Ops, kKv, kDim, 2>(qh, k, p.scale, out);
+            break;
+          case 3:
+            KeyDots<Ops, kKv, kDim, 3>(qh, k, p.scale, out);
+            break;
+          default:
+            KeyDots<Ops, kKv, kDim, 4>(qh, k, p.scale, out);
+            break;
         }
       }
-    }
-    const int valid = std::clamp(n - block, 0, 16);
-    const __mmask16 live =
-        valid >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << valid) - 1);
-    for (int h = 0; h < heads; ++h) {
-      __m512 sc = _mm512_mul_ps(TransposeReduce16(&dots[h * 16]), scale);
-      sc = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), live, sc);
-      _mm512_storeu_ps(scores.data() + h * kTile + block, sc);
     }
   }
   // Softmax numerators, per head.
   for (int h = 0; h < heads; ++h) {
-    float* sc = scores.data() + h * kTile;
-    __m512 vmax = _mm512_loadu_ps(sc);
-    for (int j = 16; j < kTile; j += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(sc + j));
-    m[h] = _mm512_reduce_max_ps(vmax);
-    const __m512 vm = _mm512_set1_ps(m[h]);
-    __m512 vsum = _mm512_setzero_ps();
-    for (int j = 0; j < kTile; j += 16) {
-      const __m512 e = Ops::Exp(_mm512_sub_ps(_mm512_loadu_ps(sc + j), vm));
-      _mm512_storeu_ps(sc + j, e);
-      vsum = _mm512_add_ps(vsum, e);
+    float* sc = scores.data() + static_cast<size_t>(h) * kTile;
+    for (int j = n; j < kTile; ++j) sc[j] = kNegInf;
+    V vmax = Ops::Set1(kNegInf);
+    for (int j = 0; j < kTile; j += L) vmax = Ops::Max(vmax, Ops::Load(sc + j));
+    m[h] = Ops::ReduceMax(vmax);
+    const V vm = Ops::Set1(m[h]);
+    V vsum = Ops::Zero();
+    for (int j = 0; j < kTile; j += L) {
+      const V e = Ops::Exp(Ops::Sub(Ops::Load(sc + j), vm));
+      Ops::Store(sc + j, e);
+      vsum = Ops::Add(vsum, e);
     }
-    l[h] = _mm512_reduce_add_ps(vsum);
+    l[h] = Ops::ReduceAdd(vsum);
   }
-  // p.v in f32, slot by slot: each bf16 V element widens exactly by a shift (even
-  // dimensions) or a mask (odd ones). Rounding p to bf16 for a vdpbf16ps product was tried
-  // and measured too coarse against the reference forward pass.
-  const __m512i high_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  // p.v, head by head over the tile's V lines, already requested.
   const int64_t after_offset = static_cast<int64_t>(after.h0) * kDim;
   const int after_bytes = (after.h1 - after.h0) * kDim * 2;
-  auto prefetch_after = [&](int j) {
-    const int64_t at = after.slots[j] * slot_stride + after_offset;
-    PrefetchLinesL2(k_cache + at, after_bytes);
-    PrefetchLinesL2(v_cache + at, after_bytes);
-  };
-  // A partial tile has fewer slots than the next work may have: those beyond it go first.
-  if (after_bytes > 0) {
-    for (int j = n; j < after.n; ++j) prefetch_after(j);
-  }
-  for (int j = 0; j < n; ++j) {
-    if (j < after.n && after_bytes > 0) prefetch_after(j);
-    const uint16_t* v_run = v_cache + slots[j] * slot_stride + h0 * kDim;
-    for (int kvh = 0; kvh < h1 - h0; ++kvh) {
-      __m512 even_v[kChunks], odd_v[kChunks];
-      for (int c = 0; c < kChunks; ++c) {
-        const __m512i raw =
-            _mm512_loadu_si512(reinterpret_cast<const void*>(v_run + kvh * kDim + 32 * c));
-        even_v[c] = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
-        odd_v[c] = _mm512_castsi512_ps(_mm512_and_si512(raw, high_mask));
-      }
-      for (int g = 0; g < group; ++g) {
-        const int h = kvh * group + g;
-        const __m512 pj = _mm512_set1_ps(scores[h * kTile + j]);
-        __m512* a = &acc[static_cast<size_t>(h) * 2 * kChunks];
-        for (int c = 0; c < kChunks; ++c) {
-          a[c] = _mm512_fmadd_ps(pj, even_v[c], a[c]);
-          a[kChunks + c] = _mm512_fmadd_ps(pj, odd_v[c], a[kChunks + c]);
-        }
+  for (int kvh = 0; kvh < h1 - h0; ++kvh) {
+    if (after.n > 0 && after_bytes > 0) {
+      const int j0 = after.n * kvh / (h1 - h0), j1 = after.n * (kvh + 1) / (h1 - h0);
+      for (int j = j0; j < j1; ++j) {
+        const int64_t at = after.slots[j] * slot_stride + after_offset;
+        PrefetchLinesL2(k_cache + at, after_bytes);
+        PrefetchLinesL2(v_cache + at, after_bytes);
       }
     }
-  }
-  const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-  const __m512i second =
-      _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-  for (int kvh = h0; kvh < h1; ++kvh) {
+    const uint16_t* v_base = v_cache + (h0 + kvh) * kDim;
     for (int g = 0; g < group; ++g) {
-      const int h = (kvh - h0) * group + g;
-      const __m512* a = &acc[static_cast<size_t>(h) * 2 * kChunks];
-      float* out = s.acc.data() + static_cast<size_t>(g) * kDim;
-      for (int c = 0; c < kChunks; ++c) {
-        _mm512_storeu_ps(out + 32 * c, _mm512_permutex2var_ps(a[c], first, a[kChunks + c]));
-        _mm512_storeu_ps(out + 32 * c + 16, _mm512_permutex2var_ps(a[c], second, a[kChunks + c]));
+      const int h = kvh * group + g;
+      const float* sc = scores.data() + static_cast<size_t>(h) * kTile;
+      V a[kChunks];
+      for (int c = 0; c < kChunks; ++c) a[c] = Ops::Zero();
+      for (int j = 0; j < n; ++j) {
+        const uint16_t* v = v_base + slots[j] * slot_stride;
+        const V pj = Ops::Set1(sc[j]);
+        for (int c = 0; c < kChunks; ++c) {
+          a[c] = Ops::Fma(pj, Ops::template LoadKv<kKv>(v + c * L), a[c]);
+        }
       }
+      float* acc = s.acc.data() + static_cast<size_t>(g) * kDim;
+      for (int c = 0; c < kChunks; ++c) Ops::Store(acc + c * L, a[c]);
       s.m[g] = m[h];
       s.l[g] = l[h];
     }
-    sink(kvh);
+    sink(h0 + kvh);
   }
 }
-#endif  // __AVX512BF16__
-
-// Whether a tile runs TileHeadsSlotMajorBf16 (which reads the bf16 query as it is; the
-// other kernels read the f32 copy in ItemScratch::q).
-template <class Ops, KvDType kKv, int kDim>
-inline constexpr bool kSlotMajorBf16 =
-#ifdef __AVX512BF16__
-    simd::HasBf16Dot<Ops>::value&& kKv == KvDType::kBF16&& kDim > 0 && kDim % 32 == 0;
-#else
-    false;
-#endif
 
 // KV heads [h0, h1) of tile `tile` of `row`, as the NextKeys of the work before it (k_base:
 // head h0).
@@ -362,21 +296,11 @@ inline void PrefetchTileStart(const AttentionParams& p, const AttentionRow& row,
   }
 }
 
-// Computes tile `tile` of one row for KV heads [h0, h1), handing each head's tile state
-// (in s.acc/s.m/s.l) to sink(kvh). `after` names the keys the caller reads next.
-template <class Ops, KvDType kKv, int kDim, class Sink>
-void TileHeads(const AttentionParams& p, const uint16_t* q_row, const float* q_row_f32,
-               const AttentionRow& row, int tile, int h0, int h1, const NextKeys& after,
-               const uint16_t* k_cache, const uint16_t* v_cache, ItemScratch& s, Sink&& sink) {
-#ifdef __AVX512BF16__
-  if constexpr (kSlotMajorBf16<Ops, kKv, kDim>) {
-    (void)q_row_f32;
-    TileHeadsSlotMajorBf16<Ops, kDim>(p, q_row, row, tile, h0, h1, after, k_cache, v_cache, s,
-                                      std::forward<Sink>(sink));
-    return;
-  }
-#endif
-  (void)q_row;
+// TileHeads for a head size known only at run time: head by head.
+template <class Ops, KvDType kKv, class Sink>
+void TileHeadsByHead(const AttentionParams& p, const float* q_row_f32, const AttentionRow& row,
+                     int tile, int h0, int h1, const NextKeys& after, const uint16_t* k_cache,
+                     const uint16_t* v_cache, ItemScratch& s, Sink&& sink) {
   const int d = p.head_dim;
   const int group = p.num_heads / p.num_kv_heads;
   const int64_t slot_stride = static_cast<int64_t>(p.num_kv_heads) * d;
@@ -399,9 +323,24 @@ void TileHeads(const AttentionParams& p, const uint16_t* q_row, const float* q_r
     }
     const NextKeys next = kvh + 1 < h1 ? TileKeys(p, row, tile, kvh + 1, h1, k_cache) : after;
     const size_t q_offset = static_cast<size_t>(kvh) * group * d;
-    TileState<Ops, kKv, kDim>(d, group, p.scale, row, tile, q_row_f32 + q_offset, k_cache + kvh * d,
-                              v_cache + kvh * d, slot_stride, next, s);
+    TileState<Ops, kKv>(d, group, p.scale, row, tile, q_row_f32 + q_offset, k_cache + kvh * d,
+                        v_cache + kvh * d, slot_stride, next, s);
     sink(kvh);
+  }
+}
+
+// Computes tile `tile` of one row for KV heads [h0, h1), handing each head's tile state
+// (in s.acc/s.m/s.l) to sink(kvh). `after` names the keys the caller reads next.
+template <class Ops, KvDType kKv, int kDim, class Sink>
+void TileHeads(const AttentionParams& p, const float* q_row_f32, const AttentionRow& row, int tile,
+               int h0, int h1, const NextKeys& after, const uint16_t* k_cache,
+               const uint16_t* v_cache, ItemScratch& s, Sink&& sink) {
+  if constexpr (kDim > 0) {
+    TileHeadsSlotMajor<Ops, kKv, kDim>(p, q_row_f32, row, tile, h0, h1, after, k_cache, v_cache, s,
+                                       std::forward<Sink>(sink));
+  } else {
+    TileHeadsByHead<Ops, kKv>(p, q_row_f32, row, tile, h0, h1, after, k_cache, v_cache, s,
+                              std::forward<Sink>(sink));
   }
 }
 
@@ -434,7 +373,6 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
     return state + (static_cast<size_t>(r) * p.num_heads + kvh * group) * (d + 2);
   };
   auto load_q = [&](int r, ItemScratch& s) {
-    if constexpr (kSlotMajorBf16<Ops, kKv, kDim>) return;  // reads q as bf16
     const uint16_t* q_row = q + r * row_q;
     for (size_t i = 0; i < row_q; ++i) s.q[i] = Bf16ToFloat(q_row[i]);
   };
@@ -462,9 +400,8 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
           const NextKeys after = t + 1 < row.tile_end
                                      ? TileKeys(p, row, t + 1, 0, p.num_kv_heads, k_cache)
                                      : NextKeys{};
-          TileHeads<Ops, kKv, kDim>(p, q + r * row_q, s.q.data(), row, t, 0, p.num_kv_heads, after,
-                                    k_cache, v_cache, s,
-                                    [&](int kvh) { merge_tile(state_at(r, kvh), s); });
+          TileHeads<Ops, kKv, kDim>(p, s.q.data(), row, t, 0, p.num_kv_heads, after, k_cache,
+                                    v_cache, s, [&](int kvh) { merge_tile(state_at(r, kvh), s); });
         }
       }
     }
@@ -522,8 +459,8 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
         after = TileKeys(p, rows[following.r], following.tile, following.h0, following.h1, k_cache);
       }
       TileHeads<Ops, kKv, kDim>(
-          p, q + unit.r * row_q, s.q.data(), rows[unit.r], unit.tile, unit.h0, unit.h1, after,
-          k_cache, v_cache, s, [&](int kvh) {
+          p, s.q.data(), rows[unit.r], unit.tile, unit.h0, unit.h1, after, k_cache, v_cache, s,
+          [&](int kvh) {
             float* out = tile_states.data() + unit.offset + (kvh - unit.h0) * head_floats;
             for (int g = 0; g < group; ++g) {
               std::copy_n(s.acc.data() + static_cast<size_t>(g) * d, d, out + g * (d + 2));

@@ -10,7 +10,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "common/base/bfloat16.h"
 #include "kernels/cpu/attention.h"
@@ -117,25 +116,17 @@ struct Avx512Ops {
 #endif  // __AVX512F__
 
 #ifdef __AVX512BF16__
-// AVX-512 with the BF16 dot-product instruction: attention on a bf16 KV cache uses a
-// dedicated tile kernel (attention_impl.h, TileHeadsSlotMajorBf16).
+// AVX-512 in the translation unit built with the BF16 extension (kernels_avx512bf16.cc). The
+// same operations as Avx512Ops, in a type of its own, so that what that unit instantiates
+// never stands in for the plain AVX-512 unit's code at link time. Attention uses no bf16
+// dot product: a tile kernel built on vdpbf16ps was measured slower than the f32 one
+// (docs/benchmarks.md, "Attention slot by slot on every instruction set").
 struct Avx512Bf16Ops : Avx512Ops {
-  static constexpr bool kBf16Dot = true;
   static V Exp(V x) {
     return PolyExp<Avx512Bf16Ops>(x, [](V y, V n) { return _mm512_scalef_ps(y, n); });
   }
 };
 #endif  // __AVX512BF16__
-
-// Whether Ops has the bf16 dot-product tile kernel.
-template <class Ops, class = void>
-struct HasBf16Dot {
-  static constexpr bool value = false;
-};
-template <class Ops>
-struct HasBf16Dot<Ops, std::void_t<decltype(Ops::kBf16Dot)>> {
-  static constexpr bool value = Ops::kBf16Dot;
-};
 
 #ifdef __AVX2__
 struct Avx2Ops {
