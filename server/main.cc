@@ -78,6 +78,10 @@ ABSL_FLAG(bool, kv_lookahead_fits_dram, strata::SchedulerConfig().lookahead_fits
           "Scheduler-aware eviction: the look-ahead window also ends before the first waiting "
           "request whose blocks would not fit in its pool's DRAM beside the running requests "
           "(false: always --kv_lookahead_requests)");
+ABSL_FLAG(double, kv_prefetch_reserve, strata::SchedulerConfig().kv_prefetch_reserve,
+          "Scheduler-aware eviction: the fraction of each pool's KV slots kept for the "
+          "look-ahead window's prefetches; a request is admitted beside running ones only if "
+          "that much stays free or idle (0: no reserve)");
 ABSL_FLAG(bool, kv_disk_save_on_fill, strata::SchedulerConfig().disk_save_on_fill,
           "Disk tiers: save each KV block of a running request as soon as it is full "
           "(HILOS's delayed write-back), rather than when the request finishes or is "
@@ -182,6 +186,7 @@ int main(int argc, char** argv) {
   o.scheduler.kv_eviction = absl::GetFlag(FLAGS_kv_eviction_policy);
   o.scheduler.lookahead_requests = absl::GetFlag(FLAGS_kv_lookahead_requests);
   o.scheduler.lookahead_fits_dram = absl::GetFlag(FLAGS_kv_lookahead_fits_dram);
+  o.scheduler.kv_prefetch_reserve = absl::GetFlag(FLAGS_kv_prefetch_reserve);
   o.scheduler.disk_ttl = absl::Seconds(std::max(1.0, absl::GetFlag(FLAGS_kv_disk_ttl_s)));
   o.http.host = absl::GetFlag(FLAGS_host);
   o.http.port = absl::GetFlag(FLAGS_port);

@@ -33,6 +33,9 @@ absl::Status Scheduler::ValidateConfig(const SchedulerConfig& c) {
   if (c.max_plans_in_flight < 1) {
     return absl::InvalidArgumentError("max_plans_in_flight must be at least 1");
   }
+  if (!(c.kv_prefetch_reserve >= 0 && c.kv_prefetch_reserve < 1)) {
+    return absl::InvalidArgumentError("kv_prefetch_reserve must be in [0, 1)");
+  }
   if (!(c.plan_ahead_lead >= 0 && c.plan_ahead_lead <= 1)) {
     return absl::InvalidArgumentError("plan_ahead_lead must be between 0 and 1");
   }

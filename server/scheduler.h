@@ -100,6 +100,13 @@ struct SchedulerConfig {
   // room for beside its running requests (scheduler_disk.cc, Prefetch); false: exactly the
   // next lookahead_requests.
   bool lookahead_fits_dram = true;
+  // Scheduler-aware eviction: this fraction of each pool's slots is kept for the look-ahead
+  // window (AttentionStore's read buffer). A request is admitted beside others running in
+  // its pool only if the pool's free and idle cached slots stay at least this many after
+  // it: the window's history is then prefetched into that room while its requests wait,
+  // instead of read from disk when they are admitted. The running batch is the smaller for
+  // it. 0: no reserve.
+  double kv_prefetch_reserve = 0.0;
   int max_n = 16;
   PolicyKind policy = PolicyKind::kFifo;
   absl::Duration default_timeout = absl::ZeroDuration();  // zero: none
@@ -314,6 +321,9 @@ class Scheduler {
   void SubmitPlan(int executor, std::shared_ptr<const StepPlan> plan);
   bool BuildPlan(int executor, StepPlan* plan);
   void OnStepResult(int executor, const StepPlan& plan, StepResult result, absl::Time started);
+  // Whether admitting `req` to `pool`, taking `fresh` slots there, leaves the look-ahead
+  // window its reserve (SchedulerConfig::kv_prefetch_reserve).
+  bool LeavesPrefetchReserve(const Request* req, PoolIndex pool, int64_t fresh) const;
   bool Place(Request* req, int executor);
   // Preempts now, or once the plans in flight holding the request are back (Land).
   void Preempt(Request* req);

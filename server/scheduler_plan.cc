@@ -215,6 +215,21 @@ void Scheduler::Preempt(Request* req) {
             << "); it will be recomputed";
 }
 
+bool Scheduler::LeavesPrefetchReserve(const Request* req, PoolIndex pool, int64_t fresh) const {
+  if (config_.kv_eviction != KvEviction::kSchedulerAware || config_.kv_prefetch_reserve <= 0) {
+    return true;
+  }
+  // Alone in its pool a request is always admitted: a reserve must never keep one waiting
+  // that nothing running will make room for.
+  const bool others = std::any_of(running_.begin(), running_.end(),
+                                  [&](const Request* r) { return r != req && r->pool == pool; });
+  if (!others) return true;
+  const Pool& p = *pools_[pool.value()];
+  const auto reserve =
+      static_cast<int64_t>(config_.kv_prefetch_reserve * static_cast<double>(p.num_slots));
+  return p.kv->available() - fresh >= reserve;
+}
+
 bool Scheduler::Place(Request* req, int executor) {
   const Executor& ex = *executors_[executor];
   Sequence* owner = req->Owner();
@@ -291,6 +306,11 @@ bool Scheduler::Place(Request* req, int executor) {
       for (uint64_t hash : source.blocks) kv.DropBlock(hash);
       source.blocks.clear();
     };
+    if (!LeavesPrefetchReserve(req, p,
+                               length - static_cast<int64_t>(c.dram) * config_.block_tokens)) {
+      release_source();
+      continue;
+    }
     std::vector<int32_t> table;
     std::vector<uint64_t> held;
     const int prefix_blocks = config_.enable_prefix_caching ? max_blocks : 0;

@@ -382,5 +382,35 @@ TEST_F(PlannerTest, TheLookAheadWindowEndsWhereDramDoes) {
   }
 }
 
+// A reserve for the look-ahead window (kv_prefetch_reserve): a request is admitted beside
+// a running one only if the room it leaves holds the reserve; alone, it always is.
+TEST_F(PlannerTest, APrefetchReserveKeepsRoomBesideTheRunningBatch) {
+  for (const double reserve : {0.25, 0.0}) {
+    SCOPED_TRACE(reserve > 0 ? "with a reserve" : "without");
+    configure_ = [&](SchedulerConfig& c) {
+      c.kv_eviction = KvEviction::kSchedulerAware;
+      c.kv_prefetch_reserve = reserve;  // 64 of 256 slots
+    };
+    Start(/*async=*/false, /*slots=*/256);
+    auto prompt = [](int i) {
+      std::vector<int32_t> p;
+      for (int k = 0; k < 100; ++k) p.push_back(k == 0 ? 10 + i : 100 + (7 * k + i) % 800);
+      return p;
+    };
+    Submit(prompt(0), 4);  // alone: admitted, 100 slots
+    EXPECT_EQ(scheduler_->Stats().num_waiting, 0);
+    Submit(prompt(1), 4);  // would leave 56 slots: waits behind the reserve
+    Answer(7);             // the first request's first chunk; the next plan is built
+    EXPECT_EQ(scheduler_->Stats().num_waiting, reserve > 0 ? 1 : 0);
+    while (!executor_->held.empty()) Answer(7);
+    EXPECT_EQ(scheduler_->Stats().num_waiting, 0);
+    EXPECT_EQ(Streamed().size(), 8u) << "both requests ran to the end";
+    scheduler_->Stop();
+    scheduler_.reset();
+    replicas_.clear();
+    updates_.clear();
+  }
+}
+
 }  // namespace
 }  // namespace strata
