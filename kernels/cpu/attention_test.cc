@@ -132,11 +132,16 @@ struct Shape {
 
 TEST_P(AttentionIsaTest, MatchesDoublePrecisionReference) {
   const std::vector<Shape> shapes = {
-      {4, 4, 64, KvDType::kBF16}, {8, 2, 64, KvDType::kBF16}, {8, 1, 128, KvDType::kBF16},
-      {4, 2, 128, KvDType::kF16}, {2, 2, 80, KvDType::kBF16}, {4, 1, 256, KvDType::kF16},
+      {4, 4, 64, KvDType::kBF16},
+      {8, 2, 64, KvDType::kBF16},
+      {8, 1, 128, KvDType::kBF16},
+      {4, 2, 128, KvDType::kF16},
+      {2, 2, 80, KvDType::kBF16},
+      {4, 1, 256, KvDType::kF16},
       {16, 2, 64, KvDType::kF16},
       // Groups the slot-order kernel splits unevenly (its q.k takes 4 heads at a time).
-      {6, 2, 64, KvDType::kBF16}, {14, 2, 128, KvDType::kF16},
+      {6, 2, 64, KvDType::kBF16},
+      {14, 2, 128, KvDType::kF16},
   };
   uint32_t seed = 1;
   for (const Shape& s : shapes) {
