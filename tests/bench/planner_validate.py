@@ -13,7 +13,12 @@ Calibration (micro-benchmarks only, written to a flag file for strata_planner):
     on the compute core, a difference of two noisy figures that also carried the full
     step's cache contention: it made attention 2.4x slower than the memory node runs it.)
   - link: transport_bench over UCX shared memory (the partition's data plane): half the
-    round trip of a 64-byte message, and the streaming bandwidth at 300 kB.
+    round trip of a 64-byte message, and the streaming bandwidth at 300 kB;
+  - step gap (the scheduler's round trip between a batch's result and its next plan, which
+    synchronous modes pay every step): one row at context 64 in the validation partition,
+    its time per token with synchronous scheduling less that with asynchronous scheduling
+    (which hides the trip), medians of 2 interleaved rounds. One row at context 64 is a
+    shape the validation does not run.
 The calibration shapes (batches 1, 4, 12, 24, 48 at contexts 512, 1536, 3072) differ from
 the validation shapes.
 
@@ -114,9 +119,25 @@ def calibrate(bin_dir, model, compute_cpu, memory_cpu):
     return flags, worst
 
 
+def partition_flags(compute_cpu, memory_cpu):
+    return [f"--compute_cpus={compute_cpu}", f"--memory_cpus={memory_cpu}", "--memory_nodes=1",
+            "--data_plane=sm", "--memory_kv_budget_mib=1024"]
+
+
+def step_gap_us(bin_dir, compute_cpu, memory_cpu, rounds=2):
+    point = (1, 64)
+    tpot = {"sync": [], "async": []}
+    for r in range(rounds):
+        for name in (("async", "sync") if r % 2 == 0 else ("sync", "async")):
+            flag = "--async_scheduling" if name == "async" else "--async_scheduling=false"
+            got = pipeline_bench.run_mode(bin_dir, partition_flags(compute_cpu, memory_cpu) +
+                                          [flag], [point], 48, 3 + r, shared_prefix=False)
+            tpot[name].append(got[point]["tpot_ms"])
+    return max(0.0, 1e3 * (statistics.median(tpot["sync"]) - statistics.median(tpot["async"])))
+
+
 def modes(compute_cpu, memory_cpu):
-    partition = [f"--compute_cpus={compute_cpu}", f"--memory_cpus={memory_cpu}",
-                 "--memory_nodes=1", "--data_plane=sm", "--memory_kv_budget_mib=1024"]
+    partition = partition_flags(compute_cpu, memory_cpu)
     return {
         # name: (launcher flags, planner flags, rows per batch from total rows)
         "off": (partition + ["--async_scheduling"],
@@ -157,6 +178,7 @@ def main():
     compute_cpu, memory_cpu = cpus[0], cpus[1]
 
     flags, worst = calibrate(args.bin_dir, args.model, compute_cpu, memory_cpu)
+    flags.append(f"--step_gap_us={step_gap_us(args.bin_dir, compute_cpu, memory_cpu):.0f}")
     costs_file = args.costs_out or os.path.join(tempfile.mkdtemp(), "costs.flags")
     with open(costs_file, "w") as f:
         f.write("\n".join(flags) + "\n")
