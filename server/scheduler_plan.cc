@@ -306,9 +306,13 @@ bool Scheduler::Place(Request* req, int executor) {
       for (uint64_t hash : source.blocks) kv.DropBlock(hash);
       source.blocks.clear();
     };
+    // The fresh slots it takes. Its own cached prefix counts toward the room it leaves: a
+    // request whose history the window prefetched is what that room was kept for.
     if (!LeavesPrefetchReserve(req, p,
                                length - static_cast<int64_t>(c.dram) * config_.block_tokens)) {
       release_source();
+      // A pool with its prefix is worth the wait: another would recompute or reload it.
+      if (c.dram + c.disk > 0) return false;
       continue;
     }
     std::vector<int32_t> table;

@@ -139,9 +139,6 @@ TEST_F(PlannerTest, SynchronousPlansOneStepAtATimeWithLiteralTokens) {
   EXPECT_EQ(UsedSlots(), 6);
 }
 
-// The next row goes out before the token it decodes is known; the ledger holds the slots of
-// both plans; a stop is seen one step late and the token drawn past it is discarded, its
-// slot held until the plan that wrote it is back, then released in the next plan.
 // The scheduler keeps the plan it sent, to apply the result against: the very object the
 // executor got, not a copy of it.
 TEST_F(PlannerTest, AResultIsAppliedAgainstThePlanTheExecutorGot) {
@@ -163,6 +160,9 @@ TEST_F(PlannerTest, AResultIsAppliedAgainstThePlanTheExecutorGot) {
   EXPECT_EQ(applied, sent);
 }
 
+// The next row goes out before the token it decodes is known; the ledger holds the slots of
+// both plans; a stop is seen one step late and the token drawn past it is discarded, its
+// slot held until the plan that wrote it is back, then released in the next plan.
 TEST_F(PlannerTest, AsynchronousPlansAheadAndDiscardsTheTokenPastAStop) {
   Start(/*async=*/true);
   Submit({1, 2, 3, 4, 5}, 8, /*stop_ids=*/{99});

@@ -65,6 +65,7 @@ def metric_values(port, names):
 COMPUTE_IDLE = ["strata_compute_node_attention_wait_seconds_total",
                 "strata_compute_node_plan_wait_seconds_sum"]
 MEMORY_BUSY = ["strata_memory_node_attention_seconds_total"]
+PLAN_WAITS = "strata_compute_node_plan_wait_seconds_count"  # waits for a plan, counted
 
 
 def stream(port, model, prompt, tokens, times, errors):
@@ -109,7 +110,8 @@ def run_point(port, model, rows, context, tokens, seed, metrics_ports, shared_pr
         # Cache each prompt first (one token each, all at once), so that the streams below
         # start decoding together instead of waiting on each other's prefill.
         stream_all(port, model, prompts, 1, [[] for _ in prompts], [])
-    before = {role: metric_values(p, COMPUTE_IDLE if role == "compute" else MEMORY_BUSY)
+    before = {role: metric_values(p, COMPUTE_IDLE + [PLAN_WAITS] if role == "compute" else
+                                  MEMORY_BUSY)
               for role, p in metrics_ports.items()}
     start = time.monotonic()
     times = [[] for _ in range(rows)]
@@ -118,7 +120,8 @@ def run_point(port, model, rows, context, tokens, seed, metrics_ports, shared_pr
     wall = time.monotonic() - start
     if errors or any(len(t) < tokens // 2 for t in times):
         raise RuntimeError(f"rows={rows} ctx={context}: {errors[:3]}")
-    after = {role: metric_values(p, COMPUTE_IDLE if role == "compute" else MEMORY_BUSY)
+    after = {role: metric_values(p, COMPUTE_IDLE + [PLAN_WAITS] if role == "compute" else
+                                 MEMORY_BUSY)
              for role, p in metrics_ports.items()}
     begin = max(t[0] for t in times)
     end = min(t[-1] for t in times)
@@ -129,6 +132,10 @@ def run_point(port, model, rows, context, tokens, seed, metrics_ports, shared_pr
     if "compute" in metrics_ports:
         idle = sum(after["compute"][n] - before["compute"][n] for n in COMPUTE_IDLE)
         result["compute_bubble"] = idle / wall
+        # The compute node's mean wait for its next plan, over the waits it had.
+        waits = after["compute"][PLAN_WAITS] - before["compute"][PLAN_WAITS]
+        waited = after["compute"][COMPUTE_IDLE[1]] - before["compute"][COMPUTE_IDLE[1]]
+        result["plan_wait_ms"] = 1000 * waited / waits if waits else 0.0
     if "memory" in metrics_ports:
         busy = after["memory"][MEMORY_BUSY[0]] - before["memory"][MEMORY_BUSY[0]]
         result["memory_bubble"] = max(0.0, 1 - busy / wall)
