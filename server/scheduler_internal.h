@@ -1,5 +1,6 @@
-// The scheduler's private state, shared by scheduler.cc (loop, results) and
-// scheduler_plan.cc (admission, batching, preemption). Scheduler-thread only.
+// The scheduler's private state, shared by scheduler.cc (loop), scheduler_plan.cc
+// (batching), scheduler_admission.cc (placement, preemption), scheduler_results.cc and
+// scheduler_disk.cc. Scheduler-thread only.
 #ifndef STRATA_SERVER_SCHEDULER_INTERNAL_H_
 #define STRATA_SERVER_SCHEDULER_INTERNAL_H_
 

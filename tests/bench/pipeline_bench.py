@@ -62,8 +62,8 @@ def metric_values(port, names):
     return out
 
 
-COMPUTE_IDLE = ["strata_compute_node_attention_wait_seconds_total",
-                "strata_compute_node_plan_wait_seconds_sum"]
+PLAN_WAIT = "strata_compute_node_plan_wait_seconds_sum"  # time waited for a plan
+COMPUTE_IDLE = ["strata_compute_node_attention_wait_seconds_total", PLAN_WAIT]
 MEMORY_BUSY = ["strata_memory_node_attention_seconds_total"]
 PLAN_WAITS = "strata_compute_node_plan_wait_seconds_count"  # waits for a plan, counted
 
@@ -134,7 +134,7 @@ def run_point(port, model, rows, context, tokens, seed, metrics_ports, shared_pr
         result["compute_bubble"] = idle / wall
         # The compute node's mean wait for its next plan, over the waits it had.
         waits = after["compute"][PLAN_WAITS] - before["compute"][PLAN_WAITS]
-        waited = after["compute"][COMPUTE_IDLE[1]] - before["compute"][COMPUTE_IDLE[1]]
+        waited = after["compute"][PLAN_WAIT] - before["compute"][PLAN_WAIT]
         result["plan_wait_ms"] = 1000 * waited / waits if waits else 0.0
     if "memory" in metrics_ports:
         busy = after["memory"][MEMORY_BUSY[0]] - before["memory"][MEMORY_BUSY[0]]

@@ -1,0 +1,231 @@
+// Admission and preemption: placing a waiting request in a KV pool (its cached prefix in
+// DRAM, its continuation on disk, a truncated conversation's moved tail, the look-ahead
+// window's reserve), and giving a running request's slots back. Building steps is in
+// scheduler_plan.cc.
+#include <algorithm>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "server/scheduler.h"
+#include "server/scheduler_internal.h"
+
+namespace strata {
+
+void Scheduler::ForgetExecutor(Request* req) {
+  req->executor = -1;
+  for (auto& s : req->seqs) s->setup_sent = false;
+}
+
+void Scheduler::Preempt(Request* req) {
+  if (req->in_flight > 0) {
+    // A plan in flight still writes its KV: the slots go when it is back (Land), and what it
+    // samples is discarded.
+    req->preempt_when_landed = true;
+    return;
+  }
+  for (auto& seq : req->seqs) {
+    if (seq->finished) continue;
+    ReleaseKv(seq.get());
+    seq->computed = 0;
+  }
+  Sequence* owner = req->Owner();
+  for (auto& seq : req->seqs) {
+    if (!seq->finished) seq->waiting_for_owner = seq.get() != owner;
+  }
+  req->pool.reset();
+  req->executor = -1;
+  SetState(req, Request::State::kWaiting);
+  {
+    absl::MutexLock lock(&stats_mu_);
+    ++counters_.num_preemptions_total;
+  }
+  LOG(INFO) << "preempted request " << req->id << " (" << req->spec.external_id
+            << "); it will be recomputed";
+}
+
+bool Scheduler::LeavesPrefetchReserve(const Request* req, PoolIndex pool, int64_t fresh) const {
+  if (config_.kv_eviction != KvEviction::kSchedulerAware || config_.kv_prefetch_reserve <= 0) {
+    return true;
+  }
+  // Alone in its pool a request is always admitted: a reserve must never keep one waiting
+  // that nothing running will make room for.
+  const bool others = std::any_of(running_.begin(), running_.end(),
+                                  [&](const Request* r) { return r != req && r->pool == pool; });
+  if (!others) return true;
+  const Pool& p = *pools_[pool.value()];
+  const auto reserve =
+      static_cast<int64_t>(config_.kv_prefetch_reserve * static_cast<double>(p.num_slots));
+  return p.kv->available() - fresh >= reserve;
+}
+
+bool Scheduler::Place(Request* req, int executor) {
+  const Executor& ex = *executors_[executor];
+  Sequence* owner = req->Owner();
+  if (owner == nullptr) return false;
+  const int64_t length = static_cast<int64_t>(owner->tokens.size());
+  std::vector<PoolIndex> candidates;
+  for (size_t p = 0; p < pools_.size(); ++p) {
+    if (!pools_[p]->alive) continue;
+    if (ex.local_pool && *ex.local_pool != PoolIndex(p)) continue;
+    candidates.push_back(PoolIndex(p));
+  }
+  if (candidates.empty()) return false;
+  // A truncated request whose blocks to move are being read back from disk waits for them,
+  // whichever pool or compute node is asking.
+  if (!req->shift_prefetches.empty()) {
+    const Pool& pool = *pools_[req->shift_prefetch_pool.value()];
+    for (uint64_t hash : req->shift_prefetches) {
+      if (pool.alive && pool.prefetching.count(hash)) return false;
+    }
+  }
+  std::vector<uint64_t> hashes;
+  if (config_.enable_prefix_caching) {
+    AppendBlockHashes(owner->tokens, config_.block_tokens, config_.cache_salt, &hashes);
+  }
+  // The last token is always computed (its logits give the next one).
+  const int max_blocks = static_cast<int>((length - 1) / config_.block_tokens);
+  // The longest prefix first (in DRAM, then continued on disk, or for a truncated
+  // conversation continued by blocks that move), then the most in DRAM, then free capacity.
+  const bool truncated = !req->untruncated.empty();
+  struct Candidate {
+    PoolIndex pool;
+    int dram = 0, disk = 0;  // prefix blocks matched in DRAM, then continued on disk
+    ShiftSource moves;       // truncated: the blocks after the DRAM prefix that can move
+    std::tuple<int, int, int64_t> rank;
+  };
+  std::vector<Candidate> ranked;
+  for (PoolIndex p : candidates) {
+    const KvPool& kv = *pools_[p.value()]->kv;
+    Candidate c;
+    c.pool = p;
+    c.dram = config_.enable_prefix_caching ? kv.MatchLength(owner->tokens, hashes, max_blocks) : 0;
+    c.disk = config_.enable_prefix_caching
+                 ? DiskMatch(p, owner->tokens, hashes, c.dram, max_blocks - c.dram)
+                 : 0;
+    if (truncated && c.disk == 0) c.moves = FindShiftSource(req, p, c.dram, max_blocks);
+    const int moves = static_cast<int>(c.moves.blocks.size());
+    c.rank = {c.dram + c.disk + moves, c.dram + moves, kv.available()};
+    ranked.push_back(std::move(c));
+  }
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.rank > b.rank; });
+  for (Candidate& c : ranked) {
+    const PoolIndex p = c.pool;
+    KvPool& kv = *pools_[p.value()]->kv;
+    // A truncated conversation: the blocks its kept tail moves from are held before the
+    // admission, whose allocation would otherwise evict them first (they are idle).
+    const int shift_from = c.dram;
+    ShiftSource source;
+    if (truncated && c.disk == 0) {
+      if (!req->shift_prefetched) {
+        // Blocks to move that sit on disk only are read back first, once: the request
+        // waits for them (as for a prefetch) rather than recompute them.
+        const ShiftSource wider = FindShiftSource(req, p, shift_from, max_blocks, true);
+        if (wider.any_on_disk() && PrefetchShiftSource(req, p, shift_from, wider, hashes)) {
+          req->shift_prefetched = true;
+          return false;
+        }
+      }
+      req->shift_prefetches.clear();
+      source = std::move(c.moves);
+      for (uint64_t hash : source.blocks) kv.HoldBlock(hash);
+    }
+    auto release_source = [&] {
+      for (uint64_t hash : source.blocks) kv.DropBlock(hash);
+      source.blocks.clear();
+    };
+    // The fresh slots it takes. Its own cached prefix counts toward the room it leaves: a
+    // request whose history the window prefetched is what that room was kept for.
+    if (!LeavesPrefetchReserve(req, p,
+                               length - static_cast<int64_t>(c.dram) * config_.block_tokens)) {
+      release_source();
+      // A pool with its prefix is worth the wait: another would recompute or reload it.
+      if (c.dram + c.disk > 0) return false;
+      continue;
+    }
+    std::vector<int32_t> table;
+    std::vector<uint64_t> held;
+    const int prefix_blocks = config_.enable_prefix_caching ? max_blocks : 0;
+    int matched = kv.Admit(owner->tokens, hashes, prefix_blocks, length, &table, &held);
+    if (matched < 0 && !source.blocks.empty()) {
+      // Moving needs the sources and their copies at once; without room for both, the
+      // tail is recomputed.
+      release_source();
+      matched = kv.Admit(owner->tokens, hashes, prefix_blocks, length, &table, &held);
+    }
+    if (matched < 0) {
+      release_source();
+      continue;
+    }
+    owner->table = std::move(table);
+    owner->held.clear();
+    for (int b = 0; b < matched; ++b) owner->held.emplace_back(b, held[b]);
+    owner->hashes = std::move(hashes);
+    owner->computed = static_cast<int64_t>(matched) * config_.block_tokens;
+    owner->registered_blocks = matched;
+    owner->table_sent = 0;
+    owner->waiting_for_owner = false;
+    req->pool = p;
+    req->executor = executor;
+    SetState(req, Request::State::kRunning);
+    const bool first_admission = req->admitted == absl::InfinitePast();
+    if (first_admission) {
+      req->admitted = absl::Now();
+      req->cached_prompt_tokens = std::min<int64_t>(owner->computed, req->prompt_len());
+      queued_.fetch_sub(1);
+    }
+    // The prefix continues on disk: read it into the fresh slots before any row runs.
+    int on_disk = config_.enable_prefix_caching
+                      ? DiskMatch(p, owner->tokens, owner->hashes, matched, max_blocks - matched)
+                      : 0;
+    if (on_disk > 0 && config_.disk_load_when_faster &&
+        !pools_[p.value()]->load_rule.Load(on_disk, static_cast<int>(config_.block_tokens),
+                                           prefill_rate_)) {
+      // Recomputing these is faster than reading them on this pool's disk, as measured.
+      absl::MutexLock lock(&stats_mu_);
+      counters_.disk_recomputed_blocks_total += on_disk;
+      on_disk = 0;
+    }
+    // A truncated conversation: its kept tail's KV moves from where earlier turns cached it.
+    int moved = 0;
+    if (!source.blocks.empty() && matched == shift_from && on_disk == 0) {
+      moved = static_cast<int>(source.blocks.size());
+      TakeShiftSource(req, p, matched, source);
+    } else {
+      release_source();
+    }
+    if (truncated && first_admission) RememberTruncation(req);
+    owner->computed += static_cast<int64_t>(moved) * config_.block_tokens;
+    if (first_admission) {
+      req->cached_prompt_tokens = std::min<int64_t>(owner->computed, req->prompt_len());
+    }
+    const int64_t in_dram = owner->computed;
+    if (on_disk > 0) {
+      req->first_load = first_admission;
+      if (config_.kv_eviction == KvEviction::kSchedulerAware)
+        CountAdmissionLoads(*req, p, matched, on_disk);
+      StartLoads(req, matched, on_disk);
+    }
+    {
+      absl::MutexLock lock(&stats_mu_);
+      if (first_admission) counters_.prompt_tokens_total += req->prompt_len();
+      counters_.prefix_query_tokens_total += length;
+      counters_.prefix_hit_tokens_total += in_dram;
+    }
+    LOG_IF(INFO, first_admission) << "request " << req->id << " (" << req->spec.external_id
+                                  << ") placed on " << pools_[p.value()]->name << " with "
+                                  << in_dram << "/" << length << " tokens from the prefix cache"
+                                  << (moved > 0 ? absl::StrCat(" (", moved * config_.block_tokens,
+                                                               " of them moved by truncation)")
+                                                : "")
+                                  << (on_disk > 0
+                                          ? absl::StrCat(" and ", on_disk * config_.block_tokens,
+                                                         " to load from disk")
+                                          : "");
+    return true;
+  }
+  return false;
+}
+
+}  // namespace strata
