@@ -96,17 +96,27 @@ void GemmAvx512Bf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const ui
   constexpr int64_t kGroupColumns = kGroupBlocks * kGemmColumnBlock;
   for (int64_t r0 = 0; r0 < m; r0 += kRowBlock) {
     const int rows = static_cast<int>(std::min(kRowBlock, m - r0));
-#pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < groups; ++g) {
+    // Each thread takes a contiguous range of groups, so it knows which one it reads next.
+#pragma omp parallel
+    {
       EnableFlushToZero();  // vdpbf16ps flushes denormals itself; the stores here alike
-      float out[kRowBlock * kGroupColumns];
-      const int64_t b0 = g * kGroupBlocks;
-      const int count = static_cast<int>(std::min<int64_t>(kGroupBlocks, blocks - b0));
-      gemm_internal::ColumnGroupAvx512Bf16(rows, count, k, x + r0 * x_stride, x_stride,
-                                           packed + b0 * block_size, out, kGroupColumns);
-      const int64_t c0 = b0 * kGemmColumnBlock;
-      Store(rows, std::min(kGroupColumns, n - c0), out, kGroupColumns,
-            bias != nullptr ? bias + c0 : nullptr, accumulate, y + r0 * n + c0, n);
+      const int64_t team = omp_get_num_threads(), id = omp_get_thread_num();
+      const int64_t g_end = groups * (id + 1) / team;
+      for (int64_t g = groups * id / team; g < g_end; ++g) {
+        float out[kRowBlock * kGroupColumns];
+        const int64_t b0 = g * kGroupBlocks;
+        const int count = static_cast<int>(std::min<int64_t>(kGroupBlocks, blocks - b0));
+        const int64_t next_b0 = b0 + kGroupBlocks;
+        const uint16_t* next = g + 1 < g_end ? packed + next_b0 * block_size : nullptr;
+        const int64_t next_elements =
+            std::min<int64_t>(kGroupBlocks, blocks - next_b0) * block_size;
+        gemm_internal::ColumnGroupAvx512Bf16(rows, count, k, x + r0 * x_stride, x_stride,
+                                             packed + b0 * block_size, out, kGroupColumns, next,
+                                             next_elements);
+        const int64_t c0 = b0 * kGemmColumnBlock;
+        Store(rows, std::min(kGroupColumns, n - c0), out, kGroupColumns,
+              bias != nullptr ? bias + c0 : nullptr, accumulate, y + r0 * n + c0, n);
+      }
     }
   }
 }

@@ -23,10 +23,13 @@ void ColumnBlockAvx512(int rows, int64_t k, const float* x, const uint16_t* bloc
 // The AVX-512 BF16 kernel (vdpbf16ps, whose per-lane arithmetic is the two FMAs above):
 // rows [0, rows) of x (bf16 pairs, row stride x_stride elements, even, with x[r][k] = 0
 // when k is odd) against `blocks` (1 to kGroupBlocks) consecutive packed column blocks;
-// out has rows of out_stride floats, block b's columns at b * 16.
+// out has rows of out_stride floats, block b's columns at b * 16. While it runs, the
+// `next_elements` packed weights at `next` (the group this thread takes next; null: none)
+// are prefetched into L2. That changes no arithmetic.
 inline constexpr int kGroupBlocks = 4;
 void ColumnGroupAvx512Bf16(int rows, int blocks, int64_t k, const uint16_t* x, int64_t x_stride,
-                           const uint16_t* group, float* out, int64_t out_stride);
+                           const uint16_t* group, float* out, int64_t out_stride,
+                           const uint16_t* next, int64_t next_elements);
 
 }  // namespace strata::kernels::gemm_internal
 
