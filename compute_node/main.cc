@@ -72,6 +72,7 @@ ABSL_FLAG(bool, verify_checksums, true, "Verify the checksum of every data-plane
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  strata::ApplyServiceThreadsFlag();
   strata::InstallShutdownHandlers();
   strata::SetLogTag(absl::GetFlag(FLAGS_name));
   if (absl::Status cpus = strata::ApplyCpusFlag(absl::GetFlag(FLAGS_threads)); !cpus.ok()) {

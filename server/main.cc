@@ -119,6 +119,7 @@ ABSL_FLAG(bool, shutdown_nodes_on_exit, false, "Ask registered nodes to exit whe
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  strata::ApplyServiceThreadsFlag();
   strata::InstallShutdownHandlers();
   strata::SetLogTag("server");
   if (absl::Status cpus = strata::ApplyCpusFlag(0); !cpus.ok()) {

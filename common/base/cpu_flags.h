@@ -1,5 +1,6 @@
 // The --cpus flag of the server and the node binaries (compute_node, memory_node), defined
-// once here so that all take the same flag with the same meaning; see cpu_affinity.h.
+// once here so that all take the same flag with the same meaning; see cpu_affinity.h. Also
+// --service_threads_yield, for the server and the compute node (wait_policy.h).
 #ifndef STRATA_COMMON_BASE_CPU_FLAGS_H_
 #define STRATA_COMMON_BASE_CPU_FLAGS_H_
 
@@ -9,6 +10,11 @@ namespace strata {
 
 // ApplyCpuFlags(--cpus, threads): call first in main, with the node's --threads.
 absl::Status ApplyCpusFlag(int threads);
+
+// With --service_threads_yield (the default), makes the calling thread, and so every thread
+// it creates later, a service thread (wait_policy.h: SetThreadRole); call in main before
+// any thread starts. Compute threads (OnOwnOpenMpThread) set their own role.
+void ApplyServiceThreadsFlag();
 
 }  // namespace strata
 

@@ -1,8 +1,22 @@
 #include "common/base/wait_policy.h"
 
+#include <sched.h>
+
 #include <string>
 
 namespace strata {
+
+bool SetThreadRole(ThreadRole role) {
+  sched_param param{};
+  param.sched_priority = 0;
+  // On Linux, pid 0 is the calling thread alone.
+  return sched_setscheduler(0, role == ThreadRole::kService ? SCHED_BATCH : SCHED_OTHER, &param) ==
+         0;
+}
+
+ThreadRole CurrentThreadRole() {
+  return sched_getscheduler(0) == SCHED_BATCH ? ThreadRole::kService : ThreadRole::kCompute;
+}
 
 int64_t SpinCountFor(CoreShare share) {
   return share == CoreShare::kDedicated ? kDedicatedCoreSpinCount : kSharedCoreSpinCount;

@@ -50,8 +50,27 @@ std::map<std::string, std::string> OpenMpEnvironment(int threads, CoreShare shar
 std::vector<std::string> OpenMpEnvironmentList(int threads, CoreShare share,
                                                int64_t spin_count = -1);
 
+// Which threads get a core first when serving and computing share the cores. Linux lets a
+// thread that wakes up preempt the one running; a served decode step hands off a result
+// and a plan through some 20 thread wake-ups (gRPC, the executor, the scheduler's loop,
+// HTTP), and on shared cores each of them can stop one thread of the step's OpenMP team,
+// whose partner then waits for it at the next barrier. A service thread is SCHED_BATCH:
+// it never preempts on waking, and runs when a core frees up or the running thread's
+// slice ends (about a millisecond with Linux's EEVDF scheduler), which asynchronous
+// scheduling's plan ahead covers. A compute thread is SCHED_OTHER, as every thread starts.
+// A thread created later inherits its creator's role, libgomp's worker threads included.
+enum class ThreadRole { kService, kCompute };
+
+// Sets the calling thread's role. False, changing nothing, where the kernel refuses (a
+// seccomp profile, a non-Linux kernel).
+bool SetThreadRole(ThreadRole role);
+
+// The calling thread's role (kCompute for any policy but SCHED_BATCH).
+ThreadRole CurrentThreadRole();
+
 // Runs `work` on a thread of its own and returns what it returns, so that the OpenMP team
-// its parallel regions create ends when it does.
+// its parallel regions create ends when it does. The thread is a compute thread whatever
+// its caller is, and so are its team's.
 //
 // libgomp keeps a team of worker threads for every thread that has entered a parallel
 // region, until that thread exits, and counts the workers of every team together: while
@@ -69,12 +88,14 @@ auto OnOwnOpenMpThread(Work&& work, int threads = omp_get_max_threads())
   using Result = std::invoke_result_t<Work&>;
   if constexpr (std::is_void_v<Result>) {
     std::thread([&work, threads] {
+      SetThreadRole(ThreadRole::kCompute);
       omp_set_num_threads(threads);
       work();
     }).join();
   } else {
     std::optional<Result> result;
     std::thread([&work, &result, threads] {
+      SetThreadRole(ThreadRole::kCompute);
       omp_set_num_threads(threads);
       result.emplace(work());
     }).join();

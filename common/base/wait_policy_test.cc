@@ -101,5 +101,39 @@ TEST(WaitPolicyTest, OnOwnOpenMpThreadReturnsWhatTheWorkReturns) {
   EXPECT_EQ(ran, 1);
 }
 
+// A service thread's children are service threads; OnOwnOpenMpThread's thread and its whole
+// OpenMP team are compute threads, and its caller stays what it was.
+TEST(ThreadRoleTest, ServiceThreadsPassTheRoleOnAndComputeTeamsTakeTheirOwn) {
+  bool set = false;
+  ThreadRole child = ThreadRole::kCompute, caller_after = ThreadRole::kCompute;
+  std::vector<ThreadRole> team(2, ThreadRole::kService);
+  int team_size = 0;
+  std::thread service([&] {
+    set = SetThreadRole(ThreadRole::kService);
+    if (!set) return;
+    std::thread([&] { child = CurrentThreadRole(); }).join();
+    OnOwnOpenMpThread(
+        [&] {
+#pragma omp parallel num_threads(2)
+          {
+            team[omp_get_thread_num()] = CurrentThreadRole();
+#pragma omp single
+            team_size = omp_get_num_threads();
+          }
+        },
+        2);
+    caller_after = CurrentThreadRole();
+  });
+  service.join();
+  if (!set) GTEST_SKIP() << "the kernel refused SCHED_BATCH here";
+  EXPECT_EQ(child, ThreadRole::kService);
+  ASSERT_EQ(team_size, 2);
+  EXPECT_EQ(team[0], ThreadRole::kCompute);
+  EXPECT_EQ(team[1], ThreadRole::kCompute);
+  EXPECT_EQ(caller_after, ThreadRole::kService);
+  // A thread that never set a role is a compute thread.
+  EXPECT_EQ(CurrentThreadRole(), ThreadRole::kCompute);
+}
+
 }  // namespace
 }  // namespace strata
