@@ -109,11 +109,9 @@ absl::StatusOr<StartedMemoryNode> ConfigureMemoryNode(const std::string& control
   return absl::DeadlineExceededError("memory node at " + control + " did not answer");
 }
 
-absl::StatusOr<std::vector<StartedMemoryNode>> StartMemoryNodes(Supervisor& supervisor, int count,
-                                                                const std::string& tls, bool pin,
-                                                                const ModelConfig& model,
-                                                                int64_t slots,
-                                                                std::vector<std::string> args) {
+absl::StatusOr<std::vector<StartedMemoryNode>> StartMemoryNodes(
+    Supervisor& supervisor, int count, const std::string& tls, bool pin, const ModelConfig& model,
+    int64_t slots, std::vector<std::string> args, const std::vector<int>& pin_cpus) {
   const std::string binary = MemoryNodeBinary();
   if (!std::filesystem::exists(binary)) {
     return absl::NotFoundError("no memory_node binary at " + binary +
@@ -121,7 +119,8 @@ absl::StatusOr<std::vector<StartedMemoryNode>> StartMemoryNodes(Supervisor& supe
   }
   const bool shared_memory = tls.find("sm") != std::string::npos;
   const std::vector<std::vector<int>> cpus =
-      pin ? SplitCpus(AllowedCpus(), count) : std::vector<std::vector<int>>(count);
+      pin ? SplitCpus(pin_cpus.empty() ? AllowedCpus() : pin_cpus, count)
+          : std::vector<std::vector<int>>(count);
   std::vector<StartedMemoryNode> nodes;
   for (int i = 0; i < count; ++i) {
     const int port = FreePort();

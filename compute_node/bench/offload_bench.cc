@@ -31,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/base/cpu_affinity.h"
 #include "common/base/stopwatch.h"
 #include "common/base/wait_policy.h"
 #include "common/bench/int_list.h"
@@ -50,6 +51,13 @@ ABSL_FLAG(std::string, model, "", "Model directory (default: the demo shape in /
 ABSL_FLAG(std::string, batches, "1,8,32,64", "Batch sizes (breakdown)");
 ABSL_FLAG(int, ctx, 256, "Context of every sequence");
 ABSL_FLAG(int, memory_nodes, 2, "Memory nodes (breakdown)");
+ABSL_FLAG(std::string, memory_cpus, "",
+          "Cores the pinned memory nodes split among them, as a cpuset list (empty: this "
+          "process's; breakdown)");
+ABSL_FLAG(std::string, compute_cpus, "",
+          "Cores this process (the compute side) keeps once the memory nodes have started, as "
+          "a cpuset list (empty: all); with --memory_cpus, a partition of the machine "
+          "(breakdown)");
 ABSL_FLAG(bool, pin_memory_nodes, true,
           "Each memory node on its own cores, as the launcher starts them (breakdown)");
 ABSL_FLAG(int64_t, eager_max_bytes, -1,
@@ -136,15 +144,32 @@ int Breakdown(const ModelWeights& weights, const std::string& memory_bin) {
   const std::vector<int> batches = ParseIntList(absl::GetFlag(FLAGS_batches));
   const int max_batch = *std::max_element(batches.begin(), batches.end());
   const int64_t slots = static_cast<int64_t>((max_batch + n_mem - 1) / n_mem + 1) * (ctx + 64);
+  std::vector<int> memory_cpus;
+  if (!absl::GetFlag(FLAGS_memory_cpus).empty()) {
+    auto parsed = ParseCpuList(absl::GetFlag(FLAGS_memory_cpus));
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "--memory_cpus: %s\n", std::string(parsed.status().message()).c_str());
+      return 1;
+    }
+    memory_cpus = *parsed;
+  }
   Supervisor supervisor;
   auto started = bench::StartMemoryNodes(
       supervisor, n_mem, absl::GetFlag(FLAGS_tls), absl::GetFlag(FLAGS_pin_memory_nodes), c, slots,
-      {absl::StrCat("--ucx_eager_max_bytes=", absl::GetFlag(FLAGS_eager_max_bytes))});
+      {absl::StrCat("--ucx_eager_max_bytes=", absl::GetFlag(FLAGS_eager_max_bytes))}, memory_cpus);
   if (!started.ok()) {
     std::fprintf(stderr, "%s\n", std::string(started.status().message()).c_str());
     return 1;
   }
   const std::vector<bench::StartedMemoryNode>& nodes = *started;
+  // The memory nodes were started with this process's cores to choose from; now the compute
+  // side leaves them theirs (threads started from here on, the data plane's included).
+  if (!absl::GetFlag(FLAGS_compute_cpus).empty()) {
+    if (absl::Status pinned = PinProcessToCpus(absl::GetFlag(FLAGS_compute_cpus)); !pinned.ok()) {
+      std::fprintf(stderr, "--compute_cpus: %s\n", std::string(pinned.message()).c_str());
+      return 1;
+    }
+  }
   RemoteAttentionOptions options;
   options.transport.ucx_options = {{"TLS", absl::GetFlag(FLAGS_tls)}, {"NET_DEVICES", "lo"}};
   options.transport.error_mode = transport::ErrorMode::kNone;

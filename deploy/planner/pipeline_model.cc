@@ -138,6 +138,7 @@ absl::StatusOr<Prediction> Simulate(const Costs& c, const Scenario& s, int steps
   const double migrate_us =
       c.link_latency_us + s.rows * c.context_bytes_per_row / c.link_bytes_per_us;
   const double gap_us = s.asynchronous ? 0.0 : c.step_gap_us;
+  const double serving_us = c.serving_fixed_us + c.serving_per_row_us * s.rows;
 
   std::vector<Server> devices(s.compute_devices), memory(s.memory_nodes);
   std::vector<Batch> batches(s.batches);
@@ -202,7 +203,8 @@ absl::StatusOr<Prediction> Simulate(const Costs& c, const Scenario& s, int steps
       ready.emplace(end + out_us, j);
       continue;
     }
-    // The step is done.
+    // The step is done; serving it (its result, the next plan) takes the device next.
+    device.Take(end, serving_us);
     const double wall = end - b.step_start;
     period = have_period ? 0.8 * period + 0.2 * wall : wall;
     have_period = true;

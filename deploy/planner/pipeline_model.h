@@ -25,8 +25,11 @@
 // Replicas map onto `compute_devices` devices round-robin, so several replicas may share
 // one device (as on a machine with fewer cores than replicas).
 //
-// What is not: prefill, admission and finishing (the batch is steady), contention on the
-// links (each pair has its own), and the scheduler's own CPU time.
+// The scheduler's and the API's CPU time per step is a piece of device work where they
+// share the compute device's cores (`serving_*_us`).
+//
+// What is not: prefill, admission and finishing (the batch is steady), and contention on
+// the links (each pair has its own).
 #ifndef STRATA_DEPLOY_PLANNER_PIPELINE_MODEL_H_
 #define STRATA_DEPLOY_PLANNER_PIPELINE_MODEL_H_
 
@@ -73,6 +76,12 @@ struct Costs {
   double context_bytes_per_row = 0.0;
   // Between a batch's result and its next plan at the node (synchronous scheduling).
   double step_gap_us = 0.0;
+  // CPU that serving takes per step of a batch on the compute device, where the scheduler,
+  // the API and the compute node's service threads share its cores (one machine; 0 where
+  // they have cores of their own): fixed + per_row * rows, microseconds. It runs on the
+  // device right after the step ends, before anything queued behind.
+  double serving_fixed_us = 0.0;
+  double serving_per_row_us = 0.0;
 };
 
 enum class Mode { kOff, kTwo, kFixed, kRotational };

@@ -47,6 +47,29 @@ TEST(PipelineModelTest, OneBatchIsTheSumOfItsParts) {
   }
 }
 
+// Serving's CPU on a shared device follows every step: with asynchronous scheduling it
+// adds to the step; with synchronous scheduling it runs inside the step gap when it fits.
+TEST(PipelineModelTest, ServingOnTheComputeDeviceFollowsEveryStep) {
+  Costs c = Simple(/*attention_per_layer_us=*/80.0);
+  c.serving_fixed_us = 20.0;
+  c.serving_per_row_us = 2.0;  // 8 rows: 36 us per step
+  Scenario s;
+  s.rows = 8;
+  for (bool async : {true, false}) {
+    s.asynchronous = async;
+    auto p = Simulate(c, s);
+    ASSERT_TRUE(p.ok()) << p.status();
+    const double step_us = 5 * 100 + 4 * (10 + 80 + 10) + (async ? 36 : 50);
+    EXPECT_NEAR(p->step_ms, step_us / 1e3, 1e-9) << (async ? "async" : "sync");
+    EXPECT_NEAR(p->compute_bubble, 1 - (500 + 36) / step_us, 1e-9);
+  }
+  // Longer than the gap: the next step waits for the device.
+  c.serving_fixed_us = 84.0;  // 100 us per step
+  auto p = Simulate(c, s);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_NEAR(p->step_ms, (5 * 100 + 4 * (10 + 80 + 10) + 100) / 1e3, 1e-9);
+}
+
 TEST(PipelineModelTest, TwoBatchesFillTheComputeDeviceWhenAttentionIsShort) {
   const Costs c = Simple(/*attention_per_layer_us=*/40.0, /*latency_us=*/5.0);
   Scenario off, two;

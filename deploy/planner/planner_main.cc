@@ -32,6 +32,10 @@ ABSL_FLAG(double, bytes_back_per_row, 0.0, "Bytes per row and layer back (attent
 ABSL_FLAG(double, context_bytes_per_row, 0.0, "Bytes per row of a migrating batch context");
 ABSL_FLAG(double, step_gap_us, 0.0,
           "Synchronous scheduling: from a step's end to the batch's next plan at the node, us");
+ABSL_FLAG(double, serving_fixed_us, 0.0,
+          "CPU of the scheduler, API and node service threads per step on the compute device, "
+          "where they share its cores (0: cores of their own): fixed part, us");
+ABSL_FLAG(double, serving_per_row_us, 0.0, "... per row, us");
 
 ABSL_FLAG(std::string, modes, "off,two,fixed,rotational", "Modes to model");
 ABSL_FLAG(std::string, rows, "8,64", "Rows per batch");
@@ -98,6 +102,8 @@ int Run() {
   costs.bytes_back_per_row = absl::GetFlag(FLAGS_bytes_back_per_row);
   costs.context_bytes_per_row = absl::GetFlag(FLAGS_context_bytes_per_row);
   costs.step_gap_us = absl::GetFlag(FLAGS_step_gap_us);
+  costs.serving_fixed_us = absl::GetFlag(FLAGS_serving_fixed_us);
+  costs.serving_per_row_us = absl::GetFlag(FLAGS_serving_per_row_us);
   const bool csv = absl::GetFlag(FLAGS_csv);
   const bool advise = absl::GetFlag(FLAGS_advise);
   if (csv) {

@@ -93,7 +93,31 @@ def stream_all(port, model, prompts, tokens, times, errors):
         t.join()
 
 
-def run_point(port, model, rows, context, tokens, seed, metrics_ports, shared_prefix=True):
+def thread_cpu_seconds(pid):
+    """CPU seconds each thread of a process has run (its tid: seconds), from /proc."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                out[tid] = int(f.read().split()[0]) / 1e9
+        except OSError:
+            pass  # the thread ended
+    return out
+
+
+def serving_cpu_seconds(before, after):
+    """CPU between two snapshots ({process: thread_cpu_seconds}) that serving took: every
+    thread of the server, and every thread of the compute node but its busiest (the step
+    thread: the validation's compute nodes run one compute thread)."""
+    total = 0.0
+    for name, threads in after.items():
+        used = sorted(max(0.0, cpu - before[name].get(tid, 0.0)) for tid, cpu in threads.items())
+        total += sum(used) if name == "server" else sum(used[:-1])
+    return total
+
+
+def run_point(port, model, rows, context, tokens, seed, metrics_ports, shared_prefix=True,
+              pids=None):
     """With `shared_prefix`, the rows' prompts differ only in their last 8 tokens, and the
     common part is cached first: the prefill is short, but every row attends to the same
     KV, which the memory node then reads from its caches rather than from DRAM. Without it,
@@ -113,11 +137,13 @@ def run_point(port, model, rows, context, tokens, seed, metrics_ports, shared_pr
     before = {role: metric_values(p, COMPUTE_IDLE + [PLAN_WAITS] if role == "compute" else
                                   MEMORY_BUSY)
               for role, p in metrics_ports.items()}
+    cpu_before = {name: thread_cpu_seconds(pid) for name, pid in (pids or {}).items()}
     start = time.monotonic()
     times = [[] for _ in range(rows)]
     errors = []
     stream_all(port, model, prompts, tokens, times, errors)
     wall = time.monotonic() - start
+    cpu_after = {name: thread_cpu_seconds(pid) for name, pid in (pids or {}).items()}
     if errors or any(len(t) < tokens // 2 for t in times):
         raise RuntimeError(f"rows={rows} ctx={context}: {errors[:3]}")
     after = {role: metric_values(p, COMPUTE_IDLE + [PLAN_WAITS] if role == "compute" else
@@ -136,6 +162,10 @@ def run_point(port, model, rows, context, tokens, seed, metrics_ports, shared_pr
         waits = after["compute"][PLAN_WAITS] - before["compute"][PLAN_WAITS]
         waited = after["compute"][PLAN_WAIT] - before["compute"][PLAN_WAIT]
         result["plan_wait_ms"] = 1000 * waited / waits if waits else 0.0
+    if pids:
+        # Per step: every row streams one token per step.
+        result["serving_cpu_ms"] = (1000 * serving_cpu_seconds(cpu_before, cpu_after) /
+                                    max(len(t) for t in times))
     if "memory" in metrics_ports:
         busy = after["memory"][MEMORY_BUSY[0]] - before["memory"][MEMORY_BUSY[0]]
         result["memory_bubble"] = max(0.0, 1 - busy / wall)
@@ -166,9 +196,10 @@ def run_mode(bin_dir, args, grid, tokens, seed, shared_prefix=True):
             metrics_ports = {"compute": ports["metrics"]["compute-0"]}
             if "memory-0" in ports["metrics"]:
                 metrics_ports["memory"] = ports["metrics"]["memory-0"]
+            pids = {"server": ports["pids"]["server"], "compute": ports["pids"]["compute-0"]}
             run_point(port, model, 4, 64, 8, seed, metrics_ports)  # warm-up
             return {point: run_point(port, model, point[0], point[1], tokens, seed,
-                                     metrics_ports, shared_prefix) for point in grid}
+                                     metrics_ports, shared_prefix, pids) for point in grid}
         finally:
             os.killpg(launcher.pid, signal.SIGTERM)
             launcher.wait(timeout=60)

@@ -19,8 +19,14 @@ Calibration (micro-benchmarks only, written to a flag file for strata_planner):
     (strata_compute_node_plan_wait_seconds) while one row decodes at context 64 with
     synchronous scheduling in the validation partition, median of 2 runs. One row at
     context 64 is a shape the validation does not run.
-The calibration shapes (batches 1, 4, 12, 24, 48 at contexts 512, 1536, 3072) differ from
-the validation shapes.
+  - serving (the scheduler's, the API's and the compute node's service threads' CPU per
+    step, which the validation partition puts on the compute core): their threads' CPU
+    time (/proc, pipeline_bench's serving_cpu_ms) per step while 2 and then 24 rows decode
+    at context 64 with asynchronous scheduling in the validation partition, median of 2
+    runs, fitted as fixed + per_row * rows. (Until 2026-11-26 the model had no such cost,
+    and predicted every mode faster than measured by 14-49%.)
+The calibration shapes (batches 1, 4, 12, 24, 48 at contexts 512, 1536, 3072; serving at
+2 and 24 rows, context 64) differ from the validation shapes.
 
 Validation (end to end, the launcher as tests/bench/pipeline_bench.py runs it: compute node
 and scheduler on one core, one memory node on the other, UCX shared memory), interleaved
@@ -137,6 +143,26 @@ def step_gap_us(bin_dir, compute_cpu, memory_cpu, rounds=2):
     return 1e3 * statistics.median(waits)
 
 
+def serving_costs(bin_dir, compute_cpu, memory_cpu, rounds=2):
+    """Flags for the planner's serving cost on the compute device: fixed + per_row * rows."""
+    points = [(2, 64), (24, 64)]
+    cpu = {p: [] for p in points}
+    for r in range(rounds):
+        got = pipeline_bench.run_mode(bin_dir, partition_flags(compute_cpu, memory_cpu) +
+                                      ["--async_scheduling"], points, 48, 5 + r,
+                                      shared_prefix=False)
+        for p in points:
+            cpu[p].append(got[p]["serving_cpu_ms"] * 1e3)
+    (r0, _), (r1, _) = points
+    c0, c1 = (statistics.median(cpu[p]) for p in points)
+    per_row = max(0.0, (c1 - c0) / (r1 - r0))
+    fixed = max(0.0, c0 - per_row * r0)
+    print("  serving: CPU per step beside the step thread, asynchronous, context 64: "
+          + ", ".join(f"{p[0]} rows {', '.join(f'{v:.0f}' for v in cpu[p])} us"
+                      for p in points), file=sys.stderr)
+    return [f"--serving_fixed_us={fixed:.1f}", f"--serving_per_row_us={per_row:.2f}"]
+
+
 def modes(compute_cpu, memory_cpu):
     partition = partition_flags(compute_cpu, memory_cpu)
     return {
@@ -180,6 +206,7 @@ def main():
 
     flags, worst = calibrate(args.bin_dir, args.model, compute_cpu, memory_cpu)
     flags.append(f"--step_gap_us={step_gap_us(args.bin_dir, compute_cpu, memory_cpu):.0f}")
+    flags += serving_costs(args.bin_dir, compute_cpu, memory_cpu)
     costs_file = args.costs_out or os.path.join(tempfile.mkdtemp(), "costs.flags")
     with open(costs_file, "w") as f:
         f.write("\n".join(flags) + "\n")
