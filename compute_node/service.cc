@@ -6,6 +6,7 @@
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
 #include "common/base/stopwatch.h"
+#include "common/base/thread_name.h"
 #include "common/base/wait_policy.h"
 #include "common/control/grpc_status.h"
 #include "common/protocol/node_config_proto.h"
@@ -55,6 +56,7 @@ grpc::Status ComputeNodeService::RunSteps(
   };
   node_->PrepareQueue(queue);
   std::thread reader([&] {
+    SetCurrentThreadName("plan-reader");
     control::StepPlan wire;
     while (!broken.load() && !context->IsCancelled() && stream->Read(&wire)) {
       QueuedPlan queued;
@@ -77,7 +79,12 @@ grpc::Status ComputeNodeService::RunSteps(
   // The steps run on a thread of the stream's own, whose OpenMP team ends with the stream:
   // gRPC hands each stream to whichever of its threads is free, and a team left behind on
   // one of them would throttle the next stream's spin (common/base/wait_policy.h).
-  OnOwnOpenMpThread([&] { node_->RunPipelined(queue, plan_wait_observer_); }, threads_);
+  OnOwnOpenMpThread(
+      [&] {
+        SetCurrentThreadName("step");  // its OpenMP team's threads take the name too
+        node_->RunPipelined(queue, plan_wait_observer_);
+      },
+      threads_);
   reader.join();
   return grpc::Status::OK;
 }

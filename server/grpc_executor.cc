@@ -4,6 +4,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/base/logging.h"
+#include "common/base/thread_name.h"
 #include "common/control/grpc_status.h"
 #include "common/protocol/step_proto.h"
 
@@ -21,9 +22,18 @@ GrpcExecutor::GrpcExecutor(std::string name, const std::string& address,
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   channel_ = auth_->CreateChannel(address, args);
   stub_ = control::ComputeNode::NewStub(channel_);
-  writer_ = std::thread([this] { WriteLoop(); });
-  reader_ = std::thread([this] { ReadLoop(); });
-  watchdog_ = std::thread([this] { Watchdog(); });
+  writer_ = std::thread([this] {
+    SetCurrentThreadName("exec-write");
+    WriteLoop();
+  });
+  reader_ = std::thread([this] {
+    SetCurrentThreadName("exec-read");
+    ReadLoop();
+  });
+  watchdog_ = std::thread([this] {
+    SetCurrentThreadName("exec-watchdog");
+    Watchdog();
+  });
 }
 
 GrpcExecutor::~GrpcExecutor() {

@@ -4,6 +4,7 @@
 
 #include "absl/time/clock.h"
 #include "common/base/logging.h"
+#include "common/base/thread_name.h"
 
 namespace strata {
 
@@ -143,6 +144,7 @@ bool EventLoop::WaitOnPoller(std::deque<Closure>* batch, std::vector<Closure>* d
 }
 
 void EventLoop::Run() {
+  SetCurrentThreadName(name_);
   // Start() sets thread_id_ under mu_: taking it once here makes it visible to what the
   // poller runs (InLoopThread) before the first batch.
   { absl::MutexLock lock(&mu_); }

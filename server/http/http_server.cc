@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "common/base/logging.h"
+#include "common/base/thread_name.h"
 
 namespace strata::http {
 namespace {
@@ -395,7 +396,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
   impl.workers.emplace(static_cast<size_t>(std::max(1, options.worker_threads)));
   impl.Accept();
   for (int i = 0; i < std::max(1, options.threads); ++i) {
-    impl.threads.emplace_back([&impl] { impl.ioc.run(); });
+    impl.threads.emplace_back([&impl] {
+      SetCurrentThreadName("http-io");
+      impl.ioc.run();
+    });
   }
   return server;
 }
