@@ -107,7 +107,7 @@ def thread_cpu_seconds(pid):
 
 def serving_cpu_seconds(before, after):
     """CPU between two snapshots ({process: thread_cpu_seconds}) that serving took: every
-    thread of the server, and every thread of the compute node but its busiest (the step
+    thread of the server, and every thread of each compute node but its busiest (the step
     thread: the validation's compute nodes run one compute thread)."""
     total = 0.0
     for name, threads in after.items():
@@ -196,7 +196,8 @@ def run_mode(bin_dir, args, grid, tokens, seed, shared_prefix=True):
             metrics_ports = {"compute": ports["metrics"]["compute-0"]}
             if "memory-0" in ports["metrics"]:
                 metrics_ports["memory"] = ports["metrics"]["memory-0"]
-            pids = {"server": ports["pids"]["server"], "compute": ports["pids"]["compute-0"]}
+            pids = {name: pid for name, pid in ports["pids"].items()
+                    if name == "server" or name.startswith("compute-")}
             run_point(port, model, 4, 64, 8, seed, metrics_ports)  # warm-up
             return {point: run_point(port, model, point[0], point[1], tokens, seed,
                                      metrics_ports, shared_prefix, pids) for point in grid}

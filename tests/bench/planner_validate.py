@@ -19,14 +19,15 @@ Calibration (micro-benchmarks only, written to a flag file for strata_planner):
     (strata_compute_node_plan_wait_seconds) while one row decodes at context 64 with
     synchronous scheduling in the validation partition, median of 2 runs. One row at
     context 64 is a shape the validation does not run.
-  - serving (the scheduler's, the API's and the compute node's service threads' CPU per
-    step, which the validation partition puts on the compute core): their threads' CPU
-    time (/proc, pipeline_bench's serving_cpu_ms) per step while 2 and then 24 rows decode
-    at context 64 with asynchronous scheduling in the validation partition, median of 2
-    runs, fitted as fixed + per_row * rows. (Until 2026-11-26 the model had no such cost,
-    and predicted every mode faster than measured by 14-49%.)
+  - serving (the scheduler's, the API's and the compute nodes' service threads' CPU per
+    step of a batch, which the validation partition puts on the compute core), for each
+    mode under its own flags (two compute nodes, and contexts migrating between them,
+    cost more than one): their threads' CPU time (/proc, pipeline_bench's
+    serving_cpu_ms) while 6 and then 24 rows in all decode at context 64, median of 2
+    runs, fitted as fixed + per_row * rows per batch. (Until 2026-11-26 the model had no
+    such cost, and predicted every mode faster than measured by 14-49%.)
 The calibration shapes (batches 1, 4, 12, 24, 48 at contexts 512, 1536, 3072; serving at
-2 and 24 rows, context 64) differ from the validation shapes.
+6 and 24 rows, context 64) differ from the validation shapes.
 
 Validation (end to end, the launcher as tests/bench/pipeline_bench.py runs it: compute node
 and scheduler on one core, one memory node on the other, UCX shared memory), interleaved
@@ -143,23 +144,24 @@ def step_gap_us(bin_dir, compute_cpu, memory_cpu, rounds=2):
     return 1e3 * statistics.median(waits)
 
 
-def serving_costs(bin_dir, compute_cpu, memory_cpu, rounds=2):
-    """Flags for the planner's serving cost on the compute device: fixed + per_row * rows."""
-    points = [(2, 64), (24, 64)]
+def serving_costs(bin_dir, launcher_flags, batches, rounds=2):
+    """Planner flags for serving's CPU on the compute device under one mode (its launcher
+    flags, its number of batches), per step of a batch: fixed + per_row * rows per batch."""
+    points = [(6, 64), (24, 64)]  # total rows; every mode's batches divide them
     cpu = {p: [] for p in points}
     for r in range(rounds):
-        got = pipeline_bench.run_mode(bin_dir, partition_flags(compute_cpu, memory_cpu) +
-                                      ["--async_scheduling"], points, 48, 5 + r,
+        got = pipeline_bench.run_mode(bin_dir, launcher_flags, points, 48, 5 + r,
                                       shared_prefix=False)
         for p in points:
-            cpu[p].append(got[p]["serving_cpu_ms"] * 1e3)
-    (r0, _), (r1, _) = points
+            # serving_cpu_ms is per token of a row: one step of every batch.
+            cpu[p].append(got[p]["serving_cpu_ms"] * 1e3 / batches)
+    (r0, _), (r1, _) = ((p[0] / batches, p[1]) for p in points)
     c0, c1 = (statistics.median(cpu[p]) for p in points)
     per_row = max(0.0, (c1 - c0) / (r1 - r0))
     fixed = max(0.0, c0 - per_row * r0)
-    print("  serving: CPU per step beside the step thread, asynchronous, context 64: "
-          + ", ".join(f"{p[0]} rows {', '.join(f'{v:.0f}' for v in cpu[p])} us"
-                      for p in points), file=sys.stderr)
+    print("  serving: CPU per batch step beside the step threads, context 64: " +
+          ", ".join(f"{p[0] // batches} rows {', '.join(f'{v:.0f}' for v in cpu[p])} us"
+                    for p in points), file=sys.stderr)
     return [f"--serving_fixed_us={fixed:.1f}", f"--serving_per_row_us={per_row:.2f}"]
 
 
@@ -206,21 +208,29 @@ def main():
 
     flags, worst = calibrate(args.bin_dir, args.model, compute_cpu, memory_cpu)
     flags.append(f"--step_gap_us={step_gap_us(args.bin_dir, compute_cpu, memory_cpu):.0f}")
-    flags += serving_costs(args.bin_dir, compute_cpu, memory_cpu)
+    all_modes = modes(compute_cpu, memory_cpu)
+    names = args.modes.split(",")
+    for name in names:
+        if name not in all_modes:
+            raise SystemExit(f"--modes: no mode {name!r}; there are {', '.join(all_modes)}")
+    # Serving's CPU depends on the mode's processes (two compute nodes, contexts migrating
+    # between them), so each mode is calibrated under its own flags.
+    serving = {}
+    for name in names:
+        launcher_flags, planner_flags, _ = all_modes[name]
+        batches = int(next(f for f in planner_flags if f.startswith("--batches="))[10:])
+        serving[name] = serving_costs(args.bin_dir, launcher_flags, batches)
     costs_file = args.costs_out or os.path.join(tempfile.mkdtemp(), "costs.flags")
     with open(costs_file, "w") as f:
         f.write("\n".join(flags) + "\n")
     print("calibration (micro-benchmarks):")
     for flag in flags:
         print("  " + flag)
+    for name in names:
+        print(f"  {name}: " + " ".join(serving[name]))
     print(f"  attention fit: worst relative error {worst:.1%} over the calibration shapes")
 
     grid = [(int(r), int(c)) for r in args.rows.split(",") for c in args.contexts.split(",")]
-    all_modes = modes(compute_cpu, memory_cpu)
-    names = args.modes.split(",")
-    for name in names:
-        if name not in all_modes:
-            raise SystemExit(f"--modes: no mode {name!r}; there are {', '.join(all_modes)}")
     results = {n: {p: [] for p in grid} for n in names}
     for round_index in range(args.rounds):
         order = names[round_index % len(names):] + names[:round_index % len(names)]
@@ -242,7 +252,7 @@ def main():
         for rows, context in grid:
             measured = statistics.median(r["tok/s"] for r in results[name][(rows, context)])
             tpot = statistics.median(r["tpot_ms"] for r in results[name][(rows, context)])
-            p = predict(args.bin_dir, costs_file, all_modes[name][1],
+            p = predict(args.bin_dir, costs_file, all_modes[name][1] + serving[name],
                         all_modes[name][2](rows), context)
             predicted = float(p["tokens_per_s"])
             error = predicted / measured - 1
