@@ -169,6 +169,9 @@ def run_point(port, model, rows, context, tokens, seed, metrics_ports, shared_pr
     if "memory" in metrics_ports:
         busy = after["memory"][MEMORY_BUSY[0]] - before["memory"][MEMORY_BUSY[0]]
         result["memory_bubble"] = max(0.0, 1 - busy / wall)
+        # Per step (every row streams one token per step): the memory node's time handling
+        # layer frames (KV writes, attention, framing).
+        result["memory_busy_ms"] = 1000 * busy / max(len(t) for t in times)
     return result
 
 

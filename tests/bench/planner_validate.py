@@ -1,17 +1,21 @@
 #!/usr/bin/python3
 """The planner (deploy/planner, issue "Fixed and rotational staggered pipelining") against
-this machine: calibrate it on micro-benchmarks, then predict end-to-end runs that were not
-used for calibration and print prediction against measurement.
+this machine: calibrate it, then predict end-to-end runs that were not used for
+calibration and print prediction against measurement.
 
-Calibration (micro-benchmarks only, written to a flag file for strata_planner):
+Calibration (written to a flag file for strata_planner: micro-benchmarks, and served runs
+at shapes the validation does not use):
   - compute: decode_bench's GEMM-only step (every slice, LM head, sampling; no attention) on
     one core with one thread, as the compute node runs in the partition below;
-  - attention: attention_bench, the kernel the memory node runs, alone on the memory
-    node's core with one thread (slots scattered in blocks, as serving leaves them), times
-    the layers, fitted by least squares to fixed + per_row * rows + per_position * rows *
-    context. (Until 2026-11-26 this was decode_bench's full step minus its GEMM-only step
-    on the compute core, a difference of two noisy figures that also carried the full
-    step's cache contention: it made attention 2.4x slower than the memory node runs it.)
+  - attention: the memory node's own time handling layer frames (KV writes, attention,
+    framing: strata_memory_node_attention_seconds) per step while one batch decodes with
+    asynchronous scheduling in the validation partition, at rows 4 and 16 and contexts
+    512 and 1280 (all of it fits the 1 GiB KV pool), median of 2 runs, fitted by least
+    squares to fixed + per_row * rows + per_position * rows * context. With --attention_from=kernel, attention_bench's kernel
+    alone on the memory node's core with one thread (slots scattered in blocks) instead,
+    which left out the node's work beside the kernel (about 20% at context 1024); until
+    2026-11-26 that was the only way, and before it decode_bench's full step minus its
+    GEMM-only step, which made attention 2.4x slower than the memory node runs it.
   - link: transport_bench over UCX shared memory (the partition's data plane): half the
     round trip of a 64-byte message, and the streaming bandwidth at 300 kB;
   - step gap (the scheduler's round trip between a batch's result and its next plan, which
@@ -26,8 +30,9 @@ Calibration (micro-benchmarks only, written to a flag file for strata_planner):
     serving_cpu_ms) while 6 and then 24 rows in all decode at context 64, median of 2
     runs, fitted as fixed + per_row * rows per batch. (Until 2026-11-26 the model had no
     such cost, and predicted every mode faster than measured by 14-49%.)
-The calibration shapes (batches 1, 4, 12, 24, 48 at contexts 512, 1536, 3072; serving at
-6 and 24 rows, context 64) differ from the validation shapes.
+The calibration shapes (GEMMs at batches 1, 4, 12, 24, 48; the kernel at those batches and
+contexts 512, 1536, 3072; the memory node at rows 4 and 16 and contexts 512 and 1280;
+serving at 6 and 24 rows, context 64) differ from the validation shapes.
 
 Validation (end to end, the launcher as tests/bench/pipeline_bench.py runs it: compute node
 and scheduler on one core, one memory node on the other, UCX shared memory), interleaved
@@ -96,12 +101,7 @@ def calibrate(bin_dir, model, compute_cpu, memory_cpu):
     if not attention:
         raise RuntimeError("attention_bench printed no figures:\n" + out)
     compute_us = ",".join(f"{b}:{statistics.median(v):.1f}" for b, v in sorted(gemm.items()))
-    a = np.array([[1.0, b, b * c] for b, c, _ in attention])
-    y = np.array([t for _, _, t in attention])
-    # Least squares on relative error (each shape weighs the same whatever its size).
-    coef, *_ = np.linalg.lstsq(a / y[:, None], np.ones_like(y), rcond=None)
-    fitted = a @ coef
-    worst = max(abs(f - t) / t for f, t in zip(fitted, y))
+    coef, worst = fit_attention(attention)
     out = subprocess.run(
         ["taskset", "-c", f"{compute_cpu},{memory_cpu}",
          f"{bin_dir}/common/transport/bench/transport_bench", "--tls=sm,self",
@@ -114,9 +114,7 @@ def calibrate(bin_dir, model, compute_cpu, memory_cpu):
     flags = [
         f"--layers={layers}",
         f"--compute_us={compute_us}",
-        f"--attention_fixed_us={coef[0]:.3f}",
-        f"--attention_per_row_us={coef[1]:.4f}",
-        f"--attention_per_position_us={coef[2]:.7f}",
+        *attention_flags(coef),
         f"--link_latency_us={latency_us:.2f}",
         f"--link_gbytes_per_s={gbytes:.2f}",
         f"--bytes_out_per_row={(heads + 2 * kv_heads) * head_dim * 2}",
@@ -124,6 +122,44 @@ def calibrate(bin_dir, model, compute_cpu, memory_cpu):
         f"--context_bytes_per_row={hidden * 4}",
     ]
     return flags, worst
+
+
+def fit_attention(points):
+    """fixed + per_row * rows + per_position * rows * context through (rows, context, us)
+    points, by least squares on relative error (each shape weighs the same whatever its
+    size); the coefficients and the worst relative error of the fit."""
+    a = np.array([[1.0, b, b * c] for b, c, _ in points])
+    y = np.array([t for _, _, t in points])
+    coef, *_ = np.linalg.lstsq(a / y[:, None], np.ones_like(y), rcond=None)
+    fitted = a @ coef
+    return coef, max(abs(f - t) / t for f, t in zip(fitted, y))
+
+
+def attention_flags(coef):
+    return [f"--attention_fixed_us={coef[0]:.3f}", f"--attention_per_row_us={coef[1]:.4f}",
+            f"--attention_per_position_us={coef[2]:.7f}"]
+
+
+def memory_node_attention(bin_dir, compute_cpu, memory_cpu, rounds=2):
+    """The attention costs from the memory node as it serves: its time handling layer
+    frames per step (KV writes, attention, framing; strata_memory_node_attention_seconds),
+    while one batch decodes with asynchronous scheduling in the validation partition, at
+    rows 4 and 16 and contexts 512 and 1280; flags and the fit's worst relative error."""
+    # Every row's KV (context + 32 tokens) fits the partition's 1 GiB pool at once: a point
+    # that overflows it measures preemption, not attention.
+    points = [(r, c) for r in (4, 16) for c in (512, 1280)]
+    busy = {p: [] for p in points}
+    for r in range(rounds):
+        got = pipeline_bench.run_mode(bin_dir, partition_flags(compute_cpu, memory_cpu) +
+                                      ["--async_scheduling"], points, 32, 11 + r,
+                                      shared_prefix=False)
+        for p in points:
+            busy[p].append(got[p]["memory_busy_ms"] * 1e3)
+    print("  memory node's busy time per step: " +
+          ", ".join(f"{p[0]} rows ctx {p[1]} {', '.join(f'{v:.0f}' for v in busy[p])} us"
+                    for p in points), file=sys.stderr)
+    coef, worst = fit_attention([(p[0], p[1], statistics.median(busy[p])) for p in points])
+    return attention_flags(coef), worst
 
 
 def partition_flags(compute_cpu, memory_cpu):
@@ -200,6 +236,10 @@ def main():
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--costs_out", default="")
     parser.add_argument("--modes", default="off,two,fixed,rotational")
+    parser.add_argument("--attention_from", default="memory_node",
+                        choices=["memory_node", "kernel"],
+                        help="calibrate attention from the memory node's busy time as it "
+                        "serves (default), or from attention_bench's kernel alone")
     args = parser.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
@@ -207,6 +247,12 @@ def main():
     compute_cpu, memory_cpu = cpus[0], cpus[1]
 
     flags, worst = calibrate(args.bin_dir, args.model, compute_cpu, memory_cpu)
+    if args.attention_from == "memory_node":
+        kernel = [f for f in flags if f.startswith("--attention_")]
+        served, worst = memory_node_attention(args.bin_dir, compute_cpu, memory_cpu)
+        flags = [f for f in flags if f not in kernel] + served
+        print("  attention from the kernel alone (not used): " + " ".join(kernel),
+              file=sys.stderr)
     flags.append(f"--step_gap_us={step_gap_us(args.bin_dir, compute_cpu, memory_cpu):.0f}")
     all_modes = modes(compute_cpu, memory_cpu)
     names = args.modes.split(",")
@@ -223,7 +269,7 @@ def main():
     costs_file = args.costs_out or os.path.join(tempfile.mkdtemp(), "costs.flags")
     with open(costs_file, "w") as f:
         f.write("\n".join(flags) + "\n")
-    print("calibration (micro-benchmarks):")
+    print("calibration:")
     for flag in flags:
         print("  " + flag)
     for name in names:
