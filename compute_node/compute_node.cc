@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
+#include "common/base/wait_policy.h"
 #include "common/tokenizer/tokenizer.h"
 
 namespace strata {
@@ -46,6 +47,8 @@ absl::StatusOr<std::unique_ptr<ComputeNode>> ComputeNode::Create(
     }
   }
   if (options.rotation_batches > 0) {
+    // This runs on the loading thread, a compute thread; the transports' threads are not.
+    ServiceThreadScope service_threads;
     ComputeNode* self = node.get();
     node->wakeup_ = std::make_unique<Wakeup>();
     ContextExchangeOptions exchange;

@@ -10,8 +10,10 @@ ABSL_FLAG(std::string, cpus, "",
           "With --threads=0 the thread count follows the list");
 
 ABSL_FLAG(bool, service_threads_yield, true,
-          "Run every thread but the step's OpenMP team as SCHED_BATCH, so that a thread "
-          "waking to pass on a result or a plan does not preempt the team on shared cores");
+          "Server and compute node: run every thread but the step's OpenMP team as "
+          "SCHED_BATCH, so that a thread waking to pass on a result or a plan does not "
+          "preempt the team on shared cores (accepted and ignored by memory nodes, whose "
+          "threads run attention)");
 
 namespace strata {
 
@@ -24,7 +26,9 @@ void ApplyServiceThreadsFlag() {
   if (!SetThreadRole(ThreadRole::kService)) {
     LOG(WARNING) << "could not make service threads SCHED_BATCH; they may preempt the step's "
                     "OpenMP team on shared cores";
+    return;
   }
+  SetServiceThreadsYield(true);
 }
 
 }  // namespace strata

@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <atomic>
 #include <string>
 
 namespace strata {
@@ -16,6 +17,23 @@ bool SetThreadRole(ThreadRole role) {
 
 ThreadRole CurrentThreadRole() {
   return sched_getscheduler(0) == SCHED_BATCH ? ThreadRole::kService : ThreadRole::kCompute;
+}
+
+namespace {
+std::atomic<bool> service_threads_yield{false};
+}  // namespace
+
+void SetServiceThreadsYield(bool yield) { service_threads_yield.store(yield); }
+bool ServiceThreadsYield() { return service_threads_yield.load(); }
+
+ServiceThreadScope::ServiceThreadScope() : before_(CurrentThreadRole()) {
+  if (ServiceThreadsYield() && before_ != ThreadRole::kService) {
+    changed_ = SetThreadRole(ThreadRole::kService);
+  }
+}
+
+ServiceThreadScope::~ServiceThreadScope() {
+  if (changed_) SetThreadRole(before_);
 }
 
 int64_t SpinCountFor(CoreShare share) {

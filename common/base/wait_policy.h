@@ -56,8 +56,9 @@ std::vector<std::string> OpenMpEnvironmentList(int threads, CoreShare share,
 // HTTP), and on shared cores each of them can stop one thread of the step's OpenMP team,
 // whose partner then waits for it at the next barrier. A service thread is SCHED_BATCH:
 // it never preempts on waking, and runs when a core frees up or the running thread's
-// slice ends (about a millisecond with Linux's EEVDF scheduler), which asynchronous
-// scheduling's plan ahead covers. A compute thread is SCHED_OTHER, as every thread starts.
+// slice ends (a millisecond or a few with Linux's EEVDF scheduler, whose base slice grows
+// with the core count, at the next timer tick), which asynchronous scheduling's plan ahead
+// covers. A compute thread is SCHED_OTHER, as every thread starts.
 // A thread created later inherits its creator's role, libgomp's worker threads included.
 enum class ThreadRole { kService, kCompute };
 
@@ -67,6 +68,26 @@ bool SetThreadRole(ThreadRole role);
 
 // The calling thread's role (kCompute for any policy but SCHED_BATCH).
 ThreadRole CurrentThreadRole();
+
+// Whether this process runs its service threads as kService (set where main made itself
+// one; see cpu_flags.h).
+void SetServiceThreadsYield(bool yield);
+bool ServiceThreadsYield();
+
+// For a compute thread that starts service threads (a transport's loop): while it lives,
+// the calling thread is a service thread where this process's service threads yield, so
+// the threads it starts are too; the role it had comes back at the end.
+class ServiceThreadScope {
+ public:
+  ServiceThreadScope();
+  ~ServiceThreadScope();
+  ServiceThreadScope(const ServiceThreadScope&) = delete;
+  ServiceThreadScope& operator=(const ServiceThreadScope&) = delete;
+
+ private:
+  ThreadRole before_;
+  bool changed_ = false;
+};
 
 // Runs `work` on a thread of its own and returns what it returns, so that the OpenMP team
 // its parallel regions create ends when it does. The thread is a compute thread whatever

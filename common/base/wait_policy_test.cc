@@ -104,6 +104,7 @@ TEST(WaitPolicyTest, OnOwnOpenMpThreadReturnsWhatTheWorkReturns) {
 // A service thread's children are service threads; OnOwnOpenMpThread's thread and its whole
 // OpenMP team are compute threads, and its caller stays what it was.
 TEST(ThreadRoleTest, ServiceThreadsPassTheRoleOnAndComputeTeamsTakeTheirOwn) {
+  const ThreadRole runner = CurrentThreadRole();
   bool set = false;
   ThreadRole child = ThreadRole::kCompute, caller_after = ThreadRole::kCompute;
   std::vector<ThreadRole> team(2, ThreadRole::kService);
@@ -131,8 +132,36 @@ TEST(ThreadRoleTest, ServiceThreadsPassTheRoleOnAndComputeTeamsTakeTheirOwn) {
   EXPECT_EQ(team[0], ThreadRole::kCompute);
   EXPECT_EQ(team[1], ThreadRole::kCompute);
   EXPECT_EQ(caller_after, ThreadRole::kService);
-  // A thread that never set a role is a compute thread.
-  EXPECT_EQ(CurrentThreadRole(), ThreadRole::kCompute);
+  // Only that thread changed.
+  EXPECT_EQ(CurrentThreadRole(), runner);
+}
+
+// A compute thread starting service threads under a ServiceThreadScope: they are service
+// threads where the process's service threads yield, and the compute thread is a compute
+// thread again after the scope; where they do not yield, nothing changes.
+TEST(ThreadRoleTest, AServiceThreadScopeStartsServiceThreadsFromAComputeThread) {
+  for (bool yield : {true, false}) {
+    SetServiceThreadsYield(yield);
+    ThreadRole started = ThreadRole::kCompute, inside = ThreadRole::kCompute,
+               after = ThreadRole::kService;
+    bool compute = false;
+    OnOwnOpenMpThread([&] {
+      compute = CurrentThreadRole() == ThreadRole::kCompute;
+      {
+        ServiceThreadScope scope;
+        inside = CurrentThreadRole();
+        std::thread([&] { started = CurrentThreadRole(); }).join();
+      }
+      after = CurrentThreadRole();
+    });
+    SetServiceThreadsYield(false);
+    ASSERT_TRUE(compute);
+    if (yield && inside != ThreadRole::kService) GTEST_SKIP() << "the kernel refused SCHED_BATCH";
+    const ThreadRole want = yield ? ThreadRole::kService : ThreadRole::kCompute;
+    EXPECT_EQ(inside, want) << "yield " << yield;
+    EXPECT_EQ(started, want) << "yield " << yield;
+    EXPECT_EQ(after, ThreadRole::kCompute) << "yield " << yield;
+  }
 }
 
 }  // namespace

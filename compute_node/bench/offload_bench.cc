@@ -55,8 +55,9 @@ ABSL_FLAG(std::string, memory_cpus, "",
           "Cores the pinned memory nodes split among them, as a cpuset list (empty: this "
           "process's; breakdown)");
 ABSL_FLAG(std::string, compute_cpus, "",
-          "Cores this process (the compute side) keeps once the memory nodes have started, as "
-          "a cpuset list (empty: all); with --memory_cpus, a partition of the machine "
+          "Cores the compute side's main thread, and the threads it starts from then on, keep "
+          "once the memory nodes have started, as a cpuset list (empty: all); the OpenMP team "
+          "started while loading keeps every core, so partition with OMP_NUM_THREADS=1 "
           "(breakdown)");
 ABSL_FLAG(bool, pin_memory_nodes, true,
           "Each memory node on its own cores, as the launcher starts them (breakdown)");

@@ -65,6 +65,7 @@ TEST(PipelineModelTest, ServingOnTheComputeDeviceFollowsEveryStep) {
   }
   // Longer than the gap: the next step waits for the device.
   c.serving_fixed_us = 84.0;  // 100 us per step
+  s.asynchronous = false;
   auto p = Simulate(c, s);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_NEAR(p->step_ms, (5 * 100 + 4 * (10 + 80 + 10) + 100) / 1e3, 1e-9);

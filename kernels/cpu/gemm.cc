@@ -96,13 +96,16 @@ void GemmAvx512Bf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const ui
   constexpr int64_t kGroupColumns = kGroupBlocks * kGemmColumnBlock;
   for (int64_t r0 = 0; r0 < m; r0 += kRowBlock) {
     const int rows = static_cast<int>(std::min(kRowBlock, m - r0));
-    // Each thread takes a contiguous range of groups, so it knows which one it reads next.
+    // Each thread takes a contiguous range of groups, so it knows which one it reads next:
+    // the ranges schedule(static) would give (the first groups % team threads one more).
 #pragma omp parallel
     {
       EnableFlushToZero();  // vdpbf16ps flushes denormals itself; the stores here alike
       const int64_t team = omp_get_num_threads(), id = omp_get_thread_num();
-      const int64_t g_end = groups * (id + 1) / team;
-      for (int64_t g = groups * id / team; g < g_end; ++g) {
+      const int64_t share = groups / team, extra = groups % team;
+      const int64_t g_begin = id * share + std::min(id, extra);
+      const int64_t g_end = g_begin + share + (id < extra ? 1 : 0);
+      for (int64_t g = g_begin; g < g_end; ++g) {
         float out[kRowBlock * kGroupColumns];
         const int64_t b0 = g * kGroupBlocks;
         const int count = static_cast<int>(std::min<int64_t>(kGroupBlocks, blocks - b0));

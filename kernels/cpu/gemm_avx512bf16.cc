@@ -25,7 +25,7 @@ constexpr int kTileRows = 6;
 constexpr int64_t kLine = 64;
 constexpr int kPrefetchTiles = 3;
 
-// Lines [0, lines) from `prefetch`, spread over the tile's `pairs` steps.
+// Lines [0, lines) from `begin`, spread over the tile's `pairs` steps.
 struct Prefetch {
   const char* begin = nullptr;
   int64_t lines = 0;

@@ -3,8 +3,9 @@
 this machine: calibrate it, then predict end-to-end runs that were not used for
 calibration and print prediction against measurement.
 
-Calibration (written to a flag file for strata_planner: micro-benchmarks, and served runs
-at shapes the validation does not use):
+Calibration (micro-benchmarks, and served runs at shapes the validation does not use;
+written to a flag file for strata_planner, except serving, which differs by mode and goes
+on each prediction's command line):
   - compute: decode_bench's GEMM-only step (every slice, LM head, sampling; no attention) on
     one core with one thread, as the compute node runs in the partition below;
   - attention: the memory node's own time handling layer frames (KV writes, attention,
@@ -27,8 +28,9 @@ at shapes the validation does not use):
     step of a batch, which the validation partition puts on the compute core), for each
     mode under its own flags (two compute nodes, and contexts migrating between them,
     cost more than one): their threads' CPU time (/proc, pipeline_bench's
-    serving_cpu_ms) while 6 and then 24 rows in all decode at context 64, median of 2
-    runs, fitted as fixed + per_row * rows per batch. (Until 2026-11-26 the model had no
+    serving_cpu_ms) while 6 and then 24 rows in all decode at context 64, as many tokens
+    as the validation streams (until 2026-11-26 16:00, 48 whatever --tokens said), median
+    of 2 runs, fitted as fixed + per_row * rows per batch. (Until 2026-11-26 the model had no
     such cost, and predicted every mode faster than measured by 14-49%.)
 The calibration shapes (GEMMs at batches 1, 4, 12, 24, 48; the kernel at those batches and
 contexts 512, 1536, 3072; the memory node at rows 4 and 16 and contexts 512 and 1280;
@@ -180,13 +182,15 @@ def step_gap_us(bin_dir, compute_cpu, memory_cpu, rounds=2):
     return 1e3 * statistics.median(waits)
 
 
-def serving_costs(bin_dir, launcher_flags, batches, rounds=2):
+def serving_costs(bin_dir, launcher_flags, batches, tokens, rounds=2):
     """Planner flags for serving's CPU on the compute device under one mode (its launcher
     flags, its number of batches), per step of a batch: fixed + per_row * rows per batch."""
     points = [(6, 64), (24, 64)]  # total rows; every mode's batches divide them
     cpu = {p: [] for p in points}
     for r in range(rounds):
-        got = pipeline_bench.run_mode(bin_dir, launcher_flags, points, 48, 5 + r,
+        # As many tokens as the validation streams: per-request CPU (admission, finishing)
+        # is spread over as many steps.
+        got = pipeline_bench.run_mode(bin_dir, launcher_flags, points, tokens, 5 + r,
                                       shared_prefix=False)
         for p in points:
             # serving_cpu_ms is per token of a row: one step of every batch.
@@ -265,7 +269,7 @@ def main():
     for name in names:
         launcher_flags, planner_flags, _ = all_modes[name]
         batches = int(next(f for f in planner_flags if f.startswith("--batches="))[10:])
-        serving[name] = serving_costs(args.bin_dir, launcher_flags, batches)
+        serving[name] = serving_costs(args.bin_dir, launcher_flags, batches, args.tokens)
     costs_file = args.costs_out or os.path.join(tempfile.mkdtemp(), "costs.flags")
     with open(costs_file, "w") as f:
         f.write("\n".join(flags) + "\n")
