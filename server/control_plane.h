@@ -129,7 +129,7 @@ class ControlPlane final : public control::Scheduler::Service {
   mutable std::atomic<bool> ever_ready_{false};
   std::map<std::string, PoolIndex> pool_of_name_;  // memory nodes keep their pool across restarts
   bool stop_ = false;  // guarded by mu_; cv_ wakes a retry's back-off when it turns true
-  EventLoop configure_loop_{"control-configure"};
+  EventLoop configure_loop_{"ctl-configure"};  // thread names keep 15 bytes
   EventLoop monitor_loop_{"control-monitor"};
   EventLoop::TimerId heartbeat_timer_ = 0;  // monitor_loop_ only
 };

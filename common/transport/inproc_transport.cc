@@ -23,7 +23,7 @@ class Core {
   void Close() { loop_.Quit(); }
 
  private:
-  EventLoop loop_{"inproc-transport"};
+  EventLoop loop_{"inproc-xport"};  // thread names keep 15 bytes
 };
 
 class InprocTransport;
