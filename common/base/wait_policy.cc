@@ -9,7 +9,6 @@ namespace strata {
 
 bool SetThreadRole(ThreadRole role) {
   sched_param param{};
-  param.sched_priority = 0;
   // On Linux, pid 0 is the calling thread alone.
   return sched_setscheduler(0, role == ThreadRole::kService ? SCHED_BATCH : SCHED_OTHER, &param) ==
          0;

@@ -93,6 +93,12 @@ def stream_tokens_per_second(port, model, max_tokens):
     return (len(times) - 1) / (times[-1] - times[0])
 
 
+def single_stream_rate(port, model, rounds):
+    """Median decode tokens/s of `rounds` streamed 128-token completions, after a warm-up."""
+    stream_tokens_per_second(port, model, 16)
+    return statistics.median(stream_tokens_per_second(port, model, 128) for _ in range(rounds))
+
+
 def plan_wait_ms(metrics_port):
     """Mean of compute-0's strata_compute_node_plan_wait_seconds, in ms."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read().decode()
@@ -153,9 +159,7 @@ def run_serve(bin_dir, memory_nodes=0, extra_args=(), env=None, rounds=3, plan_w
     `plan_wait`, also the compute node's mean wait for its next plan between steps."""
     with launch(bin_dir, memory_nodes, extra_args, env, node_metrics=plan_wait) as (
             port, model, port_file):
-        stream_tokens_per_second(port, model, 16)  # warm-up
-        rates = [stream_tokens_per_second(port, model, 128) for _ in range(rounds)]
-        result = {"serve single-stream decode tok/s": statistics.median(rates)}
+        result = {"serve single-stream decode tok/s": single_stream_rate(port, model, rounds)}
         if plan_wait:
             metrics_port = json.load(open(port_file))["metrics"]["compute-0"]
             result["plan wait ms"] = plan_wait_ms(metrics_port)

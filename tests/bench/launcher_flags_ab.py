@@ -25,9 +25,7 @@ import peer_bench  # noqa: E402
 def measure(bin_dir, memory_nodes, args, clients):
     out = {}
     with compare_builds.launch(bin_dir, memory_nodes, args) as (port, model, _):
-        compare_builds.stream_tokens_per_second(port, model, 16)  # warm-up
-        out["1 client tok/s"] = statistics.median(
-            compare_builds.stream_tokens_per_second(port, model, 128) for _ in range(3))
+        out["1 client tok/s"] = compare_builds.single_stream_rate(port, model, 3)
         if clients > 1:
             peer_bench.throughput(port, model, 4, 16)  # warm-up
             out[f"{clients} clients tok/s"] = statistics.median(

@@ -42,9 +42,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare_builds  # noqa: E402
 
 
+def partition_flags(compute_cpus, memory_cpus):
+    """Launcher flags for the offloaded partition: compute node and scheduler on
+    `compute_cpus`, one memory node on `memory_cpus`, UCX shared memory, 1 GiB of KV."""
+    return [f"--compute_cpus={compute_cpus}", f"--memory_cpus={memory_cpus}", "--memory_nodes=1",
+            "--data_plane=sm", "--memory_kv_budget_mib=1024"]
+
+
 def modes(compute_cpus, memory_cpus):
-    partition = [f"--compute_cpus={compute_cpus}", f"--memory_cpus={memory_cpus}",
-                 "--memory_nodes=1", "--data_plane=sm", "--memory_kv_budget_mib=1024"]
+    partition = partition_flags(compute_cpus, memory_cpus)
     return {
         "co-located": ["--memory_nodes=0", "--kv_budget_mib=1024"],
         "offloaded off": partition + ["--async_scheduling"],
@@ -134,21 +140,25 @@ def run_point(port, model, rows, context, tokens, seed, metrics_ports, shared_pr
         # Cache each prompt first (one token each, all at once), so that the streams below
         # start decoding together instead of waiting on each other's prefill.
         stream_all(port, model, prompts, 1, [[] for _ in prompts], [])
-    before = {role: metric_values(p, COMPUTE_IDLE + [PLAN_WAITS] if role == "compute" else
-                                  MEMORY_BUSY)
-              for role, p in metrics_ports.items()}
-    cpu_before = {name: thread_cpu_seconds(pid) for name, pid in (pids or {}).items()}
+    def metrics():
+        return {role: metric_values(p, COMPUTE_IDLE + [PLAN_WAITS] if role == "compute" else
+                                    MEMORY_BUSY)
+                for role, p in metrics_ports.items()}
+
+    def cpu():
+        return {name: thread_cpu_seconds(pid) for name, pid in (pids or {}).items()}
+
+    before, cpu_before = metrics(), cpu()
     start = time.monotonic()
     times = [[] for _ in range(rows)]
     errors = []
     stream_all(port, model, prompts, tokens, times, errors)
     wall = time.monotonic() - start
-    cpu_after = {name: thread_cpu_seconds(pid) for name, pid in (pids or {}).items()}
+    cpu_after = cpu()
     if errors or any(len(t) < tokens // 2 for t in times):
         raise RuntimeError(f"rows={rows} ctx={context}: {errors[:3]}")
-    after = {role: metric_values(p, COMPUTE_IDLE + [PLAN_WAITS] if role == "compute" else
-                                 MEMORY_BUSY)
-             for role, p in metrics_ports.items()}
+    after = metrics()
+    steps = max(len(t) for t in times)  # every row streams one token per step
     begin = max(t[0] for t in times)
     end = min(t[-1] for t in times)
     count = sum(sum(1 for x in t if begin < x <= end) for t in times)
@@ -163,15 +173,13 @@ def run_point(port, model, rows, context, tokens, seed, metrics_ports, shared_pr
         waited = after["compute"][PLAN_WAIT] - before["compute"][PLAN_WAIT]
         result["plan_wait_ms"] = 1000 * waited / waits if waits else 0.0
     if pids:
-        # Per step: every row streams one token per step.
-        result["serving_cpu_ms"] = (1000 * serving_cpu_seconds(cpu_before, cpu_after) /
-                                    max(len(t) for t in times))
+        result["serving_cpu_ms"] = 1000 * serving_cpu_seconds(cpu_before, cpu_after) / steps
     if "memory" in metrics_ports:
         busy = after["memory"][MEMORY_BUSY[0]] - before["memory"][MEMORY_BUSY[0]]
         result["memory_bubble"] = max(0.0, 1 - busy / wall)
-        # Per step (every row streams one token per step): the memory node's time handling
-        # layer frames (KV writes, attention, framing).
-        result["memory_busy_ms"] = 1000 * busy / max(len(t) for t in times)
+        # Per step: the memory node's time handling layer frames (KV writes, attention,
+        # framing).
+        result["memory_busy_ms"] = 1000 * busy / steps
     return result
 
 

@@ -12,11 +12,12 @@ on each prediction's command line):
     framing: strata_memory_node_attention_seconds) per step while one batch decodes with
     asynchronous scheduling in the validation partition, at rows 4 and 16 and contexts
     512 and 1280 (all of it fits the 1 GiB KV pool), median of 2 runs, fitted by least
-    squares to fixed + per_row * rows + per_position * rows * context. With --attention_from=kernel, attention_bench's kernel
-    alone on the memory node's core with one thread (slots scattered in blocks) instead,
-    which left out the node's work beside the kernel (about 20% at context 1024); until
-    2026-11-26 that was the only way, and before it decode_bench's full step minus its
-    GEMM-only step, which made attention 2.4x slower than the memory node runs it.
+    squares to fixed + per_row * rows + per_position * rows * context. With
+    --attention_from=kernel, attention_bench's kernel alone on the memory node's core with
+    one thread (slots scattered in blocks) instead, which left out the node's work beside
+    the kernel (about 20% at context 1024); until 2026-11-26 that was the only way, and
+    before it decode_bench's full step minus its GEMM-only step, which made attention 2.4x
+    slower than the memory node runs it.
   - link: transport_bench over UCX shared memory (the partition's data plane): half the
     round trip of a 64-byte message, and the streaming bandwidth at 300 kB;
   - step gap (the scheduler's round trip between a batch's result and its next plan, which
@@ -142,6 +143,19 @@ def attention_flags(coef):
             f"--attention_per_position_us={coef[2]:.7f}"]
 
 
+def served_figures(bin_dir, launcher_flags, points, tokens, seed, key, rounds=2):
+    """{point: [figure `key` of pipeline_bench.run_point, one per round]}: the deployment
+    started `rounds` times with `launcher_flags` (seeds seed, seed + 1, ...), every row
+    with a prompt of its own."""
+    out = {p: [] for p in points}
+    for r in range(rounds):
+        got = pipeline_bench.run_mode(bin_dir, launcher_flags, points, tokens, seed + r,
+                                      shared_prefix=False)
+        for p in points:
+            out[p].append(got[p][key])
+    return out
+
+
 def memory_node_attention(bin_dir, compute_cpu, memory_cpu, rounds=2):
     """The attention costs from the memory node as it serves: its time handling layer
     frames per step (KV writes, attention, framing; strata_memory_node_attention_seconds),
@@ -150,13 +164,9 @@ def memory_node_attention(bin_dir, compute_cpu, memory_cpu, rounds=2):
     # Every row's KV (context + 32 tokens) fits the partition's 1 GiB pool at once: a point
     # that overflows it measures preemption, not attention.
     points = [(r, c) for r in (4, 16) for c in (512, 1280)]
-    busy = {p: [] for p in points}
-    for r in range(rounds):
-        got = pipeline_bench.run_mode(bin_dir, partition_flags(compute_cpu, memory_cpu) +
-                                      ["--async_scheduling"], points, 32, 11 + r,
-                                      shared_prefix=False)
-        for p in points:
-            busy[p].append(got[p]["memory_busy_ms"] * 1e3)
+    busy = served_figures(bin_dir, pipeline_bench.partition_flags(compute_cpu, memory_cpu) +
+                          ["--async_scheduling"], points, 32, 11, "memory_busy_ms", rounds)
+    busy = {p: [ms * 1e3 for ms in v] for p, v in busy.items()}
     print("  memory node's busy time per step: " +
           ", ".join(f"{p[0]} rows ctx {p[1]} {', '.join(f'{v:.0f}' for v in busy[p])} us"
                     for p in points), file=sys.stderr)
@@ -164,19 +174,11 @@ def memory_node_attention(bin_dir, compute_cpu, memory_cpu, rounds=2):
     return attention_flags(coef), worst
 
 
-def partition_flags(compute_cpu, memory_cpu):
-    return [f"--compute_cpus={compute_cpu}", f"--memory_cpus={memory_cpu}", "--memory_nodes=1",
-            "--data_plane=sm", "--memory_kv_budget_mib=1024"]
-
-
 def step_gap_us(bin_dir, compute_cpu, memory_cpu, rounds=2):
     point = (1, 64)
-    waits = []
-    for r in range(rounds):
-        got = pipeline_bench.run_mode(bin_dir, partition_flags(compute_cpu, memory_cpu) +
-                                      ["--async_scheduling=false"], [point], 48, 3 + r,
-                                      shared_prefix=False)
-        waits.append(got[point]["plan_wait_ms"])
+    waits = served_figures(bin_dir, pipeline_bench.partition_flags(compute_cpu, memory_cpu) +
+                           ["--async_scheduling=false"], [point], 48, 3, "plan_wait_ms",
+                           rounds)[point]
     print(f"  step gap: compute node's mean wait for its next plan, synchronous, 1 row at "
           f"context 64: {', '.join(f'{w:.3f}' for w in waits)} ms", file=sys.stderr)
     return 1e3 * statistics.median(waits)
@@ -186,15 +188,11 @@ def serving_costs(bin_dir, launcher_flags, batches, tokens, rounds=2):
     """Planner flags for serving's CPU on the compute device under one mode (its launcher
     flags, its number of batches), per step of a batch: fixed + per_row * rows per batch."""
     points = [(6, 64), (24, 64)]  # total rows; every mode's batches divide them
-    cpu = {p: [] for p in points}
-    for r in range(rounds):
-        # As many tokens as the validation streams: per-request CPU (admission, finishing)
-        # is spread over as many steps.
-        got = pipeline_bench.run_mode(bin_dir, launcher_flags, points, tokens, 5 + r,
-                                      shared_prefix=False)
-        for p in points:
-            # serving_cpu_ms is per token of a row: one step of every batch.
-            cpu[p].append(got[p]["serving_cpu_ms"] * 1e3 / batches)
+    # As many tokens as the validation streams: per-request CPU (admission, finishing) is
+    # spread over as many steps.
+    cpu = served_figures(bin_dir, launcher_flags, points, tokens, 5, "serving_cpu_ms", rounds)
+    # serving_cpu_ms is per token of a row: one step of every batch.
+    cpu = {p: [ms * 1e3 / batches for ms in v] for p, v in cpu.items()}
     (r0, _), (r1, _) = ((p[0] / batches, p[1]) for p in points)
     c0, c1 = (statistics.median(cpu[p]) for p in points)
     per_row = max(0.0, (c1 - c0) / (r1 - r0))
@@ -206,17 +204,14 @@ def serving_costs(bin_dir, launcher_flags, batches, tokens, rounds=2):
 
 
 def modes(compute_cpu, memory_cpu):
-    partition = partition_flags(compute_cpu, memory_cpu)
+    partition = pipeline_bench.partition_flags(compute_cpu, memory_cpu)
     return {
-        # name: (launcher flags, planner flags, rows per batch from total rows)
-        "off": (partition + ["--async_scheduling"],
-                ["--modes=off", "--asynchronous", "--batches=1"], lambda b: b),
-        "two": (partition + ["--pipelining=two"], ["--modes=two", "--batches=2"],
-                lambda b: b // 2),
-        "fixed": (partition + ["--pipelining=fixed", "--compute_nodes=2"],
-                  ["--modes=fixed", "--batches=2"], lambda b: b // 2),
+        # name: (launcher flags, planner flags, batches: the rows are split evenly)
+        "off": (partition + ["--async_scheduling"], ["--modes=off", "--asynchronous"], 1),
+        "two": (partition + ["--pipelining=two"], ["--modes=two"], 2),
+        "fixed": (partition + ["--pipelining=fixed", "--compute_nodes=2"], ["--modes=fixed"], 2),
         "rotational": (partition + ["--pipelining=rotational", "--compute_nodes=2"],
-                       ["--modes=rotational", "--batches=3"], lambda b: b // 3),
+                       ["--modes=rotational"], 3),
     }
 
 
@@ -267,8 +262,7 @@ def main():
     # between them), so each mode is calibrated under its own flags.
     serving = {}
     for name in names:
-        launcher_flags, planner_flags, _ = all_modes[name]
-        batches = int(next(f for f in planner_flags if f.startswith("--batches="))[10:])
+        launcher_flags, _, batches = all_modes[name]
         serving[name] = serving_costs(args.bin_dir, launcher_flags, batches, args.tokens)
     costs_file = args.costs_out or os.path.join(tempfile.mkdtemp(), "costs.flags")
     with open(costs_file, "w") as f:
@@ -302,8 +296,10 @@ def main():
         for rows, context in grid:
             measured = statistics.median(r["tok/s"] for r in results[name][(rows, context)])
             tpot = statistics.median(r["tpot_ms"] for r in results[name][(rows, context)])
-            p = predict(args.bin_dir, costs_file, all_modes[name][1] + serving[name],
-                        all_modes[name][2](rows), context)
+            _, planner_flags, batches = all_modes[name]
+            p = predict(args.bin_dir, costs_file,
+                        planner_flags + [f"--batches={batches}"] + serving[name],
+                        rows // batches, context)
             predicted = float(p["tokens_per_s"])
             error = predicted / measured - 1
             errors.append(abs(error))
