@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "common/base/stopwatch.h"
 
 namespace strata {
@@ -10,6 +11,7 @@ namespace strata {
 void PlanQueue::Push(QueuedPlan plan) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    plan.arrived = absl::Now();
     plans_.push_back(std::move(plan));
   }
   cv_.notify_one();
@@ -72,6 +74,7 @@ void RunPipeline(LaneEngine& engine, PlanQueue& queue, const PlanWaitObserver& o
   struct Running {
     QueuedPlan queued;
     std::optional<StepResult> result;
+    std::optional<int64_t> slack_us;  // started idle: StepTiming::plan_slack_us
   };
   // Plans in the order they came; references stay valid as the deque grows at the back and
   // shrinks at the front (a running plan is never at the front with a result).
@@ -81,9 +84,12 @@ void RunPipeline(LaneEngine& engine, PlanQueue& queue, const PlanWaitObserver& o
   auto busy = [&] { return std::count(lane_run.begin(), lane_run.end(), nullptr) < kMaxLanes; };
   uint64_t handed_on = 0;
   std::optional<QueuedPlan> held;  // a plan that must not overlap, waiting for idle lanes
+  // When the last busy lane finished, until a plan starts: the node is free and waits.
+  std::optional<absl::Time> free_since;
   auto hand_on = [&] {
     while (!order.empty() && order.front().result) {
       Running& r = order.front();
+      if (r.slack_us) r.result->timing.plan_slack_us = r.slack_us;
       r.queued.done(std::move(*r.result));
       ++handed_on;
       order.pop_front();
@@ -122,6 +128,12 @@ void RunPipeline(LaneEngine& engine, PlanQueue& queue, const PlanWaitObserver& o
       }
       order.push_back({std::move(*next)});
       Running& r = order.back();
+      if (idle && free_since) {
+        const absl::Time now = absl::Now();
+        r.slack_us = absl::ToInt64Microseconds(
+            r.queued.arrived <= *free_since ? *free_since - r.queued.arrived : *free_since - now);
+        free_since.reset();
+      }
       if (r.queued.answer) {
         r.result = std::move(r.queued.answer);
       } else if (queue.aborted()) {
@@ -134,6 +146,7 @@ void RunPipeline(LaneEngine& engine, PlanQueue& queue, const PlanWaitObserver& o
       } else {
         lane_run[lane] = &r;
       }
+      if (r.result && !busy()) free_since = absl::Now();  // done at once: still free
     }
   };
   while (true) {
@@ -156,6 +169,7 @@ void RunPipeline(LaneEngine& engine, PlanQueue& queue, const PlanWaitObserver& o
       if (r == nullptr || !engine.Advance(lane)) continue;
       r->result = engine.Finish(lane);
       lane_run[lane] = nullptr;
+      if (!busy()) free_since = absl::Now();
       hand_on();
       fill(/*may_wait=*/false);
     }

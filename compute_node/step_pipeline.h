@@ -8,6 +8,10 @@
 // batch's projections and FFN. A lane that finishes samples, hands its result on and takes
 // the next queued plan at once; with one plan queued the other lane simply idles.
 //
+// A plan started with every lane idle, after an earlier plan, reports its slack in its
+// result (StepTiming::plan_slack_us): how long it was queued before the lanes went idle, or
+// how long they stayed idle before it came. The scheduler times its plans ahead by it.
+//
 // Results are handed on in the order the plans were queued, whatever lane finished first
 // (the scheduler matches them in submission order), as soon as they can be: a lane that
 // finishes hands its result on and takes the next plan before the other lane's next stage.
@@ -24,17 +28,20 @@
 #include <mutex>
 #include <optional>
 
+#include "absl/time/time.h"
 #include "common/protocol/step.h"
 #include "compute_node/step_engine.h"
 
 namespace strata {
 
 // A plan to run, or (`answer` set) the answer to a plan that could not even be read, which
-// still takes its turn in the order of results. `done` receives the result.
+// still takes its turn in the order of results. `done` receives the result. `arrived` is
+// set by PlanQueue::Push.
 struct QueuedPlan {
   StepPlan plan;
   std::optional<StepResult> answer;
   std::function<void(StepResult)> done;
+  absl::Time arrived = absl::InfinitePast();
 };
 
 class PlanQueue {

@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -42,6 +45,7 @@ class ScriptedLanes : public LaneEngine {
   }
   bool Advance(int lane) override {
     log.push_back(absl::StrCat("advance ", step_[lane], "@", lane));
+    std::this_thread::sleep_for(stage_time);
     return --left_[lane] == 0;
   }
   StepResult Finish(int lane) override {
@@ -52,6 +56,7 @@ class ScriptedLanes : public LaneEngine {
   }
 
   std::vector<std::string> log;
+  std::chrono::milliseconds stage_time{0};  // each stage sleeps so long
   int max_busy = 0;
   std::atomic<bool> gone{false};
 
@@ -163,6 +168,55 @@ TEST(StepPipelineTest, AnIdlePipelineEndsWithoutTouchingTheEngine) {
   lanes.gone.store(true);
   queue.Close();
   runner.join();
+}
+
+// A plan started on an idle node after an earlier one reports how long it was queued
+// before the node was free (positive) or how long the free node waited for it (negative);
+// the first plan, and a plan started beside a busy lane, report nothing.
+TEST(StepPipelineTest, PlansStartedIdleReportTheirSlack) {
+  ScriptedLanes lanes(1);
+  lanes.stage_time = std::chrono::milliseconds(40);
+  PlanQueue queue;
+  std::mutex mu;
+  std::map<uint64_t, std::optional<int64_t>> slack;
+  auto done = [&](StepResult r) {
+    std::lock_guard<std::mutex> lock(mu);
+    slack[r.step_id] = r.timing.plan_slack_us;
+  };
+  auto back = [&](uint64_t id) {
+    while (true) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (slack.count(id) > 0) return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  };
+  queue.Push({Plan(1), std::nullopt, done});  // one stage of 40 ms
+  queue.Push({Plan(2), std::nullopt, done});  // queued all through plan 1
+  std::thread runner([&] { RunPipeline(lanes, queue); });
+  back(2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  queue.Push({Plan(3), std::nullopt, done});  // the node has been free for 60 ms
+  back(3);
+  queue.Close();
+  runner.join();
+  EXPECT_FALSE(slack[1].has_value()) << "the first plan has no earlier step";
+  ASSERT_TRUE(slack[2].has_value());
+  EXPECT_GE(*slack[2], 30'000) << "plan 2 waited in the queue through plan 1's 40 ms";
+  ASSERT_TRUE(slack[3].has_value());
+  EXPECT_LE(*slack[3], -50'000) << "the node waited 60 ms for plan 3";
+
+  // Two lanes: plan 1 starts beside plan 3, and plan 2 on the lane plan 1 left while plan 3
+  // still runs; neither started on an idle node.
+  ScriptedLanes two(2);
+  PlanQueue both;
+  slack.clear();
+  for (uint64_t id : {3, 1, 2}) both.Push({Plan(id), std::nullopt, done});
+  both.Close();
+  RunPipeline(two, both);
+  ASSERT_EQ(slack.size(), 3u);
+  for (const auto& [id, s] : slack) EXPECT_FALSE(s.has_value()) << "plan " << id;
 }
 
 }  // namespace

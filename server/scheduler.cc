@@ -707,6 +707,9 @@ void Scheduler::PublishStats() {
   if (config_.pipelining == Pipelining::kFixed) {
     s.stagger_seconds = absl::ToDoubleSeconds(clock_.StaggerGap(LiveReplicas()));
   }
+  for (const auto& ex : executors_) {
+    s.plan_ahead_margin_seconds = std::max(s.plan_ahead_margin_seconds, ex->ahead_margin);
+  }
   s.step_compute_seconds = clock_.compute_seconds();
   s.step_attention_seconds = clock_.attention_seconds();
   s.advised_memory_nodes = advised_memory_nodes_;

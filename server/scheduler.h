@@ -77,7 +77,9 @@ struct SchedulerConfig {
   bool async_scheduling = false;
   // When the plan ahead is built: this fraction of the node's step time (at least 1 ms)
   // before the running step is expected to end, so that a request arriving meanwhile joins
-  // the next step rather than the one after. 1: as soon as the running step starts.
+  // the next step rather than the one after. 1: as soon as the running step starts. Where
+  // the node reports that it still waited for plans ahead, they go out earlier by a margin
+  // learnt from those waits (Scheduler::AdjustAheadMargin).
   double plan_ahead_lead = 0.25;
   // kTwo needs max_plans_in_flight >= 2 and synchronous scheduling; kFixed needs one plan
   // in flight per compute node (each replica owns one batch) and synchronous scheduling.
@@ -219,6 +221,9 @@ struct SchedulerStats {
   // memory nodes that would balance them (0: co-located, or nothing measured yet).
   double step_period_seconds = 0.0;
   double stagger_seconds = 0.0;
+  // Asynchronous scheduling: how much earlier than plan_ahead_lead the plans ahead go out,
+  // learnt from compute nodes that waited for them (the largest over compute nodes).
+  double plan_ahead_margin_seconds = 0.0;
   double step_compute_seconds = 0.0;
   double step_attention_seconds = 0.0;
   int64_t advised_memory_nodes = 0;
@@ -316,6 +321,10 @@ class Scheduler {
   // be built now; if not, sets a timer for when it may.
   bool AheadPlanDue(int index);
   static constexpr double kAheadLeadMin = 1e-3;  // seconds
+  // Learns from a plan ahead's slack at executor `index` (StepTiming::plan_slack_us).
+  void AdjustAheadMargin(int index, int64_t slack_us);
+  // The part of a plan ahead's slack that its margin gives back.
+  static constexpr double kAheadMarginGiveBack = 1.0 / 32;
   int LiveReplicas() const;
   // Memory-node sizing advice from the step clock (logged when it changes).
   void UpdateAdvice();

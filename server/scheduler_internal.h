@@ -162,6 +162,7 @@ struct Scheduler::Executor {
   struct InFlight {
     std::shared_ptr<const StepPlan> plan;  // the one the executor was given
     absl::Time started;
+    bool ahead = false;  // sent while another plan was in flight
   };
   std::deque<InFlight> in_flight;  // oldest first: results come back in submission order
   bool busy() const { return !in_flight.empty(); }
@@ -175,6 +176,8 @@ struct Scheduler::Executor {
   MovingAverage mixed_step_seconds;
   EventLoop::TimerId ahead_timer = 0;
   absl::Time ahead_due;
+  // Seconds by which plans ahead go out before their lead (Scheduler::AdjustAheadMargin).
+  double ahead_margin = 0;
   std::vector<TableRelease> pending_releases;
 };
 

@@ -35,8 +35,9 @@ void Scheduler::ScheduleIdleExecutors() {
       }
       if (!built) break;
       last_start_ = absl::Now();
-      if (ex.in_flight.empty()) ex.running_since = last_start_;
-      ex.in_flight.push_back({plan, last_start_});
+      const bool ahead = !ex.in_flight.empty();
+      if (!ahead) ex.running_since = last_start_;
+      ex.in_flight.push_back({plan, last_start_, ahead});
       SubmitPlan(static_cast<int>(e), std::move(plan));
     }
   }
@@ -52,8 +53,9 @@ bool Scheduler::AheadPlanDue(int index) {
   // The plan ahead is built shortly before the running step is expected to end, not when
   // it starts: a request that arrives meanwhile joins it instead of waiting for the step
   // after. The lead covers planning and the trip to the node; a step that ends sooner than
-  // expected waits for its next plan, as under synchronous scheduling.
-  const double lead = std::max(kAheadLeadMin, config_.plan_ahead_lead * step);
+  // expected waits for its next plan, as under synchronous scheduling. The margin adds what
+  // the trip was seen to take beyond the lead (AdjustAheadMargin).
+  const double lead = std::max(kAheadLeadMin, config_.plan_ahead_lead * step) + ex.ahead_margin;
   const absl::Time due = ex.running_since + absl::Seconds(step - lead);
   const absl::Time now = absl::Now();
   if (now >= due) return true;
@@ -65,6 +67,24 @@ bool Scheduler::AheadPlanDue(int index) {
     ex.ahead_timer = loop_.RunAt(due, [this, index] { executors_[index]->ahead_timer = 0; });
   }
   return false;
+}
+
+// A plan ahead must be at the node when its running step ends. The lead is a share of the
+// step; the trip takes longer where the threads on the way wait for a core the step's team
+// holds (service threads yield to compute, common/base/wait_policy.h): then the node, free,
+// waits for the plan (negative slack), and the next plans ahead go out that much earlier.
+// A plan ahead that was queued at the node before it was needed gives back a small part of
+// its slack, so that the margin shrinks again when trips are quick. It never exceeds the
+// step: plans ahead then go out as soon as the running step starts.
+void Scheduler::AdjustAheadMargin(int index, int64_t slack_us) {
+  Executor& ex = *executors_[index];
+  const double slack = 1e-6 * static_cast<double>(slack_us);
+  const double step = std::max(ex.decode_step_seconds.value(), ex.mixed_step_seconds.value());
+  if (slack < 0) {
+    ex.ahead_margin = std::min(step, ex.ahead_margin - slack);
+  } else {
+    ex.ahead_margin = std::max(0.0, ex.ahead_margin - kAheadMarginGiveBack * slack);
+  }
 }
 
 int Scheduler::LiveReplicas() const {
@@ -120,6 +140,9 @@ void Scheduler::SubmitPlan(int index, std::shared_ptr<const StepPlan> plan) {
       if (result.status.ok() && result.timing.total_us > 0) {
         (DecodeOnly(*done.plan) ? x.decode_step_seconds : x.mixed_step_seconds)
             .Observe(1e-6 * static_cast<double>(result.timing.total_us));
+      }
+      if (done.ahead && result.status.ok() && result.timing.plan_slack_us) {
+        AdjustAheadMargin(index, *result.timing.plan_slack_us);
       }
       if (done.plan->step_id != result.step_id && result.status.ok()) {
         result.status = absl::InternalError(

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <optional>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +28,8 @@ namespace {
 // up to max_plans_in_flight). With a step delay, every step takes that much longer (the
 // node's worker sleeps before it answers, and reports the time in the step's timing), and
 // each plan that arrives while another is held records how long that one had been running.
+// The delay is outside the node's pipeline, so the slack that reports is replaced by the one
+// the test sets (none by default).
 class CountingExecutor final : public StepExecutor {
  public:
   explicit CountingExecutor(std::unique_ptr<StepExecutor> inner) : inner_(std::move(inner)) {}
@@ -43,6 +46,7 @@ class CountingExecutor final : public StepExecutor {
       if (step_delay_ > absl::ZeroDuration()) {
         absl::SleepFor(step_delay_);
         result.timing.total_us += absl::ToInt64Microseconds(step_delay_);
+        result.timing.plan_slack_us = slack_us_;
       }
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -62,10 +66,12 @@ class CountingExecutor final : public StepExecutor {
     return ahead_after_;
   }
   void set_step_delay(absl::Duration d) { step_delay_ = d; }
+  void set_slack_us(int64_t slack_us) { slack_us_ = slack_us; }  // with a step delay
 
  private:
   std::unique_ptr<StepExecutor> inner_;
-  absl::Duration step_delay_;  // set before the first plan
+  absl::Duration step_delay_;        // set before the first plan
+  std::optional<int64_t> slack_us_;  // likewise
   std::mutex mu_;
   int outstanding_ = 0, max_outstanding_ = 0;
   absl::Time running_since_;
@@ -634,6 +640,32 @@ TEST_F(SchedulerTest, AsyncSchedulingPlansAheadLate) {
     EXPECT_GE(ahead[i], kStep / 2) << "plan ahead " << i << " went out early";
   }
   const auto alone = Run(Config(), 4096, {Greedy(Prompt(20, 7), 10)});
+  EXPECT_EQ(first->tokens, alone[0]->tokens);
+  h.ExpectNoLeak();
+}
+
+// A node that reports it waited for each plan ahead (negative slack) gets the next ones
+// earlier, by what it waited, until they go out as soon as the running step starts.
+TEST_F(SchedulerTest, AsyncSchedulingPlansAheadEarlierWhereTheNodeWaitedForPlans) {
+  constexpr absl::Duration kStep = absl::Milliseconds(200);
+  SchedulerConfig async = Config();
+  async.async_scheduling = true;
+  async.max_plans_in_flight = 2;
+  Harness h(weights_, async, 4096);
+  h.executor().set_step_delay(kStep);
+  h.executor().set_slack_us(-80'000);
+  auto first = *h.Submit(Greedy(Prompt(20, 7), 12));
+  h.Wait({first});
+  const auto ahead = h.executor().ahead_after();
+  ASSERT_GE(ahead.size(), 8u) << "too few plans went out ahead of their token";
+  // The margin grows by 80 ms with each plan ahead back, to the whole step: the last plans
+  // ahead go out at once, where without the waits they would wait for most of the step
+  // (AsyncSchedulingPlansAheadLate).
+  for (size_t i = ahead.size() - 3; i < ahead.size(); ++i) {
+    EXPECT_LT(ahead[i], kStep / 4) << "plan ahead " << i << " still went out late";
+  }
+  EXPECT_GT(h.scheduler().Stats().plan_ahead_margin_seconds, absl::ToDoubleSeconds(kStep) / 2);
+  const auto alone = Run(Config(), 4096, {Greedy(Prompt(20, 7), 12)});
   EXPECT_EQ(first->tokens, alone[0]->tokens);
   h.ExpectNoLeak();
 }

@@ -39,6 +39,10 @@ ServerMetrics::ServerMetrics(std::shared_ptr<metrics::MetricsRegistry> registry,
   stagger_ = gauge("strata_pipeline_stagger_seconds",
                    "Fixed staggered pipelining: the spacing of compute replicas' step starts "
                    "(step period over replicas; 0 in other modes).");
+  plan_ahead_margin_ = gauge("strata_plan_ahead_margin_seconds",
+                             "Asynchronous scheduling: how much earlier than its lead the plan "
+                             "ahead goes out, learnt from compute nodes that waited for plans "
+                             "(the largest over compute nodes).");
   step_compute_ = gauge("strata_step_compute_seconds",
                         "Smoothed GEMM time of a decode step on its compute node (t_m).");
   step_attention_ = gauge("strata_step_attention_seconds",
@@ -222,6 +226,7 @@ void ServerMetrics::Refresh() {
   alive_compute_->Set(static_cast<double>(s.alive_executors));
   step_period_->Set(s.step_period_seconds);
   stagger_->Set(s.stagger_seconds);
+  plan_ahead_margin_->Set(s.plan_ahead_margin_seconds);
   step_compute_->Set(s.step_compute_seconds);
   step_attention_->Set(s.step_attention_seconds);
   advised_memory_->Set(static_cast<double>(s.advised_memory_nodes));

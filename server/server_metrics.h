@@ -43,6 +43,7 @@ class ServerMetrics {
   prometheus::Gauge* lookahead_window_;
   prometheus::Gauge* alive_compute_;
   prometheus::Gauge* step_period_;
+  prometheus::Gauge* plan_ahead_margin_;
   prometheus::Gauge* stagger_;
   prometheus::Gauge* step_compute_;
   prometheus::Gauge* step_attention_;

@@ -9,6 +9,7 @@
 #define STRATA_COMMON_PROTOCOL_STEP_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -95,6 +96,10 @@ struct StepTiming {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   uint64_t rows = 0;
+  // For a plan the node started with no other plan running, after an earlier one: how long
+  // it was queued before the node was free for it (positive), or how long the node, free,
+  // waited for it (negative). Unset otherwise. The scheduler plans ahead by it.
+  std::optional<int64_t> plan_slack_us;
 };
 
 struct StepResult {

@@ -188,6 +188,7 @@ void ToProto(const StepResult& result, control::StepResult* out) {
   timing->set_bytes_sent(result.timing.bytes_sent);
   timing->set_bytes_received(result.timing.bytes_received);
   timing->set_rows(result.timing.rows);
+  if (result.timing.plan_slack_us) timing->set_plan_slack_us(*result.timing.plan_slack_us);
   if (!result.status.ok()) ToProto(result.status, out->mutable_status());
 }
 
@@ -208,6 +209,7 @@ StepResult FromProto(const control::StepResult& in) {
   const auto& t = in.timing();
   result.timing = {t.total_us(),   t.gemm_us(),        t.attention_us(), t.sample_us(),
                    t.bytes_sent(), t.bytes_received(), t.rows()};
+  if (t.has_plan_slack_us()) result.timing.plan_slack_us = t.plan_slack_us();
   result.status = FromProto(in.status());
   return result;
 }

@@ -87,6 +87,7 @@ TEST(StepProto, ResultRoundTrip) {
   r.status = absl::ResourceExhaustedError("no room");
   r.dead_pools = {PoolIndex(1)};
   r.timing.total_us = 1234;
+  r.timing.plan_slack_us = -830;  // the node waited for the plan
   control::StepResult wire;
   ToProto(r, &wire);
   StepResult back = FromProto(wire);
@@ -94,6 +95,7 @@ TEST(StepProto, ResultRoundTrip) {
   EXPECT_EQ(back.failed, r.failed);
   EXPECT_EQ(back.dead_pools, r.dead_pools);
   EXPECT_EQ(back.timing.total_us, 1234u);
+  EXPECT_EQ(back.timing.plan_slack_us, std::optional<int64_t>(-830));
   // Codes survive the hop.
   EXPECT_EQ(back.failed[0].second.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(back.status, r.status);
@@ -101,6 +103,7 @@ TEST(StepProto, ResultRoundTrip) {
   control::StepResult ok_wire;
   ToProto(ok, &ok_wire);
   EXPECT_TRUE(FromProto(ok_wire).status.ok());
+  EXPECT_FALSE(FromProto(ok_wire).timing.plan_slack_us.has_value()) << "unset stays unset";
   // A code this build does not know keeps its message.
   control::Status odd;
   odd.set_code(1234);

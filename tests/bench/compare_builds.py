@@ -10,14 +10,17 @@ A build is a directory laid out like bazel-bin, holding at least:
   deploy/local/launcher.
 
   /usr/bin/python3 tests/bench/compare_builds.py --old=/path/old_bin --new=/path/new_bin \
-      [--rounds=3] [--benches=decode,offload,serve]
+      [--rounds=3] [--benches=decode,offload,serve,serve_offloaded]
 
 decode: decode_bench (batch 1 and 32, context 256): full-step tokens/s and step ms.
 offload: offload_bench --mode=breakdown (batch 1 and 32, 2 memory nodes over UCX sm):
   co-located and offloaded step ms.
 serve: the embedded default, co-located (launcher --memory_nodes=0), one streamed completion
   at a time (128 tokens, greedy, ignore_eos): decode tokens/s measured by the client from
-  the first to the last token.
+  the first to the last token; and the compute node's mean wait for its next plan between
+  steps (ms).
+serve_offloaded: the same with 2 memory nodes over UCX shared memory
+  (launcher --memory_nodes=2 --data_plane=sm).
 """
 import argparse
 import contextlib
@@ -99,15 +102,21 @@ def single_stream_rate(port, model, rounds):
     return statistics.median(stream_tokens_per_second(port, model, 128) for _ in range(rounds))
 
 
-def plan_wait_ms(metrics_port):
-    """Mean of compute-0's strata_compute_node_plan_wait_seconds, in ms."""
+def plan_waits(metrics_port):
+    """compute-0's waits for its next plan (strata_compute_node_plan_wait_seconds): the mean
+    wait in ms, and the share of its steps that waited at all."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read().decode()
+    names = {"strata_compute_node_plan_wait_seconds_sum": "sum",
+             "strata_compute_node_plan_wait_seconds_count": "count",
+             "strata_compute_node_steps_total": "steps"}
     values = {}
     for line in text.splitlines():
-        for part in ("sum", "count"):
-            if line.startswith(f"strata_compute_node_plan_wait_seconds_{part}"):
-                values[part] = float(line.split()[-1])
-    return 1000.0 * values["sum"] / values["count"] if values.get("count") else float("nan")
+        name = line.split("{")[0].split(" ")[0]
+        if name in names:
+            values[names[name]] = float(line.split()[-1])
+    count = values.get("count", 0.0)
+    mean = 1000.0 * values["sum"] / count if count else float("nan")
+    return mean, count / values["steps"] if values.get("steps") else float("nan")
 
 
 def wait_http(port, path, proc):
@@ -156,17 +165,25 @@ def launch(bin_dir, memory_nodes=0, extra_args=(), env=None, node_metrics=False)
 
 def run_serve(bin_dir, memory_nodes=0, extra_args=(), env=None, rounds=3, plan_wait=False):
     """Median single-stream decode tokens/s of `rounds` streamed completions; with
-    `plan_wait`, also the compute node's mean wait for its next plan between steps."""
+    `plan_wait`, also the compute node's mean wait for its next plan between steps and the
+    share of its steps that waited (the whole run: warm-up, streams and the gaps between)."""
     with launch(bin_dir, memory_nodes, extra_args, env, node_metrics=plan_wait) as (
             port, model, port_file):
         result = {"serve single-stream decode tok/s": single_stream_rate(port, model, rounds)}
         if plan_wait:
             metrics_port = json.load(open(port_file))["metrics"]["compute-0"]
-            result["plan wait ms"] = plan_wait_ms(metrics_port)
+            result["plan wait ms"], result["plan waited steps"] = plan_waits(metrics_port)
         return result
 
 
-BENCHES = {"decode": run_decode, "offload": run_offload, "serve": run_serve}
+BENCHES = {
+    "decode": run_decode,
+    "offload": run_offload,
+    "serve": lambda bin_dir: run_serve(bin_dir, plan_wait=True),
+    "serve_offloaded": lambda bin_dir: {
+        f"{name} (2 memory nodes)": value for name, value in run_serve(
+            bin_dir, memory_nodes=2, extra_args=["--data_plane=sm"], plan_wait=True).items()},
+}
 
 
 def main():

@@ -73,7 +73,8 @@ def main():
         def run():
             result = compare_builds.run_serve(args.bin_dir, memory_nodes=memory_nodes,
                                               extra_args=extra, env=env, plan_wait=True)
-            waits.setdefault((memory_nodes, tuple(extra)), []).append(result["plan wait ms"])
+            waits.setdefault((memory_nodes, tuple(extra)), []).append(
+                (result["plan wait ms"], result["plan waited steps"]))
             return result["serve single-stream decode tok/s"]
         return run
 
@@ -120,12 +121,13 @@ def main():
         ours = statistics.median(rates[("co-located", "served async")])
         print(f"llama-server on the same weights, {peer_bench.THREADS} threads: {peer:.2f} tok/s; "
               f"strata co-located served async / llama-server: {ours / peer:.3f}")
-    print("\ncompute node's mean wait for its next plan between steps, ms (medians of rounds)")
-    print(f"{'layout':<16} {'served':>8} {'async':>8}")
+    print("\ncompute node's waits for its next plan between steps (medians of rounds): the "
+          "mean wait, ms, and the share of steps that waited")
+    print(f"{'layout':<16} {'served':>8} {'waited':>7} {'async':>8} {'waited':>7}")
     for layout, nodes, extra in (("co-located", 0, []), ("2 memory nodes", 2, sm)):
-        b = statistics.median(waits[(nodes, tuple(extra + synchronous))])
-        c = statistics.median(waits[(nodes, tuple(extra + asynchronous))])
-        print(f"{layout:<16} {b:>8.3f} {c:>8.3f}")
+        b = [statistics.median(w) for w in zip(*waits[(nodes, tuple(extra + synchronous))])]
+        c = [statistics.median(w) for w in zip(*waits[(nodes, tuple(extra + asynchronous))])]
+        print(f"{layout:<16} {b[0]:>8.3f} {b[1]:>7.2f} {c[0]:>8.3f} {c[1]:>7.2f}")
 
 
 if __name__ == "__main__":
