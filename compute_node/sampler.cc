@@ -27,12 +27,17 @@ struct ByLogitDesc {
   }
 };
 
+// The first of the largest logits (a NaN never wins).
 int32_t Argmax(const float* logits, int32_t n) {
-  int32_t best = 0;
-  for (int32_t i = 1; i < n; ++i) {
-    if (logits[i] > logits[best]) best = i;
-  }
-  return best;
+  return static_cast<int32_t>(kernels::Argmax(n, logits));
+}
+
+// Whether anything before the draw changes the logits (bias, bans, a grammar, penalties).
+bool ProcessesLogits(const SamplingParams& p, const SampleInput& in) {
+  return !p.logit_bias.empty() || (in.banned != nullptr && !in.banned->empty()) ||
+         in.allowed != nullptr || p.repetition_penalty != 1.0f ||
+         ((p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f) &&
+          in.output_counts != nullptr);
 }
 
 }  // namespace
@@ -88,13 +93,46 @@ std::vector<int32_t> Nucleus(std::vector<int32_t>& cand, const float* weight, By
   return kept;
 }
 
+// Per-thread scratch of Sample: processed logits, softmax weights, candidate tokens.
+thread_local std::vector<float> logits, weight;
+thread_local std::vector<int32_t> cand;
+
+// `out` with the raw logprob of its token and the top ones, where the request asks.
+SampleOutput WithLogprobs(const float* raw, int32_t vocab, const SamplingParams& p,
+                          SampleOutput out) {
+  if (p.num_logprobs >= 0) {
+    // Raw log-softmax over the unprocessed logits.
+    const float max_raw = raw[Argmax(raw, vocab)];
+    weight.resize(vocab);
+    const double log_z =
+        max_raw + std::log(kernels::ExpShifted(vocab, raw, max_raw, 1.0f, weight.data()));
+    out.logprob = static_cast<float>(raw[out.token] - log_z);
+    const int32_t k = std::min(p.num_logprobs, vocab);
+    if (k > 0) {
+      cand.resize(vocab);
+      std::iota(cand.begin(), cand.end(), 0);
+      const ByLogitDesc order{raw};
+      std::nth_element(cand.begin(), cand.begin() + (k - 1), cand.end(), order);
+      std::sort(cand.begin(), cand.begin() + k, order);
+      for (int32_t i = 0; i < k; ++i) {
+        out.top_logprobs.emplace_back(cand[i], static_cast<float>(raw[cand[i]] - log_z));
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 SampleOutput Sample(const float* raw, int32_t vocab, const SampleInput& in) {
   const SamplingParams& p = *in.params;
   SampleOutput out;
-  thread_local std::vector<float> logits, weight;
-  thread_local std::vector<int32_t> cand;
+
+  // Greedy on untouched logits: the raw ones' argmax, without a copy.
+  if (p.greedy() && !ProcessesLogits(p, in)) {
+    out.token = Argmax(raw, vocab);
+    return WithLogprobs(raw, vocab, p, std::move(out));
+  }
 
   // Processed logits.
   logits.assign(raw, raw + vocab);
@@ -195,26 +233,7 @@ SampleOutput Sample(const float* raw, int32_t vocab, const SampleInput& in) {
     }
   }
 
-  if (p.num_logprobs >= 0) {
-    // Raw log-softmax over the unprocessed logits.
-    const float max_raw = raw[Argmax(raw, vocab)];
-    weight.resize(vocab);
-    const double log_z =
-        max_raw + std::log(kernels::ExpShifted(vocab, raw, max_raw, 1.0f, weight.data()));
-    out.logprob = static_cast<float>(raw[out.token] - log_z);
-    const int32_t k = std::min(p.num_logprobs, vocab);
-    if (k > 0) {
-      cand.resize(vocab);
-      std::iota(cand.begin(), cand.end(), 0);
-      const ByLogitDesc order{raw};
-      std::nth_element(cand.begin(), cand.begin() + (k - 1), cand.end(), order);
-      std::sort(cand.begin(), cand.begin() + k, order);
-      for (int32_t i = 0; i < k; ++i) {
-        out.top_logprobs.emplace_back(cand[i], static_cast<float>(raw[cand[i]] - log_z));
-      }
-    }
-  }
-  return out;
+  return WithLogprobs(raw, vocab, p, std::move(out));
 }
 
 }  // namespace strata

@@ -62,6 +62,32 @@ TEST(Sampler, GreedyTakesArgmaxAndLowestIdOnTies) {
   EXPECT_EQ(Sample(logits.data(), 4, in).token, 1);
 }
 
+// Greedy draws on untouched logits take a path of their own (no copy, no processing): it
+// must give the token and logprobs that the processed path gives when processing changes
+// nothing (a zero bias), and both the first of the largest logits, at a vocabulary's size.
+TEST(Sampler, GreedyOnUntouchedLogitsAgreesWithTheProcessedPath) {
+  for (uint32_t seed = 1; seed <= 20; ++seed) {
+    std::vector<float> logits = RandomLogits(32000, seed);
+    for (float& l : logits) l = std::round(l * 4.0f) / 4.0f;  // ties among the largest
+    SamplingParams plain;
+    plain.temperature = 0.0f;
+    plain.num_logprobs = 3;
+    SamplingParams biased = plain;
+    biased.logit_bias.emplace_back(static_cast<int32_t>(seed), 0.0f);
+    SampleInput in;
+    in.params = &plain;
+    const SampleOutput fast = Sample(logits.data(), logits.size(), in);
+    in.params = &biased;
+    const SampleOutput processed = Sample(logits.data(), logits.size(), in);
+    const int32_t first_largest =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    EXPECT_EQ(fast.token, first_largest) << "seed " << seed;
+    EXPECT_EQ(processed.token, first_largest) << "seed " << seed;
+    EXPECT_EQ(fast.logprob, processed.logprob);
+    EXPECT_EQ(fast.top_logprobs, processed.top_logprobs);
+  }
+}
+
 TEST(Sampler, TemperatureSamplingFollowsSoftmax) {
   const std::vector<float> logits = RandomLogits(12, 1);
   SamplingParams p;

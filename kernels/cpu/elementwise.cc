@@ -30,6 +30,10 @@ double ExpShiftedScalar(int64_t n, const float* x, float shift, float scale, flo
   return elementwise_internal::ExpShifted<simd::ScalarOps>(n, x, shift, scale, out);
 }
 
+int64_t ArgmaxScalar(int64_t n, const float* x) {
+  return elementwise_internal::Argmax<simd::ScalarOps>(n, x);
+}
+
 }  // namespace isa_internal
 
 using namespace isa_internal;
@@ -66,6 +70,11 @@ void ConvertToBf16(int64_t n, const float* in, uint16_t* out) {
 double ExpShifted(int64_t n, const float* x, float shift, float scale, float* out) {
   STRATA_DISPATCH(ExpShifted, n, x, shift, scale, out);
   return 0.0;
+}
+
+int64_t Argmax(int64_t n, const float* x) {
+  STRATA_DISPATCH(Argmax, n, x);
+  return 0;
 }
 
 #undef STRATA_DISPATCH

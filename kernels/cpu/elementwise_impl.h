@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "common/base/bfloat16.h"
 #include "kernels/cpu/simd_ops.h"
@@ -106,6 +107,42 @@ double ExpShifted(int64_t n, const float* x, float shift, float scale, float* ou
   double sum = 0.0;
   for (int64_t i = 0; i < n; ++i) sum += out[i];
   return sum;
+}
+
+// Two passes: the largest value, with four accumulators, then the first block that holds
+// it. Data go in as Max's first operand and accumulators as its second, which Max returns
+// where either is NaN, so no NaN reaches an accumulator.
+template <class Ops>
+int64_t Argmax(int64_t n, const float* x) {
+  if (n <= 0 || std::isnan(x[0])) return 0;
+  constexpr int L = Ops::kLanes;
+  constexpr int64_t kBlock = 4 * L;
+  const int64_t vec_end = n / kBlock * kBlock;
+  const typename Ops::V lowest = Ops::Set1(-std::numeric_limits<float>::infinity());
+  typename Ops::V m0 = lowest, m1 = lowest, m2 = lowest, m3 = lowest;
+  for (int64_t i = 0; i < vec_end; i += kBlock) {
+    m0 = Ops::Max(Ops::Load(x + i), m0);
+    m1 = Ops::Max(Ops::Load(x + i + L), m1);
+    m2 = Ops::Max(Ops::Load(x + i + 2 * L), m2);
+    m3 = Ops::Max(Ops::Load(x + i + 3 * L), m3);
+  }
+  float best = Ops::ReduceMax(Ops::Max(Ops::Max(m0, m1), Ops::Max(m2, m3)));
+  for (int64_t i = vec_end; i < n; ++i) best = x[i] > best ? x[i] : best;
+  // x[0] is a number, so `best` is one that some x[i] equals.
+  for (int64_t i = 0; i < vec_end; i += kBlock) {
+    typename Ops::V b = Ops::Max(Ops::Load(x + i), lowest);
+    b = Ops::Max(Ops::Load(x + i + L), b);
+    b = Ops::Max(Ops::Load(x + i + 2 * L), b);
+    b = Ops::Max(Ops::Load(x + i + 3 * L), b);
+    if (Ops::ReduceMax(b) != best) continue;
+    for (int64_t j = i; j < i + kBlock; ++j) {
+      if (x[j] == best) return j;
+    }
+  }
+  for (int64_t i = vec_end; i < n; ++i) {
+    if (x[i] == best) return i;
+  }
+  return 0;
 }
 
 template <class Ops>

@@ -1,6 +1,7 @@
 #include "kernels/cpu/elementwise.h"
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -142,6 +143,59 @@ TEST_P(ElementwiseTest, ExpShiftedMatchesLibm) {
     ASSERT_NEAR(out[i], want, want * 2e-6) << x[i];
   }
   EXPECT_NEAR(sum, want_sum, want_sum * 2e-6);
+}
+
+// The first-largest loop the kernel must answer like, ties, NaNs and infinities included.
+int64_t SequentialArgmax(const std::vector<float>& x) {
+  int64_t best = 0;
+  for (size_t i = 1; i < x.size(); ++i) {
+    if (x[i] > x[best]) best = static_cast<int64_t>(i);
+  }
+  return best;
+}
+
+TEST_P(ElementwiseTest, ArgmaxIsTheFirstLargestAsALoopFindsIt) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::uniform_int_distribution<int> small(-3, 3);  // many ties
+  for (size_t n : {1, 2, 15, 16, 17, 63, 64, 65, 130, 1000, 32000}) {
+    for (int variant = 0; variant < 9; ++variant) {
+      std::vector<float> x = Normal(n, 4.0f);
+      switch (variant) {
+        case 1:  // small integers: the maximum repeats
+          for (auto& v : x) v = static_cast<float>(small(rng_));
+          break;
+        case 2:  // NaNs scattered, one of them on the largest value's index
+          for (size_t i = 1; i < n; i += 7) x[i] = nan;
+          if (n > 1) x[SequentialArgmax(x) == 0 ? n - 1 : SequentialArgmax(x)] = nan;
+          break;
+        case 3:  // a NaN first: index 0, whatever follows
+          x[0] = nan;
+          break;
+        case 4:  // every value -inf, or -inf and NaN
+          for (size_t i = 0; i < n; ++i) x[i] = i % 3 == 2 ? nan : -inf;
+          break;
+        case 5:  // +inf twice, late
+          x[n - 1] = inf;
+          x[n / 2] = inf;
+          break;
+        case 6:  // signed zeros for the largest
+          for (auto& v : x) v = -std::abs(v) - 1.0f;
+          x[n - 1] = 0.0f;
+          x[n / 3] = -0.0f;
+          break;
+        case 7:  // the largest in the tail after the last whole block
+          x[n - 1] = 100.0f;
+          break;
+        case 8:  // all equal
+          for (auto& v : x) v = 1.5f;
+          break;
+      }
+      ASSERT_EQ(Argmax(static_cast<int64_t>(n), x.data()), SequentialArgmax(x))
+          << "n " << n << " variant " << variant;
+    }
+  }
+  EXPECT_EQ(Argmax(0, nullptr), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllIsas, ElementwiseTest, ::testing::ValuesIn(SupportedIsas()),

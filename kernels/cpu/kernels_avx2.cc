@@ -41,4 +41,6 @@ double ExpShiftedAvx2(int64_t n, const float* x, float shift, float scale, float
   return elementwise_internal::ExpShifted<Ops>(n, x, shift, scale, out);
 }
 
+int64_t ArgmaxAvx2(int64_t n, const float* x) { return elementwise_internal::Argmax<Ops>(n, x); }
+
 }  // namespace strata::kernels::isa_internal

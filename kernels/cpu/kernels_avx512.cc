@@ -42,4 +42,6 @@ double ExpShiftedAvx512(int64_t n, const float* x, float shift, float scale, flo
   return elementwise_internal::ExpShifted<Ops>(n, x, shift, scale, out);
 }
 
+int64_t ArgmaxAvx512(int64_t n, const float* x) { return elementwise_internal::Argmax<Ops>(n, x); }
+
 }  // namespace strata::kernels::isa_internal
