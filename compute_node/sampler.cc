@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 
@@ -50,47 +51,131 @@ double CounterUniform(uint64_t seed, uint64_t sample_index, uint64_t position) {
 
 namespace {
 
-// The smallest best-first prefix (in ByLogitDesc order) of `cand` whose weight reaches
-// `target`: a quickselect that partitions by the order and keeps whole partitions while
-// their weight falls short. Expected O(n); the result's order is that of the partitions.
-std::vector<int32_t> Nucleus(std::vector<int32_t>& cand, const float* weight, ByLogitDesc order,
-                             double target) {
-  std::vector<int32_t> kept;
-  size_t lo = 0, hi = cand.size();
-  while (hi - lo > 64) {
-    // Median of three under the order as pivot.
-    int32_t a = cand[lo], b = cand[lo + (hi - lo) / 2], c = cand[hi - 1];
-    if (order(b, a)) std::swap(a, b);
-    if (order(c, b)) std::swap(b, c);
-    if (order(b, a)) std::swap(a, b);
-    const int32_t pivot = b;
-    const auto split_it = std::partition(cand.begin() + lo, cand.begin() + hi,
-                                         [&](int32_t t) { return order(t, pivot); });
-    const size_t split = split_it - cand.begin();
-    double mass = 0.0;
-    for (size_t i = lo; i < split; ++i) mass += weight[cand[i]];
-    if (split > lo && mass >= target) {
-      hi = split;  // the nucleus ends among the better ones
+// The `k` best tokens of `n` under ByLogitDesc, best first: one pass keeping the k best
+// in a heap whose front is the worst of them. Tokens come in id order, so a later one with
+// the worst's logit ranks below it, and only a larger logit takes its place.
+void TopK(const float* logits, int32_t n, int32_t k, std::vector<int32_t>* out) {
+  const ByLogitDesc order{logits};
+  k = std::min(k, n);
+  out->resize(k);
+  std::iota(out->begin(), out->end(), 0);
+  std::make_heap(out->begin(), out->end(), order);
+  float worst = logits[out->front()];
+  for (int32_t t = k; t < n; ++t) {
+    if (!(logits[t] > worst)) continue;
+    std::pop_heap(out->begin(), out->end(), order);
+    out->back() = t;
+    std::push_heap(out->begin(), out->end(), order);
+    worst = logits[out->front()];
+  }
+  std::sort_heap(out->begin(), out->end(), order);
+}
+
+// Weights in [0, 1] by their float bits' top 13 (exponent and 4 mantissa bits): a key
+// that never decreases with the weight, so every token of a higher key has a larger
+// logit than every token of a lower one.
+constexpr int kWeightKeys = 2048;
+int WeightKey(float w) {
+  uint32_t bits;
+  std::memcpy(&bits, &w, sizeof(bits));
+  return static_cast<int>(std::min<uint32_t>(bits >> 19, kWeightKeys - 1));
+}
+
+// The smallest best-first prefix (in ByLogitDesc order) of all `n` tokens whose weight
+// reaches `target`, without sorting them: the mass of each weight key, from the top, finds
+// the key where the prefix ends; the tokens above it are in, by id, and those of that key
+// follow best first until the target is reached (at least one token in all).
+void NucleusOfAll(const float* logits, const float* weight, int32_t n, double target,
+                  std::vector<int32_t>* out) {
+  thread_local std::vector<double> mass;
+  thread_local std::vector<uint16_t> keys;
+  thread_local std::vector<int32_t> edge;
+  mass.assign(2 * kWeightKeys, 0.0);
+  keys.resize(n);
+  // Two tables, alternate tokens, halve the chains of adds to one key.
+  for (int32_t t = 0; t < n; ++t) {
+    keys[t] = static_cast<uint16_t>(WeightKey(weight[t]));
+    mass[(t & 1) * kWeightKeys + keys[t]] += weight[t];
+  }
+  int boundary = 0;
+  double above = 0.0;
+  for (int key = kWeightKeys - 1; key >= 0; --key) {
+    const double m = mass[key] + mass[kWeightKeys + key];
+    if (m > 0.0 && above + m >= target) {
+      boundary = key;
+      break;
+    }
+    above += m;
+  }
+  // Both lists are filled without branches: every token is written, and kept if it counts.
+  out->resize(n);
+  edge.resize(n);
+  int32_t* in = out->data();
+  int32_t* at_edge = edge.data();
+  const uint16_t* key = keys.data();
+  size_t kept = 0, on_edge = 0;
+  for (int32_t t = 0; t < n; ++t) {
+    in[kept] = t;
+    kept += key[t] > boundary ? 1 : 0;
+    at_edge[on_edge] = t;
+    on_edge += key[t] == boundary ? 1 : 0;
+  }
+  out->resize(kept);
+  edge.resize(on_edge);
+  std::sort(edge.begin(), edge.end(), ByLogitDesc{logits});
+  for (int32_t t : edge) {
+    if (above >= target && !out->empty()) break;
+    out->push_back(t);
+    above += weight[t];
+  }
+}
+
+// A token of `cand` (all tokens, by id, when null) drawn with probability proportional to
+// its weight, for the uniform `u`: the first whose running sum exceeds u times their sum.
+// Over all tokens the sums run by blocks, the block that holds the draw then by token.
+int32_t DrawByWeight(const float* weight, int32_t n, const std::vector<int32_t>* cand, double u) {
+  if (cand != nullptr) {
+    double kept = 0.0;
+    for (int32_t t : *cand) kept += weight[t];
+    const double target = u * kept;
+    double cumulative = 0.0;
+    for (int32_t t : *cand) {
+      cumulative += weight[t];
+      if (cumulative > target) return t;
+    }
+    return cand->back();
+  }
+  constexpr int32_t kBlock = 256;
+  thread_local std::vector<double> blocks;
+  blocks.clear();
+  double kept = 0.0;
+  for (int32_t b = 0; b < n; b += kBlock) {
+    const int32_t end = std::min(n, b + kBlock);
+    double s[4] = {0.0, 0.0, 0.0, 0.0};
+    int32_t t = b;
+    for (; t + 4 <= end; t += 4) {
+      for (int j = 0; j < 4; ++j) s[j] += weight[t + j];
+    }
+    for (; t < end; ++t) s[0] += weight[t];
+    blocks.push_back((s[0] + s[1]) + (s[2] + s[3]));
+    kept += blocks.back();
+  }
+  const double target = u * kept;
+  double cumulative = 0.0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const int32_t b = static_cast<int32_t>(i) * kBlock;
+    const int32_t end = std::min(n, b + kBlock);
+    if (cumulative + blocks[i] <= target && i + 1 < blocks.size()) {
+      cumulative += blocks[i];
       continue;
     }
-    kept.insert(kept.end(), cand.begin() + lo, cand.begin() + split);
-    target -= mass;
-    lo = split;
-    // The pivot is now the best of [lo, hi): move it to the front and keep it.
-    auto pivot_it = std::find(cand.begin() + lo, cand.begin() + hi, pivot);
-    std::iter_swap(cand.begin() + lo, pivot_it);
-    kept.push_back(pivot);
-    target -= weight[pivot];
-    ++lo;
-    if (target <= 0.0) return kept;
+    for (int32_t t = b; t < end; ++t) {
+      cumulative += weight[t];
+      if (cumulative > target) return t;
+    }
+    return end - 1;  // rounding kept the sum within the block at the target
   }
-  std::sort(cand.begin() + lo, cand.begin() + hi, order);
-  for (size_t i = lo; i < hi && target > 0.0; ++i) {
-    kept.push_back(cand[i]);
-    target -= weight[cand[i]];
-  }
-  if (kept.empty() && !cand.empty()) kept.push_back(cand[lo]);
-  return kept;
+  return n - 1;
 }
 
 // Per-thread scratch of Sample: processed logits, softmax weights, candidate tokens.
@@ -109,11 +194,7 @@ SampleOutput WithLogprobs(const float* raw, int32_t vocab, const SamplingParams&
     out.logprob = static_cast<float>(raw[out.token] - log_z);
     const int32_t k = std::min(p.num_logprobs, vocab);
     if (k > 0) {
-      cand.resize(vocab);
-      std::iota(cand.begin(), cand.end(), 0);
-      const ByLogitDesc order{raw};
-      std::nth_element(cand.begin(), cand.begin() + (k - 1), cand.end(), order);
-      std::sort(cand.begin(), cand.begin() + k, order);
+      TopK(raw, vocab, k, &cand);
       for (int32_t i = 0; i < k; ++i) {
         out.top_logprobs.emplace_back(cand[i], static_cast<float>(raw[cand[i]] - log_z));
       }
@@ -122,15 +203,57 @@ SampleOutput WithLogprobs(const float* raw, int32_t vocab, const SamplingParams&
   return out;
 }
 
+// A draw from processed `logits` at the request's temperature, top-k, top-p and min-p.
+int32_t Draw(const float* logits, int32_t vocab, const SamplingParams& p, const SampleInput& in) {
+  const float max_logit = logits[Argmax(logits, vocab)];
+  weight.resize(vocab);
+  double total = kernels::ExpShifted(vocab, logits, max_logit, 1.0f / p.temperature, weight.data());
+  bool all = true;  // the candidates are every token, by id (`cand` unused)
+  if (p.top_k > 0 && p.top_k < vocab) {
+    TopK(logits, vocab, p.top_k, &cand);  // best first
+    all = false;
+    total = 0.0;
+    for (int32_t t : cand) total += weight[t];
+  }
+  if (p.top_p < 1.0f) {
+    const double target = p.top_p * total;
+    if (all) {
+      NucleusOfAll(logits, weight.data(), vocab, target, &cand);
+      all = false;
+    } else {
+      double mass = 0.0;
+      size_t n = 0;
+      while (n < cand.size() && (n == 0 || mass < target)) mass += weight[cand[n++]];
+      cand.resize(n);
+    }
+  }
+  if (p.min_p > 0.0f) {
+    // The best token has weight exp(0) = 1, so weights are probabilities relative to it.
+    if (all) {
+      cand.clear();
+      for (int32_t t = 0; t < vocab; ++t) {
+        if (!(weight[t] < p.min_p)) cand.push_back(t);
+      }
+      all = false;
+    } else {
+      cand.erase(
+          std::remove_if(cand.begin(), cand.end(), [&](int32_t t) { return weight[t] < p.min_p; }),
+          cand.end());
+    }
+  }
+  return DrawByWeight(weight.data(), vocab, all ? nullptr : &cand,
+                      CounterUniform(p.seed, in.sample_index, in.output_position));
+}
+
 }  // namespace
 
 SampleOutput Sample(const float* raw, int32_t vocab, const SampleInput& in) {
   const SamplingParams& p = *in.params;
   SampleOutput out;
 
-  // Greedy on untouched logits: the raw ones' argmax, without a copy.
-  if (p.greedy() && !ProcessesLogits(p, in)) {
-    out.token = Argmax(raw, vocab);
+  // Untouched logits are used where they are, without a copy.
+  if (!ProcessesLogits(p, in)) {
+    out.token = p.greedy() ? Argmax(raw, vocab) : Draw(raw, vocab, p, in);
     return WithLogprobs(raw, vocab, p, std::move(out));
   }
 
@@ -196,41 +319,7 @@ SampleOutput Sample(const float* raw, int32_t vocab, const SampleInput& in) {
   if (p.greedy()) {
     out.token = Argmax(logits.data(), vocab);
   } else {
-    const ByLogitDesc order{logits.data()};
-    const float max_logit = logits[Argmax(logits.data(), vocab)];
-    weight.resize(vocab);
-    double total =
-        kernels::ExpShifted(vocab, logits.data(), max_logit, 1.0f / p.temperature, weight.data());
-    cand.resize(vocab);
-    std::iota(cand.begin(), cand.end(), 0);
-    if (p.top_k > 0 && p.top_k < vocab) {
-      std::nth_element(cand.begin(), cand.begin() + p.top_k, cand.end(), order);
-      cand.resize(p.top_k);
-      total = 0.0;
-      for (int32_t t : cand) total += weight[t];
-    }
-    if (p.top_p < 1.0f) {
-      std::vector<int32_t> nucleus = Nucleus(cand, weight.data(), order, p.top_p * total);
-      cand.swap(nucleus);
-    }
-    if (p.min_p > 0.0f) {
-      // The best token has weight exp(0) = 1, so weights are probabilities relative to it.
-      cand.erase(
-          std::remove_if(cand.begin(), cand.end(), [&](int32_t t) { return weight[t] < p.min_p; }),
-          cand.end());
-    }
-    double kept = 0.0;
-    for (int32_t t : cand) kept += weight[t];
-    const double target = CounterUniform(p.seed, in.sample_index, in.output_position) * kept;
-    double cumulative = 0.0;
-    out.token = cand.back();
-    for (int32_t t : cand) {
-      cumulative += weight[t];
-      if (cumulative > target) {
-        out.token = t;
-        break;
-      }
-    }
+    out.token = Draw(logits.data(), vocab, p, in);
   }
 
   return WithLogprobs(raw, vocab, p, std::move(out));

@@ -164,6 +164,68 @@ TEST(Sampler, TopPOnALargeVocabularyUsesTheSameNucleus) {
   }
 }
 
+// At a vocabulary's size the draw takes its fast paths: a heap for top-k, weight keys for
+// the nucleus, block sums for the draw over every token. Each must follow the softmax over
+// the same support as the small-vocabulary rules: the strong tokens one by one (ties among
+// them), the weak rest together.
+TEST(Sampler, LargeVocabularyDrawsFollowTheRestrictedSoftmax) {
+  constexpr int kVocab = 32000;
+  std::vector<float> logits = RandomLogits(kVocab, 11, 1.0f);
+  const std::vector<std::pair<int32_t, float>> strong = {{5, 9.0f},     {7, 8.5f}, {12345, 8.5f},
+                                                         {20000, 8.0f}, {3, 7.5f}, {25000, 7.5f}};
+  for (const auto& [t, l] : strong) logits[t] = l;
+  std::vector<int32_t> order(kVocab);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  // The best-first prefix of `size` tokens, or the smallest whose mass reaches `top_p`.
+  auto prefix = [&](size_t size, double top_p) {
+    const std::vector<double> full = Target(logits, 1.0f, std::vector<bool>(kVocab, true));
+    std::vector<bool> keep(kVocab, false);
+    double mass = 0;
+    for (size_t i = 0; i < order.size() && i < size; ++i) {
+      keep[order[i]] = true;
+      mass += full[order[i]];
+      if (mass >= top_p) break;
+    }
+    return keep;
+  };
+  auto check = [&](const SamplingParams& p, const std::vector<bool>& keep, const char* what) {
+    const int draws = 8000;
+    const std::map<int32_t, double> freq = Frequencies(logits, p, draws);
+    const std::vector<double> target = Target(logits, 1.0f, keep);
+    double rest_got = 0, rest_want = 0;
+    for (size_t t = 0; t < target.size(); ++t) {
+      const double got = freq.count(t) ? freq.at(t) : 0.0;
+      if (!keep[t]) ASSERT_EQ(got, 0.0) << what << ": token " << t << " is outside the support";
+      if (target[t] < 0.02) {
+        rest_got += got;
+        rest_want += target[t];
+        continue;
+      }
+      const double sigma = std::sqrt(target[t] * (1 - target[t]) / draws);
+      EXPECT_NEAR(got, target[t], 5 * sigma) << what << ": token " << t;
+    }
+    const double sigma = std::sqrt(rest_want * (1 - rest_want) / draws);
+    EXPECT_NEAR(rest_got, rest_want, 5 * sigma + 1e-9) << what << ": the weak tokens together";
+  };
+  SamplingParams all;
+  all.seed = 21;
+  check(all, std::vector<bool>(kVocab, true), "temperature 1");
+  SamplingParams top_k = all;
+  top_k.top_k = 3;  // the tie at 8.5 is inside; the next token, 8.0, is out
+  check(top_k, prefix(3, 2.0), "top_k 3");
+  SamplingParams top_k_tie = all;
+  top_k_tie.top_k = 5;  // of the tie at 7.5, the lower id (3) is in
+  check(top_k_tie, prefix(5, 2.0), "top_k 5");
+  for (float top_p : {0.5f, 0.8f, 0.97f}) {
+    SamplingParams nucleus = all;
+    nucleus.top_p = top_p;
+    check(nucleus, prefix(kVocab, top_p), "top_p");
+  }
+}
+
 TEST(Sampler, SeededDrawsDependOnlyOnSeedSampleAndPosition) {
   const std::vector<float> logits = RandomLogits(1000, 4, 0.5f);
   SamplingParams p;

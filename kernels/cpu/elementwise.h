@@ -31,7 +31,8 @@ void ApplyRope(int rows, int num_heads, int head_dim, int64_t row_stride, const 
                const float* cos, const float* sin, float* x);
 
 // out[i] = exp((x[i] - shift) * scale): softmax weights of logits at a temperature.
-// Returns the sum of out, accumulated in double in index order.
+// Returns the sum of out, accumulated in double: four partial sums of every fourth element
+// (the tail in the first), added pairwise. The order is fixed, whatever the ISA.
 //   x, out: [n] f32
 double ExpShifted(int64_t n, const float* x, float shift, float scale, float* out);
 

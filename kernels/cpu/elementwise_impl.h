@@ -104,9 +104,13 @@ double ExpShifted(int64_t n, const float* x, float shift, float scale, float* ou
     Ops::Store(out + i, Ops::Exp(Ops::Mul(Ops::Sub(Ops::Load(x + i), vshift), vscale)));
   }
   for (int64_t i = vec_end; i < n; ++i) out[i] = std::exp((x[i] - shift) * scale);
-  double sum = 0.0;
-  for (int64_t i = 0; i < n; ++i) sum += out[i];
-  return sum;
+  double s[4] = {0.0, 0.0, 0.0, 0.0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    for (int j = 0; j < 4; ++j) s[j] += out[i + j];
+  }
+  for (; i < n; ++i) s[0] += out[i];
+  return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
 // Two passes: the largest value, with four accumulators, then the first block that holds
