@@ -71,36 +71,37 @@ void TopK(const float* logits, int32_t n, int32_t k, std::vector<int32_t>* out) 
   std::sort_heap(out->begin(), out->end(), order);
 }
 
-// Weights in [0, 1] by their float bits' top 13 (exponent and 4 mantissa bits): a key
-// that never decreases with the weight, so every token of a higher key has a larger
-// logit than every token of a lower one.
-constexpr int kWeightKeys = 2048;
-int WeightKey(float w) {
-  uint32_t bits;
-  std::memcpy(&bits, &w, sizeof(bits));
-  return static_cast<int>(std::min<uint32_t>(bits >> 19, kWeightKeys - 1));
+// Logits by their distance below the largest, in sixteenths of a nat after the temperature
+// (`scale` = 1 / temperature), up to 2047 (weights below e^-128, and NaNs, share the last):
+// a key that never decreases as the logit falls, so every token of a lower key has a larger
+// logit than every token of a higher one. It is taken from the logit, not from the weight,
+// whose exp may round two equal logits apart.
+constexpr int kRankKeys = 2048;
+int RankKey(float logit, float max_logit, float scale) {
+  const float d = (max_logit - logit) * scale * 16.0f;
+  return d < static_cast<float>(kRankKeys - 1) ? static_cast<int>(d) : kRankKeys - 1;
 }
 
 // The smallest best-first prefix (in ByLogitDesc order) of all `n` tokens whose weight
-// reaches `target`, without sorting them: the mass of each weight key, from the top, finds
-// the key where the prefix ends; the tokens above it are in, by id, and those of that key
+// reaches `target`, without sorting them: the mass of each rank key, from the best, finds
+// the key where the prefix ends; the tokens before it are in, by id, and those of that key
 // follow best first until the target is reached (at least one token in all).
-void NucleusOfAll(const float* logits, const float* weight, int32_t n, double target,
-                  std::vector<int32_t>* out) {
+void NucleusOfAll(const float* logits, const float* weight, int32_t n, float max_logit, float scale,
+                  double target, std::vector<int32_t>* out) {
   thread_local std::vector<double> mass;
   thread_local std::vector<uint16_t> keys;
   thread_local std::vector<int32_t> edge;
-  mass.assign(2 * kWeightKeys, 0.0);
+  mass.assign(2 * kRankKeys, 0.0);
   keys.resize(n);
   // Two tables, alternate tokens, halve the chains of adds to one key.
   for (int32_t t = 0; t < n; ++t) {
-    keys[t] = static_cast<uint16_t>(WeightKey(weight[t]));
-    mass[(t & 1) * kWeightKeys + keys[t]] += weight[t];
+    keys[t] = static_cast<uint16_t>(RankKey(logits[t], max_logit, scale));
+    mass[(t & 1) * kRankKeys + keys[t]] += weight[t];
   }
-  int boundary = 0;
+  int boundary = kRankKeys - 1;
   double above = 0.0;
-  for (int key = kWeightKeys - 1; key >= 0; --key) {
-    const double m = mass[key] + mass[kWeightKeys + key];
+  for (int key = 0; key < kRankKeys; ++key) {
+    const double m = mass[key] + mass[kRankKeys + key];
     if (m > 0.0 && above + m >= target) {
       boundary = key;
       break;
@@ -116,7 +117,7 @@ void NucleusOfAll(const float* logits, const float* weight, int32_t n, double ta
   size_t kept = 0, on_edge = 0;
   for (int32_t t = 0; t < n; ++t) {
     in[kept] = t;
-    kept += key[t] > boundary ? 1 : 0;
+    kept += key[t] < boundary ? 1 : 0;
     at_edge[on_edge] = t;
     on_edge += key[t] == boundary ? 1 : 0;
   }
@@ -142,6 +143,10 @@ int32_t DrawByWeight(const float* weight, int32_t n, const std::vector<int32_t>*
     for (int32_t t : *cand) {
       cumulative += weight[t];
       if (cumulative > target) return t;
+    }
+    // Rounding kept the running sum at the target: the last candidate with weight.
+    for (auto it = cand->rbegin(); it != cand->rend(); ++it) {
+      if (weight[*it] > 0.0f) return *it;
     }
     return cand->back();
   }
@@ -173,7 +178,11 @@ int32_t DrawByWeight(const float* weight, int32_t n, const std::vector<int32_t>*
       cumulative += weight[t];
       if (cumulative > target) return t;
     }
-    return end - 1;  // rounding kept the sum within the block at the target
+    // Rounding kept the running sum at the target: the last token with weight so far.
+    for (int32_t t = end - 1; t >= 0; --t) {
+      if (weight[t] > 0.0f) return t;
+    }
+    return end - 1;
   }
   return n - 1;
 }
@@ -218,7 +227,7 @@ int32_t Draw(const float* logits, int32_t vocab, const SamplingParams& p, const 
   if (p.top_p < 1.0f) {
     const double target = p.top_p * total;
     if (all) {
-      NucleusOfAll(logits, weight.data(), vocab, target, &cand);
+      NucleusOfAll(logits, weight.data(), vocab, max_logit, 1.0f / p.temperature, target, &cand);
       all = false;
     } else {
       double mass = 0.0;

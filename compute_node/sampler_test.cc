@@ -169,9 +169,10 @@ TEST(Sampler, TopPOnALargeVocabularyUsesTheSameNucleus) {
 // the same support as the small-vocabulary rules: the strong tokens one by one (ties among
 // them), the weak rest together.
 TEST(Sampler, LargeVocabularyDrawsFollowTheRestrictedSoftmax) {
-  constexpr int kVocab = 32000;
+  // Not a multiple of the vector width: a tied pair straddles the vector body and the tail.
+  constexpr int kVocab = 32003;
   std::vector<float> logits = RandomLogits(kVocab, 11, 1.0f);
-  const std::vector<std::pair<int32_t, float>> strong = {{5, 9.0f},     {7, 8.5f}, {12345, 8.5f},
+  const std::vector<std::pair<int32_t, float>> strong = {{5, 9.0f},     {7, 8.5f}, {32001, 8.5f},
                                                          {20000, 8.0f}, {3, 7.5f}, {25000, 7.5f}};
   for (const auto& [t, l] : strong) logits[t] = l;
   std::vector<int32_t> order(kVocab);

@@ -708,6 +708,7 @@ void Scheduler::PublishStats() {
     s.stagger_seconds = absl::ToDoubleSeconds(clock_.StaggerGap(LiveReplicas()));
   }
   for (const auto& ex : executors_) {
+    if (!ex->alive) continue;
     s.plan_ahead_margin_seconds = std::max(s.plan_ahead_margin_seconds, ex->ahead_margin);
   }
   s.step_compute_seconds = clock_.compute_seconds();

@@ -162,7 +162,8 @@ struct Scheduler::Executor {
   struct InFlight {
     std::shared_ptr<const StepPlan> plan;  // the one the executor was given
     absl::Time started;
-    bool ahead = false;  // sent while another plan was in flight
+    // Asynchronous scheduling: sent while another plan was in flight, or meant to be.
+    bool ahead = false;
   };
   std::deque<InFlight> in_flight;  // oldest first: results come back in submission order
   bool busy() const { return !in_flight.empty(); }
@@ -176,8 +177,10 @@ struct Scheduler::Executor {
   MovingAverage mixed_step_seconds;
   EventLoop::TimerId ahead_timer = 0;
   absl::Time ahead_due;
-  // Seconds by which plans ahead go out before their lead (Scheduler::AdjustAheadMargin).
+  // Seconds by which plans ahead go out before their lead (Scheduler::AdjustAheadMargin),
+  // and whether the next plan is one ahead whose timer the running step's result beat.
   double ahead_margin = 0;
+  bool ahead_overdue = false;
   std::vector<TableRelease> pending_releases;
 };
 

@@ -5,6 +5,7 @@
 #include <limits>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
@@ -33,10 +34,13 @@ void Scheduler::ScheduleIdleExecutors() {
         counters_.plan_seconds_total += planning.ElapsedSeconds();
         counters_.plans_total += built ? 1 : 0;
       }
+      const bool overdue = std::exchange(ex.ahead_overdue, false);
       if (!built) break;
       last_start_ = absl::Now();
-      const bool ahead = !ex.in_flight.empty();
-      if (!ahead) ex.running_since = last_start_;
+      // A plan ahead: built while another runs, or one whose timer had not fired when the
+      // running step's result came (it is late, and its slack says by how much).
+      const bool ahead = config_.async_scheduling && (!ex.in_flight.empty() || overdue);
+      if (ex.in_flight.empty()) ex.running_since = last_start_;
       ex.in_flight.push_back({plan, last_start_, ahead});
       SubmitPlan(static_cast<int>(e), std::move(plan));
     }
@@ -135,8 +139,14 @@ void Scheduler::SubmitPlan(int index, std::shared_ptr<const StepPlan> plan) {
       Executor::InFlight done = std::move(x.in_flight.front());
       x.in_flight.pop_front();
       // The next plan, if one is queued at the node, starts now; the node's own time for
-      // this step feeds the estimate of when that one ends.
+      // this step feeds the estimate of when that one ends. If none is, and the timer that
+      // was to build it has not fired, the plan is overdue: it goes now.
       if (!x.in_flight.empty()) x.running_since = absl::Now();
+      if (x.in_flight.empty() && x.ahead_timer != 0) {
+        loop_.Cancel(x.ahead_timer);
+        x.ahead_timer = 0;
+        x.ahead_overdue = true;
+      }
       if (result.status.ok() && result.timing.total_us > 0) {
         (DecodeOnly(*done.plan) ? x.decode_step_seconds : x.mixed_step_seconds)
             .Observe(1e-6 * static_cast<double>(result.timing.total_us));

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <limits>
 #include <optional>
 #include <random>
 
@@ -43,10 +44,13 @@ class CountingExecutor final : public StepExecutor {
       max_outstanding_ = std::max(max_outstanding_, outstanding_);
     }
     inner_->Submit(std::move(plan), [this, sink = std::move(sink)](StepResult result) {
-      if (step_delay_ > absl::ZeroDuration()) {
-        absl::SleepFor(step_delay_);
-        result.timing.total_us += absl::ToInt64Microseconds(step_delay_);
-        result.timing.plan_slack_us = slack_us_;
+      const int index = results_++;
+      const absl::Duration delay = index >= later_after_ ? later_delay_ : step_delay_;
+      if (delay > absl::ZeroDuration()) {
+        absl::SleepFor(delay);
+        result.timing.total_us += absl::ToInt64Microseconds(delay);
+        result.timing.plan_slack_us =
+            !slack_only_later_ || index > later_after_ ? slack_us_ : std::nullopt;
       }
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -67,11 +71,22 @@ class CountingExecutor final : public StepExecutor {
   }
   void set_step_delay(absl::Duration d) { step_delay_ = d; }
   void set_slack_us(int64_t slack_us) { slack_us_ = slack_us; }  // with a step delay
+  // From result `after` on, steps take `delay` instead; only those after the first of them
+  // (whose plan went out ahead of a slow step) report the slack.
+  void set_later_steps(int after, absl::Duration delay) {
+    later_after_ = after;
+    later_delay_ = delay;
+    slack_only_later_ = true;
+  }
 
  private:
   std::unique_ptr<StepExecutor> inner_;
   absl::Duration step_delay_;        // set before the first plan
   std::optional<int64_t> slack_us_;  // likewise
+  int results_ = 0;                  // the node's worker's alone
+  int later_after_ = std::numeric_limits<int>::max();
+  absl::Duration later_delay_;
+  bool slack_only_later_ = false;
   std::mutex mu_;
   int outstanding_ = 0, max_outstanding_ = 0;
   absl::Time running_since_;
@@ -666,6 +681,26 @@ TEST_F(SchedulerTest, AsyncSchedulingPlansAheadEarlierWhereTheNodeWaitedForPlans
   }
   EXPECT_GT(h.scheduler().Stats().plan_ahead_margin_seconds, absl::ToDoubleSeconds(kStep) / 2);
   const auto alone = Run(Config(), 4096, {Greedy(Prompt(20, 7), 12)});
+  EXPECT_EQ(first->tokens, alone[0]->tokens);
+  h.ExpectNoLeak();
+}
+
+// Steps that end long before the scheduler expects (its estimate still remembers slower
+// ones) come back before the timer that was to plan ahead of them fires: the next plan then
+// goes at once and counts as a plan ahead that was late, so its slack is learnt too.
+TEST_F(SchedulerTest, AsyncSchedulingLearnsFromPlansAheadThatTheResultBeat) {
+  SchedulerConfig async = Config();
+  async.async_scheduling = true;
+  async.max_plans_in_flight = 2;
+  Harness h(weights_, async, 4096);
+  h.executor().set_step_delay(absl::Milliseconds(300));
+  h.executor().set_later_steps(4, absl::Milliseconds(10));
+  h.executor().set_slack_us(-3'000);
+  auto first = *h.Submit(Greedy(Prompt(20, 7), 14));
+  h.Wait({first});
+  EXPECT_GT(h.scheduler().Stats().plan_ahead_margin_seconds, 0.005)
+      << "the late plans' waits were not learnt";
+  const auto alone = Run(Config(), 4096, {Greedy(Prompt(20, 7), 14)});
   EXPECT_EQ(first->tokens, alone[0]->tokens);
   h.ExpectNoLeak();
 }
