@@ -50,7 +50,8 @@ rounds, medians:
 (rows B must divide by the batches of every mode chosen).
 
   /usr/bin/python3 tests/bench/planner_validate.py --bin_dir="$(bazel info bazel-bin)" \
-      [--rounds=3] [--rows=8,16,64] [--contexts=256,2048] [--modes=off,two,fixed,rotational] \
+      [--rounds=3] [--calibration_rounds=2] [--rows=8,16,64] [--contexts=256,2048] \
+      [--modes=off,two,fixed,rotational] \
       [--costs_out=FILE]
 """
 import argparse
@@ -230,6 +231,9 @@ def main():
     parser.add_argument("--model", default=os.path.expanduser(
         os.environ.get("STRATA_CACHE_DIR", "~/.cache/strata") + "/models/demo"))
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--calibration_rounds", type=int, default=2,
+                        help="launches whose median each served calibration takes (the "
+                        "memory node's attention, the step gap, serving)")
     parser.add_argument("--rows", default="8,16,64")
     parser.add_argument("--contexts", default="256,2048")
     parser.add_argument("--tokens", type=int, default=48)
@@ -248,11 +252,13 @@ def main():
     flags, worst = calibrate(args.bin_dir, args.model, compute_cpu, memory_cpu)
     if args.attention_from == "memory_node":
         kernel = [f for f in flags if f.startswith("--attention_")]
-        served, worst = memory_node_attention(args.bin_dir, compute_cpu, memory_cpu)
+        served, worst = memory_node_attention(args.bin_dir, compute_cpu, memory_cpu,
+                                              args.calibration_rounds)
         flags = [f for f in flags if f not in kernel] + served
         print("  attention from the kernel alone (not used): " + " ".join(kernel),
               file=sys.stderr)
-    flags.append(f"--step_gap_us={step_gap_us(args.bin_dir, compute_cpu, memory_cpu):.0f}")
+    gap = step_gap_us(args.bin_dir, compute_cpu, memory_cpu, args.calibration_rounds)
+    flags.append(f"--step_gap_us={gap:.0f}")
     all_modes = modes(compute_cpu, memory_cpu)
     names = args.modes.split(",")
     for name in names:
@@ -263,7 +269,8 @@ def main():
     serving = {}
     for name in names:
         launcher_flags, _, batches = all_modes[name]
-        serving[name] = serving_costs(args.bin_dir, launcher_flags, batches, args.tokens)
+        serving[name] = serving_costs(args.bin_dir, launcher_flags, batches, args.tokens,
+                                      args.calibration_rounds)
     costs_file = args.costs_out or os.path.join(tempfile.mkdtemp(), "costs.flags")
     with open(costs_file, "w") as f:
         f.write("\n".join(flags) + "\n")
