@@ -28,9 +28,13 @@ struct ByLogitDesc {
   }
 };
 
-// The first of the largest logits (a NaN never wins).
+// The first of the largest logits. A NaN never wins: the kernel answers 0 for a NaN first
+// logit, so the search starts again after leading NaNs (all NaN: 0).
 int32_t Argmax(const float* logits, int32_t n) {
-  return static_cast<int32_t>(kernels::Argmax(n, logits));
+  int32_t first = 0;
+  while (first < n && std::isnan(logits[first])) ++first;
+  if (first == n) return 0;
+  return first + static_cast<int32_t>(kernels::Argmax(n - first, logits + first));
 }
 
 // Whether anything before the draw changes the logits (bias, bans, a grammar, penalties).
@@ -217,6 +221,16 @@ int32_t Draw(const float* logits, int32_t vocab, const SamplingParams& p, const 
   const float max_logit = logits[Argmax(logits, vocab)];
   weight.resize(vocab);
   double total = kernels::ExpShifted(vocab, logits, max_logit, 1.0f / p.temperature, weight.data());
+  // Every weight is at most exp(0) = 1, so a larger or NaN sum means NaN logits (a broken
+  // model), whose exp is NaN or huge: they get no weight, and are never drawn, as greedy
+  // never picks one.
+  if (!(total <= static_cast<double>(vocab))) {
+    total = 0.0;
+    for (int32_t t = 0; t < vocab; ++t) {
+      if (std::isnan(logits[t]) || !(weight[t] <= 1.0f)) weight[t] = 0.0f;
+      total += weight[t];
+    }
+  }
   bool all = true;  // the candidates are every token, by id (`cand` unused)
   if (p.top_k > 0 && p.top_k < vocab) {
     TopK(logits, vocab, p.top_k, &cand);  // best first

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <random>
@@ -225,6 +226,33 @@ TEST(Sampler, LargeVocabularyDrawsFollowTheRestrictedSoftmax) {
     nucleus.top_p = top_p;
     check(nucleus, prefix(kVocab, top_p), "top_p");
   }
+}
+
+// NaN logits (a broken model) are never drawn, whatever the sampling settings, and the
+// other tokens keep their softmax.
+TEST(Sampler, NanLogitsAreNeverDrawn) {
+  std::vector<float> logits = RandomLogits(40, 4);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<bool> keep(40, true);
+  for (int t : {0, 17, 39}) {
+    logits[t] = nan;
+    keep[t] = false;
+  }
+  const int draws = 20000;
+  SamplingParams plain;
+  plain.seed = 3;
+  ExpectMatches(Frequencies(logits, plain, draws), Target(logits, 1.0f, keep), draws);
+  SamplingParams restricted = plain;
+  restricted.top_p = 0.9f;
+  restricted.min_p = 0.01f;
+  for (const auto& [t, f] : Frequencies(logits, restricted, draws)) {
+    EXPECT_TRUE(keep[t]) << "drew the NaN logit of token " << t;
+  }
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  SampleInput in;
+  in.params = &greedy;
+  EXPECT_TRUE(keep[Sample(logits.data(), logits.size(), in).token]);
 }
 
 TEST(Sampler, SeededDrawsDependOnlyOnSeedSampleAndPosition) {
