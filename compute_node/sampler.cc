@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <numeric>
 
@@ -28,13 +27,9 @@ struct ByLogitDesc {
   }
 };
 
-// The first of the largest logits. A NaN never wins: the kernel answers 0 for a NaN first
-// logit, so the search starts again after leading NaNs (all NaN: 0).
+// The first of the largest logits (a NaN never wins).
 int32_t Argmax(const float* logits, int32_t n) {
-  int32_t first = 0;
-  while (first < n && std::isnan(logits[first])) ++first;
-  if (first == n) return 0;
-  return first + static_cast<int32_t>(kernels::Argmax(n - first, logits + first));
+  return static_cast<int32_t>(kernels::Argmax(n, logits));
 }
 
 // Whether anything before the draw changes the logits (bias, bans, a grammar, penalties).

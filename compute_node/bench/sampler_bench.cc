@@ -5,7 +5,6 @@
 //
 //   bazel build -c opt //compute_node/bench:sampler_bench
 //   bazel-bin/compute_node/bench/sampler_bench [--vocab=32000,128256] [--rounds=7]
-#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -15,6 +14,7 @@
 #include "absl/flags/parse.h"
 #include "common/base/stopwatch.h"
 #include "common/bench/int_list.h"
+#include "common/bench/read_probe.h"
 #include "compute_node/sampler.h"
 
 ABSL_FLAG(std::string, vocab, "32000,128256", "Vocabulary sizes, comma-separated");
@@ -88,9 +88,7 @@ int Main() {
       }
     }
     for (size_t k = 0; k < settings.size(); ++k) {
-      std::vector<double>& t = times[k];
-      std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
-      std::printf("%8d  %-34s %10.2f\n", vocab, settings[k].name, t[t.size() / 2]);
+      std::printf("%8d  %-34s %10.2f\n", vocab, settings[k].name, Median(times[k]));
     }
     if (checksum == -1) std::printf("unreachable\n");  // keeps the draws
   }

@@ -36,9 +36,9 @@ void ApplyRope(int rows, int num_heads, int head_dim, int64_t row_stride, const 
 //   x, out: [n] f32
 double ExpShifted(int64_t n, const float* x, float shift, float scale, float* out);
 
-// The index of the first largest of x[0..n): the answer of
-// `best = 0; for (i = 1; i < n; ++i) if (x[i] > x[best]) best = i;`, so a NaN never wins,
-// and a NaN x[0] gives 0. 0 when n <= 0.
+// The index of the first largest number of x[0..n): the answer of
+// `best = 0; for (i = 1; i < n; ++i) if (x[i] > x[best]) best = i;` started at the first
+// element that is not NaN, so a NaN never wins. 0 when every element is NaN or n <= 0.
 //   x: [n] f32
 int64_t Argmax(int64_t n, const float* x);
 

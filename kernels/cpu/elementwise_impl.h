@@ -113,12 +113,12 @@ double ExpShifted(int64_t n, const float* x, float shift, float scale, float* ou
   return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
-// Two passes: the largest value, with four accumulators, then the first block that holds
-// it. Data go in as Max's first operand and accumulators as its second, which Max returns
-// where either is NaN, so no NaN reaches an accumulator.
+// Argmax where x[0] is a number (n >= 1): two passes, the largest value with four
+// accumulators, then the first block that holds it. Data go in as Max's first operand and
+// accumulators as its second, which Max returns where either is NaN, so no NaN reaches an
+// accumulator.
 template <class Ops>
-int64_t Argmax(int64_t n, const float* x) {
-  if (n <= 0 || std::isnan(x[0])) return 0;
+int64_t ArgmaxFromANumber(int64_t n, const float* x) {
   constexpr int L = Ops::kLanes;
   constexpr int64_t kBlock = 4 * L;
   const int64_t vec_end = n / kBlock * kBlock;
@@ -147,6 +147,15 @@ int64_t Argmax(int64_t n, const float* x) {
     if (x[i] == best) return i;
   }
   return 0;
+}
+
+// Leading NaNs never win: the search starts at the first number (all NaN: 0).
+template <class Ops>
+int64_t Argmax(int64_t n, const float* x) {
+  int64_t first = 0;
+  while (first < n && std::isnan(x[first])) ++first;
+  if (first == n) return 0;
+  return first + ArgmaxFromANumber<Ops>(n - first, x + first);
 }
 
 template <class Ops>

@@ -1,5 +1,6 @@
 #include "kernels/cpu/elementwise.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -145,13 +146,16 @@ TEST_P(ElementwiseTest, ExpShiftedMatchesLibm) {
   EXPECT_NEAR(sum, want_sum, want_sum * 2e-6);
 }
 
-// The first-largest loop the kernel must answer like, ties, NaNs and infinities included.
+// The first-largest loop the kernel must answer like, ties, NaNs and infinities included:
+// it starts at the first element that is not NaN (all NaN: 0).
 int64_t SequentialArgmax(const std::vector<float>& x) {
-  int64_t best = 0;
-  for (size_t i = 1; i < x.size(); ++i) {
-    if (x[i] > x[best]) best = static_cast<int64_t>(i);
+  size_t best = 0;
+  while (best < x.size() && std::isnan(x[best])) ++best;
+  if (best == x.size()) return 0;
+  for (size_t i = best + 1; i < x.size(); ++i) {
+    if (x[i] > x[best]) best = i;
   }
-  return best;
+  return static_cast<int64_t>(best);
 }
 
 TEST_P(ElementwiseTest, ArgmaxIsTheFirstLargestAsALoopFindsIt) {
@@ -159,7 +163,7 @@ TEST_P(ElementwiseTest, ArgmaxIsTheFirstLargestAsALoopFindsIt) {
   const float inf = std::numeric_limits<float>::infinity();
   std::uniform_int_distribution<int> small(-3, 3);  // many ties
   for (size_t n : {1, 2, 15, 16, 17, 63, 64, 65, 130, 1000, 32000}) {
-    for (int variant = 0; variant < 9; ++variant) {
+    for (int variant = 0; variant < 11; ++variant) {
       std::vector<float> x = Normal(n, 4.0f);
       switch (variant) {
         case 1:  // small integers: the maximum repeats
@@ -169,7 +173,7 @@ TEST_P(ElementwiseTest, ArgmaxIsTheFirstLargestAsALoopFindsIt) {
           for (size_t i = 1; i < n; i += 7) x[i] = nan;
           if (n > 1) x[SequentialArgmax(x) == 0 ? n - 1 : SequentialArgmax(x)] = nan;
           break;
-        case 3:  // a NaN first: index 0, whatever follows
+        case 3:  // a NaN first: the search starts after it
           x[0] = nan;
           break;
         case 4:  // every value -inf, or -inf and NaN
@@ -189,6 +193,12 @@ TEST_P(ElementwiseTest, ArgmaxIsTheFirstLargestAsALoopFindsIt) {
           break;
         case 8:  // all equal
           for (auto& v : x) v = 1.5f;
+          break;
+        case 9:  // a run of leading NaNs past the first vector block
+          for (size_t i = 0; i < std::min<size_t>(n - 1, 70); ++i) x[i] = nan;
+          break;
+        case 10:  // every value NaN: 0
+          for (auto& v : x) v = nan;
           break;
       }
       ASSERT_EQ(Argmax(static_cast<int64_t>(n), x.data()), SequentialArgmax(x))
