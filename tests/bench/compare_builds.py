@@ -35,6 +35,9 @@ import tempfile
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pipeline_bench  # noqa: E402
+
 ENV = dict(os.environ, OMP_NUM_THREADS="2", GOMP_SPINCOUNT="10000")
 
 
@@ -105,18 +108,12 @@ def single_stream_rate(port, model, rounds):
 def plan_waits(metrics_port):
     """compute-0's waits for its next plan (strata_compute_node_plan_wait_seconds): the mean
     wait in ms, and the share of its steps that waited at all."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read().decode()
-    names = {"strata_compute_node_plan_wait_seconds_sum": "sum",
-             "strata_compute_node_plan_wait_seconds_count": "count",
-             "strata_compute_node_steps_total": "steps"}
-    values = {}
-    for line in text.splitlines():
-        name = line.split("{")[0].split(" ")[0]
-        if name in names:
-            values[names[name]] = float(line.split()[-1])
-    count = values.get("count", 0.0)
-    mean = 1000.0 * values["sum"] / count if count else float("nan")
-    return mean, count / values["steps"] if values.get("steps") else float("nan")
+    steps = "strata_compute_node_steps_total"
+    values = pipeline_bench.metric_values(
+        metrics_port, [pipeline_bench.PLAN_WAIT, pipeline_bench.PLAN_WAITS, steps])
+    count = values[pipeline_bench.PLAN_WAITS]
+    mean = 1000.0 * values[pipeline_bench.PLAN_WAIT] / count if count else float("nan")
+    return mean, count / values[steps] if values[steps] else float("nan")
 
 
 def wait_http(port, path, proc):
