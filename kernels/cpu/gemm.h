@@ -6,13 +6,12 @@
 // for each pair, one fused multiply-add for the odd term and then one for the even term
 // (with k odd, the last pair's odd term is zero). That is the per-lane arithmetic of
 // AVX-512 BF16's vdpbf16ps (each of its two additions rounds once, as an FMA does: checked
-// lane for lane on an AMD Zen 4, not yet on an Intel CPU), so that kernel runs on bf16
-// directly; the others convert to
-// f32 and do the same FMAs. Then the bias is added, then (accumulate) the old y. Nothing
-// else enters that order, so a row's output does not depend on the number of rows, the
-// row's place in the batch, the thread count or the ISA path (the scalar path uses
-// std::fmaf in the same order and matches every vector path bit for bit; denormals are
-// flushed on every path).
+// lane for lane on an AMD Zen 4, and gemm_test passes on an Intel Xeon with AMX too), so
+// that kernel runs on bf16 directly; the others convert to f32 and do the same FMAs. Then the bias
+// is added, then (accumulate) the old y. Nothing else enters that order, so a row's output does not
+// depend on the number of rows, the row's place in the batch, the thread count or the ISA path (the
+// scalar path uses std::fmaf in the same order and matches every vector path bit for bit; denormals
+// are flushed on every path).
 //
 // Weights are packed once, at load, into blocks of 16 output columns as k-pairs:
 // [ceil(n/16)][ceil(k/2)][16][2] bf16, zero-padded, so one block is read sequentially while

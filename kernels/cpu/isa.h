@@ -5,8 +5,12 @@
 // polynomial, reduction widths, bf16 dot products), so all processes of one deployment
 // must use the same path; they report it at registration. The default is the best the CPU
 // supports; STRATA_CPU_ISA=scalar|avx2|avx512|avx512bf16 or ForceCpuIsa (tests) overrides
-// it. avx512bf16 is avx512 plus vdpbf16ps kernels: an attention tile kernel for bf16 KV
-// caches and the own GEMM's (gemm.h).
+// it. avx512bf16 is avx512 plus the own GEMM's vdpbf16ps kernel (gemm.h); attention and
+// the row-wise kernels run avx512's arithmetic there (simd_ops.h says why).
+//
+// The results of a path do not depend on the CPU's vendor: isa_fingerprint
+// (compute_node/isa_fingerprint.cc) printed the same hashes on every path on an AMD Zen 4
+// and on an Intel Xeon with AMX (docs/architecture.md, "Determinism").
 #ifndef STRATA_KERNELS_CPU_ISA_H_
 #define STRATA_KERNELS_CPU_ISA_H_
 

@@ -1,0 +1,34 @@
+// Fingerprints of the CPU kernels' results: each kernel runs on fixed inputs (a seeded
+// generator, odd shapes, scattered KV slots, bf16 and f16 caches, MHA and GQA) on the
+// active instruction-set path, and its output bytes are hashed.
+//
+// The determinism contract (docs/architecture.md, "Determinism") says a kernel's results
+// depend only on the ISA path: two machines that run the same path must print the same
+// fingerprints, whatever their vendor, core count or thread count. isa_fingerprint (in
+// compute_node) prints them so that two nodes can be compared; the tests check what one
+// machine can check (thread counts, the GEMM's path independence).
+#ifndef STRATA_KERNELS_CPU_FINGERPRINT_H_
+#define STRATA_KERNELS_CPU_FINGERPRINT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace strata::kernels {
+
+struct KernelFingerprint {
+  std::string kernel;  // e.g. "gemm m=7 n=67 k=129"
+  uint64_t hash = 0;   // FNV-1a of the output bytes
+};
+
+// FNV-1a, 64 bits, continuing from `hash`.
+uint64_t FingerprintBytes(const void* data, size_t size, uint64_t hash = 0xcbf29ce484222325ULL);
+
+// Every kernel's fingerprint on the active ISA path (ActiveCpuIsa), in a fixed order. Uses
+// the calling thread's OpenMP team.
+std::vector<KernelFingerprint> KernelFingerprints();
+
+}  // namespace strata::kernels
+
+#endif  // STRATA_KERNELS_CPU_FINGERPRINT_H_
