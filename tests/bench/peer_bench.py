@@ -18,6 +18,7 @@ Without --llama_dir it runs strata alone and says that the peer was skipped.
 
   /usr/bin/python3 tests/bench/peer_bench.py --bin_dir="$(bazel info bazel-bin)" \\
       --llama_dir=/path/to/llama.cpp/build [--rounds=3] [--parts=tg,batched,served]
+      [--threads=2]
 """
 import argparse
 import contextlib
@@ -167,6 +168,7 @@ def llama_server(llama_dir, gguf, clients):
 
 
 def main():
+    global THREADS
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bin_dir", required=True)
     parser.add_argument("--llama_dir", default="")
@@ -177,10 +179,15 @@ def main():
     parser.add_argument("--contexts", default="256,2048")
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--memory_nodes", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=THREADS,
+                        help="threads of both in tg and batched (decode_bench's OpenMP team, "
+                             "llama.cpp's -t; served keeps its own); the issue's figures use 2")
     parser.add_argument("--gemm", default="",
                         help="strata's GEMM (STRATA_GEMM for decode_bench and the compute "
                              "nodes): auto, own or onednn; empty: the default")
     args = parser.parse_args()
+    THREADS = args.threads
+    compare_builds.ENV["OMP_NUM_THREADS"] = str(THREADS)
     if args.gemm:
         os.environ["STRATA_GEMM"] = args.gemm
         compare_builds.ENV["STRATA_GEMM"] = args.gemm
