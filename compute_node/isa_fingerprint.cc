@@ -7,7 +7,8 @@
 //   isa_fingerprint [--isas=scalar,avx2,avx512,avx512bf16] [--model=tiny-gqa|none]
 //
 // Lines: `cpu <model name>`, `threads <n>`, then per ISA path the CPU supports
-// `<isa> <hash> <kernel>` for each kernel (kernels/cpu/fingerprint.h), `<isa> <hash> all`,
+// `<isa> <hash> <kernel>` for each kernel (kernels/cpu/fingerprint.h), `<isa> <hash>
+// attention` and `<isa> <hash> all` (what memory and compute nodes report at registration),
 // and, for the default path, `<isa> <hash> model <shape>`: the logits of a generated model
 // (random weights) over two prompts, prefilled together, then four greedy decode steps.
 #include <omp.h>
@@ -113,12 +114,14 @@ int Main() {
   for (kernels::CpuIsa isa : kernels::CpuIsasFromList(absl::GetFlag(FLAGS_isas))) {
     if (!kernels::ForceCpuIsa(isa)) continue;
     const char* name = kernels::CpuIsaName(isa);
-    uint64_t all = kernels::FingerprintBytes(nullptr, 0);
-    for (const kernels::KernelFingerprint& f : kernels::KernelFingerprints()) {
+    const std::vector<kernels::KernelFingerprint> fingerprints = kernels::KernelFingerprints();
+    for (const kernels::KernelFingerprint& f : fingerprints) {
       std::printf("%s %016" PRIx64 " %s\n", name, f.hash, f.kernel.c_str());
-      all = kernels::FingerprintBytes(&f.hash, sizeof(f.hash), all);
     }
-    std::printf("%s %016" PRIx64 " all\n", name, all);
+    // What nodes report at registration (common/control/node_main.h).
+    std::printf("%s %s attention\n", name,
+                kernels::CombinedFingerprint(fingerprints, "attention").c_str());
+    std::printf("%s %s all\n", name, kernels::CombinedFingerprint(fingerprints, "").c_str());
   }
   kernels::ForceCpuIsa(default_isa);
   const std::string shape = absl::GetFlag(FLAGS_model);

@@ -25,7 +25,6 @@
 #include "compute_node/linear.h"
 #include "compute_node/node_metrics.h"
 #include "compute_node/service.h"
-#include "kernels/cpu/isa.h"
 #include "memory_node/kv_disk_flags.h"
 #include "memory_node/kv_disk_metrics.h"
 
@@ -163,8 +162,7 @@ int main(int argc, char** argv) {
   process.max_message_bytes = 256 << 20;  // step plans and results of large batches
   process.auth = *auth;
   process.registry = registry;
-  process.info = strata::MakeNodeInfo(strata::control::ROLE_COMPUTE, absl::GetFlag(FLAGS_name),
-                                      strata::kernels::CpuIsaName(strata::kernels::ActiveCpuIsa()));
+  process.info = strata::MakeNodeInfo(strata::control::ROLE_COMPUTE, absl::GetFlag(FLAGS_name));
   process.info.set_kv_budget_bytes(options.local_kv_budget_bytes);
   *process.info.mutable_model() = strata::ToProto((*node)->shape());
   process.info.set_data_address((*node)->context_address());  // rotational: contexts arrive there

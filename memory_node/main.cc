@@ -20,7 +20,6 @@
 #include "common/metrics/metrics.h"
 #include "common/protocol/node_config_proto.h"
 #include "common/transport/transport_flags.h"
-#include "kernels/cpu/isa.h"
 #include "memory_node/kv_disk_flags.h"
 #include "memory_node/memory_server.h"
 #include "memory_node/node_metrics.h"
@@ -91,8 +90,7 @@ int main(int argc, char** argv) {
   process.scheduler = absl::GetFlag(FLAGS_scheduler);
   process.auth = *auth;
   process.registry = registry;
-  process.info = strata::MakeNodeInfo(strata::control::ROLE_MEMORY, absl::GetFlag(FLAGS_name),
-                                      strata::kernels::CpuIsaName(strata::kernels::ActiveCpuIsa()));
+  process.info = strata::MakeNodeInfo(strata::control::ROLE_MEMORY, absl::GetFlag(FLAGS_name));
   process.info.set_kv_budget_bytes(absl::GetFlag(FLAGS_kv_budget_mib) << 20);
   process.info.set_data_address((*server)->data_address());
   process.info.set_transport((*server)->capabilities().ToString());

@@ -60,7 +60,7 @@ std::string AttachDiskTier(Scheduler* scheduler, PoolIndex pool, GrpcKvMover::No
 }  // namespace
 
 ControlPlane::ControlPlane(Scheduler* scheduler, ControlPlaneOptions options)
-    : scheduler_(scheduler), options_(std::move(options)) {
+    : scheduler_(scheduler), options_(std::move(options)), agreement_(options_.allow_mixed_isa) {
   CHECK(options_.auth != nullptr) << "the control plane needs credentials";
   scheduler_->SetPoolDeathHandler([this](PoolIndex pool) { OnPoolDeath(pool); });
   if (options_.rotation != nullptr) {
@@ -170,13 +170,8 @@ grpc::Status ControlPlane::Register(grpc::ServerContext* context,
       break;
     }
   }
-  if (isa_.empty()) {
-    isa_ = info.cpu_isa();
-  } else if (info.cpu_isa() != isa_ && !options_.allow_mixed_isa) {
-    return Refuse(absl::StrCat("node ", info.name(), " runs ", info.cpu_isa(),
-                               " kernels but the deployment runs ", isa_,
-                               "; mixed kernel paths break bit-identical results "
-                               "(set --allow_mixed_isa to accept)"));
+  if (const absl::Status agreed = agreement_.Admit(info); !agreed.ok()) {
+    return Refuse(std::string(agreed.message()));
   }
   Node node;
   node.view.id = next_id_++;

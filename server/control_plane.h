@@ -1,7 +1,8 @@
 // The scheduler's side of the control plane (proto/control.proto, service Scheduler): node
 // registration, heartbeats, liveness, and wiring nodes into the Scheduler.
 //
-// Register validates a node (protocol version, model shape, kernel ISA) and refuses a
+// Register validates a node (protocol version, model shape, kernel path and the
+// fingerprints of its kernels' results: kernel_agreement.h) and refuses a
 // mismatch with FAILED_PRECONDITION and a reason. The configure loop then configures it: a
 // compute node gets the memory-node list (none in co-located mode, where its own KV cache
 // becomes a pool), a memory node gets the model shape and its slot count. A node whose
@@ -37,6 +38,7 @@
 #include "common/base/event_loop.h"
 #include "common/control/cluster_auth.h"
 #include "proto/control.grpc.pb.h"
+#include "server/kernel_agreement.h"
 #include "server/rotation_group.h"
 #include "server/scheduler.h"
 
@@ -124,7 +126,7 @@ class ControlPlane final : public control::Scheduler::Service {
   std::condition_variable cv_;
   std::map<uint64_t, Node> nodes_;
   uint64_t next_id_ = 1;
-  std::string isa_;
+  KernelAgreement agreement_;  // guarded by mu_
   std::atomic<bool> reconfigure_pending_{false};
   mutable std::atomic<bool> ever_ready_{false};
   std::map<std::string, PoolIndex> pool_of_name_;  // memory nodes keep their pool across restarts

@@ -41,6 +41,9 @@ ABSL_FLAG(strata::Pipelining, pipelining, strata::Pipelining::kOff,
           "batch's context moving while its attention runs)");
 ABSL_FLAG(int, rotation_batches, 3,
           "Rotational pipelining: batches n in flight over the n - 1 compute replicas");
+ABSL_FLAG(bool, allow_mixed_isa, false,
+          "Admit nodes whose kernel path (STRATA_CPU_ISA) or kernel fingerprints differ from "
+          "the other nodes' (server/kernel_agreement.h), giving up bit-identical results");
 ABSL_FLAG(bool, async_scheduling, false,
           "Send a batch's next step while the current one runs; the compute node feeds each "
           "sequence the token it sampled last. Output is identical to synchronous scheduling. "
@@ -143,6 +146,7 @@ int main(int argc, char** argv) {
   o.grpc_port = absl::GetFlag(FLAGS_grpc_port);
   o.expected_compute_nodes = absl::GetFlag(FLAGS_compute_nodes);
   o.expected_memory_nodes = absl::GetFlag(FLAGS_memory_nodes);
+  o.allow_mixed_isa = absl::GetFlag(FLAGS_allow_mixed_isa);
   auto api_key = strata::ApiKeyFromFlags(absl::GetFlag(FLAGS_api_key),
                                          absl::GetFlag(FLAGS_api_key_file), "STRATA_API_KEY");
   if (!api_key.ok()) {

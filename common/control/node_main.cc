@@ -9,17 +9,23 @@
 #include "common/base/shutdown.h"
 #include "common/control/node_agent.h"
 #include "common/control/version.h"
+#include "kernels/cpu/fingerprint.h"
+#include "kernels/cpu/isa.h"
 
 namespace strata {
 
-control::NodeInfo MakeNodeInfo(control::NodeRole role, const std::string& name,
-                               const std::string& cpu_isa) {
+control::NodeInfo MakeNodeInfo(control::NodeRole role, const std::string& name) {
   control::NodeInfo info;
   info.set_role(role);
   info.set_name(name);
   info.set_protocol_version(kProtocolVersion);
   info.set_build_version(kBuildVersion);
-  info.set_cpu_isa(cpu_isa);
+  info.set_cpu_isa(kernels::CpuIsaName(kernels::ActiveCpuIsa()));
+  const std::vector<kernels::KernelFingerprint> fingerprints = kernels::KernelFingerprints();
+  info.set_attention_fingerprint(kernels::CombinedFingerprint(fingerprints, "attention"));
+  if (role == control::ROLE_COMPUTE) {
+    info.set_kernel_fingerprint(kernels::CombinedFingerprint(fingerprints, ""));
+  }
   return info;
 }
 

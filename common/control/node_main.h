@@ -21,9 +21,11 @@
 
 namespace strata {
 
-// A node's identity for the scheduler with this build's protocol and build versions set.
-control::NodeInfo MakeNodeInfo(control::NodeRole role, const std::string& name,
-                               const std::string& cpu_isa);
+// A node's identity for the scheduler: this build's protocol and build versions, the
+// active kernel path (kernels/cpu/isa.h) and the fingerprints of its kernels' results
+// (attention for every node, every kernel for compute nodes; kernels/cpu/fingerprint.h),
+// which run here on the calling thread's OpenMP team (tens of milliseconds).
+control::NodeInfo MakeNodeInfo(control::NodeRole role, const std::string& name);
 
 struct NodeProcess {
   std::string host;       // control-plane and metrics listen address

@@ -1,6 +1,7 @@
 #include "kernels/cpu/fingerprint.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 
@@ -140,6 +141,19 @@ uint64_t FingerprintBytes(const void* data, size_t size, uint64_t hash) {
     hash *= 0x100000001b3ULL;
   }
   return hash;
+}
+
+std::string CombinedFingerprint(const std::vector<KernelFingerprint>& fingerprints,
+                                const std::string& prefix) {
+  uint64_t hash = FingerprintBytes(nullptr, 0);
+  for (const KernelFingerprint& f : fingerprints) {
+    if (f.kernel.compare(0, prefix.size(), prefix) == 0) {
+      hash = FingerprintBytes(&f.hash, sizeof(f.hash), hash);
+    }
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(hash));
+  return hex;
 }
 
 std::vector<KernelFingerprint> KernelFingerprints() {

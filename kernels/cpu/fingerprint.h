@@ -29,6 +29,11 @@ uint64_t FingerprintBytes(const void* data, size_t size, uint64_t hash = 0xcbf29
 // the calling thread's OpenMP team.
 std::vector<KernelFingerprint> KernelFingerprints();
 
+// One hash of the fingerprints whose kernel name starts with `prefix` ("" for all;
+// "attention" for what memory nodes run), as 16 hex digits.
+std::string CombinedFingerprint(const std::vector<KernelFingerprint>& fingerprints,
+                                const std::string& prefix);
+
 }  // namespace strata::kernels
 
 #endif  // STRATA_KERNELS_CPU_FINGERPRINT_H_

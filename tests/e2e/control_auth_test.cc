@@ -18,6 +18,7 @@
 #include "common/control/version.h"
 #include "common/transport/transport.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/isa.h"
 #include "proto/control.grpc.pb.h"
 #include "tests/common/deployment.h"
 #include "tests/common/grpc_raw.h"
@@ -198,6 +199,31 @@ TEST(ControlAuthTest, EveryInternalCallWithoutTheSecretIsRefused) {
           RawGrpcCall(scheduler, "/strata.control.Scheduler/Register", payload, with_token);
       EXPECT_NE(r.status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
     }
+  }
+
+  // With the secret, a node whose kernels would compute other bits is refused, naming the
+  // node it disagrees with (server/kernel_agreement.h): one on the deployment's kernel path
+  // whose attention fingerprint differs, and one on another path. (The real nodes reported
+  // theirs when they registered above, and agreed.)
+  for (const bool other_path : {false, true}) {
+    control::RegisterRequest request;
+    control::NodeInfo* node = request.mutable_node();
+    node->set_name("memory-9");
+    node->set_role(control::ROLE_MEMORY);
+    node->set_protocol_version(strata::kProtocolVersion);
+    node->set_cpu_isa(other_path ? "another-path" : kernels::CpuIsaName(kernels::ActiveCpuIsa()));
+    node->set_attention_fingerprint("0123456789abcdef");
+    grpc::ClientContext c;
+    TestClusterAuth()->Attach(&c);
+    control::RegisterResponse response;
+    const grpc::Status s =
+        control::Scheduler::NewStub(Channel(scheduler))->Register(&c, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+    EXPECT_NE(s.error_message().find(other_path ? "mixed kernel paths"
+                                                : "attention kernels compute different results"),
+              std::string::npos)
+        << s.error_message();
+    EXPECT_NE(s.error_message().find("memory-0"), std::string::npos) << s.error_message();
   }
 
   // Refusals are counted in every process, and the deployment still serves.
