@@ -60,7 +60,7 @@ std::string AttachDiskTier(Scheduler* scheduler, PoolIndex pool, GrpcKvMover::No
 }  // namespace
 
 ControlPlane::ControlPlane(Scheduler* scheduler, ControlPlaneOptions options)
-    : scheduler_(scheduler), options_(std::move(options)), agreement_(options_.allow_mixed_isa) {
+    : scheduler_(scheduler), options_(std::move(options)) {
   CHECK(options_.auth != nullptr) << "the control plane needs credentials";
   scheduler_->SetPoolDeathHandler([this](PoolIndex pool) { OnPoolDeath(pool); });
   if (options_.rotation != nullptr) {
@@ -170,7 +170,12 @@ grpc::Status ControlPlane::Register(grpc::ServerContext* context,
       break;
     }
   }
-  if (const absl::Status agreed = agreement_.Admit(info); !agreed.ok()) {
+  std::vector<const control::NodeInfo*> live;
+  for (const auto& [id, other] : nodes_) {
+    if (other.view.alive) live.push_back(&other.view.info);
+  }
+  if (const absl::Status agreed = CheckKernelAgreement(info, live, options_.allow_mixed_isa);
+      !agreed.ok()) {
     return Refuse(std::string(agreed.message()));
   }
   Node node;

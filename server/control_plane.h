@@ -126,7 +126,6 @@ class ControlPlane final : public control::Scheduler::Service {
   std::condition_variable cv_;
   std::map<uint64_t, Node> nodes_;
   uint64_t next_id_ = 1;
-  KernelAgreement agreement_;  // guarded by mu_
   std::atomic<bool> reconfigure_pending_{false};
   mutable std::atomic<bool> ever_ready_{false};
   std::map<std::string, PoolIndex> pool_of_name_;  // memory nodes keep their pool across restarts
