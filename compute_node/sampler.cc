@@ -191,11 +191,12 @@ thread_local std::vector<float> logits, weight;
 thread_local std::vector<int32_t> cand;
 
 // `out` with the raw logprob of its token and the top ones, where the request asks.
+// `raw_argmax`: the index of the largest raw logit where the caller knows it, else -1.
 SampleOutput WithLogprobs(const float* raw, int32_t vocab, const SamplingParams& p,
-                          SampleOutput out) {
+                          SampleOutput out, int32_t raw_argmax = -1) {
   if (p.num_logprobs >= 0) {
     // Raw log-softmax over the unprocessed logits.
-    const float max_raw = raw[Argmax(raw, vocab)];
+    const float max_raw = raw[raw_argmax >= 0 ? raw_argmax : Argmax(raw, vocab)];
     weight.resize(vocab);
     const double log_z =
         max_raw + std::log(kernels::ExpShifted(vocab, raw, max_raw, 1.0f, weight.data()));
@@ -271,7 +272,12 @@ SampleOutput Sample(const float* raw, int32_t vocab, const SampleInput& in) {
 
   // Untouched logits are used where they are, without a copy.
   if (!ProcessesLogits(p, in)) {
-    out.token = p.greedy() ? Argmax(raw, vocab) : Draw(raw, vocab, p, in);
+    if (p.greedy()) {
+      const int32_t best = Argmax(raw, vocab);
+      out.token = best;
+      return WithLogprobs(raw, vocab, p, std::move(out), best);
+    }
+    out.token = Draw(raw, vocab, p, in);
     return WithLogprobs(raw, vocab, p, std::move(out));
   }
 

@@ -43,10 +43,4 @@ double ReadProbe::Measure() const {
   return static_cast<double>(bytes_) / seconds;
 }
 
-double Median(std::vector<double> values) {
-  if (values.empty()) return 0.0;
-  std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
-  return values[values.size() / 2];
-}
-
 }  // namespace strata

@@ -5,7 +5,8 @@
 #define STRATA_COMMON_BENCH_READ_PROBE_H_
 
 #include <cstddef>
-#include <vector>
+
+#include "common/bench/median.h"  // Median, which the probe's users report with
 
 namespace strata {
 
@@ -24,9 +25,6 @@ class ReadProbe {
   char* buffer_ = nullptr;
   size_t bytes_ = 0;
 };
-
-// The median of `values` (the upper one for an even count); 0 when empty.
-double Median(std::vector<double> values);
 
 }  // namespace strata
 

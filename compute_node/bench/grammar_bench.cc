@@ -15,6 +15,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/stopwatch.h"
+#include "common/bench/median.h"
 #include "common/grammar/grammar.h"
 #include "common/grammar/json_schema.h"
 #include "common/tokenizer/tokenizer.h"
@@ -53,11 +54,6 @@ std::string Schema(int i) {
              R"(":{"type":"string","maxLength":8},"kids":{"type":"array","maxItems":3,"items":{"$ref":"#/$defs/n"}}},"required":["label)" +
              s + R"("]}},"$ref":"#/$defs/n"})";
   }
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 int Run() {

@@ -25,6 +25,7 @@
 #include "absl/flags/parse.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/bench/median.h"
 #include "memory_node/kv_disk.h"
 
 ABSL_FLAG(std::string, dir, "/var/tmp/strata_kv_disk_bench", "Directory (removed first)");
@@ -37,6 +38,7 @@ namespace {
 
 using strata::ExtentIo;
 using strata::KvDisk;
+using strata::Median;
 
 // Reads `blocks` extents of `extent_bytes` in order, `depth` at a time, into `buffers`.
 double Probe(const std::string& path, uint64_t extent_bytes, int64_t blocks, int depth,
@@ -71,11 +73,6 @@ double Probe(const std::string& path, uint64_t extent_bytes, int64_t blocks, int
   io_uring_queue_exit(&ring);
   close(fd);
   return seconds;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 }  // namespace

@@ -30,6 +30,7 @@
 #include "absl/flags/parse.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/bench/median.h"
 #include "memory_node/kv_disk.h"
 
 ABSL_FLAG(std::string, dir, "/var/tmp/strata_write_back_bench", "Directory (removed first)");
@@ -43,11 +44,7 @@ namespace {
 
 using strata::ExtentIo;
 using strata::KvDisk;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using strata::Median;
 
 struct Cost {
   double seconds = 0;
