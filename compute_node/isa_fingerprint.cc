@@ -4,13 +4,16 @@
 // a deployment may mix machines (vendors, core counts) only where this tool prints the same
 // lines on each.
 //
-//   isa_fingerprint [--isas=scalar,avx2,avx512,avx512bf16] [--model=tiny-gqa|none]
+//   isa_fingerprint [--isas=scalar,avx2,avx512,avx512bf16] [--model_shape=tiny-gqa|none]
 //
 // Lines: `cpu <model name>`, `threads <n>`, then per ISA path the CPU supports
 // `<isa> <hash> <kernel>` for each kernel (kernels/cpu/fingerprint.h), `<isa> <hash>
-// attention` and `<isa> <hash> all` (what memory and compute nodes report at registration),
-// and, for the default path, `<isa> <hash> model <shape>`: the logits of a generated model
-// (random weights) over two prompts, prefilled together, then four greedy decode steps.
+// attention` and `<isa> <hash> all`; then, for the default path, `<isa> <hash> linear` (the
+// linear layers' GEMM, oneDNN's or strata's: compute_node/linear.h) and `<isa> <hash>
+// model <shape>`: the logits of a generated model over two prompts, prefilled together,
+// then four greedy decode steps. A memory node registers with the attention hash, a
+// compute node with `<all>-<linear>`. The model's random weights and its RoPE tables are
+// made with libm, so the model line also compares the two machines' math libraries.
 #include <omp.h>
 
 #include <cinttypes>
@@ -31,7 +34,7 @@
 
 ABSL_FLAG(std::string, isas, "scalar,avx2,avx512,avx512bf16",
           "ISA paths to fingerprint (those the CPU lacks are skipped)");
-ABSL_FLAG(std::string, model, "tiny-gqa",
+ABSL_FLAG(std::string, model_shape, "tiny-gqa",
           "Generated model shape for the end-to-end line, on the default path; none to skip");
 
 namespace strata {
@@ -43,7 +46,9 @@ std::string CpuModelName() {
   while (std::getline(in, line)) {
     if (line.rfind("model name", 0) == 0) {
       const size_t colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(colon + 2);
+      if (colon == std::string::npos) continue;
+      const size_t begin = line.find_first_not_of(" \t", colon + 1);
+      return begin == std::string::npos ? std::string() : line.substr(begin);
     }
   }
   return "unknown";
@@ -54,8 +59,8 @@ std::string CpuModelName() {
 absl::StatusOr<uint64_t> ModelFingerprint(const std::string& shape) {
   auto weights = GenerateAndLoadWeights(shape, "isa_fingerprint_model");
   if (!weights.ok()) return weights.status();
-  ModelRunner runner(weights->get(), 512);
-  auto attention = LocalAttention::Create(runner.config(), 1024, false);
+  ModelRunner runner(weights->get(), /*max_positions=*/512);
+  auto attention = LocalAttention::Create(runner.config(), /*num_slots=*/1024, /*prefault=*/false);
   if (!attention.ok()) return attention.status();
   const int64_t vocab = runner.config().vocab_size;
 
@@ -124,7 +129,8 @@ int Main() {
     std::printf("%s %s all\n", name, kernels::CombinedFingerprint(fingerprints, "").c_str());
   }
   kernels::ForceCpuIsa(default_isa);
-  const std::string shape = absl::GetFlag(FLAGS_model);
+  std::printf("%s %s linear\n", kernels::CpuIsaName(default_isa), LinearFingerprint().c_str());
+  const std::string shape = absl::GetFlag(FLAGS_model_shape);
   if (shape != "none") {
     absl::StatusOr<uint64_t> model = ModelFingerprint(shape);
     if (!model.ok()) {

@@ -1,6 +1,7 @@
 #include "compute_node/linear.h"
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/bfloat16.h"
 #include "common/base/logging.h"
+#include "kernels/cpu/fingerprint.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
 
@@ -231,6 +233,37 @@ void Linear::Forward(int64_t m, const uint16_t* x, float* y, bool accumulate) co
   args[DNNL_ARG_SCRATCHPAD] = dnnl::memory(scratch_desc, engine, scratch.data());
   (accumulate ? prims.accumulate : prims.assign).execute(stream, args);
   stream.wait();
+}
+
+std::string LinearFingerprint() {
+  constexpr int64_t kOut = 80, kIn = 1000;
+  uint64_t state = 0x2545f4914f6cdd1dULL;
+  // Numbers of a fixed generator, as bf16 in [-1, 1), made without libm.
+  auto next_bf16 = [&state] {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    const float unit = static_cast<float>(state >> 40) * 0x1.0p-24f;
+    return FloatToBf16(2.0f * unit - 1.0f);
+  };
+  std::vector<uint16_t> weight(kOut * kIn);
+  for (uint16_t& w : weight) w = next_bf16();
+  const TensorView view{"fingerprint",
+                        "BF16",
+                        {kOut, kIn},
+                        reinterpret_cast<const uint8_t*>(weight.data()),
+                        weight.size() * sizeof(uint16_t)};
+  auto linear = Linear::Create({&view}, {}, kIn);
+  CHECK(linear.ok()) << linear.status();
+  uint64_t hash = kernels::FingerprintBytes(nullptr, 0);
+  for (const int64_t m : {1, 7, 33}) {
+    std::vector<uint16_t> x(RowsCapacity(m) * kIn, 0);
+    for (int64_t i = 0; i < m * kIn; ++i) x[i] = next_bf16();
+    std::vector<float> y(RowsCapacity(m) * kOut);
+    (*linear)->Forward(m, x.data(), y.data(), /*accumulate=*/false);
+    hash = kernels::FingerprintBytes(y.data(), m * kOut * sizeof(float), hash);
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(hash));
+  return hex;
 }
 
 }  // namespace strata

@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -106,6 +107,13 @@ enum class GemmChoice { kAuto, kOwn, kOneDnn };
 // STRATA_GEMM's choice; any value but auto, own and onednn is an error that the compute
 // node reports at start.
 absl::StatusOr<GemmChoice> RequestedGemm();
+
+// A hash (16 hex digits) of Forward's results on fixed weights and inputs at a few batch
+// sizes, whichever GEMM runs here (UseOneDnnBf16). Compute nodes add it to the kernel
+// fingerprint they register with (common/control/node_main.h): oneDNN's kernels depend on
+// the CPU (AMX, AVX-512 BF16) and are not among kernels/cpu/fingerprint.h's. Uses the
+// calling thread's OpenMP team.
+std::string LinearFingerprint();
 
 }  // namespace strata
 

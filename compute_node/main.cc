@@ -163,6 +163,11 @@ int main(int argc, char** argv) {
   process.auth = *auth;
   process.registry = registry;
   process.info = strata::MakeNodeInfo(strata::control::ROLE_COMPUTE, absl::GetFlag(FLAGS_name));
+  // The GEMM that runs here may be oneDNN's, whose kernels depend on the CPU: its results
+  // join the kernel fingerprint (linear.h).
+  process.info.set_kernel_fingerprint(
+      absl::StrCat(process.info.kernel_fingerprint(), "-",
+                   strata::OnOwnOpenMpThread([] { return strata::LinearFingerprint(); })));
   process.info.set_kv_budget_bytes(options.local_kv_budget_bytes);
   *process.info.mutable_model() = strata::ToProto((*node)->shape());
   process.info.set_data_address((*node)->context_address());  // rotational: contexts arrive there

@@ -8,9 +8,11 @@
 #include "absl/time/time.h"
 #include "common/base/crypto.h"
 #include "common/base/logging.h"
+#include "common/control/grpc_status.h"
 #include "common/control/version.h"
 #include "server/grpc_executor.h"
 #include "server/grpc_kv_mover.h"
+#include "server/kernel_agreement.h"
 
 namespace strata {
 namespace {
@@ -176,7 +178,8 @@ grpc::Status ControlPlane::Register(grpc::ServerContext* context,
   }
   if (const absl::Status agreed = CheckKernelAgreement(info, live, options_.allow_mixed_isa);
       !agreed.ok()) {
-    return Refuse(std::string(agreed.message()));
+    LOG(ERROR) << "refused a node: " << agreed.message();
+    return ToGrpcStatus(agreed);
   }
   Node node;
   node.view.id = next_id_++;

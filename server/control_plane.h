@@ -38,7 +38,6 @@
 #include "common/base/event_loop.h"
 #include "common/control/cluster_auth.h"
 #include "proto/control.grpc.pb.h"
-#include "server/kernel_agreement.h"
 #include "server/rotation_group.h"
 #include "server/scheduler.h"
 
@@ -55,6 +54,8 @@ struct ControlPlaneOptions {
   // Disk tiers: how long a batch of loads may take before its requests recompute instead
   // (saves and drops, which nobody waits for, take step_deadline).
   absl::Duration disk_load_deadline = absl::Seconds(2);
+  // Admit nodes whose kernel path or kernel fingerprints differ from the live nodes'
+  // (kernel_agreement.h), giving up bit-identical results. Off by default.
   bool allow_mixed_isa = false;
   // Credentials every call in and out must carry (required).
   std::shared_ptr<const ClusterAuth> auth;

@@ -16,8 +16,8 @@ absl::Status CheckKernelAgreement(const control::NodeInfo& info,
         "node ", info.name(), "'s ", what, " compute different results (fingerprint ", value,
         ") from ", other.name(), "'s (", others, ") on the same ", info.cpu_isa(),
         " path: a different build or a CPU whose arithmetic differs breaks bit-identical "
-        "results (run isa_fingerprint on both machines to see which kernels differ; "
-        "--allow_mixed_isa to accept)"));
+        "results (`bazel run //compute_node:isa_fingerprint` on both machines shows which "
+        "kernels differ; the server's --allow_mixed_isa accepts it)"));
   };
   auto differ = [](const std::string& a, const std::string& b) {
     return !a.empty() && !b.empty() && a != b;
@@ -28,7 +28,8 @@ absl::Status CheckKernelAgreement(const control::NodeInfo& info,
           absl::StrCat("node ", info.name(), " runs ", info.cpu_isa(), " kernels but ",
                        other->name(), " runs ", other->cpu_isa(),
                        "; mixed kernel paths break bit-identical results (set "
-                       "STRATA_CPU_ISA alike on every node, or --allow_mixed_isa to accept)"));
+                       "STRATA_CPU_ISA alike on every node; the server's --allow_mixed_isa "
+                       "accepts it)"));
     }
     if (differ(info.attention_fingerprint(), other->attention_fingerprint())) {
       return refuse(*other, info.attention_fingerprint(), other->attention_fingerprint(),

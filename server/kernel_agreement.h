@@ -5,18 +5,20 @@
 // results of every kernel among compute nodes (a sequence may move between replicas, and
 // rotational pipelining runs one batch's slices on several).
 //
-// A node is compared with the nodes alive when it registers. So a deployment whose nodes
-// are all replaced by another build's (a rolling upgrade) takes the new build's values,
-// while a mixture of the two is refused. Fingerprints that differ under the same ISA mean a
-// different build or a CPU whose arithmetic differs; `isa_fingerprint` on both machines
-// shows which kernels.
+// A node is compared with the nodes alive when it registers: the first to register after
+// a scheduler start, or after every node has died, sets the standard. So a new build whose
+// kernels compute other bits cannot join old nodes one by one (a rolling update stalls on
+// the first new node, which exits with the reason); it takes a full restart of the nodes,
+// or the server's --allow_mixed_isa, which gives up bit-identity. Fingerprints that differ
+// under the same ISA mean a different build or a CPU whose arithmetic differs; `bazel run
+// //compute_node:isa_fingerprint` on both machines shows which kernels.
 #ifndef STRATA_SERVER_KERNEL_AGREEMENT_H_
 #define STRATA_SERVER_KERNEL_AGREEMENT_H_
 
 #include <vector>
 
 #include "absl/status/status.h"
-#include "proto/control.grpc.pb.h"
+#include "proto/control.pb.h"
 
 namespace strata {
 

@@ -4,8 +4,6 @@
 #include "server/kernel_agreement.h"
 
 #include "gtest/gtest.h"
-#include "kernels/cpu/fingerprint.h"
-#include "kernels/cpu/isa.h"
 
 namespace strata {
 namespace {
@@ -116,22 +114,6 @@ TEST(KernelAgreement, MixedNodesAreAdmittedWhenAllowed) {
   EXPECT_TRUE(d.Register(Node("compute-0", kCompute, "avx512", "aa", "kk"), true).ok());
   EXPECT_TRUE(d.Register(Node("memory-0", kMemory, "avx2", "ab"), true).ok());
   EXPECT_TRUE(d.Register(Node("compute-1", kCompute, "avx512", "aa", "kx"), true).ok());
-}
-
-// What nodes report tells paths apart: scalar attention and the best vector path here round
-// differently, so their fingerprints differ, and one path gives the same one each time.
-TEST(KernelAgreement, RealFingerprintsTellPathsApart) {
-  const kernels::CpuIsa saved = kernels::ActiveCpuIsa();
-  ASSERT_TRUE(kernels::ForceCpuIsa(kernels::CpuIsa::kScalar));
-  const std::string scalar =
-      kernels::CombinedFingerprint(kernels::KernelFingerprints(), "attention");
-  EXPECT_EQ(kernels::CombinedFingerprint(kernels::KernelFingerprints(), "attention"), scalar);
-  kernels::ForceCpuIsa(saved);
-  if (saved == kernels::CpuIsa::kScalar) GTEST_SKIP() << "this CPU has no vector path";
-  const std::string vector_path =
-      kernels::CombinedFingerprint(kernels::KernelFingerprints(), "attention");
-  EXPECT_NE(vector_path, scalar);
-  EXPECT_EQ(vector_path.size(), 16u);
 }
 
 }  // namespace

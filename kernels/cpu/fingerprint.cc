@@ -4,11 +4,13 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <utility>
 
 #include "common/base/bfloat16.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/rope_shift.h"
 
 namespace strata::kernels {
 namespace {
@@ -72,9 +74,9 @@ void AddAttention(std::vector<KernelFingerprint>& out, int heads, int kv_heads, 
   Numbers rng(seed);
   const AttentionParams p{heads, kv_heads, dim, scale_factor / std::sqrt(static_cast<float>(dim)),
                           dtype};
-  int total = 0;
-  for (int32_t e : kv_ends) total += e;
-  const int num_slots = total + 13;
+  int num_positions = 0;
+  for (int32_t e : kv_ends) num_positions += e;
+  const int num_slots = num_positions + 13;
   std::vector<int32_t> shuffled(num_slots);
   std::iota(shuffled.begin(), shuffled.end(), 0);
   for (int i = num_slots - 1; i > 0; --i) std::swap(shuffled[i], shuffled[rng.Next() % (i + 1)]);
@@ -110,11 +112,11 @@ void AddAttention(std::vector<KernelFingerprint>& out, int heads, int kv_heads, 
   AttentionStateInit(p, num_rows, second.data());
   std::vector<AttentionRow> head_part = rows, tail_part = rows;
   for (int r = 0; r < num_rows; ++r) {
-    const int32_t tiles = AttentionNumTiles(kv_ends[r]);
+    const int32_t num_tiles = AttentionNumTiles(kv_ends[r]);
     head_part[r].tile_begin = 0;
-    head_part[r].tile_end = tiles / 2;
-    tail_part[r].tile_begin = tiles / 2;
-    tail_part[r].tile_end = tiles;
+    head_part[r].tile_end = num_tiles / 2;
+    tail_part[r].tile_begin = num_tiles / 2;
+    tail_part[r].tile_end = num_tiles;
   }
   const int folded =
       AttentionFold(p, num_rows, q.data(), head_part.data(), k.data(), v.data(), first.data()) |
@@ -224,10 +226,38 @@ std::vector<KernelFingerprint> KernelFingerprints() {
     Numbers rng(26);
     std::vector<float> x = rng.Floats(1001, 1.0f);
     for (size_t i = 0; i < x.size(); i += 3) x[i] *= 1e30f;
-    for (size_t i = 1; i < x.size(); i += 3) x[i] *= 1e-38f;
+    // Subnormals from bit patterns: arithmetic on this thread may flush them (a kernel's
+    // parallel region sets flush-to-zero on the threads it runs on).
+    for (size_t i = 1; i < x.size(); i += 3) {
+      const uint32_t bits = static_cast<uint32_t>(rng.Next() & 0x807fffffULL);
+      std::memcpy(&x[i], &bits, sizeof(bits));
+    }
     std::vector<uint16_t> y(x.size());
     ConvertToBf16(static_cast<int64_t>(x.size()), x.data(), y.data());
     out.push_back({"convert_bf16 n=1001", HashOf(y)});
+  }
+  {
+    // Keys moved to new positions (context truncation), which memory nodes run: named
+    // "attention ..." so that memory nodes report it.
+    Numbers rng(27);
+    const int num_rows = 3, heads = 4, dim = 64;
+    std::vector<float> cos_shift(dim / 2), sin_shift(dim / 2);
+    for (int i = 0; i < dim / 2; ++i) {
+      cos_shift[i] = rng.Uniform(1.0f);
+      sin_shift[i] = -std::sqrt(1.0f - cos_shift[i] * cos_shift[i]);
+    }
+    for (const KvDType dtype : {KvDType::kBF16, KvDType::kF16}) {
+      std::vector<uint16_t> keys(static_cast<size_t>(num_rows) * heads * dim);
+      for (uint16_t& e : keys) {
+        const float value = rng.Uniform(4.0f);
+        e = dtype == KvDType::kBF16 ? FloatToBf16(value) : FloatToF16(value);
+      }
+      ShiftRope(num_rows, heads, dim, dtype, cos_shift.data(), sin_shift.data(), keys.data(),
+                keys.data());
+      out.push_back({std::string("attention rope_shift ") +
+                         (dtype == KvDType::kBF16 ? "bf16" : "f16") + " rows=3 heads=4 dim=64",
+                     HashOf(keys)});
+    }
   }
   return out;
 }

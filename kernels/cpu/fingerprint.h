@@ -1,6 +1,9 @@
 // Fingerprints of the CPU kernels' results: each kernel runs on fixed inputs (a seeded
 // generator, odd shapes, scattered KV slots, bf16 and f16 caches, MHA and GQA) on the
-// active instruction-set path, and its output bytes are hashed.
+// active instruction-set path, and its output bytes are hashed. The inputs are made without
+// libm; the kernels themselves call libm's exp in their scalar paths and tails, so a
+// node's fingerprint covers its math library too. Entries named "attention ..." are what
+// memory nodes run.
 //
 // The determinism contract (docs/architecture.md, "Determinism") says a kernel's results
 // depend only on the ISA path: two machines that run the same path must print the same
@@ -18,8 +21,9 @@
 namespace strata::kernels {
 
 struct KernelFingerprint {
-  std::string kernel;  // e.g. "gemm m=7 n=67 k=129"
-  uint64_t hash = 0;   // FNV-1a of the output bytes
+  std::string kernel;  // e.g. "gemm m=7 n=33 k=64 bias"
+  // FNV-1a of the output bytes, and of what else the kernel returns (an error code, a sum).
+  uint64_t hash = 0;
 };
 
 // FNV-1a, 64 bits, continuing from `hash`.

@@ -58,6 +58,19 @@ TEST_F(FingerprintTest, TheGemmsAreTheSameOnEveryPath) {
   if (compared == 0) GTEST_SKIP() << "this CPU has no vector path";
 }
 
+// What nodes report at registration tells paths apart: scalar attention and the best
+// vector path here round differently, so their attention fingerprints differ.
+TEST_F(FingerprintTest, AttentionFingerprintsTellPathsApart) {
+  ASSERT_TRUE(ForceCpuIsa(CpuIsa::kScalar));
+  const std::string scalar = CombinedFingerprint(KernelFingerprints(), "attention");
+  ForceCpuIsa(saved_isa_);
+  if (saved_isa_ == CpuIsa::kScalar) GTEST_SKIP() << "this CPU has no vector path";
+  const std::string vector_path = CombinedFingerprint(KernelFingerprints(), "attention");
+  EXPECT_NE(vector_path, scalar);
+  EXPECT_EQ(vector_path.size(), 16u);
+  EXPECT_EQ(CombinedFingerprint(KernelFingerprints(), "attention"), vector_path);
+}
+
 TEST_F(FingerprintTest, OneChangedByteChangesTheHash) {
   unsigned char bytes[64] = {};
   const uint64_t zero = FingerprintBytes(bytes, sizeof(bytes));

@@ -181,7 +181,8 @@ def main():
     parser.add_argument("--memory_nodes", type=int, default=0)
     parser.add_argument("--threads", type=int, default=THREADS,
                         help="threads of both in tg and batched (decode_bench's OpenMP team, "
-                             "llama.cpp's -t; served keeps its own); the issue's figures use 2")
+                             "llama.cpp's -t); the served part runs at 2 only (the launcher's "
+                             "layout) and is skipped otherwise; the issue's figures use 2")
     parser.add_argument("--gemm", default="",
                         help="strata's GEMM (STRATA_GEMM for decode_bench and the compute "
                              "nodes): auto, own or onednn; empty: the default")
@@ -197,6 +198,10 @@ def main():
         print("no --llama_dir: llama.cpp skipped, strata's figures alone")
     gguf = gguf_of(model) if peer else None
     parts = args.parts.split(",")
+    if "served" in parts and THREADS != 2:
+        print(f"served part skipped: the launcher lays its processes out for 2 threads, "
+              f"not --threads={THREADS}")
+        parts.remove("served")
     sequences = [int(s) for s in args.sequences.split(",")]
     contexts = [int(c) for c in args.contexts.split(",")]
     results = {}
