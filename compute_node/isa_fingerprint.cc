@@ -123,7 +123,7 @@ int Main() {
     for (const kernels::KernelFingerprint& f : fingerprints) {
       std::printf("%s %016" PRIx64 " %s\n", name, f.hash, f.kernel.c_str());
     }
-    // What nodes report at registration (common/control/node_main.h).
+    // What nodes report at registration (kernels::FingerprintsForRegistration).
     std::printf("%s %s attention\n", name,
                 kernels::CombinedFingerprint(fingerprints, "attention").c_str());
     std::printf("%s %s all\n", name, kernels::CombinedFingerprint(fingerprints, "").c_str());

@@ -110,7 +110,7 @@ absl::StatusOr<GemmChoice> RequestedGemm();
 
 // A hash (16 hex digits) of Forward's results on fixed weights and inputs at a few batch
 // sizes, whichever GEMM runs here (UseOneDnnBf16). Compute nodes add it to the kernel
-// fingerprint they register with (common/control/node_main.h): oneDNN's kernels depend on
+// fingerprint they register with (compute_node/main.cc): oneDNN's kernels depend on
 // the CPU (AMX, AVX-512 BF16) and are not among kernels/cpu/fingerprint.h's. Uses the
 // calling thread's OpenMP team.
 std::string LinearFingerprint();

@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <cstdlib>
+#include <utility>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -25,6 +26,8 @@
 #include "compute_node/linear.h"
 #include "compute_node/node_metrics.h"
 #include "compute_node/service.h"
+#include "kernels/cpu/fingerprint.h"
+#include "kernels/cpu/isa.h"
 #include "memory_node/kv_disk_flags.h"
 #include "memory_node/kv_disk_metrics.h"
 
@@ -162,12 +165,18 @@ int main(int argc, char** argv) {
   process.max_message_bytes = 256 << 20;  // step plans and results of large batches
   process.auth = *auth;
   process.registry = registry;
-  process.info = strata::MakeNodeInfo(strata::control::ROLE_COMPUTE, absl::GetFlag(FLAGS_name));
-  // The GEMM that runs here may be oneDNN's, whose kernels depend on the CPU: its results
-  // join the kernel fingerprint (linear.h).
-  process.info.set_kernel_fingerprint(
-      absl::StrCat(process.info.kernel_fingerprint(), "-",
-                   strata::OnOwnOpenMpThread([] { return strata::LinearFingerprint(); })));
+  process.info = strata::MakeNodeInfo(strata::control::ROLE_COMPUTE, absl::GetFlag(FLAGS_name),
+                                      strata::kernels::CpuIsaName(strata::kernels::ActiveCpuIsa()));
+  // What this node's kernels compute, which the scheduler compares with the other nodes'
+  // (server/kernel_agreement.h): attention, every kernel, and the linear layers' GEMM,
+  // which may be oneDNN's, whose kernels depend on the CPU (linear.h). On a thread of its
+  // own, so that the kernels' OpenMP team does not outlive it.
+  const auto [fingerprints, linear] = strata::OnOwnOpenMpThread([] {
+    return std::make_pair(strata::kernels::FingerprintsForRegistration(),
+                          strata::LinearFingerprint());
+  });
+  process.info.set_attention_fingerprint(fingerprints.attention);
+  process.info.set_kernel_fingerprint(absl::StrCat(fingerprints.all, "-", linear));
   process.info.set_kv_budget_bytes(options.local_kv_budget_bytes);
   *process.info.mutable_model() = strata::ToProto((*node)->shape());
   process.info.set_data_address((*node)->context_address());  // rotational: contexts arrive there

@@ -15,11 +15,14 @@
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
 #include "common/base/trace_flags.h"
+#include "common/base/wait_policy.h"
 #include "common/control/cluster_flags.h"
 #include "common/control/node_main.h"
 #include "common/metrics/metrics.h"
 #include "common/protocol/node_config_proto.h"
 #include "common/transport/transport_flags.h"
+#include "kernels/cpu/fingerprint.h"
+#include "kernels/cpu/isa.h"
 #include "memory_node/kv_disk_flags.h"
 #include "memory_node/memory_server.h"
 #include "memory_node/node_metrics.h"
@@ -90,7 +93,14 @@ int main(int argc, char** argv) {
   process.scheduler = absl::GetFlag(FLAGS_scheduler);
   process.auth = *auth;
   process.registry = registry;
-  process.info = strata::MakeNodeInfo(strata::control::ROLE_MEMORY, absl::GetFlag(FLAGS_name));
+  process.info = strata::MakeNodeInfo(strata::control::ROLE_MEMORY, absl::GetFlag(FLAGS_name),
+                                      strata::kernels::CpuIsaName(strata::kernels::ActiveCpuIsa()));
+  // What this node's attention computes, which the scheduler compares with the other nodes'
+  // (server/kernel_agreement.h); on a thread of its own, so that the kernels' OpenMP team
+  // does not outlive it (common/base/wait_policy.h).
+  process.info.set_attention_fingerprint(strata::OnOwnOpenMpThread([] {
+                                           return strata::kernels::FingerprintsForRegistration();
+                                         }).attention);
   process.info.set_kv_budget_bytes(absl::GetFlag(FLAGS_kv_budget_mib) << 20);
   process.info.set_data_address((*server)->data_address());
   process.info.set_transport((*server)->capabilities().ToString());

@@ -7,29 +7,19 @@
 #include "absl/time/clock.h"
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
-#include "common/base/wait_policy.h"
 #include "common/control/node_agent.h"
 #include "common/control/version.h"
-#include "kernels/cpu/fingerprint.h"
-#include "kernels/cpu/isa.h"
 
 namespace strata {
 
-control::NodeInfo MakeNodeInfo(control::NodeRole role, const std::string& name) {
+control::NodeInfo MakeNodeInfo(control::NodeRole role, const std::string& name,
+                               const std::string& cpu_isa) {
   control::NodeInfo info;
   info.set_role(role);
   info.set_name(name);
   info.set_protocol_version(kProtocolVersion);
   info.set_build_version(kBuildVersion);
-  info.set_cpu_isa(kernels::CpuIsaName(kernels::ActiveCpuIsa()));
-  // On a thread of its own, so that the OpenMP team of the kernels' parallel regions does
-  // not outlive it (common/base/wait_policy.h).
-  const std::vector<kernels::KernelFingerprint> fingerprints =
-      OnOwnOpenMpThread([] { return kernels::KernelFingerprints(); });
-  info.set_attention_fingerprint(kernels::CombinedFingerprint(fingerprints, "attention"));
-  if (role == control::ROLE_COMPUTE) {
-    info.set_kernel_fingerprint(kernels::CombinedFingerprint(fingerprints, ""));
-  }
+  info.set_cpu_isa(cpu_isa);
   return info;
 }
 

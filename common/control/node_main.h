@@ -21,12 +21,9 @@
 
 namespace strata {
 
-// A node's identity for the scheduler: this build's protocol and build versions, the
-// active kernel path (kernels/cpu/isa.h) and the fingerprints of its kernels' results
-// (attention for every node, every kernel for compute nodes; kernels/cpu/fingerprint.h),
-// computed here on a thread of their own (tens of milliseconds). A compute node adds its
-// linear layers' (compute_node/linear.h: LinearFingerprint) to its kernel fingerprint.
-control::NodeInfo MakeNodeInfo(control::NodeRole role, const std::string& name);
+// A node's identity for the scheduler with this build's protocol and build versions set.
+control::NodeInfo MakeNodeInfo(control::NodeRole role, const std::string& name,
+                               const std::string& cpu_isa);
 
 struct NodeProcess {
   std::string host;       // control-plane and metrics listen address

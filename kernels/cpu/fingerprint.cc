@@ -158,6 +158,11 @@ std::string CombinedFingerprint(const std::vector<KernelFingerprint>& fingerprin
   return hex;
 }
 
+NodeFingerprints FingerprintsForRegistration() {
+  const std::vector<KernelFingerprint> fingerprints = KernelFingerprints();
+  return {CombinedFingerprint(fingerprints, "attention"), CombinedFingerprint(fingerprints, "")};
+}
+
 std::vector<KernelFingerprint> KernelFingerprints() {
   std::vector<KernelFingerprint> out;
   AddGemm(out, 1, 67, 129, false, false, 1);

@@ -38,6 +38,15 @@ std::vector<KernelFingerprint> KernelFingerprints();
 std::string CombinedFingerprint(const std::vector<KernelFingerprint>& fingerprints,
                                 const std::string& prefix);
 
+// What a node registers with (proto/control.proto, NodeInfo; the scheduler compares them:
+// server/kernel_agreement.h): the combined fingerprint of the attention kernels, which
+// every node runs, and of every kernel, for compute nodes.
+struct NodeFingerprints {
+  std::string attention;
+  std::string all;
+};
+NodeFingerprints FingerprintsForRegistration();
+
 }  // namespace strata::kernels
 
 #endif  // STRATA_KERNELS_CPU_FINGERPRINT_H_
