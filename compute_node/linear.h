@@ -80,7 +80,8 @@ class Linear {
 // (RowsCapacity) and distinct Linear shape, kept for the life of the process. All layers of
 // a model share their shapes, so the cache is bounded by
 // 2 x NumRowBuckets(max rows) x (distinct shapes, 5 for a Llama-style model), whatever the
-// number of layers; it fills as new batch sizes appear.
+// number of layers, plus the few of LinearFingerprint's shape (a compute node makes them at
+// start-up); it fills as new batch sizes appear.
 int64_t NumGemmPrimitives();
 // Distinct buckets of RowsCapacity for 1..max_rows rows.
 int64_t NumRowBuckets(int64_t max_rows);
