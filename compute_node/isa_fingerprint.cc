@@ -16,7 +16,6 @@
 // made with libm, so the model line also compares the two machines' math libraries.
 #include <omp.h>
 
-#include <cinttypes>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -121,7 +120,7 @@ int Main() {
     const char* name = kernels::CpuIsaName(isa);
     const std::vector<kernels::KernelFingerprint> fingerprints = kernels::KernelFingerprints();
     for (const kernels::KernelFingerprint& f : fingerprints) {
-      std::printf("%s %016" PRIx64 " %s\n", name, f.hash, f.kernel.c_str());
+      std::printf("%s %s %s\n", name, kernels::FingerprintHex(f.hash).c_str(), f.kernel.c_str());
     }
     // What nodes report at registration (kernels::FingerprintsForRegistration).
     std::printf("%s %s attention\n", name,
@@ -138,8 +137,8 @@ int Main() {
                    model.status().ToString().c_str());
       return 1;
     }
-    std::printf("%s %016" PRIx64 " model %s\n", kernels::CpuIsaName(default_isa), *model,
-                shape.c_str());
+    std::printf("%s %s model %s\n", kernels::CpuIsaName(default_isa),
+                kernels::FingerprintHex(*model).c_str(), shape.c_str());
   }
   return 0;
 }

@@ -1,7 +1,6 @@
 #include "compute_node/linear.h"
 
 #include <atomic>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -261,9 +260,7 @@ std::string LinearFingerprint() {
     (*linear)->Forward(m, x.data(), y.data(), /*accumulate=*/false);
     hash = kernels::FingerprintBytes(y.data(), m * kOut * sizeof(float), hash);
   }
-  char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(hash));
-  return hex;
+  return kernels::FingerprintHex(hash);
 }
 
 }  // namespace strata

@@ -153,6 +153,10 @@ std::string CombinedFingerprint(const std::vector<KernelFingerprint>& fingerprin
       hash = FingerprintBytes(&f.hash, sizeof(f.hash), hash);
     }
   }
+  return FingerprintHex(hash);
+}
+
+std::string FingerprintHex(uint64_t hash) {
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(hash));
   return hex;

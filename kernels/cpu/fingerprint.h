@@ -29,6 +29,9 @@ struct KernelFingerprint {
 // FNV-1a, 64 bits, continuing from `hash`.
 uint64_t FingerprintBytes(const void* data, size_t size, uint64_t hash = 0xcbf29ce484222325ULL);
 
+// `hash` as 16 lower-case hex digits, the form nodes register with.
+std::string FingerprintHex(uint64_t hash);
+
 // Every kernel's fingerprint on the active ISA path (ActiveCpuIsa), in a fixed order. Uses
 // the calling thread's OpenMP team.
 std::vector<KernelFingerprint> KernelFingerprints();
