@@ -17,8 +17,9 @@ offload: offload_bench --mode=breakdown (batch 1 and 32, 2 memory nodes over UCX
   co-located and offloaded step ms.
 serve: the embedded default, co-located (launcher --memory_nodes=0), one streamed completion
   at a time (128 tokens, greedy, ignore_eos): decode tokens/s measured by the client from
-  the first to the last token; and the compute node's mean wait for its next plan between
-  steps (ms).
+  the first to the last token; and, over those streams, the compute node's mean wait for
+  its next plan between steps (ms), the share of its steps that waited, and its mean step
+  (ms).
 serve_offloaded: the same with 2 memory nodes over UCX shared memory
   (launcher --memory_nodes=2 --data_plane=sm).
 """
@@ -105,15 +106,25 @@ def single_stream_rate(port, model, rounds):
     return statistics.median(stream_tokens_per_second(port, model, 128) for _ in range(rounds))
 
 
-def plan_waits(metrics_port):
-    """compute-0's waits for its next plan (strata_compute_node_plan_wait_seconds): the mean
-    wait in ms, and the share of its steps that waited at all."""
-    steps = "strata_compute_node_steps_total"
-    values = pipeline_bench.metric_values(
-        metrics_port, [pipeline_bench.PLAN_WAIT, pipeline_bench.PLAN_WAITS, steps])
-    count = values[pipeline_bench.PLAN_WAITS]
-    mean = 1000.0 * values[pipeline_bench.PLAN_WAIT] / count if count else float("nan")
-    return mean, count / values[steps] if values[steps] else float("nan")
+NODE_STEPS = "strata_compute_node_steps_total"
+NODE_STEP_SECONDS = "strata_compute_node_step_seconds_total"
+
+
+def node_figures():
+    """The compute node's metrics that plan_waits reads (a function: pipeline_bench imports
+    this module)."""
+    return [pipeline_bench.PLAN_WAIT, pipeline_bench.PLAN_WAITS, NODE_STEPS, NODE_STEP_SECONDS]
+
+
+def plan_waits(before, after):
+    """compute-0 between two readings of node_figures(): its mean wait for its next plan in
+    ms (strata_compute_node_plan_wait_seconds), the share of its steps that waited at all,
+    and its mean step in ms (the node's own time in a step, without the waits)."""
+    d = {k: after[k] - before[k] for k in node_figures()}
+    count, steps = d[pipeline_bench.PLAN_WAITS], d[NODE_STEPS]
+    mean = 1000.0 * d[pipeline_bench.PLAN_WAIT] / count if count else float("nan")
+    return (mean, count / steps if steps else float("nan"),
+            1000.0 * d[NODE_STEP_SECONDS] / steps if steps else float("nan"))
 
 
 def wait_http(port, path, proc):
@@ -162,14 +173,22 @@ def launch(bin_dir, memory_nodes=0, extra_args=(), env=None, node_metrics=False)
 
 def run_serve(bin_dir, memory_nodes=0, extra_args=(), env=None, rounds=3, plan_wait=False):
     """Median single-stream decode tokens/s of `rounds` streamed completions; with
-    `plan_wait`, also the compute node's mean wait for its next plan between steps and the
-    share of its steps that waited (the whole run: warm-up, streams and the gaps between)."""
+    `plan_wait`, also compute-0's figures over those timed streams (plan_waits): its mean
+    wait for its next plan between steps, the share of its steps that waited, and its mean
+    step time."""
     with launch(bin_dir, memory_nodes, extra_args, env, node_metrics=plan_wait) as (
             port, model, port_file):
-        result = {"serve single-stream decode tok/s": single_stream_rate(port, model, rounds)}
-        if plan_wait:
-            metrics_port = json.load(open(port_file))["metrics"]["compute-0"]
-            result["plan wait ms"], result["plan waited steps"] = plan_waits(metrics_port)
+        if not plan_wait:
+            return {"serve single-stream decode tok/s": single_stream_rate(port, model, rounds)}
+        metrics_port = json.load(open(port_file))["metrics"]["compute-0"]
+        stream_tokens_per_second(port, model, 16)  # warm-up, as single_stream_rate
+        before = pipeline_bench.metric_values(metrics_port, node_figures())
+        rate = statistics.median(stream_tokens_per_second(port, model, 128)
+                                 for _ in range(rounds))
+        after = pipeline_bench.metric_values(metrics_port, node_figures())
+        result = {"serve single-stream decode tok/s": rate}
+        (result["plan wait ms"], result["plan waited steps"],
+         result["node step ms"]) = plan_waits(before, after)
         return result
 
 

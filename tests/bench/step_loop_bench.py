@@ -13,7 +13,10 @@ next plan is built when the last result is back) and with asynchronous schedulin
 launcher's default (the next plan is at the node already).
 
 Both in-process benchmarks run at context 64 (the served stream's mean context is about
-70), on the launcher's demo model. Medians of the rounds, and served/in-process.
+70), on the launcher's demo model. Medians of the rounds, and served/in-process; also each
+round's own served/in-process ratio (a pair of figures a minute or two apart), their median
+and range, and the compute node's figures over the served streams: its waits for plans and
+its own step time, which split what serving loses into waiting and slower steps.
 
 With --llama_dir (a llama.cpp build directory, built outside the repository), llama-server
 serves the same weights (exported to GGUF by export_gguf.py) with as many threads, and the
@@ -74,7 +77,7 @@ def main():
             result = compare_builds.run_serve(args.bin_dir, memory_nodes=memory_nodes,
                                               extra_args=extra, env=env, plan_wait=True)
             waits.setdefault((memory_nodes, tuple(extra)), []).append(
-                (result["plan wait ms"], result["plan waited steps"]))
+                (result["plan wait ms"], result["plan waited steps"], result["node step ms"]))
             return result["serve single-stream decode tok/s"]
         return run
 
@@ -116,19 +119,37 @@ def main():
         b = statistics.median(rates[(layout, "served")])
         c = statistics.median(rates[(layout, "served async")])
         print(f"{layout:<16} {a:>10.2f} {b:>8.2f} {b / a:>18.3f} {c:>8.2f} {c / a:>17.3f}")
+    # The machine drifts within minutes: a round's own served/in-process ratio pairs figures
+    # taken a minute or two apart, and the median of those is steadier than the ratio of
+    # medians above.
+    print("\nthe same ratios round by round (each round's served over its own in-process "
+          "rate): median [lowest, highest], and the rounds at 0.95 or above")
+    print(f"{'layout':<16} {'served/in-process':>26} {'async/in-process':>26} {'async >= 0.95':>14}")
+    for layout in ("co-located", "2 memory nodes"):
+        cells = []
+        for mode in ("served", "served async"):
+            ratios = [s / i for s, i in zip(rates[(layout, mode)], rates[(layout, "in-process")])]
+            cells.append(f"{statistics.median(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}]")
+        met = sum(s / i >= 0.95 for s, i in
+                  zip(rates[(layout, "served async")], rates[(layout, "in-process")]))
+        print(f"{layout:<16} {cells[0]:>26} {cells[1]:>26} {f'{met} of {args.rounds}':>14}")
     if args.llama_dir:
         peer = statistics.median(rates[("llama.cpp", "llama-server")])
         ours = statistics.median(rates[("co-located", "served async")])
         print(f"llama-server on the same weights, {peer_bench.THREADS} threads: {peer:.2f} tok/s; "
               f"strata co-located served async / llama-server: {ours / peer:.3f}")
-    print("\ncompute node's waits for its next plan between steps (medians of rounds): the "
-          "mean wait, ms, and the share of steps that waited")
-    print(f"{'layout':<16} {'served':>8} {'waited':>7} {'async':>8} {'waited':>7}")
+    print("\ncompute node over the timed streams (medians of rounds): its mean wait for its "
+          "next plan, ms; the share of its steps that waited; its own mean step, ms (waits "
+          "excluded; the streams' prefill steps included), and the tokens/s that step alone "
+          "would give, over the layout's in-process rate")
+    print(f"{'layout':<16} {'mode':<7} {'wait ms':>8} {'waited':>7} {'step ms':>8} "
+          f"{'step rate/in-process':>21}")
     for layout, nodes, extra in (("co-located", 0, []), ("2 memory nodes", 2, sm)):
-        b = [statistics.median(w) for w in zip(*waits[(nodes, tuple(extra + synchronous))])]
-        c = [statistics.median(w) for w in zip(*waits[(nodes, tuple(extra + asynchronous))])]
-        print(f"{layout:<16} {b[0]:>8.3f} {b[1]:>7.2f} {c[0]:>8.3f} {c[1]:>7.2f}")
-
+        a = statistics.median(rates[(layout, "in-process")])
+        for mode, flags in (("sync", synchronous), ("async", asynchronous)):
+            w = [statistics.median(x) for x in zip(*waits[(nodes, tuple(extra + flags))])]
+            print(f"{layout:<16} {mode:<7} {w[0]:>8.3f} {w[1]:>7.2f} {w[2]:>8.3f} "
+                  f"{1000.0 / w[2] / a:>21.3f}")
 
 if __name__ == "__main__":
     main()
