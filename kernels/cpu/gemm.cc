@@ -10,6 +10,7 @@
 #include "common/base/bfloat16.h"
 #include "kernels/cpu/gemm_internal.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/work_ranges.h"
 
 namespace strata::kernels {
 namespace gemm_internal {
@@ -94,25 +95,30 @@ void GemmAvx512Bf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const ui
     x = padded.data();
   }
   constexpr int64_t kGroupColumns = kGroupBlocks * kGemmColumnBlock;
+  // Shared by the team through this reference (a thread_local named inside the region
+  // would be each thread's own).
+  thread_local WorkRanges tls_work;
+  WorkRanges& work = tls_work;
+  const int team = omp_get_max_threads();
   for (int64_t r0 = 0; r0 < m; r0 += kRowBlock) {
     const int rows = static_cast<int>(std::min(kRowBlock, m - r0));
-    // Each thread takes a contiguous range of groups, so it knows which one it reads next:
-    // the ranges schedule(static) would give (the first groups % team threads one more).
-#pragma omp parallel
+    // Each thread takes the groups schedule(static) would give it, in order, so it knows
+    // which one it reads next; one that is done takes what is left of another's
+    // (work_ranges.h).
+    work.Reset(groups, team);
+#pragma omp parallel num_threads(team)
     {
       EnableFlushToZero();  // vdpbf16ps flushes denormals itself; the stores here alike
-      const int64_t team = omp_get_num_threads(), id = omp_get_thread_num();
-      const int64_t share = groups / team, extra = groups % team;
-      const int64_t g_begin = id * share + std::min(id, extra);
-      const int64_t g_end = g_begin + share + (id < extra ? 1 : 0);
-      for (int64_t g = g_begin; g < g_end; ++g) {
+      const int id = omp_get_thread_num();
+      for (int64_t g = work.Next(id); g >= 0; g = work.Next(id)) {
         float out[kRowBlock * kGroupColumns];
         const int64_t b0 = g * kGroupBlocks;
         const int count = static_cast<int>(std::min<int64_t>(kGroupBlocks, blocks - b0));
-        const int64_t next_b0 = b0 + kGroupBlocks;
-        const uint16_t* next = g + 1 < g_end ? packed + next_b0 * block_size : nullptr;
+        const int64_t next_g = work.PeekFront(id);
+        const int64_t next_b0 = next_g * kGroupBlocks;
+        const uint16_t* next = next_g >= 0 ? packed + next_b0 * block_size : nullptr;
         const int64_t next_elements =
-            std::min<int64_t>(kGroupBlocks, blocks - next_b0) * block_size;
+            next_g >= 0 ? std::min<int64_t>(kGroupBlocks, blocks - next_b0) * block_size : 0;
         gemm_internal::ColumnGroupAvx512Bf16(rows, count, k, x + r0 * x_stride, x_stride,
                                              packed + b0 * block_size, out, kGroupColumns, next,
                                              next_elements);
@@ -137,13 +143,17 @@ void GemmBf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t
   const int64_t blocks = (n + kGemmColumnBlock - 1) / kGemmColumnBlock;
   const int64_t block_size = gemm_internal::PackedBlockSize(k);
   thread_local std::vector<float> xf;
+  thread_local WorkRanges tls_work;
+  WorkRanges& work = tls_work;  // shared by the team (see GemmAvx512Bf16)
+  const int team = omp_get_max_threads();
   for (int64_t r0 = 0; r0 < m; r0 += kRowBlock) {
     const int rows = static_cast<int>(std::min(kRowBlock, m - r0));
     xf.resize(static_cast<size_t>(rows) * k);
     for (int64_t i = 0; i < rows * k; ++i) xf[i] = Bf16ToFloat(x[r0 * k + i]);
     const float* xr = xf.data();
-#pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < blocks; ++b) {
+    work.Reset(blocks, team);
+#pragma omp parallel num_threads(team)
+    for (int64_t b = work.Next(omp_get_thread_num()); b >= 0; b = work.Next(omp_get_thread_num())) {
       EnableFlushToZero();
       float out[kRowBlock * kGemmColumnBlock];
       const uint16_t* block = packed + b * block_size;
