@@ -20,6 +20,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/simd_ops.h"
+#include "kernels/cpu/work_ranges.h"
 
 namespace strata::kernels::attention_internal {
 
@@ -433,29 +434,35 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
   const int num_items = num_rows * p.num_kv_heads;
   std::vector<size_t> row_first(num_rows + 1, units.size());
   for (size_t u = units.size(); u-- > 0;) row_first[units[u].r] = u;
-  // Units are of near-equal cost; each thread takes a contiguous range, so it knows which
-  // keys it reads next.
+  // Units are of near-equal cost; each thread takes a contiguous range front first, so it
+  // knows which keys it reads next, and one that is done takes units from the back of
+  // another's (work_ranges.h): a thread the OS stops does not hold the team at the barrier.
+  // Each unit has its own tile state, folded below in a fixed order: who computed a unit
+  // does not change the result.
   const int64_t num_units = static_cast<int64_t>(units.size());
-#pragma omp parallel
+  thread_local WorkRanges tls_work;
+  WorkRanges& work = tls_work;  // shared by the team (a thread_local named inside is not)
+  work.Reset(num_units, num_threads);
+#pragma omp parallel num_threads(num_threads)
   {
     EnableFlushToZero();
     thread_local ItemScratch s;
     s.Reserve(p.num_heads, group, d);
-    const int64_t team = omp_get_num_threads();
-    const int64_t id = omp_get_thread_num();
-    const int64_t u_begin = num_units * id / team;
-    const int64_t u_end = num_units * (id + 1) / team;
+    const int id = omp_get_thread_num();
     int loaded_row = -1;
-    for (int64_t u = u_begin; u < u_end; ++u) {
+    int64_t warmed = -1;  // the unit whose keys the previous one requested (`after`)
+    for (int64_t u = work.Next(id); u >= 0; u = work.Next(id)) {
       const Unit& unit = units[u];
       if (unit.r != loaded_row) {
         load_q(unit.r, s);
         loaded_row = unit.r;
       }
-      if (u == u_begin) PrefetchTileStart(p, rows[unit.r], unit.tile, unit.h0, unit.h1, k_cache);
+      // The first unit, and one taken from another thread's range, starts cold.
+      if (u != warmed) PrefetchTileStart(p, rows[unit.r], unit.tile, unit.h0, unit.h1, k_cache);
       NextKeys after;
-      if (u + 1 < u_end) {
-        const Unit& following = units[u + 1];
+      warmed = work.PeekFront(id);
+      if (warmed >= 0) {
+        const Unit& following = units[warmed];
         after = TileKeys(p, rows[following.r], following.tile, following.h0, following.h1, k_cache);
       }
       TileHeads<Ops, kKv, kDim>(
