@@ -611,7 +611,9 @@ TEST_F(SchedulerTest, AsyncSchedulingEndsTimedOutAndCancelledRequestsCleanly) {
   SchedulerConfig async = Config();
   async.async_scheduling = true;
   async.max_plans_in_flight = 2;
-  const GenerateRequest full_request = Greedy(Prompt(30, 3), 200);
+  // Long enough that no machine writes it all in the 150 ms the timed copy gets (200 tokens
+  // took less on a Zen 5).
+  const GenerateRequest full_request = Greedy(Prompt(30, 3), 900);
   const auto full = Run(Config(), 4096, {full_request});
   Harness h(weights_, async, 4096);
   GenerateRequest slow = full_request;
