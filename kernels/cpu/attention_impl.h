@@ -174,8 +174,11 @@ inline void KeyDots(const float* q, const uint16_t* k, float scale, float* out) 
 // walk's (TileState), term for term: the same fused products in the same order and the
 // same reductions, so the results are bit-identical to it (checked on the demo model's
 // logits); only the order of the memory reads differs. Hands each head's state (in
-// s.acc/s.m/s.l) to sink(kvh). While V is summed, the keys `after` names are requested
-// into L2, whole slots at a time, one share of the slots per KV head.
+// s.acc/s.m/s.l) to sink(kvh). The work `after` names is requested into L2, whole slots at
+// a time, spread over all of this tile's work: its keys during q.k, one slot's with each
+// slot here, and its values during p.v, one share of the slots per KV head. (Requesting
+// both during p.v alone left DRAM idle through q.k: 5-8% slower on the demo shape, up to
+// 30% on AVX2; docs/benchmarks.md, "The next tile's keys requested during q.k".)
 template <class Ops, KvDType kKv, int kDim, class Sink>
 void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const AttentionRow& row,
                         int tile, int h0, int h1, const NextKeys& after, const uint16_t* k_cache,
@@ -198,10 +201,17 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   l.resize(heads);
   const float* q = q_row_f32 + static_cast<size_t>(h0) * group * kDim;
 
+  // The work after this one: its keys are requested during q.k, slot for slot, and its
+  // values during p.v, so that its reads spread over all of this tile's work.
+  const int64_t after_offset = static_cast<int64_t>(after.h0) * kDim;
+  const int after_bytes = after.n > 0 ? (after.h1 - after.h0) * kDim * 2 : 0;
   // q.k, slot by slot.
   for (int j = 0; j < n; ++j) {
     const uint16_t* k_run = k_cache + slots[j] * slot_stride + h0 * kDim;
     PrefetchLinesL2(v_cache + slots[j] * slot_stride + h0 * kDim, run_bytes);
+    if (j < after.n && after_bytes > 0) {
+      PrefetchLinesL2(k_cache + after.slots[j] * slot_stride + after_offset, after_bytes);
+    }
     for (int kvh = 0; kvh < h1 - h0; ++kvh) {
       const uint16_t* k = k_run + kvh * kDim;
       for (int g0 = 0; g0 < group; g0 += kHeadsAtOnce) {
@@ -241,16 +251,16 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
     }
     l[h] = Ops::ReduceAdd(vsum);
   }
+  // Keys of the work after this one that q.k had no slot for (this tile is shorter).
+  for (int j = n; j < after.n && after_bytes > 0; ++j) {
+    PrefetchLinesL2(k_cache + after.slots[j] * slot_stride + after_offset, after_bytes);
+  }
   // p.v, head by head over the tile's V lines, already requested.
-  const int64_t after_offset = static_cast<int64_t>(after.h0) * kDim;
-  const int after_bytes = (after.h1 - after.h0) * kDim * 2;
   for (int kvh = 0; kvh < h1 - h0; ++kvh) {
-    if (after.n > 0 && after_bytes > 0) {
+    if (after_bytes > 0) {
       const int j0 = after.n * kvh / (h1 - h0), j1 = after.n * (kvh + 1) / (h1 - h0);
       for (int j = j0; j < j1; ++j) {
-        const int64_t at = after.slots[j] * slot_stride + after_offset;
-        PrefetchLinesL2(k_cache + at, after_bytes);
-        PrefetchLinesL2(v_cache + at, after_bytes);
+        PrefetchLinesL2(v_cache + after.slots[j] * slot_stride + after_offset, after_bytes);
       }
     }
     const uint16_t* v_base = v_cache + (h0 + kvh) * kDim;
