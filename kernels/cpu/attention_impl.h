@@ -46,10 +46,12 @@ struct ItemScratch {
 // size; the hardware prefetchers do not run far enough ahead on that pattern to cover
 // DRAM latency, and a burst of prefetches stalls the core as much as the loads would.
 // So the tile kernels spread them over their own work: while the keys of a tile are
-// scored, the V lines of those keys are requested, and while V is accumulated, the K lines
-// of the work that follows (`NextKeys`: the next KV head of the tile, or the first head of
-// the next tile). Measured on the demo shape at context 2048 (kernels/cpu/bench), this
-// took the KV read rate from about 0.5 to about 0.75 of a streaming-read probe.
+// scored, the V lines of those keys are requested, and the lines of the work that follows
+// (`NextKeys`: the next KV head of the tile, or the next tile) are requested meanwhile: by
+// the head-by-head walk (TileState) while V is accumulated, by the slot-major kernel keys
+// during q.k and values during p.v. Measured on the demo shape at context 2048
+// (kernels/cpu/bench), this took the KV read rate from about 0.5 to about 0.75 of a
+// streaming-read probe.
 struct NextKeys {
   const int32_t* slots = nullptr;
   int n = 0;

@@ -15,6 +15,7 @@
 #define STRATA_KERNELS_CPU_WORK_RANGES_H_
 
 #include <atomic>
+#include <cassert>
 #include <cstdint>
 #include <vector>
 
@@ -23,8 +24,12 @@ namespace strata::kernels {
 class WorkRanges {
  public:
   // [0, items) in `ranges` contiguous ranges, the first items % ranges one item longer
-  // (schedule(static)'s split). Not thread-safe: call before the parallel region.
+  // (schedule(static)'s split). Not thread-safe: call before the parallel region. Sized by
+  // omp_get_max_threads() there, a team that turns out smaller (a region nested in another
+  // runs on one thread) still takes every item: the ranges nobody owns are taken from the
+  // back. Items fit in 32 bits.
   void Reset(int64_t items, int ranges) {
+    assert(ranges >= 1 && items >= 0 && items < (int64_t{1} << 32));
     if (static_cast<int>(ranges_.size()) < ranges) ranges_ = std::vector<Range>(ranges);
     count_ = ranges;
     const int64_t share = items / ranges, extra = items % ranges;

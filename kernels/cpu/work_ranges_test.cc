@@ -63,9 +63,11 @@ TEST(WorkRanges, ATeamTakesEveryItemOnceAndCoversALateThread) {
     work.Reset(kItems, ranges);
     std::vector<int> taken_by(kItems, -1);
     std::vector<int> counts(kItems, 0);
+    int team = 0;
 #pragma omp parallel num_threads(4)
     {
       const int id = omp_get_thread_num();
+      if (id == 0) team = omp_get_num_threads();
       if (id == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
       for (int64_t item = work.Next(id); item >= 0; item = work.Next(id)) {
         taken_by[item] = id;
@@ -78,7 +80,8 @@ TEST(WorkRanges, ATeamTakesEveryItemOnceAndCoversALateThread) {
       ASSERT_EQ(counts[i], 1) << "item " << i << " with " << ranges << " ranges";
       if (i < kItems / ranges && taken_by[i] != 0) ++of_range0_by_others;
     }
-    EXPECT_GT(of_range0_by_others, 0) << ranges << " ranges";
+    // Where the runtime gave fewer threads (a thread limit), nobody else was there to help.
+    if (team > 1) EXPECT_GT(of_range0_by_others, 0) << ranges << " ranges";
   }
 }
 

@@ -234,7 +234,10 @@ test("errors: 429 when the queue is full, and the rest completes", async () => {
   const limited = results.filter((r) => r instanceof OpenAI.RateLimitError);
   const ok = results.filter((r) => r === "ok");
   assert.ok(limited.length > 0, "no request was refused");
-  assert.ok(ok.length >= 4, `only ${ok.length} completed`);
+  // The queue is empty when the burst starts, so its first --max_waiting requests are
+  // accepted whatever the timing; how many more get in depends on how fast the scheduler
+  // admits them while the rest arrive (a Zen 5 let only 3 through).
+  assert.ok(ok.length >= 2, `only ${ok.length} completed`);
   assert.equal(limited.length + ok.length, 40, String(results.find((r) => r !== "ok" && !(r instanceof OpenAI.RateLimitError))));
   // Still serving.
   const r = await client.completions.create({ model, prompt, max_tokens: 2 });
