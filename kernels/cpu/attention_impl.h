@@ -452,8 +452,7 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
   // Each unit has its own tile state, folded below in a fixed order: who computed a unit
   // does not change the result.
   const int64_t num_units = static_cast<int64_t>(units.size());
-  thread_local WorkRanges tls_work;
-  WorkRanges& work = tls_work;  // shared by the team (a thread_local named inside is not)
+  WorkRanges& work = CallerWorkRanges();
   work.Reset(num_units, num_threads);
 #pragma omp parallel num_threads(num_threads)
   {

@@ -95,10 +95,7 @@ void GemmAvx512Bf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const ui
     x = padded.data();
   }
   constexpr int64_t kGroupColumns = kGroupBlocks * kGemmColumnBlock;
-  // Shared by the team through this reference (a thread_local named inside the region
-  // would be each thread's own).
-  thread_local WorkRanges tls_work;
-  WorkRanges& work = tls_work;
+  WorkRanges& work = CallerWorkRanges();
   const int team = omp_get_max_threads();
   for (int64_t r0 = 0; r0 < m; r0 += kRowBlock) {
     const int rows = static_cast<int>(std::min(kRowBlock, m - r0));
@@ -143,8 +140,7 @@ void GemmBf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t
   const int64_t blocks = (n + kGemmColumnBlock - 1) / kGemmColumnBlock;
   const int64_t block_size = gemm_internal::PackedBlockSize(k);
   thread_local std::vector<float> xf;
-  thread_local WorkRanges tls_work;
-  WorkRanges& work = tls_work;  // shared by the team (see GemmAvx512Bf16)
+  WorkRanges& work = CallerWorkRanges();
   const int team = omp_get_max_threads();
   for (int64_t r0 = 0; r0 < m; r0 += kRowBlock) {
     const int rows = static_cast<int>(std::min(kRowBlock, m - r0));

@@ -100,6 +100,15 @@ class WorkRanges {
   int count_ = 0;
 };
 
+// The calling thread's WorkRanges, for the parallel region it is about to start: a kernel
+// resets it and names the returned reference inside the region, which the team then shares
+// (a thread_local named inside the region would be each team thread's own). One region at
+// a time per calling thread: the kernels that use it never run inside one another.
+inline WorkRanges& CallerWorkRanges() {
+  thread_local WorkRanges work;
+  return work;
+}
+
 }  // namespace strata::kernels
 
 #endif  // STRATA_KERNELS_CPU_WORK_RANGES_H_
