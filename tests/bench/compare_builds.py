@@ -100,9 +100,12 @@ def stream_tokens_per_second(port, model, max_tokens):
     return (len(times) - 1) / (times[-1] - times[0])
 
 
-def single_stream_rate(port, model, rounds):
-    """Median decode tokens/s of `rounds` streamed 128-token completions, after a warm-up."""
+def single_stream_rate(port, model, rounds, after_warm_up=None):
+    """Median decode tokens/s of `rounds` streamed 128-token completions, after a warm-up;
+    `after_warm_up`, if given, is called between the two."""
     stream_tokens_per_second(port, model, 16)
+    if after_warm_up:
+        after_warm_up()
     return statistics.median(stream_tokens_per_second(port, model, 128) for _ in range(rounds))
 
 
@@ -181,10 +184,9 @@ def run_serve(bin_dir, memory_nodes=0, extra_args=(), env=None, rounds=3, plan_w
         if not plan_wait:
             return {"serve single-stream decode tok/s": single_stream_rate(port, model, rounds)}
         metrics_port = json.load(open(port_file))["metrics"]["compute-0"]
-        stream_tokens_per_second(port, model, 16)  # warm-up, as single_stream_rate
-        before = pipeline_bench.metric_values(metrics_port, node_figures())
-        rate = statistics.median(stream_tokens_per_second(port, model, 128)
-                                 for _ in range(rounds))
+        before = {}
+        rate = single_stream_rate(port, model, rounds, lambda: before.update(
+            pipeline_bench.metric_values(metrics_port, node_figures())))
         after = pipeline_bench.metric_values(metrics_port, node_figures())
         result = {"serve single-stream decode tok/s": rate}
         (result["plan wait ms"], result["plan waited steps"],

@@ -126,12 +126,12 @@ def main():
           "rate): median [lowest, highest], and the rounds at 0.95 or above")
     print(f"{'layout':<16} {'served/in-process':>26} {'async/in-process':>26} {'async >= 0.95':>14}")
     for layout in ("co-located", "2 memory nodes"):
-        cells = []
-        for mode in ("served", "served async"):
-            ratios = [s / i for s, i in zip(rates[(layout, mode)], rates[(layout, "in-process")])]
-            cells.append(f"{statistics.median(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}]")
-        met = sum(s / i >= 0.95 for s, i in
-                  zip(rates[(layout, "served async")], rates[(layout, "in-process")]))
+        ratios = {mode: [s / i for s, i in zip(rates[(layout, mode)],
+                                               rates[(layout, "in-process")])]
+                  for mode in ("served", "served async")}
+        cells = [f"{statistics.median(r):.3f} [{min(r):.3f}, {max(r):.3f}]"
+                 for r in ratios.values()]
+        met = sum(r >= 0.95 for r in ratios["served async"])
         print(f"{layout:<16} {cells[0]:>26} {cells[1]:>26} {f'{met} of {args.rounds}':>14}")
     if args.llama_dir:
         peer = statistics.median(rates[("llama.cpp", "llama-server")])
@@ -150,6 +150,7 @@ def main():
             w = [statistics.median(x) for x in zip(*waits[(nodes, tuple(extra + flags))])]
             print(f"{layout:<16} {mode:<7} {w[0]:>8.3f} {w[1]:>7.2f} {w[2]:>8.3f} "
                   f"{1000.0 / w[2] / a:>21.3f}")
+
 
 if __name__ == "__main__":
     main()
