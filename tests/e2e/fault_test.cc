@@ -129,7 +129,9 @@ TEST(FaultTest, AComputeNodeDyingWithTwoPlansInFlightLosesNothing) {
     options.memory_nodes = memory_nodes;
     auto d = Deployment::Start(options);
     ASSERT_TRUE(d.ok()) << d.status();
-    const std::string body = R"({"model":"tiny","prompt":"Once upon","max_tokens":400,)"
+    // Long enough that the 8 requests still run when the node dies 300 ms in: 400 tokens
+    // each were all done by then on a Zen 5.
+    const std::string body = R"({"model":"tiny","prompt":"Once upon","max_tokens":1500,)"
                              R"("ignore_eos":true})";
     constexpr int kClients = 8;
     const absl::Time start = absl::Now();
@@ -167,7 +169,8 @@ TEST(FaultTest, AMemoryNodeFailingUnderTwoBatchesInFlightLosesNothing) {
     options.launcher_args = {"--pipelining=two", "--attention_timeout_ms=60000"};
     auto d = Deployment::Start(options);
     ASSERT_TRUE(d.ok()) << d.status();
-    const std::string body = R"({"model":"tiny","prompt":"Once upon","max_tokens":400,)"
+    // Long enough to be running 300 ms in (400 tokens were not, on a Zen 5).
+    const std::string body = R"({"model":"tiny","prompt":"Once upon","max_tokens":1500,)"
                              R"("temperature":0,"ignore_eos":true})";
     const HttpResponse reference = HttpRequest((*d)->http_port(), "POST", "/v1/completions", body);
     ASSERT_EQ(reference.status, 200) << reference.body;
