@@ -7,8 +7,12 @@
 // batch 1 C independent chains.
 //
 // Every row tile after the first reads the group from L2, where the first tile brought it,
-// and leaves DRAM idle; those tiles prefetch a share of the next group into L2 instead, so
-// that its first tile does not wait on DRAM either.
+// and would leave DRAM idle. So from kPrefetchRows rows up every tile requests an equal
+// share of the next group into L2, one line every pairs/lines steps, and the whole group's
+// arithmetic hides the next group's read: the first tile then finds its lines in L2 too.
+// (Requests from the later tiles only, one or two lines a step from each one's start, ran
+// 1.1-1.25x slower at 12 to 24 rows; docs/benchmarks.md, "The GEMM spreads its requests
+// over the whole group".)
 #include <immintrin.h>
 
 #include <algorithm>
@@ -23,13 +27,14 @@ namespace {
 constexpr int kTileRows = 6;
 
 constexpr int64_t kLine = 64;
-constexpr int kPrefetchTiles = 3;
+// Rows from which a group's arithmetic is long enough to hide the next group's read; at
+// 8 rows (a tile of 6 and one of 2) the requests slowed the GEMM (1.05x).
+constexpr int kPrefetchRows = 9;
 
-// Lines [0, lines) from `begin`, spread over the tile's `pairs` steps.
+// Lines [0, lines) from `begin`, spread evenly over the tile's `pairs` steps.
 struct Prefetch {
   const char* begin = nullptr;
   int64_t lines = 0;
-  int per_step = 0;  // lines per step: ceil(lines / pairs)
 };
 
 template <int R, int C, bool kPrefetch>
@@ -39,11 +44,11 @@ void Tile(int64_t pairs, const uint16_t* x, int64_t x_stride, const uint16_t* gr
   for (int r = 0; r < R; ++r) {
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   }
+  int64_t line = 0, owed = 0;  // lines requested; lines * steps so far, less pairs per line
   for (int64_t p = 0; p < pairs; ++p) {
     if constexpr (kPrefetch) {
-      for (int i = 0; i < pf.per_step; ++i) {
-        const int64_t line = p * pf.per_step + i;
-        if (line < pf.lines) _mm_prefetch(pf.begin + line * kLine, _MM_HINT_T1);
+      for (owed += pf.lines; owed >= pairs; owed -= pairs) {
+        _mm_prefetch(pf.begin + line++ * kLine, _MM_HINT_T1);
       }
     }
     __m512bh w[C];
@@ -88,21 +93,20 @@ void ColumnGroupAvx512Bf16(int rows, int blocks, int64_t k, const uint16_t* x, i
                            const uint16_t* next, int64_t next_elements) {
   const int64_t pairs = (k + 1) / 2;
   const int tiles = (rows + kTileRows - 1) / kTileRows;
-  // Tiles 1 .. tiles-1 each prefetch an equal share of the next group's lines. With fewer
-  // than kPrefetchTiles tiles the GEMM is near the read bound, the hardware prefetcher
-  // keeps up, and the extra prefetches only crowd the tiles that stream (8 rows: 0.85x).
+  // Every tile requests an equal share of the next group's lines. Below kPrefetchRows the
+  // GEMM is near the read bound, the hardware prefetcher keeps up, and the requests only
+  // crowd the tiles that stream.
   const int64_t next_lines =
-      next != nullptr && tiles >= kPrefetchTiles ? (next_elements * 2 + kLine - 1) / kLine : 0;
-  const int64_t share = tiles > 1 ? (next_lines + tiles - 2) / (tiles - 1) : 0;
+      next != nullptr && rows >= kPrefetchRows ? (next_elements * 2 + kLine - 1) / kLine : 0;
+  const int64_t share = (next_lines + tiles - 1) / tiles;
   for (int t = 0; t < tiles; ++t) {
     const int r = t * kTileRows;
     const int n = rows - r < kTileRows ? rows - r : kTileRows;
     Prefetch pf;
-    if (t > 0 && share > 0) {
-      const int64_t first = (t - 1) * share;
+    if (share > 0) {
+      const int64_t first = t * share;
       pf.begin = reinterpret_cast<const char*>(next) + first * kLine;
       pf.lines = std::max<int64_t>(0, std::min(share, next_lines - first));
-      pf.per_step = static_cast<int>((pf.lines + pairs - 1) / pairs);
     }
     kTiles[pf.lines > 0][n - 1][blocks - 1](pairs, x + r * x_stride, x_stride, group,
                                             PackedBlockSize(k), out + r * out_stride, out_stride,
