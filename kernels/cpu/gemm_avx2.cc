@@ -1,6 +1,12 @@
-// The AVX2 + FMA column-block kernel of GemmBf16. This file alone is compiled with AVX2
+// The AVX2 + FMA column-group kernel of GemmBf16. This file alone is compiled with AVX2
 // enabled (see BUILD); gemm.cc calls it only where the CPU has it. Same arithmetic as the
 // scalar kernel (gemm_internal.h), bit for bit.
+//
+// A group's blocks are taken one at a time: R rows against one block (2R chains of FMAs,
+// its 4 weight vectors in registers for every row). Taking up to 4 blocks side by side,
+// as the AVX-512 kernel does, was measured slower on a Zen 5 (1 row 1.03x, 2 rows 1.5x the
+// time; docs/benchmarks.md, "The AVX2 and AVX-512 GEMMs take four blocks at once"); the
+// group loop around the blocks (gemm.cc) is what AVX2 gained.
 #include <immintrin.h>
 
 #include "kernels/cpu/gemm_internal.h"
@@ -11,7 +17,7 @@ namespace {
 // R rows by 16 columns: 2R accumulators, 4 weight vectors and a broadcast fit AVX2's 16
 // registers for R <= 5.
 template <int R>
-void Tile(int64_t k, const float* x, const uint16_t* block, float* out) {
+void BlockTile(int64_t k, const float* x, const uint16_t* block, float* out, int64_t out_stride) {
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
@@ -35,28 +41,42 @@ void Tile(int64_t k, const float* x, const uint16_t* block, float* out) {
     }
   }
   for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(out + r * 16, acc[r][0]);
-    _mm256_storeu_ps(out + r * 16 + 8, acc[r][1]);
+    _mm256_storeu_ps(out + r * out_stride, acc[r][0]);
+    _mm256_storeu_ps(out + r * out_stride + 8, acc[r][1]);
   }
+}
+
+// R rows against blocks [0, blocks), one block at a time.
+template <int R>
+void BlockRows(int blocks, int64_t k, const float* x, const uint16_t* group, int64_t block_size,
+               float* out, int64_t out_stride) {
+  for (int b = 0; b < blocks; ++b)
+    BlockTile<R>(k, x, group + b * block_size, out + b * 16, out_stride);
 }
 
 }  // namespace
 
-void ColumnBlockAvx2(int rows, int64_t k, const float* x, const uint16_t* block, float* out) {
+void ColumnGroupAvx2(int rows, int blocks, int64_t k, const float* x, const uint16_t* group,
+                     float* out, int64_t out_stride) {
+  const int64_t block_size = PackedBlockSize(k);
   int r = 0;
-  for (; r + 5 <= rows; r += 5) Tile<5>(k, x + r * k, block, out + r * 16);
+  for (; r + 5 <= rows; r += 5) {
+    BlockRows<5>(blocks, k, x + r * k, group, block_size, out + r * out_stride, out_stride);
+  }
+  const float* xr = x + r * k;
+  float* o = out + r * out_stride;
   switch (rows - r) {
     case 4:
-      Tile<4>(k, x + r * k, block, out + r * 16);
+      BlockRows<4>(blocks, k, xr, group, block_size, o, out_stride);
       break;
     case 3:
-      Tile<3>(k, x + r * k, block, out + r * 16);
+      BlockRows<3>(blocks, k, xr, group, block_size, o, out_stride);
       break;
     case 2:
-      Tile<2>(k, x + r * k, block, out + r * 16);
+      BlockRows<2>(blocks, k, xr, group, block_size, o, out_stride);
       break;
     case 1:
-      Tile<1>(k, x + r * k, block, out + r * 16);
+      BlockRows<1>(blocks, k, xr, group, block_size, o, out_stride);
       break;
     default:
       break;

@@ -1,56 +1,76 @@
-// The AVX-512 column-block kernel of GemmBf16. This file alone is compiled with AVX-512
+// The AVX-512 column-group kernel of GemmBf16. This file alone is compiled with AVX-512
 // enabled (see BUILD); gemm.cc calls it only where the CPU has it (and lacks AVX-512 BF16).
 // Same arithmetic as the scalar kernel (gemm_internal.h: per k-pair, the odd term's FMA
 // and then the even term's, from zero), so they agree bit for bit. One 64-byte load holds a
 // pair for 16 columns: shifting each 32-bit lane left by 16 gives the even weights, masking
-// its low half the odd ones. One register holds a row's 16 columns, and the weights of a
-// pair serve up to 12 rows.
+// its low half the odd ones. One register holds a row's 16 columns.
+//
+// Each output register is one chain of dependent FMAs, two per pair, so a tile needs many
+// of them to keep the FMA units busy: R rows by C blocks side by side (R * C accumulators,
+// 2C weight vectors and two broadcasts in the 32 registers). One block at a time (up to
+// 12 rows against it) ran 8 rows 2.2x and 64 rows 1.4x slower, and left batch 1 a single
+// chain (docs/benchmarks.md, "The AVX2 and AVX-512 GEMMs take four blocks at once").
 #include <immintrin.h>
 
 #include <array>
-#include <utility>
 
 #include "kernels/cpu/gemm_internal.h"
 
 namespace strata::kernels::gemm_internal {
 namespace {
 
-template <int R>
-void Tile(int64_t k, const float* x, const uint16_t* block, float* out) {
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+constexpr int kTileRows = 5;  // 5 x 4 accumulators, 8 weight vectors, 2 broadcasts
+
+template <int R, int C>
+void Tile(int64_t k, const float* x, const uint16_t* group, int64_t block_size, float* out,
+          int64_t out_stride) {
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
   const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   const int64_t pairs = (k + 1) / 2;
   for (int64_t p = 0; p < pairs; ++p) {
-    const __m512i v = _mm512_loadu_si512(block + p * 32);
-    const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-    const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+    __m512 even[C], odd[C];
+    for (int c = 0; c < C; ++c) {
+      const __m512i v = _mm512_loadu_si512(group + c * block_size + p * 32);
+      even[c] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      odd[c] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+    }
     const bool last_odd = 2 * p + 1 == k;  // x[r][k] is zero
     for (int r = 0; r < R; ++r) {
-      const float xo = last_odd ? 0.0f : x[r * k + 2 * p + 1];
-      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xo), odd, acc[r]);
-      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * k + 2 * p]), even, acc[r]);
+      const __m512 xo = _mm512_set1_ps(last_odd ? 0.0f : x[r * k + 2 * p + 1]);
+      const __m512 xe = _mm512_set1_ps(x[r * k + 2 * p]);
+      for (int c = 0; c < C; ++c) {
+        acc[r][c] = _mm512_fmadd_ps(xo, odd[c], acc[r][c]);
+        acc[r][c] = _mm512_fmadd_ps(xe, even[c], acc[r][c]);
+      }
     }
   }
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * 16, acc[r]);
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + r * out_stride + c * 16, acc[r][c]);
+  }
 }
 
-constexpr int kTileRows = 12;
+using TileFn = void (*)(int64_t, const float*, const uint16_t*, int64_t, float*, int64_t);
 
-using TileFn = void (*)(int64_t, const float*, const uint16_t*, float*);
-
-template <int... Rs>
-constexpr auto MakeTiles(std::integer_sequence<int, Rs...>) {
-  return std::array<TileFn, sizeof...(Rs)>{&Tile<Rs + 1>...};
+template <int R>
+constexpr std::array<TileFn, kGroupBlocks> RowTiles() {
+  return {&Tile<R, 1>, &Tile<R, 2>, &Tile<R, 3>, &Tile<R, 4>};
 }
+
+// [rows - 1][blocks - 1]
+constexpr std::array<std::array<TileFn, kGroupBlocks>, kTileRows> kTiles = {
+    RowTiles<1>(), RowTiles<2>(), RowTiles<3>(), RowTiles<4>(), RowTiles<5>()};
 
 }  // namespace
 
-void ColumnBlockAvx512(int rows, int64_t k, const float* x, const uint16_t* block, float* out) {
-  static constexpr auto kTiles = MakeTiles(std::make_integer_sequence<int, kTileRows>());
+void ColumnGroupAvx512(int rows, int blocks, int64_t k, const float* x, const uint16_t* group,
+                       float* out, int64_t out_stride) {
   for (int r = 0; r < rows; r += kTileRows) {
     const int n = rows - r < kTileRows ? rows - r : kTileRows;
-    kTiles[n - 1](k, x + r * k, block, out + r * 16);
+    kTiles[n - 1][blocks - 1](k, x + r * k, group, PackedBlockSize(k), out + r * out_stride,
+                              out_stride);
   }
 }
 

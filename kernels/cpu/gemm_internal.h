@@ -14,19 +14,23 @@ namespace strata::kernels::gemm_internal {
 // Elements of one packed column block.
 inline int64_t PackedBlockSize(int64_t k) { return (k + 1) / 2 * 32; }
 
-// Rows [0, rows) of x (f32, row stride k) against one packed column block; out has rows
-// of 16 floats.
-void ColumnBlockScalar(int rows, int64_t k, const float* x, const uint16_t* block, float* out);
-void ColumnBlockAvx2(int rows, int64_t k, const float* x, const uint16_t* block, float* out);
-void ColumnBlockAvx512(int rows, int64_t k, const float* x, const uint16_t* block, float* out);
+// Column groups: every kernel takes up to kGroupBlocks consecutive packed column blocks at
+// once, so that a row has several independent chains of FMAs.
+inline constexpr int kGroupBlocks = 4;
+
+// Rows [0, rows) of x (f32, row stride k) against `blocks` (1 to kGroupBlocks) consecutive
+// packed column blocks; out has rows of out_stride floats, block b's columns at b * 16.
+void ColumnGroupScalar(int rows, int blocks, int64_t k, const float* x, const uint16_t* group,
+                       float* out, int64_t out_stride);
+void ColumnGroupAvx2(int rows, int blocks, int64_t k, const float* x, const uint16_t* group,
+                     float* out, int64_t out_stride);
+void ColumnGroupAvx512(int rows, int blocks, int64_t k, const float* x, const uint16_t* group,
+                       float* out, int64_t out_stride);
 
 // The AVX-512 BF16 kernel (vdpbf16ps, whose per-lane arithmetic is the two FMAs above):
-// rows [0, rows) of x (bf16 pairs, row stride x_stride elements, even, with x[r][k] = 0
-// when k is odd) against `blocks` (1 to kGroupBlocks) consecutive packed column blocks;
-// out has rows of out_stride floats, block b's columns at b * 16. While it runs, the
-// `next_elements` packed weights at `next` (the group this thread takes next; null: none)
-// are prefetched into L2. That changes no arithmetic.
-inline constexpr int kGroupBlocks = 4;
+// as the others, but x is bf16 pairs (row stride x_stride elements, even, with x[r][k] = 0
+// when k is odd). While it runs, the `next_elements` packed weights at `next` (the group
+// this thread takes next; null: none) are prefetched into L2. That changes no arithmetic.
 void ColumnGroupAvx512Bf16(int rows, int blocks, int64_t k, const uint16_t* x, int64_t x_stride,
                            const uint16_t* group, float* out, int64_t out_stride,
                            const uint16_t* next, int64_t next_elements);
