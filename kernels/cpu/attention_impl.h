@@ -176,11 +176,13 @@ inline void KeyDots(const float* q, const uint16_t* k, float scale, float* out) 
 // walk's (TileState), term for term: the same fused products in the same order and the
 // same reductions, so the results are bit-identical to it (checked on the demo model's
 // logits); only the order of the memory reads differs. Hands each head's state (in
-// s.acc/s.m/s.l) to sink(kvh). The work `after` names is requested into L2, whole slots at
-// a time, spread over all of this tile's work: its keys during q.k, one slot's with each
-// slot here, and its values during p.v, one share of the slots per KV head. (Requesting
-// both during p.v alone left DRAM idle through q.k: 5-8% slower on the demo shape, up to
-// 30% on AVX2; docs/benchmarks.md, "The next tile's keys requested during q.k".)
+// s.acc/s.m/s.l) to sink(kvh). The work `after` names is requested into L2, spread over
+// all of this tile's work: its keys during q.k, one slot's with each slot here, and its
+// values during p.v, one share of the slots per KV head, a line every few steps of that
+// head's sums. (Requesting both during p.v alone left DRAM idle through q.k: 5-8% slower
+// on the demo shape, up to 30% on AVX2; docs/benchmarks.md, "The next tile's keys
+// requested during q.k". Each head's share at once, before its sums, left p.v's requests
+// bunched: 3-9% slower; "The next tile's values spread over p.v".)
 template <class Ops, KvDType kKv, int kDim, class Sink>
 void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const AttentionRow& row,
                         int tile, int h0, int h1, const NextKeys& after, const uint16_t* k_cache,
@@ -257,14 +259,16 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   for (int j = n; j < after.n && after_bytes > 0; ++j) {
     PrefetchLinesL2(k_cache + after.slots[j] * slot_stride + after_offset, after_bytes);
   }
-  // p.v, head by head over the tile's V lines, already requested.
+  // p.v, head by head over the tile's V lines, already requested. Each KV head requests
+  // the values of its share of the next work's slots, a line every few of its steps (the
+  // steps of all its query heads), so that they spread over the whole of p.v.
+  const int lines_per_slot = after_bytes / 64;
   for (int kvh = 0; kvh < h1 - h0; ++kvh) {
-    if (after_bytes > 0) {
-      const int j0 = after.n * kvh / (h1 - h0), j1 = after.n * (kvh + 1) / (h1 - h0);
-      for (int j = j0; j < j1; ++j) {
-        PrefetchLinesL2(v_cache + after.slots[j] * slot_stride + after_offset, after_bytes);
-      }
-    }
+    const int j0 = after.n * kvh / (h1 - h0), j1 = after.n * (kvh + 1) / (h1 - h0);
+    const int64_t lines = static_cast<int64_t>(j1 - j0) * lines_per_slot;
+    const int64_t steps = static_cast<int64_t>(group) * n;
+    int64_t owed = 0;               // lines * steps so far, less `steps` per line requested
+    int at_slot = j0, at_line = 0;  // the next line to request
     const uint16_t* v_base = v_cache + (h0 + kvh) * kDim;
     for (int g = 0; g < group; ++g) {
       const int h = kvh * group + g;
@@ -272,6 +276,14 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
       V a[kChunks];
       for (int c = 0; c < kChunks; ++c) a[c] = Ops::Zero();
       for (int j = 0; j < n; ++j) {
+        for (owed += lines; owed >= steps; owed -= steps) {
+          PrefetchLinesL2(
+              v_cache + after.slots[at_slot] * slot_stride + after_offset + at_line * 32, 64);
+          if (++at_line == lines_per_slot) {
+            at_line = 0;
+            ++at_slot;
+          }
+        }
         const uint16_t* v = v_base + slots[j] * slot_stride;
         const V pj = Ops::Set1(sc[j]);
         for (int c = 0; c < kChunks; ++c) {
