@@ -188,6 +188,7 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
                         int tile, int h0, int h1, const NextKeys& after, const uint16_t* k_cache,
                         const uint16_t* v_cache, ItemScratch& s, Sink&& sink) {
   static_assert(kDim > 0);
+  static_assert(kDim * 2 % 64 == 0, "p.v's requests count whole 64-byte lines per head");
   constexpr int L = Ops::kLanes;
   constexpr int kChunks = kDim / L;
   constexpr int kHeadsAtOnce = 4;  // query heads of one KV head whose dots stay in registers

@@ -84,7 +84,7 @@ void Store(int rows, int64_t cols, const float* acc, int64_t acc_stride, const f
 }
 
 // With AVX-512 BF16: x stays bf16 (copied only to give an odd k its zero), and each thread
-// takes groups of kGroupBlocks column blocks.
+// takes groups of kGroupBlocks column blocks at every row count.
 void GemmAvx512Bf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t* packed,
                     const float* bias, bool accumulate, float* y) {
   using gemm_internal::kGroupBlocks;
@@ -154,7 +154,8 @@ void GemmBf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t
     for (int64_t i = 0; i < rows * k; ++i) xf[i] = Bf16ToFloat(x[r0 * k + i]);
     const float* xr = xf.data();
     // With 1-3 rows each block is a work item of its own: groups of 4 made a batch-1
-    // decode step's GEMMs 1.08x slower on the AVX-512 path and gained nothing on AVX2.
+    // decode step's GEMMs about 1.08x slower on the AVX-512 path, and AVX2's 1-2 rows
+    // about 1.03x (docs/benchmarks.md, "The AVX2 and AVX-512 GEMMs take four blocks at once").
     const int group_blocks = rows < 4 ? 1 : kGroupBlocks;
     work.Reset((blocks + group_blocks - 1) / group_blocks, team);
 #pragma omp parallel num_threads(team)

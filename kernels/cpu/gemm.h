@@ -18,7 +18,8 @@
 // its columns accumulate, and one 64-byte load gives a pair for all 16 columns.
 //
 // Thread-safety: GemmBf16 may be called from several threads at once; it runs an OpenMP
-// team over column blocks (groups of 4 on AVX-512 BF16).
+// team over column blocks, in groups of 4 (on every path from 4 rows up; on AVX-512 BF16
+// always).
 #ifndef STRATA_KERNELS_CPU_GEMM_H_
 #define STRATA_KERNELS_CPU_GEMM_H_
 

@@ -5,8 +5,8 @@
 // A group's blocks are taken one at a time: R rows against one block (2R chains of FMAs,
 // its 4 weight vectors in registers for every row). Taking up to 4 blocks side by side,
 // as the AVX-512 kernel does, was measured slower on a Zen 5 (1 row 1.03x, 2 rows 1.5x the
-// time; docs/benchmarks.md, "The AVX2 and AVX-512 GEMMs take four blocks at once"); the
-// group loop around the blocks (gemm.cc) is what AVX2 gained.
+// time; docs/benchmarks.md, "The AVX2 and AVX-512 GEMMs take four blocks at once"); what
+// AVX2 gained is the work items of 4 blocks that gemm.cc hands out from 4 rows up.
 #include <immintrin.h>
 
 #include "kernels/cpu/gemm_internal.h"

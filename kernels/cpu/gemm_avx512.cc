@@ -8,8 +8,9 @@
 // Each output register is one chain of dependent FMAs, two per pair, so a tile needs many
 // of them to keep the FMA units busy: R rows by C blocks side by side (R * C accumulators,
 // 2C weight vectors and two broadcasts in the 32 registers). One block at a time (up to
-// 12 rows against it) ran 8 rows 2.2x and 64 rows 1.4x slower, and left batch 1 a single
-// chain (docs/benchmarks.md, "The AVX2 and AVX-512 GEMMs take four blocks at once").
+// 12 rows against it) ran 8 rows 2.2x and 64 rows 1.4x slower (docs/benchmarks.md, "The
+// AVX2 and AVX-512 GEMMs take four blocks at once"). Below 4 rows gemm.cc passes one block
+// at a time: with 4, batch 1 measured slower.
 #include <immintrin.h>
 
 #include <array>

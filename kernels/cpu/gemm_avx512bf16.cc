@@ -7,12 +7,13 @@
 // batch 1 C independent chains.
 //
 // Every row tile after the first reads the group from L2, where the first tile brought it,
-// and would leave DRAM idle. So from kPrefetchRows rows up every tile requests an equal
-// share of the next group into L2, one line every pairs/lines steps, and the whole group's
-// arithmetic hides the next group's read: the first tile then finds its lines in L2 too.
-// (Requests from the later tiles only, one or two lines a step from each one's start, ran
-// 1.1-1.25x slower at 12 to 24 rows; docs/benchmarks.md, "The GEMM spreads its requests
-// over the whole group".)
+// and would leave DRAM idle. So from kPrefetchRows rows up every tile requests a share of
+// the next group into L2 (an equal share, the last tiles' possibly less), spread evenly
+// over its k-steps (1-2 lines a step at 9-24 rows, one every few steps past that), and the
+// whole group's arithmetic hides the next group's read: the first tile then finds its
+// lines in L2 too. (Requests only from tiles 2 and later, from 13 rows up, bunched at each
+// tile's start, ran 1.15-1.26x slower at 16 to 24 rows, and none at 9-12 rows 1.02-1.13x;
+// docs/benchmarks.md, "The GEMM spreads its requests over the whole group".)
 #include <immintrin.h>
 
 #include <algorithm>
@@ -93,9 +94,9 @@ void ColumnGroupAvx512Bf16(int rows, int blocks, int64_t k, const uint16_t* x, i
                            const uint16_t* next, int64_t next_elements) {
   const int64_t pairs = (k + 1) / 2;
   const int tiles = (rows + kTileRows - 1) / kTileRows;
-  // Every tile requests an equal share of the next group's lines. Below kPrefetchRows the
-  // GEMM is near the read bound, the hardware prefetcher keeps up, and the requests only
-  // crowd the tiles that stream.
+  // Every tile requests its share of the next group's lines (equal shares; the last tiles'
+  // may be short or empty). Below kPrefetchRows the GEMM is near the read bound, the
+  // hardware prefetcher keeps up, and the requests only crowd the tiles that stream.
   const int64_t next_lines =
       next != nullptr && rows >= kPrefetchRows ? (next_elements * 2 + kLine - 1) / kLine : 0;
   const int64_t share = (next_lines + tiles - 1) / tiles;
@@ -103,10 +104,9 @@ void ColumnGroupAvx512Bf16(int rows, int blocks, int64_t k, const uint16_t* x, i
     const int r = t * kTileRows;
     const int n = rows - r < kTileRows ? rows - r : kTileRows;
     Prefetch pf;
-    if (share > 0) {
-      const int64_t first = t * share;
+    if (const int64_t first = t * share; share > 0 && first < next_lines) {
       pf.begin = reinterpret_cast<const char*>(next) + first * kLine;
-      pf.lines = std::max<int64_t>(0, std::min(share, next_lines - first));
+      pf.lines = std::min(share, next_lines - first);
     }
     kTiles[pf.lines > 0][n - 1][blocks - 1](pairs, x + r * x_stride, x_stride, group,
                                             PackedBlockSize(k), out + r * out_stride, out_stride,

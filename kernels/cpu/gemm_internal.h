@@ -14,8 +14,10 @@ namespace strata::kernels::gemm_internal {
 // Elements of one packed column block.
 inline int64_t PackedBlockSize(int64_t k) { return (k + 1) / 2 * 32; }
 
-// Column groups: every kernel takes up to kGroupBlocks consecutive packed column blocks at
-// once, so that a row has several independent chains of FMAs.
+// Column groups: gemm.cc hands each kernel up to kGroupBlocks consecutive packed column
+// blocks (from 4 rows up; one block below, except to the AVX-512 BF16 kernel). The AVX-512
+// kernels run them side by side, so that a row has several independent chains of FMAs;
+// the AVX2 and scalar ones one block after another.
 inline constexpr int kGroupBlocks = 4;
 
 // Rows [0, rows) of x (f32, row stride k) against `blocks` (1 to kGroupBlocks) consecutive

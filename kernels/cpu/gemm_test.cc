@@ -38,9 +38,15 @@ struct Problem {
   }
 };
 
-TEST(GemmBf16, MatchesDoubleReferenceWithBiasAndAccumulate) {
-  for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
-           {1, 16, 8}, {5, 37, 70}, {13, 200, 129}, {50, 33, 256}, {100, 64, 31}}) {
+void CheckAgainstDoubleReference() {
+  for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 16, 8},
+                                                                                  {5, 37, 70},
+                                                                                  {13, 200, 129},
+                                                                                  {50, 33, 256},
+                                                                                  {100, 64, 31},
+                                                                                  {3, 90, 33},
+                                                                                  {4, 90, 129},
+                                                                                  {8, 112, 64}}) {
     Problem p(n, k, static_cast<uint32_t>(m * 1000 + n));
     const std::vector<uint16_t> x = RandomBf16(m * k, 99);
     std::vector<float> y(m * n, 0.0f), prior(m * n);
@@ -63,6 +69,18 @@ TEST(GemmBf16, MatchesDoubleReferenceWithBiasAndAccumulate) {
       }
     }
   }
+}
+
+// The active path and the scalar one (which shares the work split and the stores: groups of
+// 4 blocks from 4 rows up, partial groups of 2 and 3 blocks at n = 90 and 112).
+TEST(GemmBf16, MatchesDoubleReferenceWithBiasAndAccumulate) {
+  const CpuIsa saved = ActiveCpuIsa();
+  for (CpuIsa isa : {saved, CpuIsa::kScalar}) {
+    ASSERT_TRUE(ForceCpuIsa(isa));
+    SCOPED_TRACE(CpuIsaName(isa));
+    CheckAgainstDoubleReference();
+  }
+  ForceCpuIsa(saved);
 }
 
 TEST(GemmBf16, RowsIndependentOfBatchAndThreads) {
@@ -90,29 +108,20 @@ TEST(GemmBf16, RowsIndependentOfBatchAndThreads) {
 }
 
 // Every vector path against the scalar one, bit for bit: rows 1-67 (below, at and past the
-// tiles of 5, 6 and 12 rows and the pass of 48), n not a multiple of 16 nor of the AVX-512
-// BF16 kernel's group of 64 columns (and past one group), k odd and even.
+// row tiles of 5 and 6 rows, the switch to groups of 4 blocks at 4 rows and the pass of
+// 48), n not a multiple of 16 nor of a group's 64 columns (and past one group; last groups
+// of 1, 2, 3 and 4 blocks), k odd and even.
 TEST(GemmBf16, VectorPathsAgreeWithScalarBitForBit) {
   const CpuIsa saved = ActiveCpuIsa();
   int checked = 0;
   for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
     if (!CpuSupports(isa)) continue;
     ++checked;
-    for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 70, 257},
-                                                                                    {5, 70, 257},
-                                                                                    {6, 70, 257},
-                                                                                    {9, 70, 257},
-                                                                                    {12, 70, 257},
-                                                                                    {13, 70, 257},
-                                                                                    {47, 70, 257},
-                                                                                    {48, 70, 257},
-                                                                                    {49, 70, 257},
-                                                                                    {67, 70, 257},
-                                                                                    {1, 200, 256},
-                                                                                    {7, 200, 256},
-                                                                                    {67, 200, 256},
-                                                                                    {3, 16, 1},
-                                                                                    {2, 33, 3}}) {
+    for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+             {1, 70, 257},  {5, 70, 257},  {6, 70, 257},   {9, 70, 257},  {12, 70, 257},
+             {13, 70, 257}, {47, 70, 257}, {48, 70, 257},  {49, 70, 257}, {67, 70, 257},
+             {1, 200, 256}, {7, 200, 256}, {67, 200, 256}, {3, 16, 1},    {2, 33, 3},
+             {3, 90, 129},  {4, 90, 129},  {8, 90, 129},   {11, 112, 64}, {4, 112, 65}}) {
       Problem p(n, k, 11);
       const std::vector<uint16_t> x = RandomBf16(m * k, 12);
       std::vector<float> scalar(m * n), vector(m * n);
