@@ -371,7 +371,8 @@ void TileHeads(const AttentionParams& p, const float* q_row_f32, const Attention
 }
 
 // Splits the work over the OpenMP team. When there are enough rows, each thread folds
-// whole rows, tile by tile in ascending order, every KV head of a tile before the next
+// whole rows (its range of them, then what is left of another's: work_ranges.h), tile by
+// tile in ascending order, every KV head of a tile before the next
 // tile (a tile of a row is one contiguous run of KV slots when the scheduler placed it
 // so). Otherwise ("split-K") the states of (row, tile, block of KV heads) units are
 // computed in parallel into scratch and folded afterwards in ascending tile order, which
@@ -411,23 +412,40 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
 
   const bool split_k = num_threads > 1 && num_rows < 2 * num_threads && total_tiles > num_rows;
   if (!split_k) {
-#pragma omp parallel
+    // Rows go through the ranges as split-K's units do below: each thread takes its own
+    // rows front first, so the last tile of a row requests the first tile of the row it
+    // takes next. (schedule(dynamic) did not know that row, and each row's first tile
+    // started cold: about 1.05x the time at context 128, where rows are 2 tiles long;
+    // docs/benchmarks.md, "Attention announces the next row".)
+    WorkRanges& work = CallerWorkRanges();
+    work.Reset(num_rows, num_threads);
+#pragma omp parallel num_threads(num_threads)
     {
       EnableFlushToZero();
       thread_local ItemScratch s;
       s.Reserve(p.num_heads, group, d);
-#pragma omp for schedule(dynamic, 1)
-      for (int r = 0; r < num_rows; ++r) {
+      const int id = omp_get_thread_num();
+      int64_t warmed = -1;  // the row whose first tile the previous row's last one requested
+      for (int64_t r = work.Next(id); r >= 0; r = work.Next(id)) {
         const AttentionRow& row = rows[r];
         if (row.tile_end <= row.tile_begin) continue;
-        load_q(r, s);
-        PrefetchTileStart(p, row, row.tile_begin, 0, p.num_kv_heads, k_cache);
+        load_q(static_cast<int>(r), s);
+        if (r != warmed) PrefetchTileStart(p, row, row.tile_begin, 0, p.num_kv_heads, k_cache);
+        warmed = -1;
         for (int t = row.tile_begin; t < row.tile_end; ++t) {
-          const NextKeys after = t + 1 < row.tile_end
-                                     ? TileKeys(p, row, t + 1, 0, p.num_kv_heads, k_cache)
-                                     : NextKeys{};
-          TileHeads<Ops, kKv, kDim>(p, s.q.data(), row, t, 0, p.num_kv_heads, after, k_cache,
-                                    v_cache, s, [&](int kvh) { merge_tile(state_at(r, kvh), s); });
+          NextKeys after;
+          if (t + 1 < row.tile_end) {
+            after = TileKeys(p, row, t + 1, 0, p.num_kv_heads, k_cache);
+          } else if (const int64_t following = work.PeekFront(id); following >= 0) {
+            const AttentionRow& next_row = rows[following];
+            if (next_row.tile_end > next_row.tile_begin) {
+              after = TileKeys(p, next_row, next_row.tile_begin, 0, p.num_kv_heads, k_cache);
+              warmed = following;
+            }
+          }
+          TileHeads<Ops, kKv, kDim>(
+              p, s.q.data(), row, t, 0, p.num_kv_heads, after, k_cache, v_cache, s,
+              [&](int kvh) { merge_tile(state_at(static_cast<int>(r), kvh), s); });
         }
       }
     }
