@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -50,20 +51,24 @@ int Run() {
   p.num_kv_heads = absl::GetFlag(FLAGS_kv_heads);
   p.head_dim = absl::GetFlag(FLAGS_head_dim);
   p.scale = 1.0f / std::sqrt(static_cast<float>(p.head_dim));
-  double probe = 0.0;
-  if (absl::GetFlag(FLAGS_probe)) {
-    const ReadProbe read_probe;
-    std::vector<double> samples;
-    for (int i = 0; i < 5; ++i) samples.push_back(read_probe.Measure());
-    probe = Median(samples);
-  }
-  std::printf("read probe (all cores, loads only, median of 5): %.1f GB/s; %d threads; slots %s\n",
-              probe / 1e9, omp_get_max_threads(),
-              absl::GetFlag(FLAGS_scatter_tokens) > 0
-                  ? absl::StrCat("in runs of ", absl::GetFlag(FLAGS_scatter_tokens),
-                                 " positions, scattered")
-                        .c_str()
-                  : "contiguous per row");
+  // The probe is read beside each line, 2 passes just before its kernel runs and 2 just
+  // after, and the line is reported against their median: the machine's bandwidth moves
+  // within a run (one probe at the start put the same kernel at 0.49 and at 0.75 in two
+  // runs a minute apart).
+  std::unique_ptr<ReadProbe> read_probe;
+  if (absl::GetFlag(FLAGS_probe)) read_probe = std::make_unique<ReadProbe>();
+  auto probe_samples = [&](std::vector<double>* samples) {
+    for (int i = 0; read_probe && i < 2; ++i) samples->push_back(read_probe->Measure());
+  };
+  std::printf(
+      "read probe (all cores, loads only): 2 passes before and 2 after each line, of_probe "
+      "against their median; %d threads; slots %s\n",
+      omp_get_max_threads(),
+      absl::GetFlag(FLAGS_scatter_tokens) > 0
+          ? absl::StrCat("in runs of ", absl::GetFlag(FLAGS_scatter_tokens),
+                         " positions, scattered")
+                .c_str()
+          : "contiguous per row");
   const std::vector<CpuIsa> isas = CpuIsasFromList(absl::GetFlag(FLAGS_isas));
   std::printf("%-11s %6s %6s %9s %9s %8s\n", "isa", "batch", "ctx", "layer_us", "KV_GB/s",
               "of_probe");
@@ -104,6 +109,8 @@ int Run() {
         if (!ForceCpuIsa(isa)) continue;
         const int iters = std::max(
             3, static_cast<int>(absl::GetFlag(FLAGS_seconds) * 1e10 / (kv_bytes * layers)));
+        std::vector<double> probes;
+        probe_samples(&probes);
         double best = 1e30;
         for (int it = 0; it < iters + 1; ++it) {
           const Stopwatch watch;
@@ -115,8 +122,10 @@ int Run() {
           const double s = watch.ElapsedSeconds() / layers;
           if (it > 0) best = std::min(best, s);
         }
+        probe_samples(&probes);
+        const double probe = probes.empty() ? 0.0 : Median(probes);
         std::printf("%-11s %6d %6d %9.1f %9.1f %8.2f\n", CpuIsaName(isa), batch, ctx, best * 1e6,
-                    kv_bytes / best / 1e9, kv_bytes / best / probe);
+                    kv_bytes / best / 1e9, probe > 0 ? kv_bytes / best / probe : 0.0);
       }
       free(kv);
     }
