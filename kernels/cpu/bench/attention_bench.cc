@@ -53,8 +53,8 @@ int Run() {
   p.scale = 1.0f / std::sqrt(static_cast<float>(p.head_dim));
   // The probe is read beside each line, 2 passes just before its kernel runs and 2 just
   // after, and the line is reported against their median: the machine's bandwidth moves
-  // within a run (one probe at the start put the same kernel at 0.49 and at 0.75 in two
-  // runs a minute apart).
+  // within a run (one probe at the start put the same 64 x 2048 line at 0.49 and at 0.73
+  // in two runs a minute apart).
   std::unique_ptr<ReadProbe> read_probe;
   if (absl::GetFlag(FLAGS_probe)) read_probe = std::make_unique<ReadProbe>();
   auto probe_samples = [&](std::vector<double>* samples) {
