@@ -20,6 +20,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/simd_ops.h"
+#include "kernels/cpu/spread.h"
 #include "kernels/cpu/work_ranges.h"
 
 namespace strata::kernels::attention_internal {
@@ -266,9 +267,7 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   const int lines_per_slot = after_bytes / 64;
   for (int kvh = 0; kvh < h1 - h0; ++kvh) {
     const int j0 = after.n * kvh / (h1 - h0), j1 = after.n * (kvh + 1) / (h1 - h0);
-    const int64_t lines = static_cast<int64_t>(j1 - j0) * lines_per_slot;
-    const int64_t steps = static_cast<int64_t>(group) * n;
-    int64_t owed = 0;               // lines * steps so far, less `steps` per line requested
+    Spread spread(static_cast<int64_t>(j1 - j0) * lines_per_slot, static_cast<int64_t>(group) * n);
     int at_slot = j0, at_line = 0;  // the next line to request
     const uint16_t* v_base = v_cache + (h0 + kvh) * kDim;
     for (int g = 0; g < group; ++g) {
@@ -277,14 +276,14 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
       V a[kChunks];
       for (int c = 0; c < kChunks; ++c) a[c] = Ops::Zero();
       for (int j = 0; j < n; ++j) {
-        for (owed += lines; owed >= steps; owed -= steps) {
+        spread.Step([&] {
           PrefetchLinesL2(
               v_cache + after.slots[at_slot] * slot_stride + after_offset + at_line * 32, 64);
           if (++at_line == lines_per_slot) {
             at_line = 0;
             ++at_slot;
           }
-        }
+        });
         const uint16_t* v = v_base + slots[j] * slot_stride;
         const V pj = Ops::Set1(sc[j]);
         for (int c = 0; c < kChunks; ++c) {

@@ -43,6 +43,7 @@ namespace {
 // Rows per pass: their f32 copy (rows x k) stays in cache while every column block of the
 // weight streams past it once.
 constexpr int64_t kRowBlock = 48;
+constexpr int64_t kGroupColumns = gemm_internal::kGroupBlocks * kGemmColumnBlock;
 
 }  // namespace
 
@@ -83,13 +84,49 @@ void Store(int rows, int64_t cols, const float* acc, int64_t acc_stride, const f
   }
 }
 
+// The loop every instruction set shares. Rows go in blocks of kRowBlock; for each block,
+// prepare(r0, rows) readies its x and says how many column blocks make a work item (a
+// group), and the team takes the groups through WorkRanges: each thread those that
+// schedule(static) would give it, in order, so that it knows which one it reads next, and
+// one that is done takes what is left of another's (work_ranges.h). compute(rows, r0, b0,
+// count, next_b0, out) fills `out` (kGroupColumns floats per row) with the group of
+// `count` blocks from b0; next_b0 is the first block of the group the thread will probably
+// take next, or -1.
+template <class Prepare, class Compute>
+void RunColumnGroups(int64_t m, int64_t n, const float* bias, bool accumulate, float* y,
+                     Prepare&& prepare, Compute&& compute) {
+  const int64_t blocks = (n + kGemmColumnBlock - 1) / kGemmColumnBlock;
+  WorkRanges& work = CallerWorkRanges();
+  const int team = omp_get_max_threads();
+  for (int64_t r0 = 0; r0 < m; r0 += kRowBlock) {
+    const int rows = static_cast<int>(std::min(kRowBlock, m - r0));
+    const int group_blocks = prepare(r0, rows);
+    work.Reset((blocks + group_blocks - 1) / group_blocks, team);
+#pragma omp parallel num_threads(team)
+    {
+      EnableFlushToZero();  // vdpbf16ps flushes denormals itself; the other kernels alike
+      const int id = omp_get_thread_num();
+      for (int64_t g = work.Next(id); g >= 0; g = work.Next(id)) {
+        float out[kRowBlock * kGroupColumns];
+        const int64_t b0 = g * group_blocks;
+        const int count = static_cast<int>(std::min<int64_t>(group_blocks, blocks - b0));
+        const int64_t next_g = work.PeekFront(id);
+        compute(rows, r0, b0, count, next_g >= 0 ? next_g * group_blocks : -1, out);
+        const int64_t c0 = b0 * kGemmColumnBlock;
+        Store(rows, std::min<int64_t>(count * kGemmColumnBlock, n - c0), out, kGroupColumns,
+              bias != nullptr ? bias + c0 : nullptr, accumulate, y + r0 * n + c0, n);
+      }
+    }
+  }
+}
+
 // With AVX-512 BF16: x stays bf16 (copied only to give an odd k its zero), and each thread
-// takes groups of kGroupBlocks column blocks at every row count.
+// takes groups of kGroupBlocks column blocks at every row count, requesting the next one's
+// weights as it computes (gemm_avx512bf16.cc).
 void GemmAvx512Bf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t* packed,
                     const float* bias, bool accumulate, float* y) {
   using gemm_internal::kGroupBlocks;
   const int64_t blocks = (n + kGemmColumnBlock - 1) / kGemmColumnBlock;
-  const int64_t groups = (blocks + kGroupBlocks - 1) / kGroupBlocks;
   const int64_t block_size = gemm_internal::PackedBlockSize(k);
   const int64_t x_stride = (k + 1) / 2 * 2;
   thread_local std::vector<uint16_t> padded;
@@ -98,37 +135,16 @@ void GemmAvx512Bf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const ui
     for (int64_t r = 0; r < m; ++r) std::memcpy(&padded[r * x_stride], x + r * k, k * 2);
     x = padded.data();
   }
-  constexpr int64_t kGroupColumns = kGroupBlocks * kGemmColumnBlock;
-  WorkRanges& work = CallerWorkRanges();
-  const int team = omp_get_max_threads();
-  for (int64_t r0 = 0; r0 < m; r0 += kRowBlock) {
-    const int rows = static_cast<int>(std::min(kRowBlock, m - r0));
-    // Each thread takes the groups schedule(static) would give it, in order, so it knows
-    // which one it reads next; one that is done takes what is left of another's
-    // (work_ranges.h).
-    work.Reset(groups, team);
-#pragma omp parallel num_threads(team)
-    {
-      EnableFlushToZero();  // vdpbf16ps flushes denormals itself; the stores here alike
-      const int id = omp_get_thread_num();
-      for (int64_t g = work.Next(id); g >= 0; g = work.Next(id)) {
-        float out[kRowBlock * kGroupColumns];
-        const int64_t b0 = g * kGroupBlocks;
-        const int count = static_cast<int>(std::min<int64_t>(kGroupBlocks, blocks - b0));
-        const int64_t next_g = work.PeekFront(id);
-        const int64_t next_b0 = next_g * kGroupBlocks;
-        const uint16_t* next = next_g >= 0 ? packed + next_b0 * block_size : nullptr;
+  RunColumnGroups(
+      m, n, bias, accumulate, y, [](int64_t, int) { return static_cast<int>(kGroupBlocks); },
+      [&](int rows, int64_t r0, int64_t b0, int count, int64_t next_b0, float* out) {
+        const uint16_t* next = next_b0 >= 0 ? packed + next_b0 * block_size : nullptr;
         const int64_t next_elements =
-            next_g >= 0 ? std::min<int64_t>(kGroupBlocks, blocks - next_b0) * block_size : 0;
+            next_b0 >= 0 ? std::min<int64_t>(kGroupBlocks, blocks - next_b0) * block_size : 0;
         gemm_internal::ColumnGroupAvx512Bf16(rows, count, k, x + r0 * x_stride, x_stride,
                                              packed + b0 * block_size, out, kGroupColumns, next,
                                              next_elements);
-        const int64_t c0 = b0 * kGemmColumnBlock;
-        Store(rows, std::min(kGroupColumns, n - c0), out, kGroupColumns,
-              bias != nullptr ? bias + c0 : nullptr, accumulate, y + r0 * n + c0, n);
-      }
-    }
-  }
+      });
 }
 
 }  // namespace
@@ -139,44 +155,35 @@ void GemmBf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t
     GemmAvx512Bf16(m, n, k, x, packed, bias, accumulate, y);
     return;
   }
-  using gemm_internal::kGroupBlocks;
   const bool avx2 = ActiveCpuIsa() >= CpuIsa::kAvx2;
   const bool avx512 = ActiveCpuIsa() >= CpuIsa::kAvx512;
-  const int64_t blocks = (n + kGemmColumnBlock - 1) / kGemmColumnBlock;
   const int64_t block_size = gemm_internal::PackedBlockSize(k);
-  constexpr int64_t kGroupColumns = kGroupBlocks * kGemmColumnBlock;
+  // The row block's x in f32, converted by the calling thread. (A lambda names a
+  // thread_local, it does not capture it: the team reads it through `xr`.)
   thread_local std::vector<float> xf;
-  WorkRanges& work = CallerWorkRanges();
-  const int team = omp_get_max_threads();
-  for (int64_t r0 = 0; r0 < m; r0 += kRowBlock) {
-    const int rows = static_cast<int>(std::min(kRowBlock, m - r0));
-    xf.resize(static_cast<size_t>(rows) * k);
-    for (int64_t i = 0; i < rows * k; ++i) xf[i] = Bf16ToFloat(x[r0 * k + i]);
-    const float* xr = xf.data();
-    // With 1-3 rows each block is a work item of its own: groups of 4 made a batch-1
-    // decode step's GEMMs about 1.08x slower on the AVX-512 path, and AVX2's 1-2 rows
-    // about 1.03x (docs/benchmarks.md, "The AVX2 and AVX-512 GEMMs take four blocks at once").
-    const int group_blocks = rows < 4 ? 1 : kGroupBlocks;
-    work.Reset((blocks + group_blocks - 1) / group_blocks, team);
-#pragma omp parallel num_threads(team)
-    for (int64_t g = work.Next(omp_get_thread_num()); g >= 0; g = work.Next(omp_get_thread_num())) {
-      EnableFlushToZero();
-      float out[kRowBlock * kGroupColumns];
-      const int64_t b0 = g * group_blocks;
-      const int count = static_cast<int>(std::min<int64_t>(group_blocks, blocks - b0));
-      const uint16_t* group = packed + b0 * block_size;
-      if (avx512) {
-        gemm_internal::ColumnGroupAvx512(rows, count, k, xr, group, out, kGroupColumns);
-      } else if (avx2) {
-        gemm_internal::ColumnGroupAvx2(rows, count, k, xr, group, out, kGroupColumns);
-      } else {
-        gemm_internal::ColumnGroupScalar(rows, count, k, xr, group, out, kGroupColumns);
-      }
-      const int64_t c0 = b0 * kGemmColumnBlock;
-      Store(rows, std::min<int64_t>(count * kGemmColumnBlock, n - c0), out, kGroupColumns,
-            bias != nullptr ? bias + c0 : nullptr, accumulate, y + r0 * n + c0, n);
-    }
-  }
+  const float* xr = nullptr;
+  RunColumnGroups(
+      m, n, bias, accumulate, y,
+      [&](int64_t r0, int rows) {
+        xf.resize(static_cast<size_t>(rows) * k);
+        for (int64_t i = 0; i < rows * k; ++i) xf[i] = Bf16ToFloat(x[r0 * k + i]);
+        xr = xf.data();
+        // With 1-3 rows each block is a work item of its own: groups of 4 made a batch-1
+        // decode step's GEMMs about 1.08x slower on the AVX-512 path, and AVX2's 1-2 rows
+        // about 1.03x (docs/benchmarks.md, "The AVX2 and AVX-512 GEMMs take four blocks at
+        // once").
+        return rows < 4 ? 1 : static_cast<int>(gemm_internal::kGroupBlocks);
+      },
+      [&](int rows, int64_t, int64_t b0, int count, int64_t, float* out) {
+        const uint16_t* group = packed + b0 * block_size;
+        if (avx512) {
+          gemm_internal::ColumnGroupAvx512(rows, count, k, xr, group, out, kGroupColumns);
+        } else if (avx2) {
+          gemm_internal::ColumnGroupAvx2(rows, count, k, xr, group, out, kGroupColumns);
+        } else {
+          gemm_internal::ColumnGroupScalar(rows, count, k, xr, group, out, kGroupColumns);
+        }
+      });
 }
 
 }  // namespace strata::kernels

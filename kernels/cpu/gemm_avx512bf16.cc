@@ -21,6 +21,7 @@
 #include <cstring>
 
 #include "kernels/cpu/gemm_internal.h"
+#include "kernels/cpu/spread.h"
 
 namespace strata::kernels::gemm_internal {
 namespace {
@@ -45,12 +46,11 @@ void Tile(int64_t pairs, const uint16_t* x, int64_t x_stride, const uint16_t* gr
   for (int r = 0; r < R; ++r) {
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   }
-  int64_t line = 0, owed = 0;  // lines requested; lines * steps so far, less pairs per line
+  Spread spread(pf.lines, pairs);
+  int64_t line = 0;  // lines requested
   for (int64_t p = 0; p < pairs; ++p) {
     if constexpr (kPrefetch) {
-      for (owed += pf.lines; owed >= pairs; owed -= pairs) {
-        _mm_prefetch(pf.begin + line++ * kLine, _MM_HINT_T1);
-      }
+      spread.Step([&] { _mm_prefetch(pf.begin + line++ * kLine, _MM_HINT_T1); });
     }
     __m512bh w[C];
     for (int c = 0; c < C; ++c) {
