@@ -64,9 +64,7 @@ bool UseOneDnnBf16() {
   static const bool use = [] {
     const kernels::CpuIsa isa = kernels::ActiveCpuIsa();
     if (isa < kernels::CpuIsa::kAvx512) return false;
-    const GemmChoice choice = RequestedGemm().value_or(GemmChoice::kAuto);
-    if (choice == GemmChoice::kOwn) return false;
-    if (choice == GemmChoice::kAuto && isa >= kernels::CpuIsa::kAvx512Bf16) return false;
+    if (RequestedGemm().value_or(GemmChoice::kAuto) != GemmChoice::kOneDnn) return false;
     try {
       const dnnl::memory::desc src({16, 64}, dt::bf16, tag::ab);
       const dnnl::memory::desc weights({64, 64}, dt::bf16, tag::any);

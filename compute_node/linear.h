@@ -92,16 +92,18 @@ dnnl::engine& CpuEngine();
 // Whether linear layers run on oneDNN's bf16 matmul rather than kernels::GemmBf16, which
 // multiplies the same bf16 values and sums in f32, with the same independence of rows from
 // the batch and the thread count. STRATA_GEMM (the compute node's --gemm) chooses:
-//   auto (or unset): strata's own where the active CPU path (kernels/cpu/isa.h) is AVX-512
-//     BF16 or below AVX-512; oneDNN on AVX-512 without BF16, where it has the primitive;
-//   own: strata's own everywhere;
-//   onednn: oneDNN wherever the path is AVX-512 or later and it has the primitive.
+//   auto (or unset) and own: strata's own on every CPU path;
+//   onednn: oneDNN wherever the active CPU path (kernels/cpu/isa.h) is AVX-512 or later
+//     and it has the primitive.
 //
 // The choice is per process, never per batch size: a row's result must not depend on the
 // batch it runs in, and the two kernels sum in different orders. Measured on an AVX-512
-// BF16 machine (docs/benchmarks.md, "strata's own GEMM with an AVX-512 BF16 kernel"), the
-// own kernel (vdpbf16ps) is 1.2-1.8x oneDNN's decode rate at batch 1, about 1.25x at 8
-// rows and level with it at 32 and 64.
+// BF16 machine, the own kernel (vdpbf16ps) was 1.2-1.8x oneDNN's decode rate at batch 1,
+// about 1.25x at 8 rows and level with it at 32 and 64; with both held to AVX-512 without
+// BF16 (STRATA_CPU_ISA=avx512, ONEDNN_MAX_CPU_ISA=AVX512_CORE) the own kernel was 1.1-1.4x
+// at batch 1 and 2.2-2.6x from 8 rows (docs/benchmarks.md, "oneDNN against the own GEMM
+// on AVX-512 without BF16"). oneDNN's results also differ between CPU makes, which the
+// own kernel's do not.
 bool UseOneDnnBf16();
 
 enum class GemmChoice { kAuto, kOwn, kOneDnn };

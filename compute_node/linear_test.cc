@@ -73,9 +73,7 @@ TEST(Linear, GemmChoiceFollowsStrataGemm) {
     EXPECT_EQ(UseOneDnnBf16(), isa >= kernels::CpuIsa::kAvx512);
   } else {
     EXPECT_EQ(*choice, GemmChoice::kAuto);
-    if (isa >= kernels::CpuIsa::kAvx512Bf16 || isa < kernels::CpuIsa::kAvx512) {
-      EXPECT_FALSE(UseOneDnnBf16());
-    }
+    EXPECT_FALSE(UseOneDnnBf16());
   }
   setenv("STRATA_GEMM", "fastest", 1);
   EXPECT_EQ(RequestedGemm().status().code(), absl::StatusCode::kInvalidArgument);

@@ -42,9 +42,9 @@ ABSL_FLAG(int64_t, kv_budget_mib, 1024, "Local KV cache for co-located mode, MiB
 ABSL_FLAG(int64_t, max_batch_rows, 2048, "Rows (tokens) per step");
 ABSL_FLAG(int64_t, max_model_len, 0, "Context length (0: the model's)");
 ABSL_FLAG(std::string, gemm, "",
-          "Linear layers' GEMM: auto (strata's own, except oneDNN's bf16 matmul on AVX-512 "
-          "without BF16), own (strata's own everywhere) or onednn (oneDNN wherever the CPU has "
-          "AVX-512). Sets STRATA_GEMM; empty: STRATA_GEMM as given, else auto");
+          "Linear layers' GEMM: auto or own (strata's own on every CPU) or onednn (oneDNN's bf16 "
+          "matmul wherever the CPU has AVX-512). Sets STRATA_GEMM; empty: STRATA_GEMM as "
+          "given, else auto");
 ABSL_FLAG(bool, prefault_kv, true, "Touch the KV cache at start-up");
 // Defaults come from the options structs, declared once there.
 ABSL_FLAG(int, attention_minibatches, strata::RemoteAttentionOptions().minibatches,

@@ -74,9 +74,9 @@ ABSL_FLAG(std::string, api_key_file, "", "Require the API key in this file (mode
 
 ABSL_FLAG(std::string, server_args, "", "Extra server flags, comma-separated");
 ABSL_FLAG(std::string, gemm, "",
-          "The compute nodes' GEMM (their --gemm): auto (strata's own, except oneDNN on "
-          "AVX-512 without BF16), own (strata's own everywhere) or onednn (oneDNN wherever the "
-          "CPU has AVX-512); empty: the compute nodes' default (auto)");
+          "The compute nodes' GEMM (their --gemm): auto or own (strata's own on every CPU) or "
+          "onednn (oneDNN wherever the CPU has AVX-512); empty: the compute nodes' default "
+          "(auto)");
 ABSL_FLAG(bool, async_scheduling, true,
           "Asynchronous scheduling: the next step of a batch goes to the compute node while the "
           "current one runs (the server's --async_scheduling). Off under every --pipelining "
