@@ -1,6 +1,10 @@
 // Attention kernel benchmark (prints figures; no assertion): decode rows over a
 // token-granular KV cache, per instruction set, against a streaming-read probe of the
 // same run. KV bytes are counted once (K and V of every attended position and KV head).
+// FLOPs count the multiply-adds of q.k and p.v (2 per FMA; the softmax's exponentials
+// aside), against an FMA probe of the same vector width beside each line: where GQA groups
+// are large, attention does group-size FMAs per KV element loaded and becomes bound by
+// arithmetic rather than by the memory (of_fma then says how near).
 // Calls rotate through layers of KV that together far exceed the last-level cache, so that
 // every call reads from DRAM, as in a real step where the weights stream in between. Slots
 // are scattered in runs of 16 positions by default (--scatter_tokens), as serving leaves them.
@@ -21,6 +25,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/stopwatch.h"
+#include "common/bench/fma_probe.h"
 #include "common/bench/int_list.h"
 #include "common/bench/read_probe.h"
 #include "kernels/cpu/attention.h"
@@ -40,7 +45,8 @@ ABSL_FLAG(int, scatter_tokens, 16,
           "Slots come in runs of this many consecutive positions, the runs in random order over "
           "the whole cache, as the scheduler's blocks (16 tokens) end up after allocation churn; "
           "0: every row's slots in one contiguous run");
-ABSL_FLAG(bool, probe, true, "Measure the read probe (the of_probe column needs it)");
+ABSL_FLAG(bool, probe, true,
+          "Measure the read and FMA probes (the of_probe and of_fma columns need them)");
 
 namespace strata::kernels {
 namespace {
@@ -62,7 +68,8 @@ int Run() {
   };
   std::printf(
       "read probe (all cores, loads only): 2 passes before and 2 after each line, of_probe "
-      "against their median; %d threads; slots %s\n",
+      "against their median; FMA probe (all cores, registers only, the path's vector width): "
+      "once before and once after, of_fma against their mean; %d threads; slots %s\n",
       omp_get_max_threads(),
       absl::GetFlag(FLAGS_scatter_tokens) > 0
           ? absl::StrCat("in runs of ", absl::GetFlag(FLAGS_scatter_tokens),
@@ -70,13 +77,14 @@ int Run() {
                 .c_str()
           : "contiguous per row");
   const std::vector<CpuIsa> isas = CpuIsasFromList(absl::GetFlag(FLAGS_isas));
-  std::printf("%-11s %6s %6s %9s %9s %8s\n", "isa", "batch", "ctx", "layer_us", "KV_GB/s",
-              "of_probe");
+  std::printf("%-11s %6s %6s %9s %9s %8s %8s %7s\n", "isa", "batch", "ctx", "layer_us", "KV_GB/s",
+              "of_probe", "GFLOP/s", "of_fma");
   const int64_t row_elems = static_cast<int64_t>(p.num_kv_heads) * p.head_dim;
   for (int ctx : ParseIntList(absl::GetFlag(FLAGS_contexts))) {
     for (int batch : ParseIntList(absl::GetFlag(FLAGS_batches))) {
       const int64_t slots = static_cast<int64_t>(batch) * ctx;
       const double kv_bytes = 2.0 * slots * row_elems * 2;
+      const double flops = 4.0 * slots * p.num_heads * p.head_dim;  // q.k and p.v FMAs
       const int layers =
           std::max(2, static_cast<int>(absl::GetFlag(FLAGS_rotate_mb) * 1e6 / kv_bytes + 0.999));
       // Huge pages, as the KV store asks for them (memory_node/kv_store.cc).
@@ -109,8 +117,12 @@ int Run() {
         if (!ForceCpuIsa(isa)) continue;
         const int iters = std::max(
             3, static_cast<int>(absl::GetFlag(FLAGS_seconds) * 1e10 / (kv_bytes * layers)));
-        std::vector<double> probes;
+        // The FMA probe at the width the path computes in, once before and once after.
+        // (None for the scalar path, whose FMAs are whatever the compiler makes of them.)
+        const int fma_bits = isa >= CpuIsa::kAvx512 ? 512 : isa == CpuIsa::kAvx2 ? 256 : 0;
+        std::vector<double> probes, fma_peaks;
         probe_samples(&probes);
+        if (read_probe && fma_bits > 0) fma_peaks.push_back(MeasureFmaPeak(fma_bits));
         double best = 1e30;
         for (int it = 0; it < iters + 1; ++it) {
           const Stopwatch watch;
@@ -123,9 +135,12 @@ int Run() {
           if (it > 0) best = std::min(best, s);
         }
         probe_samples(&probes);
+        if (read_probe && fma_bits > 0) fma_peaks.push_back(MeasureFmaPeak(fma_bits));
         const double probe = probes.empty() ? 0.0 : Median(probes);
-        std::printf("%-11s %6d %6d %9.1f %9.1f %8.2f\n", CpuIsaName(isa), batch, ctx, best * 1e6,
-                    kv_bytes / best / 1e9, probe > 0 ? kv_bytes / best / probe : 0.0);
+        const double fma_peak = fma_peaks.empty() ? 0.0 : Median(fma_peaks);
+        std::printf("%-11s %6d %6d %9.1f %9.1f %8.2f %8.1f %7.2f\n", CpuIsaName(isa), batch, ctx,
+                    best * 1e6, kv_bytes / best / 1e9, probe > 0 ? kv_bytes / best / probe : 0.0,
+                    flops / best / 1e9, fma_peak > 0 ? flops / best / fma_peak : 0.0);
       }
       free(kv);
     }
