@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -167,6 +168,50 @@ inline void KeyDots(const float* q, const uint16_t* k, float scale, float* out) 
   for (int g = 0; g < G; ++g) out[g * kTile] = Ops::ReduceAdd(dot[g]) * scale;
 }
 
+// p.v of one KV head's tile for G of its query heads at once (their scores kTile floats
+// apart, their sums kDim apart in `acc`): each value chunk is loaded and widened once for
+// all G, the sums in registers. Each head's sums are TileState's, term for term: a fused
+// product per slot, slots ascending. step() runs before each slot.
+template <class Ops, KvDType kKv, int kDim, int G, class Step>
+inline void ValueSums(const float* sc, const uint16_t* v_base, const int32_t* slots, int n,
+                      int64_t slot_stride, float* acc, Step&& step) {
+  constexpr int L = Ops::kLanes;
+  constexpr int kChunks = kDim / L;
+  using V = typename Ops::V;
+  V a[G][kChunks];
+  for (int g = 0; g < G; ++g) {
+    for (int c = 0; c < kChunks; ++c) a[g][c] = Ops::Zero();
+  }
+  for (int j = 0; j < n; ++j) {
+    step();
+    const uint16_t* v = v_base + slots[j] * slot_stride;
+    V pj[G];
+    for (int g = 0; g < G; ++g) pj[g] = Ops::Set1(sc[g * kTile + j]);
+    for (int c = 0; c < kChunks; ++c) {
+      const V x = Ops::template LoadKv<kKv>(v + c * L);
+      for (int g = 0; g < G; ++g) a[g][c] = Ops::Fma(pj[g], x, a[g][c]);
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    for (int c = 0; c < kChunks; ++c) Ops::Store(acc + g * kDim + c * L, a[g][c]);
+  }
+}
+
+// Calls f(std::integral_constant<int, count>()) for a count in [1, kMax]: the kernels
+// above take their number of heads at compile time, so that it sizes their registers.
+template <int kMax, class F>
+inline void WithHeads(int count, F&& f) {
+  if constexpr (kMax > 1) {
+    if (count >= kMax) {
+      f(std::integral_constant<int, kMax>());
+      return;
+    }
+    WithHeads<kMax - 1>(count, std::forward<F>(f));
+  } else {
+    f(std::integral_constant<int, 1>());
+  }
+}
+
 // The tile kernel when the head size is known at compile time (64, 128): tile `tile` of
 // one row for KV heads [h0, h1), the keys read slot by slot. A slot holds every KV head of
 // one position, so each slot's K of those heads is one contiguous run, which DRAM and the
@@ -224,20 +269,9 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
         const size_t h = static_cast<size_t>(kvh * group + g0);
         const float* qh = q + h * kDim;
         float* out = scores.data() + h * kTile + j;
-        switch (std::min(kHeadsAtOnce, group - g0)) {
-          case 1:
-            KeyDots<Ops, kKv, kDim, 1>(qh, k, p.scale, out);
-            break;
-          case 2:
-            KeyDots<Ops, kKv, kDim, 2>(qh, k, p.scale, out);
-            break;
-          case 3:
-            KeyDots<Ops, kKv, kDim, 3>(qh, k, p.scale, out);
-            break;
-          default:
-            KeyDots<Ops, kKv, kDim, 4>(qh, k, p.scale, out);
-            break;
-        }
+        WithHeads<kHeadsAtOnce>(group - g0, [&](auto heads_now) {
+          KeyDots<Ops, kKv, kDim, decltype(heads_now)::value>(qh, k, p.scale, out);
+        });
       }
     }
   }
@@ -264,36 +298,37 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   // p.v, head by head over the tile's V lines, already requested. Each KV head requests
   // the values of its share of the next work's slots, a line every few of its steps (the
   // steps of all its query heads), so that they spread over the whole of p.v.
+  // GQA: the query heads of a KV head go through p.v kPvHeads at a time (ValueSums), as
+  // many as keep their sums in half the vector registers (AVX-512 has 32, AVX2 16).
+  constexpr int kPvHeads = std::max(1, (L == 16 ? 16 : 8) / kChunks);
   const int lines_per_slot = after_bytes / 64;
   for (int kvh = 0; kvh < h1 - h0; ++kvh) {
     const int j0 = after.n * kvh / (h1 - h0), j1 = after.n * (kvh + 1) / (h1 - h0);
-    Spread spread(static_cast<int64_t>(j1 - j0) * lines_per_slot, static_cast<int64_t>(group) * n);
+    const int passes = (group + kPvHeads - 1) / kPvHeads;
+    Spread spread(static_cast<int64_t>(j1 - j0) * lines_per_slot, static_cast<int64_t>(passes) * n);
     int at_slot = j0, at_line = 0;  // the next line to request
-    const uint16_t* v_base = v_cache + (h0 + kvh) * kDim;
-    for (int g = 0; g < group; ++g) {
-      const int h = kvh * group + g;
-      const float* sc = scores.data() + static_cast<size_t>(h) * kTile;
-      V a[kChunks];
-      for (int c = 0; c < kChunks; ++c) a[c] = Ops::Zero();
-      for (int j = 0; j < n; ++j) {
-        spread.Step([&] {
-          PrefetchLinesL2(
-              v_cache + after.slots[at_slot] * slot_stride + after_offset + at_line * 32, 64);
-          if (++at_line == lines_per_slot) {
-            at_line = 0;
-            ++at_slot;
-          }
-        });
-        const uint16_t* v = v_base + slots[j] * slot_stride;
-        const V pj = Ops::Set1(sc[j]);
-        for (int c = 0; c < kChunks; ++c) {
-          a[c] = Ops::Fma(pj, Ops::template LoadKv<kKv>(v + c * L), a[c]);
+    auto request = [&] {
+      spread.Step([&] {
+        PrefetchLinesL2(v_cache + after.slots[at_slot] * slot_stride + after_offset + at_line * 32,
+                        64);
+        if (++at_line == lines_per_slot) {
+          at_line = 0;
+          ++at_slot;
         }
-      }
-      float* acc = s.acc.data() + static_cast<size_t>(g) * kDim;
-      for (int c = 0; c < kChunks; ++c) Ops::Store(acc + c * L, a[c]);
-      s.m[g] = m[h];
-      s.l[g] = l[h];
+      });
+    };
+    const uint16_t* v_base = v_cache + (h0 + kvh) * kDim;
+    for (int g0 = 0; g0 < group; g0 += kPvHeads) {
+      const size_t h = static_cast<size_t>(kvh * group + g0);
+      float* acc = s.acc.data() + static_cast<size_t>(g0) * kDim;
+      WithHeads<kPvHeads>(group - g0, [&](auto heads_now) {
+        ValueSums<Ops, kKv, kDim, decltype(heads_now)::value>(scores.data() + h * kTile, v_base,
+                                                              slots, n, slot_stride, acc, request);
+      });
+    }
+    for (int g = 0; g < group; ++g) {
+      s.m[g] = m[kvh * group + g];
+      s.l[g] = l[kvh * group + g];
     }
     sink(h0 + kvh);
   }

@@ -178,6 +178,10 @@ std::vector<KernelFingerprint> KernelFingerprints() {
   AddAttention(out, 4, 1, 64, KvDType::kF16, 1.0f, 13);
   AddAttention(out, 16, 2, 80, KvDType::kF16, 1.0f, 14);
   AddAttention(out, 4, 4, 64, KvDType::kBF16, 8.0f, 15);  // peaked softmax: exp's far tail
+  // Groups that the slot-order kernel's q.k (4 heads at a time) and p.v (2 at dim 128, 4 at
+  // dim 64 on AVX-512) split unevenly.
+  AddAttention(out, 14, 2, 128, KvDType::kBF16, 1.0f, 16);
+  AddAttention(out, 6, 2, 64, KvDType::kF16, 1.0f, 17);
 
   {
     Numbers rng(21);
