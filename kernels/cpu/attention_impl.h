@@ -217,10 +217,10 @@ inline void WithHeads(int count, F&& f) {
 // one position, so each slot's K of those heads is one contiguous run, which DRAM and the
 // hardware prefetchers serve far better than the per-head pieces, strided by the slot,
 // that a walk head by head reads (docs/benchmarks.md, "Attention slot by slot"). Each
-// slot's V run is requested into L2 meanwhile, and p.v then walks the tile head by head
-// over those lines, its sums in registers. Each head's arithmetic is the head-by-head
-// walk's (TileState), term for term: the same fused products in the same order and the
-// same reductions, so the results are bit-identical to it (checked on the demo model's
+// slot's V run is requested into L2 meanwhile, and p.v then walks the tile over those
+// lines, a few query heads of a KV head at a time, their sums in registers. Each head's arithmetic
+// is the head-by-head walk's (TileState), term for term: the same fused products in the same order
+// and the same reductions, so the results are bit-identical to it (checked on the demo model's
 // logits); only the order of the memory reads differs. Hands each head's state (in
 // s.acc/s.m/s.l) to sink(kvh). The work `after` names is requested into L2, spread over
 // all of this tile's work: its keys during q.k, one slot's with each slot here, and its
@@ -303,11 +303,11 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   for (int j = n; j < after.n && after_bytes > 0; ++j) {
     PrefetchLinesL2(k_cache + after.slots[j] * slot_stride + after_offset, after_bytes);
   }
-  // p.v, head by head over the tile's V lines, already requested. Each KV head requests
-  // the values of its share of the next work's slots, a line every few of its steps (the
-  // steps of all its query heads), so that they spread over the whole of p.v.
-  // GQA: the query heads of a KV head go through p.v kPvHeads at a time (ValueSums), as
-  // many as keep their sums in half the vector registers (AVX-512 has 32, AVX2 16).
+  // p.v over the tile's V lines, already requested: the query heads of a KV head go
+  // through it kPvHeads at a time (ValueSums), as many as keep their sums in half the
+  // vector registers (AVX-512 has 32, AVX2 16). Each KV head requests the values of its
+  // share of the next work's slots, a line every few of its steps (the steps of all its
+  // passes), so that they spread over the whole of p.v.
   constexpr int kPvHeads = std::max(1, (L == 16 ? 16 : 8) / kChunks);
   const int lines_per_slot = after_bytes / 64;
   for (int kvh = 0; kvh < h1 - h0; ++kvh) {
