@@ -1,5 +1,5 @@
-// A linear layer y = x W^T (+ bias) on oneDNN's bf16 matmul with f32 accumulation, or on
-// strata's own bf16 GEMM where oneDNN has none for the CPU (UseOneDnnBf16).
+// A linear layer y = x W^T (+ bias) on strata's own bf16 GEMM, or on oneDNN's bf16 matmul
+// with f32 accumulation where STRATA_GEMM asks for it (UseOneDnnBf16).
 //
 // The weight is given in Hugging Face layout, [out_features, in_features] (one or more
 // parts stacked along out_features, for fused QKV or gate/up projections), in F32, F16 or
@@ -66,7 +66,7 @@ class Linear {
   int64_t in_ = 0;
   int64_t out_ = 0;
   size_t weight_bytes_ = 0;
-  // Where oneDNN has no bf16 matmul: the weight packed for kernels::GemmBf16, and the bias.
+  // Unless oneDNN runs: the weight packed for kernels::GemmBf16, and the bias.
   bool own_gemm_ = false;
   std::vector<uint16_t> packed_;
   std::vector<float> bias_values_;
@@ -100,10 +100,10 @@ dnnl::engine& CpuEngine();
 // batch it runs in, and the two kernels sum in different orders. Measured on an AVX-512
 // BF16 machine, the own kernel (vdpbf16ps) was 1.2-1.8x oneDNN's decode rate at batch 1,
 // about 1.25x at 8 rows and level with it at 32 and 64; with both held to AVX-512 without
-// BF16 (STRATA_CPU_ISA=avx512, ONEDNN_MAX_CPU_ISA=AVX512_CORE) the own kernel was 1.1-1.4x
-// at batch 1 and 2.2-2.6x from 8 rows (docs/benchmarks.md, "oneDNN against the own GEMM
-// on AVX-512 without BF16"). oneDNN's results also differ between CPU makes, which the
-// own kernel's do not.
+// BF16 (STRATA_CPU_ISA=avx512, ONEDNN_MAX_CPU_ISA=AVX512_CORE) the own kernel's GEMMs were
+// 1.1-1.4x faster at batch 1 and its decode 2.2-2.6x faster from 8 rows (docs/benchmarks.md,
+// "oneDNN against the own GEMM on AVX-512 without BF16"). oneDNN's results also differ between CPU
+// makes, which the own kernel's do not.
 bool UseOneDnnBf16();
 
 enum class GemmChoice { kAuto, kOwn, kOneDnn };

@@ -304,10 +304,10 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
     PrefetchLinesL2(k_cache + after.slots[j] * slot_stride + after_offset, after_bytes);
   }
   // p.v over the tile's V lines, already requested: the query heads of a KV head go
-  // through it kPvHeads at a time (ValueSums), as many as keep their sums in half the
-  // vector registers (AVX-512 has 32, AVX2 16). Each KV head requests the values of its
-  // share of the next work's slots, a line every few of its steps (the steps of all its
-  // passes), so that they spread over the whole of p.v.
+  // through it kPvHeads at a time (ValueSums), as many as keep their sums in at most half
+  // the vector registers (AVX-512 has 32, AVX2 16), and at least one. Each KV head
+  // requests the values of its share of the next work's slots, a line every few of its
+  // steps (the steps of all its passes), so that they spread over the whole of p.v.
   constexpr int kPvHeads = std::max(1, (L == 16 ? 16 : 8) / kChunks);
   const int lines_per_slot = after_bytes / 64;
   for (int kvh = 0; kvh < h1 - h0; ++kvh) {

@@ -137,7 +137,8 @@ int Run() {
         probe_samples(&probes);
         if (read_probe && fma_bits > 0) fma_peaks.push_back(MeasureFmaPeak(fma_bits));
         const double probe = probes.empty() ? 0.0 : Median(probes);
-        const double fma_peak = fma_peaks.empty() ? 0.0 : Median(fma_peaks);
+        const double fma_peak =
+            fma_peaks.empty() ? 0.0 : (fma_peaks.front() + fma_peaks.back()) / 2;
         std::printf("%-11s %6d %6d %9.1f %9.1f %8.2f %8.1f %7.2f\n", CpuIsaName(isa), batch, ctx,
                     best * 1e6, kv_bytes / best / 1e9, probe > 0 ? kv_bytes / best / probe : 0.0,
                     flops / best / 1e9, fma_peak > 0 ? flops / best / fma_peak : 0.0);
