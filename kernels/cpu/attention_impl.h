@@ -13,7 +13,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -22,6 +21,7 @@
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/simd_ops.h"
 #include "kernels/cpu/spread.h"
+#include "kernels/cpu/static_count.h"
 #include "kernels/cpu/work_ranges.h"
 
 namespace strata::kernels::attention_internal {
@@ -197,38 +197,23 @@ inline void ValueSums(const float* sc, const uint16_t* v_base, const int32_t* sl
   }
 }
 
-// Calls f(std::integral_constant<int, count>()) for a count in [1, kMax]: the kernels
-// above take their number of heads at compile time, so that it sizes their registers.
-template <int kMax, class F>
-inline void WithHeads(int count, F&& f) {
-  if constexpr (kMax > 1) {
-    if (count >= kMax) {
-      f(std::integral_constant<int, kMax>());
-      return;
-    }
-    WithHeads<kMax - 1>(count, std::forward<F>(f));
-  } else {
-    f(std::integral_constant<int, 1>());
-  }
-}
-
 // The tile kernel when the head size is known at compile time (64, 128): tile `tile` of
 // one row for KV heads [h0, h1), the keys read slot by slot. A slot holds every KV head of
 // one position, so each slot's K of those heads is one contiguous run, which DRAM and the
 // hardware prefetchers serve far better than the per-head pieces, strided by the slot,
 // that a walk head by head reads (docs/benchmarks.md, "Attention slot by slot"). Each
 // slot's V run is requested into L2 meanwhile, and p.v then walks the tile over those
-// lines, a few query heads of a KV head at a time, their sums in registers. Each head's arithmetic
-// is the head-by-head walk's (TileState), term for term: the same fused products in the same order
-// and the same reductions, so the results are bit-identical to it (checked on the demo model's
-// logits); only the order of the memory reads differs. Hands each head's state (in
-// s.acc/s.m/s.l) to sink(kvh). The work `after` names is requested into L2, spread over
-// all of this tile's work: its keys during q.k, one slot's with each slot here, and its
-// values during p.v, one share of the slots per KV head, a line every few steps of that
-// head's sums. (Requesting both during p.v alone left DRAM idle through q.k: 5-8% slower
-// on the demo shape, up to 30% on AVX2; docs/benchmarks.md, "The next tile's keys
-// requested during q.k". Each head's share at once, before its sums, left p.v's requests
-// bunched: 3-9% slower; "The next tile's values spread over p.v".)
+// lines, a few query heads of a KV head at a time, their sums in registers. Each head's
+// arithmetic is the head-by-head walk's (TileState), term for term: the same fused
+// products in the same order and the same reductions, so the results are bit-identical to
+// it (checked on the demo model's logits); only the order of the memory reads differs. Hands each
+// head's state (in s.acc/s.m/s.l) to sink(kvh). The work `after` names is requested into L2, spread
+// over all of this tile's work: its keys during q.k, one slot's with each slot here, and its values
+// during p.v, one share of the slots per KV head, a line every few steps of that head's sums.
+// (Requesting both during p.v alone left DRAM idle through q.k: 5-8% slower on the demo shape, up
+// to 30% on AVX2; docs/benchmarks.md, "The next tile's keys requested during q.k". Each head's
+// share at once, before its sums, left p.v's requests bunched: 3-9% slower; "The next tile's values
+// spread over p.v".)
 template <class Ops, KvDType kKv, int kDim, class Sink>
 void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const AttentionRow& row,
                         int tile, int h0, int h1, const NextKeys& after, const uint16_t* k_cache,
@@ -277,7 +262,7 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
         const size_t h = static_cast<size_t>(kvh * group + g0);
         const float* qh = q + h * kDim;
         float* out = scores.data() + h * kTile + j;
-        WithHeads<kHeadsAtOnce>(group - g0, [&](auto heads_now) {
+        WithCount<kHeadsAtOnce>(group - g0, [&](auto heads_now) {
           KeyDots<Ops, kKv, kDim, decltype(heads_now)::value>(qh, k, p.scale, out);
         });
       }
@@ -329,7 +314,7 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
     for (int g0 = 0; g0 < group; g0 += kPvHeads) {
       const size_t h = static_cast<size_t>(kvh * group + g0);
       float* acc = s.acc.data() + static_cast<size_t>(g0) * kDim;
-      WithHeads<kPvHeads>(group - g0, [&](auto heads_now) {
+      WithCount<kPvHeads>(group - g0, [&](auto heads_now) {
         ValueSums<Ops, kKv, kDim, decltype(heads_now)::value>(scores.data() + h * kTile, v_base,
                                                               slots, n, slot_stride, acc, request);
       });

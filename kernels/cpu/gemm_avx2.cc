@@ -10,12 +10,15 @@
 #include <immintrin.h>
 
 #include "kernels/cpu/gemm_internal.h"
+#include "kernels/cpu/static_count.h"
 
 namespace strata::kernels::gemm_internal {
 namespace {
 
 // R rows by 16 columns: 2R accumulators, 4 weight vectors and a broadcast fit AVX2's 16
-// registers for R <= 5.
+// registers for R <= kTileRows.
+constexpr int kTileRows = 5;
+
 template <int R>
 void BlockTile(int64_t k, const float* x, const uint16_t* block, float* out, int64_t out_stride) {
   __m256 acc[R][2];
@@ -59,27 +62,11 @@ void BlockRows(int blocks, int64_t k, const float* x, const uint16_t* group, int
 void ColumnGroupAvx2(int rows, int blocks, int64_t k, const float* x, const uint16_t* group,
                      float* out, int64_t out_stride) {
   const int64_t block_size = PackedBlockSize(k);
-  int r = 0;
-  for (; r + 5 <= rows; r += 5) {
-    BlockRows<5>(blocks, k, x + r * k, group, block_size, out + r * out_stride, out_stride);
-  }
-  const float* xr = x + r * k;
-  float* o = out + r * out_stride;
-  switch (rows - r) {
-    case 4:
-      BlockRows<4>(blocks, k, xr, group, block_size, o, out_stride);
-      break;
-    case 3:
-      BlockRows<3>(blocks, k, xr, group, block_size, o, out_stride);
-      break;
-    case 2:
-      BlockRows<2>(blocks, k, xr, group, block_size, o, out_stride);
-      break;
-    case 1:
-      BlockRows<1>(blocks, k, xr, group, block_size, o, out_stride);
-      break;
-    default:
-      break;
+  for (int r = 0; r < rows; r += kTileRows) {
+    WithCount<kTileRows>(rows - r, [&](auto tile_rows) {
+      BlockRows<decltype(tile_rows)::value>(blocks, k, x + r * k, group, block_size,
+                                            out + r * out_stride, out_stride);
+    });
   }
 }
 

@@ -121,8 +121,11 @@ int Run() {
         // (None for the scalar path, whose FMAs are whatever the compiler makes of them.)
         const int fma_bits = isa >= CpuIsa::kAvx512 ? 512 : isa == CpuIsa::kAvx2 ? 256 : 0;
         std::vector<double> probes, fma_peaks;
-        probe_samples(&probes);
-        if (read_probe && fma_bits > 0) fma_peaks.push_back(MeasureFmaPeak(fma_bits));
+        auto sample = [&] {
+          probe_samples(&probes);
+          if (read_probe && fma_bits > 0) fma_peaks.push_back(MeasureFmaPeak(fma_bits));
+        };
+        sample();
         double best = 1e30;
         for (int it = 0; it < iters + 1; ++it) {
           const Stopwatch watch;
@@ -134,8 +137,7 @@ int Run() {
           const double s = watch.ElapsedSeconds() / layers;
           if (it > 0) best = std::min(best, s);
         }
-        probe_samples(&probes);
-        if (read_probe && fma_bits > 0) fma_peaks.push_back(MeasureFmaPeak(fma_bits));
+        sample();
         const double probe = probes.empty() ? 0.0 : Median(probes);
         const double fma_peak =
             fma_peaks.empty() ? 0.0 : (fma_peaks.front() + fma_peaks.back()) / 2;
