@@ -58,6 +58,9 @@ class DiskLedger {
   // An evicted block's extent is reused (counted in stats().evicted).
   std::optional<int64_t> BeginSave(uint64_t hash, const int32_t* tokens, absl::Time now);
   void SaveDone(uint64_t hash, bool ok, absl::Time now);
+  // Whether the block is on disk or being written; how many saves BeginSave would take now.
+  bool Has(uint64_t hash) const { return blocks_.count(hash) > 0; }
+  int64_t SaveRoom() const { return static_cast<int64_t>(free_.size() + lru_.size()); }
 
   // How many ready blocks, from `hashes[from]` on (at most `max`), continue `tokens`.
   int Match(const std::vector<int32_t>& tokens, const std::vector<uint64_t>& hashes, int from,

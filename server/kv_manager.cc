@@ -191,6 +191,11 @@ void KvPool::TakePrefix(const std::vector<uint64_t>& hashes, int num_blocks,
   }
 }
 
+int KvPool::holders(uint64_t hash) const {
+  auto it = blocks_.find(hash);
+  return it == blocks_.end() ? 0 : it->second.holders;
+}
+
 void KvPool::HoldBlock(uint64_t hash) {
   Block& block = blocks_.at(hash);
   if (block.holders++ == 0) {

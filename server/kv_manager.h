@@ -78,6 +78,9 @@ class KvPool {
   // available()).
   bool IsIdleBlock(uint64_t hash) const;
   PoolStats Stats() const;
+  // References to `slot`; requests holding cached block `hash` (0 if it is not cached).
+  uint32_t refcount(int32_t slot) const { return refcount_[slot]; }
+  int holders(uint64_t hash) const;
 
   // `n` fresh slots (refcount 1), evicting idle cached blocks LRU-first when the free list
   // runs short. All or nothing.

@@ -49,6 +49,7 @@
 #include "common/base/event_loop.h"
 #include "common/protocol/pipelining.h"
 #include "common/tokenizer/tokenizer.h"
+#include "server/batch_planner.h"
 #include "server/disk_ledger.h"
 #include "server/kv_manager.h"
 #include "server/kv_mover.h"
@@ -338,6 +339,9 @@ class Scheduler {
   bool Place(Request* req, int executor);
   // Preempts now, or once the plans in flight holding the request are back (Land).
   void Preempt(Request* req);
+  // What preempting `req` now frees in its pool, counting only slots that no other request
+  // references (so a lower bound where two requests given up together share blocks).
+  PreemptionFrees PreemptionFreesOf(const Request* req) const;
   // A plan of the request is back: frees the KV of its finished sequences that no plan holds
   // any more; once no plan holds the request, carries out a deferred preemption and erases
   // it if it has finished.
@@ -509,6 +513,10 @@ class Scheduler {
   // Running requests (holding KV), in policy order. Planning walks these, never all
   // requests, so its cost grows with the batch and not with the queue.
   std::set<Request*, RankOrder> running_{RankOrder{this}};
+  // BuildPlan's view for the batch planner (buffers kept from plan to plan), and the
+  // running requests it lists, in the same order.
+  PlannerInput planner_view_;
+  std::vector<Request*> planner_requests_;
   std::vector<std::unique_ptr<Pool>> pools_;
   std::vector<std::unique_ptr<Executor>> executors_;
   uint64_t next_sequence_id_ = 1;

@@ -4,6 +4,7 @@
 // scheduler_plan.cc.
 #include <algorithm>
 #include <tuple>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
@@ -42,6 +43,39 @@ void Scheduler::Preempt(Request* req) {
   }
   LOG(INFO) << "preempted request " << req->id << " (" << req->spec.external_id
             << "); it will be recomputed";
+}
+
+PreemptionFrees Scheduler::PreemptionFreesOf(const Request* req) const {
+  PreemptionFrees f;
+  if (!req->pool || req->pool->value() >= pools_.size() || !pools_[req->pool->value()]->alive) {
+    return f;
+  }
+  const Pool& pool = *pools_[req->pool->value()];
+  const KvPool& kv = *pool.kv;
+  // Its references to each slot, and its holds on each cached block (ReleaseKv drops both).
+  std::unordered_map<int32_t, uint32_t> refs;
+  std::unordered_map<uint64_t, int> holds;
+  std::vector<uint64_t> blocks;  // in the order ReleaseKv saves them
+  for (const auto& seq : req->seqs) {
+    if (seq->finished) continue;
+    for (int32_t slot : seq->table) ++refs[slot];
+    for (const auto& [index, hash] : seq->held) {
+      if (holds[hash]++ == 0) blocks.push_back(hash);
+    }
+  }
+  // A slot only it references goes back to the free list. A cached block's slots also carry
+  // the cache's reference: they count once the block goes idle.
+  for (const auto& [slot, n] : refs) f.available += kv.refcount(slot) == n ? 1 : 0;
+  int64_t save_room = pool.disk ? pool.disk->SaveRoom() : 0;
+  for (uint64_t hash : blocks) {
+    if (pool.disk && !pool.disk->Has(hash) && save_room > 0) {
+      --save_room;  // held in DRAM until it is on disk (SaveBlock)
+      f.saving += config_.block_tokens;
+    } else if (kv.holders(hash) == holds[hash]) {
+      f.available += config_.block_tokens;
+    }
+  }
+  return f;
 }
 
 bool Scheduler::LeavesPrefetchReserve(const Request* req, PoolIndex pool, int64_t fresh) const {

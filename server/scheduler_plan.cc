@@ -229,14 +229,69 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
            (!ex.local_pool || *ex.local_pool == *r->pool);
   };
 
-  // Running requests this executor may run, highest priority first. With asynchronous
-  // scheduling a request with a plan out on this executor stays eligible: its sequences
-  // that are not in flight may join, and one whose token that plan samples may take its
-  // next row already.
+  // The running requests, in rank order, as the batch planner sees them. Those this
+  // executor may run are eligible, highest priority first. With asynchronous scheduling a
+  // request with a plan out on this executor stays eligible: its sequences that are not in
+  // flight may join, and one whose token that plan samples may take its next row already.
   const bool async = config_.async_scheduling;
-  std::vector<Request*> running;
+  // The view's buffers are kept from plan to plan: no allocation once they have grown.
+  PlannerInput& in = planner_view_;
+  std::vector<Request*>& requests = planner_requests_;
+  in.budget_rows = budget_rows;
+  in.budget_seqs = budget_seqs;
+  in.budget_prefill = budget_prefill;
+  in.chunk_limit = chunk_limit;
+  in.chunked = config_.prefill_chunk_tokens > 0;
+  in.async = async;
+  // Two batches in flight: this plan takes about half of the decode work, counting what the
+  // plans in flight carry, so that the node's two lanes stay balanced. Work is measured by
+  // rows (GEMM time) and by KV positions read (attention time). Requests left out decode
+  // in the next plan, half a step later. Rotational pipelining spreads the work over its n
+  // batches alike: each plan's shares add up to 2 / n.
+  in.balance =
+      config_.pipelining == Pipelining::kTwo || config_.pipelining == Pipelining::kRotational;
+  in.plan_share =
+      config_.pipelining == Pipelining::kRotational ? 2.0 / config_.max_plans_in_flight : 1.0;
+  in.in_flight_rows = in.in_flight_kv = 0;
+  if (in.balance) {
+    for (const Executor::InFlight& f : ex.in_flight) {
+      for (const SequenceChunk& c : f.plan->chunks) {
+        const double n = static_cast<double>(c.tokens.size());
+        in.in_flight_rows += n;
+        in.in_flight_kv += n * c.start_position + n * (n + 1) / 2;  // positions 0..p per row p
+      }
+    }
+  }
+  in.pools.clear();
+  for (const auto& p : pools_) {
+    in.pools.push_back({p->alive ? p->kv->available() : 0, p->alive ? p->saving_slots : 0});
+  }
+  requests.assign(running_.begin(), running_.end());
   std::vector<Request*> preloading;  // reading their prefix from disk, layer by layer
-  for (Request* req : running_) {
+  in.requests.clear();
+  in.seqs.clear();
+  for (Request* req : requests) {
+    PlannerRequest& r = in.requests.emplace_back();
+    r.pool = req->pool ? static_cast<int>(req->pool->value()) : -1;
+    r.rank = static_cast<int64_t>(in.requests.size());  // running_ is ordered, ties broken
+    r.prompt_len = req->prompt_len();
+    r.max_tokens = req->spec.max_tokens;
+    r.in_flight = req->in_flight > 0;
+    r.first_seq = static_cast<int>(in.seqs.size());
+    r.num_seqs = static_cast<int>(req->seqs.size());
+    const Sequence* owner = req->Owner();
+    for (const auto& seq : req->seqs) {
+      if (seq.get() == owner) r.owner = static_cast<int>(in.seqs.size()) - r.first_seq;
+      PlannerSequence& s = in.seqs.emplace_back();
+      s.tokens = static_cast<int64_t>(seq->tokens.size());
+      s.computed = seq->computed;
+      s.table = static_cast<int64_t>(seq->table.size());
+      s.num_outputs = seq->num_outputs;
+      s.in_flight = seq->in_flight;
+      s.in_flight_samples = seq->in_flight_samples;
+      s.finished = seq->finished;
+      s.waiting_for_owner = seq->waiting_for_owner;
+    }
     if (req->loading && req->load_ticket != 0 && !req->preload_planned) {
       preloading.push_back(req);
       continue;
@@ -247,34 +302,13 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
       continue;
     }
     if (req->executor >= 0 && req->executor != e && executors_[req->executor]->alive) continue;
-    running.push_back(req);
+    r.eligible = true;
   }
-  const RankOrder before{this};  // the order running_ and waiting_ are kept in
-
-  // Makes `need` slots available in `req`'s pool by preempting running requests that rank
-  // below it, are not in flight and are not in this step. kWait: blocks whose saves to
-  // disk are in flight will free enough once those are back (an event that plans again),
-  // so nothing more is preempted and `req` waits.
-  enum class Room { kMade, kWait, kNone };
-  auto make_room = [&](Request* req, int64_t need) {
-    const Pool& pool = *pools_[req->pool->value()];
-    KvPool& kv = *pool.kv;
-    while (kv.available() < need) {
-      if (kv.available() + pool.saving_slots >= need) return Room::kWait;
-      // The lowest-ranked running request below `req` that can give its slots up.
-      Request* victim = nullptr;
-      for (auto it = running_.rbegin(); it != running_.rend() && before(req, *it); ++it) {
-        Request* o = *it;
-        if (o->in_flight || planned.count(o) || o->pool != req->pool) continue;
-        victim = o;
-        break;
-      }
-      if (victim == nullptr) return Room::kNone;
-      Preempt(victim);
-      running.erase(std::remove(running.begin(), running.end(), victim), running.end());
-    }
-    return Room::kMade;
-  };
+  in.freed = [this](int r) { return PreemptionFreesOf(planner_requests_[r]); };
+  const PlannerOutput choice = PlanRunning(in);
+  budget_rows = choice.budget_rows;
+  budget_seqs = choice.budget_seqs;
+  budget_prefill = choice.budget_prefill;
 
   struct PendingChunk {
     Sequence* seq;
@@ -287,133 +321,25 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     planned.insert(seq->request);
     seq->request->executor = e;  // requests stick to the compute node that runs them
   };
-
-  // Two batches in flight: this plan takes about half of the decode work, counting what the
-  // plans in flight carry, so that the node's two lanes stay balanced. Work is measured by
-  // rows (GEMM time) and by KV positions read (attention time), each as a share of the
-  // total; a plan is full once the two shares add up to 1. Requests left out decode in the
-  // next plan, half a step later.
-  // Rotational pipelining spreads the work over its n batches alike: each plan's shares add
-  // up to 2 / n.
-  const bool balance =
-      config_.pipelining == Pipelining::kTwo || config_.pipelining == Pipelining::kRotational;
-  const double plan_share =
-      config_.pipelining == Pipelining::kRotational ? 2.0 / config_.max_plans_in_flight : 1.0;
-  double total_rows = 0, total_kv = 0, plan_rows = 0, plan_kv = 0;
-  if (balance) {
-    for (const Executor::InFlight& f : ex.in_flight) {
-      for (const SequenceChunk& c : f.plan->chunks) {
-        const double n = static_cast<double>(c.tokens.size());
-        total_rows += n;
-        total_kv += n * c.start_position + n * (n + 1) / 2;  // positions 0..p for each row p
-      }
-    }
-    for (Request* req : running) {
-      for (auto& seq : req->seqs) {
-        if (!seq->DecodeReady()) continue;
-        total_rows += 1;
-        total_kv += static_cast<double>(seq->tokens.size());
-      }
-    }
-  }
-  auto plan_full = [&] {
-    return balance && plan_rows > 0 && total_rows > 0 && total_kv > 0 &&
-           plan_rows / total_rows + plan_kv / total_kv >= plan_share;
-  };
-
-  // Phase 1: decode rows. A sequence decodes its last known token; with asynchronous
-  // scheduling, one whose plan in flight samples the next token may decode that token too,
-  // unless the draw in flight is its last (max_tokens).
-  for (size_t i = 0; i < running.size() && !plan_full(); ++i) {
-    Request* req = running[i];
-    std::vector<Sequence*> decode, ahead;
-    for (auto& seq_ptr : req->seqs) {
-      Sequence* seq = seq_ptr.get();
-      if (seq->finished || seq->waiting_for_owner) continue;
-      if (seq->DecodeReady()) {
-        decode.push_back(seq);
-      } else if (async && seq->in_flight == 1 && seq->in_flight_samples &&
-                 seq->num_outputs + 1 < req->spec.max_tokens) {
-        ahead.push_back(seq);
-      }
-    }
-    if (decode.empty() && ahead.empty()) continue;
-    if (static_cast<int64_t>(decode.size() + ahead.size()) > std::min(budget_rows, budget_seqs)) {
-      break;
-    }
-    int64_t need = 0;
-    for (Sequence* s : decode)
-      need += static_cast<int64_t>(s->tokens.size()) - static_cast<int64_t>(s->table.size());
-    if (const Room room = need > 0 ? make_room(req, need) : Room::kMade; room != Room::kMade) {
-      if (room == Room::kWait) continue;
-      Preempt(req);  // nothing below it to take from: it yields itself
-      running.erase(running.begin() + i);
-      --i;
-      continue;
-    }
-    KvPool& kv = *pools_[req->pool->value()]->kv;
-    for (Sequence* s : decode) {
-      const int64_t missing =
-          static_cast<int64_t>(s->tokens.size()) - static_cast<int64_t>(s->table.size());
-      if (missing > 0) CHECK(kv.Allocate(missing, &s->table));
-      add_chunk(s, s->computed, s->computed + 1);
-      --budget_rows;
-      --budget_seqs;
-      plan_rows += 1;
-      plan_kv += static_cast<double>(s->tokens.size());
-    }
-    // A row ahead never preempts its own request: without room it waits for the token.
-    int64_t need_ahead = 0;
-    for (Sequence* s : ahead)
-      need_ahead +=
-          static_cast<int64_t>(s->tokens.size()) + 1 - static_cast<int64_t>(s->table.size());
-    if (need_ahead > 0 && make_room(req, need_ahead) != Room::kMade) continue;
-    for (Sequence* s : ahead) {
-      const int64_t position = static_cast<int64_t>(s->tokens.size());
-      const int64_t missing = position + 1 - static_cast<int64_t>(s->table.size());
-      if (missing > 0) CHECK(kv.Allocate(missing, &s->table));
-      add_chunk(s, position, position + 1, /*ahead=*/true);
-      --budget_rows;
-      --budget_seqs;
-    }
-  }
-
-  // Phase 2: prefill chunks of running requests (prompts, recomputed outputs, and n > 1
-  // samples that can now share their owner's prompt).
-  for (size_t i = 0; i < running.size() && budget_rows > 0 && budget_prefill > 0; ++i) {
-    Request* req = running[i];
-    Sequence* owner = req->Owner();
-    for (auto& seq_ptr : req->seqs) {
-      Sequence* seq = seq_ptr.get();
-      if (seq->finished || seq->in_flight > 0 || budget_rows <= 0 || budget_prefill <= 0 ||
-          budget_seqs <= 0) {
-        continue;
-      }
-      if (seq->waiting_for_owner) {
-        // Samples with outputs of their own (after preemption) prefill them once the owner
-        // has the prompt; samples without wait for the owner's first draw.
-        if (seq->tokens.size() > static_cast<size_t>(req->prompt_len()) && owner != nullptr &&
-            owner->computed >= req->prompt_len() && !planned.count(req)) {
-          ShareParentPrompt(seq, owner);
-        } else {
-          continue;
+  for (const PlannerAction& a : choice.actions) {
+    Request* req = requests[a.request];
+    switch (a.kind) {
+      case PlannerAction::Kind::kPreempt:
+        Preempt(req);
+        break;
+      case PlannerAction::Kind::kShare:
+        ShareParentPrompt(req->seqs[a.seq].get(), req->Owner());
+        break;
+      case PlannerAction::Kind::kChunk: {
+        Sequence* seq = req->seqs[a.seq].get();
+        // The planner counts only what a preemption surely frees, so the slots are there.
+        if (a.allocate > 0 && !pools_[req->pool->value()]->kv->Allocate(a.allocate, &seq->table)) {
+          LOG(ERROR) << "the planner's slots for request " << req->id << " are not there";
+          break;
         }
+        add_chunk(seq, a.begin, a.end, a.ahead);
+        break;
       }
-      const int64_t len = static_cast<int64_t>(seq->tokens.size());
-      if (seq->computed >= len - 1) continue;  // decode-ready (or done) already
-      const int64_t count =
-          std::min({len - seq->computed, chunk_limit, budget_rows, budget_prefill});
-      if (config_.prefill_chunk_tokens <= 0 && count < len - seq->computed) continue;
-      const int64_t end = seq->computed + count;
-      const int64_t need = end - static_cast<int64_t>(seq->table.size());
-      if (need > 0) {
-        if (make_room(req, need) != Room::kMade) continue;
-        CHECK(pools_[req->pool->value()]->kv->Allocate(need, &seq->table));
-      }
-      add_chunk(seq, seq->computed, end);
-      budget_rows -= count;
-      budget_prefill -= count;
-      --budget_seqs;
     }
   }
 

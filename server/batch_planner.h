@@ -1,0 +1,118 @@
+// The batch planner: which rows of the running requests the next step of one compute node
+// runs, and which requests give their KV slots up for them. A pure function of a view of
+// the scheduler's state: no threads, no I/O, no ledger of its own. The scheduler copies the
+// view (BuildPlan), calls PlanRunning, and applies the actions it returns in their order:
+// preemptions, prompts shared with n > 1 samples, and chunks with the fresh slots each
+// takes. Admission of waiting requests (placement, prefix and disk lookups) follows in the
+// scheduler with the budgets left.
+//
+// What a preemption frees is asked of the ledger through `Freed`, a read-only query, only
+// for the requests the planner considers giving up their slots: asking it of every running
+// request would cost each step the KV of all of them.
+#ifndef STRATA_SERVER_BATCH_PLANNER_H_
+#define STRATA_SERVER_BATCH_PLANNER_H_
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace strata {
+
+struct PlannerSequence {
+  int64_t tokens = 0;    // known tokens: prompt, then outputs
+  int64_t computed = 0;  // positions whose KV is written
+  int64_t table = 0;     // slots it holds
+  int64_t num_outputs = 0;
+  int in_flight = 0;               // chunks of it in plans not yet back
+  bool in_flight_samples = false;  // the newest of them samples the token after `tokens`
+  bool finished = false;
+  bool waiting_for_owner = false;  // n > 1: will share the owner's prompt KV
+  // Its next row decodes its last known token, and no plan of it is in flight.
+  bool DecodeReady() const {
+    return !finished && !waiting_for_owner && in_flight == 0 && computed == tokens - 1;
+  }
+};
+
+struct PlannerRequest {
+  int pool = 0;
+  // Equal ranks tie; a lower rank goes first. Requests are given in rank order.
+  int64_t rank = 0;
+  int64_t prompt_len = 0;
+  int64_t max_tokens = 0;
+  // It may run on the compute node being planned. Others still count: they can give their
+  // slots up to a request that ranks above them.
+  bool eligible = false;
+  bool in_flight = false;  // a plan not yet back carries it: its slots stay until it lands
+  // Its sequences are PlannerInput::seqs[first_seq, first_seq + num_seqs); `owner`, the
+  // one that computes the shared prompt (-1: all finished), counts from first_seq.
+  int owner = -1;
+  int first_seq = 0;
+  int num_seqs = 0;
+};
+
+struct PlannerPool {
+  int64_t available = 0;  // slots an allocation can obtain now
+  int64_t saving = 0;     // slots that saves to disk in flight free when back
+};
+
+// What preempting a request gives its pool: slots available at once, and slots freed
+// once the saves to disk it starts are back.
+struct PreemptionFrees {
+  int64_t available = 0;
+  int64_t saving = 0;
+};
+
+struct PlannerInput {
+  int64_t budget_rows = 0;     // max_num_batched_tokens
+  int64_t budget_seqs = 0;     // max_num_seqs
+  int64_t budget_prefill = 0;  // max_prefill_tokens
+  int64_t chunk_limit = 0;     // the most prompt rows of one sequence in a step
+  bool chunked = false;        // a prompt may be split across steps
+  bool async = false;          // asynchronous scheduling: rows ahead of a sampled token
+  // Two batches, or rotational pipelining: the plan takes `plan_share` of the decode work
+  // (rows and KV positions read, each as a share of the total), counting the plans in
+  // flight, whose totals are given here.
+  bool balance = false;
+  double plan_share = 1.0;
+  double in_flight_rows = 0;
+  double in_flight_kv = 0;
+  std::vector<PlannerPool> pools;
+  std::vector<PlannerRequest> requests;  // every running request, in rank order
+  std::vector<PlannerSequence> seqs;     // theirs, request by request
+  std::function<PreemptionFrees(int request)> freed;
+};
+
+struct PlannerAction {
+  enum class Kind {
+    kPreempt,  // the request gives its slots up (one in flight: once it lands)
+    kShare,    // the sample takes its owner's prompt slots (computed = prompt_len)
+    kChunk,    // rows [begin, end) of the sequence, after `allocate` fresh slots
+  };
+  Kind kind = Kind::kChunk;
+  int request = 0;
+  int seq = 0;  // among the request's sequences
+  int64_t begin = 0, end = 0;
+  int64_t allocate = 0;
+  bool ahead = false;  // the row of the token a plan in flight samples
+};
+
+struct PlannerOutput {
+  std::vector<PlannerAction> actions;  // to apply in this order
+  std::vector<bool> planned;           // per request: it has a chunk in this plan
+  std::vector<bool> preempted;         // per request
+  int64_t budget_rows = 0, budget_seqs = 0, budget_prefill = 0;  // what is left
+};
+
+// Phase 1, decode rows, highest rank first: a decode-ready sequence decodes its last
+// known token; with asynchronous scheduling, one whose plan in flight samples the next
+// token may decode that token too, unless that draw is its last (max_tokens). A request
+// short of slots takes them from the lowest-ranked running requests below it that are
+// neither in flight nor in this plan; if none is left it yields its own. Where saves to
+// disk in flight would free enough, nothing is preempted and the request waits.
+// Phase 2, prefill chunks of the eligible requests: prompts, recomputed outputs, and n > 1
+// samples that can now share their owner's prompt.
+PlannerOutput PlanRunning(const PlannerInput& in);
+
+}  // namespace strata
+
+#endif  // STRATA_SERVER_BATCH_PLANNER_H_
