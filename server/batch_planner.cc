@@ -39,10 +39,13 @@ class Planner {
 
   void Preempt(int r) {
     out_.preempted[r] = true;
-    out_.actions.push_back({PlannerAction::Kind::kPreempt, r});
+    PlannerAction& a = out_.actions.emplace_back();
+    a.kind = PlannerAction::Kind::kPreempt;
+    a.request = r;
     // One in flight keeps its slots until its plan lands.
     if (requests_[r].in_flight) return;
     const PreemptionFrees f = in_.freed(r);
+    a.frees = f.available;
     PlannerPool& pool = pools_[requests_[r].pool];
     pool.available += f.available;
     pool.saving += f.saving;

@@ -93,6 +93,7 @@ struct PlannerAction {
   int seq = 0;  // among the request's sequences
   int64_t begin = 0, end = 0;
   int64_t allocate = 0;
+  int64_t frees = 0;   // kPreempt: the slots the planner counts on it making available now
   bool ahead = false;  // the row of the token a plan in flight samples
 };
 

@@ -259,6 +259,7 @@ TEST(BatchPlannerTest, RandomViewsGivePlansThatFitTheLedgerAndTheBudgets) {
           ASSERT_FALSE(planned[a.request]) << "trial " << trial;
           preempted[a.request] = true;
           ++plans_with_preemption;
+          EXPECT_EQ(a.frees, req.in_flight ? 0 : frees[a.request].available);
           if (!req.in_flight) {
             available[req.pool] += frees[a.request].available;
             saving[req.pool] += frees[a.request].saving;

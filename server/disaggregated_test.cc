@@ -121,6 +121,7 @@ TEST_F(DisaggregatedTest, TwoBatchesAreBitIdenticalWithSamplesStopsAndPreemption
     for (const GenerateRequest& r : requests) outcomes.push_back(d.Submit(r));
     EXPECT_TRUE(d.Wait(outcomes)) << Name(t);
     *preemptions = d.scheduler().Stats().num_preemptions_total;
+    EXPECT_EQ(d.scheduler().Stats().planner_shortfalls_total, 0) << Name(t);
     return outcomes;
   };
   // Stop tokens: each greedy request stops at the token it drew fifth in a free run.

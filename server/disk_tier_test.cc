@@ -184,6 +184,7 @@ TEST_F(DiskTierTest, LayerWiseAFailedLoadVoidsTheChunkOverIt) {
   EXPECT_GT(turns.stats.disk_failed_loads_total, 0);
   EXPECT_EQ(turns.stats.disk_preload_failed_total, 1) << "the chunk did not run over the loads";
   EXPECT_GT(turns.stats.num_preemptions_total, 0);
+  EXPECT_EQ(turns.stats.planner_shortfalls_total, 0);
 }
 
 // Scheduler-aware placement (AttentionStore): while turn 2 waits in the queue (one
@@ -356,6 +357,7 @@ TEST_F(DiskTierTest, PreemptedRequestsComeBackFromDiskBitIdentical) {
   const auto tight = run(t, 400, &tight_stats);
   EXPECT_EQ(free_stats.num_preemptions_total, 0);
   EXPECT_GT(tight_stats.num_preemptions_total, 0) << "the pool never ran out";
+  EXPECT_EQ(tight_stats.planner_shortfalls_total, 0);
   EXPECT_GT(tight_stats.disk_loaded_blocks_total, 0) << "no preempted request came back from disk";
   EXPECT_EQ(tight_stats.disk_failed_loads_total, 0);
   for (size_t i = 0; i < requests.size(); ++i) {

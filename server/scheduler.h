@@ -163,6 +163,10 @@ struct SchedulerStats {
   // Scheduler-aware eviction: the waiting requests in the look-ahead window (Prefetch).
   int64_t lookahead_window_requests = 0;
   int64_t num_preemptions_total = 0;
+  // Preemptions that freed fewer slots than the batch planner counted on, and chunks
+  // dropped for want of them. It counts only what a preemption surely frees (a lower
+  // bound), so this stays 0 unless that bound is wrong.
+  int64_t planner_shortfalls_total = 0;
   int64_t prompt_tokens_total = 0;  // prompt tokens of admitted requests
   int64_t generation_tokens_total = 0;
   int64_t prefix_query_tokens_total = 0;

@@ -324,9 +324,18 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
   for (const PlannerAction& a : choice.actions) {
     Request* req = requests[a.request];
     switch (a.kind) {
-      case PlannerAction::Kind::kPreempt:
+      case PlannerAction::Kind::kPreempt: {
+        const KvPool& kv = *pools_[req->pool->value()]->kv;
+        const int64_t before = kv.available();
         Preempt(req);
+        if (kv.available() - before < a.frees) {
+          LOG(ERROR) << "preempting request " << req->id << " freed " << kv.available() - before
+                     << " slots; the planner counted on " << a.frees;
+          absl::MutexLock lock(&stats_mu_);
+          ++counters_.planner_shortfalls_total;
+        }
         break;
+      }
       case PlannerAction::Kind::kShare:
         ShareParentPrompt(req->seqs[a.seq].get(), req->Owner());
         break;
@@ -335,6 +344,8 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
         // The planner counts only what a preemption surely frees, so the slots are there.
         if (a.allocate > 0 && !pools_[req->pool->value()]->kv->Allocate(a.allocate, &seq->table)) {
           LOG(ERROR) << "the planner's slots for request " << req->id << " are not there";
+          absl::MutexLock lock(&stats_mu_);
+          ++counters_.planner_shortfalls_total;
           break;
         }
         add_chunk(seq, a.begin, a.end, a.ahead);

@@ -268,6 +268,7 @@ TEST_F(PlannerTest, AFullPoolPreemptsTheNewestRequest) {
   EXPECT_EQ(Held(0).releases[0].request_id, newer);
   EXPECT_EQ(UsedSlots(), 13) << "the newer request's 12 slots came back";
   EXPECT_EQ(scheduler_->Stats().num_waiting, 1);
+  EXPECT_EQ(scheduler_->Stats().planner_shortfalls_total, 0);
 }
 
 // Two batches in flight: after a step that admits everyone, the decode work is split

@@ -347,6 +347,7 @@ TEST_F(SchedulerTest, PreemptionResumesWithIdenticalOutputs) {
   const auto tight = Run(Config(), 130, requests, &tight_stats);
   const auto roomy = Run(Config(), 4096, requests);
   EXPECT_GT(tight_stats.num_preemptions_total, 0) << "the test did not force a preemption";
+  EXPECT_EQ(tight_stats.planner_shortfalls_total, 0);
   for (size_t i = 0; i < requests.size(); ++i) {
     ASSERT_TRUE(tight[i]->error.ok()) << tight[i]->error;
     EXPECT_EQ(tight[i]->tokens[0], roomy[i]->tokens[0]) << "request " << i;
