@@ -47,7 +47,7 @@ absl::StatusOr<std::unique_ptr<RemoteAttention>> RemoteAttention::Create(
     }
     self->dead_peers_[peer] = true;
     self->cv_.notify_all();
-    if (self->options_.on_settled) self->options_.on_settled();
+    self->NotifySettledLocked();
   });
   LOG(INFO) << "disaggregated attention over " << remote->transport_->capabilities().ToString()
             << "; " << options.minibatches << " mini-batch(es) per memory node, prefill "
@@ -61,6 +61,12 @@ RemoteAttention::~RemoteAttention() {
     closing_ = true;
   }
   transport_.reset();
+}
+
+void RemoteAttention::NotifySettledLocked() {
+  // While closing, the transport reports every peer gone, and what the callback wakes may
+  // already be destroyed: its owner keeps it alive only while this object serves.
+  if (options_.on_settled && !closing_) options_.on_settled();
 }
 
 void RemoteAttention::SetMemoryNodes(uint64_t epoch, const std::vector<MemoryNodeAddress>& nodes) {

@@ -79,7 +79,8 @@ struct RemoteAttentionOptions {
   // last answer (the attention round trip); may be empty.
   std::function<void(double seconds)> on_layer_round_trip;
   // Rotational pipelining: this lane's endpoint id (not zero), and a callback, from the
-  // transport thread, for when the layer this lane expects has every answer in.
+  // transport thread, for when the layer this lane expects has every answer in (or a peer
+  // is lost). It is not called once the destructor has begun.
   uint64_t endpoint = 0;
   std::function<void()> on_settled;
 };
@@ -215,6 +216,8 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
   absl::Status StartStep(const StepKvPlan& plan, bool send, uint64_t reply_to);
   // Fails the shares whose memory node gave up on the step (an error frame).
   void FailSharesWithErrors();
+  // Calls options_.on_settled unless this object is being destroyed (mu_ held).
+  void NotifySettledLocked();
   // Registers the answers of `layer` into b (mu_ held).
   void ExpectLocked(int layer, BatchBuffers& b);
   // Deliver's work once the frame is parsed (mu_ held).

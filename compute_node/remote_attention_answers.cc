@@ -273,7 +273,7 @@ void RemoteAttention::DeliverLocked(PeerId from, const FrameHeader& h,
     }
     pending_errors_[from] = why;
     cv_.notify_all();
-    if (options_.on_settled) options_.on_settled();
+    NotifySettledLocked();
     return;
   }
   if (h.kind != static_cast<uint16_t>(FrameKind::kLayerResult)) {
@@ -299,7 +299,7 @@ void RemoteAttention::DeliverLocked(PeerId from, const FrameHeader& h,
     // core from the memory nodes that share this machine, only to sleep again.
     if (LayerSettledLocked()) {
       cv_.notify_all();
-      if (options_.on_settled) options_.on_settled();
+      NotifySettledLocked();
     }
     return;
   }

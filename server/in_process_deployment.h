@@ -317,6 +317,10 @@ class Deployment {
     scheduler_.reset();  // executors first: their threads use the wakeups and exchanges
     group_.reset();
     memory_.clear();
+    // The data planes and exchanges call into the wakeups until they are closed.
+    engines_.clear();
+    attention_.clear();
+    exchanges_.clear();
   }
   // Rotational: the late replicas join now, as the control plane has one join (the
   // scheduler resends the running requests' set-ups, then the group activates them).
