@@ -215,20 +215,14 @@ void Scheduler::ShareParentPrompt(Sequence* child, Sequence* owner) {
   child->waiting_for_owner = false;
 }
 
-bool Scheduler::BuildPlan(int e, StepPlan* plan) {
-  Executor& ex = *executors_[e];
-  int64_t budget_rows = config_.max_num_batched_tokens;
-  int64_t budget_seqs = config_.max_num_seqs;
-  int64_t budget_prefill = config_.max_prefill_tokens;
-  const int64_t chunk_limit =
-      config_.prefill_chunk_tokens > 0 ? config_.prefill_chunk_tokens : config_.max_model_len;
-  std::unordered_set<Request*> planned;
+bool Scheduler::PoolServes(const Request* req, int e) const {
+  const Executor& ex = *executors_[e];
+  return req->pool && req->pool->value() < pools_.size() && pools_[req->pool->value()]->alive &&
+         (!ex.local_pool || *ex.local_pool == *req->pool);
+}
 
-  auto pool_ok = [&](const Request* r) {
-    return r->pool && r->pool->value() < pools_.size() && pools_[r->pool->value()]->alive &&
-           (!ex.local_pool || *ex.local_pool == *r->pool);
-  };
-
+void Scheduler::FillPlannerView(int e, std::vector<Request*>* preloading) {
+  const Executor& ex = *executors_[e];
   // The running requests, in rank order, as the batch planner sees them. Those this
   // executor may run are eligible, highest priority first. With asynchronous scheduling a
   // request with a plan out on this executor stays eligible: its sequences that are not in
@@ -237,11 +231,6 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
   // The view's buffers are kept from plan to plan: no allocation once they have grown.
   PlannerInput& in = planner_view_;
   std::vector<Request*>& requests = planner_requests_;
-  in.budget_rows = budget_rows;
-  in.budget_seqs = budget_seqs;
-  in.budget_prefill = budget_prefill;
-  in.chunk_limit = chunk_limit;
-  in.chunked = config_.prefill_chunk_tokens > 0;
   in.async = async;
   // Two batches in flight: this plan takes about half of the decode work, counting what the
   // plans in flight carry, so that the node's two lanes stay balanced. Work is measured by
@@ -267,7 +256,6 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     in.pools.push_back({p->alive ? p->kv->available() : 0, p->alive ? p->saving_slots : 0});
   }
   requests.assign(running_.begin(), running_.end());
-  std::vector<Request*> preloading;  // reading their prefix from disk, layer by layer
   in.requests.clear();
   in.seqs.clear();
   for (Request* req : requests) {
@@ -293,10 +281,10 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
       s.waiting_for_owner = seq->waiting_for_owner;
     }
     if (req->loading && req->load_ticket != 0 && !req->preload_planned) {
-      preloading.push_back(req);
+      preloading->push_back(req);
       continue;
     }
-    if (!pool_ok(req) || req->preempt_when_landed || req->loading) continue;
+    if (!PoolServes(req, e) || req->preempt_when_landed || req->loading) continue;
     if (req->in_flight > 0 &&
         (!async || req->executor != e || req->pending_finish != FinishReason::kNone)) {
       continue;
@@ -304,6 +292,26 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     if (req->executor >= 0 && req->executor != e && executors_[req->executor]->alive) continue;
     r.eligible = true;
   }
+}
+
+bool Scheduler::BuildPlan(int e, StepPlan* plan) {
+  Executor& ex = *executors_[e];
+  int64_t budget_rows = config_.max_num_batched_tokens;
+  int64_t budget_seqs = config_.max_num_seqs;
+  int64_t budget_prefill = config_.max_prefill_tokens;
+  const int64_t chunk_limit =
+      config_.prefill_chunk_tokens > 0 ? config_.prefill_chunk_tokens : config_.max_model_len;
+  std::unordered_set<Request*> planned;
+
+  std::vector<Request*> preloading;  // reading their prefix from disk, layer by layer
+  FillPlannerView(e, &preloading);
+  PlannerInput& in = planner_view_;
+  in.budget_rows = budget_rows;
+  in.budget_seqs = budget_seqs;
+  in.budget_prefill = budget_prefill;
+  in.chunk_limit = chunk_limit;
+  in.chunked = config_.prefill_chunk_tokens > 0;
+  const std::vector<Request*>& requests = planner_requests_;
   in.freed = [this](int r) { return PreemptionFreesOf(planner_requests_[r]); };
   const PlannerOutput choice = PlanRunning(in);
   budget_rows = choice.budget_rows;
@@ -367,8 +375,8 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
   auto preload = [&](Request* req) {
     Sequence* owner = req->Owner();
     if (!req->loading || req->load_ticket == 0 || req->preload_planned || owner == nullptr ||
-        req->preempt_when_landed || req->pending_finish != FinishReason::kNone || !pool_ok(req) ||
-        (req->executor >= 0 && req->executor != e)) {
+        req->preempt_when_landed || req->pending_finish != FinishReason::kNone ||
+        !PoolServes(req, e) || (req->executor >= 0 && req->executor != e)) {
       return false;
     }
     if (budget_rows <= 0 || budget_prefill <= 0 || budget_seqs <= 0) return false;
