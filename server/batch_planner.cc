@@ -209,4 +209,46 @@ class Planner {
 
 PlannerOutput PlanRunning(const PlannerInput& in) { return Planner(in).Run(); }
 
+Admission::Admission(const PlannerOutput& running, const AdmissionLimits& limits)
+    : limits_(limits),
+      rows_(running.budget_rows),
+      seqs_(running.budget_seqs),
+      prefill_(running.budget_prefill) {}
+
+Admission::Verdict Admission::Consider(int64_t length, bool has_owner, bool finishing) const {
+  if (Exhausted() || limits_.admit_cap <= 0) return Verdict::kStop;
+  if (finishing || !has_owner) return Verdict::kSkip;
+  if (limits_.largest_pool == 0) return Verdict::kStop;
+  if (length > limits_.largest_pool) return Verdict::kFail;
+  // Unchunked, a prompt runs whole or waits, and so does everyone behind it.
+  if (!limits_.chunked && length > rows_) return Verdict::kStop;
+  return Verdict::kPlace;
+}
+
+int64_t Admission::Admit(int64_t computed, int64_t length) {
+  --limits_.admit_cap;
+  const int64_t rows = std::min({length - computed, limits_.chunk_limit, rows_, prefill_});
+  Take(rows);
+  return rows;
+}
+
+void Admission::AdmitLoading(bool over_loads) {
+  --limits_.admit_cap;
+  if (!over_loads) --seqs_;
+}
+
+int64_t Admission::PreloadRows(int64_t remaining, int64_t room) const {
+  if (Exhausted()) return 0;
+  const int64_t rows = std::min({remaining, limits_.chunk_limit, rows_, prefill_});
+  if (rows <= 0 || rows > room) return 0;
+  if (!limits_.chunked && rows < remaining) return 0;
+  return rows;
+}
+
+void Admission::Take(int64_t rows) {
+  rows_ -= rows;
+  prefill_ -= rows;
+  --seqs_;
+}
+
 }  // namespace strata

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <vector>
 
 namespace strata {
@@ -113,6 +114,53 @@ struct PlannerOutput {
 // Phase 2, prefill chunks of the eligible requests: prompts, recomputed outputs, and n > 1
 // samples that can now share their owner's prompt.
 PlannerOutput PlanRunning(const PlannerInput& in);
+
+// Phase 3, admission: waiting requests in rank order while the budgets PlanRunning left
+// last. Placing a request (its pool, cached prefix, disk loads) changes the ledger and is
+// the scheduler's (Scheduler::Place); this class holds the rules around it, without I/O:
+// when admission stops, which requests fail outright, and the rows each admitted request
+// and each chunk over disk loads in progress take.
+struct AdmissionLimits {
+  int64_t chunk_limit = 0;  // the most prompt rows of one sequence in a step
+  bool chunked = false;     // a prompt may be split across steps
+  // Fixed pipelining: the requests this replica may still admit (its share of all); else
+  // no limit.
+  int64_t admit_cap = std::numeric_limits<int64_t>::max();
+  int64_t largest_pool = 0;  // slots of the largest live pool the compute node reaches
+};
+
+class Admission {
+ public:
+  Admission(const PlannerOutput& running, const AdmissionLimits& limits);
+
+  enum class Verdict {
+    kStop,   // no more admissions in this plan (FIFO: nobody overtakes)
+    kSkip,   // not this one (a stop is pending, or every sequence finished)
+    kFail,   // it fits in no live pool
+    kPlace,  // place it, then Admit or AdmitLoading; if it cannot be placed, stop
+  };
+  // The next waiting request: its owner's known tokens (`length`; `has_owner` false when
+  // every sequence finished) and whether a stop is pending.
+  Verdict Consider(int64_t length, bool has_owner, bool finishing) const;
+  // Placed, with `computed` of its `length` positions already in its slots: the rows it
+  // runs in this plan, [computed, computed + returned).
+  int64_t Admit(int64_t computed, int64_t length);
+  // Placed while its prefix loads from disk: rows over the loads joined the plan
+  // (`over_loads`, taken with Take), or the request holds a sequence of the budget.
+  void AdmitLoading(bool over_loads);
+  // Rows a chunk over loads in progress may take now: `remaining` rows to compute, `room`
+  // of them with slots. 0: none this plan.
+  int64_t PreloadRows(int64_t remaining, int64_t room) const;
+  // A chunk of `rows` prompt rows over loads joins the plan.
+  void Take(int64_t rows);
+
+  int64_t budget_rows() const { return rows_; }
+
+ private:
+  bool Exhausted() const { return rows_ <= 0 || prefill_ <= 0 || seqs_ <= 0; }
+  AdmissionLimits limits_;
+  int64_t rows_, seqs_, prefill_;
+};
 
 }  // namespace strata
 

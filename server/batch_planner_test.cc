@@ -185,6 +185,79 @@ TEST(BatchPlannerTest, TwoBatchesTakeHalfOfTheDecodeWork) {
   EXPECT_EQ(Chunked(PlanRunning(in)).size(), 2u);
 }
 
+PlannerOutput Budgets(int64_t rows, int64_t seqs, int64_t prefill) {
+  PlannerOutput out;
+  out.budget_rows = rows;
+  out.budget_seqs = seqs;
+  out.budget_prefill = prefill;
+  return out;
+}
+
+AdmissionLimits Limits(int64_t chunk_limit, bool chunked, int64_t largest_pool = 1000) {
+  AdmissionLimits l;
+  l.chunk_limit = chunk_limit;
+  l.chunked = chunked;
+  l.largest_pool = largest_pool;
+  return l;
+}
+
+TEST(AdmissionTest, AdmitsInChunksUntilABudgetRunsOut) {
+  Admission a(Budgets(40, 3, 30), Limits(16, true));
+  using V = Admission::Verdict;
+  ASSERT_EQ(a.Consider(50, true, false), V::kPlace);
+  EXPECT_EQ(a.Admit(0, 50), 16);  // chunk_limit
+  ASSERT_EQ(a.Consider(20, true, false), V::kPlace);
+  EXPECT_EQ(a.Admit(8, 20), 12);  // a cached prefix of 8: the rest
+  ASSERT_EQ(a.Consider(20, true, false), V::kPlace);
+  EXPECT_EQ(a.Admit(0, 20), 2);  // what is left of the prefill budget (30 - 16 - 12)
+  EXPECT_EQ(a.Consider(5, true, false), V::kStop);
+}
+
+TEST(AdmissionTest, SkipsFinishingRequestsAndFailsOnesNoPoolHolds) {
+  Admission a(Budgets(64, 8, 64), Limits(16, true, /*largest_pool=*/100));
+  using V = Admission::Verdict;
+  EXPECT_EQ(a.Consider(10, true, /*finishing=*/true), V::kSkip);
+  EXPECT_EQ(a.Consider(0, /*has_owner=*/false, false), V::kSkip);
+  EXPECT_EQ(a.Consider(101, true, false), V::kFail);
+  EXPECT_EQ(a.Consider(100, true, false), V::kPlace);
+  Admission none(Budgets(64, 8, 64), Limits(16, true, /*largest_pool=*/0));
+  EXPECT_EQ(none.Consider(1, true, false), V::kStop);  // no live pool at all
+}
+
+TEST(AdmissionTest, UnchunkedPromptsRunWholeOrStopAdmission) {
+  Admission a(Budgets(64, 8, 64), Limits(1000, false));
+  using V = Admission::Verdict;
+  ASSERT_EQ(a.Consider(40, true, false), V::kPlace);
+  EXPECT_EQ(a.Admit(0, 40), 40);
+  EXPECT_EQ(a.Consider(30, true, false), V::kStop);  // 24 rows left: nobody overtakes it
+}
+
+TEST(AdmissionTest, FixedPipeliningCapsTheReplicasShare) {
+  AdmissionLimits limits = Limits(16, true);
+  limits.admit_cap = 1;
+  Admission a(Budgets(64, 8, 64), limits);
+  ASSERT_EQ(a.Consider(4, true, false), Admission::Verdict::kPlace);
+  a.AdmitLoading(/*over_loads=*/false);
+  EXPECT_EQ(a.Consider(4, true, false), Admission::Verdict::kStop);
+}
+
+TEST(AdmissionTest, ChunksOverLoadsTakeRowsOnlyWhereSlotsAndBudgetsAllow) {
+  Admission a(Budgets(20, 2, 20), Limits(16, true));
+  EXPECT_EQ(a.PreloadRows(30, 30), 16);
+  EXPECT_EQ(a.PreloadRows(30, 10), 0);  // the chunk would run past the slots it has
+  a.Take(16);
+  EXPECT_EQ(a.PreloadRows(30, 30), 4);
+  a.Take(4);
+  EXPECT_EQ(a.PreloadRows(30, 30), 0);
+  Admission whole(Budgets(20, 2, 20), Limits(1000, false));
+  EXPECT_EQ(whole.PreloadRows(30, 30), 0);  // unchunked: all 30 or nothing
+  EXPECT_EQ(whole.PreloadRows(12, 30), 12);
+  // A loading admission without rows still holds a sequence of the budget.
+  whole.AdmitLoading(/*over_loads=*/false);
+  whole.AdmitLoading(/*over_loads=*/false);
+  EXPECT_EQ(whole.PreloadRows(12, 30), 0);
+}
+
 // Random views. The plan is applied to a ledger model: preemptions add what the view says
 // they free, chunks take their slots, and what the planner promised must hold.
 TEST(BatchPlannerTest, RandomViewsGivePlansThatFitTheLedgerAndTheBudgets) {

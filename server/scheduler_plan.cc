@@ -296,27 +296,22 @@ void Scheduler::FillPlannerView(int e, std::vector<Request*>* preloading) {
 
 bool Scheduler::BuildPlan(int e, StepPlan* plan) {
   Executor& ex = *executors_[e];
-  int64_t budget_rows = config_.max_num_batched_tokens;
-  int64_t budget_seqs = config_.max_num_seqs;
-  int64_t budget_prefill = config_.max_prefill_tokens;
   const int64_t chunk_limit =
       config_.prefill_chunk_tokens > 0 ? config_.prefill_chunk_tokens : config_.max_model_len;
   std::unordered_set<Request*> planned;
 
+  // Phases 1 and 2, the running requests' rows: the batch planner (batch_planner.h).
   std::vector<Request*> preloading;  // reading their prefix from disk, layer by layer
   FillPlannerView(e, &preloading);
   PlannerInput& in = planner_view_;
-  in.budget_rows = budget_rows;
-  in.budget_seqs = budget_seqs;
-  in.budget_prefill = budget_prefill;
+  in.budget_rows = config_.max_num_batched_tokens;
+  in.budget_seqs = config_.max_num_seqs;
+  in.budget_prefill = config_.max_prefill_tokens;
   in.chunk_limit = chunk_limit;
   in.chunked = config_.prefill_chunk_tokens > 0;
-  const std::vector<Request*>& requests = planner_requests_;
   in.freed = [this](int r) { return PreemptionFreesOf(planner_requests_[r]); };
   const PlannerOutput choice = PlanRunning(in);
-  budget_rows = choice.budget_rows;
-  budget_seqs = choice.budget_seqs;
-  budget_prefill = choice.budget_prefill;
+  const std::vector<Request*>& requests = planner_requests_;
 
   struct PendingChunk {
     Sequence* seq;
@@ -372,6 +367,28 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
   // planned after the lead has passed.
   const absl::Time now = absl::Now();
   const absl::Duration stall_allowed = absl::Seconds(0.5 * clock_.compute_seconds());
+  AdmissionLimits limits;
+  limits.chunk_limit = chunk_limit;
+  limits.chunked = config_.prefill_chunk_tokens > 0;
+  // Fixed pipelining: each replica owns one batch, and staggering their steps hides one
+  // batch's attention behind another's GEMMs only if the batches are alike. So a replica
+  // admits no more than its share of the requests running and waiting; the rest wait for
+  // the other replicas' next plans (at most a step away). Otherwise the first replica to
+  // plan would take a whole burst of arrivals and the others would idle.
+  if (const int64_t replicas = LiveReplicas();
+      config_.pipelining == Pipelining::kFixed && replicas > 1) {
+    const int64_t share =
+        (static_cast<int64_t>(running_.size() + waiting_.size()) + replicas - 1) / replicas;
+    int64_t own = 0;
+    for (const Request* req : running_) own += req->executor == e ? 1 : 0;
+    limits.admit_cap = share - own;
+  }
+  for (size_t p = 0; p < pools_.size(); ++p) {
+    if (pools_[p]->alive && (!ex.local_pool || *ex.local_pool == PoolIndex(p))) {
+      limits.largest_pool = std::max(limits.largest_pool, pools_[p]->num_slots);
+    }
+  }
+  Admission admission(choice, limits);
   auto preload = [&](Request* req) {
     Sequence* owner = req->Owner();
     if (!req->loading || req->load_ticket == 0 || req->preload_planned || owner == nullptr ||
@@ -379,14 +396,10 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
         !PoolServes(req, e) || (req->executor >= 0 && req->executor != e)) {
       return false;
     }
-    if (budget_rows <= 0 || budget_prefill <= 0 || budget_seqs <= 0) return false;
-    const int64_t len = static_cast<int64_t>(owner->tokens.size());
     const int64_t count =
-        std::min({len - owner->computed, chunk_limit, budget_rows, budget_prefill});
-    if (count <= 0 || owner->computed + count > static_cast<int64_t>(owner->table.size())) {
-      return false;
-    }
-    if (config_.prefill_chunk_tokens <= 0 && count < len - owner->computed) return false;
+        admission.PreloadRows(static_cast<int64_t>(owner->tokens.size()) - owner->computed,
+                              static_cast<int64_t>(owner->table.size()) - owner->computed);
+    if (count <= 0) return false;
     if (now + stall_allowed < req->preload_at && !chunks.empty()) {
       if (!preload_timer_set_) {
         preload_timer_set_ = true;
@@ -397,65 +410,37 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     }
     add_chunk(owner, owner->computed, owner->computed + count);
     req->preload_planned = true;
-    budget_rows -= count;
-    budget_prefill -= count;
-    --budget_seqs;
+    admission.Take(count);
     return true;
   };
   for (Request* req : preloading) preload(req);
 
-  // Phase 3: admissions, in policy order, while the budget lasts. A request that cannot be
-  // placed now stops admission (no overtaking under FIFO).
-  // Fixed pipelining: each replica owns one batch, and staggering their steps hides one
-  // batch's attention behind another's GEMMs only if the batches are alike. So a replica
-  // admits no more than its share of the requests running and waiting; the rest wait for
-  // the other replicas' next plans (at most a step away). Otherwise the first replica to
-  // plan would take a whole burst of arrivals and the others would idle.
-  int64_t admit_cap = std::numeric_limits<int64_t>::max();
-  if (const int64_t replicas = LiveReplicas();
-      config_.pipelining == Pipelining::kFixed && replicas > 1) {
-    const int64_t share =
-        (static_cast<int64_t>(running_.size() + waiting_.size()) + replicas - 1) / replicas;
-    int64_t own = 0;
-    for (const Request* req : running_) own += req->executor == e ? 1 : 0;
-    admit_cap = share - own;
-  }
+  // Phase 3: admissions, in policy order, while the budget lasts (Admission). A request that
+  // cannot be placed now stops admission (no overtaking under FIFO).
   std::vector<Request*> failed;
   // Placing a request takes it out of waiting_ (at index i); the rest stay where they are.
   for (size_t i = 0; i < waiting_.size(); ++i) {
     Request* req = waiting_[i];
-    if (budget_rows <= 0 || budget_prefill <= 0 || budget_seqs <= 0 || admit_cap <= 0) break;
-    if (req->pending_finish != FinishReason::kNone) continue;
     Sequence* owner = req->Owner();
-    if (owner == nullptr) continue;
-    const int64_t length = static_cast<int64_t>(owner->tokens.size());
-    int64_t largest_alive = 0;
-    for (size_t p = 0; p < pools_.size(); ++p) {
-      if (pools_[p]->alive && (!ex.local_pool || *ex.local_pool == PoolIndex(p))) {
-        largest_alive = std::max(largest_alive, pools_[p]->num_slots);
-      }
-    }
-    if (largest_alive == 0) break;
-    if (length > largest_alive) {
+    const int64_t length = owner ? static_cast<int64_t>(owner->tokens.size()) : 0;
+    const Admission::Verdict verdict =
+        admission.Consider(length, owner != nullptr, req->pending_finish != FinishReason::kNone);
+    if (verdict == Admission::Verdict::kStop) break;
+    if (verdict == Admission::Verdict::kSkip) continue;
+    if (verdict == Admission::Verdict::kFail) {
       failed.push_back(req);
       continue;
     }
-    if (config_.prefill_chunk_tokens <= 0 && length > budget_rows) break;
     if (!Place(req, e)) break;
     --i;  // Place took it out of waiting_: index i is now the next one
-    --admit_cap;
     // Its prefix is being read from disk into its slots: no row runs before that is done,
     // or (layer-wise) before each layer of it is.
     if (req->loading) {
-      if (!preload(req)) --budget_seqs;
+      admission.AdmitLoading(preload(req));
       continue;
     }
-    const int64_t count =
-        std::min({length - owner->computed, chunk_limit, budget_rows, budget_prefill});
+    const int64_t count = admission.Admit(owner->computed, length);
     add_chunk(owner, owner->computed, owner->computed + count);
-    budget_rows -= count;
-    budget_prefill -= count;
-    --budget_seqs;
   }
   for (Request* req : failed) {
     FailRequest(req, FinishReason::kError,
