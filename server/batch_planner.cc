@@ -52,7 +52,9 @@ class Planner {
   }
 
   // Makes `need` slots available in request r's pool by preempting running requests that
-  // rank below it, are not in flight and are not in this plan, the lowest first.
+  // rank below it, are not in flight and are not in this plan, the lowest first. kWait:
+  // saves to disk in flight free enough once they are back (an event that plans again), so
+  // nothing is preempted and r waits. kNone: nobody below r can give slots up.
   Room MakeRoom(int r, int64_t need) {
     const PlannerRequest& req = requests_[r];
     PlannerPool& pool = pools_[req.pool];
