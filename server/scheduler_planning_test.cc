@@ -6,6 +6,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <random>
 #include <set>
 #include <utility>
 #include <vector>
@@ -120,6 +121,7 @@ class PlannerTest : public ::testing::Test {
   HeldExecutor* executor_ = nullptr;
   std::vector<HeldExecutor*> replicas_;
   std::vector<RequestUpdate> updates_;
+  int64_t preemptions_seen_ = 0;
 };
 
 TEST_F(PlannerTest, SynchronousPlansOneStepAtATimeWithLiteralTokens) {
@@ -411,6 +413,65 @@ TEST_F(PlannerTest, APrefetchReserveKeepsRoomBesideTheRunningBatch) {
     replicas_.clear();
     updates_.clear();
   }
+}
+
+// Random workloads on a pool too small for all of them: shared prefixes (cached blocks that
+// several requests hold), n > 1, stop tokens, prompts that need several chunks. The batch
+// planner preempts against what the ledger says a preemption frees; whatever it orders,
+// every request must finish, no preemption may free less than the planner counted on, and
+// every slot must be back at the end.
+TEST_F(PlannerTest, RandomWorkloadsOnATightPoolFinishWithNoShortfall) {
+  for (int seed = 0; seed < 24; ++seed) {
+    std::mt19937 rng(seed);
+    auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+    const bool async = seed % 2 == 1;
+    // Room for any one request (prompt up to 64, 3 x 16 outputs), not for all of them.
+    Start(async, /*slots=*/uniform(120, 192));
+    std::vector<int32_t> shared;
+    for (int i = 0; i < 40; ++i) shared.push_back(uniform(1, 999));
+    int finished = 0;
+    const int requests = uniform(6, 12);
+    for (int r = 0; r < requests; ++r) {
+      GenerateRequest req;
+      if (uniform(0, 1) == 1) {
+        req.prompt_tokens.assign(shared.begin(), shared.begin() + uniform(16, 40));
+      }
+      for (int i = uniform(1, 24); i > 0; --i) req.prompt_tokens.push_back(uniform(1, 999));
+      req.n = uniform(1, 3);
+      req.max_tokens = uniform(2, 16);
+      req.ignore_eos = true;
+      if (uniform(0, 2) == 0) req.stop_token_ids = {uniform(1, 20)};
+      req.sampling.temperature = 0.0f;
+      const auto id = scheduler_->Submit(req, [&finished](const RequestUpdate& u) {
+        EXPECT_TRUE(u.error.ok()) << u.error;
+        finished += u.finished ? 1 : 0;
+      });
+      ASSERT_TRUE(id.ok()) << "seed " << seed << ": " << id.status();
+    }
+    scheduler_->RunPending();
+    for (int steps = 0; !executor_->held.empty(); ++steps) {
+      ASSERT_LT(steps, 5000) << "seed " << seed << ": the workload does not finish";
+      auto [plan, sink] = std::move(executor_->held.front());
+      executor_->held.pop_front();
+      StepResult result;
+      result.step_id = plan->step_id;
+      for (const SequenceChunk& c : plan->chunks) {
+        for (const SampleTarget& t : c.samples)
+          result.tokens.push_back({t.request_id, uniform(1, 999)});
+      }
+      sink(std::move(result));
+      scheduler_->RunPending();
+    }
+    const SchedulerStats stats = scheduler_->Stats();
+    EXPECT_EQ(finished, requests) << "seed " << seed;
+    EXPECT_EQ(stats.planner_shortfalls_total, 0) << "seed " << seed;
+    EXPECT_EQ(UsedSlots(), 0) << "seed " << seed;
+    preemptions_seen_ += stats.num_preemptions_total;
+    scheduler_->Stop();
+    scheduler_.reset();
+    replicas_.clear();
+  }
+  EXPECT_GT(preemptions_seen_, 10) << "the pools never ran short";
 }
 
 }  // namespace
