@@ -112,6 +112,10 @@ ServerMetrics::ServerMetrics(std::shared_ptr<metrics::MetricsRegistry> registry,
                            "state: ready, writing, reading, free.")
                        .Register(r);
   preemptions_ = counter("strata_num_preemptions_total", "Requests preempted for KV room.");
+  planner_shortfalls_ =
+      counter("strata_planner_shortfalls_total",
+              "Preemptions that freed fewer KV slots than the batch planner counted on, and "
+              "chunks dropped for want of them. Nonzero means a bug in the planner's bound.");
   prompt_tokens_ = counter("strata_prompt_tokens_total", "Prompt tokens of admitted requests.");
   generation_tokens_ = counter("strata_generation_tokens_total", "Generated tokens.");
   prefill_rows_ = counter("strata_prefill_tokens_computed_total",
@@ -262,6 +266,7 @@ void ServerMetrics::Refresh() {
   add(truncation_tokens_, {{"event", "dropped"}}, s.context_dropped_tokens_total);
   add(truncation_tokens_, {{"event", "moved"}}, s.context_moved_tokens_total);
   metrics::SetCounterTo(*preemptions_, static_cast<double>(s.num_preemptions_total));
+  metrics::SetCounterTo(*planner_shortfalls_, static_cast<double>(s.planner_shortfalls_total));
   metrics::SetCounterTo(*prompt_tokens_, static_cast<double>(s.prompt_tokens_total));
   metrics::SetCounterTo(*generation_tokens_, static_cast<double>(s.generation_tokens_total));
   metrics::SetCounterTo(*prefill_rows_, static_cast<double>(s.prefill_rows_total));

@@ -60,6 +60,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Counter>* truncation_tokens_;
   prometheus::Family<prometheus::Gauge>* disk_extents_;
   prometheus::Counter* preemptions_;
+  prometheus::Counter* planner_shortfalls_;
   prometheus::Counter* prompt_tokens_;
   prometheus::Counter* generation_tokens_;
   prometheus::Counter* prefill_rows_;

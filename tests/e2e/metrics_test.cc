@@ -129,15 +129,17 @@ TEST_F(MetricsTest, PromtoolAcceptsEveryProcess) {
 TEST_F(MetricsTest, SchedulerMetricsCountWhatHappened) {
   const auto s = Samples(Scrape("server"));
   const std::string m = "\\{.*model_name=\"" + model_ + "\".*\\}";
-  for (const char* name : {"strata_num_requests_running", "strata_num_requests_waiting",
-                           "strata_kv_cache_usage_perc", "strata_prefix_cache_queries_total",
-                           "strata_prefix_cache_hits_total", "strata_num_preemptions_total",
-                           "strata_prompt_tokens_total", "strata_generation_tokens_total"}) {
+  for (const char* name :
+       {"strata_num_requests_running", "strata_num_requests_waiting", "strata_kv_cache_usage_perc",
+        "strata_prefix_cache_queries_total", "strata_prefix_cache_hits_total",
+        "strata_num_preemptions_total", "strata_prompt_tokens_total",
+        "strata_generation_tokens_total", "strata_planner_shortfalls_total"}) {
     EXPECT_TRUE(s.count(absl::StrCat(name, "{model_name=\"", model_, "\"}"))) << name;
   }
   EXPECT_EQ(Sum(s, "strata_generation_tokens_total" + m), generated_);
   EXPECT_EQ(Sum(s, "strata_request_success_total\\{.*finished_reason=\"length\".*\\}"), 6);
   EXPECT_EQ(Sum(s, "strata_num_requests_running" + m), 0);
+  EXPECT_EQ(Sum(s, "strata_planner_shortfalls_total" + m), 0);
   // The repeated prompt hit the prefix cache.
   EXPECT_GT(Sum(s, "strata_prefix_cache_hits_total" + m), 0);
   EXPECT_GE(Sum(s, "strata_prefix_cache_queries_total" + m),
