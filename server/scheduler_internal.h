@@ -137,7 +137,7 @@ struct Scheduler::Pool {
   uint64_t generation = 0;
   std::vector<DiskOp> loads, moves;
   // DRAM slots of blocks held until their save is back: free soon, so admission and
-  // make_room wait for them rather than preempt more.
+  // the batch planner (MakeRoom) wait for them rather than preempt more.
   int64_t saving_slots = 0;
   // Whether a prefix on disk is worth loading (its load times, and prefill speed).
   LoadRule load_rule;

@@ -1,8 +1,8 @@
-// Building steps: batching, within the budget, the running requests' rows and the waiting
-// requests admitted. Placing a request in a pool and preempting one are in
+// Building steps: the batch planner's view of the running requests and its actions applied
+// (batch_planner.h chooses the rows and the preemptions), then the waiting requests
+// admitted under Admission's rules. Placing a request in a pool and preempting one are in
 // scheduler_admission.cc; applying results is in scheduler_results.cc.
 #include <algorithm>
-#include <limits>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
