@@ -3,7 +3,6 @@
 // admitted under Admission's rules. Placing a request in a pool and preempting one are in
 // scheduler_admission.cc; applying results is in scheduler_results.cc.
 #include <algorithm>
-#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
