@@ -39,11 +39,6 @@ struct Scheduler::Sequence {
   bool release_deferred = false;
   bool waiting_for_owner = false;  // n > 1: will share the owner's prompt KV
   bool finished = false;
-  // Its next row is a decode of its last known token, with no plan of it in flight.
-  bool DecodeReady() const {
-    return !finished && !waiting_for_owner && in_flight == 0 &&
-           computed == static_cast<int64_t>(tokens.size()) - 1;
-  }
   std::unique_ptr<OutputProcessor> output;
   absl::Time last_token_time = absl::InfinitePast();
   // Context truncation: KV that cached blocks give its table (sent with its first
