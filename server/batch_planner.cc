@@ -9,13 +9,7 @@ namespace {
 class Planner {
  public:
   explicit Planner(const PlannerInput& in)
-      : in_(in),
-        requests_(in.requests),
-        seqs_(in.seqs),
-        pools_(in.pools),
-        row_budget_(in.budget_rows),
-        seq_budget_(in.budget_seqs),
-        prefill_budget_(in.budget_prefill) {
+      : in_(in), requests_(in.requests), seqs_(in.seqs), pools_(in.pools), budgets_(in.budgets) {
     out_.planned.assign(requests_.size(), false);
     out_.preempted.assign(requests_.size(), false);
     for (size_t r = 0; r < requests_.size(); ++r) {
@@ -26,9 +20,7 @@ class Planner {
   PlannerOutput Run() && {
     Decode();
     Prefill();
-    out_.budget_rows = row_budget_;
-    out_.budget_seqs = seq_budget_;
-    out_.budget_prefill = prefill_budget_;
+    out_.budgets = budgets_;
     return std::move(out_);
   }
 
@@ -61,8 +53,7 @@ class Planner {
     while (pool.available < need) {
       if (pool.available + pool.saving >= need) return Room::kWait;
       int victim = -1;
-      for (int o = static_cast<int>(requests_.size()) - 1; o >= 0 && requests_[o].rank > req.rank;
-           --o) {
+      for (int o = static_cast<int>(requests_.size()) - 1; o > r; --o) {
         const PlannerRequest& other = requests_[o];
         if (!Live(o) || other.in_flight || out_.planned[o] || other.pool != req.pool) continue;
         victim = o;
@@ -126,8 +117,10 @@ class Planner {
         }
       }
       if (decode.empty() && ahead.empty()) continue;
-      if (static_cast<int64_t>(decode.size() + ahead.size()) > std::min(row_budget_, seq_budget_))
+      if (static_cast<int64_t>(decode.size() + ahead.size()) >
+          std::min(budgets_.rows, budgets_.seqs)) {
         break;
+      }
       int64_t need = 0;
       for (int s : decode) need += Seq(r, s).tokens - Seq(r, s).table;
       if (const Room room = need > 0 ? MakeRoom(r, need) : Room::kMade; room != Room::kMade) {
@@ -137,8 +130,7 @@ class Planner {
       for (int s : decode) {
         const PlannerSequence& seq = Seq(r, s);
         Chunk(r, s, seq.computed, seq.computed + 1, seq.tokens - seq.table, false);
-        --row_budget_;
-        --seq_budget_;
+        budgets_.TakeDecodeRow();
         plan_rows += 1;
         plan_kv += static_cast<double>(seq.tokens);
       }
@@ -149,23 +141,19 @@ class Planner {
       for (int s : ahead) {
         const PlannerSequence& seq = Seq(r, s);
         Chunk(r, s, seq.tokens, seq.tokens + 1, seq.tokens + 1 - seq.table, true);
-        --row_budget_;
-        --seq_budget_;
+        budgets_.TakeDecodeRow();
       }
     }
   }
 
   void Prefill() {
     for (int r : running_) {
-      if (row_budget_ <= 0 || prefill_budget_ <= 0) break;
+      if (budgets_.rows <= 0 || budgets_.prefill <= 0) break;
       if (!Live(r)) continue;
       const PlannerRequest& req = requests_[r];
       for (int s = 0; s < req.num_seqs; ++s) {
         PlannerSequence& seq = Seq(r, s);
-        if (seq.finished || seq.in_flight > 0 || row_budget_ <= 0 || prefill_budget_ <= 0 ||
-            seq_budget_ <= 0) {
-          continue;
-        }
+        if (seq.finished || seq.in_flight > 0 || budgets_.Exhausted()) continue;
         if (seq.waiting_for_owner) {
           // Samples with outputs of their own (after preemption) prefill them once the
           // owner has the prompt; samples without wait for the owner's first draw.
@@ -182,16 +170,13 @@ class Planner {
           out_.actions.push_back(a);
         }
         if (seq.computed >= seq.tokens - 1) continue;  // decode-ready (or done) already
-        const int64_t count =
-            std::min({seq.tokens - seq.computed, in_.chunk_limit, row_budget_, prefill_budget_});
+        const int64_t count = budgets_.PromptRows(seq.tokens - seq.computed, in_.chunk_limit);
         if (!in_.chunked && count < seq.tokens - seq.computed) continue;
         const int64_t end = seq.computed + count;
         const int64_t need = end - seq.table;
         if (need > 0 && MakeRoom(r, need) != Room::kMade) continue;
         Chunk(r, s, seq.computed, end, need, false);
-        row_budget_ -= count;
-        prefill_budget_ -= count;
-        --seq_budget_;
+        budgets_.TakePrompt(count);
       }
     }
   }
@@ -203,7 +188,7 @@ class Planner {
   std::vector<PlannerSequence> seqs_;  // changed as the plan takes slots and shares prompts
   std::vector<PlannerPool> pools_;
   std::vector<int> running_;  // the eligible requests, in rank order
-  int64_t row_budget_, seq_budget_, prefill_budget_;
+  StepBudgets budgets_;
   PlannerOutput out_;
 };
 
@@ -211,46 +196,39 @@ class Planner {
 
 PlannerOutput PlanRunning(const PlannerInput& in) { return Planner(in).Run(); }
 
-Admission::Admission(const PlannerOutput& running, const AdmissionLimits& limits)
-    : limits_(limits),
-      rows_(running.budget_rows),
-      seqs_(running.budget_seqs),
-      prefill_(running.budget_prefill) {}
+Admission::Admission(const StepBudgets& budgets, const AdmissionLimits& limits)
+    : limits_(limits), budgets_(budgets) {}
 
 Admission::Verdict Admission::Consider(int64_t length, bool has_owner, bool finishing) const {
-  if (Exhausted() || limits_.admit_cap <= 0) return Verdict::kStop;
+  if (budgets_.Exhausted() || limits_.admit_cap <= 0) return Verdict::kStop;
   if (finishing || !has_owner) return Verdict::kSkip;
   if (limits_.largest_pool == 0) return Verdict::kStop;
   if (length > limits_.largest_pool) return Verdict::kFail;
   // Unchunked, a prompt runs whole or waits, and so does everyone behind it.
-  if (!limits_.chunked && length > rows_) return Verdict::kStop;
+  if (!limits_.chunked && length > budgets_.rows) return Verdict::kStop;
   return Verdict::kPlace;
 }
 
 int64_t Admission::Admit(int64_t computed, int64_t length) {
   --limits_.admit_cap;
-  const int64_t rows = std::min({length - computed, limits_.chunk_limit, rows_, prefill_});
-  Take(rows);
+  const int64_t rows = budgets_.PromptRows(length - computed, limits_.chunk_limit);
+  budgets_.TakePrompt(rows);
   return rows;
 }
 
 void Admission::AdmitLoading(bool over_loads) {
   --limits_.admit_cap;
-  if (!over_loads) --seqs_;
+  if (!over_loads) --budgets_.seqs;
 }
 
 int64_t Admission::PreloadRows(int64_t remaining, int64_t room) const {
-  if (Exhausted()) return 0;
-  const int64_t rows = std::min({remaining, limits_.chunk_limit, rows_, prefill_});
+  if (budgets_.Exhausted()) return 0;
+  const int64_t rows = budgets_.PromptRows(remaining, limits_.chunk_limit);
   if (rows <= 0 || rows > room) return 0;
   if (!limits_.chunked && rows < remaining) return 0;
   return rows;
 }
 
-void Admission::Take(int64_t rows) {
-  rows_ -= rows;
-  prefill_ -= rows;
-  --seqs_;
-}
+void Admission::Take(int64_t rows) { budgets_.TakePrompt(rows); }
 
 }  // namespace strata

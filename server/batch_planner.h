@@ -12,6 +12,7 @@
 #ifndef STRATA_SERVER_BATCH_PLANNER_H_
 #define STRATA_SERVER_BATCH_PLANNER_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -34,10 +35,9 @@ struct PlannerSequence {
   }
 };
 
+// Requests are given in rank order, the first first; those after a request rank below it.
 struct PlannerRequest {
   int pool = 0;
-  // Equal ranks tie; a lower rank goes first. Requests are given in rank order.
-  int64_t rank = 0;
   int64_t prompt_len = 0;
   int64_t max_tokens = 0;
   // It may run on the compute node being planned. Others still count: they can give their
@@ -63,13 +63,33 @@ struct PreemptionFrees {
   int64_t saving = 0;
 };
 
+// What is left of a step's budgets: rows (max_num_batched_tokens), sequences
+// (max_num_seqs) and prompt rows (max_prefill_tokens); and the one rule for the prompt rows
+// a sequence takes from them, in the running requests' prefill and in admission alike.
+struct StepBudgets {
+  int64_t rows = 0, seqs = 0, prefill = 0;
+
+  bool Exhausted() const { return rows <= 0 || prefill <= 0 || seqs <= 0; }
+  // Prompt rows a sequence with `remaining` of them to compute may take now.
+  int64_t PromptRows(int64_t remaining, int64_t chunk_limit) const {
+    return std::min({remaining, chunk_limit, rows, prefill});
+  }
+  void TakePrompt(int64_t n) {
+    rows -= n;
+    prefill -= n;
+    --seqs;
+  }
+  void TakeDecodeRow() {
+    --rows;
+    --seqs;
+  }
+};
+
 struct PlannerInput {
-  int64_t budget_rows = 0;     // max_num_batched_tokens
-  int64_t budget_seqs = 0;     // max_num_seqs
-  int64_t budget_prefill = 0;  // max_prefill_tokens
-  int64_t chunk_limit = 0;     // the most prompt rows of one sequence in a step
-  bool chunked = false;        // a prompt may be split across steps
-  bool async = false;          // asynchronous scheduling: rows ahead of a sampled token
+  StepBudgets budgets;
+  int64_t chunk_limit = 0;  // the most prompt rows of one sequence in a step
+  bool chunked = false;     // a prompt may be split across steps
+  bool async = false;       // asynchronous scheduling: rows ahead of a sampled token
   // Two batches, or rotational pipelining: the plan takes `plan_share` of the decode work
   // (rows and KV positions read, each as a share of the total), counting the plans in
   // flight, whose totals are given here.
@@ -102,7 +122,7 @@ struct PlannerOutput {
   std::vector<PlannerAction> actions;  // to apply in this order
   std::vector<bool> planned;           // per request: it has a chunk in this plan
   std::vector<bool> preempted;         // per request
-  int64_t budget_rows = 0, budget_seqs = 0, budget_prefill = 0;  // what is left
+  StepBudgets budgets;                 // what is left
 };
 
 // Phase 1, decode rows, highest rank first: a decode-ready sequence decodes its last
@@ -131,7 +151,8 @@ struct AdmissionLimits {
 
 class Admission {
  public:
-  Admission(const PlannerOutput& running, const AdmissionLimits& limits);
+  // `budgets`: what the running requests' rows left (PlannerOutput::budgets).
+  Admission(const StepBudgets& budgets, const AdmissionLimits& limits);
 
   enum class Verdict {
     kStop,   // no more admissions in this plan (FIFO: nobody overtakes)
@@ -154,12 +175,9 @@ class Admission {
   // A chunk of `rows` prompt rows over loads joins the plan.
   void Take(int64_t rows);
 
-  int64_t budget_rows() const { return rows_; }
-
  private:
-  bool Exhausted() const { return rows_ <= 0 || prefill_ <= 0 || seqs_ <= 0; }
   AdmissionLimits limits_;
-  int64_t rows_, seqs_, prefill_;
+  StepBudgets budgets_;
 };
 
 }  // namespace strata

@@ -30,7 +30,6 @@ PlannerSequence Decoding(int64_t tokens, int64_t table) {
 PlannerRequest& Running(PlannerInput* in, const std::vector<PlannerSequence>& seqs, int pool = 0) {
   PlannerRequest& r = in->requests.emplace_back();
   r.pool = pool;
-  r.rank = static_cast<int64_t>(in->requests.size());
   r.prompt_len = seqs.empty() ? 0 : seqs[0].tokens - 1;
   r.max_tokens = 100;
   r.eligible = true;
@@ -43,7 +42,7 @@ PlannerRequest& Running(PlannerInput* in, const std::vector<PlannerSequence>& se
 
 PlannerInput Input(int64_t available) {
   PlannerInput in;
-  in.budget_rows = in.budget_seqs = in.budget_prefill = 64;
+  in.budgets = {64, 64, 64};
   in.chunk_limit = 16;
   in.chunked = true;
   in.pools = {{available, 0}};
@@ -61,15 +60,15 @@ std::vector<std::pair<int, int>> Chunked(const PlannerOutput& out) {
 
 TEST(BatchPlannerTest, DecodesInRankOrderWhileTheBudgetLasts) {
   PlannerInput in = Input(10);
-  in.budget_seqs = 2;
+  in.budgets.seqs = 2;
   for (int r = 0; r < 3; ++r) Running(&in, {Decoding(8, 7)});
   const PlannerOutput out = PlanRunning(in);
   EXPECT_EQ(Chunked(out), (std::vector<std::pair<int, int>>{{0, 0}, {1, 0}}));
   EXPECT_EQ(out.actions[0].begin, 7);
   EXPECT_EQ(out.actions[0].end, 8);
   EXPECT_EQ(out.actions[0].allocate, 1);
-  EXPECT_EQ(out.budget_seqs, 0);
-  EXPECT_EQ(out.budget_rows, 62);
+  EXPECT_EQ(out.budgets.seqs, 0);
+  EXPECT_EQ(out.budgets.rows, 62);
   EXPECT_EQ(out.planned, (std::vector<bool>{true, true, false}));
 }
 
@@ -140,7 +139,7 @@ TEST(BatchPlannerTest, AsynchronousRowsAheadStopBeforeTheLastDraw) {
 
 TEST(BatchPlannerTest, PromptsGoInChunksWithinThePrefillBudget) {
   PlannerInput in = Input(1000);
-  in.budget_prefill = 20;
+  in.budgets.prefill = 20;
   PlannerSequence prompt;
   prompt.tokens = 40;
   Running(&in, {prompt});
@@ -149,7 +148,7 @@ TEST(BatchPlannerTest, PromptsGoInChunksWithinThePrefillBudget) {
   ASSERT_EQ(Chunked(out), (std::vector<std::pair<int, int>>{{0, 0}, {1, 0}}));
   EXPECT_EQ(out.actions[0].end, 16);  // chunk_limit
   EXPECT_EQ(out.actions[1].end, 4);   // what is left of the prefill budget
-  EXPECT_EQ(out.budget_prefill, 0);
+  EXPECT_EQ(out.budgets.prefill, 0);
   // Unchunked, a prompt that does not fit whole waits.
   in.chunked = false;
   in.chunk_limit = 1000;
@@ -185,13 +184,7 @@ TEST(BatchPlannerTest, TwoBatchesTakeHalfOfTheDecodeWork) {
   EXPECT_EQ(Chunked(PlanRunning(in)).size(), 2u);
 }
 
-PlannerOutput Budgets(int64_t rows, int64_t seqs, int64_t prefill) {
-  PlannerOutput out;
-  out.budget_rows = rows;
-  out.budget_seqs = seqs;
-  out.budget_prefill = prefill;
-  return out;
-}
+StepBudgets Budgets(int64_t rows, int64_t seqs, int64_t prefill) { return {rows, seqs, prefill}; }
 
 AdmissionLimits Limits(int64_t chunk_limit, bool chunked, int64_t largest_pool = 1000) {
   AdmissionLimits l;
@@ -266,9 +259,9 @@ TEST(BatchPlannerTest, RandomViewsGivePlansThatFitTheLedgerAndTheBudgets) {
   int plans_with_preemption = 0, plans_with_chunks = 0;
   for (int trial = 0; trial < 3000; ++trial) {
     PlannerInput in;
-    in.budget_rows = uniform(1, 48);
-    in.budget_seqs = uniform(1, 12);
-    in.budget_prefill = uniform(1, 48);
+    in.budgets.rows = uniform(1, 48);
+    in.budgets.seqs = uniform(1, 12);
+    in.budgets.prefill = uniform(1, 48);
     in.chunk_limit = uniform(1, 24);
     in.chunked = uniform(0, 3) > 0;
     in.async = uniform(0, 1) == 1;
@@ -280,7 +273,6 @@ TEST(BatchPlannerTest, RandomViewsGivePlansThatFitTheLedgerAndTheBudgets) {
       PlannerRequest req;
       req.first_seq = static_cast<int>(in.seqs.size());
       req.pool = uniform(0, num_pools - 1);
-      req.rank = r;
       req.prompt_len = uniform(1, 30);
       req.max_tokens = uniform(1, 20);
       req.eligible = uniform(0, 4) > 0;
@@ -381,10 +373,10 @@ TEST(BatchPlannerTest, RandomViewsGivePlansThatFitTheLedgerAndTheBudgets) {
       }
     }
     plans_with_chunks += seqs > 0 ? 1 : 0;
-    EXPECT_LE(rows, in.budget_rows) << "trial " << trial;
-    EXPECT_LE(seqs, in.budget_seqs) << "trial " << trial;
-    EXPECT_LE(prefill, in.budget_prefill) << "trial " << trial;
-    EXPECT_EQ(out.budget_seqs, in.budget_seqs - seqs) << "trial " << trial;
+    EXPECT_LE(rows, in.budgets.rows) << "trial " << trial;
+    EXPECT_LE(seqs, in.budgets.seqs) << "trial " << trial;
+    EXPECT_LE(prefill, in.budgets.prefill) << "trial " << trial;
+    EXPECT_EQ(out.budgets.seqs, in.budgets.seqs - seqs) << "trial " << trial;
     EXPECT_EQ(out.planned, planned);
     EXPECT_EQ(out.preempted, preempted);
     // A preempted request that is not the one short of room ranks below some planned or

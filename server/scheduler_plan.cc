@@ -260,7 +260,6 @@ void Scheduler::FillPlannerView(int e, std::vector<Request*>* preloading) {
   for (Request* req : requests) {
     PlannerRequest& r = in.requests.emplace_back();
     r.pool = req->pool ? static_cast<int>(req->pool->value()) : -1;
-    r.rank = static_cast<int64_t>(in.requests.size());  // running_ is ordered, ties broken
     r.prompt_len = req->prompt_len();
     r.max_tokens = req->spec.max_tokens;
     r.in_flight = req->in_flight > 0;
@@ -303,9 +302,7 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
   std::vector<Request*> preloading;  // reading their prefix from disk, layer by layer
   FillPlannerView(e, &preloading);
   PlannerInput& in = planner_view_;
-  in.budget_rows = config_.max_num_batched_tokens;
-  in.budget_seqs = config_.max_num_seqs;
-  in.budget_prefill = config_.max_prefill_tokens;
+  in.budgets = {config_.max_num_batched_tokens, config_.max_num_seqs, config_.max_prefill_tokens};
   in.chunk_limit = chunk_limit;
   in.chunked = config_.prefill_chunk_tokens > 0;
   in.freed = [this](int r) { return PreemptionFreesOf(planner_requests_[r]); };
@@ -387,7 +384,7 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
       limits.largest_pool = std::max(limits.largest_pool, pools_[p]->num_slots);
     }
   }
-  Admission admission(choice, limits);
+  Admission admission(choice.budgets, limits);
   auto preload = [&](Request* req) {
     Sequence* owner = req->Owner();
     if (!req->loading || req->load_ticket == 0 || req->preload_planned || owner == nullptr ||
