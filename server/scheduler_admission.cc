@@ -94,15 +94,12 @@ bool Scheduler::LeavesPrefetchReserve(const Request* req, PoolIndex pool, int64_
 }
 
 bool Scheduler::Place(Request* req, int executor) {
-  const Executor& ex = *executors_[executor];
   Sequence* owner = req->Owner();
   if (owner == nullptr) return false;
   const int64_t length = static_cast<int64_t>(owner->tokens.size());
   std::vector<PoolIndex> candidates;
   for (size_t p = 0; p < pools_.size(); ++p) {
-    if (!pools_[p]->alive) continue;
-    if (ex.local_pool && *ex.local_pool != PoolIndex(p)) continue;
-    candidates.push_back(PoolIndex(p));
+    if (PoolServes(PoolIndex(p), executor)) candidates.push_back(PoolIndex(p));
   }
   if (candidates.empty()) return false;
   // A truncated request whose blocks to move are being read back from disk waits for them,

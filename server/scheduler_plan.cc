@@ -214,10 +214,10 @@ void Scheduler::ShareParentPrompt(Sequence* child, Sequence* owner) {
   child->waiting_for_owner = false;
 }
 
-bool Scheduler::PoolServes(const Request* req, int e) const {
+bool Scheduler::PoolServes(PoolIndex pool, int e) const {
   const Executor& ex = *executors_[e];
-  return req->pool && req->pool->value() < pools_.size() && pools_[req->pool->value()]->alive &&
-         (!ex.local_pool || *ex.local_pool == *req->pool);
+  return pool.value() < pools_.size() && pools_[pool.value()]->alive &&
+         (!ex.local_pool || *ex.local_pool == pool);
 }
 
 void Scheduler::FillPlannerView(int e, std::vector<Request*>* preloading) {
@@ -282,7 +282,9 @@ void Scheduler::FillPlannerView(int e, std::vector<Request*>* preloading) {
       preloading->push_back(req);
       continue;
     }
-    if (!PoolServes(req, e) || req->preempt_when_landed || req->loading) continue;
+    if (!req->pool || !PoolServes(*req->pool, e) || req->preempt_when_landed || req->loading) {
+      continue;
+    }
     if (req->in_flight > 0 &&
         (!async || req->executor != e || req->pending_finish != FinishReason::kNone)) {
       continue;
@@ -380,7 +382,7 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
     limits.admit_cap = share - own;
   }
   for (size_t p = 0; p < pools_.size(); ++p) {
-    if (pools_[p]->alive && (!ex.local_pool || *ex.local_pool == PoolIndex(p))) {
+    if (PoolServes(PoolIndex(p), e)) {
       limits.largest_pool = std::max(limits.largest_pool, pools_[p]->num_slots);
     }
   }
@@ -388,8 +390,8 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
   auto preload = [&](Request* req) {
     Sequence* owner = req->Owner();
     if (!req->loading || req->load_ticket == 0 || req->preload_planned || owner == nullptr ||
-        req->preempt_when_landed || req->pending_finish != FinishReason::kNone ||
-        !PoolServes(req, e) || (req->executor >= 0 && req->executor != e)) {
+        req->preempt_when_landed || req->pending_finish != FinishReason::kNone || !req->pool ||
+        !PoolServes(*req->pool, e) || (req->executor >= 0 && req->executor != e)) {
       return false;
     }
     const int64_t count =
