@@ -197,23 +197,23 @@ inline void ValueSums(const float* sc, const uint16_t* v_base, const int32_t* sl
   }
 }
 
-// The tile kernel when the head size is known at compile time (64, 128): tile `tile` of
-// one row for KV heads [h0, h1), the keys read slot by slot. A slot holds every KV head of
-// one position, so each slot's K of those heads is one contiguous run, which DRAM and the
-// hardware prefetchers serve far better than the per-head pieces, strided by the slot,
-// that a walk head by head reads (docs/benchmarks.md, "Attention slot by slot"). Each
-// slot's V run is requested into L2 meanwhile, and p.v then walks the tile over those
-// lines, a few query heads of a KV head at a time, their sums in registers. Each head's
-// arithmetic is the head-by-head walk's (TileState), term for term: the same fused
-// products in the same order and the same reductions, so the results are bit-identical to
-// it (checked on the demo model's logits); only the order of the memory reads differs. Hands each
-// head's state (in s.acc/s.m/s.l) to sink(kvh). The work `after` names is requested into L2, spread
-// over all of this tile's work: its keys during q.k, one slot's with each slot here, and its values
-// during p.v, one share of the slots per KV head, a line every few steps of that head's sums.
-// (Requesting both during p.v alone left DRAM idle through q.k: 5-8% slower on the demo shape, up
-// to 30% on AVX2; docs/benchmarks.md, "The next tile's keys requested during q.k". Each head's
-// share at once, before its sums, left p.v's requests bunched: 3-9% slower; "The next tile's values
-// spread over p.v".)
+// The tile kernel when the head size is known at compile time (64, 128): tile `tile` of one
+// row for KV heads [h0, h1), the keys read slot by slot. A slot holds every KV head of one
+// position, so each slot's K of those heads is one contiguous run, which DRAM and the
+// hardware prefetchers serve far better than the per-head pieces, strided by the slot, that
+// a walk head by head reads (docs/benchmarks.md, "Attention slot by slot"). Each slot's V
+// run is requested into L2 meanwhile, and p.v then walks the tile over those lines, a few
+// query heads of a KV head at a time, their sums in registers. Each head's arithmetic is
+// the head-by-head walk's (TileState), term for term: the same fused products in the same
+// order and the same reductions, so the results are bit-identical to it (checked on the
+// demo model's logits); only the order of the memory reads differs. Hands each head's state
+// (in s.acc/s.m/s.l) to sink(kvh). The work `after` names is requested into L2, spread over
+// all of this tile's work: its keys during q.k, one slot's with each slot here, and its
+// values during p.v, one share of the slots per KV head, a line every few steps of that
+// head's sums. (Requesting both during p.v alone left DRAM idle through q.k: 5-8% slower on
+// the demo shape, up to 30% on AVX2; docs/benchmarks.md, "The next tile's keys requested
+// during q.k". Each head's share at once, before its sums, left p.v's requests bunched:
+// 3-9% slower; "The next tile's values spread over p.v".)
 template <class Ops, KvDType kKv, int kDim, class Sink>
 void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const AttentionRow& row,
                         int tile, int h0, int h1, const NextKeys& after, const uint16_t* k_cache,
