@@ -57,6 +57,10 @@ ABSL_FLAG(strata::PrefillPolicy, prefill_attention, strata::RemoteAttentionOptio
 ABSL_FLAG(int64_t, attention_timeout_ms,
           absl::ToInt64Milliseconds(strata::RemoteAttentionOptions().layer_timeout),
           "Disaggregated mode: how long a layer waits for a memory node before declaring it hung");
+ABSL_FLAG(int64_t, attention_answer_spin_us,
+          absl::ToInt64Microseconds(strata::RemoteAttentionOptions().answer_spin),
+          "Disaggregated mode: how long the step thread polls the data plane for a layer's "
+          "answers before it sleeps until they come (0: it sleeps at once)");
 ABSL_FLAG(strata::Pipelining, pipelining, strata::Pipelining::kOff,
           "Batches in flight in disaggregated mode: off (one), or two (while one batch's "
           "attention is on the memory nodes, the other's GEMMs run; the scheduler needs "
@@ -129,6 +133,7 @@ int main(int argc, char** argv) {
   options.remote.min_minibatch_rows = absl::GetFlag(FLAGS_attention_min_minibatch_rows);
   options.remote.prefill_policy = absl::GetFlag(FLAGS_prefill_attention);
   options.remote.layer_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_attention_timeout_ms));
+  options.remote.answer_spin = absl::Microseconds(absl::GetFlag(FLAGS_attention_answer_spin_us));
   options.handoff_timeout = options.remote.layer_timeout;
   options.remote.verify_checksums = absl::GetFlag(FLAGS_verify_checksums);
   auto registry = std::make_shared<strata::metrics::MetricsRegistry>();

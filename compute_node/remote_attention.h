@@ -74,6 +74,10 @@ struct RemoteAttentionOptions {
   int min_minibatch_rows = 16;  // fewer rows than this per mini-batch: fewer of them
   PrefillPolicy prefill_policy = PrefillPolicy::kSplit;
   absl::Duration layer_timeout = absl::Seconds(10);
+  // How long WaitLayer progresses the transport on the step thread, waiting for a layer's
+  // answers, before it sleeps until the transport thread wakes it (Transport::ProgressUntil).
+  // Zero: it sleeps at once.
+  absl::Duration answer_spin = absl::Microseconds(200);
   bool verify_checksums = true;
   // Called on the step thread after each layer with the seconds from its first send to its
   // last answer (the attention round trip); may be empty.

@@ -80,12 +80,22 @@ absl::Status RemoteAttention::WaitLayer(int layer, BatchBuffers& b, int64_t m) {
   // Wait for every answer, a dead peer, or the deadline.
   const Stopwatch wait_watch;
   std::vector<Expected> answers;
+  // The deadline counts from the layer's first send: with two batches in flight the other
+  // lane's stage ran in between.
+  const absl::Duration left =
+      std::max(absl::ZeroDuration(), options_.layer_timeout - layer_watch_.Elapsed());
+  if (options_.answer_spin > absl::ZeroDuration()) {
+    // Answers due within microseconds: taken off the worker here, without the two wake-ups
+    // (the transport thread's, then this thread's) that sleeping would cost.
+    transport_->ProgressUntil(
+        [this] {
+          std::lock_guard<std::mutex> lock(mu_);
+          return LayerSettledLocked();
+        },
+        absl::Now() + std::min(options_.answer_spin, left));
+  }
   {
     std::unique_lock<std::mutex> lock(mu_);
-    // The deadline counts from the layer's first send: with two batches in flight the other
-    // lane's stage ran in between.
-    const absl::Duration left =
-        std::max(absl::ZeroDuration(), options_.layer_timeout - layer_watch_.Elapsed());
     cv_.wait_for(lock, absl::ToChronoNanoseconds(left), [&] { return LayerSettledLocked(); });
     answers = std::move(expected_);
     expected_.clear();

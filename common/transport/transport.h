@@ -4,8 +4,9 @@
 // handler for its tag. Messages to one peer arrive in the order they were sent. Every
 // transport runs one thread of its own ("the transport thread") that drives the network
 // and sleeps in a blocking wait (for UCX: its wakeup file descriptor in epoll) whenever
-// nothing is in flight; nothing spins. Handlers and completion callbacks run on that
-// thread and must be short: they hand work to other threads.
+// nothing is in flight; it never spins. Handlers and completion callbacks run on that
+// thread, or on a thread that progresses the transport itself for a bounded time
+// (ProgressUntil), and must be short: they hand work to other threads.
 //
 // A receive is in two parts, so that large payloads can land where they are needed with
 // no extra copy (UCX rendezvous): the handler first says where the payload goes (Place),
@@ -36,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -161,6 +163,15 @@ class Transport {
   virtual void PutWithFlag(PeerId peer, const RemoteRegion& region, uint64_t remote_address,
                            std::span<const uint8_t> data, uint64_t flag_address,
                            uint64_t flag_value, SendDone done);
+
+  // Progresses the transport on the calling thread until `done()` holds or `deadline`
+  // passes, and returns done(). For a thread that expects an answer within microseconds
+  // and would otherwise sleep and be woken for it through the transport thread (two
+  // wake-ups; a compute node's step thread, once per layer). Handlers and completion
+  // callbacks may run on this thread meanwhile; the caller holds no lock they take. Between
+  // rounds the thread yields its core, so that a thread woken on the same core (a memory
+  // node's, answering) runs at once. The default progresses nothing: it checks done() once.
+  virtual bool ProgressUntil(absl::FunctionRef<bool()> done, absl::Time deadline) { return done(); }
 
   // Times the transport's thread, asleep waiting for traffic, was not woken by traffic that
   // came and found it only when its safety bound on the sleep ran out (UCX: one second).

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <thread>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -309,6 +310,97 @@ TEST_P(TransportTest, SendsToABusyPeerLoseNoWakeUp) {
   }
   EXPECT_EQ(client_->LostWakeups(), 0);
   EXPECT_EQ(server_->LostWakeups(), 0);
+}
+
+// Round trips whose answers the sender takes off the transport on its own thread
+// (ProgressUntil), as a compute node's step thread does once per layer, while the
+// transport thread, woken by the same traffic, competes for them. The client's handler
+// acknowledges each answer with a send of its own, from whichever thread it runs on. Every
+// answer and every acknowledgement arrives once and in order, and with UCX some answers
+// were delivered on the test's thread.
+TEST_P(TransportTest, AnswersTakenOnTheWaitingThreadArriveOnceAndInOrder) {
+  constexpr int kRounds = 300;
+  class Echo : public MessageHandler {
+   public:
+    std::span<uint8_t> Place(PeerId, std::span<const uint8_t>, size_t) override { return {}; }
+    void Deliver(PeerId from, std::span<const uint8_t> header, std::span<const uint8_t>,
+                 absl::Status) override {
+      transport->Send(from, kFrameTag, header, {},
+                      [](absl::Status s) { EXPECT_TRUE(s.ok()) << s; });
+    }
+    Transport* transport = nullptr;
+  } echo;
+  class Answers : public MessageHandler {
+   public:
+    std::span<uint8_t> Place(PeerId, std::span<const uint8_t>, size_t) override { return {}; }
+    void Deliver(PeerId from, std::span<const uint8_t> header, std::span<const uint8_t>,
+                 absl::Status status) override {
+      EXPECT_TRUE(status.ok()) << status;
+      int index;
+      std::memcpy(&index, header.data(), 4);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        indices.push_back(index);
+        on_waiting_thread += std::this_thread::get_id() == waiting_thread ? 1 : 0;
+      }
+      // The acknowledgement, sent from inside the handler.
+      transport->Send(from, kFrameTag, header, {},
+                      [](absl::Status s) { EXPECT_TRUE(s.ok()) << s; });
+    }
+    int count() {
+      std::lock_guard<std::mutex> lock(mu);
+      return static_cast<int>(indices.size());
+    }
+    std::mutex mu;
+    std::vector<int> indices;
+    int on_waiting_thread = 0;
+    std::thread::id waiting_thread = std::this_thread::get_id();
+    Transport* transport = nullptr;
+  } answers;
+  MakePair(&echo, &answers);
+  absl::Cleanup close = [&] {
+    client_.reset();
+    server_.reset();
+  };
+  echo.transport = server_.get();
+  answers.transport = client_.get();
+  for (int i = 0; i < kRounds; ++i) {
+    uint8_t header[4];
+    std::memcpy(header, &i, 4);
+    client_->Send(to_server_, kFrameTag + 1, header, {},
+                  [](absl::Status s) { EXPECT_TRUE(s.ok()); });
+    const absl::Time give_up = absl::Now() + absl::Seconds(20);
+    // Short spins, some of which run out, so that both threads take answers.
+    while (!client_->ProgressUntil([&] { return answers.count() > i; },
+                                   absl::Now() + absl::Microseconds(i % 3 == 0 ? 5 : 200))) {
+      ASSERT_LT(absl::Now(), give_up) << "no answer to message " << i;
+    }
+  }
+  ASSERT_TRUE(server_rx_.WaitFor(kRounds));
+  const auto acks = server_rx_.messages();
+  std::lock_guard<std::mutex> lock(answers.mu);
+  ASSERT_EQ(answers.indices.size(), kRounds);
+  for (int i = 0; i < kRounds; ++i) {
+    ASSERT_EQ(answers.indices[i], i);
+    int index;
+    std::memcpy(&index, acks[i].header.data(), 4);
+    ASSERT_EQ(index, i);
+  }
+  if (GetParam().config.backend == transport::Backend::kUcx) {
+    EXPECT_GT(answers.on_waiting_thread, 0);
+  } else {
+    EXPECT_EQ(answers.on_waiting_thread, 0);  // inproc progresses nothing on the caller
+  }
+  EXPECT_EQ(client_->LostWakeups(), 0);
+}
+
+// Nothing comes: ProgressUntil gives up at its deadline, not before.
+TEST_P(TransportTest, ProgressUntilReturnsFalseAtItsDeadline) {
+  MakePair();
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(2);
+  EXPECT_FALSE(client_->ProgressUntil([] { return false; }, deadline));
+  if (GetParam().config.backend == transport::Backend::kUcx) EXPECT_GE(absl::Now(), deadline);
+  EXPECT_TRUE(client_->ProgressUntil([] { return true; }, deadline));
 }
 
 TEST_P(TransportTest, SendToUnknownPeerFails) {

@@ -85,6 +85,7 @@ class UcxTransport final : public Transport, private EventLoop::Poller {
   void PutWithFlag(PeerId peer, const RemoteRegion& region, uint64_t remote_address,
                    std::span<const uint8_t> data, uint64_t flag_address, uint64_t flag_value,
                    SendDone done) override;
+  bool ProgressUntil(absl::FunctionRef<bool()> done, absl::Time deadline) override;
 
  private:
   // A received message waiting for its payload or for earlier messages: deliveries keep
@@ -128,6 +129,9 @@ class UcxTransport final : public Transport, private EventLoop::Poller {
     Tag tag;
   };
 
+  // Whether this thread uses the worker now: the transport thread, or a thread inside
+  // ProgressUntil (whose handlers may send).
+  bool WorkerIsOurs() const;
   // Runs `fn` on the transport thread; false (and `fn` dropped) once it is shutting down.
   bool Post(EventLoop::Closure fn);
   // EventLoop::Poller, on the transport thread.

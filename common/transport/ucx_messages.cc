@@ -135,8 +135,9 @@ void UcxTransport::Send(PeerId peer, Tag tag, std::span<const uint8_t> header,
     ctx->iov.push_back({const_cast<uint8_t*>(part.data()), part.size()});
   }
   ctx->done = std::move(done);
-  // On the transport thread (a handler answering), the worker is already ours.
-  if (loop_.InLoopThread()) {
+  // On the transport thread, or a handler answering on a thread in ProgressUntil: the
+  // worker is already ours.
+  if (WorkerIsOurs()) {
     StartSend(std::move(ctx), tag);
     return;
   }

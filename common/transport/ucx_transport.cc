@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <netdb.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -213,6 +214,34 @@ void UcxTransport::Wait(absl::Time deadline) {
 }
 
 void UcxTransport::Wake() { ucp_worker_signal(worker_); }
+
+namespace {
+// The transport whose worker this thread progresses inside ProgressUntil, if any.
+thread_local const UcxTransport* progressing = nullptr;
+}  // namespace
+
+bool UcxTransport::WorkerIsOurs() const { return loop_.InLoopThread() || progressing == this; }
+
+bool UcxTransport::ProgressUntil(absl::FunctionRef<bool()> done, absl::Time deadline) {
+  while (!done()) {
+    if (absl::Now() >= deadline) return false;
+    bool progressed = false;
+    // Work posted to the transport thread (a send that found the worker busy) goes first,
+    // there: progressing here meanwhile could deliver an answer to it before it is sent.
+    if (progressing != this && loop_.NothingPosted()) {
+      std::unique_lock<std::mutex> worker_lock(worker_mu_, std::try_to_lock);
+      if (worker_lock.owns_lock()) {
+        progressing = this;
+        while (ucp_worker_progress(worker_) != 0) progressed = true;
+        progressing = nullptr;
+      }
+    }
+    // The transport thread, woken by the same traffic, takes the worker when it is free;
+    // a thread of a peer on this core runs now rather than after this one's time slice.
+    if (!progressed) sched_yield();
+  }
+  return true;
+}
 
 void UcxTransport::ClosePeers() {
   if (listen_fd_ >= 0) {

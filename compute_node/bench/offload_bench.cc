@@ -65,6 +65,10 @@ ABSL_FLAG(int64_t, eager_max_bytes, -1,
           "UCX eager limit on both sides (-1: the transport's default; 0: UCX's own choice)");
 ABSL_FLAG(int, minibatches, 2, "Mini-batches per memory node and layer (breakdown)");
 ABSL_FLAG(int, min_minibatch_rows, 16, "Rows a mini-batch needs at least");
+ABSL_FLAG(int64_t, answer_spin_us,
+          absl::ToInt64Microseconds(strata::RemoteAttentionOptions().answer_spin),
+          "How long the step thread polls the data plane for a layer's answers before it "
+          "sleeps (breakdown)");
 ABSL_FLAG(std::string, tls, "sm,self,tcp", "UCX transports for the data plane (breakdown)");
 ABSL_FLAG(int, iters, 8, "Timed steps per round");
 ABSL_FLAG(int, rounds, 5, "Interleaved rounds per configuration");
@@ -178,6 +182,7 @@ int Breakdown(const ModelWeights& weights, const std::string& memory_bin) {
   options.transport.auth_key = bench::BenchAuth()->data_plane_key();
   options.minibatches = absl::GetFlag(FLAGS_minibatches);
   options.min_minibatch_rows = absl::GetFlag(FLAGS_min_minibatch_rows);
+  options.answer_spin = absl::Microseconds(absl::GetFlag(FLAGS_answer_spin_us));
   auto remote = RemoteAttention::Create(c, options);
   if (!remote.ok()) return 1;
   (*remote)->SetMemoryNodes(1, bench::Addresses(nodes));
