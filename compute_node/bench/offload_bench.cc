@@ -25,6 +25,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <iostream>
+#include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -72,6 +74,11 @@ ABSL_FLAG(int64_t, answer_spin_us,
 ABSL_FLAG(std::string, tls, "sm,self,tcp", "UCX transports for the data plane (breakdown)");
 ABSL_FLAG(int, iters, 8, "Timed steps per round");
 ABSL_FLAG(int, rounds, 5, "Interleaved rounds per configuration");
+ABSL_FLAG(bool, rounds_on_stdin, false,
+          "Breakdown, first batch size only: after set-up, run one round of offloaded steps "
+          "(warm-up steps, then --iters timed ones) for each line read from stdin, and print "
+          "its median step as `offload_ms X`, until stdin ends; for a driver that pairs each "
+          "round with another measurement taken right beside it (step_loop_bench.py --pairs)");
 ABSL_FLAG(int, warmup_steps, 2, "Untimed steps of each mode before its timed ones, every round");
 ABSL_FLAG(std::string, rates_mbit, "1000,2500,10000", "Link rates (overlap)");
 ABSL_FLAG(std::string, overlap_minibatches, "1,2,4", "Mini-batch counts (overlap)");
@@ -225,6 +232,20 @@ int Breakdown(const ModelWeights& weights, const std::string& memory_bin) {
     setup.step_id = step_id++;
     if (!(*remote)->BeginStep(setup).ok()) return 1;
     (*remote)->EndStep();
+    if (absl::GetFlag(FLAGS_rounds_on_stdin)) {
+      std::printf("ready\n");
+      std::fflush(stdout);
+      for (std::string line; std::getline(std::cin, line);) {
+        for (int i = 0; i < absl::GetFlag(FLAGS_warmup_steps); ++i) {
+          sr.Run(**remote, step_id++, i, nullptr);
+        }
+        std::vector<double> steps;
+        for (int i = 0; i < iters; ++i) steps.push_back(sr.Run(**remote, step_id++, i, nullptr));
+        std::printf("offload_ms %.4f\n", Median(steps) * 1e3);
+        std::fflush(stdout);
+      }
+      break;
+    }
     NoAttention none;
     std::vector<double> coloc, offload, gemm, wait, mem_attention, out_bytes, back_bytes, sends,
         merges;

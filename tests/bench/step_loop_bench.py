@@ -18,12 +18,22 @@ round's own served/in-process ratio (a pair of figures a minute or two apart), t
 and range, and the compute node's figures over the served streams: its waits for plans and
 its own step time, which split what serving loses into waiting and slower steps.
 
+With --pairs=N the rounds above are skipped for a finer interleave, because the machine's
+speed moves within the minute or two a round takes: each layout's deployment (asynchronous
+scheduling, the launcher's default) is started once and left up, idle between streams, and
+N pairs alternate one in-process measurement (co-located: a decode_bench run of one round;
+2 memory nodes: one round of 24 steps of an offload_bench process kept up beside it,
+--rounds_on_stdin) with one streamed 128-token completion, a second or so apart. It prints
+the median of the pairs' served/in-process ratios, their range, and the pairs at 0.95 or
+above.
+
 With --llama_dir (a llama.cpp build directory, built outside the repository), llama-server
 serves the same weights (exported to GGUF by export_gguf.py) with as many threads, and the
 same streamed completion is timed in the same rounds.
 
   /usr/bin/python3 tests/bench/step_loop_bench.py --bin_dir="$(bazel info bazel-bin)" \
-      [--rounds=3] [--llama_dir=DIR] [--launcher_args="--server_args=--plan_ahead_lead=1"]
+      [--rounds=3 | --pairs=20] [--llama_dir=DIR] \
+      [--launcher_args="--server_args=--plan_ahead_lead=1"]
 """
 import argparse
 import os
@@ -38,10 +48,10 @@ import peer_bench  # noqa: E402
 CONTEXT = 64
 
 
-def in_process_colocated(bin_dir, model):
+def in_process_colocated(bin_dir, model, rounds=3):
     out = subprocess.run(
         [f"{bin_dir}/compute_node/bench/decode_bench", f"--model={model}", "--batches=1",
-         f"--contexts={CONTEXT}", "--rounds=3"], env=compare_builds.ENV, capture_output=True,
+         f"--contexts={CONTEXT}", f"--rounds={rounds}"], env=compare_builds.ENV, capture_output=True,
         text=True, check=True, cwd="/tmp").stdout
     rows = compare_builds.table_rows(out, 2)
     return float(rows[f"batch=1 ctx={CONTEXT}"]["tok/s"])
@@ -57,10 +67,66 @@ def in_process_offloaded(bin_dir, model):
     return 1000.0 / float(rows["batch=1"]["offload_ms"])
 
 
+def paired(args, model, env):
+    """--pairs: each layout's deployment stays up while in-process measurements and served
+    streams alternate beside it."""
+    print(f"served async over in-process, {args.pairs} pairs per layout, each an in-process "
+          f"measurement and a streamed 128-token completion taken back to back (alternating "
+          f"which goes first), in-process at context {CONTEXT}")
+    print(f"{'layout':<16} {'in-process':>10} {'served':>8} {'pairs: median [lowest, highest]':>32} "
+          f"{'pairs >= 0.95':>14}")
+    for layout, nodes in (("co-located", 0), ("2 memory nodes", 2)):
+        extra = (["--data_plane=sm"] if nodes else []) + args.launcher_args.split()
+        offload = None
+        if nodes:
+            offload = subprocess.Popen(
+                [f"{args.bin_dir}/compute_node/bench/offload_bench", "--mode=breakdown",
+                 f"--model={model}", "--batches=1", f"--ctx={CONTEXT}", "--iters=24",
+                 "--warmup_steps=4", "--rounds_on_stdin",
+                 f"--memory_node_bin={args.bin_dir}/memory_node/memory_node"],
+                env=compare_builds.ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL, text=True, cwd="/tmp")
+            while offload.stdout.readline().strip() != "ready":
+                if offload.poll() is not None:
+                    raise RuntimeError("offload_bench exited before it was ready")
+
+        def in_process():
+            if offload is None:
+                return in_process_colocated(args.bin_dir, model, rounds=1)
+            offload.stdin.write("round\n")
+            offload.stdin.flush()
+            return 1000.0 / float(offload.stdout.readline().split()[1])
+        try:
+            with compare_builds.launch(args.bin_dir, nodes, extra, env=env) as (port, name, _):
+                compare_builds.stream_tokens_per_second(port, name, 16)  # warm-up
+                in_process()
+                pairs = []
+                for i in range(args.pairs):
+                    pair = {}
+                    for which in (("in", "served") if i % 2 == 0 else ("served", "in")):
+                        pair[which] = (in_process() if which == "in" else
+                                       compare_builds.stream_tokens_per_second(port, name, 128))
+                    pairs.append((pair["in"], pair["served"]))
+                    print(f"pair {i + 1} {layout}: in-process {pair['in']:.2f}, served "
+                          f"{pair['served']:.2f} tok/s", file=sys.stderr, flush=True)
+        finally:
+            if offload is not None:
+                offload.stdin.close()
+                offload.wait(timeout=60)
+        ratios = [s / i for i, s in pairs]
+        cell = (f"{statistics.median(ratios):.3f} [{min(ratios):.3f}, "
+                f"{max(ratios):.3f}]")
+        print(f"{layout:<16} {statistics.median(i for i, _ in pairs):>10.2f} "
+              f"{statistics.median(s for _, s in pairs):>8.2f} {cell:>32} "
+              f"{f'{sum(r >= 0.95 for r in ratios)} of {len(ratios)}':>14}", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bin_dir", required=True)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=0,
+                        help="instead of rounds: N tight pairs per layout (see above)")
     parser.add_argument("--llama_dir", default="",
                         help="a llama.cpp build directory: llama-server joins the rounds")
     parser.add_argument("--launcher_args", default="",
@@ -70,6 +136,9 @@ def main():
     model = compare_builds.demo_model()
     env = {k: v for k, v in os.environ.items()
            if k not in ("OMP_NUM_THREADS", "GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    if args.pairs:
+        paired(args, model, env)
+        return
     waits = {}
 
     def served(memory_nodes, extra):
