@@ -66,6 +66,12 @@ inline void PrefetchLines(const void* p, int bytes) {
   for (int b = 0; b < bytes; b += 64) __builtin_prefetch(c + b);
 }
 
+// The i-th of `parts` near-equal shares of [0, n): [n * i / parts, n * (i + 1) / parts).
+struct Share {
+  int begin, end;
+};
+inline Share EvenShare(int n, int i, int parts) { return {n * i / parts, n * (i + 1) / parts}; }
+
 // Into L2 only (prefetcht1): the far prefetch of whole slots, ahead of the per-head one.
 inline void PrefetchLinesL2(const void* p, int bytes) {
   const char* c = static_cast<const char*>(p);
@@ -296,7 +302,7 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   constexpr int kPvHeads = std::max(1, (L == 16 ? 16 : 8) / kChunks);
   const int lines_per_slot = after_bytes / 64;
   for (int kvh = 0; kvh < h1 - h0; ++kvh) {
-    const int j0 = after.n * kvh / (h1 - h0), j1 = after.n * (kvh + 1) / (h1 - h0);
+    const auto [j0, j1] = EvenShare(after.n, kvh, h1 - h0);
     const int passes = (group + kPvHeads - 1) / kPvHeads;
     Spread spread(static_cast<int64_t>(j1 - j0) * lines_per_slot, static_cast<int64_t>(passes) * n);
     int at_slot = j0, at_line = 0;  // the next line to request
@@ -367,8 +373,8 @@ void TileHeadsByHead(const AttentionParams& p, const float* q_row_f32, const Att
   const int heads = h1 - h0;
   for (int kvh = h0; kvh < h1; ++kvh) {
     if (after.n > 0 && run_bytes > 0) {
-      const int j0 = after.n * (kvh - h0) / heads, j1 = after.n * (kvh - h0 + 1) / heads;
-      for (int j = j0; j < j1; ++j) {
+      const Share share = EvenShare(after.n, kvh - h0, heads);
+      for (int j = share.begin; j < share.end; ++j) {
         const int64_t at = after.slots[j] * slot_stride + run_offset;
         PrefetchLinesL2(k_cache + at, run_bytes);
         PrefetchLinesL2(v_cache + at, run_bytes);
