@@ -31,11 +31,18 @@ struct Pair {
   std::unique_ptr<MemoryServer> server;
   std::unique_ptr<RemoteAttention> remote;
 
-  Pair(const ModelConfig& c, int minibatches, int min_rows, int64_t slots) {
+  // Over the in-process transport unless `data_plane` is given (then UCX, as deployed).
+  Pair(const ModelConfig& c, int minibatches, int min_rows, int64_t slots,
+       const transport::TransportConfig* data_plane = nullptr,
+       absl::Duration answer_spin = RemoteAttentionOptions().answer_spin) {
     static int instance = 0;
     MemoryServerOptions server_options;
     server_options.transport.backend = transport::Backend::kInproc;
     server_options.data_address = "remote-attention-test-" + std::to_string(++instance);
+    if (data_plane != nullptr) {
+      server_options.transport = *data_plane;
+      server_options.data_address = "127.0.0.1:0";
+    }
     server_options.prefault_kv = false;
     server = std::move(*MemoryServer::Create(server_options));
     MemoryConfig mc;
@@ -51,6 +58,8 @@ struct Pair {
     EXPECT_TRUE(server->Configure(mc).ok());
     RemoteAttentionOptions options;
     options.transport.backend = transport::Backend::kInproc;
+    if (data_plane != nullptr) options.transport = *data_plane;
+    options.answer_spin = answer_spin;
     options.minibatches = minibatches;
     options.min_minibatch_rows = min_rows;
     remote = std::move(*RemoteAttention::Create(c, options));
@@ -129,6 +138,37 @@ TEST(RemoteAttentionTest, MinibatchingDoesNotChangeTheOutput) {
   EXPECT_EQ(a, b);
   // Not all zeros (a failed share would be).
   EXPECT_NE(std::count(a.begin(), a.end(), 0), static_cast<long>(a.size()));
+}
+
+// Over UCX, the step thread either polls for each layer's answers
+// (RemoteAttentionOptions::answer_spin, Transport::ProgressUntil) and takes them itself, or
+// sleeps until the transport thread has them: the outputs are the same bits as over the
+// in-process transport, whole and in mini-batches, and no layer times out.
+TEST(RemoteAttentionTest, AnswersTakenByTheStepThreadGiveTheSameOutput) {
+  const ModelConfig c = Shape();
+  const int requests = 12, steps = 4;
+  Pair reference(c, 2, 1, requests * steps);
+  uint64_t frames = 0;
+  const auto want = Decode(reference, c, requests, steps, 11, &frames);
+  transport::TransportConfig tcp;
+  tcp.ucx_options = {{"TLS", "tcp"}, {"NET_DEVICES", "lo"}};
+  tcp.auth_key = "0123456789abcdef0123456789abcdef";
+  transport::TransportConfig sm = tcp;
+  sm.ucx_options = {{"TLS", "sm,self,tcp"}, {"NET_DEVICES", "lo"}};
+  sm.error_mode = transport::ErrorMode::kNone;
+  for (const auto* config : {&tcp, &sm}) {
+    for (const absl::Duration spin : {absl::ZeroDuration(), absl::Microseconds(200)}) {
+      for (const int minibatches : {1, 2}) {
+        Pair pair(c, minibatches, 1, requests * steps, config, spin);
+        const auto got = Decode(pair, c, requests, steps, 11, &frames);
+        EXPECT_EQ(got, want) << config->ucx_options.at("TLS") << ", spin "
+                             << absl::FormatDuration(spin) << ", " << minibatches
+                             << " mini-batch(es)";
+        EXPECT_EQ(pair.remote->stats().timeouts, 0u);
+      }
+    }
+  }
+  EXPECT_NE(std::count(want.begin(), want.end(), 0), static_cast<long>(want.size()));
 }
 
 }  // namespace
