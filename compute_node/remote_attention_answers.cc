@@ -82,8 +82,9 @@ absl::Status RemoteAttention::WaitLayer(int layer, BatchBuffers& b, int64_t m) {
   std::vector<Expected> answers;
   // The deadline counts from the layer's first send: with two batches in flight the other
   // lane's stage ran in between.
-  const absl::Duration left =
-      std::max(absl::ZeroDuration(), options_.layer_timeout - layer_watch_.Elapsed());
+  auto left = [&] {
+    return std::max(absl::ZeroDuration(), options_.layer_timeout - layer_watch_.Elapsed());
+  };
   if (options_.answer_spin > absl::ZeroDuration()) {
     // Answers due within microseconds: taken off the worker here, without the two wake-ups
     // (the transport thread's, then this thread's) that sleeping would cost.
@@ -92,11 +93,11 @@ absl::Status RemoteAttention::WaitLayer(int layer, BatchBuffers& b, int64_t m) {
           std::lock_guard<std::mutex> lock(mu_);
           return LayerSettledLocked();
         },
-        absl::Now() + std::min(options_.answer_spin, left));
+        absl::Now() + std::min(options_.answer_spin, left()));
   }
   {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, absl::ToChronoNanoseconds(left), [&] { return LayerSettledLocked(); });
+    cv_.wait_for(lock, absl::ToChronoNanoseconds(left()), [&] { return LayerSettledLocked(); });
     answers = std::move(expected_);
     expected_.clear();
     layer_ = -1;

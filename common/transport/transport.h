@@ -170,7 +170,10 @@ class Transport {
   // wake-ups; a compute node's step thread, once per layer). Handlers and completion
   // callbacks may run on this thread meanwhile; the caller holds no lock they take. Between
   // rounds the thread yields its core, so that a thread woken on the same core (a memory
-  // node's, answering) runs at once. The default progresses nothing: it checks done() once.
+  // node's, answering) runs at once. If a handler started a send meanwhile, it wakes the
+  // transport thread on the way out, for a send left pending. On the transport thread,
+  // inside a handler of another ProgressUntil, and by default (a backend with nothing to
+  // progress) it checks done() once.
   virtual bool ProgressUntil(absl::FunctionRef<bool()> done, absl::Time deadline) { return done(); }
 
   // Times the transport's thread, asleep waiting for traffic, was not woken by traffic that

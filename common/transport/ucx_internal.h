@@ -132,6 +132,10 @@ class UcxTransport final : public Transport, private EventLoop::Poller {
   // Whether this thread uses the worker now: the transport thread, or a thread inside
   // ProgressUntil (whose handlers may send).
   bool WorkerIsOurs() const;
+  // The transport whose worker this thread progresses inside ProgressUntil, if any, and
+  // whether a handler started a send meanwhile.
+  static thread_local const UcxTransport* progressing_;
+  static thread_local bool sent_while_progressing_;
   // Runs `fn` on the transport thread; false (and `fn` dropped) once it is shutting down.
   bool Post(EventLoop::Closure fn);
   // EventLoop::Poller, on the transport thread.

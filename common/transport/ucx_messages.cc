@@ -138,6 +138,7 @@ void UcxTransport::Send(PeerId peer, Tag tag, std::span<const uint8_t> header,
   // On the transport thread, or a handler answering on a thread in ProgressUntil: the
   // worker is already ours.
   if (WorkerIsOurs()) {
+    if (progressing_ == this) sent_while_progressing_ = true;  // ProgressUntil wakes the loop
     StartSend(std::move(ctx), tag);
     return;
   }

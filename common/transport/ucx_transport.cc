@@ -215,32 +215,41 @@ void UcxTransport::Wait(absl::Time deadline) {
 
 void UcxTransport::Wake() { ucp_worker_signal(worker_); }
 
-namespace {
-// The transport whose worker this thread progresses inside ProgressUntil, if any.
-thread_local const UcxTransport* progressing = nullptr;
-}  // namespace
+thread_local const UcxTransport* UcxTransport::progressing_ = nullptr;
+thread_local bool UcxTransport::sent_while_progressing_ = false;
 
-bool UcxTransport::WorkerIsOurs() const { return loop_.InLoopThread() || progressing == this; }
+bool UcxTransport::WorkerIsOurs() const { return loop_.InLoopThread() || progressing_ == this; }
 
 bool UcxTransport::ProgressUntil(absl::FunctionRef<bool()> done, absl::Time deadline) {
-  while (!done()) {
-    if (absl::Now() >= deadline) return false;
+  // The transport thread, or a handler inside another ProgressUntil, holds the worker
+  // already: nothing to add.
+  if (WorkerIsOurs()) return done();
+  sent_while_progressing_ = false;
+  bool settled = done();
+  while (!settled && absl::Now() < deadline) {
     bool progressed = false;
     // Work posted to the transport thread (a send that found the worker busy) goes first,
     // there: progressing here meanwhile could deliver an answer to it before it is sent.
-    if (progressing != this && loop_.NothingPosted()) {
+    if (loop_.NothingPosted()) {
       std::unique_lock<std::mutex> worker_lock(worker_mu_, std::try_to_lock);
       if (worker_lock.owns_lock()) {
-        progressing = this;
+        progressing_ = this;
         while (ucp_worker_progress(worker_) != 0) progressed = true;
-        progressing = nullptr;
+        progressing_ = nullptr;
       }
     }
+    settled = done();
     // The transport thread, woken by the same traffic, takes the worker when it is free;
     // a thread of a peer on this core runs now rather than after this one's time slice.
-    if (!progressed) sched_yield();
+    if (!settled && !progressed) sched_yield();
   }
-  return true;
+  // A send a handler started here may have found the peer's FIFO full and stayed pending:
+  // it needs the worker progressed again, which no event announces, so the transport
+  // thread does it (as after Send from another thread). The rest of what progressing left
+  // (a rendezvous acknowledgement, say) is in hand of the transport thread anyway: the
+  // traffic that this thread took woke it if it slept.
+  if (sent_while_progressing_) Wake();
+  return settled;
 }
 
 void UcxTransport::ClosePeers() {

@@ -86,17 +86,25 @@ def paired(args, model, env):
                  f"--memory_node_bin={args.bin_dir}/memory_node/memory_node"],
                 env=compare_builds.ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL, text=True, cwd="/tmp")
-            while offload.stdout.readline().strip() != "ready":
-                if offload.poll() is not None:
-                    raise RuntimeError("offload_bench exited before it was ready")
 
         def in_process():
             if offload is None:
                 return in_process_colocated(args.bin_dir, model, rounds=1)
             offload.stdin.write("round\n")
             offload.stdin.flush()
-            return 1000.0 / float(offload.stdout.readline().split()[1])
+            line = offload.stdout.readline().split()
+            if len(line) != 2 or line[0] != "offload_ms":
+                raise RuntimeError(f"offload_bench stopped answering (exit code {offload.poll()})")
+            return 1000.0 / float(line[1])
+
         try:
+            while offload is not None:
+                line = offload.stdout.readline()
+                if line.strip() == "ready":
+                    break
+                if not line:
+                    raise RuntimeError(f"offload_bench exited before it was ready "
+                                       f"(exit code {offload.wait()})")
             with compare_builds.launch(args.bin_dir, nodes, extra, env=env) as (port, name, _):
                 compare_builds.stream_tokens_per_second(port, name, 16)  # warm-up
                 in_process()
@@ -111,8 +119,15 @@ def paired(args, model, env):
                           f"{pair['served']:.2f} tok/s", file=sys.stderr, flush=True)
         finally:
             if offload is not None:
-                offload.stdin.close()
-                offload.wait(timeout=60)
+                try:
+                    offload.stdin.close()  # ends its rounds; it stops its memory nodes
+                except BrokenPipeError:
+                    pass
+                try:
+                    offload.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    offload.kill()
+                    offload.wait()
         ratios = [s / i for i, s in pairs]
         cell = (f"{statistics.median(ratios):.3f} [{min(ratios):.3f}, "
                 f"{max(ratios):.3f}]")
