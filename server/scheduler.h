@@ -335,8 +335,9 @@ class Scheduler {
   void UpdateAdvice();
   // Sends a plan (already recorded in the executor's in_flight) and applies its result.
   void SubmitPlan(int executor, std::shared_ptr<const StepPlan> plan);
-  // Whether `pool` is alive and `executor` reaches it (co-located: its own pool only).
-  bool PoolServes(PoolIndex pool, int executor) const;
+  // Whether `pool` is alive and `executor` reaches it (co-located: its own pool only); no
+  // pool (a request not placed) serves nobody.
+  bool PoolServes(std::optional<PoolIndex> pool, int executor) const;
   // The batch planner's view for the next plan of `executor` (planner_view_, less the
   // budgets), and the running requests whose prefix loads a chunk may run over.
   void FillPlannerView(int executor, std::vector<Request*>* preloading);

@@ -121,7 +121,6 @@ class PlannerTest : public ::testing::Test {
   HeldExecutor* executor_ = nullptr;
   std::vector<HeldExecutor*> replicas_;
   std::vector<RequestUpdate> updates_;
-  int64_t preemptions_seen_ = 0;
 };
 
 TEST_F(PlannerTest, SynchronousPlansOneStepAtATimeWithLiteralTokens) {
@@ -421,6 +420,7 @@ TEST_F(PlannerTest, APrefetchReserveKeepsRoomBesideTheRunningBatch) {
 // every request must finish, no preemption may free less than the planner counted on, and
 // every slot must be back at the end.
 TEST_F(PlannerTest, RandomWorkloadsOnATightPoolFinishWithNoShortfall) {
+  int64_t preemptions_seen = 0;
   for (int seed = 0; seed < 24; ++seed) {
     std::mt19937 rng(seed);
     auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
@@ -466,12 +466,12 @@ TEST_F(PlannerTest, RandomWorkloadsOnATightPoolFinishWithNoShortfall) {
     EXPECT_EQ(finished, requests) << "seed " << seed;
     EXPECT_EQ(stats.planner_shortfalls_total, 0) << "seed " << seed;
     EXPECT_EQ(UsedSlots(), 0) << "seed " << seed;
-    preemptions_seen_ += stats.num_preemptions_total;
+    preemptions_seen += stats.num_preemptions_total;
     scheduler_->Stop();
     scheduler_.reset();
     replicas_.clear();
   }
-  EXPECT_GT(preemptions_seen_, 10) << "the pools never ran short";
+  EXPECT_GT(preemptions_seen, 10) << "the pools never ran short";
 }
 
 }  // namespace
