@@ -379,8 +379,8 @@ TEST(BatchPlannerTest, RandomViewsGivePlansThatFitTheLedgerAndTheBudgets) {
     EXPECT_EQ(out.budgets.seqs, in.budgets.seqs - seqs) << "trial " << trial;
     EXPECT_EQ(out.planned, planned);
     EXPECT_EQ(out.preempted, preempted);
-    // A preempted request that is not the one short of room ranks below some planned or
-    // yielding request of its pool, and was neither in flight nor planned.
+    // A preempted request that this compute node may not run can only have been taken as a
+    // victim, so it was not in flight (that it was not planned is checked above).
     for (size_t r = 0; r < reqs.size(); ++r) {
       if (!preempted[r] || reqs[r].eligible) continue;
       EXPECT_FALSE(reqs[r].in_flight) << "trial " << trial;
