@@ -13,6 +13,7 @@
 #include "common/base/cpu_flags.h"
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
+#include "common/base/thread_name.h"
 #include "common/base/trace_flags.h"
 #include "common/base/wait_policy.h"
 #include "common/control/cluster_flags.h"
@@ -26,6 +27,7 @@
 #include "compute_node/linear.h"
 #include "compute_node/node_metrics.h"
 #include "compute_node/service.h"
+#include "compute_node/step_channel.h"
 #include "kernels/cpu/fingerprint.h"
 #include "kernels/cpu/isa.h"
 #include "memory_node/kv_disk_flags.h"
@@ -73,6 +75,11 @@ ABSL_FLAG(int, rotation_batches, 3,
 ABSL_FLAG(std::string, context_address, "",
           "Rotational pipelining: where contexts from other replicas arrive, HOST:PORT "
           "(default: --host, any port); reported at registration");
+ABSL_FLAG(bool, step_channel, true,
+          "Take step plans over the data plane (a step channel at --step_address, reported at "
+          "registration) as well as over the RunSteps gRPC stream; the scheduler picks");
+ABSL_FLAG(std::string, step_address, "",
+          "Where the step channel listens, HOST:PORT (default: --host, any port)");
 ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics port (-1: off, 0: any free port)");
 ABSL_FLAG(bool, verify_checksums, true, "Verify the checksum of every data-plane frame");
 
@@ -185,6 +192,36 @@ int main(int argc, char** argv) {
   process.info.set_kv_budget_bytes(options.local_kv_budget_bytes);
   *process.info.mutable_model() = strata::ToProto((*node)->shape());
   process.info.set_data_address((*node)->context_address());  // rotational: contexts arrive there
+  // The step channel: the same plans as RunSteps, with fewer threads between them
+  // (step_channel.h). Its sessions' steps run as RunSteps' do, on a thread of their own.
+  std::unique_ptr<strata::StepChannel> step_channel;
+  if (absl::GetFlag(FLAGS_step_channel)) {
+    strata::StepChannelOptions channel;
+    channel.transport = strata::transport::StepChannelConfigFromFlags();
+    channel.transport.auth_key = (*auth)->data_plane_key();
+    channel.listen_address = absl::GetFlag(FLAGS_step_address).empty()
+                                 ? absl::StrCat(absl::GetFlag(FLAGS_host), ":0")
+                                 : absl::GetFlag(FLAGS_step_address);
+    strata::ComputeNode* compute = node->get();
+    channel.prepare = [compute](strata::PlanQueue& queue) { compute->PrepareQueue(queue); };
+    const int threads = omp_get_max_threads();
+    channel.run = [compute, threads, &node_metrics](strata::PlanQueue& queue) {
+      strata::OnOwnOpenMpThread(
+          [&] {
+            strata::SetCurrentThreadName("step");
+            compute->RunPipelined(queue, [&node_metrics](double s) { node_metrics.OnPlanWait(s); });
+          },
+          threads);
+    };
+    auto created = strata::StepChannel::Create(std::move(channel));
+    if (!created.ok()) {
+      LOG(ERROR) << "cannot open the step channel: " << created.status();
+      return 1;
+    }
+    step_channel = std::move(*created);
+    process.info.set_step_address(step_channel->address());
+    LOG(INFO) << "step channel at " << step_channel->address();
+  }
   strata::ComputeNodeService service(node->get(), process.info, *auth);
   service.SetPlanWaitObserver([&node_metrics](double s) { node_metrics.OnPlanWait(s); });
   process.service = &service;

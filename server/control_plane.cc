@@ -10,6 +10,7 @@
 #include "common/base/logging.h"
 #include "common/control/grpc_status.h"
 #include "common/control/version.h"
+#include "server/data_plane_executor.h"
 #include "server/grpc_executor.h"
 #include "server/grpc_kv_mover.h"
 #include "server/kernel_agreement.h"
@@ -282,9 +283,35 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
     info = nodes_.at(id).view.info;
     config = ComputeConfigLocked();
   }
-  auto executor = std::make_unique<GrpcExecutor>(info.name(), info.control_address(),
-                                                 options_.step_deadline, options_.auth);
-  auto stub = control::ComputeNode::NewStub(executor->channel());
+  const std::shared_ptr<grpc::Channel> channel =
+      ComputeNodeChannel(info.control_address(), *options_.auth);
+  std::unique_ptr<StepExecutor> executor;
+  if (options_.data_plane_steps && !info.step_address().empty()) {
+    DataPlaneExecutorOptions o;
+    o.name = info.name();
+    o.address = info.step_address();
+    o.step_deadline = options_.step_deadline;
+    o.transport = options_.step_transport;
+    o.control = channel;
+    auto made = DataPlaneExecutor::Create(std::move(o));
+    if (!made.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = nodes_.find(id);
+      if (it != nodes_.end()) {
+        MarkDead(it->second,
+                 absl::StrCat("cannot open its step channel: ", made.status().message()));
+      }
+      return;
+    }
+    executor = std::move(*made);
+  } else {
+    executor =
+        std::make_unique<GrpcExecutor>(info.name(), channel, options_.step_deadline, options_.auth);
+  }
+  const std::string carrier = dynamic_cast<DataPlaneExecutor*>(executor.get()) != nullptr
+                                  ? absl::StrCat("the data plane at ", info.step_address())
+                                  : std::string("gRPC");
+  auto stub = control::ComputeNode::NewStub(channel);
   grpc::ClientContext context;
   options_.auth->Attach(&context);
   // Allocating and touching a large local KV cache takes a while.
@@ -299,15 +326,15 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
     MarkDead(node, "configuration failed: " + status.error_message());
     return;
   }
-  node.channel = executor->channel();
+  node.channel = channel;
   std::optional<PoolIndex> local_pool;
   std::string disk;
   if (options_.expected_memory_nodes == 0) {
     node.pool = scheduler_->AddPool(info.name(), static_cast<int64_t>(ack.local_kv_slots()));
     local_pool = node.pool;
     // Co-located: the disk tier under the node's own KV cache.
-    disk = AttachDiskTier(scheduler_, *local_pool, GrpcKvMover::Node::kCompute, executor->channel(),
-                          options_, ack);
+    disk = AttachDiskTier(scheduler_, *local_pool, GrpcKvMover::Node::kCompute, channel, options_,
+                          ack);
   }
   if (options_.rotation != nullptr) {
     if (info.data_address().empty()) {
@@ -324,7 +351,7 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
     node.executor = scheduler_->AddExecutor(std::move(executor), local_pool);
   }
   node.view.configured = true;
-  LOG(INFO) << "compute node " << info.name() << " is ready"
+  LOG(INFO) << "compute node " << info.name() << " is ready, its steps over " << carrier
             << (local_pool
                     ? absl::StrCat(" (co-located, ", ack.local_kv_slots(), " KV slots", disk, ")")
                     : "");

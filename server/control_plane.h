@@ -37,6 +37,7 @@
 #include "absl/time/time.h"
 #include "common/base/event_loop.h"
 #include "common/control/cluster_auth.h"
+#include "common/transport/transport.h"
 #include "proto/control.grpc.pb.h"
 #include "server/rotation_group.h"
 #include "server/scheduler.h"
@@ -57,6 +58,11 @@ struct ControlPlaneOptions {
   // Admit nodes whose kernel path or kernel fingerprints differ from the live nodes'
   // (kernel_agreement.h), giving up bit-identical results. Off by default.
   bool allow_mixed_isa = false;
+  // Compute nodes that offer a step channel (NodeInfo::step_address) take their plans over
+  // it, through this transport (its auth_key the deployment's data-plane key); false, or a
+  // node without one: over the RunSteps gRPC stream.
+  bool data_plane_steps = true;
+  transport::TransportConfig step_transport;
   // Credentials every call in and out must carry (required).
   std::shared_ptr<const ClusterAuth> auth;
   // Rotational pipelining: compute nodes join this group (the scheduler's executor of index

@@ -10,9 +10,8 @@
 
 namespace strata {
 
-GrpcExecutor::GrpcExecutor(std::string name, const std::string& address,
-                           absl::Duration step_deadline, std::shared_ptr<const ClusterAuth> auth)
-    : name_(std::move(name)), auth_(std::move(auth)), step_deadline_(step_deadline) {
+std::shared_ptr<grpc::Channel> ComputeNodeChannel(const std::string& address,
+                                                  const ClusterAuth& auth) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   args.SetMaxSendMessageSize(256 << 20);
@@ -20,7 +19,15 @@ GrpcExecutor::GrpcExecutor(std::string name, const std::string& address,
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  channel_ = auth_->CreateChannel(address, args);
+  return auth.CreateChannel(address, args);
+}
+
+GrpcExecutor::GrpcExecutor(std::string name, std::shared_ptr<grpc::Channel> channel,
+                           absl::Duration step_deadline, std::shared_ptr<const ClusterAuth> auth)
+    : name_(std::move(name)),
+      auth_(std::move(auth)),
+      channel_(std::move(channel)),
+      step_deadline_(step_deadline) {
   stub_ = control::ComputeNode::NewStub(channel_);
   writer_ = std::thread([this] {
     SetCurrentThreadName("exec-write");

@@ -30,11 +30,16 @@
 
 namespace strata {
 
+// A channel to the compute node at `address` ("host:port") carrying `auth`'s credentials,
+// with room for the largest step plans and results, and quick reconnection.
+std::shared_ptr<grpc::Channel> ComputeNodeChannel(const std::string& address,
+                                                  const ClusterAuth& auth);
+
 class GrpcExecutor : public StepExecutor {
  public:
-  // Calls carry `auth`'s credentials.
-  GrpcExecutor(std::string name, const std::string& address, absl::Duration step_deadline,
-               std::shared_ptr<const ClusterAuth> auth);
+  // Calls on `channel` (ComputeNodeChannel) carry `auth`'s credentials.
+  GrpcExecutor(std::string name, std::shared_ptr<grpc::Channel> channel,
+               absl::Duration step_deadline, std::shared_ptr<const ClusterAuth> auth);
   ~GrpcExecutor() override;
 
   std::string name() const override { return name_; }

@@ -8,6 +8,7 @@
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
 #include "common/control/cluster_flags.h"
+#include "common/transport/transport_flags.h"
 #include "server/server_app.h"
 
 // Scheduler defaults come from SchedulerConfig, declared once there.
@@ -41,6 +42,10 @@ ABSL_FLAG(strata::Pipelining, pipelining, strata::Pipelining::kOff,
           "batch's context moving while its attention runs)");
 ABSL_FLAG(int, rotation_batches, 3,
           "Rotational pipelining: batches n in flight over the n - 1 compute replicas");
+ABSL_FLAG(std::string, step_channel, "data_plane",
+          "How step plans and results travel to compute nodes: data_plane (each node's step "
+          "channel, over --step_channel_ucx_tls; nodes without one use gRPC) or grpc (the "
+          "RunSteps stream)");
 ABSL_FLAG(bool, allow_mixed_isa, false,
           "Admit nodes whose kernel path (STRATA_CPU_ISA) or kernel fingerprints differ from "
           "the other nodes' (server/kernel_agreement.h), giving up bit-identical results");
@@ -147,6 +152,13 @@ int main(int argc, char** argv) {
   o.expected_compute_nodes = absl::GetFlag(FLAGS_compute_nodes);
   o.expected_memory_nodes = absl::GetFlag(FLAGS_memory_nodes);
   o.allow_mixed_isa = absl::GetFlag(FLAGS_allow_mixed_isa);
+  if (absl::GetFlag(FLAGS_step_channel) != "data_plane" &&
+      absl::GetFlag(FLAGS_step_channel) != "grpc") {
+    LOG(ERROR) << "--step_channel: data_plane or grpc, not " << absl::GetFlag(FLAGS_step_channel);
+    return 2;
+  }
+  o.data_plane_steps = absl::GetFlag(FLAGS_step_channel) == "data_plane";
+  o.step_transport = strata::transport::StepChannelConfigFromFlags();
   auto api_key = strata::ApiKeyFromFlags(absl::GetFlag(FLAGS_api_key),
                                          absl::GetFlag(FLAGS_api_key_file), "STRATA_API_KEY");
   if (!api_key.ok()) {

@@ -17,9 +17,11 @@
 #include "compute_node/attention_backend.h"
 #include "compute_node/model_runner.h"
 #include "compute_node/model_weights.h"
+#include "compute_node/step_channel.h"
 #include "compute_node/step_engine.h"
 #include "compute_node/testing/generated_weights.h"
 #include "gtest/gtest.h"
+#include "server/data_plane_executor.h"
 #include "server/testing/in_process_executor.h"
 
 namespace strata {
@@ -117,9 +119,14 @@ const GrammarVocabulary& GrammarVocab(int64_t vocab_size) {
   return *vocab;
 }
 
+// How plans reach the harness's compute node: directly, or through a step channel on the
+// data plane (UCX over loopback tcp), as a compute node process takes them.
+enum class Carrier { kInProcess, kStepChannel };
+
 class Harness {
  public:
-  Harness(const ModelWeights* weights, SchedulerConfig config, int64_t pool_slots)
+  Harness(const ModelWeights* weights, SchedulerConfig config, int64_t pool_slots,
+          Carrier carrier = Carrier::kInProcess)
       : runner_(weights, config.max_model_len) {
     auto attention = LocalAttention::Create(weights->config, pool_slots, /*prefault=*/false);
     EXPECT_TRUE(attention.ok());
@@ -131,8 +138,28 @@ class Harness {
     config.vocab_size = static_cast<int32_t>(weights->config.vocab_size);
     scheduler_ = std::make_unique<Scheduler>(config, nullptr);
     scheduler_->AddPool("local", pool_slots);
-    auto executor = std::make_unique<CountingExecutor>(
-        std::make_unique<InProcessExecutor>("compute-0", engine_.get()));
+    std::unique_ptr<StepExecutor> node;
+    if (carrier == Carrier::kInProcess) {
+      node = std::make_unique<InProcessExecutor>("compute-0", engine_.get());
+    } else {
+      transport::TransportConfig tcp;
+      tcp.ucx_options = {{"TLS", "tcp"}, {"NET_DEVICES", "lo"}};
+      tcp.auth_key = "0123456789abcdef0123456789abcdef";
+      StepChannelOptions channel;
+      channel.transport = tcp;
+      channel.run = [engine = engine_.get()](PlanQueue& queue) { RunPipeline(*engine, queue); };
+      auto made = StepChannel::Create(std::move(channel));
+      EXPECT_TRUE(made.ok()) << made.status();
+      channel_ = std::move(*made);
+      DataPlaneExecutorOptions o;
+      o.name = "compute-0";
+      o.address = channel_->address();
+      o.transport = tcp;
+      auto executor = DataPlaneExecutor::Create(std::move(o));
+      EXPECT_TRUE(executor.ok()) << executor.status();
+      node = std::move(*executor);
+    }
+    auto executor = std::make_unique<CountingExecutor>(std::move(node));
     executor_ = executor.get();
     scheduler_->AddExecutor(std::move(executor), PoolIndex(0));
     scheduler_->SetObserver(observer_);
@@ -205,6 +232,7 @@ class Harness {
   std::unique_ptr<LocalAttention> attention_;
   std::unique_ptr<StepEngine> engine_;
   CountingExecutor* executor_ = nullptr;  // owned by the scheduler
+  std::unique_ptr<StepChannel> channel_;  // Carrier::kStepChannel: outlives the executor
   std::unique_ptr<Scheduler> scheduler_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -247,12 +275,43 @@ class SchedulerTest : public ::testing::Test {
     return r;
   }
 
+  // Requests that exercise what asynchronous scheduling must keep: greedy and seeded n > 1
+  // sampling with penalties, a shared prefix, a stop token (the last two: without and with
+  // min_tokens holding it back).
+  static std::vector<GenerateRequest> AsyncCases() {
+    std::vector<GenerateRequest> requests;
+    for (int i = 0; i < 4; ++i) requests.push_back(Greedy(Prompt(20 + 31 * i, 200 + i), 16));
+    GenerateRequest seeded = Greedy(Prompt(45, 9), 20);
+    seeded.sampling.temperature = 0.9f;
+    seeded.sampling.top_p = 0.95f;
+    seeded.sampling.frequency_penalty = 0.5f;
+    seeded.sampling.presence_penalty = 0.3f;
+    seeded.sampling.seed = 99;
+    seeded.has_seed = true;
+    seeded.n = 3;
+    requests.push_back(seeded);
+    GenerateRequest shared = requests[1];  // request 1's prompt and one more token
+    shared.prompt_tokens.push_back(77);
+    requests.push_back(shared);
+    // A stop token: the sixth token this prompt generates.
+    const GenerateRequest probe = Greedy(Prompt(33, 300), 24);
+    const auto probed = Run(Config(), 4096, {probe});
+    GenerateRequest stopped = probe;
+    stopped.stop_token_ids = {probed[0]->tokens[0][5]};
+    requests.push_back(stopped);
+    GenerateRequest held = stopped;  // the stop token is banned from the first 8 draws
+    held.min_tokens = 8;
+    requests.push_back(held);
+    return requests;
+  }
+
   // Runs requests concurrently on a fresh harness and returns their outcomes.
   static std::vector<std::shared_ptr<Outcome>> Run(SchedulerConfig config, int64_t pool_slots,
                                                    std::vector<GenerateRequest> requests,
                                                    SchedulerStats* stats = nullptr,
-                                                   int* max_plans_held = nullptr) {
-    Harness h(weights_, config, pool_slots);
+                                                   int* max_plans_held = nullptr,
+                                                   Carrier carrier = Carrier::kInProcess) {
+    Harness h(weights_, config, pool_slots, carrier);
     std::vector<std::shared_ptr<Outcome>> outcomes;
     for (auto& r : requests) {
       auto o = h.Submit(r);
@@ -539,29 +598,7 @@ TEST_F(SchedulerTest, AsyncSchedulingIsBitIdenticalToSync) {
   SchedulerConfig late = async;
   async.plan_ahead_lead = 1;
 
-  std::vector<GenerateRequest> requests;
-  for (int i = 0; i < 4; ++i) requests.push_back(Greedy(Prompt(20 + 31 * i, 200 + i), 16));
-  GenerateRequest seeded = Greedy(Prompt(45, 9), 20);
-  seeded.sampling.temperature = 0.9f;
-  seeded.sampling.top_p = 0.95f;
-  seeded.sampling.frequency_penalty = 0.5f;
-  seeded.sampling.presence_penalty = 0.3f;
-  seeded.sampling.seed = 99;
-  seeded.has_seed = true;
-  seeded.n = 3;
-  requests.push_back(seeded);
-  GenerateRequest shared = requests[1];  // request 1's prompt and one more token
-  shared.prompt_tokens.push_back(77);
-  requests.push_back(shared);
-  // A stop token: the sixth token this prompt generates.
-  const GenerateRequest probe = Greedy(Prompt(33, 300), 24);
-  const auto probed = Run(sync, 4096, {probe});
-  GenerateRequest stopped = probe;
-  stopped.stop_token_ids = {probed[0]->tokens[0][5]};
-  requests.push_back(stopped);
-  GenerateRequest held = stopped;  // the stop token is banned from the first 8 draws
-  held.min_tokens = 8;
-  requests.push_back(held);
+  const std::vector<GenerateRequest> requests = AsyncCases();
   const size_t kStopped = requests.size() - 2;
 
   // Roomy, then tight enough to preempt.
@@ -601,6 +638,36 @@ TEST_F(SchedulerTest, AsyncSchedulingIsBitIdenticalToSync) {
     if (slots == 300) {
       EXPECT_GT(stats_sync.num_preemptions_total, 0) << "no preemption";
       EXPECT_GT(stats_async.num_preemptions_total, 0) << "no preemption";
+    }
+  }
+}
+
+// Plans and results over a step channel on the data plane (UCX over loopback tcp, as between
+// a scheduler and a compute node process) give the in-process node's outputs bit for bit,
+// with synchronous and asynchronous scheduling, in a roomy pool and one that preempts.
+TEST_F(SchedulerTest, StepsOverTheDataPlaneGiveTheInProcessNodesOutputs) {
+  SchedulerConfig async = Config();
+  async.async_scheduling = true;
+  async.max_plans_in_flight = 2;
+  async.plan_ahead_lead = 1;
+  const std::vector<GenerateRequest> requests = AsyncCases();
+  for (int64_t slots : {int64_t{4096}, int64_t{300}}) {
+    for (const SchedulerConfig& config : {Config(), async}) {
+      SCOPED_TRACE(absl::StrCat(slots, " slots, ", config.async_scheduling ? "async" : "sync"));
+      const auto direct = Run(config, slots, requests);
+      SchedulerStats stats;
+      int held = 0;
+      const auto carried = Run(config, slots, requests, &stats, &held, Carrier::kStepChannel);
+      ASSERT_EQ(direct.size(), requests.size());
+      ASSERT_EQ(carried.size(), requests.size());
+      for (size_t i = 0; i < requests.size(); ++i) {
+        EXPECT_TRUE(carried[i]->error.ok()) << carried[i]->error;
+        EXPECT_EQ(direct[i]->tokens, carried[i]->tokens) << "request " << i;
+        EXPECT_EQ(direct[i]->finish, carried[i]->finish) << "request " << i;
+        EXPECT_EQ(carried[i]->late_updates, 0) << "request " << i;
+      }
+      EXPECT_EQ(held, config.async_scheduling ? 2 : 1);
+      if (slots == 300) EXPECT_GT(stats.num_preemptions_total, 0) << "no preemption";
     }
   }
 }

@@ -99,6 +99,9 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions option
   cp.step_deadline = options.step_timeout;
   cp.disk_load_deadline = options.disk_load_timeout;
   cp.allow_mixed_isa = options.allow_mixed_isa;
+  cp.data_plane_steps = options.data_plane_steps;
+  cp.step_transport = options.step_transport;
+  cp.step_transport.auth_key = auth->data_plane_key();
   cp.auth = auth;
   if (sc.pipelining == Pipelining::kRotational) {
     if (options.expected_memory_nodes == 0) {

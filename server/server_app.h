@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/control/cluster_auth.h"
+#include "common/transport/transport.h"
 #include "server/api/grpc_api.h"
 #include "server/api/openai_api.h"
 #include "server/control_plane.h"
@@ -40,6 +41,11 @@ struct ServerOptions {
   absl::Duration disk_load_timeout = absl::Seconds(2);  // a batch of disk-tier loads
   absl::Duration drain_timeout = absl::Seconds(30);
   bool allow_mixed_isa = false;
+  // Step plans and results go over each compute node's step channel on the data plane
+  // (compute_node/step_channel.h) where the node offers one, with this transport; false:
+  // over the RunSteps gRPC stream.
+  bool data_plane_steps = true;
+  transport::TransportConfig step_transport;
   std::string api_key;
   // The deployment's credentials, loaded after the model directory is checked (so that its
   // errors come first).

@@ -127,7 +127,7 @@ absl::Status ParseFrameHeader(std::span<const uint8_t> bytes, FrameHeader* out) 
         absl::StrCat("frame of version ", out->version, "; this node speaks ", kFrameVersion));
   }
   if (out->kind < static_cast<uint16_t>(FrameKind::kStep) ||
-      out->kind > static_cast<uint16_t>(FrameKind::kContext)) {
+      out->kind > static_cast<uint16_t>(FrameKind::kResult)) {
     return absl::InvalidArgumentError(absl::StrCat("frame of unknown kind ", out->kind));
   }
   return absl::OkStatus();
@@ -162,6 +162,10 @@ std::string FrameKindName(uint16_t kind) {
       return "hello";
     case FrameKind::kContext:
       return "context";
+    case FrameKind::kPlan:
+      return "plan";
+    case FrameKind::kResult:
+      return "result";
   }
   return absl::StrCat("kind-", kind);
 }

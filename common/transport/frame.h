@@ -19,6 +19,9 @@
 //   kContext      f32 residual-stream rows of a batch ([rows][hidden]), handed from the
 //                 compute replica that ran one slice of the layers to the one that runs the
 //                 next (`layer`: the slice that continues; `minibatch`: the batch slot)
+//   kPlan         a serialized strata.control.StepPlan, from the scheduler to a compute
+//                 node over its step channel (compute_node/step_channel.h)
+//   kResult       a serialized strata.control.StepResult, the node's answer to one kPlan
 //
 // Rotational pipelining routes answers: a kStep or kLayer frame whose `reserved` is not
 // zero asks the memory node to answer the endpoint of that id (announced by kHello), not
@@ -46,6 +49,8 @@ enum class FrameKind : uint16_t {
   kError = 4,
   kHello = 5,
   kContext = 6,
+  kPlan = 7,
+  kResult = 8,
 };
 
 // All data-plane frames travel under one transport tag.

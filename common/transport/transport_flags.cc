@@ -13,6 +13,9 @@ ABSL_FLAG(int64_t, ucx_eager_max_bytes, -1,
 ABSL_FLAG(strata::transport::ErrorMode, transport_error_mode,
           strata::transport::TransportConfig().error_mode,
           "peer: detect dead peers (tcp, InfiniBand); none: allows UCX shared memory");
+ABSL_FLAG(std::string, step_channel_ucx_tls, "tcp",
+          "UCX transports of the step channel between the scheduler and compute nodes; it "
+          "needs one that detects dead peers (tcp, or rc on InfiniBand)");
 
 namespace strata::transport {
 
@@ -25,6 +28,15 @@ TransportConfig TransportConfigFromFlags() {
     config.ucx_options["TLS"] = absl::GetFlag(FLAGS_ucx_tls);
   if (!absl::GetFlag(FLAGS_ucx_net_devices).empty()) {
     config.ucx_options["NET_DEVICES"] = absl::GetFlag(FLAGS_ucx_net_devices);
+  }
+  return config;
+}
+
+TransportConfig StepChannelConfigFromFlags() {
+  TransportConfig config = TransportConfigFromFlags();
+  config.error_mode = ErrorMode::kPeer;
+  if (!absl::GetFlag(FLAGS_step_channel_ucx_tls).empty()) {
+    config.ucx_options["TLS"] = absl::GetFlag(FLAGS_step_channel_ucx_tls);
   }
   return config;
 }

@@ -1,10 +1,13 @@
-// Command-line flags that choose the data-plane transport, shared by the compute node and
-// the memory node:
+// Command-line flags that choose the data-plane transport, shared by the compute node, the
+// memory node and the server (whose only data-plane traffic is the step channel):
 //   --transport=ucx|inproc          backend
 //   --ucx_tls=tcp                   UCX transports (UCX_TLS; empty: the environment's)
 //   --ucx_net_devices=lo            UCX network devices (UCX_NET_DEVICES)
 //   --transport_error_mode=peer     "peer" detects dead peers (needs tcp or IB), "none"
 //                                   allows shared memory
+//   --step_channel_ucx_tls=tcp      UCX transports of the step channel between the
+//                                   scheduler and a compute node (it must detect a dead
+//                                   peer, so never shared memory)
 #ifndef STRATA_COMMON_TRANSPORT_TRANSPORT_FLAGS_H_
 #define STRATA_COMMON_TRANSPORT_TRANSPORT_FLAGS_H_
 
@@ -13,6 +16,9 @@
 namespace strata::transport {
 
 TransportConfig TransportConfigFromFlags();
+// The step channel's (compute_node/step_channel.h): the flags' transport, with dead peers
+// detected and --step_channel_ucx_tls's transports.
+TransportConfig StepChannelConfigFromFlags();
 
 }  // namespace strata::transport
 

@@ -1,0 +1,176 @@
+#include "compute_node/step_channel.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
+#include "common/base/thread_name.h"
+#include "common/protocol/step_proto.h"
+#include "common/transport/frame.h"
+#include "proto/control.pb.h"
+
+namespace strata {
+
+using transport::FrameHeader;
+using transport::FrameKind;
+using transport::PeerId;
+
+absl::StatusOr<std::unique_ptr<StepChannel>> StepChannel::Create(StepChannelOptions options) {
+  if (!options.run) return absl::InvalidArgumentError("a step channel needs a plan runner");
+  auto channel = std::unique_ptr<StepChannel>(new StepChannel(std::move(options)));
+  ASSIGN_OR_RETURN(channel->transport_, transport::Transport::Create(channel->options_.transport));
+  StepChannel* self = channel.get();
+  channel->transport_->SetHandler(transport::kFrameTag, self);
+  channel->transport_->SetPeerHandler(
+      [self](PeerId peer, transport::PeerEvent event, const absl::Status& why) {
+        if (event == transport::PeerEvent::kConnected) {
+          std::lock_guard<std::mutex> lock(self->mu_);
+          self->SessionLocked(peer);
+          return;
+        }
+        LOG(INFO) << "step channel: the scheduler's connection " << peer
+                  << " closed: " << why.message();
+        self->EndSession(peer);
+      });
+  ASSIGN_OR_RETURN(channel->address_,
+                   channel->transport_->Listen(channel->options_.listen_address));
+  return channel;
+}
+
+StepChannel::~StepChannel() {
+  std::vector<std::unique_ptr<Session>> all;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closing_ = true;
+    for (auto& [peer, session] : sessions_) all.push_back(std::move(session));
+    sessions_.clear();
+    for (auto& session : ended_) all.push_back(std::move(session));
+    ended_.clear();
+  }
+  for (auto& session : all) {
+    session->queue.Abort();
+    session->queue.Close();
+  }
+  // The sessions' threads send their last results through the transport: it goes after.
+  for (auto& session : all) session->thread.join();
+  transport_.reset();
+}
+
+StepChannelStats StepChannel::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+StepChannel::Session* StepChannel::SessionLocked(PeerId peer) {
+  if (closing_) return nullptr;
+  auto it = sessions_.find(peer);
+  if (it != sessions_.end()) return it->second.get();
+  ReapLocked();
+  auto session = std::make_unique<Session>();
+  session->peer = peer;
+  if (options_.prepare) options_.prepare(session->queue);
+  Session* s = session.get();
+  s->thread = std::thread([this, s] {
+    SetCurrentThreadName("step-session");
+    options_.run(s->queue);
+    s->finished.store(true);
+  });
+  sessions_[peer] = std::move(session);
+  ++stats_.sessions;
+  return s;
+}
+
+void StepChannel::EndSession(PeerId peer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(peer);
+  if (it == sessions_.end()) return;
+  Session* s = it->second.get();
+  // Nobody waits for this connection's results any more.
+  s->queue.Abort();
+  s->queue.Close();
+  ended_.push_back(std::move(it->second));
+  sessions_.erase(it);
+}
+
+void StepChannel::ReapLocked() {
+  for (auto it = ended_.begin(); it != ended_.end();) {
+    if ((*it)->finished.load()) {
+      (*it)->thread.join();
+      it = ended_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+std::span<uint8_t> StepChannel::Place(PeerId, std::span<const uint8_t>, size_t) {
+  return {};  // plans are small: the transport keeps them until Deliver
+}
+
+void StepChannel::Deliver(PeerId from, std::span<const uint8_t> header,
+                          std::span<const uint8_t> payload, absl::Status status) {
+  FrameHeader h;
+  const absl::Status header_ok = transport::ParseFrameHeader(header, &h);
+  // Whatever is wrong, the frame is answered in its turn: with the step id its header
+  // names, or 0 when the header cannot be read (the scheduler then drops the connection).
+  auto plan = [&]() -> absl::StatusOr<StepPlan> {
+    RETURN_IF_ERROR(status);
+    RETURN_IF_ERROR(header_ok);
+    if (h.kind != static_cast<uint16_t>(FrameKind::kPlan)) {
+      return absl::InvalidArgumentError(absl::StrCat("the step channel takes plan frames, not ",
+                                                     transport::FrameKindName(h.kind)));
+    }
+    RETURN_IF_ERROR(transport::CheckFramePayload(h, payload, /*verify=*/true));
+    control::StepPlan wire;
+    if (!wire.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step plan ", h.step_id, " is not a valid StepPlan message"));
+    }
+    ASSIGN_OR_RETURN(StepPlan parsed, FromProto(wire));
+    if (parsed.step_id != h.step_id) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step plan ", parsed.step_id, " came in a frame of step ", h.step_id));
+    }
+    return parsed;
+  }();
+  QueuedPlan queued;
+  if (plan.ok()) {
+    queued.plan = std::move(*plan);
+  } else {
+    LOG(ERROR) << "step channel: refused a plan from connection " << from << ": " << plan.status();
+    StepResult refused;
+    refused.step_id = header_ok.ok() ? h.step_id : 0;
+    refused.status = plan.status();
+    queued.answer = std::move(refused);
+  }
+  queued.done = [this, from](StepResult result) { SendResult(from, result); };
+  std::lock_guard<std::mutex> lock(mu_);
+  Session* session = SessionLocked(from);
+  if (session == nullptr) return;  // closing: the connection goes with the transport
+  ++(plan.ok() ? stats_.plans : stats_.refused);
+  session->queue.Push(std::move(queued));
+}
+
+void StepChannel::SendResult(PeerId peer, const StepResult& result) {
+  control::StepResult wire;
+  ToProto(result, &wire);
+  auto body = std::make_shared<std::string>();
+  wire.SerializeToString(body.get());
+  const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(body->data()),
+                                       body->size());
+  FrameHeader h;
+  h.kind = static_cast<uint16_t>(FrameKind::kResult);
+  h.step_id = result.step_id;
+  h.payload_bytes = bytes.size();
+  h.checksum = transport::PayloadChecksum(bytes);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.results;
+  }
+  // A connection that is gone fails the send; its session is being aborted meanwhile.
+  transport_->Send(peer, transport::kFrameTag, transport::AsBytes(h), {bytes},
+                   [body](absl::Status) {});
+}
+
+}  // namespace strata

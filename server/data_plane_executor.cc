@@ -1,0 +1,281 @@
+#include "server/data_plane_executor.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
+#include "common/base/thread_name.h"
+#include "common/protocol/step_proto.h"
+#include "common/transport/frame.h"
+#include "proto/control.pb.h"
+
+namespace strata {
+
+using transport::FrameHeader;
+using transport::FrameKind;
+using transport::PeerId;
+
+namespace {
+
+StepResult Failed(uint64_t step_id, absl::Status error, bool unreachable) {
+  StepResult r;
+  r.step_id = step_id;
+  r.status = std::move(error);
+  r.node_unreachable = unreachable;
+  return r;
+}
+
+}  // namespace
+
+DataPlaneExecutor::DataPlaneExecutor(DataPlaneExecutorOptions options)
+    : options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<DataPlaneExecutor>> DataPlaneExecutor::Create(
+    DataPlaneExecutorOptions options) {
+  auto executor = std::unique_ptr<DataPlaneExecutor>(new DataPlaneExecutor(std::move(options)));
+  DataPlaneExecutor* self = executor.get();
+  ASSIGN_OR_RETURN(executor->transport_, transport::Transport::Create(self->options_.transport));
+  executor->transport_->SetHandler(transport::kFrameTag, self);
+  executor->transport_->SetPeerHandler(
+      [self](PeerId peer, transport::PeerEvent event, const absl::Status& why) {
+        if (event != transport::PeerEvent::kDisconnected) return;
+        self->Break(peer,
+                    absl::UnavailableError(absl::StrCat("compute node ", self->options_.name,
+                                                        " failed: ", why.message())),
+                    /*unreachable=*/true);
+      });
+  executor->connector_.Start();
+  executor->watchdog_ = std::thread([self] {
+    SetCurrentThreadName("exec-watchdog");
+    self->Watchdog();
+  });
+  return executor;
+}
+
+DataPlaneExecutor::~DataPlaneExecutor() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  watchdog_cv_.notify_all();
+  watchdog_.join();
+  connector_.Stop();
+  // Closing the connection reports it broken: what was sent on it fails, in order.
+  transport_.reset();
+  std::deque<Waiting> waiting;
+  std::deque<Sent> sent;
+  std::lock_guard<std::mutex> complete(complete_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    waiting.swap(waiting_);
+    sent.swap(sent_);
+  }
+  const absl::Status error = absl::CancelledError("the executor is shutting down");
+  for (Sent& s : sent) s.sink(Failed(s.step_id, error, false));
+  for (Waiting& w : waiting) w.sink(Failed(w.plan->step_id, error, false));
+}
+
+DataPlaneExecutorStats DataPlaneExecutor::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+bool DataPlaneExecutor::Reachable() {
+  if (options_.control != nullptr) {
+    return options_.control->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  return peer_.has_value() || !ever_tried_;
+}
+
+void DataPlaneExecutor::Submit(std::shared_ptr<const StepPlan> plan, StepResultSink sink) {
+  std::unique_lock<std::mutex> send(send_mu_);
+  PeerId peer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_ || !peer_ || !waiting_.empty()) {
+      // Not connected (or plans before this one wait for the connection): in line. The
+      // destructor fails what still waits when it stops.
+      waiting_.push_back({std::move(plan), std::move(sink)});
+      if (connecting_ || stop_) return;
+      connecting_ = true;
+      send.unlock();
+      connector_.Post([this] { Connect(); });
+      return;
+    }
+    peer = *peer_;
+  }
+  SendLocked(peer, std::move(plan), std::move(sink));
+}
+
+void DataPlaneExecutor::SendLocked(PeerId peer, std::shared_ptr<const StepPlan> plan,
+                                   StepResultSink sink) {
+  control::StepPlan wire;
+  ToProto(*plan, &wire);
+  auto body = std::make_shared<std::string>();
+  wire.SerializeToString(body.get());
+  const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(body->data()),
+                                       body->size());
+  FrameHeader h;
+  h.kind = static_cast<uint16_t>(FrameKind::kPlan);
+  h.step_id = plan->step_id;
+  h.payload_bytes = bytes.size();
+  h.checksum = transport::PayloadChecksum(bytes);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_ || peer_ != peer) {
+      // The connection broke since the caller looked: the plan waits for the next one.
+      waiting_.push_back({std::move(plan), std::move(sink)});
+      if (!connecting_ && !stop_) {
+        connecting_ = true;
+        connector_.Post([this] { Connect(); });
+      }
+      return;
+    }
+    if (sent_.empty()) deadline_at_ = absl::Now() + options_.step_deadline;
+    sent_.push_back({plan->step_id, std::move(sink)});
+    ++stats_.sent;
+  }
+  // The send's completion may run inside Send, with send_mu_ held: a failure is handled on
+  // the connector thread, which takes the locks in their order.
+  transport_->Send(peer, transport::kFrameTag, transport::AsBytes(h), {bytes},
+                   [this, body, peer](absl::Status status) {
+                     if (status.ok()) return;
+                     connector_.Post([this, peer, status] {
+                       Break(peer,
+                             absl::UnavailableError(absl::StrCat("compute node ", options_.name,
+                                                                 " failed: ", status.message())),
+                             /*unreachable=*/true);
+                     });
+                   });
+}
+
+void DataPlaneExecutor::Connect() {
+  auto peer = transport_->Connect(options_.address);
+  std::unique_lock<std::mutex> send(send_mu_);
+  std::deque<Waiting> waiting;
+  bool connected = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    connecting_ = false;
+    ever_tried_ = true;
+    waiting.swap(waiting_);
+    if (peer.ok() && !stop_) {
+      peer_ = *peer;
+      connected = true;
+      ++stats_.connects;
+    }
+  }
+  if (connected) {
+    for (Waiting& w : waiting) SendLocked(*peer, std::move(w.plan), std::move(w.sink));
+    return;
+  }
+  send.unlock();
+  if (peer.ok()) transport_->Disconnect(*peer);  // stopping meanwhile
+  const absl::Status error =
+      peer.ok() ? absl::CancelledError("the executor is shutting down")
+                : absl::UnavailableError(absl::StrCat("compute node ", options_.name,
+                                                      " cannot be reached at ", options_.address,
+                                                      ": ", peer.status().message()));
+  if (!peer.ok()) LOG(WARNING) << error.message();
+  std::lock_guard<std::mutex> complete(complete_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.failed += waiting.size();
+  }
+  for (Waiting& w : waiting) w.sink(Failed(w.plan->step_id, error, /*unreachable=*/!peer.ok()));
+}
+
+void DataPlaneExecutor::Break(PeerId peer, const absl::Status& error, bool unreachable) {
+  std::deque<Sent> failed;
+  {
+    std::lock_guard<std::mutex> complete(complete_mu_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!peer_ || *peer_ != peer) return;
+      peer_.reset();
+      failed.swap(sent_);
+      deadline_at_ = absl::InfiniteFuture();
+      stats_.failed += failed.size();
+    }
+    LOG(ERROR) << "step channel to " << options_.name << " broken (" << failed.size()
+               << " step(s) unanswered): " << error;
+    for (Sent& s : failed) s.sink(Failed(s.step_id, error, unreachable));
+  }
+  // The transport may still hold the endpoint (a bad result, a missed deadline).
+  connector_.Post([this, peer] { transport_->Disconnect(peer); });
+}
+
+void DataPlaneExecutor::Watchdog() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    watchdog_cv_.wait_for(lock, std::chrono::milliseconds(100));
+    if (!peer_ || absl::Now() <= deadline_at_) continue;
+    const PeerId peer = *peer_;
+    deadline_at_ = absl::InfiniteFuture();
+    lock.unlock();
+    Break(peer,
+          absl::DeadlineExceededError(absl::StrCat("compute node ", options_.name,
+                                                   " did not finish a step within ",
+                                                   absl::FormatDuration(options_.step_deadline))),
+          /*unreachable=*/false);
+    lock.lock();
+  }
+}
+
+std::span<uint8_t> DataPlaneExecutor::Place(PeerId, std::span<const uint8_t>, size_t) {
+  return {};  // results are small: the transport keeps them until Deliver
+}
+
+void DataPlaneExecutor::Deliver(PeerId from, std::span<const uint8_t> header,
+                                std::span<const uint8_t> payload, absl::Status status) {
+  auto result = [&]() -> absl::StatusOr<StepResult> {
+    RETURN_IF_ERROR(status);
+    FrameHeader h;
+    RETURN_IF_ERROR(transport::ParseFrameHeader(header, &h));
+    if (h.kind != static_cast<uint16_t>(FrameKind::kResult)) {
+      return absl::DataLossError(absl::StrCat("a ", transport::FrameKindName(h.kind),
+                                              " frame where a step result was expected"));
+    }
+    RETURN_IF_ERROR(transport::CheckFramePayload(h, payload, /*verify=*/true));
+    control::StepResult wire;
+    if (!wire.ParseFromArray(payload.data(), static_cast<int>(payload.size())) ||
+        wire.step_id() != h.step_id) {
+      return absl::DataLossError(
+          absl::StrCat("the result of step ", h.step_id, " is not a valid StepResult message"));
+    }
+    return FromProto(wire);
+  }();
+  if (result.ok()) {
+    std::lock_guard<std::mutex> complete(complete_mu_);
+    Sent done;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!peer_ || *peer_ != from) return;  // a connection already given up
+      if (!sent_.empty() && sent_.front().step_id == result->step_id) {
+        done = std::move(sent_.front());
+        sent_.pop_front();
+        deadline_at_ =
+            sent_.empty() ? absl::InfiniteFuture() : absl::Now() + options_.step_deadline;
+        ++stats_.answered;
+      } else {
+        result = absl::DataLossError(absl::StrCat(
+            "compute node ", options_.name, " answered step ", result->step_id, " where step ",
+            sent_.empty() ? std::string("none") : absl::StrCat(sent_.front().step_id), " was due"));
+      }
+    }
+    if (result.ok()) {
+      done.sink(std::move(*result));
+      return;
+    }
+  }
+  Break(from,
+        absl::DataLossError(absl::StrCat("compute node ", options_.name,
+                                         " sent a bad result: ", result.status().message())),
+        /*unreachable=*/false);
+}
+
+}  // namespace strata

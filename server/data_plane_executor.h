@@ -1,0 +1,120 @@
+// A remote compute node as a StepExecutor over its step channel on the data plane
+// (compute_node/step_channel.h): each plan is one frame out, each result one frame back,
+// with no thread of this executor's own in between. Submit sends on the caller's thread;
+// results arrive on the transport's thread, which hands each to its sink in order.
+//
+// The same promises as the gRPC stream (grpc_executor.h):
+//   - plans go out as soon as they are submitted, while earlier ones still run, and results
+//     come back in submission order, exactly one per plan;
+//   - each step has a deadline, counted from when it becomes the oldest unanswered one: a
+//     node that does not answer in time loses its connection and its steps fail with
+//     DeadlineExceeded;
+//   - a broken connection (the node died: the transport detects a dead peer over tcp and
+//     InfiniBand; a send failed; a result that does not match the oldest plan or does not
+//     parse) fails every plan sent on it, in order, and the next plan connects again.
+// Connecting happens on a thread of its own, never on the submitter's: plans submitted
+// meanwhile wait, in order, and fail together if the node cannot be reached.
+//
+// Thread-safety: thread-safe.
+#ifndef STRATA_SERVER_DATA_PLANE_EXECUTOR_H_
+#define STRATA_SERVER_DATA_PLANE_EXECUTOR_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/base/event_loop.h"
+#include "common/transport/transport.h"
+#include "server/step_executor.h"
+
+namespace strata {
+
+struct DataPlaneExecutorOptions {
+  std::string name;
+  std::string address;  // the node's step channel ("host:port")
+  absl::Duration step_deadline = absl::Seconds(60);
+  // Must detect dead peers (ErrorMode::kPeer over tcp or InfiniBand) for a dead node to fail
+  // its steps at once rather than at their deadline.
+  transport::TransportConfig transport;
+  // The node's control channel, whose state Reachable reports; null: reachable while the
+  // data-plane connection is up, or none has been tried.
+  std::shared_ptr<grpc::Channel> control;
+};
+
+struct DataPlaneExecutorStats {
+  uint64_t connects = 0;  // connections made
+  uint64_t sent = 0;      // plans sent
+  uint64_t answered = 0;  // results matched to their plan
+  uint64_t failed = 0;    // plans completed with an error by this executor
+};
+
+class DataPlaneExecutor : public StepExecutor, public transport::MessageHandler {
+ public:
+  static absl::StatusOr<std::unique_ptr<DataPlaneExecutor>> Create(
+      DataPlaneExecutorOptions options);
+  // Plans not yet answered complete with an error: none is lost.
+  ~DataPlaneExecutor() override;
+
+  std::string name() const override { return options_.name; }
+  void Submit(std::shared_ptr<const StepPlan> plan, StepResultSink sink) override;
+  bool Reachable() override;
+  DataPlaneExecutorStats stats() const;
+
+  std::span<uint8_t> Place(transport::PeerId from, std::span<const uint8_t> header,
+                           size_t payload_bytes) override;
+  void Deliver(transport::PeerId from, std::span<const uint8_t> header,
+               std::span<const uint8_t> payload, absl::Status status) override;
+
+ private:
+  struct Waiting {
+    std::shared_ptr<const StepPlan> plan;
+    StepResultSink sink;
+  };
+  struct Sent {
+    uint64_t step_id;
+    StepResultSink sink;
+  };
+
+  explicit DataPlaneExecutor(DataPlaneExecutorOptions options);
+  // Sends `plan` on `peer`, recording it as unanswered. Holds send_mu_.
+  void SendLocked(transport::PeerId peer, std::shared_ptr<const StepPlan> plan,
+                  StepResultSink sink);
+  // Connector thread: connects, then sends what waited, or fails it.
+  void Connect();
+  // The connection `peer` is broken: every plan sent on it fails with `error`, oldest
+  // first. Nothing if `peer` is no longer the open connection.
+  void Break(transport::PeerId peer, const absl::Status& error, bool unreachable);
+  void Watchdog();
+
+  DataPlaneExecutorOptions options_;
+  std::unique_ptr<transport::Transport> transport_;
+  EventLoop connector_{"exec-connect"};
+
+  // Lock order: complete_mu_, then send_mu_ is never taken with it; send_mu_, then mu_;
+  // complete_mu_, then mu_.
+  std::mutex send_mu_;      // keeps the order of sends and of their records in sent_
+  std::mutex complete_mu_;  // keeps the order in which sinks run
+  mutable std::mutex mu_;
+  std::condition_variable watchdog_cv_;    // with mu_
+  std::optional<transport::PeerId> peer_;  // the open connection
+  bool connecting_ = false;
+  bool ever_tried_ = false;
+  bool stop_ = false;
+  std::deque<Waiting> waiting_;  // submitted while not connected, oldest first
+  std::deque<Sent> sent_;        // sent on peer_, unanswered, oldest first
+  absl::Time deadline_at_ = absl::InfiniteFuture();
+  DataPlaneExecutorStats stats_;
+  std::thread watchdog_;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_SERVER_DATA_PLANE_EXECUTOR_H_

@@ -1,0 +1,493 @@
+// The step channel end to end: DataPlaneExecutor (the scheduler's side) against a real
+// StepChannel (the compute node's side) over the in-process transport and UCX over tcp.
+// The node's compute is a stand-in that answers each plan with tokens computed from the
+// plan's contents (so a plan that arrived changed would be seen), and can hold a plan until
+// its session is aborted (a hung node). What is under test is the carrier: order, one result
+// per plan, failures, deadlines, malformed frames; scheduler_test checks real outputs over
+// it.
+#include "server/data_plane_executor.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <numeric>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/protocol/step_proto.h"
+#include "common/transport/frame.h"
+#include "compute_node/step_channel.h"
+#include "gtest/gtest.h"
+#include "proto/control.pb.h"
+
+namespace strata {
+namespace {
+
+using transport::FrameHeader;
+using transport::FrameKind;
+
+const std::string kKey = "0123456789abcdef0123456789abcdef";
+
+struct Carrier {
+  std::string name;
+  transport::TransportConfig config;
+};
+
+std::vector<Carrier> Carriers() {
+  transport::TransportConfig inproc;
+  inproc.backend = transport::Backend::kInproc;
+  transport::TransportConfig tcp;
+  tcp.ucx_options = {{"TLS", "tcp"}, {"NET_DEVICES", "lo"}};
+  tcp.error_mode = transport::ErrorMode::kPeer;
+  tcp.connect_timeout = absl::Seconds(5);
+  tcp.auth_key = kKey;
+  return {{"inproc", inproc}, {"ucx_tcp", tcp}};
+}
+
+// What the stand-in node answers for a chunk: a function of every token in it.
+int32_t Digest(const SequenceChunk& c, uint64_t step_id) {
+  int64_t h = static_cast<int64_t>(step_id);
+  for (int32_t t : c.tokens) h = h * 31 + t;
+  return static_cast<int32_t>(h & 0x7fffffff);
+}
+
+// The compute stand-in: runs plans from a session's queue in order. While `hold` is set, it
+// keeps the plan it took until the session is aborted, then answers it Cancelled.
+class Node {
+ public:
+  explicit Node(const transport::TransportConfig& config, const std::string& address) {
+    StepChannelOptions o;
+    o.transport = config;
+    o.listen_address = address;
+    o.run = [this](PlanQueue& queue) { Run(queue); };
+    auto channel = StepChannel::Create(std::move(o));
+    EXPECT_TRUE(channel.ok()) << channel.status();
+    if (channel.ok()) channel_ = std::move(*channel);
+  }
+  ~Node() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      dying_ = true;
+    }
+    cv_.notify_all();
+    channel_.reset();
+  }
+  StepChannel& channel() { return *channel_; }
+  void set_hold(bool hold) { hold_.store(hold); }
+  int held() const { return held_.load(); }
+
+ private:
+  void Run(PlanQueue& queue) {
+    while (auto q = queue.Pop(/*wait=*/true)) {
+      if (q->answer) {
+        q->done(std::move(*q->answer));
+        continue;
+      }
+      StepResult r;
+      r.step_id = q->plan.step_id;
+      if (hold_.load()) {
+        ++held_;
+        std::unique_lock<std::mutex> lock(mu_);
+        while (!queue.aborted() && !dying_) {
+          cv_.wait_for(lock, std::chrono::milliseconds(5));
+        }
+        r.status = absl::CancelledError("held until the session ended");
+        lock.unlock();
+        q->done(std::move(r));
+        continue;
+      }
+      for (const SequenceChunk& c : q->plan.chunks) {
+        SampledToken t;
+        t.request_id = c.request_id;
+        t.token = Digest(c, q->plan.step_id);
+        r.tokens.push_back(t);
+      }
+      q->done(std::move(r));
+    }
+  }
+
+  std::unique_ptr<StepChannel> channel_;
+  std::atomic<bool> hold_{false};
+  std::atomic<int> held_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool dying_ = false;
+};
+
+std::shared_ptr<const StepPlan> Plan(uint64_t step_id, int chunks) {
+  auto plan = std::make_shared<StepPlan>();
+  plan->step_id = step_id;
+  for (int i = 0; i < chunks; ++i) {
+    SequenceChunk c;
+    c.request_id = SequenceId(step_id * 10 + i);
+    for (int t = 0; t < 3 + i; ++t) c.tokens.push_back(static_cast<int32_t>(step_id + 7 * t + i));
+    plan->chunks.push_back(std::move(c));
+  }
+  return plan;
+}
+
+// Collects results in the order their sinks ran.
+class Results {
+ public:
+  StepResultSink Sink() {
+    return [this](StepResult r) {
+      std::lock_guard<std::mutex> lock(mu_);
+      results_.push_back(std::move(r));
+      cv_.notify_all();
+    };
+  }
+  bool WaitFor(size_t n, absl::Duration timeout = absl::Seconds(20)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                        [&] { return results_.size() >= n; });
+  }
+  std::vector<StepResult> Take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return results_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<StepResult> results_;
+};
+
+class DataPlaneExecutorTest : public ::testing::TestWithParam<Carrier> {
+ protected:
+  std::string ListenAddress() {
+    static int instance = 0;
+    return GetParam().config.backend == transport::Backend::kInproc
+               ? absl::StrCat("step-channel-test-", ++instance)
+               : "127.0.0.1:0";
+  }
+  std::unique_ptr<DataPlaneExecutor> Executor(const std::string& address,
+                                              absl::Duration deadline = absl::Seconds(20)) {
+    DataPlaneExecutorOptions o;
+    o.name = "compute-0";
+    o.address = address;
+    o.step_deadline = deadline;
+    o.transport = GetParam().config;
+    auto executor = DataPlaneExecutor::Create(std::move(o));
+    EXPECT_TRUE(executor.ok()) << executor.status();
+    return executor.ok() ? std::move(*executor) : nullptr;
+  }
+};
+
+TEST_P(DataPlaneExecutorTest, EveryPlanIsAnsweredOnceInOrderWithItsOwnTokens) {
+  Node node(GetParam().config, ListenAddress());
+  auto executor = Executor(node.channel().address());
+  ASSERT_NE(executor, nullptr);
+  Results results;
+  constexpr int kPlans = 300;
+  std::vector<std::shared_ptr<const StepPlan>> plans;
+  for (int i = 0; i < kPlans; ++i) {
+    plans.push_back(Plan(1000 + i, 1 + i % 4));
+    executor->Submit(plans.back(), results.Sink());  // all in flight at once
+  }
+  ASSERT_TRUE(results.WaitFor(kPlans));
+  const auto got = results.Take();
+  ASSERT_EQ(got.size(), static_cast<size_t>(kPlans));
+  for (int i = 0; i < kPlans; ++i) {
+    ASSERT_TRUE(got[i].status.ok()) << got[i].status;
+    EXPECT_EQ(got[i].step_id, plans[i]->step_id);
+    ASSERT_EQ(got[i].tokens.size(), plans[i]->chunks.size());
+    for (size_t c = 0; c < got[i].tokens.size(); ++c) {
+      EXPECT_EQ(got[i].tokens[c].request_id, plans[i]->chunks[c].request_id);
+      EXPECT_EQ(got[i].tokens[c].token, Digest(plans[i]->chunks[c], plans[i]->step_id));
+    }
+  }
+  EXPECT_TRUE(executor->Reachable());
+  EXPECT_EQ(executor->stats().connects, 1u);
+  EXPECT_EQ(executor->stats().answered, static_cast<uint64_t>(kPlans));
+  EXPECT_EQ(node.channel().stats().plans, static_cast<uint64_t>(kPlans));
+  EXPECT_EQ(node.channel().stats().sessions, 1u);
+}
+
+TEST_P(DataPlaneExecutorTest, ANodeThatDiesFailsItsPlansInOrderAndLaterOnesReconnect) {
+  const std::string listen = ListenAddress();
+  auto node = std::make_unique<Node>(GetParam().config, listen);
+  const std::string address = node->channel().address();
+  auto executor = Executor(address);
+  ASSERT_NE(executor, nullptr);
+  Results results;
+  executor->Submit(Plan(1, 1), results.Sink());
+  ASSERT_TRUE(results.WaitFor(1));
+  // Two plans in flight: the node holds the first, the second waits behind it.
+  node->set_hold(true);
+  executor->Submit(Plan(2, 2), results.Sink());
+  executor->Submit(Plan(3, 1), results.Sink());
+  for (int i = 0; i < 2000 && node->held() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_EQ(node->held(), 1);
+  node.reset();  // the node dies with both in flight
+  ASSERT_TRUE(results.WaitFor(3)) << "a plan of the dead node was never answered";
+  auto got = results.Take();
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_TRUE(got[0].status.ok());
+  EXPECT_EQ(got[1].step_id, 2u);
+  EXPECT_EQ(got[2].step_id, 3u);
+  EXPECT_FALSE(got[1].status.ok());
+  EXPECT_FALSE(got[2].status.ok());
+  // With the node gone, a plan fails (it cannot connect) rather than waiting.
+  executor->Submit(Plan(4, 1), results.Sink());
+  ASSERT_TRUE(results.WaitFor(4));
+  got = results.Take();
+  EXPECT_EQ(got[3].step_id, 4u);
+  EXPECT_EQ(got[3].status.code(), absl::StatusCode::kUnavailable) << got[3].status;
+  EXPECT_TRUE(got[3].node_unreachable);
+  // The node comes back at the same address: the next plan connects again and runs.
+  Node back(GetParam().config,
+            GetParam().config.backend == transport::Backend::kInproc ? listen : address);
+  executor->Submit(Plan(5, 3), results.Sink());
+  ASSERT_TRUE(results.WaitFor(5));
+  got = results.Take();
+  ASSERT_TRUE(got[4].status.ok()) << got[4].status;
+  EXPECT_EQ(got[4].step_id, 5u);
+  EXPECT_EQ(got[4].tokens.size(), 3u);
+}
+
+TEST_P(DataPlaneExecutorTest, AHungNodeMissesItsDeadlineAndTheNextPlanRunsOnANewConnection) {
+  Node node(GetParam().config, ListenAddress());
+  auto executor = Executor(node.channel().address(), absl::Milliseconds(300));
+  ASSERT_NE(executor, nullptr);
+  Results results;
+  node.set_hold(true);
+  const absl::Time start = absl::Now();
+  executor->Submit(Plan(1, 1), results.Sink());
+  executor->Submit(Plan(2, 1), results.Sink());
+  ASSERT_TRUE(results.WaitFor(2, absl::Seconds(10))) << "the deadline never fired";
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
+  auto got = results.Take();
+  EXPECT_EQ(got[0].status.code(), absl::StatusCode::kDeadlineExceeded) << got[0].status;
+  EXPECT_EQ(got[1].status.code(), absl::StatusCode::kDeadlineExceeded) << got[1].status;
+  EXPECT_FALSE(got[0].node_unreachable);
+  // The executor dropped the connection, which aborted the node's session: the held plan
+  // ends there, and a new plan goes over a new connection.
+  node.set_hold(false);
+  executor->Submit(Plan(3, 2), results.Sink());
+  ASSERT_TRUE(results.WaitFor(3));
+  got = results.Take();
+  ASSERT_TRUE(got[2].status.ok()) << got[2].status;
+  EXPECT_EQ(got[2].step_id, 3u);
+  EXPECT_EQ(executor->stats().connects, 2u);
+  EXPECT_EQ(node.channel().stats().sessions, 2u);
+}
+
+// A raw client of the node's channel: sends frames as given, collects the result frames.
+class RawClient : public transport::MessageHandler {
+ public:
+  RawClient(const transport::TransportConfig& config, const std::string& address) {
+    auto t = transport::Transport::Create(config);
+    EXPECT_TRUE(t.ok());
+    transport_ = std::move(*t);
+    transport_->SetHandler(transport::kFrameTag, this);
+    auto peer = transport_->Connect(address);
+    EXPECT_TRUE(peer.ok()) << peer.status();
+    peer_ = peer.ok() ? *peer : 0;
+  }
+  ~RawClient() override { transport_.reset(); }
+  void Send(const FrameHeader& h, const std::string& payload) {
+    const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(payload.data()),
+                                         payload.size());
+    ASSERT_TRUE(transport::SendAndWait(*transport_, peer_, transport::kFrameTag,
+                                       transport::AsBytes(h), {bytes}, absl::Seconds(5))
+                    .ok());
+  }
+  void SendRawHeader(std::span<const uint8_t> header) {
+    ASSERT_TRUE(transport::SendAndWait(*transport_, peer_, transport::kFrameTag, header, {},
+                                       absl::Seconds(5))
+                    .ok());
+  }
+  std::vector<StepResult> WaitFor(size_t n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::seconds(20), [&] { return results_.size() >= n; });
+    return results_;
+  }
+  std::span<uint8_t> Place(transport::PeerId, std::span<const uint8_t>, size_t) override {
+    return {};
+  }
+  void Deliver(transport::PeerId, std::span<const uint8_t> header, std::span<const uint8_t> payload,
+               absl::Status status) override {
+    FrameHeader h;
+    control::StepResult wire;
+    const bool ok = status.ok() && transport::ParseFrameHeader(header, &h).ok() &&
+                    h.kind == static_cast<uint16_t>(FrameKind::kResult) &&
+                    transport::CheckFramePayload(h, payload, true).ok() &&
+                    wire.ParseFromArray(payload.data(), static_cast<int>(payload.size()));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ok) {
+      ++bad_;
+    } else {
+      results_.push_back(FromProto(wire));
+    }
+    cv_.notify_all();
+  }
+  int bad() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return bad_;
+  }
+
+ private:
+  std::unique_ptr<transport::Transport> transport_;
+  transport::PeerId peer_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<StepResult> results_;
+  int bad_ = 0;
+};
+
+FrameHeader PlanHeader(uint64_t step_id, const std::string& payload) {
+  FrameHeader h;
+  h.kind = static_cast<uint16_t>(FrameKind::kPlan);
+  h.step_id = step_id;
+  h.payload_bytes = payload.size();
+  h.checksum = transport::PayloadChecksum(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(payload.data()), payload.size()));
+  return h;
+}
+
+std::string Serialized(const StepPlan& plan) {
+  control::StepPlan wire;
+  ToProto(plan, &wire);
+  return wire.SerializeAsString();
+}
+
+TEST_P(DataPlaneExecutorTest, MalformedFramesAreAnsweredInTurnAndTheChannelKeepsServing) {
+  Node node(GetParam().config, ListenAddress());
+  RawClient client(GetParam().config, node.channel().address());
+  const std::string good = Serialized(*Plan(10, 2));
+  // 1: a header of the wrong size.
+  const uint8_t junk[7] = {1, 2, 3, 4, 5, 6, 7};
+  client.SendRawHeader(junk);
+  // 2: a frame of another kind.
+  FrameHeader other = PlanHeader(11, good);
+  other.kind = static_cast<uint16_t>(FrameKind::kLayer);
+  client.Send(other, good);
+  // 3: a checksum that does not match.
+  FrameHeader corrupt = PlanHeader(12, good);
+  corrupt.checksum ^= 1;
+  client.Send(corrupt, good);
+  // 4: a payload that is not a StepPlan.
+  const std::string garbage = "\xff\xff\xff\xff not a proto";
+  client.Send(PlanHeader(13, garbage), garbage);
+  // 5: a valid StepPlan under another step's header.
+  client.Send(PlanHeader(14, good), good);
+  // 6: a good plan, after all of that.
+  client.Send(PlanHeader(10, good), good);
+  const auto got = client.WaitFor(6);
+  ASSERT_EQ(got.size(), 6u);
+  EXPECT_EQ(client.bad(), 0);
+  const uint64_t want_ids[] = {0, 11, 12, 13, 14, 10};
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(got[i].step_id, want_ids[i]) << "frame " << i + 1;
+    EXPECT_FALSE(got[i].status.ok()) << "frame " << i + 1;
+  }
+  EXPECT_EQ(got[2].status.code(), absl::StatusCode::kDataLoss) << got[2].status;
+  ASSERT_TRUE(got[5].status.ok()) << got[5].status;
+  EXPECT_EQ(got[5].step_id, 10u);
+  EXPECT_EQ(got[5].tokens.size(), 2u);
+  EXPECT_EQ(node.channel().stats().refused, 5u);
+  EXPECT_EQ(node.channel().stats().plans, 1u);
+}
+
+// A node that answers wrongly: each plan's answer is the result of another step. The
+// executor fails the plans it had sent, and does not hang.
+class WrongNode : public transport::MessageHandler {
+ public:
+  WrongNode(const transport::TransportConfig& config, const std::string& address) {
+    transport_ = std::move(*transport::Transport::Create(config));
+    transport_->SetHandler(transport::kFrameTag, this);
+    address_ = *transport_->Listen(address);
+  }
+  ~WrongNode() override {
+    closing_.store(true);  // reset() nulls transport_ before the transport's last deliveries
+    transport_.reset();
+  }
+  const std::string& address() const { return address_; }
+  std::span<uint8_t> Place(transport::PeerId, std::span<const uint8_t>, size_t) override {
+    return {};
+  }
+  void Deliver(transport::PeerId from, std::span<const uint8_t> header, std::span<const uint8_t>,
+               absl::Status) override {
+    FrameHeader h;
+    if (closing_.load() || !transport::ParseFrameHeader(header, &h).ok()) return;
+    control::StepResult wire;
+    wire.set_step_id(h.step_id + 1);
+    auto body = std::make_shared<std::string>(wire.SerializeAsString());
+    const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(body->data()),
+                                         body->size());
+    FrameHeader r;
+    r.kind = static_cast<uint16_t>(FrameKind::kResult);
+    r.step_id = h.step_id + 1;
+    r.payload_bytes = bytes.size();
+    r.checksum = transport::PayloadChecksum(bytes);
+    transport_->Send(from, transport::kFrameTag, transport::AsBytes(r), {bytes},
+                     [body](absl::Status) {});
+  }
+
+ private:
+  std::atomic<bool> closing_{false};
+  std::unique_ptr<transport::Transport> transport_;
+  std::string address_;
+};
+
+TEST_P(DataPlaneExecutorTest, AResultForTheWrongStepBreaksTheConnectionAndFailsItsPlans) {
+  WrongNode node(GetParam().config, ListenAddress());
+  auto executor = Executor(node.address());
+  ASSERT_NE(executor, nullptr);
+  Results results;
+  executor->Submit(Plan(1, 1), results.Sink());
+  executor->Submit(Plan(2, 1), results.Sink());
+  ASSERT_TRUE(results.WaitFor(2));
+  const auto got = results.Take();
+  EXPECT_EQ(got[0].step_id, 1u);
+  EXPECT_EQ(got[1].step_id, 2u);
+  EXPECT_EQ(got[0].status.code(), absl::StatusCode::kDataLoss) << got[0].status;
+  EXPECT_EQ(got[1].status.code(), absl::StatusCode::kDataLoss) << got[1].status;
+}
+
+TEST_P(DataPlaneExecutorTest, PlansLeftAtShutdownCompleteWithAnError) {
+  Node node(GetParam().config, ListenAddress());
+  node.set_hold(true);
+  Results results;
+  {
+    auto executor = Executor(node.channel().address());
+    ASSERT_NE(executor, nullptr);
+    executor->Submit(Plan(1, 1), results.Sink());
+    executor->Submit(Plan(2, 1), results.Sink());
+    for (int i = 0; i < 2000 && node.held() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+  }
+  const auto got = results.Take();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_FALSE(got[0].status.ok());
+  EXPECT_FALSE(got[1].status.ok());
+  EXPECT_EQ(got[0].step_id, 1u);
+  EXPECT_EQ(got[1].step_id, 2u);
+}
+
+TEST(DataPlaneExecutorAuthTest, AClientWithoutTheDeploymentsKeyCannotConnect) {
+  const transport::TransportConfig tcp = Carriers()[1].config;
+  Node node(tcp, "127.0.0.1:0");
+  transport::TransportConfig stranger = tcp;
+  stranger.auth_key = "fedcba9876543210fedcba9876543210";
+  DataPlaneExecutorOptions o;
+  o.name = "compute-0";
+  o.address = node.channel().address();
+  o.transport = stranger;
+  auto executor = DataPlaneExecutor::Create(std::move(o));
+  ASSERT_TRUE(executor.ok());
+  Results results;
+  (*executor)->Submit(Plan(1, 1), results.Sink());
+  ASSERT_TRUE(results.WaitFor(1));
+  const auto got = results.Take();
+  EXPECT_EQ(got[0].status.code(), absl::StatusCode::kUnavailable) << got[0].status;
+  EXPECT_EQ(node.channel().stats().plans, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Carriers, DataPlaneExecutorTest, ::testing::ValuesIn(Carriers()),
+                         [](const ::testing::TestParamInfo<Carrier>& info) {
+                           return info.param.name;
+                         });
+
+}  // namespace
+}  // namespace strata
