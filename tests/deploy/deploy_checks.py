@@ -159,7 +159,7 @@ def check_workloads(overlay, docs):
         internal = [r for r in p["spec"]["ingress"] if r.get("from")]
         internal_ports = {x["port"] for r in internal for x in r.get("ports", [])}
         open_ports = {x["port"] for r in p["spec"]["ingress"] if not r.get("from") for x in r.get("ports", [])}
-        for port in (50050, 50060, 50070, 7000):
+        for port in (50050, 50060, 50070, 7000, 7001):
             check(port in internal_ports and port not in open_ports,
                   f"{overlay}: port {port} must be reachable only from strata's pods")
         for r in internal:

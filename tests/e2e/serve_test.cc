@@ -138,6 +138,42 @@ TEST_F(ServeTest, GreedyOutputIsDeterministic) {
   EXPECT_EQ(a["choices"][0]["text"], b["choices"][0]["text"]);
 }
 
+// Plans travel over each compute node's step channel on the data plane by default. The same
+// requests give the same tokens when they go over the RunSteps gRPC stream instead: chosen by
+// the server (--step_channel=grpc), or because the node offers no step channel.
+TEST_F(ServeTest, StepsOverGrpcGiveTheTokensOfStepsOverTheDataPlane) {
+  const json greedy = {{"model", "tiny"},
+                       {"prompt", "the step channel"},
+                       {"max_tokens", 24},
+                       {"temperature", 0},
+                       {"ignore_eos", true}};
+  const json seeded = {{"model", "tiny"},    {"prompt", "seeded"}, {"max_tokens", 16},
+                       {"temperature", 0.8}, {"seed", 7},          {"n", 2},
+                       {"ignore_eos", true}};
+  const json want_greedy = Post("/v1/completions", greedy);
+  const json want_seeded = Post("/v1/completions", seeded);
+  ASSERT_TRUE(want_greedy.contains("choices")) << want_greedy.dump();
+  ASSERT_TRUE(want_seeded.contains("choices")) << want_seeded.dump();
+  DeploymentOptions by_server;
+  by_server.server_args = {"--step_channel=grpc"};
+  DeploymentOptions by_node;
+  by_node.launcher_args = {"--node_args=--step_channel=false"};
+  for (const DeploymentOptions& options : {by_server, by_node}) {
+    auto d = Deployment::Start(options);
+    ASSERT_TRUE(d.ok()) << d.status();
+    for (const auto& [body, want] : {std::pair{greedy, want_greedy}, {seeded, want_seeded}}) {
+      const HttpResponse r = HttpRequest((*d)->http_port(), "POST", "/v1/completions", body.dump());
+      ASSERT_EQ(r.status, 200) << r.body;
+      const json got = json::parse(r.body);
+      ASSERT_EQ(got["choices"].size(), want["choices"].size());
+      for (size_t i = 0; i < got["choices"].size(); ++i) {
+        EXPECT_EQ(got["choices"][i]["text"], want["choices"][i]["text"]) << body.dump();
+      }
+    }
+    (*d)->Stop();
+  }
+}
+
 // One model is served: a request may leave "model" out (as vLLM allows); a wrong name is a
 // 404 and a name that is not a string a 400.
 TEST_F(ServeTest, ModelMayBeOmittedButNotWrong) {
