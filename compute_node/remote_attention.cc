@@ -106,6 +106,7 @@ void RemoteAttention::SetMemoryNodes(uint64_t epoch, const std::vector<MemoryNod
 RemoteAttentionStats RemoteAttention::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   RemoteAttentionStats s = stats_;
+  s.lost_wakeups = transport_->LostWakeups();
   for (const auto& [peer, t] : peer_traffic_) {
     s.by_peer[t.name].sent += t.bytes.sent;
     s.by_peer[t.name].received += t.bytes.received;

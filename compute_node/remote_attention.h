@@ -99,6 +99,12 @@ struct RemoteAttentionStats {
   uint64_t stale_frames = 0;
   uint64_t timeouts = 0;
   uint64_t early_frames = 0;  // routed answers that came before their plan (kept)
+  // Answers the waiting step thread took off the transport itself (answer_spin), rather
+  // than the transport thread.
+  uint64_t answers_polled = 0;
+  // The transport thread's sleeps that missed a wake-up (Transport::LostWakeups; 0 unless
+  // something is wrong).
+  int64_t lost_wakeups = 0;
   struct PeerBytes {
     uint64_t sent = 0;
     uint64_t received = 0;
@@ -116,6 +122,8 @@ struct RemoteAttentionStats {
     stale_frames += o.stale_frames;
     timeouts += o.timeouts;
     early_frames += o.early_frames;
+    answers_polled += o.answers_polled;
+    lost_wakeups += o.lost_wakeups;
     for (const auto& [peer, bytes] : o.by_peer) {
       by_peer[peer].sent += bytes.sent;
       by_peer[peer].received += bytes.received;
@@ -250,6 +258,9 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
   AttentionStepOutcome outcome_;
   Stopwatch layer_watch_;  // from the first send of the layer in flight
 
+  // The RemoteAttention whose WaitLayer is polling the transport on this thread (answers
+  // delivered meanwhile count as answers_polled); null elsewhere.
+  static thread_local const RemoteAttention* polling_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   int layer_ = -1;

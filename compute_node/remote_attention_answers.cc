@@ -73,6 +73,8 @@ bool RemoteAttention::LayerSettled() const {
   return LayerSettledLocked() || layer_watch_.Elapsed() >= options_.layer_timeout;
 }
 
+thread_local const RemoteAttention* RemoteAttention::polling_ = nullptr;
+
 absl::Status RemoteAttention::WaitLayer(int layer, BatchBuffers& b, int64_t m) {
   RETURN_IF_ERROR(CheckRows(m));
   const size_t q_row = dims_.q_row_bytes();
@@ -88,12 +90,14 @@ absl::Status RemoteAttention::WaitLayer(int layer, BatchBuffers& b, int64_t m) {
   if (options_.answer_spin > absl::ZeroDuration()) {
     // Answers due within microseconds: taken off the worker here, without the two wake-ups
     // (the transport thread's, then this thread's) that sleeping would cost.
+    polling_ = this;
     transport_->ProgressUntil(
         [this] {
           std::lock_guard<std::mutex> lock(mu_);
           return LayerSettledLocked();
         },
         absl::Now() + std::min(options_.answer_spin, left()));
+    polling_ = nullptr;
   }
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -248,6 +252,7 @@ void RemoteAttention::Deliver(PeerId from, std::span<const uint8_t> header_bytes
   }
   const bool answer = h.kind == static_cast<uint16_t>(FrameKind::kLayerResult) ||
                       h.kind == static_cast<uint16_t>(FrameKind::kError);
+  if (answer && polling_ == this) ++stats_.answers_polled;
   if (options_.endpoint != 0 && answer && h.epoch == epoch_now_.load() &&
       (h.step_id > step_id_ ||
        (h.step_id == step_id_ && h.kind == static_cast<uint16_t>(FrameKind::kLayerResult) &&
