@@ -219,6 +219,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     step_channel = std::move(*created);
+    node_metrics.AttachStepChannel(step_channel.get());  // scrapes end with ServeNode
     process.info.set_step_address(step_channel->address());
     LOG(INFO) << "step channel at " << step_channel->address();
   }

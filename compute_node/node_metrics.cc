@@ -84,6 +84,16 @@ ComputeNodeMetrics::ComputeNodeMetrics(std::shared_ptr<metrics::MetricsRegistry>
   for (const char* kind : {"sent", "received", "rejected", "stale"}) {
     contexts_->Add({{"node", node_}, {"kind", kind}});
   }
+  step_frames_ = &prometheus::BuildCounter()
+                      .Name("strata_step_channel_frames_total")
+                      .Help(
+                          "The step channel (plans from the scheduler over the data plane), by "
+                          "kind: plan (queued to run), refused (a frame answered with an error "
+                          "without running: bad header, checksum or message), result (sent).")
+                      .Register(r);
+  for (const char* kind : {"plan", "refused", "result"}) {
+    step_frames_->Add({{"node", node_}, {"kind", kind}});
+  }
   registry_->AddRefresh([this] { Refresh(); });
 }
 
@@ -109,6 +119,10 @@ void ComputeNodeMetrics::OnPlanWait(double seconds) {
 
 void ComputeNodeMetrics::Attach(const ComputeNode* node) { compute_node_.store(node); }
 
+void ComputeNodeMetrics::AttachStepChannel(const StepChannel* channel) {
+  step_channel_.store(channel);
+}
+
 void ComputeNodeMetrics::Refresh() {
   {
     std::lock_guard<std::mutex> lock(window_mu_);
@@ -122,6 +136,15 @@ void ComputeNodeMetrics::Refresh() {
     last_steps_ = steps;
   }
   gemm_primitives_->Set(static_cast<double>(NumGemmPrimitives()));
+  if (const StepChannel* channel = step_channel_.load(); channel != nullptr) {
+    const StepChannelStats c = channel->stats();
+    metrics::SetCounterTo(step_frames_->Add({{"node", node_}, {"kind", "plan"}}),
+                          static_cast<double>(c.plans));
+    metrics::SetCounterTo(step_frames_->Add({{"node", node_}, {"kind", "refused"}}),
+                          static_cast<double>(c.refused));
+    metrics::SetCounterTo(step_frames_->Add({{"node", node_}, {"kind", "result"}}),
+                          static_cast<double>(c.results));
+  }
   const ComputeNode* node = compute_node_.load();
   if (node == nullptr) return;
   const NodeStatus status = node->Status();

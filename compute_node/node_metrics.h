@@ -14,6 +14,7 @@
 #include "common/metrics/metrics.h"
 #include "common/protocol/step.h"
 #include "compute_node/compute_node.h"
+#include "compute_node/step_channel.h"
 
 namespace strata {
 
@@ -29,6 +30,8 @@ class ComputeNodeMetrics {
   // Reads the node's transport counters at each scrape. `node` must outlive the registry's
   // endpoint.
   void Attach(const ComputeNode* node);
+  // Reads the step channel's counters at each scrape; `channel` must outlive the endpoint.
+  void AttachStepChannel(const StepChannel* channel);
 
  private:
   void Refresh();
@@ -36,6 +39,7 @@ class ComputeNodeMetrics {
   std::shared_ptr<metrics::MetricsRegistry> registry_;
   const std::string node_;
   std::atomic<const ComputeNode*> compute_node_{nullptr};
+  std::atomic<const StepChannel*> step_channel_{nullptr};
 
   prometheus::Counter* steps_;
   prometheus::Counter* step_seconds_total_;
@@ -54,6 +58,7 @@ class ComputeNodeMetrics {
   prometheus::Family<prometheus::Counter>* bytes_;
   prometheus::Family<prometheus::Counter>* errors_;
   prometheus::Family<prometheus::Counter>* contexts_;  // rotational pipelining
+  prometheus::Family<prometheus::Counter>* step_frames_;
 
   // The bubble ratio over the interval since the previous scrape: the step thread's idle
   // time (waiting for attention, or for a plan) over the interval's wall time. With two

@@ -12,6 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/deployment.h"
@@ -183,6 +185,20 @@ TEST_F(MetricsTest, SplitMetricsShowTheDataPlane) {
   EXPECT_GT(Sum(c, "strata_compute_node_steps_total\\{.*\\}"), 0);
   // Several steps on one stream: the node waited for each next plan, and says how long.
   EXPECT_GT(Sum(c, "strata_compute_node_plan_wait_seconds_count\\{.*\\}"), 0);
+  // The plans came over the step channel on the data plane, none refused, each answered
+  // (a plan sent ahead of a finished request's last step may still be running: looked at
+  // again until it is back).
+  const std::string kind = "strata_step_channel_frames_total\\{.*kind=\"";
+  EXPECT_GT(Sum(c, kind + "plan\".*\\}"), 0);
+  EXPECT_EQ(Sum(c, kind + "refused\".*\\}"), 0);
+  auto step_frames = c;
+  for (int i = 0;
+       i < 50 && Sum(step_frames, kind + "result\".*\\}") != Sum(step_frames, kind + "plan\".*\\}");
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(40));
+    step_frames = Samples(Scrape("compute-0"));
+  }
+  EXPECT_EQ(Sum(step_frames, kind + "result\".*\\}"), Sum(step_frames, kind + "plan\".*\\}"));
 
   double memory_received = 0, attention = 0;
   for (const std::string node : {"memory-0", "memory-1"}) {
