@@ -63,7 +63,7 @@ StepChannelStats StepChannel::stats() const {
 }
 
 StepChannel::Session* StepChannel::SessionLocked(PeerId peer) {
-  if (closing_) return nullptr;
+  if (closing_ || closed_.count(peer) > 0) return nullptr;
   auto it = sessions_.find(peer);
   if (it != sessions_.end()) return it->second.get();
   ReapLocked();
@@ -83,6 +83,7 @@ StepChannel::Session* StepChannel::SessionLocked(PeerId peer) {
 
 void StepChannel::EndSession(PeerId peer) {
   std::lock_guard<std::mutex> lock(mu_);
+  closed_.insert(peer);
   auto it = sessions_.find(peer);
   if (it == sessions_.end()) return;
   Session* s = it->second.get();
@@ -147,7 +148,8 @@ void StepChannel::Deliver(PeerId from, std::span<const uint8_t> header,
   queued.done = [this, from](StepResult result) { SendResult(from, result); };
   std::lock_guard<std::mutex> lock(mu_);
   Session* session = SessionLocked(from);
-  if (session == nullptr) return;  // closing: the connection goes with the transport
+  // Closing, or the connection has closed: nobody would read the answer.
+  if (session == nullptr) return;
   ++(plan.ok() ? stats_.plans : stats_.refused);
   session->queue.Push(std::move(queued));
 }

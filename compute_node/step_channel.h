@@ -35,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -86,8 +87,10 @@ class StepChannel : public transport::MessageHandler {
   };
 
   explicit StepChannel(StepChannelOptions options) : options_(std::move(options)) {}
-  // The open session of `peer`, started on its first frame or connection. Null once the
-  // channel is closing. Holds mu_.
+  // The open session of `peer`, started on its connection (or its first frame, should that
+  // come first). Null once the channel is closing, and for a connection that has closed:
+  // a frame finished receiving after the close must not start a session nobody ends.
+  // Holds mu_.
   Session* SessionLocked(transport::PeerId peer);
   // The connection of `peer` is gone: its session stops taking plans.
   void EndSession(transport::PeerId peer);
@@ -104,6 +107,7 @@ class StepChannel : public transport::MessageHandler {
   bool closing_ = false;
   std::map<transport::PeerId, std::unique_ptr<Session>> sessions_;  // open connections
   std::vector<std::unique_ptr<Session>> ended_;                     // threads still to join
+  std::set<transport::PeerId> closed_;  // connections that closed (ids are never reused)
   StepChannelStats stats_;
 };
 

@@ -286,7 +286,11 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
   const std::shared_ptr<grpc::Channel> channel =
       ComputeNodeChannel(info.control_address(), *options_.auth);
   std::unique_ptr<StepExecutor> executor;
-  if (options_.data_plane_steps && !info.step_address().empty()) {
+  // Plans over the node's step channel where it offers one and can be reached there (a
+  // firewall that opens only the control port, a transport that cannot start: gRPC then).
+  // Rotational pipelining keeps the gRPC stream: it drops a replica's executor under this
+  // plane's lock, and a step channel's teardown may wait for a connection attempt.
+  if (options_.data_plane_steps && !info.step_address().empty() && options_.rotation == nullptr) {
     DataPlaneExecutorOptions o;
     o.name = info.name();
     o.address = info.step_address();
@@ -294,17 +298,16 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
     o.transport = options_.step_transport;
     o.control = channel;
     auto made = DataPlaneExecutor::Create(std::move(o));
-    if (!made.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = nodes_.find(id);
-      if (it != nodes_.end()) {
-        MarkDead(it->second,
-                 absl::StrCat("cannot open its step channel: ", made.status().message()));
-      }
-      return;
+    absl::Status reached = made.ok() ? (*made)->Probe() : made.status();
+    if (reached.ok()) {
+      executor = std::move(*made);
+    } else {
+      LOG(WARNING) << "compute node " << info.name() << ": its step channel at "
+                   << info.step_address() << " cannot be reached (" << reached.message()
+                   << "); its steps go over gRPC";
     }
-    executor = std::move(*made);
-  } else {
+  }
+  if (executor == nullptr) {
     executor =
         std::make_unique<GrpcExecutor>(info.name(), channel, options_.step_deadline, options_.auth);
   }

@@ -61,21 +61,36 @@ DataPlaneExecutor::~DataPlaneExecutor() {
     stop_ = true;
   }
   watchdog_cv_.notify_all();
-  watchdog_.join();
+  if (watchdog_.joinable()) watchdog_.join();  // not started if Create failed
   connector_.Stop();
   // Closing the connection reports it broken: what was sent on it fails, in order.
   transport_.reset();
-  std::deque<Waiting> waiting;
-  std::deque<Sent> sent;
+  // A sink may submit again meanwhile (stop_ keeps it in waiting_): until nothing is left.
   std::lock_guard<std::mutex> complete(complete_mu_);
+  const absl::Status error = absl::CancelledError("the executor is shutting down");
+  while (true) {
+    std::deque<Waiting> waiting;
+    std::deque<Sent> sent;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      waiting.swap(waiting_);
+      sent.swap(sent_);
+    }
+    if (waiting.empty() && sent.empty()) break;
+    for (Sent& s : sent) s.sink(Failed(s.step_id, error, false));
+    for (Waiting& w : waiting) w.sink(Failed(w.plan->step_id, error, false));
+  }
+}
+
+absl::Status DataPlaneExecutor::Probe() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    waiting.swap(waiting_);
-    sent.swap(sent_);
+    if (peer_ || connecting_) return absl::OkStatus();
+    connecting_ = true;
   }
-  const absl::Status error = absl::CancelledError("the executor is shutting down");
-  for (Sent& s : sent) s.sink(Failed(s.step_id, error, false));
-  for (Waiting& w : waiting) w.sink(Failed(w.plan->step_id, error, false));
+  Connect();
+  std::lock_guard<std::mutex> lock(mu_);
+  return peer_ ? absl::OkStatus() : last_connect_;
 }
 
 DataPlaneExecutorStats DataPlaneExecutor::stats() const {
@@ -162,6 +177,7 @@ void DataPlaneExecutor::Connect() {
     std::lock_guard<std::mutex> lock(mu_);
     connecting_ = false;
     ever_tried_ = true;
+    last_connect_ = peer.status();
     waiting.swap(waiting_);
     if (peer.ok() && !stop_) {
       peer_ = *peer;
@@ -189,13 +205,15 @@ void DataPlaneExecutor::Connect() {
   for (Waiting& w : waiting) w.sink(Failed(w.plan->step_id, error, /*unreachable=*/!peer.ok()));
 }
 
-void DataPlaneExecutor::Break(PeerId peer, const absl::Status& error, bool unreachable) {
+void DataPlaneExecutor::Break(PeerId peer, const absl::Status& error, bool unreachable,
+                              std::optional<absl::Time> if_deadline) {
   std::deque<Sent> failed;
   {
     std::lock_guard<std::mutex> complete(complete_mu_);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!peer_ || *peer_ != peer) return;
+      if (if_deadline && deadline_at_ != *if_deadline) return;  // answered meanwhile
       peer_.reset();
       failed.swap(sent_);
       deadline_at_ = absl::InfiniteFuture();
@@ -215,13 +233,13 @@ void DataPlaneExecutor::Watchdog() {
     watchdog_cv_.wait_for(lock, std::chrono::milliseconds(100));
     if (!peer_ || absl::Now() <= deadline_at_) continue;
     const PeerId peer = *peer_;
-    deadline_at_ = absl::InfiniteFuture();
+    const absl::Time missed = deadline_at_;
     lock.unlock();
     Break(peer,
           absl::DeadlineExceededError(absl::StrCat("compute node ", options_.name,
                                                    " did not finish a step within ",
                                                    absl::FormatDuration(options_.step_deadline))),
-          /*unreachable=*/false);
+          /*unreachable=*/false, missed);
     lock.lock();
   }
 }

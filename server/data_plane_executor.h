@@ -67,6 +67,9 @@ class DataPlaneExecutor : public StepExecutor, public transport::MessageHandler 
   void Submit(std::shared_ptr<const StepPlan> plan, StepResultSink sink) override;
   bool Reachable() override;
   DataPlaneExecutorStats stats() const;
+  // Connects now, on the calling thread, unless connected or connecting already: whether
+  // the node's step channel can be reached (the control plane falls back to gRPC if not).
+  absl::Status Probe();
 
   std::span<uint8_t> Place(transport::PeerId from, std::span<const uint8_t> header,
                            size_t payload_bytes) override;
@@ -90,16 +93,19 @@ class DataPlaneExecutor : public StepExecutor, public transport::MessageHandler 
   // Connector thread: connects, then sends what waited, or fails it.
   void Connect();
   // The connection `peer` is broken: every plan sent on it fails with `error`, oldest
-  // first. Nothing if `peer` is no longer the open connection.
-  void Break(transport::PeerId peer, const absl::Status& error, bool unreachable);
+  // first. Nothing if `peer` is no longer the open connection, or (`if_deadline`) if the
+  // oldest plan's deadline is no longer that one (a result came meanwhile).
+  void Break(transport::PeerId peer, const absl::Status& error, bool unreachable,
+             std::optional<absl::Time> if_deadline = std::nullopt);
   void Watchdog();
 
   DataPlaneExecutorOptions options_;
   std::unique_ptr<transport::Transport> transport_;
   EventLoop connector_{"exec-connect"};
 
-  // Lock order: complete_mu_, then send_mu_ is never taken with it; send_mu_, then mu_;
-  // complete_mu_, then mu_.
+  // Lock order: complete_mu_, then send_mu_ (a sink may submit again), then mu_. Nothing
+  // waits for complete_mu_ while holding send_mu_: a send's completion, which may run
+  // inside Send, hands failures to the connector thread.
   std::mutex send_mu_;      // keeps the order of sends and of their records in sent_
   std::mutex complete_mu_;  // keeps the order in which sinks run
   mutable std::mutex mu_;
@@ -107,6 +113,7 @@ class DataPlaneExecutor : public StepExecutor, public transport::MessageHandler 
   std::optional<transport::PeerId> peer_;  // the open connection
   bool connecting_ = false;
   bool ever_tried_ = false;
+  absl::Status last_connect_;  // the last connection attempt's outcome
   bool stop_ = false;
   std::deque<Waiting> waiting_;  // submitted while not connected, oldest first
   std::deque<Sent> sent_;        // sent on peer_, unanswered, oldest first

@@ -465,6 +465,63 @@ TEST_P(DataPlaneExecutorTest, PlansLeftAtShutdownCompleteWithAnError) {
   EXPECT_EQ(got[1].step_id, 2u);
 }
 
+// A sink that submits again while the executor shuts down (a scheduler resubmitting a failed
+// step) still gets an answer for what it submitted.
+TEST_P(DataPlaneExecutorTest, APlanSubmittedFromASinkDuringShutdownIsAnswered) {
+  Node node(GetParam().config, ListenAddress());
+  node.set_hold(true);
+  Results results;
+  auto executor = Executor(node.channel().address());
+  ASSERT_NE(executor, nullptr);
+  DataPlaneExecutor* raw = executor.get();
+  std::atomic<int> resubmitted{0};
+  StepResultSink collect = results.Sink();
+  StepResultSink again = [&, raw, collect](StepResult r) {
+    if (!r.status.ok() && resubmitted.fetch_add(1) == 0) raw->Submit(Plan(99, 1), collect);
+    collect(std::move(r));
+  };
+  executor->Submit(Plan(1, 1), again);
+  executor->Submit(Plan(2, 1), again);
+  for (int i = 0; i < 2000 && node.held() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+  executor.reset();
+  const auto got = results.Take();
+  ASSERT_EQ(got.size(), 3u);
+  // In submission order: the resubmitted plan came after both others.
+  EXPECT_EQ(got[0].step_id, 1u);
+  EXPECT_EQ(got[1].step_id, 2u);
+  EXPECT_EQ(got[2].step_id, 99u);
+  for (const StepResult& r : got) EXPECT_FALSE(r.status.ok());
+}
+
+TEST_P(DataPlaneExecutorTest, ProbeSaysWhetherTheChannelCanBeReached) {
+  Node node(GetParam().config, ListenAddress());
+  auto reachable = Executor(node.channel().address());
+  ASSERT_NE(reachable, nullptr);
+  EXPECT_TRUE(reachable->Probe().ok());
+  EXPECT_EQ(reachable->stats().connects, 1u);
+  EXPECT_TRUE(reachable->Probe().ok());  // connected already: no second connection
+  EXPECT_EQ(reachable->stats().connects, 1u);
+  Results results;
+  reachable->Submit(Plan(1, 2), results.Sink());
+  ASSERT_TRUE(results.WaitFor(1));
+  EXPECT_TRUE(results.Take()[0].status.ok());
+  auto nobody =
+      Executor(GetParam().config.backend == transport::Backend::kInproc ? "nobody-listens-here"
+                                                                        : "127.0.0.1:1");
+  ASSERT_NE(nobody, nullptr);
+  EXPECT_FALSE(nobody->Probe().ok());
+}
+
+// A transport that cannot start fails Create with its reason, and nothing crashes.
+TEST(DataPlaneExecutorCreateTest, ATransportThatCannotStartFailsCreate) {
+  DataPlaneExecutorOptions o;
+  o.name = "compute-0";
+  o.address = "127.0.0.1:1";
+  o.transport.ucx_options = {{"TLS", "no-such-transport"}};
+  auto executor = DataPlaneExecutor::Create(std::move(o));
+  EXPECT_FALSE(executor.ok());
+}
+
 TEST(DataPlaneExecutorAuthTest, AClientWithoutTheDeploymentsKeyCannotConnect) {
   const transport::TransportConfig tcp = Carriers()[1].config;
   Node node(tcp, "127.0.0.1:0");
