@@ -90,15 +90,17 @@ class Collector : public transport::MessageHandler {
   std::span<uint8_t> Place(transport::PeerId, std::span<const uint8_t>, size_t) override {
     return {};
   }
-  void Deliver(transport::PeerId, std::span<const uint8_t> header, std::span<const uint8_t>,
+  void Deliver(transport::PeerId, std::span<const uint8_t> header, std::span<const uint8_t> payload,
                absl::Status) override {
     FrameHeader h{};
     if (header.size() == sizeof(h)) std::memcpy(&h, header.data(), sizeof(h));
     std::lock_guard<std::mutex> lock(mu_);
     kinds_.push_back(h.kind);
+    payloads_.emplace_back(payload.begin(), payload.end());
     cv_.notify_all();
   }
-  uint16_t Next() {
+  // The next frame's kind (0: none came within 20 s); its payload into `payload` if given.
+  uint16_t Next(std::string* payload = nullptr) {
     std::unique_lock<std::mutex> lock(mu_);
     if (!cv_.wait_for(lock, absl::ToChronoNanoseconds(absl::Seconds(20)),
                       [&] { return !kinds_.empty(); })) {
@@ -106,13 +108,27 @@ class Collector : public transport::MessageHandler {
     }
     const uint16_t k = kinds_.front();
     kinds_.pop_front();
+    if (payload != nullptr) *payload = std::move(payloads_.front());
+    payloads_.pop_front();
     return k;
+  }
+  // The next frame as a step result (a result with status DataLoss if it is none).
+  control::StepResult NextResult() {
+    std::string payload;
+    control::StepResult r;
+    if (Next(&payload) != static_cast<uint16_t>(FrameKind::kResult) ||
+        !r.ParseFromString(payload)) {
+      r.mutable_status()->set_code(static_cast<int>(absl::StatusCode::kDataLoss));
+      r.mutable_status()->set_message("no step result frame");
+    }
+    return r;
   }
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<uint16_t> kinds_;
+  std::deque<std::string> payloads_;
 };
 
 TEST(MalformedTest, MemoryNodeRejectsBadControlAndDataMessages) {
@@ -358,6 +374,128 @@ TEST(MalformedTest, ComputeNodeRejectsBadPlansAndGarbage) {
   const control::StepResult ok = run(plan);
   EXPECT_EQ(ok.status().code(), 0) << ok.status().message();
   EXPECT_EQ(ok.tokens_size(), 1);
+  EXPECT_EQ(kill(pid, 0), 0);
+  EXPECT_TRUE(WaitForHealth(control, false));
+  StopProcess(pid);
+}
+
+// The compute node's step channel (plans over the data plane): junk on its bootstrap port, a
+// client without the deployment's key, frames that are not plans, that fail their checksum or
+// do not parse, plans that make no sense, and a fuzz loop. Each frame is answered with an
+// error result in its turn; the node keeps running, and a sound plan still runs.
+TEST(MalformedTest, ComputeNodeStepChannelRejectsBadFramesAndGarbage) {
+  auto model = TestModel("tiny");
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::string root = RunfilesRoot();
+  const int control = FreePort(), steps = FreePort();
+  const pid_t pid = SpawnProcess(
+      {root + "/compute_node/compute_node", "--model=" + *model,
+       absl::StrCat("--scheduler=127.0.0.1:", FreePort()), absl::StrCat("--port=", control),
+       absl::StrCat("--step_address=127.0.0.1:", steps), "--ucx_net_devices=lo", "--threads=1",
+       "--kv_budget_mib=16", "--prefault_kv=false", ClusterSecretFlag()},
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_TRUE(WaitForHealth(control, false));
+  control::ComputeConfig config;
+  config.set_epoch(3);
+  {
+    grpc::ClientContext context;
+    TestClusterAuth()->Attach(&context);
+    control::ComputeConfigAck ack;
+    ASSERT_TRUE(
+        control::ComputeNode::NewStub(Channel(control))->Configure(&context, config, &ack).ok());
+  }
+  // Junk on the bootstrap port.
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(RawExchange(steps, Garbage(64 + 500 * i, 20 + i), /*timeout_s=*/3).empty());
+  }
+  transport::TransportConfig tc;
+  tc.ucx_options = {{"TLS", "tcp"}, {"NET_DEVICES", "lo"}};
+  // Without the key: no connection.
+  {
+    transport::TransportConfig stranger = tc;
+    stranger.auth_key = "fedcba9876543210fedcba9876543210";
+    stranger.connect_timeout = absl::Seconds(5);
+    auto client = transport::Transport::Create(stranger);
+    ASSERT_TRUE(client.ok());
+    EXPECT_FALSE((*client)->Connect(absl::StrCat("127.0.0.1:", steps)).ok());
+  }
+  tc.auth_key = TestClusterAuth()->data_plane_key();
+  auto client = transport::Transport::Create(tc);
+  ASSERT_TRUE(client.ok());
+  Collector collector;
+  (*client)->SetHandler(transport::kFrameTag, &collector);
+  auto peer = (*client)->Connect(absl::StrCat("127.0.0.1:", steps));
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  auto send = [&](FrameHeader h, const std::string& payload, bool fix_checksum = true) {
+    const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(payload.data()),
+                                         payload.size());
+    h.payload_bytes = payload.size();
+    if (fix_checksum) h.checksum = transport::PayloadChecksum(bytes);
+    ASSERT_TRUE(transport::SendAndWait(**client, *peer, transport::kFrameTag, transport::AsBytes(h),
+                                       {bytes}, absl::Seconds(10))
+                    .ok());
+  };
+  FrameHeader header;
+  header.kind = static_cast<uint16_t>(FrameKind::kPlan);
+  header.step_id = 1;
+  const std::string junk = Garbage(300, 6);
+  send(header, junk);  // not a StepPlan
+  control::StepResult r = collector.NextResult();
+  EXPECT_EQ(r.step_id(), 1u);
+  EXPECT_EQ(r.status().code(), static_cast<int>(absl::StatusCode::kInvalidArgument))
+      << r.status().message();
+  control::StepPlan plan;
+  plan.set_step_id(2);
+  plan.set_epoch(3);
+  auto* chunk = plan.add_chunks();
+  chunk->set_request_id(1);
+  chunk->add_tokens(5);
+  chunk->add_samples()->set_request_id(1);
+  auto* setup = plan.add_setups();
+  setup->set_request_id(1);
+  setup->set_prompt_len(1);
+  plan.add_assignments()->set_request_id(1);
+  plan.mutable_assignments(0)->add_slots(0);
+  header.step_id = 2;
+  FrameHeader corrupt = header;
+  corrupt.checksum = 12345;
+  send(corrupt, plan.SerializeAsString(), /*fix_checksum=*/false);
+  r = collector.NextResult();
+  EXPECT_EQ(r.step_id(), 2u);
+  EXPECT_EQ(r.status().code(), static_cast<int>(absl::StatusCode::kDataLoss));
+  FrameHeader layer = header;
+  layer.kind = static_cast<uint16_t>(FrameKind::kLayer);
+  send(layer, plan.SerializeAsString());
+  r = collector.NextResult();
+  EXPECT_NE(r.status().code(), 0) << "a layer frame was taken for a plan";
+  // A plan that parses but makes no sense: another scheduler's, then a slot outside the KV.
+  control::StepPlan stale = plan;
+  stale.set_epoch(4);
+  send(header, stale.SerializeAsString());
+  r = collector.NextResult();
+  EXPECT_EQ(r.step_id(), 2u);
+  EXPECT_NE(r.status().code(), 0);
+  control::StepPlan outside = plan;
+  outside.mutable_assignments(0)->set_slots(0, 1 << 30);
+  send(header, outside.SerializeAsString());
+  EXPECT_NE(collector.NextResult().status().code(), 0);
+  // Fuzz: random and truncated plans under valid headers. Each gets one answer.
+  std::mt19937 rng(11);
+  const std::string good = plan.SerializeAsString();
+  for (int i = 0; i < 60; ++i) {
+    std::string payload = Garbage(rng() % 800, rng());
+    if (i % 2 == 0) payload = good.substr(0, rng() % (good.size() + 1)) + payload;
+    header.step_id = 100 + i;
+    send(header, payload);
+    const control::StepResult fuzzed = collector.NextResult();
+    EXPECT_NE(fuzzed.status().message(), "no step result frame") << "fuzz frame " << i;
+  }
+  // A sound plan still runs, and samples one token.
+  header.step_id = 2;
+  send(header, good);
+  r = collector.NextResult();
+  EXPECT_EQ(r.status().code(), 0) << r.status().message();
+  EXPECT_EQ(r.tokens_size(), 1);
   EXPECT_EQ(kill(pid, 0), 0);
   EXPECT_TRUE(WaitForHealth(control, false));
   StopProcess(pid);
