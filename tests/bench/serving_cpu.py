@@ -7,13 +7,16 @@ what serving costs besides the forward pass ("serving", the last line but one), 
 shared cores all of it is time taken from the team. Memory nodes' threads are listed but
 not counted there: they run attention.
 
-Each --launcher_args entry is one configuration; they are launched alternately, --rounds
-times each, and the table gives each thread's median over a configuration's rounds. The
-clock tick is 10 ms here, so over 8 x 128 tokens a figure has a resolution of about
-0.01 ms per token.
+A second table counts each thread's wake-ups per token (voluntary context switches: it
+slept and was woken), which is exact where the CPU time is not: the clock tick is 10 ms
+here, so over 8 x 128 tokens a CPU figure has a resolution of about 0.01 ms per token.
+
+Each --launcher_args entry is one configuration, run on each --bin_dir given (a build:
+a directory laid out like bazel-bin); they are launched alternately, --rounds times each,
+and the tables give each thread's median over a configuration's rounds.
 
   /usr/bin/python3 tests/bench/serving_cpu.py --bin_dir="$(bazel info bazel-bin)" \\
-      [--memory_nodes=0] [--rounds=2] [--streams=8] \\
+      [--bin_dir=OTHER_BUILD] [--memory_nodes=0] [--rounds=2] [--streams=8] \\
       [--launcher_args="" --launcher_args="--server_args=--step_channel=grpc"]
 """
 import argparse
@@ -45,8 +48,10 @@ def node_pids():
 
 
 def thread_ticks(pids):
-    """{(binary, thread name): utime + stime in clock ticks} summed over threads."""
+    """({(binary, thread name): utime + stime in clock ticks}, {same: voluntary context
+    switches}), each summed over the threads of that name."""
     ticks = collections.Counter()
+    wakes = collections.Counter()
     for exe, plist in pids.items():
         for pid in plist:
             try:
@@ -62,61 +67,86 @@ def thread_ticks(pids):
                 name = stat[stat.index("(") + 1:stat.rindex(")")]
                 fields = stat[stat.rindex(")") + 2:].split()
                 ticks[(exe, name)] += int(fields[11]) + int(fields[12])
-    return ticks
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/status") as f:
+                        for line in f:
+                            if line.startswith("voluntary_ctxt_switches:"):
+                                wakes[(exe, name)] += int(line.split()[1])
+                except OSError:
+                    pass
+    return ticks, wakes
 
 
 def measure(bin_dir, memory_nodes, launcher_args, streams):
-    """({(binary, thread): ms per token}, [tok/s per stream]) over `streams` completions."""
+    """({(binary, thread): ms per token}, {(binary, thread): wake-ups per token},
+    [tok/s per stream]) over `streams` completions."""
     tick_ms = 1000.0 / os.sysconf("SC_CLK_TCK")
     with compare_builds.launch(bin_dir, memory_nodes, launcher_args) as (port, model, _):
         compare_builds.stream_tokens_per_second(port, model, 16)  # warm up
         pids = node_pids()
-        before = thread_ticks(pids)
+        before, woken_before = thread_ticks(pids)
         rates = [compare_builds.stream_tokens_per_second(port, model, 128)
                  for _ in range(streams)]
-        after = thread_ticks(pids)
+        after, woken_after = thread_ticks(pids)
     tokens = streams * 128
-    return {k: (after[k] - before.get(k, 0)) * tick_ms / tokens for k in after}, rates
+    return ({k: (after[k] - before.get(k, 0)) * tick_ms / tokens for k in after},
+            {k: (woken_after[k] - woken_before.get(k, 0)) / tokens for k in woken_after}, rates)
+
+
+def print_table(title, configs, per_config, rounds, threshold, fmt, total):
+    names = sorted({k for c in configs for k in per_config[c]})
+    medians = {c: {k: statistics.median(per_config[c][k] + [0.0] * (rounds - len(per_config[c][k])))
+                   for k in names} for c in configs}
+    print(title)
+    print(f"{'process':13s} {'thread':18s}" + "".join(f" {c[0]:>24.24s}" for c in configs))
+    shown = [k for k in names if max(medians[c][k] for c in configs) >= threshold]
+    shown.sort(key=lambda k: (k[0], -max(medians[c][k] for c in configs)))
+    for k in shown:
+        print(f"{k[0]:13s} {k[1]:18s}" + "".join(f" {medians[c][k]:24{fmt}}" for c in configs))
+    if total:
+        print(f"{'serving':13s} {'(all but step)':18s}" + "".join(
+            f" {sum(v for k, v in medians[c].items() if k[1] != 'step' and k[0] != 'memory_node'):24{fmt}}"
+            for c in configs))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bin_dir", required=True)
+    parser.add_argument("--bin_dir", action="append", required=True,
+                        help="a build (repeatable: each configuration runs on each)")
     parser.add_argument("--memory_nodes", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--launcher_args", action="append",
                         help="a configuration: launcher flags, comma-separated (repeatable)")
     args = parser.parse_args()
-    configs = args.launcher_args or [""]
-    per_config = {c: collections.defaultdict(list) for c in configs}
+    configs = []
+    for b, bin_dir in enumerate(args.bin_dir):
+        for a in args.launcher_args or [""]:
+            label = (f"build {b + 1} " if len(args.bin_dir) > 1 else "") + (a or "default")
+            configs.append((label, bin_dir, a))
+    cpu = {c: collections.defaultdict(list) for c in configs}
+    woken = {c: collections.defaultdict(list) for c in configs}
     rates = {c: [] for c in configs}
     for r in range(args.rounds):
-        order = configs if r % 2 == 0 else list(reversed(configs))
-        for c in order:
-            extra = [a for a in c.split(",") if a]
-            ms, got = measure(args.bin_dir, args.memory_nodes, extra, args.streams)
+        for c in (configs if r % 2 == 0 else list(reversed(configs))):
+            extra = [a for a in c[2].split(",") if a]
+            ms, wakes, got = measure(c[1], args.memory_nodes, extra, args.streams)
             for k, v in ms.items():
-                per_config[c][k].append(v)
+                cpu[c][k].append(v)
+            for k, v in wakes.items():
+                woken[c][k].append(v)
             rates[c].extend(got)
-            print(f"round {r + 1} [{c or 'default'}]: median {statistics.median(got):.1f} tok/s",
+            print(f"round {r + 1} [{c[0]}]: median {statistics.median(got):.1f} tok/s",
                   file=sys.stderr)
-    names = sorted({k for c in configs for k in per_config[c]})
-    medians = {c: {k: statistics.median(per_config[c][k] + [0.0] * (
-        args.rounds - len(per_config[c][k]))) for k in names} for c in configs}
-    header = f"{'process':13s} {'thread':18s}" + "".join(f" {c or 'default':>24.24s}" for c in configs)
-    print(f"CPU ms per generated token, medians of {args.rounds} launches per configuration, "
-          f"{args.streams} streams of 128 tokens each, {args.memory_nodes} memory node(s)")
-    print(header)
-    shown = [k for k in names if max(medians[c][k] for c in configs) >= 0.005]
-    shown.sort(key=lambda k: (k[0], -max(medians[c][k] for c in configs)))
-    for k in shown:
-        print(f"{k[0]:13s} {k[1]:18s}" + "".join(f" {medians[c][k]:24.3f}" for c in configs))
-    print(f"{'serving':13s} {'(all but step)':18s}" + "".join(
-        f" {sum(v for k, v in medians[c].items() if k[1] != 'step' and k[0] != 'memory_node'):24.3f}"
-        for c in configs))
+    for c in configs:
+        print(f"{c[0]}: {c[1]}")
+    print_table(f"CPU ms per generated token, medians of {args.rounds} launches per configuration, "
+                f"{args.streams} streams of 128 tokens each, {args.memory_nodes} memory node(s)",
+                configs, cpu, args.rounds, 0.005, ".3f", True)
     print(f"{'':13s} {'tok/s (median)':18s}" + "".join(
         f" {statistics.median(rates[c]):24.1f}" for c in configs))
+    print_table("wake-ups (voluntary context switches) per generated token, medians",
+                configs, woken, args.rounds, 0.05, ".2f", True)
 
 
 if __name__ == "__main__":
