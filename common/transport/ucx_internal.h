@@ -152,7 +152,9 @@ class UcxTransport final : public Transport, private EventLoop::Poller {
   PeerId AddPeer(ucp_ep_h ep);
   absl::StatusOr<ucp_ep_h> CreateEndpoint(ucp_ep_params_t params, PeerId id);
   void ClosePeer(PeerId id, const absl::Status& why);
-  void StartSend(std::unique_ptr<SendContext> ctx, Tag tag);
+  // Starts a send on the worker (held by the caller). True if it is over already (sent in
+  // place, or failed); false if it is pending on the worker.
+  bool StartSend(std::unique_ptr<SendContext> ctx, Tag tag);
   void HandleHandshake(PeerId peer, std::span<const uint8_t> header);
   MessageHandler* HandlerFor(Tag tag);
   // Delivers, in arrival order, every pending message of `peer` that is complete.

@@ -147,14 +147,16 @@ void UcxTransport::Send(PeerId peer, Tag tag, std::span<const uint8_t> header,
   // be asleep on an armed worker (Wait). A send that finds the peer's shared-memory FIFO
   // full stays pending and needs the worker progressed, which no event announces: it (and
   // the answer it waits for) sat until Wait's one-second bound, seen as one-second stalls
-  // of compute nodes. So the transport thread is woken after the send, to progress and arm
-  // again.
+  // of compute nodes. So the transport thread is woken after a send left pending, to
+  // progress and arm again. A send that is over at once (most are: a small message copied
+  // out, or an error) leaves the worker nothing to progress, and the thread sleeps on: a
+  // wake-up saved per message (docs/benchmarks.md, "No wake-up after a send that is over").
   {
     std::unique_lock<std::mutex> worker_lock(worker_mu_, std::try_to_lock);
     if (worker_lock.owns_lock() && loop_.NothingPosted()) {
-      StartSend(std::move(ctx), tag);
+      const bool over = StartSend(std::move(ctx), tag);
       worker_lock.unlock();
-      Wake();
+      if (!over) Wake();
       return;
     }
   }
@@ -165,12 +167,12 @@ void UcxTransport::Send(PeerId peer, Tag tag, std::span<const uint8_t> header,
   }
 }
 
-void UcxTransport::StartSend(std::unique_ptr<SendContext> ctx, Tag tag) {
+bool UcxTransport::StartSend(std::unique_ptr<SendContext> ctx, Tag tag) {
   Peer* peer = FindPeer(ctx->peer);
   if (peer == nullptr || peer->closed || peer->ep == nullptr || (tag != 0 && !peer->ready)) {
     ctx->done(
         absl::UnavailableError(absl::StrCat("data-plane peer ", ctx->peer, " is not connected")));
-    return;
+    return true;
   }
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -199,9 +201,13 @@ void UcxTransport::StartSend(std::unique_ptr<SendContext> ctx, Tag tag) {
       ucp_am_send_nbx(peer->ep, tag, raw->header.data(), raw->header.size(), buffer, count, &param);
   if (request == nullptr) {
     OnSendDone(nullptr, UCS_OK, raw);
-  } else if (UCS_PTR_IS_ERR(request)) {
-    OnSendDone(nullptr, UCS_PTR_STATUS(request), raw);
+    return true;
   }
+  if (UCS_PTR_IS_ERR(request)) {
+    OnSendDone(nullptr, UCS_PTR_STATUS(request), raw);
+    return true;
+  }
+  return false;
 }
 
 void UcxTransport::OnSendDone(void* request, ucs_status_t status, void* user_data) {
