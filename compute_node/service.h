@@ -1,5 +1,6 @@
 // The compute node's gRPC service (proto/control.proto, service ComputeNode): the
-// scheduler's entry point to a ComputeNode.
+// scheduler's entry point to a ComputeNode. Step plans come over the step channel
+// (step_channel.h) by default; RunSteps carries them where the scheduler uses gRPC.
 #ifndef STRATA_COMPUTE_NODE_SERVICE_H_
 #define STRATA_COMPUTE_NODE_SERVICE_H_
 

@@ -1,11 +1,11 @@
 // Runs step plans on a LaneEngine with two batches in flight: the "two" pipelining of the
 // attention-offloading design (Lamina's n = 2).
 //
-// Plans arrive in a PlanQueue from another thread (the gRPC stream's reader, or a test's
-// executor). RunPipeline takes them on one thread: a plan starts on a free lane as soon as
-// it is queued, and the busy lanes advance one stage each in turn, oldest plan first, so
-// that while one batch's attention is out on the memory nodes the node runs the other
-// batch's projections and FFN. A lane that finishes samples, hands its result on and takes
+// Plans arrive in a PlanQueue from another thread (the step channel's transport thread, the
+// gRPC stream's reader, or a test's executor). RunPipeline takes them on one thread: a plan starts
+// on a free lane as soon as it is queued, and the busy lanes advance one stage each in turn, oldest
+// plan first, so that while one batch's attention is out on the memory nodes the node runs the
+// other batch's projections and FFN. A lane that finishes samples, hands its result on and takes
 // the next queued plan at once; with one plan queued the other lane simply idles.
 //
 // A plan started with every lane idle, after an earlier plan, reports its slack in its

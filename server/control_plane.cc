@@ -290,7 +290,10 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
   // firewall that opens only the control port, a transport that cannot start: gRPC then).
   // Rotational pipelining keeps the gRPC stream: it drops a replica's executor under this
   // plane's lock, and a step channel's teardown may wait for a connection attempt.
-  if (options_.data_plane_steps && !info.step_address().empty() && options_.rotation == nullptr) {
+  // Under control-plane TLS plans stay on gRPC too: the data plane is not encrypted, and
+  // plans carry prompts' tokens and grammars.
+  if (options_.data_plane_steps && !info.step_address().empty() && options_.rotation == nullptr &&
+      !options_.auth->tls()) {
     DataPlaneExecutorOptions o;
     o.name = info.name();
     o.address = info.step_address();

@@ -13,7 +13,8 @@
 //     InfiniBand; a send failed; a result that does not match the oldest plan or does not
 //     parse) fails every plan sent on it, in order, and the next plan connects again.
 // Connecting happens on a thread of its own, never on the submitter's: plans submitted
-// meanwhile wait, in order, and fail together if the node cannot be reached.
+// meanwhile wait, in order, and fail together if the node cannot be reached. (Probe
+// connects on its caller's thread, for the control plane's configuration.)
 //
 // Thread-safety: thread-safe.
 #ifndef STRATA_SERVER_DATA_PLANE_EXECUTOR_H_

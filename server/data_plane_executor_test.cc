@@ -204,7 +204,60 @@ TEST_P(DataPlaneExecutorTest, EveryPlanIsAnsweredOnceInOrderWithItsOwnTokens) {
   EXPECT_EQ(node.channel().stats().sessions, 1u);
 }
 
-TEST_P(DataPlaneExecutorTest, ANodeThatDiesFailsItsPlansInOrderAndLaterOnesReconnect) {
+// A node that takes plans and never answers; destroying it closes its connections as a
+// process that dies does, with the plans unanswered.
+class SilentNode : public transport::MessageHandler {
+ public:
+  SilentNode(const transport::TransportConfig& config, const std::string& address) {
+    transport_ = std::move(*transport::Transport::Create(config));
+    transport_->SetHandler(transport::kFrameTag, this);
+    address_ = *transport_->Listen(address);
+  }
+  ~SilentNode() override { transport_.reset(); }
+  const std::string& address() const { return address_; }
+  int received() const { return received_.load(); }
+  std::span<uint8_t> Place(transport::PeerId, std::span<const uint8_t>, size_t) override {
+    return {};
+  }
+  void Deliver(transport::PeerId, std::span<const uint8_t>, std::span<const uint8_t>,
+               absl::Status) override {
+    ++received_;
+  }
+
+ private:
+  std::atomic<int> received_{0};
+  std::unique_ptr<transport::Transport> transport_;
+  std::string address_;
+};
+
+// The node dies (its connection closes) with two plans unanswered: both fail at once, in
+// order, as unreachable, without waiting for their deadline.
+TEST_P(DataPlaneExecutorTest, ANodeThatDiesFailsItsUnansweredPlansAsUnreachable) {
+  auto node = std::make_unique<SilentNode>(GetParam().config, ListenAddress());
+  auto executor = Executor(node->address(), /*deadline=*/absl::Seconds(60));
+  ASSERT_NE(executor, nullptr);
+  Results results;
+  executor->Submit(Plan(1, 1), results.Sink());
+  executor->Submit(Plan(2, 2), results.Sink());
+  for (int i = 0; i < 2000 && node->received() < 2; ++i) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_EQ(node->received(), 2);
+  const absl::Time died = absl::Now();
+  node.reset();
+  ASSERT_TRUE(results.WaitFor(2)) << "a plan of the dead node was never answered";
+  EXPECT_LT(absl::Now() - died, absl::Seconds(10)) << "the plans waited for their deadline";
+  const auto got = results.Take();
+  ASSERT_EQ(got.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(got[i].step_id, static_cast<uint64_t>(i + 1));
+    EXPECT_EQ(got[i].status.code(), absl::StatusCode::kUnavailable) << got[i].status;
+    EXPECT_TRUE(got[i].node_unreachable);
+  }
+}
+
+// The node stops (its channel closes its sessions, answering what it holds) with two plans
+// in flight: both fail, in order; later plans fail while it is gone, and connect again once
+// it is back at the same address.
+TEST_P(DataPlaneExecutorTest, ANodeThatStopsFailsItsPlansInOrderAndLaterOnesReconnect) {
   const std::string listen = ListenAddress();
   auto node = std::make_unique<Node>(GetParam().config, listen);
   const std::string address = node->channel().address();
@@ -219,7 +272,7 @@ TEST_P(DataPlaneExecutorTest, ANodeThatDiesFailsItsPlansInOrderAndLaterOnesRecon
   executor->Submit(Plan(3, 1), results.Sink());
   for (int i = 0; i < 2000 && node->held() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
   ASSERT_EQ(node->held(), 1);
-  node.reset();  // the node dies with both in flight
+  node.reset();  // the node stops with both in flight
   ASSERT_TRUE(results.WaitFor(3)) << "a plan of the dead node was never answered";
   auto got = results.Take();
   ASSERT_EQ(got.size(), 3u);
@@ -456,6 +509,7 @@ TEST_P(DataPlaneExecutorTest, PlansLeftAtShutdownCompleteWithAnError) {
     executor->Submit(Plan(1, 1), results.Sink());
     executor->Submit(Plan(2, 1), results.Sink());
     for (int i = 0; i < 2000 && node.held() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+    ASSERT_EQ(node.held(), 1);
   }
   const auto got = results.Take();
   ASSERT_EQ(got.size(), 2u);
@@ -483,6 +537,7 @@ TEST_P(DataPlaneExecutorTest, APlanSubmittedFromASinkDuringShutdownIsAnswered) {
   executor->Submit(Plan(1, 1), again);
   executor->Submit(Plan(2, 1), again);
   for (int i = 0; i < 2000 && node.held() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_EQ(node.held(), 1);
   executor.reset();
   const auto got = results.Take();
   ASSERT_EQ(got.size(), 3u);

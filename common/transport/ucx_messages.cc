@@ -138,8 +138,9 @@ void UcxTransport::Send(PeerId peer, Tag tag, std::span<const uint8_t> header,
   // On the transport thread, or a handler answering on a thread in ProgressUntil: the
   // worker is already ours.
   if (WorkerIsOurs()) {
-    if (progressing_ == this) sent_while_progressing_ = true;  // ProgressUntil wakes the loop
-    StartSend(std::move(ctx), tag);
+    const bool over = StartSend(std::move(ctx), tag);
+    // A send left pending inside ProgressUntil: it wakes the loop on the way out.
+    if (!over && progressing_ == this) sent_while_progressing_ = true;
     return;
   }
   // Start the send on this thread when the worker is free and nothing is queued before

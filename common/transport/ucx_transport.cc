@@ -243,9 +243,9 @@ bool UcxTransport::ProgressUntil(absl::FunctionRef<bool()> done, absl::Time dead
     // a thread of a peer on this core runs now rather than after this one's time slice.
     if (!settled && !progressed) sched_yield();
   }
-  // A send a handler started here may have found the peer's FIFO full and stayed pending:
-  // it needs the worker progressed again, which no event announces, so the transport
-  // thread does it (as after Send from another thread). The rest of what progressing left
+  // A send a handler started here that found the peer's FIFO full and stayed pending
+  // needs the worker progressed again, which no event announces, so the transport thread
+  // does it (as after a pending Send from another thread). The rest of what progressing left
   // (a rendezvous acknowledgement, say) is in hand of the transport thread anyway: the
   // traffic that this thread took woke it if it slept.
   if (sent_while_progressing_) Wake();

@@ -467,7 +467,9 @@ TEST(MalformedTest, ComputeNodeStepChannelRejectsBadFramesAndGarbage) {
   layer.kind = static_cast<uint16_t>(FrameKind::kLayer);
   send(layer, plan.SerializeAsString());
   r = collector.NextResult();
-  EXPECT_NE(r.status().code(), 0) << "a layer frame was taken for a plan";
+  EXPECT_EQ(r.step_id(), 2u);
+  EXPECT_EQ(r.status().code(), static_cast<int>(absl::StatusCode::kInvalidArgument))
+      << "a layer frame was taken for a plan: " << r.status().message();
   // A plan that parses but makes no sense: another scheduler's, then a slot outside the KV.
   control::StepPlan stale = plan;
   stale.set_epoch(4);
@@ -478,7 +480,10 @@ TEST(MalformedTest, ComputeNodeStepChannelRejectsBadFramesAndGarbage) {
   control::StepPlan outside = plan;
   outside.mutable_assignments(0)->set_slots(0, 1 << 30);
   send(header, outside.SerializeAsString());
-  EXPECT_NE(collector.NextResult().status().code(), 0);
+  r = collector.NextResult();
+  EXPECT_EQ(r.step_id(), 2u);
+  EXPECT_NE(r.status().code(), 0);
+  EXPECT_NE(r.status().message(), "no step result frame");
   // Fuzz: random and truncated plans under valid headers. Each gets one answer.
   std::mt19937 rng(11);
   const std::string good = plan.SerializeAsString();
@@ -489,6 +494,9 @@ TEST(MalformedTest, ComputeNodeStepChannelRejectsBadFramesAndGarbage) {
     send(header, payload);
     const control::StepResult fuzzed = collector.NextResult();
     EXPECT_NE(fuzzed.status().message(), "no step result frame") << "fuzz frame " << i;
+    EXPECT_EQ(fuzzed.step_id(), static_cast<uint64_t>(100 + i)) << "fuzz frame " << i;
+    // Each carries another frame's step id than the plan inside it, if any parses.
+    EXPECT_NE(fuzzed.status().code(), 0) << "fuzz frame " << i;
   }
   // A sound plan still runs, and samples one token.
   header.step_id = 2;

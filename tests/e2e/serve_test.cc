@@ -42,6 +42,19 @@ class ServeTest : public ::testing::Test {
 
 Deployment* ServeTest::deployment_ = nullptr;
 
+// Plans compute-0 took over its step channel (strata_step_channel_frames_total, kind plan);
+// -1 if its metrics cannot be read.
+double StepChannelPlans(const Deployment& d) {
+  const int port = d.MetricsPort("compute-0");
+  if (port <= 0) return -1;
+  const HttpResponse r = HttpRequest(port, "GET", "/metrics");
+  if (r.status != 200) return -1;
+  const std::regex line(
+      R"re(strata_step_channel_frames_total\{[^}]*kind="plan"[^}]*\} ([0-9.e+]+))re");
+  std::smatch m;
+  return std::regex_search(r.body, m, line) ? std::stod(m[1]) : -1;
+}
+
 TEST_F(ServeTest, HealthIsOkOnceNodesRegistered) {
   EXPECT_EQ(HttpRequest(deployment_->http_port(), "GET", "/health").status, 200);
   EXPECT_NE(deployment_->Pid("compute-0"), -1);
@@ -154,6 +167,8 @@ TEST_F(ServeTest, StepsOverGrpcGiveTheTokensOfStepsOverTheDataPlane) {
   const json want_seeded = Post("/v1/completions", seeded);
   ASSERT_TRUE(want_greedy.contains("choices")) << want_greedy.dump();
   ASSERT_TRUE(want_seeded.contains("choices")) << want_seeded.dump();
+  EXPECT_GT(StepChannelPlans(*deployment_), 0) << "the default deployment's plans did not "
+                                                  "come over the step channel";
   DeploymentOptions by_server;
   by_server.server_args = {"--step_channel=grpc"};
   DeploymentOptions by_node;
@@ -170,6 +185,7 @@ TEST_F(ServeTest, StepsOverGrpcGiveTheTokensOfStepsOverTheDataPlane) {
         EXPECT_EQ(got["choices"][i]["text"], want["choices"][i]["text"]) << body.dump();
       }
     }
+    EXPECT_EQ(StepChannelPlans(**d), 0) << "plans came over the step channel, not gRPC";
     (*d)->Stop();
   }
 }
