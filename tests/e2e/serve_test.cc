@@ -3,6 +3,7 @@
 // prompt with greedy text, logprobs and token_id:N tokens, matching the in-process runtime.
 #include <signal.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <regex>
 
@@ -188,6 +189,42 @@ TEST_F(ServeTest, StepsOverGrpcGiveTheTokensOfStepsOverTheDataPlane) {
     EXPECT_EQ(StepChannelPlans(**d), 0) << "plans came over the step channel, not gRPC";
     (*d)->Stop();
   }
+}
+
+// Under control-plane TLS the plans stay on the (encrypted) gRPC stream: the data plane is
+// not encrypted. Certificates as a cluster's CA would issue them, made by the openssl tool.
+TEST_F(ServeTest, ControlPlaneTlsKeepsStepsOnGrpc) {
+  if (std::system("openssl version >/dev/null 2>&1") != 0) GTEST_SKIP() << "no openssl tool";
+  const std::string dir = TestTmpDir() + "/control-tls";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string script =
+      "cd " + dir +
+      " && set -e; exec >/dev/null 2>&1; "
+      "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 "
+      "-subj /CN=strata-test-ca; "
+      "openssl req -newkey rsa:2048 -nodes -keyout node.key -out node.csr -subj /CN=strata-node; "
+      "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > ext; "
+      "openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out node.pem "
+      "-days 2 -extfile ext; chmod 600 *.key";
+  ASSERT_EQ(std::system(script.c_str()), 0) << "openssl failed";
+  DeploymentOptions tls;
+  tls.launcher_args = {"--control_tls_cert=" + dir + "/node.pem",
+                       "--control_tls_key=" + dir + "/node.key",
+                       "--control_tls_ca=" + dir + "/ca.pem"};
+  auto d = Deployment::Start(tls);
+  ASSERT_TRUE(d.ok()) << d.status();
+  const json body = {{"model", "tiny"},
+                     {"prompt", "the step channel"},
+                     {"max_tokens", 24},
+                     {"temperature", 0},
+                     {"ignore_eos", true}};
+  const HttpResponse r = HttpRequest((*d)->http_port(), "POST", "/v1/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["text"],
+            Post("/v1/completions", body)["choices"][0]["text"]);
+  EXPECT_EQ(StepChannelPlans(**d), 0) << "plans went over the unencrypted data plane";
+  (*d)->Stop();
 }
 
 // One model is served: a request may leave "model" out (as vLLM allows); a wrong name is a
