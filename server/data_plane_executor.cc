@@ -99,11 +99,20 @@ DataPlaneExecutorStats DataPlaneExecutor::stats() const {
 }
 
 bool DataPlaneExecutor::Reachable() {
-  if (options_.control != nullptr) {
-    return options_.control->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY;
+  if (options_.control != nullptr &&
+      options_.control->GetState(/*try_to_connect=*/true) != GRPC_CHANNEL_READY) {
+    return false;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  return peer_.has_value() || !ever_tried_;
+  if (peer_.has_value() || !lost_) return true;
+  // The step channel's connection died, or connecting failed, since it last worked: a node
+  // that just died may still look alive on the control channel for a moment. Unreachable
+  // until a connection, tried now in the background, is back.
+  if (!connecting_ && !stop_) {
+    connecting_ = true;
+    connector_.Post([this] { Connect(); });
+  }
+  return false;
 }
 
 void DataPlaneExecutor::Submit(std::shared_ptr<const StepPlan> plan, StepResultSink sink) {
@@ -176,13 +185,15 @@ void DataPlaneExecutor::Connect() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     connecting_ = false;
-    ever_tried_ = true;
     last_connect_ = peer.status();
     waiting.swap(waiting_);
     if (peer.ok() && !stop_) {
       peer_ = *peer;
       connected = true;
+      lost_ = false;
       ++stats_.connects;
+    } else if (!peer.ok()) {
+      lost_ = true;
     }
   }
   if (connected) {
@@ -215,6 +226,7 @@ void DataPlaneExecutor::Break(PeerId peer, const absl::Status& error, bool unrea
       if (!peer_ || *peer_ != peer) return;
       if (if_deadline && deadline_at_ != *if_deadline) return;  // answered meanwhile
       peer_.reset();
+      if (unreachable) lost_ = true;
       failed.swap(sent_);
       deadline_at_ = absl::InfiniteFuture();
       stats_.failed += failed.size();

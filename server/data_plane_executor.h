@@ -66,6 +66,8 @@ class DataPlaneExecutor : public StepExecutor, public transport::MessageHandler 
 
   std::string name() const override { return options_.name; }
   void Submit(std::shared_ptr<const StepPlan> plan, StepResultSink sink) override;
+  // The node's control channel is up and its step channel has not failed since it last
+  // connected; while it has, each call tries a connection in the background.
   bool Reachable() override;
   DataPlaneExecutorStats stats() const;
   // Connects now, on the calling thread, unless connected or connecting already: whether
@@ -113,7 +115,9 @@ class DataPlaneExecutor : public StepExecutor, public transport::MessageHandler 
   std::condition_variable watchdog_cv_;    // with mu_
   std::optional<transport::PeerId> peer_;  // the open connection
   bool connecting_ = false;
-  bool ever_tried_ = false;
+  // The last connection died with its peer, or the last attempt failed: Reachable says no
+  // until a connection works again (the control channel may not know yet).
+  bool lost_ = false;
   absl::Status last_connect_;  // the last connection attempt's outcome
   bool stop_ = false;
   std::deque<Waiting> waiting_;  // submitted while not connected, oldest first

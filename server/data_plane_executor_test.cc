@@ -252,6 +252,11 @@ TEST_P(DataPlaneExecutorTest, ANodeThatDiesFailsItsUnansweredPlansAsUnreachable)
     EXPECT_EQ(got[i].status.code(), absl::StatusCode::kUnavailable) << got[i].status;
     EXPECT_TRUE(got[i].node_unreachable);
   }
+  // The scheduler asks before it sends there again: unreachable while the node is gone (its
+  // control channel may not know yet).
+  EXPECT_FALSE(executor->Reachable());
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(executor->Reachable());
 }
 
 // The node stops (its channel closes its sessions, answering what it holds) with two plans
@@ -289,8 +294,16 @@ TEST_P(DataPlaneExecutorTest, ANodeThatStopsFailsItsPlansInOrderAndLaterOnesReco
   EXPECT_EQ(got[3].status.code(), absl::StatusCode::kUnavailable) << got[3].status;
   EXPECT_TRUE(got[3].node_unreachable);
   // The node comes back at the same address: the next plan connects again and runs.
+  EXPECT_FALSE(executor->Reachable());
   Node back(GetParam().config,
             GetParam().config.backend == transport::Backend::kInproc ? listen : address);
+  // Reachable again once a connection, which asking it starts, is up.
+  bool reachable = false;
+  for (int i = 0; i < 500 && !reachable; ++i) {
+    reachable = executor->Reachable();
+    if (!reachable) absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(reachable) << "the node came back, but the executor never said so";
   executor->Submit(Plan(5, 3), results.Sink());
   ASSERT_TRUE(results.WaitFor(5));
   got = results.Take();
