@@ -6,13 +6,13 @@
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/base/thread_name.h"
+#include "common/protocol/step_frame.h"
 #include "common/protocol/step_proto.h"
 #include "common/transport/frame.h"
 #include "proto/control.pb.h"
 
 namespace strata {
 
-using transport::FrameHeader;
 using transport::FrameKind;
 using transport::PeerId;
 
@@ -111,27 +111,16 @@ std::span<uint8_t> StepChannel::Place(PeerId, std::span<const uint8_t>, size_t) 
 
 void StepChannel::Deliver(PeerId from, std::span<const uint8_t> header,
                           std::span<const uint8_t> payload, absl::Status status) {
-  FrameHeader h;
-  const absl::Status header_ok = transport::ParseFrameHeader(header, &h);
   // Whatever is wrong, the frame is answered in its turn: with the step id its header
   // names, or 0 when the header cannot be read (the scheduler then drops the connection).
+  uint64_t step_id = 0;
   auto plan = [&]() -> absl::StatusOr<StepPlan> {
-    RETURN_IF_ERROR(status);
-    RETURN_IF_ERROR(header_ok);
-    if (h.kind != static_cast<uint16_t>(FrameKind::kPlan)) {
-      return absl::InvalidArgumentError(absl::StrCat("the step channel takes plan frames, not ",
-                                                     transport::FrameKindName(h.kind)));
-    }
-    RETURN_IF_ERROR(transport::CheckFramePayload(h, payload, /*verify=*/true));
     control::StepPlan wire;
-    if (!wire.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("step plan ", h.step_id, " is not a valid StepPlan message"));
-    }
+    RETURN_IF_ERROR(ReadMessageFrame(header, payload, status, FrameKind::kPlan, &wire, &step_id));
     ASSIGN_OR_RETURN(StepPlan parsed, FromProto(wire));
-    if (parsed.step_id != h.step_id) {
+    if (parsed.step_id != step_id) {
       return absl::InvalidArgumentError(
-          absl::StrCat("step plan ", parsed.step_id, " came in a frame of step ", h.step_id));
+          absl::StrCat("step plan ", parsed.step_id, " came in a frame of step ", step_id));
     }
     return parsed;
   }();
@@ -141,7 +130,7 @@ void StepChannel::Deliver(PeerId from, std::span<const uint8_t> header,
   } else {
     LOG(ERROR) << "step channel: refused a plan from connection " << from << ": " << plan.status();
     StepResult refused;
-    refused.step_id = header_ok.ok() ? h.step_id : 0;
+    refused.step_id = step_id;
     refused.status = plan.status();
     queued.answer = std::move(refused);
   }
@@ -157,22 +146,12 @@ void StepChannel::Deliver(PeerId from, std::span<const uint8_t> header,
 void StepChannel::SendResult(PeerId peer, const StepResult& result) {
   control::StepResult wire;
   ToProto(result, &wire);
-  auto body = std::make_shared<std::string>();
-  wire.SerializeToString(body.get());
-  const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(body->data()),
-                                       body->size());
-  FrameHeader h;
-  h.kind = static_cast<uint16_t>(FrameKind::kResult);
-  h.step_id = result.step_id;
-  h.payload_bytes = bytes.size();
-  h.checksum = transport::PayloadChecksum(bytes);
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.results;
   }
   // A connection that is gone fails the send; its session is being aborted meanwhile.
-  transport_->Send(peer, transport::kFrameTag, transport::AsBytes(h), {bytes},
-                   [body](absl::Status) {});
+  SendMessageFrame(*transport_, peer, FrameKind::kResult, result.step_id, wire, {});
 }
 
 }  // namespace strata

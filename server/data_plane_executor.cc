@@ -8,13 +8,13 @@
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/base/thread_name.h"
+#include "common/protocol/step_frame.h"
 #include "common/protocol/step_proto.h"
 #include "common/transport/frame.h"
 #include "proto/control.pb.h"
 
 namespace strata {
 
-using transport::FrameHeader;
 using transport::FrameKind;
 using transport::PeerId;
 
@@ -108,15 +108,18 @@ bool DataPlaneExecutor::Reachable() {
   // The step channel's connection died, or connecting failed, since it last worked: a node
   // that just died may still look alive on the control channel for a moment. Unreachable
   // until a connection, tried now in the background, is back.
-  if (!connecting_ && !stop_) {
-    connecting_ = true;
-    connector_.Post([this] { Connect(); });
-  }
+  ConnectSoonLocked();
   return false;
 }
 
+void DataPlaneExecutor::ConnectSoonLocked() {
+  if (connecting_ || stop_) return;
+  connecting_ = true;
+  connector_.Post([this] { Connect(); });
+}
+
 void DataPlaneExecutor::Submit(std::shared_ptr<const StepPlan> plan, StepResultSink sink) {
-  std::unique_lock<std::mutex> send(send_mu_);
+  std::lock_guard<std::mutex> send(send_mu_);
   PeerId peer;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -124,10 +127,7 @@ void DataPlaneExecutor::Submit(std::shared_ptr<const StepPlan> plan, StepResultS
       // Not connected (or plans before this one wait for the connection): in line. The
       // destructor fails what still waits when it stops.
       waiting_.push_back({std::move(plan), std::move(sink)});
-      if (connecting_ || stop_) return;
-      connecting_ = true;
-      send.unlock();
-      connector_.Post([this] { Connect(); });
+      ConnectSoonLocked();
       return;
     }
     peer = *peer_;
@@ -137,44 +137,33 @@ void DataPlaneExecutor::Submit(std::shared_ptr<const StepPlan> plan, StepResultS
 
 void DataPlaneExecutor::SendLocked(PeerId peer, std::shared_ptr<const StepPlan> plan,
                                    StepResultSink sink) {
+  const uint64_t step_id = plan->step_id;
   control::StepPlan wire;
-  ToProto(*plan, &wire);
-  auto body = std::make_shared<std::string>();
-  wire.SerializeToString(body.get());
-  const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(body->data()),
-                                       body->size());
-  FrameHeader h;
-  h.kind = static_cast<uint16_t>(FrameKind::kPlan);
-  h.step_id = plan->step_id;
-  h.payload_bytes = bytes.size();
-  h.checksum = transport::PayloadChecksum(bytes);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_ || peer_ != peer) {
       // The connection broke since the caller looked: the plan waits for the next one.
       waiting_.push_back({std::move(plan), std::move(sink)});
-      if (!connecting_ && !stop_) {
-        connecting_ = true;
-        connector_.Post([this] { Connect(); });
-      }
+      ConnectSoonLocked();
       return;
     }
     if (sent_.empty()) deadline_at_ = absl::Now() + options_.step_deadline;
-    sent_.push_back({plan->step_id, std::move(sink)});
+    sent_.push_back({step_id, std::move(sink)});
     ++stats_.sent;
   }
+  ToProto(*plan, &wire);
   // The send's completion may run inside Send, with send_mu_ held: a failure is handled on
   // the connector thread, which takes the locks in their order.
-  transport_->Send(peer, transport::kFrameTag, transport::AsBytes(h), {bytes},
-                   [this, body, peer](absl::Status status) {
-                     if (status.ok()) return;
-                     connector_.Post([this, peer, status] {
-                       Break(peer,
-                             absl::UnavailableError(absl::StrCat("compute node ", options_.name,
-                                                                 " failed: ", status.message())),
-                             /*unreachable=*/true);
-                     });
-                   });
+  SendMessageFrame(
+      *transport_, peer, FrameKind::kPlan, step_id, wire, [this, peer](absl::Status status) {
+        if (status.ok()) return;
+        connector_.Post([this, peer, status] {
+          Break(peer,
+                absl::UnavailableError(
+                    absl::StrCat("compute node ", options_.name, " failed: ", status.message())),
+                /*unreachable=*/true);
+        });
+      });
 }
 
 void DataPlaneExecutor::Connect() {
@@ -263,19 +252,12 @@ std::span<uint8_t> DataPlaneExecutor::Place(PeerId, std::span<const uint8_t>, si
 void DataPlaneExecutor::Deliver(PeerId from, std::span<const uint8_t> header,
                                 std::span<const uint8_t> payload, absl::Status status) {
   auto result = [&]() -> absl::StatusOr<StepResult> {
-    RETURN_IF_ERROR(status);
-    FrameHeader h;
-    RETURN_IF_ERROR(transport::ParseFrameHeader(header, &h));
-    if (h.kind != static_cast<uint16_t>(FrameKind::kResult)) {
-      return absl::DataLossError(absl::StrCat("a ", transport::FrameKindName(h.kind),
-                                              " frame where a step result was expected"));
-    }
-    RETURN_IF_ERROR(transport::CheckFramePayload(h, payload, /*verify=*/true));
     control::StepResult wire;
-    if (!wire.ParseFromArray(payload.data(), static_cast<int>(payload.size())) ||
-        wire.step_id() != h.step_id) {
-      return absl::DataLossError(
-          absl::StrCat("the result of step ", h.step_id, " is not a valid StepResult message"));
+    uint64_t step_id = 0;
+    RETURN_IF_ERROR(ReadMessageFrame(header, payload, status, FrameKind::kResult, &wire, &step_id));
+    if (wire.step_id() != step_id) {
+      return absl::DataLossError(absl::StrCat("the result of step ", wire.step_id(),
+                                              " came in a frame of step ", step_id));
     }
     return FromProto(wire);
   }();

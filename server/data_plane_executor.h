@@ -95,6 +95,8 @@ class DataPlaneExecutor : public StepExecutor, public transport::MessageHandler 
                   StepResultSink sink);
   // Connector thread: connects, then sends what waited, or fails it.
   void Connect();
+  // Posts a Connect unless one is under way or the executor stops. Holds mu_.
+  void ConnectSoonLocked();
   // The connection `peer` is broken: every plan sent on it fails with `error`, oldest
   // first. Nothing if `peer` is no longer the open connection, or (`if_deadline`) if the
   // oldest plan's deadline is no longer that one (a result came meanwhile).

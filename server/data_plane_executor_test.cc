@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/protocol/step_frame.h"
 #include "common/protocol/step_proto.h"
 #include "common/transport/frame.h"
 #include "compute_node/step_channel.h"
@@ -374,12 +375,10 @@ class RawClient : public transport::MessageHandler {
   }
   void Deliver(transport::PeerId, std::span<const uint8_t> header, std::span<const uint8_t> payload,
                absl::Status status) override {
-    FrameHeader h;
     control::StepResult wire;
-    const bool ok = status.ok() && transport::ParseFrameHeader(header, &h).ok() &&
-                    h.kind == static_cast<uint16_t>(FrameKind::kResult) &&
-                    transport::CheckFramePayload(h, payload, true).ok() &&
-                    wire.ParseFromArray(payload.data(), static_cast<int>(payload.size()));
+    uint64_t step_id = 0;
+    const bool ok =
+        ReadMessageFrame(header, payload, status, FrameKind::kResult, &wire, &step_id).ok();
     std::lock_guard<std::mutex> lock(mu_);
     if (!ok) {
       ++bad_;
@@ -479,16 +478,7 @@ class WrongNode : public transport::MessageHandler {
     if (closing_.load() || !transport::ParseFrameHeader(header, &h).ok()) return;
     control::StepResult wire;
     wire.set_step_id(h.step_id + 1);
-    auto body = std::make_shared<std::string>(wire.SerializeAsString());
-    const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(body->data()),
-                                         body->size());
-    FrameHeader r;
-    r.kind = static_cast<uint16_t>(FrameKind::kResult);
-    r.step_id = h.step_id + 1;
-    r.payload_bytes = bytes.size();
-    r.checksum = transport::PayloadChecksum(bytes);
-    transport_->Send(from, transport::kFrameTag, transport::AsBytes(r), {bytes},
-                     [body](absl::Status) {});
+    SendMessageFrame(*transport_, from, FrameKind::kResult, h.step_id + 1, wire, {});
   }
 
  private:
