@@ -78,6 +78,15 @@ bool RawStreamGotReply(int port, const std::string& method, const std::string& b
       .got_reply;
 }
 
+// Configures the compute node whose control port is `control`, with the deployment's
+// credentials (co-located when `config` names no memory nodes).
+grpc::Status Configure(int control, const control::ComputeConfig& config) {
+  grpc::ClientContext context;
+  TestClusterAuth()->Attach(&context);
+  control::ComputeConfigAck ack;
+  return control::ComputeNode::NewStub(Channel(control))->Configure(&context, config, &ack);
+}
+
 std::string Garbage(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::string s(n, '\0');
@@ -307,13 +316,7 @@ TEST(MalformedTest, ComputeNodeRejectsBadPlansAndGarbage) {
   // Configure co-located, then send plans that parse but make no sense.
   control::ComputeConfig config;
   config.set_epoch(3);
-  {
-    grpc::ClientContext context;
-    TestClusterAuth()->Attach(&context);
-    control::ComputeConfigAck ack;
-    ASSERT_TRUE(
-        control::ComputeNode::NewStub(Channel(control))->Configure(&context, config, &ack).ok());
-  }
+  ASSERT_TRUE(Configure(control, config).ok());
   auto run = [&](const control::StepPlan& plan) {
     grpc::ClientContext context;
     TestClusterAuth()->Attach(&context);
@@ -360,13 +363,7 @@ TEST(MalformedTest, ComputeNodeRejectsBadPlansAndGarbage) {
       RawStreamGotReply(control, "/strata.control.ComputeNode/RunSteps", payload);
     }
   }
-  if (accepted > 0) {
-    grpc::ClientContext context;
-    TestClusterAuth()->Attach(&context);
-    control::ComputeConfigAck ack;
-    ASSERT_TRUE(
-        control::ComputeNode::NewStub(Channel(control))->Configure(&context, config, &ack).ok());
-  }
+  if (accepted > 0) ASSERT_TRUE(Configure(control, config).ok());
   // A sound plan still runs.
   plan.set_epoch(3);
   plan.mutable_assignments(0)->set_slots(0, 0);
@@ -397,13 +394,7 @@ TEST(MalformedTest, ComputeNodeStepChannelRejectsBadFramesAndGarbage) {
   ASSERT_TRUE(WaitForHealth(control, false));
   control::ComputeConfig config;
   config.set_epoch(3);
-  {
-    grpc::ClientContext context;
-    TestClusterAuth()->Attach(&context);
-    control::ComputeConfigAck ack;
-    ASSERT_TRUE(
-        control::ComputeNode::NewStub(Channel(control))->Configure(&context, config, &ack).ok());
-  }
+  ASSERT_TRUE(Configure(control, config).ok());
   // Junk on the bootstrap port.
   for (int i = 0; i < 3; ++i) {
     EXPECT_TRUE(RawExchange(steps, Garbage(64 + 500 * i, 20 + i), /*timeout_s=*/3).empty());
