@@ -286,6 +286,7 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
   const std::shared_ptr<grpc::Channel> channel =
       ComputeNodeChannel(info.control_address(), *options_.auth);
   std::unique_ptr<StepExecutor> executor;
+  std::string carrier = "gRPC";
   // Plans over the node's step channel where it offers one and can be reached there (a
   // firewall that opens only the control port, a transport that cannot start: gRPC then).
   // Rotational pipelining keeps the gRPC stream: it drops a replica's executor under this
@@ -304,6 +305,7 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
     absl::Status reached = made.ok() ? (*made)->Probe() : made.status();
     if (reached.ok()) {
       executor = std::move(*made);
+      carrier = absl::StrCat("the data plane at ", info.step_address());
     } else {
       LOG(WARNING) << "compute node " << info.name() << ": its step channel at "
                    << info.step_address() << " cannot be reached (" << reached.message()
@@ -314,9 +316,6 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
     executor =
         std::make_unique<GrpcExecutor>(info.name(), channel, options_.step_deadline, options_.auth);
   }
-  const std::string carrier = dynamic_cast<DataPlaneExecutor*>(executor.get()) != nullptr
-                                  ? absl::StrCat("the data plane at ", info.step_address())
-                                  : std::string("gRPC");
   auto stub = control::ComputeNode::NewStub(channel);
   grpc::ClientContext context;
   options_.auth->Attach(&context);

@@ -46,8 +46,6 @@ class GrpcExecutor : public StepExecutor {
   void Submit(std::shared_ptr<const StepPlan> plan, StepResultSink sink) override;
   bool Reachable() override;
 
-  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
-
  private:
   void WriteLoop();
   void ReadLoop();
