@@ -17,7 +17,8 @@
 // threads through Responder::Offload.
 //
 // Thread-safety: Responder methods may be called from any thread; they post to the
-// connection's strand.
+// connection's strand, except a part of a stream that the socket takes at once while
+// nothing is queued before it, which is sent on the calling thread.
 #ifndef STRATA_SERVER_HTTP_HTTP_SERVER_H_
 #define STRATA_SERVER_HTTP_HTTP_SERVER_H_
 
@@ -89,6 +90,9 @@ struct HttpServerStats {
   std::atomic<int64_t> open_connections{0};
   std::atomic<int64_t> rejected_connections{0};
   std::atomic<int64_t> slow_clients_dropped{0};
+  // Parts of streams sent to the socket on the caller's thread (Responder::Write's direct
+  // path), without waking an event-loop thread.
+  std::atomic<int64_t> chunks_written_directly{0};
 };
 
 class HttpServer {
