@@ -92,17 +92,6 @@ def llama_batched(llama_dir, gguf, sequences, context):
     return result
 
 
-def completion(port, max_tokens, stream, model=None):
-    body = {"prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": stream}
-    if model:
-        body["model"] = model
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
-                                     data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    return urllib.request.urlopen(request, timeout=600)
-
-
 def greedy_tokens(port, model, n, kind):
     """n greedy token ids for PROMPT: strata's OpenAI endpoint with token ids as logprob
     entries, llama-server's own /completion with return_tokens."""
@@ -128,10 +117,11 @@ def throughput(port, model, clients, max_tokens=128):
     counts = [0] * clients
 
     def client(i):
-        with completion(port, max_tokens, True, model) as response:
-            for line in response:
-                if line.startswith(b"data: {"):
-                    counts[i] += 1
+        body = {"prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+                "stream": True}
+        if model:
+            body["model"] = model
+        counts[i] = len(compare_builds.stream_event_times(port, body))
 
     start = time.monotonic()
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]

@@ -1,15 +1,16 @@
 #!/usr/bin/python3
-"""Where serving's CPU goes: the CPU time (utime + stime, from /proc) of every thread of
-the server, the compute nodes and the memory nodes over single-stream 128-token completions,
-per generated token, by thread name. The step's OpenMP team all shows as "step" (the compute
-node's step thread and its team); everything else in the server and the compute node is
-what serving costs besides the forward pass ("serving", the last line but one), and on
-shared cores all of it is time taken from the team. Memory nodes' threads are listed but
-not counted there: they run attention.
+"""Where serving's CPU goes: the CPU time of every thread of the server, the compute nodes
+and the memory nodes over single-stream 128-token completions, per generated token, by
+thread name. The time is the kernel scheduler's own count of each thread's run time, in ns
+(/proc's schedstat; utime and stime count 10 ms clock ticks, about 0.01 ms per token over
+8 x 128 tokens). The step's OpenMP team all shows as "step" (the compute node's step thread
+and its team); everything else in the server and the compute node is what serving costs
+besides the forward pass ("serving", the last line but one), and on shared cores all of it
+is time taken from the team. Memory nodes' threads are listed but not counted there: they
+run attention.
 
 A second table counts each thread's wake-ups per token (voluntary context switches: it
-slept and was woken), which is exact where the CPU time is not: the clock tick is 10 ms
-here, so over 8 x 128 tokens a CPU figure has a resolution of about 0.01 ms per token.
+slept and was woken).
 
 Each --launcher_args entry is one configuration, run on each --bin_dir given (a build:
 a directory laid out like bazel-bin); they are launched alternately, --rounds times each,
@@ -47,10 +48,10 @@ def node_pids():
     return out
 
 
-def thread_ticks(pids):
-    """({(binary, thread name): utime + stime in clock ticks}, {same: voluntary context
-    switches}), each summed over the threads of that name."""
-    ticks = collections.Counter()
+def thread_cpu(pids):
+    """({(binary, thread name): CPU time in ns, from /proc's schedstat}, {same: voluntary
+    context switches}), each summed over the threads of that name."""
+    cpu_ns = collections.Counter()
     wakes = collections.Counter()
     for exe, plist in pids.items():
         for pid in plist:
@@ -65,8 +66,12 @@ def thread_ticks(pids):
                 except OSError:
                     continue
                 name = stat[stat.index("(") + 1:stat.rindex(")")]
-                fields = stat[stat.rindex(")") + 2:].split()
-                ticks[(exe, name)] += int(fields[11]) + int(fields[12])
+                try:
+                    # The scheduler's own count of the thread's run time, in ns.
+                    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                        cpu_ns[(exe, name)] += int(f.read().split()[0])
+                except OSError:
+                    continue
                 try:
                     with open(f"/proc/{pid}/task/{tid}/status") as f:
                         for line in f:
@@ -74,23 +79,31 @@ def thread_ticks(pids):
                                 wakes[(exe, name)] += int(line.split()[1])
                 except OSError:
                     pass
-    return ticks, wakes
+    return cpu_ns, wakes
+
+
+def own_cpu_ns():
+    """This script's CPU time (its main thread, which runs the client), in ns."""
+    with open(f"/proc/self/task/{os.getpid()}/schedstat") as f:
+        return int(f.read().split()[0])
 
 
 def measure(bin_dir, memory_nodes, launcher_args, streams):
     """({(binary, thread): ms per token}, {(binary, thread): wake-ups per token},
-    [tok/s per stream]) over `streams` completions."""
-    tick_ms = 1000.0 / os.sysconf("SC_CLK_TCK")
+    [tok/s per stream], the client's ms per token) over `streams` completions."""
     with compare_builds.launch(bin_dir, memory_nodes, launcher_args) as (port, model, _):
         compare_builds.stream_tokens_per_second(port, model, 16)  # warm up
         pids = node_pids()
-        before, woken_before = thread_ticks(pids)
+        before, woken_before = thread_cpu(pids)
+        client_before = own_cpu_ns()
         rates = [compare_builds.stream_tokens_per_second(port, model, 128)
                  for _ in range(streams)]
-        after, woken_after = thread_ticks(pids)
+        client_after = own_cpu_ns()
+        after, woken_after = thread_cpu(pids)
     tokens = streams * 128
-    return ({k: (after[k] - before.get(k, 0)) * tick_ms / tokens for k in after},
-            {k: (woken_after[k] - woken_before.get(k, 0)) / tokens for k in woken_after}, rates)
+    return ({k: (after[k] - before.get(k, 0)) / 1e6 / tokens for k in after},
+            {k: (woken_after[k] - woken_before.get(k, 0)) / tokens for k in woken_after}, rates,
+            (client_after - client_before) / 1e6 / tokens)
 
 
 def print_table(title, configs, per_config, rounds, threshold, fmt, total):
@@ -127,10 +140,12 @@ def main():
     cpu = {c: collections.defaultdict(list) for c in configs}
     woken = {c: collections.defaultdict(list) for c in configs}
     rates = {c: [] for c in configs}
+    client = {c: [] for c in configs}
     for r in range(args.rounds):
         for c in (configs if r % 2 == 0 else list(reversed(configs))):
             extra = [a for a in c[2].split(",") if a]
-            ms, wakes, got = measure(c[1], args.memory_nodes, extra, args.streams)
+            ms, wakes, got, client_ms = measure(c[1], args.memory_nodes, extra, args.streams)
+            client[c].append(client_ms)
             for k, v in ms.items():
                 cpu[c][k].append(v)
             for k, v in wakes.items():
@@ -143,6 +158,8 @@ def main():
     print_table(f"CPU ms per generated token, medians of {args.rounds} launches per configuration, "
                 f"{args.streams} streams of 128 tokens each, {args.memory_nodes} memory node(s)",
                 configs, cpu, args.rounds, 0.005, ".3f", True)
+    print(f"{'client':13s} {'(this script)':18s}" + "".join(
+        f" {statistics.median(client[c]):24.3f}" for c in configs))
     print(f"{'':13s} {'tok/s (median)':18s}" + "".join(
         f" {statistics.median(rates[c]):24.1f}" for c in configs))
     print_table("wake-ups (voluntary context switches) per generated token, medians",
