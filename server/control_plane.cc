@@ -225,10 +225,16 @@ void ControlPlane::MarkDead(Node& node, const std::string& why) {
   if (node.executor >= 0) scheduler_->SetExecutorAlive(node.executor, false);
   if (node.in_rotation) {
     node.in_rotation = false;
-    options_.rotation->RemoveReplica(node.view.info.name());
+    ReleaseLater(options_.rotation->RemoveReplica(node.view.info.name()));
     scheduler_->RefreshExecutorAlive(options_.rotation_executor, RotationAlive(options_.rotation));
   }
   if (node.pool) scheduler_->SetPoolAlive(*node.pool, false);
+}
+
+void ControlPlane::ReleaseLater(std::shared_ptr<StepExecutor> executor) {
+  if (executor == nullptr) return;
+  // A refused post drops the closure, and the executor with it, at once.
+  configure_loop_.Post([executor = std::move(executor)]() mutable { executor.reset(); });
 }
 
 void ControlPlane::CheckHeartbeats() {
@@ -289,12 +295,9 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
   std::string carrier = "gRPC";
   // Plans over the node's step channel where it offers one and can be reached there (a
   // firewall that opens only the control port, a transport that cannot start: gRPC then).
-  // Rotational pipelining keeps the gRPC stream: it drops a replica's executor under this
-  // plane's lock, and a step channel's teardown may wait for a connection attempt.
-  // Under control-plane TLS plans stay on gRPC too: the data plane is not encrypted, and
-  // plans carry prompts' tokens and grammars.
-  if (options_.data_plane_steps && !info.step_address().empty() && options_.rotation == nullptr &&
-      !options_.auth->tls()) {
+  // Under control-plane TLS plans stay on gRPC: the data plane is not encrypted, and plans
+  // carry prompts' tokens and grammars.
+  if (options_.data_plane_steps && !info.step_address().empty() && !options_.auth->tls()) {
     DataPlaneExecutorOptions o;
     o.name = info.name();
     o.address = info.step_address();
@@ -347,9 +350,9 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
       return;
     }
     // It takes plans once the scheduler resends the running requests' set-ups.
-    options_.rotation->AddReplica(info.name(), info.data_address(),
-                                  std::shared_ptr<StepExecutor>(std::move(executor)),
-                                  /*active=*/false);
+    ReleaseLater(options_.rotation->AddReplica(info.name(), info.data_address(),
+                                               std::shared_ptr<StepExecutor>(std::move(executor)),
+                                               /*active=*/false));
     node.in_rotation = true;
     ActivateAfterSetups(scheduler_, options_.rotation_executor, options_.rotation, info.name());
   } else {

@@ -123,6 +123,10 @@ class ControlPlane final : public control::Scheduler::Service {
   void ConfigureMemory(uint64_t id);
   void ReconfigureComputeNodes();
   void MarkDead(Node& node, const std::string& why);
+  // Destroys an executor that left the rotation on configure_loop_, outside this plane's
+  // lock: its destructor fails the plans it holds, and a step channel's may wait for a
+  // connection attempt. At shutdown (the loop has quit) it goes at once.
+  void ReleaseLater(std::shared_ptr<StepExecutor> executor);
   void OnPoolDeath(PoolIndex pool);
   control::ComputeConfig ComputeConfigLocked() const;
 

@@ -22,14 +22,17 @@ RotationGroup::~RotationGroup() {
   replicas.clear();
 }
 
-void RotationGroup::AddReplica(const std::string& name, const std::string& context_address,
-                               std::shared_ptr<StepExecutor> executor, bool active) {
-  std::shared_ptr<StepExecutor> replaced;  // destroyed after the lock: it may call back
+std::shared_ptr<StepExecutor> RotationGroup::AddReplica(const std::string& name,
+                                                        const std::string& context_address,
+                                                        std::shared_ptr<StepExecutor> executor,
+                                                        bool active) {
+  std::shared_ptr<StepExecutor> replaced;  // the caller's, to destroy after its locks
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = replicas_.find(name); it != replicas_.end()) replaced = it->second.executor;
   replicas_[name] = {name, context_address, std::move(executor), false, active};
   LOG(INFO) << "rotation: replica " << name << " joins (contexts at " << context_address << "); "
             << replicas_.size() << " replica(s) for " << batches_ << " batches";
+  return replaced;
 }
 
 void RotationGroup::ActivateReplica(const std::string& name) {
@@ -40,18 +43,16 @@ void RotationGroup::ActivateReplica(const std::string& name) {
   it->second.unreachable = false;
 }
 
-void RotationGroup::RemoveReplica(const std::string& name) {
-  // The executor goes after the lock: its destructor fails the plans it still holds through
-  // this group's callbacks, which take the lock.
-  std::shared_ptr<StepExecutor> removed;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = replicas_.find(name);
-    if (it == replicas_.end()) return;
-    removed = std::move(it->second.executor);
-    replicas_.erase(it);
-    LOG(WARNING) << "rotation: replica " << name << " leaves; " << replicas_.size() << " left";
-  }
+std::shared_ptr<StepExecutor> RotationGroup::RemoveReplica(const std::string& name) {
+  // The executor goes to the caller, outside this lock: its destructor fails the plans it
+  // still holds through this group's callbacks, which take the lock.
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = replicas_.find(name);
+  if (it == replicas_.end()) return nullptr;
+  std::shared_ptr<StepExecutor> removed = std::move(it->second.executor);
+  replicas_.erase(it);
+  LOG(WARNING) << "rotation: replica " << name << " leaves; " << replicas_.size() << " left";
+  return removed;
 }
 
 void RotationGroup::SetRejoinHandler(std::function<void(const std::string&)> handler) {

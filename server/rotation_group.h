@@ -48,8 +48,15 @@ class RotationGroup : public StepExecutor {
   // name is replaced. Plans go to it once it is active: a replica that joins while
   // requests run has not seen their set-ups, so the caller activates it once the scheduler
   // sends them again (Scheduler::ResendSetups).
-  void AddReplica(const std::string& name, const std::string& context_address,
-                  std::shared_ptr<StepExecutor> executor, bool active = true);
+  //
+  // AddReplica and RemoveReplica return the executor that left the group (or null): it
+  // fails the plans it still holds through this group's callbacks when it is destroyed,
+  // and its destruction may wait (a step channel's connection attempt), so a caller that
+  // holds a lock of its own lets it go after that lock (ControlPlane::ReleaseLater).
+  std::shared_ptr<StepExecutor> AddReplica(const std::string& name,
+                                           const std::string& context_address,
+                                           std::shared_ptr<StepExecutor> executor,
+                                           bool active = true);
   // Active again, and reachable.
   void ActivateReplica(const std::string& name);
   // Called (outside the group's lock) for a replica that a step found unreachable and that
@@ -57,7 +64,7 @@ class RotationGroup : public StepExecutor {
   // control plane resends the set-ups, then activates it). Without a handler it is used
   // again at once.
   void SetRejoinHandler(std::function<void(const std::string&)> handler);
-  void RemoveReplica(const std::string& name);
+  std::shared_ptr<StepExecutor> RemoveReplica(const std::string& name);
   // Active replicas.
   int live_replicas() const;
 

@@ -212,9 +212,10 @@ TEST(FaultTest, AMemoryNodeFailingUnderTwoBatchesInFlightLosesNothing) {
 // With restarts on (the launcher's default), a node that dies comes back by itself.
 // Rotational pipelining across processes: 4 batches rotate over 3 compute replicas that
 // share 2 memory nodes (contexts move between the compute processes over UCX). Greedy text
-// equals a deployment without pipelining. Then one replica is killed (SIGKILL)
-// mid-generation: nothing hangs and nothing is lost; every request completes with exactly
-// the undisturbed text, its batch recomputed on the two replicas left.
+// equals a deployment without pipelining, and plans travel over the replicas' step
+// channels. Then one replica is killed (SIGKILL) mid-generation: nothing hangs and nothing
+// is lost; every request completes with exactly the undisturbed text, its batch recomputed
+// on the two replicas left.
 TEST(FaultTest, AComputeReplicaDyingMidRotationLosesNothing) {
   const std::string body = R"({"model":"tiny","prompt":"Once upon","max_tokens":300,)"
                            R"("temperature":0,"ignore_eos":true})";
@@ -241,6 +242,13 @@ TEST(FaultTest, AComputeReplicaDyingMidRotationLosesNothing) {
   ASSERT_EQ(single.status, 200) << single.body;
   EXPECT_EQ(nlohmann::json::parse(single.body)["choices"][0]["text"], reference)
       << "rotation changed the greedy output";
+  // The replicas take their plans over their step channels, not gRPC.
+  double plans = 0;
+  for (const std::string node : {"compute-0", "compute-1", "compute-2"}) {
+    plans +=
+        MetricSum((*d)->MetricsPort(node), "strata_step_channel_frames_total", "kind=\"plan\"");
+  }
+  EXPECT_GT(plans, 0) << "no plan came over a replica's step channel";
   constexpr int kClients = 8;
   const absl::Time start = absl::Now();
   ConcurrentRequests clients((*d)->http_port(), body, kClients);
