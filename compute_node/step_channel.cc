@@ -69,6 +69,7 @@ StepChannel::Session* StepChannel::SessionLocked(PeerId peer) {
   ReapLocked();
   auto session = std::make_unique<Session>();
   session->peer = peer;
+  session->seal = FrameSeal::Accepting(options_.transport.auth_key);
   if (options_.prepare) options_.prepare(session->queue);
   Session* s = session.get();
   s->thread = std::thread([this, s] {
@@ -113,10 +114,19 @@ void StepChannel::Deliver(PeerId from, std::span<const uint8_t> header,
                           std::span<const uint8_t> payload, absl::Status status) {
   // Whatever is wrong, the frame is answered in its turn: with the step id its header
   // names, or 0 when the header cannot be read (the scheduler then drops the connection).
+  std::shared_ptr<FrameSeal> seal;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Session* session = SessionLocked(from);
+    // Closing, or the connection has closed: nobody would read the answer.
+    if (session == nullptr) return;
+    seal = session->seal;
+  }
   uint64_t step_id = 0;
   auto plan = [&]() -> absl::StatusOr<StepPlan> {
     control::StepPlan wire;
-    RETURN_IF_ERROR(ReadMessageFrame(header, payload, status, FrameKind::kPlan, &wire, &step_id));
+    RETURN_IF_ERROR(
+        ReadMessageFrame(header, payload, status, FrameKind::kPlan, &wire, &step_id, seal.get()));
     ASSIGN_OR_RETURN(StepPlan parsed, FromProto(wire));
     if (parsed.step_id != step_id) {
       return absl::InvalidArgumentError(
@@ -134,16 +144,15 @@ void StepChannel::Deliver(PeerId from, std::span<const uint8_t> header,
     refused.status = plan.status();
     queued.answer = std::move(refused);
   }
-  queued.done = [this, from](StepResult result) { SendResult(from, result); };
+  queued.done = [this, from, seal](StepResult result) { SendResult(from, result, seal.get()); };
   std::lock_guard<std::mutex> lock(mu_);
   Session* session = SessionLocked(from);
-  // Closing, or the connection has closed: nobody would read the answer.
   if (session == nullptr) return;
   ++(plan.ok() ? stats_.plans : stats_.refused);
   session->queue.Push(std::move(queued));
 }
 
-void StepChannel::SendResult(PeerId peer, const StepResult& result) {
+void StepChannel::SendResult(PeerId peer, const StepResult& result, FrameSeal* seal) {
   control::StepResult wire;
   ToProto(result, &wire);
   {
@@ -151,7 +160,7 @@ void StepChannel::SendResult(PeerId peer, const StepResult& result) {
     ++stats_.results;
   }
   // A connection that is gone fails the send; its session is being aborted meanwhile.
-  SendMessageFrame(*transport_, peer, FrameKind::kResult, result.step_id, wire, {});
+  SendMessageFrame(*transport_, peer, FrameKind::kResult, result.step_id, wire, {}, seal);
 }
 
 }  // namespace strata

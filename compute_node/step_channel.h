@@ -15,8 +15,10 @@
 //
 // Framing (common/transport/frame.h): a kPlan frame carries a serialized
 // strata.control.StepPlan, a kResult frame a serialized strata.control.StepResult, each
-// under the usual 64-byte header with its checksum. Every frame that arrives is answered
-// by exactly one result, in arrival order: a plan that cannot be read (a bad header,
+// under the usual 64-byte header with its checksum. Where the deployment has a secret
+// (options.transport.auth_key), both are sealed (FrameSeal, common/protocol/step_frame.h):
+// a plan that is not sealed, or does not open, is refused like a bad one. Every frame that arrives
+// is answered by exactly one result, in arrival order: a plan that cannot be read (a bad header,
 // checksum or proto, or a receive that failed) gets a result with its step id and the
 // error, without running. The sender matches results to plans in order and treats any
 // mismatch as a broken connection.
@@ -41,6 +43,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/protocol/step_frame.h"
 #include "common/transport/transport.h"
 #include "compute_node/step_pipeline.h"
 
@@ -81,6 +84,7 @@ class StepChannel : public transport::MessageHandler {
  private:
   struct Session {
     transport::PeerId peer = 0;
+    std::shared_ptr<FrameSeal> seal;  // its frames' seal (step_frame.h)
     PlanQueue queue;
     std::thread thread;
     std::atomic<bool> finished{false};
@@ -94,8 +98,8 @@ class StepChannel : public transport::MessageHandler {
   Session* SessionLocked(transport::PeerId peer);
   // The connection of `peer` is gone: its session stops taking plans.
   void EndSession(transport::PeerId peer);
-  // Sends `result` to `peer` as a kResult frame (any thread).
-  void SendResult(transport::PeerId peer, const StepResult& result);
+  // Sends `result` to `peer` as a kResult frame, sealed by `seal` (any thread).
+  void SendResult(transport::PeerId peer, const StepResult& result, FrameSeal* seal);
   // Joins the threads of ended sessions that have finished. Holds mu_.
   void ReapLocked();
 

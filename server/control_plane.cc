@@ -295,9 +295,9 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
   std::string carrier = "gRPC";
   // Plans over the node's step channel where it offers one and can be reached there (a
   // firewall that opens only the control port, a transport that cannot start: gRPC then).
-  // Under control-plane TLS plans stay on gRPC: the data plane is not encrypted, and plans
-  // carry prompts' tokens and grammars.
-  if (options_.data_plane_steps && !info.step_address().empty() && !options_.auth->tls()) {
+  // Its frames are sealed with the deployment's secret (common/protocol/step_frame.h), so
+  // control-plane TLS does not keep them off the data plane.
+  if (options_.data_plane_steps && !info.step_address().empty()) {
     DataPlaneExecutorOptions o;
     o.name = info.name();
     o.address = info.step_address();

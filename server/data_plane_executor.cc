@@ -139,6 +139,7 @@ void DataPlaneExecutor::SendLocked(PeerId peer, std::shared_ptr<const StepPlan> 
                                    StepResultSink sink) {
   const uint64_t step_id = plan->step_id;
   control::StepPlan wire;
+  std::shared_ptr<FrameSeal> seal;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_ || peer_ != peer) {
@@ -150,12 +151,14 @@ void DataPlaneExecutor::SendLocked(PeerId peer, std::shared_ptr<const StepPlan> 
     if (sent_.empty()) deadline_at_ = absl::Now() + options_.step_deadline;
     sent_.push_back({step_id, std::move(sink)});
     ++stats_.sent;
+    seal = seal_;
   }
   ToProto(*plan, &wire);
   // The send's completion may run inside Send, with send_mu_ held: a failure is handled on
   // the connector thread, which takes the locks in their order.
   SendMessageFrame(
-      *transport_, peer, FrameKind::kPlan, step_id, wire, [this, peer](absl::Status status) {
+      *transport_, peer, FrameKind::kPlan, step_id, wire,
+      [this, peer](absl::Status status) {
         if (status.ok()) return;
         connector_.Post([this, peer, status] {
           Break(peer,
@@ -163,7 +166,8 @@ void DataPlaneExecutor::SendLocked(PeerId peer, std::shared_ptr<const StepPlan> 
                     absl::StrCat("compute node ", options_.name, " failed: ", status.message())),
                 /*unreachable=*/true);
         });
-      });
+      },
+      seal.get());
 }
 
 void DataPlaneExecutor::Connect() {
@@ -178,6 +182,7 @@ void DataPlaneExecutor::Connect() {
     waiting.swap(waiting_);
     if (peer.ok() && !stop_) {
       peer_ = *peer;
+      seal_ = FrameSeal::Connecting(options_.transport.auth_key);
       connected = true;
       lost_ = false;
       ++stats_.connects;
@@ -251,10 +256,17 @@ std::span<uint8_t> DataPlaneExecutor::Place(PeerId, std::span<const uint8_t>, si
 
 void DataPlaneExecutor::Deliver(PeerId from, std::span<const uint8_t> header,
                                 std::span<const uint8_t> payload, absl::Status status) {
+  std::shared_ptr<FrameSeal> seal;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!peer_ || *peer_ != from) return;  // a connection already given up
+    seal = seal_;
+  }
   auto result = [&]() -> absl::StatusOr<StepResult> {
     control::StepResult wire;
     uint64_t step_id = 0;
-    RETURN_IF_ERROR(ReadMessageFrame(header, payload, status, FrameKind::kResult, &wire, &step_id));
+    RETURN_IF_ERROR(
+        ReadMessageFrame(header, payload, status, FrameKind::kResult, &wire, &step_id, seal.get()));
     if (wire.step_id() != step_id) {
       return absl::DataLossError(absl::StrCat("the result of step ", wire.step_id(),
                                               " came in a frame of step ", step_id));

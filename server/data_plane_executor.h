@@ -10,8 +10,12 @@
 //     node that does not answer in time loses its connection and its steps fail with
 //     DeadlineExceeded;
 //   - a broken connection (the node died: the transport detects a dead peer over tcp and
-//     InfiniBand; a send failed; a result that does not match the oldest plan or does not
-//     parse) fails every plan sent on it, in order, and the next plan connects again.
+//     InfiniBand; a send failed; a result that does not match the oldest plan, does not
+//     parse or does not open) fails every plan sent on it, in order, and the next plan
+//     connects again.
+// Where the deployment has a secret (options.transport.auth_key), every frame is sealed
+// (FrameSeal, common/protocol/step_frame.h): plans and results are encrypted and
+// authenticated, each connection under a key of its own.
 // Connecting happens on a thread of its own, never on the submitter's: plans submitted
 // meanwhile wait, in order, and fail together if the node cannot be reached. (Probe
 // connects on its caller's thread, for the control plane's configuration.)
@@ -33,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/base/event_loop.h"
+#include "common/protocol/step_frame.h"
 #include "common/transport/transport.h"
 #include "server/step_executor.h"
 
@@ -116,6 +121,7 @@ class DataPlaneExecutor : public StepExecutor, public transport::MessageHandler 
   mutable std::mutex mu_;
   std::condition_variable watchdog_cv_;    // with mu_
   std::optional<transport::PeerId> peer_;  // the open connection
+  std::shared_ptr<FrameSeal> seal_;        // peer_'s frames' seal (step_frame.h)
   bool connecting_ = false;
   // The last connection died with its peer, or the last attempt failed: Reachable says no
   // until a connection works again (the control channel may not know yet).

@@ -43,7 +43,11 @@ std::vector<Carrier> Carriers() {
   tcp.error_mode = transport::ErrorMode::kPeer;
   tcp.connect_timeout = absl::Seconds(5);
   tcp.auth_key = kKey;
-  return {{"inproc", inproc}, {"ucx_tcp", tcp}};
+  // With a deployment key every frame is sealed (FrameSeal): over UCX always, and over the
+  // in-process transport for this carrier.
+  transport::TransportConfig inproc_sealed = inproc;
+  inproc_sealed.auth_key = kKey;
+  return {{"inproc", inproc}, {"inproc_sealed", inproc_sealed}, {"ucx_tcp", tcp}};  // tcp last
 }
 
 // What the stand-in node answers for a chunk: a function of every token in it.
@@ -340,10 +344,12 @@ TEST_P(DataPlaneExecutorTest, AHungNodeMissesItsDeadlineAndTheNextPlanRunsOnANew
   EXPECT_EQ(node.channel().stats().sessions, 2u);
 }
 
-// A raw client of the node's channel: sends frames as given, collects the result frames.
+// A raw client of the node's channel: sends frames as given, collects the result frames
+// (opened with its connection's seal, where the deployment key asks for one).
 class RawClient : public transport::MessageHandler {
  public:
-  RawClient(const transport::TransportConfig& config, const std::string& address) {
+  RawClient(const transport::TransportConfig& config, const std::string& address)
+      : seal_(FrameSeal::Connecting(config.auth_key)) {
     auto t = transport::Transport::Create(config);
     EXPECT_TRUE(t.ok());
     transport_ = std::move(*t);
@@ -360,6 +366,10 @@ class RawClient : public transport::MessageHandler {
                                        transport::AsBytes(h), {bytes}, absl::Seconds(5))
                     .ok());
   }
+  // A plan frame for `step_id` around `payload`, sealed as the executor would.
+  void SendPlan(uint64_t step_id, const std::string& payload);
+  const std::string& last_sealed() const { return last_sealed_; }
+  bool sealing() const { return seal_->enabled(); }
   void SendRawHeader(std::span<const uint8_t> header) {
     ASSERT_TRUE(transport::SendAndWait(*transport_, peer_, transport::kFrameTag, header, {},
                                        absl::Seconds(5))
@@ -378,7 +388,8 @@ class RawClient : public transport::MessageHandler {
     control::StepResult wire;
     uint64_t step_id = 0;
     const bool ok =
-        ReadMessageFrame(header, payload, status, FrameKind::kResult, &wire, &step_id).ok();
+        ReadMessageFrame(header, payload, status, FrameKind::kResult, &wire, &step_id, seal_.get())
+            .ok();
     std::lock_guard<std::mutex> lock(mu_);
     if (!ok) {
       ++bad_;
@@ -394,6 +405,8 @@ class RawClient : public transport::MessageHandler {
 
  private:
   std::unique_ptr<transport::Transport> transport_;
+  std::shared_ptr<FrameSeal> seal_;
+  std::string last_sealed_;
   transport::PeerId peer_ = 0;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -417,10 +430,23 @@ std::string Serialized(const StepPlan& plan) {
   return wire.SerializeAsString();
 }
 
+void RawClient::SendPlan(uint64_t step_id, const std::string& payload) {
+  std::string bytes = payload;
+  if (seal_->enabled()) {
+    auto sealed = seal_->Seal(FrameKind::kPlan, step_id, payload);
+    ASSERT_TRUE(sealed.ok()) << sealed.status();
+    bytes = last_sealed_ = *sealed;
+  }
+  Send(PlanHeader(step_id, bytes), bytes);
+}
+
 TEST_P(DataPlaneExecutorTest, MalformedFramesAreAnsweredInTurnAndTheChannelKeepsServing) {
   Node node(GetParam().config, ListenAddress());
   RawClient client(GetParam().config, node.channel().address());
-  const std::string good = Serialized(*Plan(10, 2));
+  // A good plan first (which gives a sealing node the connection's key, so that it seals
+  // every answer after it).
+  client.SendPlan(10, Serialized(*Plan(10, 2)));
+  const std::string good = Serialized(*Plan(16, 2));
   // 1: a header of the wrong size.
   const uint8_t junk[7] = {1, 2, 3, 4, 5, 6, 7};
   client.SendRawHeader(junk);
@@ -432,27 +458,60 @@ TEST_P(DataPlaneExecutorTest, MalformedFramesAreAnsweredInTurnAndTheChannelKeeps
   FrameHeader corrupt = PlanHeader(12, good);
   corrupt.checksum ^= 1;
   client.Send(corrupt, good);
-  // 4: a payload that is not a StepPlan.
-  const std::string garbage = "\xff\xff\xff\xff not a proto";
-  client.Send(PlanHeader(13, garbage), garbage);
+  // 4: a payload that is not a StepPlan (sealed where sealing is on).
+  client.SendPlan(13, "\xff\xff\xff\xff not a proto");
   // 5: a valid StepPlan under another step's header.
-  client.Send(PlanHeader(14, good), good);
-  // 6: a good plan, after all of that.
-  client.Send(PlanHeader(10, good), good);
-  const auto got = client.WaitFor(6);
-  ASSERT_EQ(got.size(), 6u);
-  EXPECT_EQ(client.bad(), 0);
-  const uint64_t want_ids[] = {0, 11, 12, 13, 14, 10};
-  for (int i = 0; i < 5; ++i) {
-    EXPECT_EQ(got[i].step_id, want_ids[i]) << "frame " << i + 1;
-    EXPECT_FALSE(got[i].status.ok()) << "frame " << i + 1;
+  client.SendPlan(14, good);
+  std::vector<uint64_t> want_ids = {10, 0, 11, 12, 13, 14};
+  if (client.sealing()) {
+    // 6: a good plan, not sealed.
+    client.Send(PlanHeader(15, good), good);
+    // 7: frame 5 again, sealed as it was: a replay.
+    client.Send(PlanHeader(14, client.last_sealed()), client.last_sealed());
+    want_ids.push_back(15);
+    want_ids.push_back(14);
   }
-  EXPECT_EQ(got[2].status.code(), absl::StatusCode::kDataLoss) << got[2].status;
-  ASSERT_TRUE(got[5].status.ok()) << got[5].status;
-  EXPECT_EQ(got[5].step_id, 10u);
-  EXPECT_EQ(got[5].tokens.size(), 2u);
-  EXPECT_EQ(node.channel().stats().refused, 5u);
-  EXPECT_EQ(node.channel().stats().plans, 1u);
+  // Last: a good plan, after all of that.
+  client.SendPlan(16, good);
+  want_ids.push_back(16);
+  const size_t n = want_ids.size();
+  const auto got = client.WaitFor(n);
+  ASSERT_EQ(got.size(), n);
+  EXPECT_EQ(client.bad(), 0) << "answers that did not open or parse";
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(got[i].step_id, want_ids[i]) << "frame " << i;
+    EXPECT_EQ(got[i].status.ok(), i == 0 || i == n - 1) << "frame " << i << ": " << got[i].status;
+  }
+  EXPECT_EQ(got[3].status.code(), absl::StatusCode::kDataLoss) << got[3].status;
+  if (client.sealing()) {
+    EXPECT_EQ(got[6].status.code(), absl::StatusCode::kPermissionDenied) << got[6].status;
+    EXPECT_EQ(got[7].status.code(), absl::StatusCode::kPermissionDenied) << got[7].status;
+  }
+  EXPECT_EQ(got[n - 1].tokens.size(), 2u);
+  EXPECT_EQ(node.channel().stats().refused, n - 2);
+  EXPECT_EQ(node.channel().stats().plans, 2u);
+}
+
+// Where the deployment has a key, a step channel's frames are sealed: the plan's tokens are
+// not in the bytes that cross the network, and a node that holds another deployment's key
+// (which the transport's bootstrap would refuse anyway) cannot open them.
+TEST_P(DataPlaneExecutorTest, SealedFramesHideThePlansTokens) {
+  if (GetParam().config.auth_key.empty()) GTEST_SKIP() << "this carrier does not seal";
+  auto seal = FrameSeal::Connecting(GetParam().config.auth_key);
+  auto plan = std::make_shared<StepPlan>(*Plan(3, 1));
+  plan->chunks[0].tokens = {1234567, 1234567, 1234567, 1234567};
+  const std::string plain = Serialized(*plan);
+  auto sealed = seal->Seal(FrameKind::kPlan, 3, plain);
+  ASSERT_TRUE(sealed.ok());
+  const std::string marker = plain.substr(plain.size() / 2, 8);
+  EXPECT_NE(plain.find(marker), std::string::npos);
+  EXPECT_EQ(sealed->find(marker), std::string::npos) << "the plan's bytes are in clear";
+  const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(sealed->data()),
+                                       sealed->size());
+  EXPECT_FALSE(
+      FrameSeal::Accepting("another deployment's key....")->Open(FrameKind::kPlan, 3, bytes).ok());
+  EXPECT_TRUE(
+      FrameSeal::Accepting(GetParam().config.auth_key)->Open(FrameKind::kPlan, 3, bytes).ok());
 }
 
 // A node that answers wrongly: each plan's answer is the result of another step. The
@@ -581,7 +640,7 @@ TEST(DataPlaneExecutorCreateTest, ATransportThatCannotStartFailsCreate) {
 }
 
 TEST(DataPlaneExecutorAuthTest, AClientWithoutTheDeploymentsKeyCannotConnect) {
-  const transport::TransportConfig tcp = Carriers()[1].config;
+  const transport::TransportConfig tcp = Carriers().back().config;  // ucx_tcp
   Node node(tcp, "127.0.0.1:0");
   transport::TransportConfig stranger = tcp;
   stranger.auth_key = "fedcba9876543210fedcba9876543210";

@@ -5,9 +5,74 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <memory>
+
 #include "common/base/logging.h"
 
 namespace strata {
+namespace {
+
+const unsigned char* Bytes(std::string_view s) {
+  // OpenSSL wants non-null pointers even for empty inputs.
+  static const unsigned char kEmpty = 0;
+  return s.empty() ? &kEmpty : reinterpret_cast<const unsigned char*>(s.data());
+}
+
+struct CipherContextFree {
+  void operator()(EVP_CIPHER_CTX* ctx) const { EVP_CIPHER_CTX_free(ctx); }
+};
+using CipherContext = std::unique_ptr<EVP_CIPHER_CTX, CipherContextFree>;
+
+}  // namespace
+
+std::string Aes256GcmSeal(std::string_view key, std::string_view nonce, std::string_view aad,
+                          std::string_view plaintext) {
+  CHECK_EQ(key.size(), kAes256GcmKeyBytes);
+  CHECK_EQ(nonce.size(), kAes256GcmNonceBytes);
+  CipherContext ctx(EVP_CIPHER_CTX_new());
+  CHECK(ctx != nullptr);
+  std::string out(plaintext.size() + kAes256GcmTagBytes, '\0');
+  auto* o = reinterpret_cast<unsigned char*>(out.data());
+  int n = 0;
+  CHECK_EQ(EVP_EncryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, Bytes(key), Bytes(nonce)), 1);
+  CHECK_EQ(EVP_EncryptUpdate(ctx.get(), nullptr, &n, Bytes(aad), static_cast<int>(aad.size())), 1);
+  CHECK_EQ(
+      EVP_EncryptUpdate(ctx.get(), o, &n, Bytes(plaintext), static_cast<int>(plaintext.size())), 1);
+  int tail = 0;
+  CHECK_EQ(EVP_EncryptFinal_ex(ctx.get(), o + n, &tail), 1);
+  CHECK_EQ(static_cast<size_t>(n + tail), plaintext.size());
+  CHECK_EQ(EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_GET_TAG, kAes256GcmTagBytes,
+                               o + plaintext.size()),
+           1);
+  return out;
+}
+
+std::optional<std::string> Aes256GcmOpen(std::string_view key, std::string_view nonce,
+                                         std::string_view aad, std::string_view sealed) {
+  if (key.size() != kAes256GcmKeyBytes || nonce.size() != kAes256GcmNonceBytes ||
+      sealed.size() < kAes256GcmTagBytes) {
+    return std::nullopt;
+  }
+  const size_t length = sealed.size() - kAes256GcmTagBytes;
+  CipherContext ctx(EVP_CIPHER_CTX_new());
+  CHECK(ctx != nullptr);
+  std::string out(length, '\0');
+  auto* o = reinterpret_cast<unsigned char*>(out.data());
+  int n = 0;
+  if (EVP_DecryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, Bytes(key), Bytes(nonce)) != 1 ||
+      EVP_DecryptUpdate(ctx.get(), nullptr, &n, Bytes(aad), static_cast<int>(aad.size())) != 1 ||
+      EVP_DecryptUpdate(ctx.get(), o, &n, Bytes(sealed), static_cast<int>(length)) != 1) {
+    return std::nullopt;
+  }
+  // The expected tag; EVP takes a non-const pointer but does not write through it.
+  std::string tag(sealed.substr(length));
+  if (EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_SET_TAG, kAes256GcmTagBytes, tag.data()) != 1) {
+    return std::nullopt;
+  }
+  int tail = 0;
+  if (EVP_DecryptFinal_ex(ctx.get(), o + n, &tail) != 1) return std::nullopt;
+  return out;
+}
 
 std::string HmacSha256(std::string_view key, std::string_view message) {
   unsigned char out[EVP_MAX_MD_SIZE];

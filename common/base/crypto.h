@@ -1,12 +1,14 @@
 // Small cryptographic helpers on OpenSSL's libcrypto, for authenticating the processes of a
-// deployment to each other (common/control/cluster_auth.h, the data-plane bootstrap):
-// HMAC-SHA256, random bytes from the OS generator, and a comparison that takes the same
-// time wherever the inputs differ.
+// deployment to each other (common/control/cluster_auth.h, the data-plane bootstrap) and
+// sealing the step channel's frames (common/protocol/step_frame.h): HMAC-SHA256, AES-256-GCM,
+// random bytes from the OS generator, and a comparison that takes the same time wherever
+// the inputs differ.
 #ifndef STRATA_COMMON_BASE_CRYPTO_H_
 #define STRATA_COMMON_BASE_CRYPTO_H_
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -16,6 +18,21 @@ inline constexpr size_t kHmacSha256Bytes = 32;
 
 // HMAC-SHA256(key, message): 32 raw bytes.
 std::string HmacSha256(std::string_view key, std::string_view message);
+
+inline constexpr size_t kAes256GcmKeyBytes = 32;
+inline constexpr size_t kAes256GcmNonceBytes = 12;
+inline constexpr size_t kAes256GcmTagBytes = 16;
+
+// AES-256-GCM: `plaintext` encrypted under `key` (32 bytes) and `nonce` (12 bytes, never
+// used twice with one key), with `aad` authenticated but not encrypted. Returns the
+// ciphertext followed by the 16-byte tag. CHECK-fails on a key or nonce of another size.
+std::string Aes256GcmSeal(std::string_view key, std::string_view nonce, std::string_view aad,
+                          std::string_view plaintext);
+
+// Opens what Aes256GcmSeal made: the plaintext, or nullopt if the ciphertext, the tag, the
+// aad, the key or the nonce differ from the sealing's (or `sealed` is shorter than a tag).
+std::optional<std::string> Aes256GcmOpen(std::string_view key, std::string_view nonce,
+                                         std::string_view aad, std::string_view sealed);
 
 // `n` bytes from the OS's cryptographic generator. CHECK-fails if it has none.
 std::string SecureRandomBytes(size_t n);

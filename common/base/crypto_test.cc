@@ -49,6 +49,63 @@ TEST(CryptoTest, ConstantTimeEquals) {
   EXPECT_FALSE(ConstantTimeEquals("", "a"));
 }
 
+std::string FromHex(const std::string& hex) {
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  }
+  return out;
+}
+
+// The GCM specification's test cases 13, 14 and 16 (McGrew and Viega, "The Galois/Counter
+// Mode of Operation", appendix B): AES-256 with a 96-bit IV; 16 with additional data.
+TEST(CryptoTest, Aes256GcmMatchesTheSpecificationsTestCases) {
+  const std::string zero_key(32, '\0');
+  const std::string zero_iv(12, '\0');
+  EXPECT_EQ(HexEncode(Aes256GcmSeal(zero_key, zero_iv, "", "")),
+            "530f8afbc74536b9a963b4f1c4cb738b");
+  EXPECT_EQ(HexEncode(Aes256GcmSeal(zero_key, zero_iv, "", std::string(16, '\0'))),
+            "cea7403d4d606b6e074ec5d3baf39d18"
+            "d0d1c8a799996bf0265b98b5d48ab919");
+  const std::string key =
+      FromHex("feffe9928665731c6d6a8f9467308308feffe9928665731c6d6a8f9467308308");
+  const std::string iv = FromHex("cafebabefacedbaddecaf888");
+  const std::string aad = FromHex("feedfacedeadbeeffeedfacedeadbeefabaddad2");
+  const std::string plain = FromHex(
+      "d9313225f88406e5a55909c5aff5269a86a7a9531534f7da2e4c303d8a318a72"
+      "1c3c0c95956809532fcf0e2449a6b525b16aedf5aa0de657ba637b39");
+  const std::string sealed = Aes256GcmSeal(key, iv, aad, plain);
+  EXPECT_EQ(HexEncode(sealed),
+            "522dc1f099567d07f47f37a32a84427d643a8cdcbfe5c0c97598a2bd2555d1aa"
+            "8cb08e48590dbb3da7b08b1056828838c5f61e6393ba7a0abcc9f662"
+            "76fc6ece0f4e1768cddf8853bb2d551b");
+  EXPECT_EQ(Aes256GcmOpen(key, iv, aad, sealed), plain);
+}
+
+TEST(CryptoTest, Aes256GcmOpenRefusesAnythingAltered) {
+  const std::string key = SecureRandomBytes(kAes256GcmKeyBytes);
+  const std::string nonce = SecureRandomBytes(kAes256GcmNonceBytes);
+  const std::string sealed = Aes256GcmSeal(key, nonce, "header", "a step plan");
+  ASSERT_EQ(sealed.size(), 11 + kAes256GcmTagBytes);
+  EXPECT_EQ(Aes256GcmOpen(key, nonce, "header", sealed), "a step plan");
+  for (size_t i = 0; i < sealed.size(); ++i) {  // every byte, ciphertext and tag
+    std::string bent = sealed;
+    bent[i] ^= 0x01;
+    EXPECT_FALSE(Aes256GcmOpen(key, nonce, "header", bent).has_value()) << "byte " << i;
+  }
+  EXPECT_FALSE(Aes256GcmOpen(key, nonce, "headex", sealed).has_value());
+  EXPECT_FALSE(Aes256GcmOpen(key, SecureRandomBytes(12), "header", sealed).has_value());
+  EXPECT_FALSE(Aes256GcmOpen(SecureRandomBytes(32), nonce, "header", sealed).has_value());
+  EXPECT_FALSE(Aes256GcmOpen(key, nonce, "header", sealed.substr(0, 10)).has_value());
+  EXPECT_FALSE(Aes256GcmOpen(key, nonce, "header", sealed.substr(1)).has_value());
+  EXPECT_FALSE(Aes256GcmOpen(key.substr(1), nonce, "header", sealed).has_value());
+  // Empty messages seal to a tag alone, which is checked as well.
+  const std::string empty = Aes256GcmSeal(key, nonce, "", "");
+  EXPECT_EQ(empty.size(), kAes256GcmTagBytes);
+  EXPECT_EQ(Aes256GcmOpen(key, nonce, "", empty), "");
+  EXPECT_FALSE(Aes256GcmOpen(key, nonce, "x", empty).has_value());
+}
+
 TEST(CryptoTest, HexEncode) {
   EXPECT_EQ(HexEncode(std::string("\x00\x0f\xf0\xff", 4)), "000ff0ff");
   EXPECT_EQ(HexEncode(""), "");

@@ -1,20 +1,133 @@
 #include "common/protocol/step_frame.h"
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/crypto.h"
 
 namespace strata {
 
 using transport::FrameHeader;
 using transport::FrameKind;
 
+namespace {
+
+constexpr char kSealMagic[4] = {'S', 'S', 'F', '1'};
+constexpr std::string_view kKeyLabel = "strata step channel v1";
+
+std::string Uint64Bytes(uint64_t v) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  return out;
+}
+
+uint64_t Uint64At(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+
+// The GCM nonce: the frame's kind, then its number in that direction.
+std::string GcmNonce(FrameKind kind, uint64_t number) {
+  const uint32_t k = static_cast<uint32_t>(kind);
+  std::string nonce(reinterpret_cast<const char*>(&k), sizeof(k));
+  return nonce + Uint64Bytes(number);
+}
+
+// What the tag covers besides the ciphertext: the header's kind and step id, and the prefix.
+std::string Aad(FrameKind kind, uint64_t step_id, std::string_view prefix) {
+  const uint16_t k = static_cast<uint16_t>(kind);
+  std::string aad(reinterpret_cast<const char*>(&k), sizeof(k));
+  aad += Uint64Bytes(step_id);
+  aad += prefix;
+  return aad;
+}
+
+}  // namespace
+
+FrameSeal::FrameSeal(std::string_view deployment_key, std::string connection_nonce)
+    : deployment_key_(deployment_key) {
+  if (!connection_nonce.empty()) SetConnectionNonceLocked(std::move(connection_nonce));
+}
+
+std::shared_ptr<FrameSeal> FrameSeal::Connecting(std::string_view deployment_key) {
+  return std::shared_ptr<FrameSeal>(new FrameSeal(
+      deployment_key,
+      deployment_key.empty() ? std::string() : SecureRandomBytes(kConnectionNonceBytes)));
+}
+
+std::shared_ptr<FrameSeal> FrameSeal::Accepting(std::string_view deployment_key) {
+  return std::shared_ptr<FrameSeal>(new FrameSeal(deployment_key, std::string()));
+}
+
+void FrameSeal::SetConnectionNonceLocked(std::string nonce) {
+  connection_nonce_ = std::move(nonce);
+  key_ = HmacSha256(deployment_key_, std::string(kKeyLabel) + connection_nonce_);
+}
+
+absl::StatusOr<std::string> FrameSeal::Seal(FrameKind kind, uint64_t step_id,
+                                            std::string_view plaintext) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (key_.empty()) {
+    return absl::FailedPreconditionError("no sealed frame has arrived on this connection yet");
+  }
+  const uint64_t number = ++sent_;
+  std::string out(kSealMagic, sizeof(kSealMagic));
+  out += connection_nonce_;
+  out += Uint64Bytes(number);
+  out += Aes256GcmSeal(key_, GcmNonce(kind, number), Aad(kind, step_id, out), plaintext);
+  return out;
+}
+
+absl::StatusOr<std::string> FrameSeal::Open(FrameKind kind, uint64_t step_id,
+                                            std::span<const uint8_t> payload) {
+  const std::string_view bytes(reinterpret_cast<const char*>(payload.data()), payload.size());
+  if (bytes.size() < kPrefixBytes + kAes256GcmTagBytes ||
+      std::memcmp(bytes.data(), kSealMagic, sizeof(kSealMagic)) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the ", transport::FrameKindName(static_cast<uint16_t>(kind)), " frame of step ", step_id,
+        " is not sealed, and this deployment seals its step frames"));
+  }
+  const std::string_view nonce = bytes.substr(4, kConnectionNonceBytes);
+  const uint64_t number = Uint64At(payload.data() + 4 + kConnectionNonceBytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool first = connection_nonce_.empty();
+  std::string key = key_;
+  if (first) {
+    key = HmacSha256(deployment_key_, std::string(kKeyLabel) + std::string(nonce));
+  } else if (!ConstantTimeEquals(nonce, connection_nonce_)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("the frame of step ", step_id, " was sealed for another connection"));
+  }
+  if (number != opened_ + 1) {
+    return absl::PermissionDeniedError(absl::StrCat("the frame of step ", step_id, " is number ",
+                                                    number, " where ", opened_ + 1,
+                                                    " was due (replayed, lost or reordered)"));
+  }
+  std::optional<std::string> plain =
+      Aes256GcmOpen(key, GcmNonce(kind, number), Aad(kind, step_id, bytes.substr(0, kPrefixBytes)),
+                    bytes.substr(kPrefixBytes));
+  if (!plain) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("the sealed frame of step ", step_id,
+                     " does not open (altered, or sealed with another deployment's secret)"));
+  }
+  if (first) SetConnectionNonceLocked(std::string(nonce));
+  opened_ = number;
+  return std::move(*plain);
+}
+
 void SendMessageFrame(transport::Transport& transport, transport::PeerId peer, FrameKind kind,
                       uint64_t step_id, const google::protobuf::MessageLite& message,
-                      transport::SendDone done) {
+                      transport::SendDone done, FrameSeal* seal) {
   auto body = std::make_shared<std::string>(message.SerializeAsString());
+  if (seal != nullptr && seal->enabled()) {
+    absl::StatusOr<std::string> sealed = seal->Seal(kind, step_id, *body);
+    if (sealed.ok()) *body = std::move(*sealed);
+  }
   const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(body->data()),
                                        body->size());
   FrameHeader h;
@@ -30,7 +143,8 @@ void SendMessageFrame(transport::Transport& transport, transport::PeerId peer, F
 
 absl::Status ReadMessageFrame(std::span<const uint8_t> header, std::span<const uint8_t> payload,
                               const absl::Status& status, FrameKind kind,
-                              google::protobuf::MessageLite* message, uint64_t* step_id) {
+                              google::protobuf::MessageLite* message, uint64_t* step_id,
+                              FrameSeal* seal) {
   FrameHeader h;
   const absl::Status header_ok = transport::ParseFrameHeader(header, &h);
   if (header_ok.ok()) *step_id = h.step_id;
@@ -44,6 +158,14 @@ absl::Status ReadMessageFrame(std::span<const uint8_t> header, std::span<const u
   if (absl::Status checked = transport::CheckFramePayload(h, payload, /*verify=*/true);
       !checked.ok()) {
     return checked;
+  }
+  std::string opened;
+  if (seal != nullptr && seal->enabled()) {
+    absl::StatusOr<std::string> plain = seal->Open(kind, h.step_id, payload);
+    if (!plain.ok()) return plain.status();
+    opened = std::move(*plain);
+    payload =
+        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(opened.data()), opened.size());
   }
   if (!message->ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
     return absl::InvalidArgumentError(absl::StrCat("the ", transport::FrameKindName(h.kind),

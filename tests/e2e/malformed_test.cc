@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/protocol/attention_wire.h"
+#include "common/protocol/step_frame.h"
 #include "common/transport/frame.h"
 #include "common/transport/transport.h"
 #include "gtest/gtest.h"
@@ -105,11 +106,13 @@ class Collector : public transport::MessageHandler {
     if (header.size() == sizeof(h)) std::memcpy(&h, header.data(), sizeof(h));
     std::lock_guard<std::mutex> lock(mu_);
     kinds_.push_back(h.kind);
+    steps_.push_back(h.step_id);
     payloads_.emplace_back(payload.begin(), payload.end());
     cv_.notify_all();
   }
-  // The next frame's kind (0: none came within 20 s); its payload into `payload` if given.
-  uint16_t Next(std::string* payload = nullptr) {
+  // The next frame's kind (0: none came within 20 s); its payload into `payload` and its
+  // header's step id into `step_id` if given.
+  uint16_t Next(std::string* payload = nullptr, uint64_t* step_id = nullptr) {
     std::unique_lock<std::mutex> lock(mu_);
     if (!cv_.wait_for(lock, absl::ToChronoNanoseconds(absl::Seconds(20)),
                       [&] { return !kinds_.empty(); })) {
@@ -117,16 +120,27 @@ class Collector : public transport::MessageHandler {
     }
     const uint16_t k = kinds_.front();
     kinds_.pop_front();
+    if (step_id != nullptr) *step_id = steps_.front();
+    steps_.pop_front();
     if (payload != nullptr) *payload = std::move(payloads_.front());
     payloads_.pop_front();
     return k;
   }
-  // The next frame as a step result (a result with status DataLoss if it is none).
-  control::StepResult NextResult() {
+  // The next frame as a step result, opened with `seal` if given (a result with status
+  // DataLoss if it is none, or does not open).
+  control::StepResult NextResult(FrameSeal* seal = nullptr) {
     std::string payload;
     control::StepResult r;
-    if (Next(&payload) != static_cast<uint16_t>(FrameKind::kResult) ||
-        !r.ParseFromString(payload)) {
+    uint64_t step_id = 0;
+    const bool result = Next(&payload, &step_id) == static_cast<uint16_t>(FrameKind::kResult);
+    if (result && seal != nullptr) {
+      auto opened =
+          seal->Open(FrameKind::kResult, step_id,
+                     std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(payload.data()),
+                                              payload.size()));
+      payload = opened.ok() ? *opened : std::string();
+    }
+    if (!result || !r.ParseFromString(payload)) {
       r.mutable_status()->set_code(static_cast<int>(absl::StatusCode::kDataLoss));
       r.mutable_status()->set_message("no step result frame");
     }
@@ -137,6 +151,7 @@ class Collector : public transport::MessageHandler {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<uint16_t> kinds_;
+  std::deque<uint64_t> steps_;
   std::deque<std::string> payloads_;
 };
 
@@ -377,9 +392,10 @@ TEST(MalformedTest, ComputeNodeRejectsBadPlansAndGarbage) {
 }
 
 // The compute node's step channel (plans over the data plane): junk on its bootstrap port, a
-// client without the deployment's key, frames that are not plans, that fail their checksum or
-// do not parse, plans that make no sense, and a fuzz loop. Each frame is answered with an
-// error result in its turn; the node keeps running, and a sound plan still runs.
+// client without the deployment's key, a plan that is not sealed, frames that are not plans,
+// that fail their checksum or do not parse, plans that make no sense, and a fuzz loop. Each
+// frame is answered with an error result in its turn; the node keeps running, and a sound
+// plan still runs.
 TEST(MalformedTest, ComputeNodeStepChannelRejectsBadFramesAndGarbage) {
   auto model = TestModel("tiny");
   ASSERT_TRUE(model.ok()) << model.status();
@@ -417,24 +433,26 @@ TEST(MalformedTest, ComputeNodeStepChannelRejectsBadFramesAndGarbage) {
   (*client)->SetHandler(transport::kFrameTag, &collector);
   auto peer = (*client)->Connect(absl::StrCat("127.0.0.1:", steps));
   ASSERT_TRUE(peer.ok()) << peer.status();
-  auto send = [&](FrameHeader h, const std::string& payload, bool fix_checksum = true) {
-    const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(payload.data()),
-                                         payload.size());
-    h.payload_bytes = payload.size();
-    if (fix_checksum) h.checksum = transport::PayloadChecksum(bytes);
+  // The deployment has a secret, so the node takes only sealed plans (step_frame.h): this
+  // connection's seal seals what the test sends as a scheduler would (`sealed`), and opens
+  // the node's answers once the node has opened a first frame (before that it cannot seal).
+  auto seal = FrameSeal::Connecting(tc.auth_key);
+  auto send = [&](FrameHeader h, const std::string& payload, bool sealed,
+                  bool fix_checksum = true) {
+    std::string bytes = payload;
+    if (sealed) {
+      auto s = seal->Seal(FrameKind::kPlan, h.step_id, payload);
+      ASSERT_TRUE(s.ok()) << s.status();
+      bytes = *s;
+    }
+    const std::span<const uint8_t> span(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                        bytes.size());
+    h.payload_bytes = bytes.size();
+    if (fix_checksum) h.checksum = transport::PayloadChecksum(span);
     ASSERT_TRUE(transport::SendAndWait(**client, *peer, transport::kFrameTag, transport::AsBytes(h),
-                                       {bytes}, absl::Seconds(10))
+                                       {span}, absl::Seconds(10))
                     .ok());
   };
-  FrameHeader header;
-  header.kind = static_cast<uint16_t>(FrameKind::kPlan);
-  header.step_id = 1;
-  const std::string junk = Garbage(300, 6);
-  send(header, junk);  // not a StepPlan
-  control::StepResult r = collector.NextResult();
-  EXPECT_EQ(r.step_id(), 1u);
-  EXPECT_EQ(r.status().code(), static_cast<int>(absl::StatusCode::kInvalidArgument))
-      << r.status().message();
   control::StepPlan plan;
   plan.set_step_id(2);
   plan.set_epoch(3);
@@ -447,43 +465,60 @@ TEST(MalformedTest, ComputeNodeStepChannelRejectsBadFramesAndGarbage) {
   setup->set_prompt_len(1);
   plan.add_assignments()->set_request_id(1);
   plan.mutable_assignments(0)->add_slots(0);
+  FrameHeader header;
+  header.kind = static_cast<uint16_t>(FrameKind::kPlan);
+  header.step_id = 2;
+  // A sound plan that is not sealed: refused (its answer cannot be sealed yet).
+  send(header, plan.SerializeAsString(), /*sealed=*/false);
+  control::StepResult r = collector.NextResult();
+  EXPECT_EQ(r.step_id(), 2u);
+  EXPECT_EQ(r.status().code(), static_cast<int>(absl::StatusCode::kPermissionDenied))
+      << r.status().message();
+  header.step_id = 1;
+  const std::string junk = Garbage(300, 6);
+  send(header, junk, /*sealed=*/true);  // sealed, but not a StepPlan
+  r = collector.NextResult(seal.get());
+  EXPECT_EQ(r.step_id(), 1u);
+  EXPECT_EQ(r.status().code(), static_cast<int>(absl::StatusCode::kInvalidArgument))
+      << r.status().message();
   header.step_id = 2;
   FrameHeader corrupt = header;
   corrupt.checksum = 12345;
-  send(corrupt, plan.SerializeAsString(), /*fix_checksum=*/false);
-  r = collector.NextResult();
+  send(corrupt, plan.SerializeAsString(), /*sealed=*/false, /*fix_checksum=*/false);
+  r = collector.NextResult(seal.get());
   EXPECT_EQ(r.step_id(), 2u);
   EXPECT_EQ(r.status().code(), static_cast<int>(absl::StatusCode::kDataLoss));
   FrameHeader layer = header;
   layer.kind = static_cast<uint16_t>(FrameKind::kLayer);
-  send(layer, plan.SerializeAsString());
-  r = collector.NextResult();
+  send(layer, plan.SerializeAsString(), /*sealed=*/false);
+  r = collector.NextResult(seal.get());
   EXPECT_EQ(r.step_id(), 2u);
   EXPECT_EQ(r.status().code(), static_cast<int>(absl::StatusCode::kInvalidArgument))
       << "a layer frame was taken for a plan: " << r.status().message();
   // A plan that parses but makes no sense: another scheduler's, then a slot outside the KV.
   control::StepPlan stale = plan;
   stale.set_epoch(4);
-  send(header, stale.SerializeAsString());
-  r = collector.NextResult();
+  send(header, stale.SerializeAsString(), /*sealed=*/true);
+  r = collector.NextResult(seal.get());
   EXPECT_EQ(r.step_id(), 2u);
   EXPECT_NE(r.status().code(), 0);
   control::StepPlan outside = plan;
   outside.mutable_assignments(0)->set_slots(0, 1 << 30);
-  send(header, outside.SerializeAsString());
-  r = collector.NextResult();
+  send(header, outside.SerializeAsString(), /*sealed=*/true);
+  r = collector.NextResult(seal.get());
   EXPECT_EQ(r.step_id(), 2u);
   EXPECT_NE(r.status().code(), 0);
   EXPECT_NE(r.status().message(), "no step result frame");
-  // Fuzz: random and truncated plans under valid headers. Each gets one answer.
+  // Fuzz: random and truncated plans under valid headers, sealed; and random bytes that
+  // are not sealed. Each gets one answer.
   std::mt19937 rng(11);
   const std::string good = plan.SerializeAsString();
   for (int i = 0; i < 60; ++i) {
     std::string payload = Garbage(rng() % 800, rng());
     if (i % 2 == 0) payload = good.substr(0, rng() % (good.size() + 1)) + payload;
     header.step_id = 100 + i;
-    send(header, payload);
-    const control::StepResult fuzzed = collector.NextResult();
+    send(header, payload, /*sealed=*/i % 3 != 0);
+    const control::StepResult fuzzed = collector.NextResult(seal.get());
     EXPECT_NE(fuzzed.status().message(), "no step result frame") << "fuzz frame " << i;
     EXPECT_EQ(fuzzed.step_id(), static_cast<uint64_t>(100 + i)) << "fuzz frame " << i;
     // Each carries another frame's step id than the plan inside it, if any parses.
@@ -491,8 +526,8 @@ TEST(MalformedTest, ComputeNodeStepChannelRejectsBadFramesAndGarbage) {
   }
   // A sound plan still runs, and samples one token.
   header.step_id = 2;
-  send(header, good);
-  r = collector.NextResult();
+  send(header, good, /*sealed=*/true);
+  r = collector.NextResult(seal.get());
   EXPECT_EQ(r.status().code(), 0) << r.status().message();
   EXPECT_EQ(r.tokens_size(), 1);
   EXPECT_EQ(kill(pid, 0), 0);

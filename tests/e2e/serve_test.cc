@@ -191,9 +191,10 @@ TEST_F(ServeTest, StepsOverGrpcGiveTheTokensOfStepsOverTheDataPlane) {
   }
 }
 
-// Under control-plane TLS the plans stay on the (encrypted) gRPC stream: the data plane is
-// not encrypted. Certificates as a cluster's CA would issue them, made by the openssl tool.
-TEST_F(ServeTest, ControlPlaneTlsKeepsStepsOnGrpc) {
+// Under control-plane TLS the plans still take the step channel, sealed with the
+// deployment's secret (the data plane has no encryption of its own), and give the same
+// text. Certificates as a cluster's CA would issue them, made by the openssl tool.
+TEST_F(ServeTest, ControlPlaneTlsTakesSealedStepsOverTheStepChannel) {
   if (std::system("openssl version >/dev/null 2>&1") != 0) GTEST_SKIP() << "no openssl tool";
   const std::string dir = TestTmpDir() + "/control-tls";
   std::filesystem::remove_all(dir);
@@ -223,7 +224,7 @@ TEST_F(ServeTest, ControlPlaneTlsKeepsStepsOnGrpc) {
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(json::parse(r.body)["choices"][0]["text"],
             Post("/v1/completions", body)["choices"][0]["text"]);
-  EXPECT_EQ(StepChannelPlans(**d), 0) << "plans went over the unencrypted data plane";
+  EXPECT_GT(StepChannelPlans(**d), 0) << "the plans did not come over the step channel";
   (*d)->Stop();
 }
 
