@@ -69,7 +69,8 @@ StepChannel::Session* StepChannel::SessionLocked(PeerId peer) {
   ReapLocked();
   auto session = std::make_unique<Session>();
   session->peer = peer;
-  session->seal = FrameSeal::Accepting(options_.transport.auth_key);
+  session->seal =
+      std::make_shared<FrameSeal>(options_.transport.auth_key, transport_->PeerSecret(peer));
   if (options_.prepare) options_.prepare(session->queue);
   Session* s = session.get();
   s->thread = std::thread([this, s] {

@@ -84,7 +84,7 @@ class StepChannel : public transport::MessageHandler {
  private:
   struct Session {
     transport::PeerId peer = 0;
-    std::shared_ptr<FrameSeal> seal;  // its frames' seal (step_frame.h)
+    std::shared_ptr<FrameSeal> seal;  // its connection's seal (step_frame.h)
     PlanQueue queue;
     std::thread thread;
     std::atomic<bool> finished{false};

@@ -77,6 +77,7 @@ ControlPlane::ControlPlane(Scheduler* scheduler, ControlPlaneOptions options)
   }
   configure_loop_.Start();
   monitor_loop_.Start();
+  release_loop_.Start();
 }
 
 void ControlPlane::OnPoolDeath(PoolIndex pool) {
@@ -115,6 +116,7 @@ void ControlPlane::Stop() {
   // Configurations still queued see stop_ and return at once.
   monitor_loop_.Stop();
   configure_loop_.Stop();
+  release_loop_.Stop();  // after the configurations, which may hand it executors
 }
 
 grpc::Status ControlPlane::Register(grpc::ServerContext* context,
@@ -234,7 +236,7 @@ void ControlPlane::MarkDead(Node& node, const std::string& why) {
 void ControlPlane::ReleaseLater(std::shared_ptr<StepExecutor> executor) {
   if (executor == nullptr) return;
   // A refused post drops the closure, and the executor with it, at once.
-  configure_loop_.Post([executor = std::move(executor)]() mutable { executor.reset(); });
+  release_loop_.Post([executor = std::move(executor)]() mutable { executor.reset(); });
 }
 
 void ControlPlane::CheckHeartbeats() {

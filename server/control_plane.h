@@ -123,9 +123,10 @@ class ControlPlane final : public control::Scheduler::Service {
   void ConfigureMemory(uint64_t id);
   void ReconfigureComputeNodes();
   void MarkDead(Node& node, const std::string& why);
-  // Destroys an executor that left the rotation on configure_loop_, outside this plane's
-  // lock: its destructor fails the plans it holds, and a step channel's may wait for a
-  // connection attempt. At shutdown (the loop has quit) it goes at once.
+  // Destroys an executor that left the rotation on release_loop_, outside this plane's lock
+  // and clear of configurations (a Configure call may take minutes): its destructor fails
+  // the plans it holds, and a step channel's may wait for a connection attempt. At shutdown
+  // (the loop has quit) it goes at once.
   void ReleaseLater(std::shared_ptr<StepExecutor> executor);
   void OnPoolDeath(PoolIndex pool);
   control::ComputeConfig ComputeConfigLocked() const;
@@ -143,6 +144,7 @@ class ControlPlane final : public control::Scheduler::Service {
   bool stop_ = false;  // guarded by mu_; cv_ wakes a retry's back-off when it turns true
   EventLoop configure_loop_{"ctl-configure"};  // thread names keep 15 bytes
   EventLoop monitor_loop_{"control-monitor"};
+  EventLoop release_loop_{"ctl-release"};   // ReleaseLater
   EventLoop::TimerId heartbeat_timer_ = 0;  // monitor_loop_ only
 };
 

@@ -172,6 +172,7 @@ void DataPlaneExecutor::SendLocked(PeerId peer, std::shared_ptr<const StepPlan> 
 
 void DataPlaneExecutor::Connect() {
   auto peer = transport_->Connect(options_.address);
+  const std::string secret = peer.ok() ? transport_->PeerSecret(*peer) : std::string();
   std::unique_lock<std::mutex> send(send_mu_);
   std::deque<Waiting> waiting;
   bool connected = false;
@@ -182,7 +183,7 @@ void DataPlaneExecutor::Connect() {
     waiting.swap(waiting_);
     if (peer.ok() && !stop_) {
       peer_ = *peer;
-      seal_ = FrameSeal::Connecting(options_.transport.auth_key);
+      seal_ = std::make_shared<FrameSeal>(options_.transport.auth_key, secret);
       connected = true;
       lost_ = false;
       ++stats_.connects;

@@ -15,7 +15,7 @@
 //     connects again.
 // Where the deployment has a secret (options.transport.auth_key), every frame is sealed
 // (FrameSeal, common/protocol/step_frame.h): plans and results are encrypted and
-// authenticated, each connection under a key of its own.
+// authenticated, each connection under a key of its own (from Transport::PeerSecret).
 // Connecting happens on a thread of its own, never on the submitter's: plans submitted
 // meanwhile wait, in order, and fail together if the node cannot be reached. (Probe
 // connects on its caller's thread, for the control plane's configuration.)

@@ -15,8 +15,8 @@ using transport::FrameKind;
 
 namespace {
 
-constexpr char kSealMagic[4] = {'S', 'S', 'F', '1'};
-constexpr std::string_view kKeyLabel = "strata step channel v1";
+constexpr char kSealMagic[4] = {'S', 'S', 'F', '2'};
+constexpr std::string_view kKeyLabel = "strata step channel v2";
 
 std::string Uint64Bytes(uint64_t v) {
   std::string out(8, '\0');
@@ -30,17 +30,14 @@ uint64_t Uint64At(const uint8_t* p) {
   return v;
 }
 
-// The GCM nonce: the frame's kind, then its number in that direction.
+// The GCM nonce: the frame's kind (4 bytes, little-endian), then its number.
 std::string GcmNonce(FrameKind kind, uint64_t number) {
-  const uint32_t k = static_cast<uint32_t>(kind);
-  std::string nonce(reinterpret_cast<const char*>(&k), sizeof(k));
-  return nonce + Uint64Bytes(number);
+  return Uint64Bytes(static_cast<uint32_t>(kind)).substr(0, 4) + Uint64Bytes(number);
 }
 
 // What the tag covers besides the ciphertext: the header's kind and step id, and the prefix.
 std::string Aad(FrameKind kind, uint64_t step_id, std::string_view prefix) {
-  const uint16_t k = static_cast<uint16_t>(kind);
-  std::string aad(reinterpret_cast<const char*>(&k), sizeof(k));
+  std::string aad = Uint64Bytes(static_cast<uint16_t>(kind)).substr(0, 2);
   aad += Uint64Bytes(step_id);
   aad += prefix;
   return aad;
@@ -48,35 +45,21 @@ std::string Aad(FrameKind kind, uint64_t step_id, std::string_view prefix) {
 
 }  // namespace
 
-FrameSeal::FrameSeal(std::string_view deployment_key, std::string connection_nonce)
-    : deployment_key_(deployment_key) {
-  if (!connection_nonce.empty()) SetConnectionNonceLocked(std::move(connection_nonce));
-}
-
-std::shared_ptr<FrameSeal> FrameSeal::Connecting(std::string_view deployment_key) {
-  return std::shared_ptr<FrameSeal>(new FrameSeal(
-      deployment_key,
-      deployment_key.empty() ? std::string() : SecureRandomBytes(kConnectionNonceBytes)));
-}
-
-std::shared_ptr<FrameSeal> FrameSeal::Accepting(std::string_view deployment_key) {
-  return std::shared_ptr<FrameSeal>(new FrameSeal(deployment_key, std::string()));
-}
-
-void FrameSeal::SetConnectionNonceLocked(std::string nonce) {
-  connection_nonce_ = std::move(nonce);
-  key_ = HmacSha256(deployment_key_, std::string(kKeyLabel) + connection_nonce_);
-}
+FrameSeal::FrameSeal(std::string_view deployment_key, std::string_view connection_secret)
+    : enabled_(!deployment_key.empty()),
+      key_(deployment_key.empty() || connection_secret.empty()
+               ? std::string()
+               : HmacSha256(deployment_key,
+                            std::string(kKeyLabel) + std::string(connection_secret))) {}
 
 absl::StatusOr<std::string> FrameSeal::Seal(FrameKind kind, uint64_t step_id,
                                             std::string_view plaintext) {
-  std::lock_guard<std::mutex> lock(mu_);
   if (key_.empty()) {
-    return absl::FailedPreconditionError("no sealed frame has arrived on this connection yet");
+    return absl::FailedPreconditionError("the connection has no secret to seal its frames with");
   }
+  std::lock_guard<std::mutex> lock(mu_);
   const uint64_t number = ++sent_;
   std::string out(kSealMagic, sizeof(kSealMagic));
-  out += connection_nonce_;
   out += Uint64Bytes(number);
   out += Aes256GcmSeal(key_, GcmNonce(kind, number), Aad(kind, step_id, out), plaintext);
   return out;
@@ -84,6 +67,9 @@ absl::StatusOr<std::string> FrameSeal::Seal(FrameKind kind, uint64_t step_id,
 
 absl::StatusOr<std::string> FrameSeal::Open(FrameKind kind, uint64_t step_id,
                                             std::span<const uint8_t> payload) {
+  if (key_.empty()) {
+    return absl::FailedPreconditionError("the connection has no secret to open its frames with");
+  }
   const std::string_view bytes(reinterpret_cast<const char*>(payload.data()), payload.size());
   if (bytes.size() < kPrefixBytes + kAes256GcmTagBytes ||
       std::memcmp(bytes.data(), kSealMagic, sizeof(kSealMagic)) != 0) {
@@ -91,31 +77,21 @@ absl::StatusOr<std::string> FrameSeal::Open(FrameKind kind, uint64_t step_id,
         "the ", transport::FrameKindName(static_cast<uint16_t>(kind)), " frame of step ", step_id,
         " is not sealed, and this deployment seals its step frames"));
   }
-  const std::string_view nonce = bytes.substr(4, kConnectionNonceBytes);
-  const uint64_t number = Uint64At(payload.data() + 4 + kConnectionNonceBytes);
+  const uint64_t number = Uint64At(payload.data() + sizeof(kSealMagic));
   std::lock_guard<std::mutex> lock(mu_);
-  const bool first = connection_nonce_.empty();
-  std::string key = key_;
-  if (first) {
-    key = HmacSha256(deployment_key_, std::string(kKeyLabel) + std::string(nonce));
-  } else if (!ConstantTimeEquals(nonce, connection_nonce_)) {
+  if (number <= opened_) {
     return absl::PermissionDeniedError(
-        absl::StrCat("the frame of step ", step_id, " was sealed for another connection"));
-  }
-  if (number != opened_ + 1) {
-    return absl::PermissionDeniedError(absl::StrCat("the frame of step ", step_id, " is number ",
-                                                    number, " where ", opened_ + 1,
-                                                    " was due (replayed, lost or reordered)"));
+        absl::StrCat("the frame of step ", step_id, " is number ", number, ", not above ", opened_,
+                     ", the last one opened (replayed or reordered)"));
   }
   std::optional<std::string> plain =
-      Aes256GcmOpen(key, GcmNonce(kind, number), Aad(kind, step_id, bytes.substr(0, kPrefixBytes)),
+      Aes256GcmOpen(key_, GcmNonce(kind, number), Aad(kind, step_id, bytes.substr(0, kPrefixBytes)),
                     bytes.substr(kPrefixBytes));
   if (!plain) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("the sealed frame of step ", step_id,
-                     " does not open (altered, or sealed with another deployment's secret)"));
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the sealed frame of step ", step_id,
+        " does not open (altered, another connection's, or another deployment's secret)"));
   }
-  if (first) SetConnectionNonceLocked(std::string(nonce));
   opened_ = number;
   return std::move(*plain);
 }
@@ -126,7 +102,11 @@ void SendMessageFrame(transport::Transport& transport, transport::PeerId peer, F
   auto body = std::make_shared<std::string>(message.SerializeAsString());
   if (seal != nullptr && seal->enabled()) {
     absl::StatusOr<std::string> sealed = seal->Seal(kind, step_id, *body);
-    if (sealed.ok()) *body = std::move(*sealed);
+    if (!sealed.ok()) {
+      if (done) done(sealed.status());
+      return;
+    }
+    *body = std::move(*sealed);
   }
   const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(body->data()),
                                        body->size());

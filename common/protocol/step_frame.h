@@ -25,58 +25,51 @@ namespace strata {
 // data-plane key): plans carry prompts' tokens and grammars, results the sampled tokens, and
 // the data plane has no encryption of its own. The transport's bootstrap only checks who
 // connects; sealing hides what the frames say and refuses any frame that was altered,
-// replayed, dropped, reordered, or taken from another connection.
+// replayed, reordered, or taken from another connection.
 //
 // AES-256-GCM under a key of the connection's own, HMAC-SHA256(deployment key, label ||
-// connection nonce): the connecting side (the scheduler) draws the 16-byte nonce, every
-// sealed frame carries it, and the accepting side (the compute node) takes it from the
-// connection's first frame. Each direction numbers its frames from 1, and a frame opens
-// only with the next number of its direction; the GCM nonce is the frame's kind and that
-// number, so the two directions never share one. The frame header's kind and step id are
-// authenticated with the payload.
+// the connection's secret): Transport::PeerSecret, which both ends of one connection share
+// and no other connection has (UCX derives it from the bootstrap's two fresh nonces). Each
+// direction numbers its frames from 1, and a frame opens only with a number above the last
+// one opened in its direction: a replayed or reordered frame does not open, while a frame
+// refused before its seal was checked (a bad checksum, a failed receive) leaves a gap that
+// costs only that frame. The GCM nonce is the frame's kind and its number, so the two
+// directions never share one. The frame header's kind and step id are authenticated with
+// the payload.
 //
-// Sealed payload: "SSF1", the connection nonce (16 bytes), the number (8, little-endian),
-// the ciphertext, the tag (16).
+// Sealed payload: "SSF2", the number (8 bytes, little-endian), the ciphertext, the tag (16).
 //
 // Thread-safety: thread-safe (one direction's frames are sealed on one thread, the other's
 // opened on another).
 class FrameSeal {
  public:
-  static constexpr size_t kConnectionNonceBytes = 16;
-  static constexpr size_t kPrefixBytes = 4 + kConnectionNonceBytes + 8;
+  static constexpr size_t kPrefixBytes = 4 + 8;
 
-  // The connecting side's, with a fresh connection nonce. An empty key: frames are not
-  // sealed (a deployment without a secret).
-  static std::shared_ptr<FrameSeal> Connecting(std::string_view deployment_key);
-  // The accepting side's: the connection nonce comes with the first frame it opens.
-  static std::shared_ptr<FrameSeal> Accepting(std::string_view deployment_key);
+  // The seal of a connection whose transport secret is `connection_secret`. An empty
+  // deployment key: frames are not sealed (a deployment without a secret). A deployment key
+  // without a connection secret: nothing seals or opens (FailedPrecondition).
+  FrameSeal(std::string_view deployment_key, std::string_view connection_secret);
 
-  bool enabled() const { return !deployment_key_.empty(); }
-  // The sealed payload of a frame of `kind` for step `step_id`. FailedPrecondition on the
-  // accepting side before a frame opened (it has no key yet).
+  bool enabled() const { return enabled_; }
+  // The sealed payload of a frame of `kind` for step `step_id`.
   absl::StatusOr<std::string> Seal(transport::FrameKind kind, uint64_t step_id,
                                    std::string_view plaintext);
   // The plaintext of a sealed payload. PermissionDenied for a frame that is not sealed or
-  // does not open (altered, replayed, out of order, another connection's, another key's).
+  // does not open (altered, replayed, reordered, another connection's or key's).
   absl::StatusOr<std::string> Open(transport::FrameKind kind, uint64_t step_id,
                                    std::span<const uint8_t> payload);
 
  private:
-  FrameSeal(std::string_view deployment_key, std::string connection_nonce);
-  void SetConnectionNonceLocked(std::string nonce);
-
-  const std::string deployment_key_;
+  const bool enabled_;
+  const std::string key_;  // the connection's AES-256 key; empty without a secret
   std::mutex mu_;
-  std::string connection_nonce_;  // empty: not known yet (accepting side)
-  std::string key_;               // the connection's AES-256 key
-  uint64_t sent_ = 0;             // frames sealed
-  uint64_t opened_ = 0;           // frames opened
+  uint64_t sent_ = 0;    // the last number sealed
+  uint64_t opened_ = 0;  // the last number opened
 };
 
 // Sends `message` to `peer` as a frame of `kind` for step `step_id`, sealed by `seal` if it
-// is given and enabled (unsealed where it cannot seal yet: the answer to a first frame that
-// did not open). The serialized copy lives until the send is over; `done` (may be empty)
-// then gets its outcome.
+// is given and enabled (a seal that cannot seal fails the send: `done` gets why). The serialized
+// copy lives until the send is over; `done` (may be empty) then gets its outcome.
 void SendMessageFrame(transport::Transport& transport, transport::PeerId peer,
                       transport::FrameKind kind, uint64_t step_id,
                       const google::protobuf::MessageLite& message, transport::SendDone done,

@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/crypto.h"
 #include "common/base/event_loop.h"
 #include "common/base/logging.h"
 
@@ -60,6 +61,11 @@ class InprocTransport final : public Transport {
   absl::StatusOr<PeerId> Connect(const std::string& address) override;
   void Disconnect(PeerId peer) override;
   std::string DescribePeer(PeerId peer) override { return absl::StrCat("inproc peer ", peer); }
+  std::string PeerSecret(PeerId peer) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = links_.find(peer);
+    return it == links_.end() ? std::string() : it->second.secret;
+  }
   void Send(PeerId peer, Tag tag, std::span<const uint8_t> header,
             std::vector<std::span<const uint8_t>> payload, SendDone done) override;
 
@@ -69,10 +75,12 @@ class InprocTransport final : public Transport {
     InprocTransport* remote = nullptr;  // valid while remote_core can be locked
     PeerId remote_peer = 0;
     bool closed = false;
+    std::string secret;  // PeerSecret: drawn by the connecting side, shared with the other
   };
 
   // Accepts a connection from `remote`; returns this side's peer id.
-  PeerId Accept(InprocTransport* remote, std::weak_ptr<Core> remote_core, PeerId remote_peer);
+  PeerId Accept(InprocTransport* remote, std::weak_ptr<Core> remote_core, PeerId remote_peer,
+                const std::string& secret);
   void Receive(PeerId from, Tag tag, std::vector<uint8_t> header, std::vector<uint8_t> payload);
   void PeerClosed(PeerId peer);
 
@@ -118,12 +126,12 @@ absl::StatusOr<std::string> InprocTransport::Listen(const std::string& address) 
 }
 
 PeerId InprocTransport::Accept(InprocTransport* remote, std::weak_ptr<Core> remote_core,
-                               PeerId remote_peer) {
+                               PeerId remote_peer, const std::string& secret) {
   PeerId id;
   {
     std::lock_guard<std::mutex> lock(mu_);
     id = next_peer_++;
-    links_[id] = {std::move(remote_core), remote, remote_peer, false};
+    links_[id] = {std::move(remote_core), remote, remote_peer, false, secret};
   }
   core_->Post([this, id] {
     PeerHandler handler;
@@ -149,9 +157,10 @@ absl::StatusOr<PeerId> InprocTransport::Connect(const std::string& address) {
     id = next_peer_++;
     links_[id] = {};
   }
-  const PeerId remote_peer = server->Accept(this, core_, id);
+  const std::string secret = SecureRandomBytes(32);
+  const PeerId remote_peer = server->Accept(this, core_, id, secret);
   std::lock_guard<std::mutex> lock(mu_);
-  links_[id] = {server->core_, server, remote_peer, false};
+  links_[id] = {server->core_, server, remote_peer, false, secret};
   return id;
 }
 

@@ -150,6 +150,12 @@ class Transport {
   virtual void Disconnect(PeerId peer) = 0;
   // What carries traffic to `peer` (UCX: the transport and device of each lane), for logs.
   virtual std::string DescribePeer(PeerId peer) = 0;
+  // 32 bytes that the two ends of the connection to `peer` share and nobody else learns,
+  // fresh for every connection: UCX derives them from the bootstrap's nonces and the
+  // deployment's key, the in-process backend draws them. For keys of a connection's own
+  // (the step channel's seals, common/protocol/step_frame.h). Empty for an unknown peer.
+  // Thread-safe, handlers included.
+  virtual std::string PeerSecret(PeerId peer) = 0;
 
   // Sends `header` and the concatenation of `payload` to `peer`. The header is copied at
   // once; the payload buffers must stay valid until `done` runs.

@@ -161,6 +161,7 @@ class TransportTest : public ::testing::TestWithParam<Backend> {
         [this](PeerId id, PeerEvent event, const absl::Status&) { server_events_.Add(id, event); });
     auto address = server_->Listen(ListenAddress());
     ASSERT_TRUE(address.ok()) << address.status();
+    server_address_ = *address;
     auto peer = client_->Connect(*address);
     ASSERT_TRUE(peer.ok()) << peer.status();
     to_server_ = *peer;
@@ -177,6 +178,7 @@ class TransportTest : public ::testing::TestWithParam<Backend> {
   Recorder server_rx_, client_rx_;
   PeerEvents server_events_;
   std::unique_ptr<Transport> server_, client_;
+  std::string server_address_;
   PeerId to_server_ = 0, server_peer_ = 0;
 };
 
@@ -473,6 +475,20 @@ TEST_P(TransportTest, DescribesWhatCarriesAPeer) {
   }
   EXPECT_EQ(client_->DescribePeer(to_server_ + 99).find("lane["), std::string::npos);
   std::cout << GetParam().name << ": " << lanes << "\n";
+}
+
+// Both ends of a connection hold the same 32-byte secret; another connection, even between
+// the same two transports, has another (the step channel's seals rely on both).
+TEST_P(TransportTest, BothEndsShareASecretOfTheirConnectionAlone) {
+  MakePair();
+  const std::string client_side = client_->PeerSecret(to_server_);
+  EXPECT_EQ(client_side.size(), 32u);
+  EXPECT_EQ(server_->PeerSecret(server_peer_), client_side);
+  auto again = client_->Connect(server_address_);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(client_->PeerSecret(*again).size(), 32u);
+  EXPECT_NE(client_->PeerSecret(*again), client_side);
+  EXPECT_EQ(client_->PeerSecret(to_server_ + 99), "");
 }
 
 TEST_P(TransportTest, OneSidedPutWritesDataThenFlag) {

@@ -105,9 +105,13 @@ absl::StatusOr<std::string> ReceiveSignedAddress(int fd, const std::string& key,
   return address;
 }
 
-// The client's side of the bootstrap on a connected socket: returns the server's address.
-absl::StatusOr<std::string> ClientBootstrap(int fd, const std::string& ours,
-                                            const std::string& key) {
+std::string SessionSecret(const std::string& key, const std::string& nonces) {
+  return Mac(key, "session", nonces);
+}
+
+// The client's side of the bootstrap on a connected socket.
+absl::StatusOr<Bootstrapped> ClientBootstrap(int fd, const std::string& ours,
+                                             const std::string& key) {
   const std::string client_nonce = SecureRandomBytes(kNonceBytes);
   absl::Status s = SendParts(fd, {client_nonce});
   if (!s.ok()) return s;
@@ -124,7 +128,9 @@ absl::StatusOr<std::string> ClientBootstrap(int fd, const std::string& ours,
   }
   s = SendParts(fd, {Mac(key, "client", nonces, ours), LengthBytes(ours), ours});
   if (!s.ok()) return s;
-  return ReceiveSignedAddress(fd, key, "address", nonces);
+  auto theirs = ReceiveSignedAddress(fd, key, "address", nonces);
+  if (!theirs.ok()) return theirs.status();
+  return Bootstrapped{std::move(*theirs), SessionSecret(key, nonces)};
 }
 
 }  // namespace
@@ -137,8 +143,8 @@ void SetSocketTimeouts(int fd, absl::Duration timeout) {
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
-absl::StatusOr<std::string> ServerBootstrap(int fd, const std::string& ours,
-                                            const std::string& key) {
+absl::StatusOr<Bootstrapped> ServerBootstrap(int fd, const std::string& ours,
+                                             const std::string& key) {
   absl::Status s = ReadMagic(fd);
   if (!s.ok()) return s;
   auto client_nonce = ReadBytes(fd, kNonceBytes);
@@ -151,12 +157,12 @@ absl::StatusOr<std::string> ServerBootstrap(int fd, const std::string& ours,
   if (!theirs.ok()) return theirs.status();
   s = SendParts(fd, {Mac(key, "address", nonces, ours), LengthBytes(ours), ours});
   if (!s.ok()) return s;
-  return theirs;
+  return Bootstrapped{std::move(*theirs), SessionSecret(key, nonces)};
 }
 
-absl::StatusOr<std::string> BootstrapClient(const sockaddr_storage& addr, socklen_t length,
-                                            const std::string& ours, const std::string& key,
-                                            absl::Duration timeout) {
+absl::StatusOr<Bootstrapped> BootstrapClient(const sockaddr_storage& addr, socklen_t length,
+                                             const std::string& ours, const std::string& key,
+                                             absl::Duration timeout) {
   const int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::InternalError("socket() failed");
   int rc = connect(fd, reinterpret_cast<const sockaddr*>(&addr), length);
@@ -182,7 +188,7 @@ absl::StatusOr<std::string> BootstrapClient(const sockaddr_storage& addr, sockle
   const int flags = fcntl(fd, F_GETFL);
   fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
   SetSocketTimeouts(fd, timeout);
-  absl::StatusOr<std::string> theirs = ClientBootstrap(fd, ours, key);
+  absl::StatusOr<Bootstrapped> theirs = ClientBootstrap(fd, ours, key);
   close(fd);
   return theirs;
 }

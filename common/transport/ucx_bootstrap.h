@@ -13,7 +13,8 @@
 //   client -> server  magic, HMAC(K, "client" Nc Ns A), |A|, A      (A: client's address)
 //   server -> client  magic, HMAC(K, "address" Nc Ns B), |B|, B     (B: server's address)
 // Each side checks the other's MAC before it sends its address, and the MACs cover the
-// addresses, so a man in the middle can neither learn nor swap them.
+// addresses, so a man in the middle can neither learn nor swap them. Both sides then hold
+// HMAC(K, "session" Nc Ns), a secret of this connection alone (Transport::PeerSecret).
 #ifndef STRATA_COMMON_TRANSPORT_UCX_BOOTSTRAP_H_
 #define STRATA_COMMON_TRANSPORT_UCX_BOOTSTRAP_H_
 
@@ -29,16 +30,23 @@ namespace strata::transport {
 // Send and receive timeouts on a blocking socket.
 void SetSocketTimeouts(int fd, absl::Duration timeout);
 
-// The server's side on an accepted socket: returns the client's worker address once the
-// client proved that it holds `key`; UNAUTHENTICATED when it did not.
-absl::StatusOr<std::string> ServerBootstrap(int fd, const std::string& ours,
-                                            const std::string& key);
+// What a bootstrap gives each side: the other's worker address, and the connection's
+// secret, HMAC(K, "session" Nc Ns).
+struct Bootstrapped {
+  std::string address;
+  std::string secret;
+};
 
-// Connects to `addr` (with a deadline), runs the client's side and returns the server's
-// worker address; UNAUTHENTICATED when the server does not hold `key`.
-absl::StatusOr<std::string> BootstrapClient(const sockaddr_storage& addr, socklen_t length,
-                                            const std::string& ours, const std::string& key,
-                                            absl::Duration timeout);
+// The server's side on an accepted socket: the client's worker address once the client
+// proved that it holds `key`; UNAUTHENTICATED when it did not.
+absl::StatusOr<Bootstrapped> ServerBootstrap(int fd, const std::string& ours,
+                                             const std::string& key);
+
+// Connects to `addr` (with a deadline), runs the client's side: the server's worker
+// address; UNAUTHENTICATED when the server does not hold `key`.
+absl::StatusOr<Bootstrapped> BootstrapClient(const sockaddr_storage& addr, socklen_t length,
+                                             const std::string& ours, const std::string& key,
+                                             absl::Duration timeout);
 
 }  // namespace strata::transport
 

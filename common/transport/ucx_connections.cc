@@ -50,6 +50,10 @@ void UcxTransport::ClosePeer(PeerId id, const absl::Status& why) {
   Peer* peer = FindPeer(id);
   if (peer == nullptr || peer->closed) return;
   peer->closed = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    secrets_.erase(id);
+  }
   const bool was_ready = peer->ready;
   peer->ready = false;
   if (peer->connect_waiter) {
@@ -68,6 +72,17 @@ void UcxTransport::ClosePeer(PeerId id, const absl::Status& why) {
     peer->ep = nullptr;
   }
   if (was_ready && peer_handler_) peer_handler_(id, PeerEvent::kDisconnected, why);
+}
+
+void UcxTransport::SetPeerSecret(PeerId id, std::string secret) {
+  std::lock_guard<std::mutex> lock(mu_);
+  secrets_[id] = std::move(secret);
+}
+
+std::string UcxTransport::PeerSecret(PeerId id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = secrets_.find(id);
+  return it == secrets_.end() ? std::string() : it->second;
 }
 
 void UcxTransport::SetHandler(Tag tag, MessageHandler* handler) {
@@ -131,7 +146,7 @@ void UcxTransport::AcceptBootstrap() {
     if (fd < 0) return;  // EAGAIN: no more
     // The client answers at once; a slow or bogus one costs at most a second.
     SetSocketTimeouts(fd, absl::Seconds(1));
-    absl::StatusOr<std::string> theirs = ServerBootstrap(fd, worker_address_, config_.auth_key);
+    absl::StatusOr<Bootstrapped> theirs = ServerBootstrap(fd, worker_address_, config_.auth_key);
     close(fd);
     if (!theirs.ok()) {
       if (absl::IsUnauthenticated(theirs.status())) ++ProcessAuthRefusals().data_plane;
@@ -141,13 +156,14 @@ void UcxTransport::AcceptBootstrap() {
     const PeerId id = AddPeer(nullptr);
     ucp_ep_params_t params{};
     params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
-    params.address = reinterpret_cast<const ucp_address_t*>(theirs->data());
+    params.address = reinterpret_cast<const ucp_address_t*>(theirs->address.data());
     auto ep = CreateEndpoint(params, id);
     if (!ep.ok()) {
       LOG(WARNING) << "refused a data-plane connection: " << ep.status().message();
       peers_.erase(id);
       continue;
     }
+    SetPeerSecret(id, std::move(theirs->secret));
     peers_[id].ep = *ep;
     by_endpoint_[*ep] = id;
   }
@@ -167,7 +183,7 @@ absl::StatusOr<PeerId> UcxTransport::Connect(const std::string& address) {
   socklen_t length = 0;
   auto addr = Resolve(address, &length);
   if (!addr.ok()) return addr.status();
-  absl::StatusOr<std::string> theirs =
+  absl::StatusOr<Bootstrapped> theirs =
       BootstrapClient(*addr, length, worker_address_, config_.auth_key, config_.connect_timeout);
   if (!theirs.ok()) {
     // A refused secret keeps its code (UNAUTHENTICATED): retrying does not help.
@@ -182,9 +198,10 @@ absl::StatusOr<PeerId> UcxTransport::Connect(const std::string& address) {
   if (!Post([this, waiter, id_waiter, theirs = *theirs, address] {
         const PeerId id = AddPeer(nullptr);
         id_waiter->Set(id);
+        SetPeerSecret(id, theirs.secret);
         ucp_ep_params_t params{};
         params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
-        params.address = reinterpret_cast<const ucp_address_t*>(theirs.data());
+        params.address = reinterpret_cast<const ucp_address_t*>(theirs.address.data());
         auto ep = CreateEndpoint(params, id);
         if (!ep.ok()) {
           peers_.erase(id);

@@ -79,6 +79,7 @@ class UcxTransport final : public Transport, private EventLoop::Poller {
   absl::StatusOr<PeerId> Connect(const std::string& address) override;
   void Disconnect(PeerId peer) override;
   std::string DescribePeer(PeerId peer) override;
+  std::string PeerSecret(PeerId peer) override;
   void Send(PeerId peer, Tag tag, std::span<const uint8_t> header,
             std::vector<std::span<const uint8_t>> payload, SendDone done) override;
   absl::StatusOr<RemoteRegion> RegisterRegion(void* base, size_t bytes) override;
@@ -150,6 +151,7 @@ class UcxTransport final : public Transport, private EventLoop::Poller {
   void FinishShutdown();
   Peer* FindPeer(PeerId id);
   PeerId AddPeer(ucp_ep_h ep);
+  void SetPeerSecret(PeerId id, std::string secret);
   absl::StatusOr<ucp_ep_h> CreateEndpoint(ucp_ep_params_t params, PeerId id);
   void ClosePeer(PeerId id, const absl::Status& why);
   // Starts a send on the worker (held by the caller). True if it is over already (sent in
@@ -185,7 +187,8 @@ class UcxTransport final : public Transport, private EventLoop::Poller {
   std::mutex worker_mu_;
   std::unique_lock<std::mutex> worker_lock_{worker_mu_, std::defer_lock};  // transport thread
   std::mutex mu_;
-  MessageHandler* handlers_[kMaxTag + 1] = {};  // set before traffic starts; guarded by mu_
+  MessageHandler* handlers_[kMaxTag + 1] = {};       // set before traffic starts; guarded by mu_
+  std::unordered_map<PeerId, std::string> secrets_;  // PeerSecret; guarded by mu_
   TagArg tag_args_[kMaxTag + 1];
   PeerHandler peer_handler_;
 

@@ -54,7 +54,9 @@ class Session;
 
 class SessionResponder : public Responder {
  public:
-  explicit SessionResponder(std::shared_ptr<Session> session) : session_(std::move(session)) {}
+  // `response`: the number the session gave the response this responder answers.
+  SessionResponder(std::shared_ptr<Session> session, uint64_t response)
+      : session_(std::move(session)), response_(response) {}
   void Send(int status, const std::string& content_type, std::string body,
             std::vector<std::pair<std::string, std::string>> headers) override;
   void StartStream(int status, const std::string& content_type,
@@ -80,6 +82,7 @@ class SessionResponder : public Responder {
 
  private:
   std::shared_ptr<Session> session_;
+  const uint64_t response_;
   std::atomic<bool> closed_{false};
   std::atomic<bool> done_{false};
   std::mutex mu_;
@@ -103,14 +106,18 @@ class Session : public std::enable_shared_from_this<Session> {
   // `streamed`: a part of a chunked response, whose unread bytes are capped.
   //
   // A part of a stream that is not its end goes straight to the socket, on the caller's
-  // thread, when nothing is queued, being written or posted before it: the socket takes it
+  // thread, when nothing is queued, being written or posted before it and its response
+  // (`response`, the responder's number) is the one in progress: the socket takes it
   // without blocking, and no event-loop thread wakes up for it (one wake-up per token of a
   // streamed completion otherwise). What the socket does not take at once, and everything
-  // else, is posted to the strand, which writes it in order.
-  void Enqueue(std::string bytes, bool last, bool streamed) {
+  // else, is posted to the strand, which writes it in order. (Between responses the socket
+  // may be closed by a read's deadline without this lock: a responder whose response has
+  // ended never sends directly.)
+  void Enqueue(std::string bytes, bool last, bool streamed, uint64_t response) {
     {
       absl::MutexLock lock(&direct_mu_);
-      if (streamed && !last && strand_idle_ && posted_ == 0 && !server_->stopped.load()) {
+      if (streamed && !last && strand_idle_ && posted_ == 0 && response == response_ &&
+          !server_->stopped.load()) {
         const ssize_t n = ::send(stream_.socket().native_handle(), bytes.data(), bytes.size(),
                                  MSG_DONTWAIT | MSG_NOSIGNAL);
         if (n == static_cast<ssize_t>(bytes.size())) {
@@ -121,12 +128,16 @@ class Session : public std::enable_shared_from_this<Session> {
         if (n > 0) bytes.erase(0, static_cast<size_t>(n));
       }
       ++posted_;
+      strand_idle_ = false;
     }
     net::post(stream_.get_executor(),
               [self = shared_from_this(), bytes = std::move(bytes), last, streamed]() mutable {
                 {
+                  // In one hold with the queueing below it: the strand is not idle from
+                  // here on until it has written what this brings.
                   absl::MutexLock lock(&self->direct_mu_);
                   --self->posted_;
+                  self->strand_idle_ = false;
                 }
                 self->EnqueueOnStrand(std::move(bytes), last, streamed);
               });
@@ -182,7 +193,7 @@ class Session : public std::enable_shared_from_this<Session> {
     request.body = msg.body();
     request.peer = peer_;
     keep_alive_ = msg.keep_alive();
-    responder_ = std::make_shared<SessionResponder>(shared_from_this());
+    responder_ = std::make_shared<SessionResponder>(shared_from_this(), NewResponse());
     response_done_ = false;
     Watch();
     server_->handler(request, responder_);
@@ -227,7 +238,7 @@ class Session : public std::enable_shared_from_this<Session> {
         absl::StrCat(R"({"error":{"message":")", message,
                      R"(","type":"invalid_request_error","param":null,"code":)", status, "}}");
     keep_alive_ = false;
-    responder_ = std::make_shared<SessionResponder>(shared_from_this());
+    responder_ = std::make_shared<SessionResponder>(shared_from_this(), NewResponse());
     std::string bytes = absl::StrCat(
         StatusLine(status), "Content-Type: application/json\r\nContent-Length: ", body.size(),
         "\r\nConnection: close\r\n\r\n", body);
@@ -276,6 +287,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void OnResponseDone() {
     last_queued_ = false;
     response_done_ = true;
+    NewResponse();  // none in progress: the ended one's responder sends nothing directly
     if (responder_) responder_->MarkDone();
     responder_.reset();
     if (!keep_alive_ || client_gone_ || server_->stopped.load()) return Close();
@@ -316,6 +328,13 @@ class Session : public std::enable_shared_from_this<Session> {
     strand_idle_ = idle;
   }
 
+  // On the strand: a new response begins (or, from OnResponseDone, none is in progress);
+  // responders of earlier ones no longer send directly.
+  uint64_t NewResponse() {
+    absl::MutexLock lock(&direct_mu_);
+    return ++response_;
+  }
+
   beast::tcp_stream stream_;
   net::steady_timer grace_;
   HttpServer::Impl* server_;
@@ -338,7 +357,8 @@ class Session : public std::enable_shared_from_this<Session> {
   absl::Mutex direct_mu_;
   // The strand has nothing queued and no write in flight, and the socket is open.
   bool strand_idle_ ABSL_GUARDED_BY(direct_mu_) = true;
-  int posted_ ABSL_GUARDED_BY(direct_mu_) = 0;  // Enqueue's posts not yet run on the strand
+  int posted_ ABSL_GUARDED_BY(direct_mu_) = 0;         // Enqueue's posts not yet run on the strand
+  uint64_t response_ ABSL_GUARDED_BY(direct_mu_) = 0;  // the response in progress (NewResponse)
 };
 
 std::string HeaderBlock(int status, const std::string& content_type,
@@ -356,14 +376,14 @@ void SessionResponder::Send(int status, const std::string& content_type, std::st
   std::string bytes = HeaderBlock(status, content_type, headers, session_->keep_alive());
   absl::StrAppend(&bytes, "Content-Length: ", body.size(), "\r\n\r\n");
   bytes += body;
-  session_->Enqueue(std::move(bytes), /*last=*/true, /*streamed=*/false);
+  session_->Enqueue(std::move(bytes), /*last=*/true, /*streamed=*/false, response_);
 }
 
 void SessionResponder::StartStream(int status, const std::string& content_type,
                                    std::vector<std::pair<std::string, std::string>> headers) {
   std::string bytes = HeaderBlock(status, content_type, headers, session_->keep_alive());
   bytes += "Transfer-Encoding: chunked\r\n\r\n";
-  session_->Enqueue(std::move(bytes), /*last=*/false, /*streamed=*/true);
+  session_->Enqueue(std::move(bytes), /*last=*/false, /*streamed=*/true, response_);
 }
 
 void SessionResponder::Write(std::string chunk) {
@@ -371,10 +391,12 @@ void SessionResponder::Write(std::string chunk) {
   std::string bytes = absl::StrFormat("%x\r\n", chunk.size());
   bytes += chunk;
   bytes += "\r\n";
-  session_->Enqueue(std::move(bytes), /*last=*/false, /*streamed=*/true);
+  session_->Enqueue(std::move(bytes), /*last=*/false, /*streamed=*/true, response_);
 }
 
-void SessionResponder::End() { session_->Enqueue("0\r\n\r\n", /*last=*/true, /*streamed=*/true); }
+void SessionResponder::End() {
+  session_->Enqueue("0\r\n\r\n", /*last=*/true, /*streamed=*/true, response_);
+}
 
 void SessionResponder::Offload(std::function<void()> work) { session_->Offload(std::move(work)); }
 

@@ -435,8 +435,8 @@ TEST(MalformedTest, ComputeNodeStepChannelRejectsBadFramesAndGarbage) {
   ASSERT_TRUE(peer.ok()) << peer.status();
   // The deployment has a secret, so the node takes only sealed plans (step_frame.h): this
   // connection's seal seals what the test sends as a scheduler would (`sealed`), and opens
-  // the node's answers once the node has opened a first frame (before that it cannot seal).
-  auto seal = FrameSeal::Connecting(tc.auth_key);
+  // the node's answers.
+  auto seal = std::make_shared<FrameSeal>(tc.auth_key, (*client)->PeerSecret(*peer));
   auto send = [&](FrameHeader h, const std::string& payload, bool sealed,
                   bool fix_checksum = true) {
     std::string bytes = payload;
@@ -468,9 +468,9 @@ TEST(MalformedTest, ComputeNodeStepChannelRejectsBadFramesAndGarbage) {
   FrameHeader header;
   header.kind = static_cast<uint16_t>(FrameKind::kPlan);
   header.step_id = 2;
-  // A sound plan that is not sealed: refused (its answer cannot be sealed yet).
+  // A sound plan that is not sealed: refused.
   send(header, plan.SerializeAsString(), /*sealed=*/false);
-  control::StepResult r = collector.NextResult();
+  control::StepResult r = collector.NextResult(seal.get());
   EXPECT_EQ(r.step_id(), 2u);
   EXPECT_EQ(r.status().code(), static_cast<int>(absl::StatusCode::kPermissionDenied))
       << r.status().message();
@@ -484,7 +484,9 @@ TEST(MalformedTest, ComputeNodeStepChannelRejectsBadFramesAndGarbage) {
   header.step_id = 2;
   FrameHeader corrupt = header;
   corrupt.checksum = 12345;
-  send(corrupt, plan.SerializeAsString(), /*sealed=*/false, /*fix_checksum=*/false);
+  // Sealed as a scheduler would, and refused before the seal is looked at: its number is
+  // lost, which costs only this frame.
+  send(corrupt, plan.SerializeAsString(), /*sealed=*/true, /*fix_checksum=*/false);
   r = collector.NextResult(seal.get());
   EXPECT_EQ(r.step_id(), 2u);
   EXPECT_EQ(r.status().code(), static_cast<int>(absl::StatusCode::kDataLoss));
