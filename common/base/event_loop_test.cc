@@ -6,17 +6,48 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 
 namespace strata {
 namespace {
+
+// absl::Notification's interface on std::mutex: ThreadSanitizer (tests/thread_checks) sees
+// std::mutex but not Debian's uninstrumented Abseil, and would take what one thread writes
+// before Notify() and another reads after the wait for a race.
+class Notification {
+ public:
+  void Notify() {
+    std::lock_guard<std::mutex> lock(mu_);
+    notified_ = true;
+    cv_.notify_all();
+  }
+  void WaitForNotification() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return notified_; });
+  }
+  bool WaitForNotificationWithTimeout(absl::Duration timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] { return notified_; });
+  }
+  bool HasBeenNotified() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return notified_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool notified_ = false;
+};
 
 TEST(EventLoopTest, PostsRunInOrderOnTheLoopThread) {
   EventLoop loop("test");
@@ -41,7 +72,7 @@ TEST(EventLoopTest, TimersFireInDueOrderNotBefore) {
   loop.Start();
   const absl::Time start = absl::Now();
   std::vector<std::pair<int, absl::Time>> fired;
-  absl::Notification done;
+  Notification done;
   // Set out of order; the last due one ends the test.
   const int delays_ms[] = {30, 10, 50, 20, 40};
   for (int i = 0; i < 5; ++i) {
@@ -63,7 +94,7 @@ TEST(EventLoopTest, AnEarlierTimerWakesALoopWaitingForALaterOne) {
   EventLoop loop("test");
   loop.Start();
   loop.RunAfter(absl::Hours(1), [] {});
-  absl::Notification fired;
+  Notification fired;
   const absl::Time start = absl::Now();
   loop.RunAfter(absl::Milliseconds(5), [&] { fired.Notify(); });
   ASSERT_TRUE(fired.WaitForNotificationWithTimeout(absl::Seconds(10)));
@@ -80,7 +111,7 @@ TEST(EventLoopTest, CancelledTimersNeverRun) {
   EXPECT_NE(a, b);
   EXPECT_TRUE(loop.Cancel(a));
   EXPECT_FALSE(loop.Cancel(a));
-  absl::Notification done;
+  Notification done;
   loop.RunAfter(absl::Milliseconds(40), [&] { done.Notify(); });
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(ran.load(), 10);
@@ -91,7 +122,7 @@ TEST(EventLoopTest, CancelledTimersNeverRun) {
 TEST(EventLoopTest, ClosuresMayPostScheduleAndCancelOnTheirLoop) {
   EventLoop loop("test");
   loop.Start();
-  absl::Notification done;
+  Notification done;
   int steps = 0;
   loop.Post([&] {
     ++steps;
@@ -113,7 +144,7 @@ TEST(EventLoopTest, ClosuresMayPostScheduleAndCancelOnTheirLoop) {
 TEST(EventLoopTest, QuitFinishesWhatIsPostedAndRefusesTheRest) {
   EventLoop loop("test");
   std::atomic<int> ran{0};
-  absl::Notification release;
+  Notification release;
   loop.Start();
   loop.Post([&] { release.WaitForNotification(); });
   for (int i = 0; i < 10; ++i) loop.Post([&] { ++ran; });
@@ -137,13 +168,13 @@ TEST(EventLoopTest, AfterBatchRunsOncePerBatchAndNeverWhenIdle) {
   EventLoop loop("test");
   std::atomic<int> batches{0}, posts{0};
   loop.SetAfterBatch([&] { ++batches; });
-  absl::Notification release;
+  Notification release;
   loop.Start();
   // Everything posted while the loop is busy runs in one batch.
   loop.Post([&] { release.WaitForNotification(); });
   for (int i = 0; i < 50; ++i) loop.Post([&] { ++posts; });
   release.Notify();
-  absl::Notification drained;
+  Notification drained;
   loop.Post([&] { drained.Notify(); });
   ASSERT_TRUE(drained.WaitForNotificationWithTimeout(absl::Seconds(10)));
   absl::SleepFor(absl::Milliseconds(20));
@@ -247,7 +278,7 @@ TEST(EventLoopTest, APollerMakesProgressBetweenPostsAndSleepsWhenIdle) {
   std::string seen_by_closures;
   for (int i = 0; i < 20; ++i) {
     poller.Feed(std::string(1, static_cast<char>('a' + i)));
-    absl::Notification ran;
+    Notification ran;
     ASSERT_TRUE(loop.Post([&] {
       EXPECT_TRUE(loop.InLoopThread());
       ran.Notify();
@@ -257,7 +288,7 @@ TEST(EventLoopTest, APollerMakesProgressBetweenPostsAndSleepsWhenIdle) {
     const absl::Time give_up = absl::Now() + absl::Seconds(10);
     std::string received;
     while (absl::Now() < give_up) {
-      absl::Notification read;
+      Notification read;
       loop.Post([&] {
         received = poller.received_;
         read.Notify();
@@ -287,7 +318,7 @@ TEST(EventLoopTest, APollersWaitEndsForTheNextTimer) {
   loop.SetPoller(&poller);
   loop.Start();
   loop.RunAfter(absl::Hours(1), [] {});
-  absl::Notification fired;
+  Notification fired;
   const absl::Time start = absl::Now();
   absl::Time ran_at;
   loop.RunAfter(absl::Milliseconds(30), [&] {
@@ -316,7 +347,7 @@ TEST(EventLoopTest, NoPostIsLostWhileThePollerSleeps) {
     });
   }
   for (auto& t : posters) t.join();
-  absl::Notification last;
+  Notification last;
   loop.Post([&] { last.Notify(); });
   ASSERT_TRUE(last.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(ran.load(), kThreads * kEach);
