@@ -235,8 +235,17 @@ void ControlPlane::MarkDead(Node& node, const std::string& why) {
 
 void ControlPlane::ReleaseLater(std::shared_ptr<StepExecutor> executor) {
   if (executor == nullptr) return;
-  // A refused post drops the closure, and the executor with it, at once.
-  release_loop_.Post([executor = std::move(executor)]() mutable { executor.reset(); });
+  // A refused post drops the closure, and the executor with it, at once. A call the group
+  // made before it let the executor go (RotationGroup::Submit, Reachable) may still hold a
+  // copy, and no new one can be made: the last reference is let go here, on this loop,
+  // rather than by that call on the scheduler's thread (at most a few seconds' wait).
+  release_loop_.Post([executor = std::move(executor)]() mutable {
+    const absl::Time give_up = absl::Now() + absl::Seconds(5);
+    while (executor.use_count() > 1 && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    executor.reset();
+  });
 }
 
 void ControlPlane::CheckHeartbeats() {

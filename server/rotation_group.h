@@ -52,8 +52,8 @@ class RotationGroup : public StepExecutor {
   // AddReplica and RemoveReplica return the executor that left the group (or null): it
   // fails the plans it still holds through this group's callbacks when it is destroyed,
   // and its destruction may wait (a step channel's connection attempt), so a caller that
-  // holds a lock of its own lets it go after that lock (ControlPlane::ReleaseLater; a
-  // Submit in progress may still hold the executor, and then drops it last).
+  // holds a lock of its own lets it go after that lock (ControlPlane::ReleaseLater, which
+  // also waits for a Submit or Reachable in progress to drop its copy).
   std::shared_ptr<StepExecutor> AddReplica(const std::string& name,
                                            const std::string& context_address,
                                            std::shared_ptr<StepExecutor> executor,
