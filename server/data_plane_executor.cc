@@ -18,18 +18,6 @@ namespace strata {
 using transport::FrameKind;
 using transport::PeerId;
 
-namespace {
-
-StepResult Failed(uint64_t step_id, absl::Status error, bool unreachable) {
-  StepResult r;
-  r.step_id = step_id;
-  r.status = std::move(error);
-  r.node_unreachable = unreachable;
-  return r;
-}
-
-}  // namespace
-
 DataPlaneExecutor::DataPlaneExecutor(DataPlaneExecutorOptions options)
     : options_(std::move(options)) {}
 
@@ -77,8 +65,8 @@ DataPlaneExecutor::~DataPlaneExecutor() {
       sent.swap(sent_);
     }
     if (waiting.empty() && sent.empty()) break;
-    for (Sent& s : sent) s.sink(Failed(s.step_id, error, false));
-    for (Waiting& w : waiting) w.sink(Failed(w.plan->step_id, error, false));
+    for (Sent& s : sent) s.sink(FailedStep(s.step_id, error, false));
+    for (Waiting& w : waiting) w.sink(FailedStep(w.plan->step_id, error, false));
   }
 }
 
@@ -208,7 +196,7 @@ void DataPlaneExecutor::Connect() {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.failed += waiting.size();
   }
-  for (Waiting& w : waiting) w.sink(Failed(w.plan->step_id, error, /*unreachable=*/!peer.ok()));
+  for (Waiting& w : waiting) w.sink(FailedStep(w.plan->step_id, error, /*unreachable=*/!peer.ok()));
 }
 
 void DataPlaneExecutor::Break(PeerId peer, const absl::Status& error, bool unreachable,
@@ -228,7 +216,7 @@ void DataPlaneExecutor::Break(PeerId peer, const absl::Status& error, bool unrea
     }
     LOG(ERROR) << "step channel to " << options_.name << " broken (" << failed.size()
                << " step(s) unanswered): " << error;
-    for (Sent& s : failed) s.sink(Failed(s.step_id, error, unreachable));
+    for (Sent& s : failed) s.sink(FailedStep(s.step_id, error, unreachable));
   }
   // The transport may still hold the endpoint (a bad result, a missed deadline).
   connector_.Post([this, peer] { transport_->Disconnect(peer); });

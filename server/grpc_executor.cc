@@ -60,10 +60,8 @@ GrpcExecutor::~GrpcExecutor() {
   std::deque<std::pair<std::shared_ptr<const StepPlan>, StepResultSink>> left;
   left.swap(queue_);
   for (auto& [plan, sink] : left) {
-    StepResult r;
-    r.step_id = plan->step_id;
-    r.status = absl::CancelledError("the executor is shutting down");
-    sink(std::move(r));
+    sink(FailedStep(plan->step_id, absl::CancelledError("the executor is shutting down"),
+                    /*node_unreachable=*/false));
   }
 }
 
@@ -161,13 +159,7 @@ void GrpcExecutor::CloseBrokenStream(std::unique_lock<std::mutex>& lock) {
           : absl::Status(FromGrpcStatus(status).code(),
                          absl::StrCat("compute node ", name_, " failed: ", status.error_message()));
   const bool unreachable = status.ok() || status.error_code() == grpc::StatusCode::UNAVAILABLE;
-  for (Sent& s : failed) {
-    StepResult r;
-    r.step_id = s.step_id;
-    r.status = error;
-    r.node_unreachable = unreachable;
-    s.sink(std::move(r));
-  }
+  for (Sent& s : failed) s.sink(FailedStep(s.step_id, error, unreachable));
   lock.lock();
   broken_ = false;
   writer_cv_.notify_all();

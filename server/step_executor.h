@@ -6,13 +6,25 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
+#include "absl/status/status.h"
 #include "common/protocol/step.h"
 
 namespace strata {
 
 // Receives the result of a submitted plan; called on an executor thread.
 using StepResultSink = std::function<void(StepResult)>;
+
+// The result an executor gives a plan it could not run: step `step_id` failed with `error`,
+// the node unreachable or not (StepResult::node_unreachable).
+inline StepResult FailedStep(uint64_t step_id, absl::Status error, bool node_unreachable) {
+  StepResult r;
+  r.step_id = step_id;
+  r.status = std::move(error);
+  r.node_unreachable = node_unreachable;
+  return r;
+}
 
 class StepExecutor {
  public:
