@@ -248,9 +248,11 @@ class Session : public std::enable_shared_from_this<Session> {
   // A whole response is queued as one piece however large: it is already in memory, and
   // cutting it off would lose work done. The cap is for streams, which grow while the
   // client does not read.
+  // The strand is marked busy already: by the post that brought `bytes` (Enqueue), or, for
+  // Reject's answer, it does not matter: Reject's new response shuts out every earlier
+  // responder's direct path.
   void EnqueueOnStrand(std::string bytes, bool last, bool streamed) {
     if (closed_) return;
-    SetStrandIdle(false);
     queued_bytes_ += bytes.size();
     queue_.push_back(std::move(bytes));
     if (last) last_queued_ = true;
