@@ -89,7 +89,7 @@ ComputeNodeMetrics::ComputeNodeMetrics(std::shared_ptr<metrics::MetricsRegistry>
                       .Help(
                           "The step channel (plans from the scheduler over the data plane), by "
                           "kind: plan (queued to run), refused (a frame answered with an error "
-                          "without running: bad header, checksum or message), result (sent).")
+                          "without running: bad header, checksum, seal or message), result (sent).")
                       .Register(r);
   for (const char* kind : {"plan", "refused", "result"}) {
     step_frames_->Add({{"node", node_}, {"kind", kind}});
