@@ -80,6 +80,9 @@ ABSL_FLAG(bool, step_channel, true,
           "registration) as well as over the RunSteps gRPC stream; the scheduler picks");
 ABSL_FLAG(std::string, step_address, "",
           "Where the step channel listens, HOST:PORT (default: --host, any port)");
+ABSL_FLAG(int64_t, plan_spin_us, absl::ToInt64Microseconds(strata::StepChannelOptions().plan_spin),
+          "How long the step thread, idle, takes plans off the step channel itself before it "
+          "sleeps until the channel's transport thread wakes it with one (0: it sleeps at once)");
 ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics port (-1: off, 0: any free port)");
 ABSL_FLAG(bool, verify_checksums, true, "Verify the checksum of every data-plane frame");
 
@@ -202,6 +205,7 @@ int main(int argc, char** argv) {
     channel.listen_address = absl::GetFlag(FLAGS_step_address).empty()
                                  ? absl::StrCat(absl::GetFlag(FLAGS_host), ":0")
                                  : absl::GetFlag(FLAGS_step_address);
+    channel.plan_spin = absl::Microseconds(absl::GetFlag(FLAGS_plan_spin_us));
     strata::ComputeNode* compute = node->get();
     channel.prepare = [compute](strata::PlanQueue& queue) { compute->PrepareQueue(queue); };
     const int threads = omp_get_max_threads();

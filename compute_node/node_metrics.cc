@@ -94,6 +94,14 @@ ComputeNodeMetrics::ComputeNodeMetrics(std::shared_ptr<metrics::MetricsRegistry>
   for (const char* kind : {"plan", "refused", "result"}) {
     step_frames_->Add({{"node", node_}, {"kind", kind}});
   }
+  plans_polled_ = &prometheus::BuildCounter()
+                       .Name("strata_step_channel_plans_polled_total")
+                       .Help(
+                           "Waits for a plan that the idle step thread ended by taking plans "
+                           "off the step channel itself (--plan_spin_us), without sleeping "
+                           "until the channel's transport thread woke it.")
+                       .Register(r)
+                       .Add({{"node", node_}});
   registry_->AddRefresh([this] { Refresh(); });
 }
 
@@ -144,6 +152,7 @@ void ComputeNodeMetrics::Refresh() {
                           static_cast<double>(c.refused));
     metrics::SetCounterTo(step_frames_->Add({{"node", node_}, {"kind", "result"}}),
                           static_cast<double>(c.results));
+    metrics::SetCounterTo(*plans_polled_, static_cast<double>(c.polled));
   }
   const ComputeNode* node = compute_node_.load();
   if (node == nullptr) return;

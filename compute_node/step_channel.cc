@@ -59,7 +59,11 @@ StepChannel::~StepChannel() {
 
 StepChannelStats StepChannel::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  StepChannelStats stats = stats_;
+  stats.polled = polled_by_ended_;
+  for (const auto& [peer, session] : sessions_) stats.polled += session->queue.polled();
+  for (const auto& session : ended_) stats.polled += session->queue.polled();
+  return stats;
 }
 
 StepChannel::Session* StepChannel::SessionLocked(PeerId peer) {
@@ -72,6 +76,12 @@ StepChannel::Session* StepChannel::SessionLocked(PeerId peer) {
   session->seal =
       std::make_shared<FrameSeal>(options_.transport.auth_key, transport_->PeerSecret(peer));
   if (options_.prepare) options_.prepare(session->queue);
+  transport::Transport* transport = transport_.get();
+  session->queue.SetPoll(
+      [transport](absl::FunctionRef<bool()> ready, absl::Time deadline) {
+        return transport->ProgressUntil(ready, deadline);
+      },
+      options_.plan_spin);
   Session* s = session.get();
   s->thread = std::thread([this, s] {
     SetCurrentThreadName("step-session");
@@ -100,6 +110,7 @@ void StepChannel::ReapLocked() {
   for (auto it = ended_.begin(); it != ended_.end();) {
     if ((*it)->finished.load()) {
       (*it)->thread.join();
+      polled_by_ended_ += (*it)->queue.polled();
       it = ended_.erase(it);
     } else {
       ++it;

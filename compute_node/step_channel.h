@@ -57,6 +57,10 @@ struct StepChannelOptions {
   std::function<void(PlanQueue&)> prepare;
   // Runs plans from the queue until it is closed and drained (ComputeNode::RunPipelined).
   std::function<void(PlanQueue&)> run;
+  // How long the step thread, idle with no plan queued, progresses the channel's transport
+  // itself before it sleeps until the transport thread hands it a plan (PlanQueue::SetPoll).
+  // Zero: it sleeps at once.
+  absl::Duration plan_spin = absl::Microseconds(500);
 };
 
 struct StepChannelStats {
@@ -64,6 +68,9 @@ struct StepChannelStats {
   uint64_t plans = 0;     // plans queued to run
   uint64_t refused = 0;   // frames answered with an error without running
   uint64_t results = 0;   // results sent
+  // Waits for a plan that the step thread ended by progressing the transport itself
+  // (plan_spin), without sleeping; summed over sessions, ended ones included.
+  uint64_t polled = 0;
 };
 
 class StepChannel : public transport::MessageHandler {
@@ -113,6 +120,7 @@ class StepChannel : public transport::MessageHandler {
   std::vector<std::unique_ptr<Session>> ended_;                     // threads still to join
   std::set<transport::PeerId> closed_;  // connections that closed (ids are never reused)
   StepChannelStats stats_;
+  uint64_t polled_by_ended_ = 0;  // StepChannelStats::polled of reaped sessions
 };
 
 }  // namespace strata

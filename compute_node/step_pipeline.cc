@@ -29,7 +29,19 @@ void PlanQueue::Close() {
 
 std::optional<QueuedPlan> PlanQueue::Pop(bool wait) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (wait) cv_.wait(lock, [&] { return closed_ || !plans_.empty(); });
+  if (wait && !ReadyLocked() && poll_ && spin_ > absl::ZeroDuration()) {
+    lock.unlock();
+    // The transport's handlers, run here by the poll, push the plan (taking the lock).
+    const bool ready = poll_(
+        [this] {
+          std::lock_guard<std::mutex> held(mu_);
+          return ReadyLocked();
+        },
+        absl::Now() + spin_);
+    lock.lock();
+    if (ready) ++polled_;
+  }
+  if (wait) cv_.wait(lock, [&] { return ReadyLocked(); });
   if (plans_.empty()) return std::nullopt;
   QueuedPlan plan = std::move(plans_.front());
   plans_.pop_front();
@@ -44,6 +56,11 @@ void PlanQueue::Abort() {
   }
   cv_.notify_all();
   if (on_change_) on_change_();
+}
+
+uint64_t PlanQueue::polled() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return polled_;
 }
 
 bool PlanQueue::aborted() const {

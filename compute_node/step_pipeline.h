@@ -28,6 +28,7 @@
 #include <mutex>
 #include <optional>
 
+#include "absl/functional/function_ref.h"
 #include "absl/time/time.h"
 #include "common/protocol/step.h"
 #include "compute_node/step_engine.h"
@@ -61,13 +62,33 @@ class PlanQueue {
   // waits on more than the queue (rotation.h). Set before plans arrive.
   void SetOnChange(std::function<void()> on_change) { on_change_ = std::move(on_change); }
 
+  // Where plans come off a transport that the waiting thread may progress itself (the step
+  // channel, Transport::ProgressUntil): Pop(wait=true) with nothing queued first calls
+  // `poll` with a test for a queued plan and a deadline `spin` away, and sleeps only if
+  // that returns without one. A plan already on its way is then taken by the step thread
+  // as it arrives, instead of when the transport thread, woken for it, gets a core (on
+  // shared cores the step's team holds them, and a service thread waits for one:
+  // common/base/wait_policy.h). Set before plans arrive; a zero spin turns it off.
+  using Poll = std::function<bool(absl::FunctionRef<bool()> ready, absl::Time deadline)>;
+  void SetPoll(Poll poll, absl::Duration spin) {
+    poll_ = std::move(poll);
+    spin_ = spin;
+  }
+  // Waits in Pop that a poll ended with a plan queued (or the queue closed) before sleeping.
+  uint64_t polled() const;
+
  private:
+  bool ReadyLocked() const { return closed_ || !plans_.empty(); }
+
   std::function<void()> on_change_;
+  Poll poll_;
+  absl::Duration spin_ = absl::ZeroDuration();
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<QueuedPlan> plans_;
   bool closed_ = false;
   bool aborted_ = false;
+  uint64_t polled_ = 0;
 };
 
 // Seconds the pipeline waited with every lane idle before a plan came (the node's bubble

@@ -93,6 +93,72 @@ std::vector<uint64_t> RunAll(LaneEngine& engine, std::vector<StepPlan> plans, bo
   return results;
 }
 
+// A poll that delivers a plan while it progresses (as the step channel's transport runs
+// its handler on the waiting thread) ends the wait without sleeping, on the thread that
+// polls, and counts as polled.
+TEST(PlanQueueTest, APollThatDeliversAPlanEndsTheWait) {
+  PlanQueue queue;
+  std::thread::id polled_on;
+  int rounds = 0;
+  queue.SetPoll(
+      [&](absl::FunctionRef<bool()> ready, absl::Time deadline) {
+        polled_on = std::this_thread::get_id();
+        EXPECT_FALSE(ready());
+        EXPECT_GT(deadline, absl::Now());
+        while (!ready()) {
+          // The third round "receives" the plan, as a transport's Deliver would.
+          if (++rounds == 3) queue.Push({Plan(7), std::nullopt, [](StepResult) {}});
+        }
+        return true;
+      },
+      absl::Seconds(10));
+  const std::optional<QueuedPlan> plan = queue.Pop(/*wait=*/true);
+  ASSERT_TRUE(plan.has_value());
+  EXPECT_EQ(plan->plan.step_id, 7u);
+  EXPECT_EQ(polled_on, std::this_thread::get_id());
+  EXPECT_EQ(rounds, 3);
+  EXPECT_EQ(queue.polled(), 1u);
+}
+
+// A poll that finds nothing by its deadline leaves the wait to the queue's own sleep: a
+// plan pushed later from another thread still wakes it, and the wait is not counted.
+// With a plan already queued the poll is not called at all, nor without `wait`.
+TEST(PlanQueueTest, APollThatFindsNothingSleepsAsBefore) {
+  PlanQueue queue;
+  int polls = 0;
+  queue.SetPoll(
+      [&](absl::FunctionRef<bool()> ready, absl::Time deadline) {
+        ++polls;
+        while (!ready() && absl::Now() < deadline) {
+        }
+        return ready();
+      },
+      absl::Milliseconds(2));
+  EXPECT_FALSE(queue.Pop(/*wait=*/false).has_value());
+  EXPECT_EQ(polls, 0);
+  std::thread pusher([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    queue.Push({Plan(9), std::nullopt, [](StepResult) {}});
+  });
+  const std::optional<QueuedPlan> plan = queue.Pop(/*wait=*/true);
+  pusher.join();
+  ASSERT_TRUE(plan.has_value());
+  EXPECT_EQ(plan->plan.step_id, 9u);
+  EXPECT_EQ(polls, 1);
+  EXPECT_EQ(queue.polled(), 0u);
+  queue.Push({Plan(10), std::nullopt, [](StepResult) {}});
+  ASSERT_TRUE(queue.Pop(/*wait=*/true).has_value());
+  EXPECT_EQ(polls, 1);
+  // A queue closed while the poll runs ends it too: Pop then returns nothing.
+  queue.SetPoll(
+      [&](absl::FunctionRef<bool()> ready, absl::Time) {
+        queue.Close();
+        return ready();
+      },
+      absl::Seconds(10));
+  EXPECT_FALSE(queue.Pop(/*wait=*/true).has_value());
+}
+
 TEST(StepPipelineTest, TwoLanesAlternateAndResultsKeepPlanOrder) {
   ScriptedLanes lanes(2);
   // Plan 3 takes three stages, plan 1 one: plan 1 finishes first but is handed on after 3.

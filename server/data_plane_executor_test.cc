@@ -61,10 +61,12 @@ int32_t Digest(const SequenceChunk& c, uint64_t step_id) {
 // keeps the plan it took until the session is aborted, then answers it Cancelled.
 class Node {
  public:
-  explicit Node(const transport::TransportConfig& config, const std::string& address) {
+  Node(const transport::TransportConfig& config, const std::string& address,
+       absl::Duration plan_spin = StepChannelOptions().plan_spin) {
     StepChannelOptions o;
     o.transport = config;
     o.listen_address = address;
+    o.plan_spin = plan_spin;
     o.run = [this](PlanQueue& queue) { Run(queue); };
     auto channel = StepChannel::Create(std::move(o));
     EXPECT_TRUE(channel.ok()) << channel.status();
@@ -207,6 +209,40 @@ TEST_P(DataPlaneExecutorTest, EveryPlanIsAnsweredOnceInOrderWithItsOwnTokens) {
   EXPECT_EQ(executor->stats().answered, static_cast<uint64_t>(kPlans));
   EXPECT_EQ(node.channel().stats().plans, static_cast<uint64_t>(kPlans));
   EXPECT_EQ(node.channel().stats().sessions, 1u);
+}
+
+// Plans one at a time, each sent a few ms after the last result is back, so that the step
+// thread is idle, waiting, when each comes. With a spin longer than the test, the idle
+// step thread progresses the transport itself (Transport::ProgressUntil), so nearly every
+// wait ends in the poll (one is skipped only if the step thread, descheduled, reaches its
+// queue after the next plan); the in-process backend has nothing to progress. With no
+// spin, no wait is polled.
+TEST_P(DataPlaneExecutorTest, AnIdleStepThreadTakesPlansOffTheChannelItselfWhileItSpins) {
+  constexpr int kPlans = 40;
+  for (const absl::Duration spin : {absl::Seconds(30), absl::ZeroDuration()}) {
+    SCOPED_TRACE(absl::StrCat("plan_spin ", absl::FormatDuration(spin)));
+    Node node(GetParam().config, ListenAddress(), spin);
+    auto executor = Executor(node.channel().address());
+    ASSERT_NE(executor, nullptr);
+    Results results;
+    for (int i = 0; i < kPlans; ++i) {
+      auto plan = Plan(500 + i, 2);
+      executor->Submit(plan, results.Sink());
+      ASSERT_TRUE(results.WaitFor(i + 1));
+      absl::SleepFor(absl::Milliseconds(5));
+      const StepResult got = results.Take().back();
+      ASSERT_TRUE(got.status.ok()) << got.status;
+      ASSERT_EQ(got.step_id, plan->step_id);
+      EXPECT_EQ(got.tokens[1].token, Digest(plan->chunks[1], plan->step_id));
+    }
+    const uint64_t polled = node.channel().stats().polled;
+    if (spin == absl::ZeroDuration()) {
+      EXPECT_EQ(polled, 0u);
+    } else if (GetParam().config.backend == transport::Backend::kUcx) {
+      EXPECT_GE(polled, static_cast<uint64_t>(kPlans / 2));
+      EXPECT_LE(polled, static_cast<uint64_t>(kPlans));
+    }
+  }
 }
 
 // A node that takes plans and never answers; destroying it closes its connections as a

@@ -65,6 +65,8 @@ ABSL_FLAG(int, attention_minibatches, 0, "Mini-batches per memory node and layer
 ABSL_FLAG(std::string, prefill_attention, "", "split or memory (see compute_node)");
 ABSL_FLAG(int64_t, attention_timeout_ms, 0, "Per-layer deadline on memory nodes");
 ABSL_FLAG(std::string, node_args, "", "Extra flags for compute and memory nodes, comma-separated");
+ABSL_FLAG(std::string, compute_args, "",
+          "Extra flags for the compute nodes alone, comma-separated (after --node_args)");
 ABSL_FLAG(bool, node_metrics, true, "Give every node a /metrics port (listed in --port_file)");
 ABSL_FLAG(std::string, bin_dir, "", "Where the built binaries are (bazel-bin)");
 ABSL_FLAG(std::string, port_file, "", "Write ports and process ids here (JSON) once healthy");
@@ -264,6 +266,11 @@ int Run() {
        absl::StrSplit(absl::GetFlag(FLAGS_node_args), ',', absl::SkipEmpty())) {
     node_args.emplace_back(extra);
   }
+  std::vector<std::string> compute_args;
+  for (absl::string_view extra :
+       absl::StrSplit(absl::GetFlag(FLAGS_compute_args), ',', absl::SkipEmpty())) {
+    compute_args.emplace_back(extra);
+  }
   auto api_key = ApiKeyFromFlags(absl::GetFlag(FLAGS_api_key), absl::GetFlag(FLAGS_api_key_file),
                                  "STRATA_API_KEY");
   if (!api_key.ok()) {
@@ -444,6 +451,7 @@ int Run() {
     spec.argv.insert(spec.argv.end(), transport_args.begin(), transport_args.end());
     with_ports(spec);
     spec.argv.insert(spec.argv.end(), node_args.begin(), node_args.end());
+    spec.argv.insert(spec.argv.end(), compute_args.begin(), compute_args.end());
     if (!supervisor.Spawn(spec).ok()) return 1;
     node_specs[spec.name] = spec;
   }
