@@ -126,6 +126,7 @@ ABSL_FLAG(int64_t, step_timeout_s, 60, "Seconds before a compute node's step cou
 ABSL_FLAG(bool, shutdown_nodes_on_exit, false, "Ask registered nodes to exit when stopping");
 
 int main(int argc, char** argv) {
+  strata::SetServiceThreadsYieldDefault(false);
   absl::ParseCommandLine(argc, argv);
   strata::ApplyServiceThreadsFlag();
   strata::InstallShutdownHandlers();

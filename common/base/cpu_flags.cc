@@ -10,15 +10,19 @@ ABSL_FLAG(std::string, cpus, "",
           "With --threads=0 the thread count follows the list");
 
 ABSL_FLAG(bool, service_threads_yield, true,
-          "Server and compute node: run every thread but the step's OpenMP team as "
-          "SCHED_BATCH, so that a thread waking to pass on a result or a plan does not "
-          "preempt the team on shared cores (accepted and ignored by memory nodes, whose "
-          "threads run attention)");
+          "Compute node (on by default) and server (off by default): run every thread but "
+          "the step's OpenMP team as SCHED_BATCH, so that a thread waking to pass on a result "
+          "or a plan does not preempt the team on shared cores (accepted and ignored by memory "
+          "nodes, whose threads run attention)");
 
 namespace strata {
 
 absl::Status ApplyCpusFlag(int threads) {
   return ApplyCpuFlags(absl::GetFlag(FLAGS_cpus), threads);
+}
+
+void SetServiceThreadsYieldDefault(bool yield) {
+  absl::SetFlag(&FLAGS_service_threads_yield, yield);
 }
 
 void ApplyServiceThreadsFlag() {

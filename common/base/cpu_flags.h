@@ -11,9 +11,15 @@ namespace strata {
 // ApplyCpuFlags(--cpus, threads): call first in main, with the node's --threads.
 absl::Status ApplyCpusFlag(int threads);
 
-// With --service_threads_yield (the default), makes the calling thread, and so every thread
-// it creates later, a service thread (wait_policy.h: SetThreadRole); call in main before
-// any thread starts. Compute threads (OnOwnOpenMpThread) set their own role.
+// The default of --service_threads_yield in this binary; call in main before the command
+// line is parsed. The server's is false: its threads carry every token to the client, and
+// as SCHED_BATCH a token waited up to a scheduler tick for a core the step's team held
+// (docs/benchmarks.md, "The server's threads preempt the step again").
+void SetServiceThreadsYieldDefault(bool yield);
+
+// With --service_threads_yield (the compute node's default), makes the calling thread, and so every
+// thread it creates later, a service thread (wait_policy.h: SetThreadRole); call in main before any
+// thread starts. Compute threads (OnOwnOpenMpThread) set their own role.
 void ApplyServiceThreadsFlag();
 
 }  // namespace strata

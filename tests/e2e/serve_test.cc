@@ -1,11 +1,16 @@
 // The embedded default, end to end: the launcher starts the server and a compute node,
 // /health turns 200 once they registered, and /v1/completions answers a string or token-id
 // prompt with greedy text, logprobs and token_id:N tokens, matching the in-process runtime.
+#include <sched.h>
 #include <signal.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <regex>
+#include <set>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -230,6 +235,40 @@ TEST_F(ServeTest, ControlPlaneTlsTakesSealedStepsOverTheStepChannel) {
 
 // One model is served: a request may leave "model" out (as vLLM allows); a wrong name is a
 // 404 and a name that is not a string a 400.
+// The scheduling policy of each thread of process `pid`, by thread name.
+std::map<std::string, std::set<int>> ThreadPolicies(pid_t pid) {
+  std::map<std::string, std::set<int>> out;
+  for (const auto& task : std::filesystem::directory_iterator(std::filesystem::path("/proc") /
+                                                              std::to_string(pid) / "task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    const int policy = sched_getscheduler(std::stoi(task.path().filename().string()));
+    if (policy >= 0) out[name].insert(policy);  // < 0: the thread has just exited
+  }
+  return out;
+}
+
+// Which threads may preempt the step's OpenMP team on shared cores (docs/architecture.md,
+// "Service threads yield to compute"): the compute node's service threads are SCHED_BATCH,
+// its step thread and team SCHED_OTHER; the server's threads, which carry every token to
+// the client, are SCHED_OTHER by default.
+TEST_F(ServeTest, OnlyTheComputeNodesServiceThreadsYieldToItsTeam) {
+  int status = 0;
+  Post("/v1/completions", {{"prompt", "hello"}, {"max_tokens", 4}, {"temperature", 0}}, &status);
+  ASSERT_EQ(status, 200);
+  const auto server = ThreadPolicies(deployment_->Pid("server"));
+  ASSERT_FALSE(server.empty());
+  for (const auto& [name, policies] : server) {
+    EXPECT_EQ(policies, std::set<int>{SCHED_OTHER}) << "server thread " << name;
+  }
+  const auto compute = ThreadPolicies(deployment_->Pid("compute-0"));
+  ASSERT_TRUE(compute.count("step")) << "no step thread";
+  EXPECT_EQ(compute.at("step"), std::set<int>{SCHED_OTHER});
+  ASSERT_TRUE(compute.count("ucx-transport")) << "no transport thread";
+  EXPECT_EQ(compute.at("ucx-transport"), std::set<int>{SCHED_BATCH});
+}
+
 TEST_F(ServeTest, ModelMayBeOmittedButNotWrong) {
   int status = 0;
   json ok = Post("/v1/completions", {{"prompt", "abc"}, {"max_tokens", 3}}, &status);
