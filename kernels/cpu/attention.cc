@@ -19,6 +19,13 @@ int AttentionFoldScalar(const AttentionParams& p, int num_rows, const uint16_t* 
   return attention_internal::Fold<simd::ScalarOps>(p, num_rows, q, rows, k, v, state);
 }
 
+int AttentionFoldByHeadScalar(const AttentionParams& p, int num_rows, const uint16_t* q,
+                              const AttentionRow* rows, const void* k, const void* v,
+                              float* state) {
+  return attention_internal::Fold<simd::ScalarOps>(p, num_rows, q, rows, k, v, state,
+                                                   /*by_head=*/true);
+}
+
 void AttentionMergeStatesScalar(const AttentionParams& p, int num_rows, const float* src,
                                 float* dst) {
   attention_internal::MergeStates<simd::ScalarOps>(p, num_rows, src, dst);
@@ -64,6 +71,24 @@ int AttentionFold(const AttentionParams& p, int num_rows, const uint16_t* q,
       break;
   }
   return AttentionFoldScalar(p, num_rows, q, rows, k_cache, v_cache, state);
+}
+
+int AttentionFoldByHeadForTest(const AttentionParams& p, int num_rows, const uint16_t* q,
+                               const AttentionRow* rows, const void* k_cache, const void* v_cache,
+                               float* state) {
+  if (!ValidShape(p)) return kAttentionBadShape;
+  if (num_rows <= 0) return kAttentionOk;
+  switch (ActiveCpuIsa()) {
+    case CpuIsa::kAvx512Bf16:
+      return AttentionFoldByHeadAvx512Bf16(p, num_rows, q, rows, k_cache, v_cache, state);
+    case CpuIsa::kAvx512:
+      return AttentionFoldByHeadAvx512(p, num_rows, q, rows, k_cache, v_cache, state);
+    case CpuIsa::kAvx2:
+      return AttentionFoldByHeadAvx2(p, num_rows, q, rows, k_cache, v_cache, state);
+    case CpuIsa::kScalar:
+      break;
+  }
+  return AttentionFoldByHeadScalar(p, num_rows, q, rows, k_cache, v_cache, state);
 }
 
 void AttentionMergeStates(const AttentionParams& p, int num_rows, const float* src, float* dst) {

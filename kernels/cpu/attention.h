@@ -71,6 +71,13 @@ void AttentionStateInit(const AttentionParams& params, int num_rows, float* stat
 int AttentionFold(const AttentionParams& params, int num_rows, const uint16_t* q,
                   const AttentionRow* rows, const void* k_cache, const void* v_cache, float* state);
 
+// AttentionFold through the head-by-head walk that serves the head sizes without a kernel
+// of their own, whatever the head size: 64 and 128 have kernels that read the cache slot
+// by slot and must give the walk's bits. For tests.
+int AttentionFoldByHeadForTest(const AttentionParams& params, int num_rows, const uint16_t* q,
+                               const AttentionRow* rows, const void* k_cache, const void* v_cache,
+                               float* state);
+
 // out[r][h][:] = bf16(acc / l).   out: [num_rows][num_heads][head_dim] bf16
 void AttentionFinish(const AttentionParams& params, int num_rows, const float* state,
                      uint16_t* out);

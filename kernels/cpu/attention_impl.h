@@ -571,10 +571,17 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
   return kAttentionOk;
 }
 
+// `by_head`: every head size through the head-by-head walk (TileState), which serves the
+// sizes without a kernel of their own; for tests of the claim that the kernels of 64 and
+// 128 give its bits.
 template <class Ops>
 int Fold(const AttentionParams& p, int num_rows, const uint16_t* q, const AttentionRow* rows,
-         const void* k, const void* v, float* state) {
+         const void* k, const void* v, float* state, bool by_head = false) {
   const bool f16 = p.kv_dtype == KvDType::kF16;
+  if (by_head) {
+    return f16 ? FoldImpl<Ops, KvDType::kF16, 0>(p, num_rows, q, rows, k, v, state)
+               : FoldImpl<Ops, KvDType::kBF16, 0>(p, num_rows, q, rows, k, v, state);
+  }
   if (p.head_dim == 64) {
     return f16 ? FoldImpl<Ops, KvDType::kF16, 64>(p, num_rows, q, rows, k, v, state)
                : FoldImpl<Ops, KvDType::kBF16, 64>(p, num_rows, q, rows, k, v, state);

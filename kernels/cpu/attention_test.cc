@@ -248,6 +248,38 @@ TEST_P(AttentionIsaTest, SplitKAndThreadCountDoNotChangeBits) {
   omp_set_num_threads(saved_threads);
 }
 
+// The kernels of head sizes 64 and 128 read the cache slot by slot, several query heads at
+// once, and widen bf16 values their own way; each head's arithmetic must still be the
+// head-by-head walk's, term for term, so the folded states are bit-identical to it. MHA and
+// GQA, bf16 and f16, contexts that end mid-tile, scattered slots, one thread and two.
+TEST_P(AttentionIsaTest, HeadSizeKernelsGiveTheBitsOfTheHeadByHeadWalk) {
+  const std::vector<Shape> shapes = {{4, 4, 64, KvDType::kBF16},  {8, 2, 64, KvDType::kBF16},
+                                     {12, 12, 64, KvDType::kF16}, {4, 1, 128, KvDType::kBF16},
+                                     {6, 3, 128, KvDType::kF16},  {16, 2, 64, KvDType::kBF16}};
+  const int saved_threads = omp_get_max_threads();
+  for (const Shape& sh : shapes) {
+    const Problem pr =
+        MakeProblem(sh.heads, sh.kv_heads, sh.dim, {1, 63, 64, 65, 200, 333}, sh.dtype, 11);
+    const size_t n = pr.rows.size();
+    for (int threads : {1, 2}) {
+      omp_set_num_threads(threads);
+      std::vector<float> kernel(n * sh.heads * (sh.dim + 2)), walk(kernel.size());
+      AttentionStateInit(pr.p, n, kernel.data());
+      AttentionStateInit(pr.p, n, walk.data());
+      ASSERT_EQ(AttentionFold(pr.p, n, pr.q.data(), pr.rows.data(), pr.k.data(), pr.v.data(),
+                              kernel.data()),
+                kAttentionOk);
+      ASSERT_EQ(AttentionFoldByHeadForTest(pr.p, n, pr.q.data(), pr.rows.data(), pr.k.data(),
+                                           pr.v.data(), walk.data()),
+                kAttentionOk);
+      EXPECT_EQ(std::memcmp(kernel.data(), walk.data(), kernel.size() * sizeof(float)), 0)
+          << sh.heads << "/" << sh.kv_heads << " heads of " << sh.dim << ", "
+          << (sh.dtype == KvDType::kBF16 ? "bf16" : "f16") << ", " << threads << " thread(s)";
+    }
+  }
+  omp_set_num_threads(saved_threads);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllIsas, AttentionIsaTest, ::testing::ValuesIn(SupportedIsas()),
                          [](const auto& info) { return CpuIsaName(info.param); });
 

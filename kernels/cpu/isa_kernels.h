@@ -12,6 +12,9 @@ namespace strata::kernels::isa_internal {
 #define STRATA_DECLARE_CPU_KERNELS(suffix)                                                         \
   int AttentionFold##suffix(const AttentionParams& p, int num_rows, const uint16_t* q,             \
                             const AttentionRow* rows, const void* k, const void* v, float* state); \
+  int AttentionFoldByHead##suffix(const AttentionParams& p, int num_rows, const uint16_t* q,       \
+                                  const AttentionRow* rows, const void* k, const void* v,          \
+                                  float* state);                                                   \
   void AttentionMergeStates##suffix(const AttentionParams& p, int num_rows, const float* src,      \
                                     float* dst);                                                   \
   void RmsNorm##suffix(int rows, int dim, const float* x, const float* weight, float eps,          \

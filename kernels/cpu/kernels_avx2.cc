@@ -14,6 +14,11 @@ int AttentionFoldAvx2(const AttentionParams& p, int num_rows, const uint16_t* q,
   return attention_internal::Fold<Ops>(p, num_rows, q, rows, k, v, state);
 }
 
+int AttentionFoldByHeadAvx2(const AttentionParams& p, int num_rows, const uint16_t* q,
+                            const AttentionRow* rows, const void* k, const void* v, float* state) {
+  return attention_internal::Fold<Ops>(p, num_rows, q, rows, k, v, state, /*by_head=*/true);
+}
+
 void AttentionMergeStatesAvx2(const AttentionParams& p, int num_rows, const float* src,
                               float* dst) {
   attention_internal::MergeStates<Ops>(p, num_rows, src, dst);
