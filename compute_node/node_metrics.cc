@@ -97,9 +97,9 @@ ComputeNodeMetrics::ComputeNodeMetrics(std::shared_ptr<metrics::MetricsRegistry>
   plans_polled_ = &prometheus::BuildCounter()
                        .Name("strata_step_channel_plans_polled_total")
                        .Help(
-                           "Waits for a plan that the idle step thread ended by taking plans "
-                           "off the step channel itself (--plan_spin_us), without sleeping "
-                           "until the channel's transport thread woke it.")
+                           "Plans that the step thread, idle, received itself by progressing "
+                           "the step channel's transport (--plan_spin_us), rather than the "
+                           "channel's transport thread.")
                        .Register(r)
                        .Add({{"node", node_}});
   registry_->AddRefresh([this] { Refresh(); });

@@ -6,6 +6,7 @@
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/base/thread_name.h"
+#include "common/base/wait_policy.h"
 #include "common/protocol/step_frame.h"
 #include "common/protocol/step_proto.h"
 #include "common/transport/frame.h"
@@ -59,11 +60,7 @@ StepChannel::~StepChannel() {
 
 StepChannelStats StepChannel::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  StepChannelStats stats = stats_;
-  stats.polled = polled_by_ended_;
-  for (const auto& [peer, session] : sessions_) stats.polled += session->queue.polled();
-  for (const auto& session : ended_) stats.polled += session->queue.polled();
-  return stats;
+  return stats_;
 }
 
 StepChannel::Session* StepChannel::SessionLocked(PeerId peer) {
@@ -83,6 +80,9 @@ StepChannel::Session* StepChannel::SessionLocked(PeerId peer) {
       },
       options_.plan_spin);
   Session* s = session.get();
+  // A service thread, whichever thread starts it: the transport's, or a step thread that
+  // took the connection's first frame while it progressed the transport (plan_spin).
+  ServiceThreadScope service;
   s->thread = std::thread([this, s] {
     SetCurrentThreadName("step-session");
     options_.run(s->queue);
@@ -110,7 +110,6 @@ void StepChannel::ReapLocked() {
   for (auto it = ended_.begin(); it != ended_.end();) {
     if ((*it)->finished.load()) {
       (*it)->thread.join();
-      polled_by_ended_ += (*it)->queue.polled();
       it = ended_.erase(it);
     } else {
       ++it;
@@ -161,6 +160,8 @@ void StepChannel::Deliver(PeerId from, std::span<const uint8_t> header,
   Session* session = SessionLocked(from);
   if (session == nullptr) return;
   ++(plan.ok() ? stats_.plans : stats_.refused);
+  // The session's own step thread, waiting for a plan, received this one itself.
+  if (std::this_thread::get_id() == session->thread.get_id()) ++stats_.polled;
   session->queue.Push(std::move(queued));
 }
 

@@ -26,8 +26,9 @@
 // A connection that closes (the scheduler died or gave up on a step) aborts its session:
 // plans still queued are answered Cancelled without running, the running ones finish.
 //
-// Thread-safety: thread-safe. `prepare` runs on the transport thread, `run` on the
-// session's thread.
+// Thread-safety: thread-safe. `prepare` runs on the transport thread (or on a step thread
+// that took a new connection's first frame while it progressed the transport), `run` on
+// the session's thread.
 #ifndef STRATA_COMPUTE_NODE_STEP_CHANNEL_H_
 #define STRATA_COMPUTE_NODE_STEP_CHANNEL_H_
 
@@ -59,7 +60,8 @@ struct StepChannelOptions {
   std::function<void(PlanQueue&)> run;
   // How long the step thread, idle with no plan queued, progresses the channel's transport
   // itself before it sleeps until the transport thread hands it a plan (PlanQueue::SetPoll).
-  // Zero: it sleeps at once.
+  // Zero: it sleeps at once. Rotational replicas never wait in Pop (ComputeNode::RunRotated
+  // takes plans without waiting), so it does not apply to them.
   absl::Duration plan_spin = absl::Microseconds(500);
 };
 
@@ -68,8 +70,8 @@ struct StepChannelStats {
   uint64_t plans = 0;     // plans queued to run
   uint64_t refused = 0;   // frames answered with an error without running
   uint64_t results = 0;   // results sent
-  // Waits for a plan that the step thread ended by progressing the transport itself
-  // (plan_spin), without sleeping; summed over sessions, ended ones included.
+  // Frames that a session's own step thread received itself, progressing the transport
+  // while it waited for a plan (plan_spin), rather than the transport thread.
   uint64_t polled = 0;
 };
 
@@ -120,7 +122,6 @@ class StepChannel : public transport::MessageHandler {
   std::vector<std::unique_ptr<Session>> ended_;                     // threads still to join
   std::set<transport::PeerId> closed_;  // connections that closed (ids are never reused)
   StepChannelStats stats_;
-  uint64_t polled_by_ended_ = 0;  // StepChannelStats::polled of reaped sessions
 };
 
 }  // namespace strata

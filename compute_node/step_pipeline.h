@@ -74,7 +74,8 @@ class PlanQueue {
     poll_ = std::move(poll);
     spin_ = spin;
   }
-  // Waits in Pop that a poll ended with a plan queued (or the queue closed) before sleeping.
+  // Waits in Pop that ended during the poll, with a plan queued (by whichever thread) or the
+  // queue closed, without sleeping.
   uint64_t polled() const;
 
  private:

@@ -126,20 +126,22 @@ TEST(PlanQueueTest, APollThatDeliversAPlanEndsTheWait) {
 TEST(PlanQueueTest, APollThatFindsNothingSleepsAsBefore) {
   PlanQueue queue;
   int polls = 0;
+  std::thread pusher;
   queue.SetPoll(
       [&](absl::FunctionRef<bool()> ready, absl::Time deadline) {
         ++polls;
-        while (!ready() && absl::Now() < deadline) {
-        }
-        return ready();
+        EXPECT_FALSE(ready());
+        EXPECT_GT(deadline, absl::Now());
+        // The plan comes only after the poll has given up.
+        pusher = std::thread([&] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          queue.Push({Plan(9), std::nullopt, [](StepResult) {}});
+        });
+        return false;
       },
-      absl::Milliseconds(2));
+      absl::Seconds(10));
   EXPECT_FALSE(queue.Pop(/*wait=*/false).has_value());
   EXPECT_EQ(polls, 0);
-  std::thread pusher([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    queue.Push({Plan(9), std::nullopt, [](StepResult) {}});
-  });
   const std::optional<QueuedPlan> plan = queue.Pop(/*wait=*/true);
   pusher.join();
   ASSERT_TRUE(plan.has_value());

@@ -7,10 +7,13 @@
 // it.
 #include "server/data_plane_executor.h"
 
+#include <sched.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -61,8 +64,14 @@ int32_t Digest(const SequenceChunk& c, uint64_t step_id) {
 // keeps the plan it took until the session is aborted, then answers it Cancelled.
 class Node {
  public:
+  // `compute_policy`: the sessions' threads make themselves SCHED_OTHER when they start,
+  // whatever the thread that started them was. `busy`: after answering each plan, a
+  // session's thread keeps its core that long (a step's computation) before it takes the
+  // next.
   Node(const transport::TransportConfig& config, const std::string& address,
-       absl::Duration plan_spin = StepChannelOptions().plan_spin) {
+       absl::Duration plan_spin = StepChannelOptions().plan_spin, bool compute_policy = false,
+       absl::Duration busy = absl::ZeroDuration())
+      : compute_policy_(compute_policy), busy_(busy) {
     StepChannelOptions o;
     o.transport = config;
     o.listen_address = address;
@@ -86,6 +95,10 @@ class Node {
 
  private:
   void Run(PlanQueue& queue) {
+    if (compute_policy_) {
+      const sched_param param{};
+      EXPECT_EQ(sched_setscheduler(0, SCHED_OTHER, &param), 0);
+    }
     while (auto q = queue.Pop(/*wait=*/true)) {
       if (q->answer) {
         q->done(std::move(*q->answer));
@@ -111,9 +124,13 @@ class Node {
         r.tokens.push_back(t);
       }
       q->done(std::move(r));
+      for (const absl::Time until = absl::Now() + busy_; absl::Now() < until;) {
+      }
     }
   }
 
+  const bool compute_policy_ = false;
+  const absl::Duration busy_;
   std::unique_ptr<StepChannel> channel_;
   std::atomic<bool> hold_{false};
   std::atomic<int> held_{0};
@@ -211,38 +228,58 @@ TEST_P(DataPlaneExecutorTest, EveryPlanIsAnsweredOnceInOrderWithItsOwnTokens) {
   EXPECT_EQ(node.channel().stats().sessions, 1u);
 }
 
-// Plans one at a time, each sent a few ms after the last result is back, so that the step
-// thread is idle, waiting, when each comes. With a spin longer than the test, the idle
-// step thread progresses the transport itself (Transport::ProgressUntil), so nearly every
-// wait ends in the poll (one is skipped only if the step thread, descheduled, reaches its
-// queue after the next plan); the in-process backend has nothing to progress. With no
-// spin, no wait is polled.
+// What the spin is for: on cores that the step's team holds, the node's transport thread,
+// woken by a plan sent ahead, waits for a core, and the step thread that finishes its step
+// can take the plan itself. Here every thread of the test shares one core; the node's
+// transport thread is SCHED_IDLE (it runs only when nothing else wants the core), its step
+// thread SCHED_OTHER and busy for 1 ms after each result (the next step's computation),
+// during which the next plan arrives: each is sent as soon as the last result is back.
+// With a spin, the step thread then receives the plans on its own thread
+// (StepChannelStats::polled counts the frames a session's step thread received); with
+// none, it sleeps and the transport thread receives every plan. The in-process backend
+// has nothing to progress.
 TEST_P(DataPlaneExecutorTest, AnIdleStepThreadTakesPlansOffTheChannelItselfWhileItSpins) {
   constexpr int kPlans = 40;
+  cpu_set_t saved;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(saved), &saved), 0);
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(sched_getcpu(), &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);  // threads started from here inherit it
   for (const absl::Duration spin : {absl::Seconds(30), absl::ZeroDuration()}) {
     SCOPED_TRACE(absl::StrCat("plan_spin ", absl::FormatDuration(spin)));
-    Node node(GetParam().config, ListenAddress(), spin);
-    auto executor = Executor(node.channel().address());
+    std::unique_ptr<Node> node;
+    std::thread idle([&] {  // the node's transport thread inherits SCHED_IDLE
+      const sched_param param{};
+      ASSERT_EQ(sched_setscheduler(0, SCHED_IDLE, &param), 0);
+      node = std::make_unique<Node>(GetParam().config, ListenAddress(), spin,
+                                    /*compute_policy=*/true, absl::Milliseconds(1));
+    });
+    idle.join();
+    ASSERT_NE(node, nullptr);
+    auto executor = Executor(node->channel().address());
     ASSERT_NE(executor, nullptr);
     Results results;
     for (int i = 0; i < kPlans; ++i) {
       auto plan = Plan(500 + i, 2);
       executor->Submit(plan, results.Sink());
       ASSERT_TRUE(results.WaitFor(i + 1));
-      absl::SleepFor(absl::Milliseconds(5));
       const StepResult got = results.Take().back();
       ASSERT_TRUE(got.status.ok()) << got.status;
       ASSERT_EQ(got.step_id, plan->step_id);
       EXPECT_EQ(got.tokens[1].token, Digest(plan->chunks[1], plan->step_id));
     }
-    const uint64_t polled = node.channel().stats().polled;
+    const uint64_t polled = node->channel().stats().polled;
     if (spin == absl::ZeroDuration()) {
       EXPECT_EQ(polled, 0u);
     } else if (GetParam().config.backend == transport::Backend::kUcx) {
       EXPECT_GE(polled, static_cast<uint64_t>(kPlans / 2));
       EXPECT_LE(polled, static_cast<uint64_t>(kPlans));
     }
+    executor.reset();
+    node.reset();
   }
+  ASSERT_EQ(sched_setaffinity(0, sizeof(saved), &saved), 0);
 }
 
 // A node that takes plans and never answers; destroying it closes its connections as a

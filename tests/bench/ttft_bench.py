@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """Time to the first token: streamed completions of a 64-token prompt (16 tokens, greedy),
 one at a time with a pause between them, so that each arrives at an idle deployment, as a
-chat turn does. For each request: the time from sending it to its first token event, and
-from the first token to the second; medians over the requests of a launch, then over the
-launches of a configuration.
+chat turn does. Every prompt starts with a token of its own, so that no engine finds any
+of it in its prefix cache: each request prefills all 64 tokens. For each request: the time
+from sending it to its first token event, and from the first token to the second; medians
+over the requests of a launch, then over the launches of a configuration.
 
 Each --launcher_args entry is one configuration of the embedded default (deploy/local
 launcher; --memory_nodes as given), run on each --bin_dir given; launches alternate between
@@ -29,22 +30,24 @@ PROMPT_TOKENS = 64
 PAUSE_SECONDS = 0.05
 
 
-def prompt_ids(model_token_count=PROMPT_TOKENS):
-    """A fixed prompt of token ids (the same for every engine: no tokenizer differences)."""
-    return [100 + (i * 37) % 5000 for i in range(model_token_count)]
+def prompt_ids(n):
+    """Prompt `n`, as token ids (the same for every engine: no tokenizer differences). Its
+    first token is its own, so it shares no prefix with any other."""
+    return [6000 + n] + [100 + (i * 37) % 5000 for i in range(1, PROMPT_TOKENS)]
 
 
 def timings(port, model, requests):
     """[(ms to the first token, ms from the first to the second)] of `requests` streamed
-    completions, PAUSE_SECONDS apart, after one to warm up."""
-    body = {"model": model, "prompt": prompt_ids(), "max_tokens": 16, "temperature": 0,
-            "ignore_eos": True, "stream": True}
-    compare_builds.stream_event_times(port, body)
+    completions, PAUSE_SECONDS apart, after one to warm up, each with a prompt of its own."""
+    def body(n):
+        return {"model": model, "prompt": prompt_ids(n), "max_tokens": 16, "temperature": 0,
+                "ignore_eos": True, "stream": True}
+    compare_builds.stream_event_times(port, body(0))
     out = []
-    for _ in range(requests):
+    for n in range(1, requests + 1):
         time.sleep(PAUSE_SECONDS)
         sent = time.monotonic()
-        times = compare_builds.stream_event_times(port, body)
+        times = compare_builds.stream_event_times(port, body(n))
         if len(times) < 2:
             raise RuntimeError(f"only {len(times)} events")
         out.append((1000.0 * (times[0] - sent), 1000.0 * (times[1] - times[0])))
@@ -62,6 +65,10 @@ def main():
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--llama_dir", default="")
     args = parser.parse_args()
+    if args.rounds < 1 or args.requests < 1:
+        parser.error("--rounds and --requests must be at least 1")
+    if len(set(args.launcher_args or [""])) != len(args.launcher_args or [""]):
+        parser.error("each --launcher_args must differ from the others")
     model = compare_builds.demo_model()
     configs = []
     for b, bin_dir in enumerate(args.bin_dir):

@@ -233,8 +233,6 @@ TEST_F(ServeTest, ControlPlaneTlsTakesSealedStepsOverTheStepChannel) {
   (*d)->Stop();
 }
 
-// One model is served: a request may leave "model" out (as vLLM allows); a wrong name is a
-// 404 and a name that is not a string a 400.
 // The scheduling policy of each thread of process `pid`, by thread name.
 std::map<std::string, std::set<int>> ThreadPolicies(pid_t pid) {
   std::map<std::string, std::set<int>> out;
@@ -269,6 +267,8 @@ TEST_F(ServeTest, OnlyTheComputeNodesServiceThreadsYieldToItsTeam) {
   EXPECT_EQ(compute.at("ucx-transport"), std::set<int>{SCHED_BATCH});
 }
 
+// One model is served: a request may leave "model" out (as vLLM allows); a wrong name is a
+// 404 and a name that is not a string a 400.
 TEST_F(ServeTest, ModelMayBeOmittedButNotWrong) {
   int status = 0;
   json ok = Post("/v1/completions", {{"prompt", "abc"}, {"max_tokens", 3}}, &status);
