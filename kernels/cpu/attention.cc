@@ -15,15 +15,9 @@ namespace strata::kernels {
 namespace isa_internal {
 
 int AttentionFoldScalar(const AttentionParams& p, int num_rows, const uint16_t* q,
-                        const AttentionRow* rows, const void* k, const void* v, float* state) {
-  return attention_internal::Fold<simd::ScalarOps>(p, num_rows, q, rows, k, v, state);
-}
-
-int AttentionFoldByHeadScalar(const AttentionParams& p, int num_rows, const uint16_t* q,
-                              const AttentionRow* rows, const void* k, const void* v,
-                              float* state) {
-  return attention_internal::Fold<simd::ScalarOps>(p, num_rows, q, rows, k, v, state,
-                                                   /*by_head=*/true);
+                        const AttentionRow* rows, const void* k, const void* v, float* state,
+                        bool by_head) {
+  return attention_internal::Fold<simd::ScalarOps>(p, num_rows, q, rows, k, v, state, by_head);
 }
 
 void AttentionMergeStatesScalar(const AttentionParams& p, int num_rows, const float* src,
@@ -43,6 +37,26 @@ bool ValidShape(const AttentionParams& p) {
          (p.kv_dtype == KvDType::kBF16 || p.kv_dtype == KvDType::kF16);
 }
 
+// AttentionFold on the instruction set in use; `by_head`: through the head-by-head walk
+// whatever the head size (attention_internal::Fold).
+int FoldOnActiveIsa(const AttentionParams& p, int num_rows, const uint16_t* q,
+                    const AttentionRow* rows, const void* k_cache, const void* v_cache,
+                    float* state, bool by_head) {
+  if (!ValidShape(p)) return kAttentionBadShape;
+  if (num_rows <= 0) return kAttentionOk;
+  switch (ActiveCpuIsa()) {
+    case CpuIsa::kAvx512Bf16:
+      return AttentionFoldAvx512Bf16(p, num_rows, q, rows, k_cache, v_cache, state, by_head);
+    case CpuIsa::kAvx512:
+      return AttentionFoldAvx512(p, num_rows, q, rows, k_cache, v_cache, state, by_head);
+    case CpuIsa::kAvx2:
+      return AttentionFoldAvx2(p, num_rows, q, rows, k_cache, v_cache, state, by_head);
+    case CpuIsa::kScalar:
+      break;
+  }
+  return AttentionFoldScalar(p, num_rows, q, rows, k_cache, v_cache, state, by_head);
+}
+
 }  // namespace
 void AttentionStateInit(const AttentionParams& p, int num_rows, float* state) {
   const int d = p.head_dim;
@@ -58,37 +72,13 @@ void AttentionStateInit(const AttentionParams& p, int num_rows, float* state) {
 int AttentionFold(const AttentionParams& p, int num_rows, const uint16_t* q,
                   const AttentionRow* rows, const void* k_cache, const void* v_cache,
                   float* state) {
-  if (!ValidShape(p)) return kAttentionBadShape;
-  if (num_rows <= 0) return kAttentionOk;
-  switch (ActiveCpuIsa()) {
-    case CpuIsa::kAvx512Bf16:
-      return AttentionFoldAvx512Bf16(p, num_rows, q, rows, k_cache, v_cache, state);
-    case CpuIsa::kAvx512:
-      return AttentionFoldAvx512(p, num_rows, q, rows, k_cache, v_cache, state);
-    case CpuIsa::kAvx2:
-      return AttentionFoldAvx2(p, num_rows, q, rows, k_cache, v_cache, state);
-    case CpuIsa::kScalar:
-      break;
-  }
-  return AttentionFoldScalar(p, num_rows, q, rows, k_cache, v_cache, state);
+  return FoldOnActiveIsa(p, num_rows, q, rows, k_cache, v_cache, state, /*by_head=*/false);
 }
 
 int AttentionFoldByHeadForTest(const AttentionParams& p, int num_rows, const uint16_t* q,
                                const AttentionRow* rows, const void* k_cache, const void* v_cache,
                                float* state) {
-  if (!ValidShape(p)) return kAttentionBadShape;
-  if (num_rows <= 0) return kAttentionOk;
-  switch (ActiveCpuIsa()) {
-    case CpuIsa::kAvx512Bf16:
-      return AttentionFoldByHeadAvx512Bf16(p, num_rows, q, rows, k_cache, v_cache, state);
-    case CpuIsa::kAvx512:
-      return AttentionFoldByHeadAvx512(p, num_rows, q, rows, k_cache, v_cache, state);
-    case CpuIsa::kAvx2:
-      return AttentionFoldByHeadAvx2(p, num_rows, q, rows, k_cache, v_cache, state);
-    case CpuIsa::kScalar:
-      break;
-  }
-  return AttentionFoldByHeadScalar(p, num_rows, q, rows, k_cache, v_cache, state);
+  return FoldOnActiveIsa(p, num_rows, q, rows, k_cache, v_cache, state, /*by_head=*/true);
 }
 
 void AttentionMergeStates(const AttentionParams& p, int num_rows, const float* src, float* dst) {

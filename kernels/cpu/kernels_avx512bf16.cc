@@ -10,14 +10,9 @@ namespace strata::kernels::isa_internal {
 using Ops = simd::Avx512Bf16Ops;
 
 int AttentionFoldAvx512Bf16(const AttentionParams& p, int num_rows, const uint16_t* q,
-                            const AttentionRow* rows, const void* k, const void* v, float* state) {
-  return attention_internal::Fold<Ops>(p, num_rows, q, rows, k, v, state);
-}
-
-int AttentionFoldByHeadAvx512Bf16(const AttentionParams& p, int num_rows, const uint16_t* q,
-                                  const AttentionRow* rows, const void* k, const void* v,
-                                  float* state) {
-  return attention_internal::Fold<Ops>(p, num_rows, q, rows, k, v, state, /*by_head=*/true);
+                            const AttentionRow* rows, const void* k, const void* v, float* state,
+                            bool by_head) {
+  return attention_internal::Fold<Ops>(p, num_rows, q, rows, k, v, state, by_head);
 }
 
 void AttentionMergeStatesAvx512Bf16(const AttentionParams& p, int num_rows, const float* src,

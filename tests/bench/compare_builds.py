@@ -53,6 +53,17 @@ def demo_model():
     return path
 
 
+def configurations(bin_dirs, launcher_args):
+    """[(label, bin_dir, launcher args)] for every launcher-flag set (None or []: the defaults)
+    on every build; the label names the build only where there are several."""
+    configs = []
+    for b, bin_dir in enumerate(bin_dirs):
+        for a in launcher_args or [""]:
+            label = (f"build {b + 1} " if len(bin_dirs) > 1 else "") + (a or "default")
+            configs.append((label, bin_dir, a))
+    return configs
+
+
 def table_rows(text, key_columns):
     """Rows of whitespace-separated numbers under a header starting with 'batch'."""
     rows, header = {}, None

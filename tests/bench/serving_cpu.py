@@ -132,11 +132,7 @@ def main():
     parser.add_argument("--launcher_args", action="append",
                         help="a configuration: launcher flags, comma-separated (repeatable)")
     args = parser.parse_args()
-    configs = []
-    for b, bin_dir in enumerate(args.bin_dir):
-        for a in args.launcher_args or [""]:
-            label = (f"build {b + 1} " if len(args.bin_dir) > 1 else "") + (a or "default")
-            configs.append((label, bin_dir, a))
+    configs = compare_builds.configurations(args.bin_dir, args.launcher_args)
     cpu = {c: collections.defaultdict(list) for c in configs}
     woken = {c: collections.defaultdict(list) for c in configs}
     rates = {c: [] for c in configs}

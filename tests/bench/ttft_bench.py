@@ -70,11 +70,7 @@ def main():
     if len(set(args.launcher_args or [""])) != len(args.launcher_args or [""]):
         parser.error("each --launcher_args must differ from the others")
     model = compare_builds.demo_model()
-    configs = []
-    for b, bin_dir in enumerate(args.bin_dir):
-        for a in args.launcher_args or [""]:
-            label = (f"build {b + 1} " if len(args.bin_dir) > 1 else "") + (a or "default")
-            configs.append((label, bin_dir, a))
+    configs = compare_builds.configurations(args.bin_dir, args.launcher_args)
     if args.llama_dir:
         configs.append(("llama-server", None, None))
         gguf = peer_bench.gguf_of(model)
