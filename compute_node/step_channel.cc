@@ -160,8 +160,8 @@ void StepChannel::Deliver(PeerId from, std::span<const uint8_t> header,
   Session* session = SessionLocked(from);
   if (session == nullptr) return;
   ++(plan.ok() ? stats_.plans : stats_.refused);
-  // The session's own step thread, waiting for a plan, received this one itself.
-  if (std::this_thread::get_id() == session->thread.get_id()) ++stats_.polled;
+  // The session's step thread, waiting for a plan, received this one itself.
+  if (session->queue.PollingOn(std::this_thread::get_id())) ++stats_.polled;
   session->queue.Push(std::move(queued));
 }
 

@@ -70,8 +70,9 @@ struct StepChannelStats {
   uint64_t plans = 0;     // plans queued to run
   uint64_t refused = 0;   // frames answered with an error without running
   uint64_t results = 0;   // results sent
-  // Frames that a session's own step thread received itself, progressing the transport
-  // while it waited for a plan (plan_spin), rather than the transport thread.
+  // Frames that a session's step thread (the thread waiting in its queue's Pop) received
+  // itself, progressing the transport while it waited for a plan (plan_spin), rather than
+  // the transport thread.
   uint64_t polled = 0;
 };
 

@@ -30,6 +30,7 @@ void PlanQueue::Close() {
 std::optional<QueuedPlan> PlanQueue::Pop(bool wait) {
   std::unique_lock<std::mutex> lock(mu_);
   if (wait && !ReadyLocked() && poll_ && spin_ > absl::ZeroDuration()) {
+    poller_ = std::this_thread::get_id();
     lock.unlock();
     // The transport's handlers, run here by the poll, push the plan (taking the lock).
     const bool ready = poll_(
@@ -39,6 +40,7 @@ std::optional<QueuedPlan> PlanQueue::Pop(bool wait) {
         },
         absl::Now() + spin_);
     lock.lock();
+    poller_ = std::thread::id();
     if (ready) ++polled_;
   }
   if (wait) cv_.wait(lock, [&] { return ReadyLocked(); });
@@ -61,6 +63,11 @@ void PlanQueue::Abort() {
 uint64_t PlanQueue::polled() const {
   std::lock_guard<std::mutex> lock(mu_);
   return polled_;
+}
+
+bool PlanQueue::PollingOn(std::thread::id id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return poller_ == id;
 }
 
 bool PlanQueue::aborted() const {

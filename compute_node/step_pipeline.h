@@ -27,6 +27,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "absl/functional/function_ref.h"
 #include "absl/time/time.h"
@@ -77,6 +78,9 @@ class PlanQueue {
   // Waits in Pop that ended during the poll, with a plan queued (by whichever thread) or the
   // queue closed, without sleeping.
   uint64_t polled() const;
+  // Whether thread `id` is inside Pop's poll of this queue now: a Push on that thread is a
+  // plan the waiting thread received itself (StepChannelStats::polled).
+  bool PollingOn(std::thread::id id) const;
 
  private:
   bool ReadyLocked() const { return closed_ || !plans_.empty(); }
@@ -90,6 +94,7 @@ class PlanQueue {
   bool closed_ = false;
   bool aborted_ = false;
   uint64_t polled_ = 0;
+  std::thread::id poller_;  // the thread in Pop's poll; none outside it
 };
 
 // Seconds the pipeline waited with every lane idle before a plan came (the node's bubble

@@ -64,8 +64,9 @@ int32_t Digest(const SequenceChunk& c, uint64_t step_id) {
 // keeps the plan it took until the session is aborted, then answers it Cancelled.
 class Node {
  public:
-  // `compute_policy`: the sessions' threads make themselves SCHED_OTHER when they start,
-  // whatever the thread that started them was. `busy`: after answering each plan, a
+  // `compute_policy`: the sessions run their plans as a compute node does
+  // (OnOwnOpenMpThread): on a thread of their own, SCHED_OTHER whatever the thread that
+  // started the session was. `busy`: after answering each plan, a
   // session's thread keeps its core that long (a step's computation) before it takes the
   // next.
   Node(const transport::TransportConfig& config, const std::string& address,
@@ -96,9 +97,17 @@ class Node {
  private:
   void Run(PlanQueue& queue) {
     if (compute_policy_) {
-      const sched_param param{};
-      EXPECT_EQ(sched_setscheduler(0, SCHED_OTHER, &param), 0);
+      std::thread([&] {
+        const sched_param param{};
+        EXPECT_EQ(sched_setscheduler(0, SCHED_OTHER, &param), 0);
+        Serve(queue);
+      }).join();
+    } else {
+      Serve(queue);
     }
+  }
+
+  void Serve(PlanQueue& queue) {
     while (auto q = queue.Pop(/*wait=*/true)) {
       if (q->answer) {
         q->done(std::move(*q->answer));
