@@ -57,9 +57,7 @@ TEST_F(SchedulerTest, TwoPlansInFlightGiveTheOutputsOfOne) {
 // sampled past a stop is discarded: never streamed, and its KV freed (Run checks no leak).
 TEST_F(SchedulerTest, AsyncSchedulingIsBitIdenticalToSync) {
   SchedulerConfig sync = Config();
-  SchedulerConfig async = sync;
-  async.async_scheduling = true;
-  async.max_plans_in_flight = 2;
+  SchedulerConfig async = AsyncConfig();
   // `late` plans ahead with the default lead; `async` as soon as a step starts, so that
   // every row that can go ahead does (with the default lead, this model's steps of a
   // millisecond or two often come back before the plan ahead is due).
@@ -114,9 +112,7 @@ TEST_F(SchedulerTest, AsyncSchedulingIsBitIdenticalToSync) {
 // a scheduler and a compute node process) give the in-process node's outputs bit for bit,
 // with synchronous and asynchronous scheduling, in a roomy pool and one that preempts.
 TEST_F(SchedulerTest, StepsOverTheDataPlaneGiveTheInProcessNodesOutputs) {
-  SchedulerConfig async = Config();
-  async.async_scheduling = true;
-  async.max_plans_in_flight = 2;
+  SchedulerConfig async = AsyncConfig();
   async.plan_ahead_lead = 1;
   const std::vector<GenerateRequest> requests = AsyncCases();
   for (int64_t slots : {int64_t{4096}, int64_t{300}}) {
@@ -144,9 +140,7 @@ TEST_F(SchedulerTest, StepsOverTheDataPlaneGiveTheInProcessNodesOutputs) {
 // the output so far is a prefix of the full output, nothing follows the final update, and
 // every KV slot comes back.
 TEST_F(SchedulerTest, AsyncSchedulingEndsTimedOutAndCancelledRequestsCleanly) {
-  SchedulerConfig async = Config();
-  async.async_scheduling = true;
-  async.max_plans_in_flight = 2;
+  SchedulerConfig async = AsyncConfig();
   // Long enough that no machine writes it all in the 150 ms the timed copy gets (200 tokens
   // took less on a Zen 5).
   const GenerateRequest full_request = Greedy(Prompt(30, 3), 900);
@@ -178,9 +172,7 @@ TEST_F(SchedulerTest, AsyncSchedulingEndsTimedOutAndCancelledRequestsCleanly) {
 // meanwhile joins the next step instead of the one after.
 TEST_F(SchedulerTest, AsyncSchedulingPlansAheadLate) {
   constexpr absl::Duration kStep = absl::Milliseconds(300);
-  SchedulerConfig async = Config();
-  async.async_scheduling = true;
-  async.max_plans_in_flight = 2;
+  SchedulerConfig async = AsyncConfig();
   Harness h(weights_, async, 4096);
   h.executor().set_step_delay(kStep);
   auto first = *h.Submit(Greedy(Prompt(20, 7), 10));
@@ -201,9 +193,7 @@ TEST_F(SchedulerTest, AsyncSchedulingPlansAheadLate) {
 // earlier, by what it waited, until they go out as soon as the running step starts.
 TEST_F(SchedulerTest, AsyncSchedulingPlansAheadEarlierWhereTheNodeWaitedForPlans) {
   constexpr absl::Duration kStep = absl::Milliseconds(200);
-  SchedulerConfig async = Config();
-  async.async_scheduling = true;
-  async.max_plans_in_flight = 2;
+  SchedulerConfig async = AsyncConfig();
   Harness h(weights_, async, 4096);
   h.executor().set_step_delay(kStep);
   h.executor().set_slack_us(-80'000);
@@ -227,9 +217,7 @@ TEST_F(SchedulerTest, AsyncSchedulingPlansAheadEarlierWhereTheNodeWaitedForPlans
 // ones) come back before the timer that was to plan ahead of them fires: the next plan then
 // goes at once and counts as a plan ahead that was late, so its slack is learnt too.
 TEST_F(SchedulerTest, AsyncSchedulingLearnsFromPlansAheadThatTheResultBeat) {
-  SchedulerConfig async = Config();
-  async.async_scheduling = true;
-  async.max_plans_in_flight = 2;
+  SchedulerConfig async = AsyncConfig();
   Harness h(weights_, async, 4096);
   h.executor().set_step_delay(absl::Milliseconds(300));
   h.executor().set_later_steps(4, absl::Milliseconds(10));

@@ -259,6 +259,14 @@ class SchedulerTest : public ::testing::Test {
     c.block_tokens = 16;
     return c;
   }
+  // Config() with asynchronous scheduling: two plans in flight, the next one naming the
+  // token the running one samples.
+  static SchedulerConfig AsyncConfig() {
+    SchedulerConfig c = Config();
+    c.async_scheduling = true;
+    c.max_plans_in_flight = 2;
+    return c;
+  }
 
   static std::vector<int32_t> Prompt(int n, uint32_t seed) {
     std::mt19937 rng(seed);
