@@ -19,12 +19,40 @@
 #ifndef STRATA_COMPUTE_NODE_MODEL_RUNNER_H_
 #define STRATA_COMPUTE_NODE_MODEL_RUNNER_H_
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
 #include "compute_node/model_weights.h"
 
 namespace strata {
+
+// The forward pass's operations, for a profile of where a step's time goes (OpProfile).
+// Attention is not among them: it is the attention backend's, between PreAttention and
+// PostAttention.
+enum class ForwardOp {
+  kEmbed,
+  kInputNorm,
+  kQkv,
+  kRope,
+  kToBf16,  // q, k and v rounded to bf16
+  kO,
+  kPostNorm,
+  kGateUp,
+  kSiluMul,
+  kDown,
+  kFinalNorm,  // the sampled rows gathered and normalised
+  kLmHead,
+};
+inline constexpr int kForwardOps = static_cast<int>(ForwardOp::kLmHead) + 1;
+const char* ForwardOpName(ForwardOp op);
+// The operations that are GEMMs (the linear layers and the LM head).
+bool IsGemm(ForwardOp op);
+
+// Seconds spent in each operation, added up over the calls made while it is attached.
+struct OpProfile {
+  std::array<double, kForwardOps> seconds{};
+};
 
 // Working memory of one batch in flight, for up to `max_rows` rows.
 struct BatchBuffers {
@@ -42,6 +70,8 @@ struct BatchBuffers {
   std::vector<uint16_t> attn;      // [capacity][q] bf16 attention output
   std::vector<float> gate_up;      // [capacity][2 * intermediate] f32
   std::vector<uint16_t> act;       // [capacity][intermediate] bf16
+  // Benchmarks: when set, each operation of the forward pass adds its time here.
+  OpProfile* profile = nullptr;
 };
 
 class ModelRunner {
@@ -62,6 +92,10 @@ class ModelRunner {
   void Logits(BatchBuffers& b, const std::vector<int32_t>& rows, float* logits) const;
 
  private:
+  // Runs `f`, adding its time to b.profile's `op` when a profile is attached.
+  template <class F>
+  static void Timed(BatchBuffers& b, ForwardOp op, F&& f);
+
   const ModelWeights* weights_;
   int64_t max_positions_;
   std::vector<float> rope_cos_, rope_sin_;  // [max_positions][head_dim / 2]

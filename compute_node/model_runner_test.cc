@@ -30,9 +30,11 @@ class Fixture : public ::testing::Test {
   };
 
   // Runs one step: each sequence contributes rows [start, start + count), with slots equal
-  // to id * 1000 + position. Returns the logits of every row.
+  // to id * 1000 + position. Returns the logits of every row. `profile`, if given, is
+  // attached to the step's buffers.
   std::vector<float> Step(ModelRunner& runner, LocalAttention& attention,
-                          const std::vector<std::tuple<Sequence*, int, int>>& parts) {
+                          const std::vector<std::tuple<Sequence*, int, int>>& parts,
+                          OpProfile* profile = nullptr) {
     StepKvPlan plan;
     std::vector<int32_t> tokens;
     for (auto& [seq, start, count] : parts) {
@@ -47,6 +49,7 @@ class Fixture : public ::testing::Test {
       plan.assignments.push_back(a);
     }
     BatchBuffers b(runner.config(), static_cast<int64_t>(tokens.size()));
+    b.profile = profile;
     absl::Status s = ForwardLayers(runner, attention, b, plan, tokens.data());
     EXPECT_TRUE(s.ok()) << s;
     std::vector<int32_t> rows(tokens.size());
@@ -143,6 +146,26 @@ TEST_F(Fixture, ThreadCountDoesNotChangeBits) {
     }
   }
   omp_set_num_threads(saved);
+}
+
+// The benchmarks' per-operation profile (step_profile) times every operation of the step
+// and changes no bit of it.
+TEST_F(Fixture, AProfileTimesEveryOperationAndChangesNoBit) {
+  ModelRunner runner(weights_, 1000);
+  Sequence a = RandomSequence(7, 40, 7);
+  auto plain_attn = NewAttention();
+  const std::vector<float> plain = Step(runner, *plain_attn, {{&a, 0, 40}});
+  auto profiled_attn = NewAttention();
+  OpProfile profile;
+  const std::vector<float> profiled = Step(runner, *profiled_attn, {{&a, 0, 40}}, &profile);
+  ASSERT_EQ(profiled, plain);
+  for (int op = 0; op < kForwardOps; ++op) {
+    EXPECT_GT(profile.seconds[op], 0.0) << ForwardOpName(static_cast<ForwardOp>(op));
+  }
+  // The GEMMs are the linear layers and the LM head.
+  int gemms = 0;
+  for (int op = 0; op < kForwardOps; ++op) gemms += IsGemm(static_cast<ForwardOp>(op)) ? 1 : 0;
+  EXPECT_EQ(gemms, 5);
 }
 
 TEST_F(Fixture, BadPlansAreRejectedWithoutSideEffects) {

@@ -1,11 +1,16 @@
 #include "compute_node/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <numeric>
 
 #include "kernels/cpu/elementwise.h"
+
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 namespace strata {
 namespace {
@@ -81,22 +86,64 @@ int RankKey(float logit, float max_logit, float scale) {
   return d < static_cast<float>(kRankKeys - 1) ? static_cast<int>(d) : kRankKeys - 1;
 }
 
+// keys[t] = RankKey(logits[t], max_logit, scale) for t in [0, n), 8 at a time where SSE2
+// is there: the same arithmetic (min with 2047 takes NaNs and distances from 2047 up to it).
+void RankKeys(const float* logits, int32_t n, float max_logit, float scale, int16_t* keys) {
+  int32_t t = 0;
+#ifdef __SSE2__
+  const __m128 vmax = _mm_set1_ps(max_logit), vscale = _mm_set1_ps(scale);
+  const __m128 sixteen = _mm_set1_ps(16.0f), last = _mm_set1_ps(kRankKeys - 1);
+  auto four = [&](const float* p) {
+    const __m128 d = _mm_mul_ps(_mm_mul_ps(_mm_sub_ps(vmax, _mm_loadu_ps(p)), vscale), sixteen);
+    return _mm_cvttps_epi32(_mm_min_ps(d, last));  // min(NaN, last) is `last`
+  };
+  for (; t + 8 <= n; t += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(keys + t),
+                     _mm_packs_epi32(four(logits + t), four(logits + t + 4)));
+  }
+#endif
+  for (; t < n; ++t) keys[t] = static_cast<int16_t>(RankKey(logits[t], max_logit, scale));
+}
+
+// Of 16 keys: bit j of `before` says key[j] < b, bit j of `on` that key[j] == b.
+void BlockMasks(const int16_t* key, int16_t b, uint32_t* before, uint32_t* on) {
+#ifdef __SSE2__
+  const __m128i vb = _mm_set1_epi16(b);
+  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(key));
+  const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(key + 8));
+  *before = static_cast<uint32_t>(
+      _mm_movemask_epi8(_mm_packs_epi16(_mm_cmplt_epi16(lo, vb), _mm_cmplt_epi16(hi, vb))));
+  *on = static_cast<uint32_t>(
+      _mm_movemask_epi8(_mm_packs_epi16(_mm_cmpeq_epi16(lo, vb), _mm_cmpeq_epi16(hi, vb))));
+#else
+  *before = *on = 0;
+  for (int j = 0; j < 16; ++j) {
+    *before |= static_cast<uint32_t>(key[j] < b) << j;
+    *on |= static_cast<uint32_t>(key[j] == b) << j;
+  }
+#endif
+}
+
 // The smallest best-first prefix (in ByLogitDesc order) of all `n` tokens whose weight
 // reaches `target`, without sorting them: the mass of each rank key, from the best, finds
 // the key where the prefix ends; the tokens before it are in, by id, and those of that key
 // follow best first until the target is reached (at least one token in all).
 void NucleusOfAll(const float* logits, const float* weight, int32_t n, float max_logit, float scale,
                   double target, std::vector<int32_t>* out) {
+  // Keys come in blocks of 16 tokens; the last block's tail is padded with a key no token
+  // has, which no list takes.
+  constexpr int kBlock = 16;
+  constexpr int16_t kPad = std::numeric_limits<int16_t>::max();
   thread_local std::vector<double> mass;
-  thread_local std::vector<uint16_t> keys;
+  thread_local std::vector<int16_t> keys;
   thread_local std::vector<int32_t> edge;
+  const int32_t padded = (n + kBlock - 1) / kBlock * kBlock;
+  keys.resize(padded);
+  RankKeys(logits, n, max_logit, scale, keys.data());
+  for (int32_t t = n; t < padded; ++t) keys[t] = kPad;
   mass.assign(2 * kRankKeys, 0.0);
-  keys.resize(n);
   // Two tables, alternate tokens, halve the chains of adds to one key.
-  for (int32_t t = 0; t < n; ++t) {
-    keys[t] = static_cast<uint16_t>(RankKey(logits[t], max_logit, scale));
-    mass[(t & 1) * kRankKeys + keys[t]] += weight[t];
-  }
+  for (int32_t t = 0; t < n; ++t) mass[(t & 1) * kRankKeys + keys[t]] += weight[t];
   int boundary = kRankKeys - 1;
   double above = 0.0;
   for (int key = 0; key < kRankKeys; ++key) {
@@ -107,18 +154,20 @@ void NucleusOfAll(const float* logits, const float* weight, int32_t n, float max
     }
     above += m;
   }
-  // Both lists are filled without branches: every token is written, and kept if it counts.
+  // The tokens before the boundary, by id, and those on it: each block's members as a bit
+  // mask, then one write per member (most tokens are past the boundary).
   out->resize(n);
   edge.resize(n);
   int32_t* in = out->data();
   int32_t* at_edge = edge.data();
-  const uint16_t* key = keys.data();
+  const int16_t* key = keys.data();
+  const auto b = static_cast<int16_t>(boundary);
   size_t kept = 0, on_edge = 0;
-  for (int32_t t = 0; t < n; ++t) {
-    in[kept] = t;
-    kept += key[t] < boundary ? 1 : 0;
-    at_edge[on_edge] = t;
-    on_edge += key[t] == boundary ? 1 : 0;
+  for (int32_t base = 0; base < padded; base += kBlock) {
+    uint32_t before = 0, on = 0;
+    BlockMasks(key + base, b, &before, &on);
+    for (; before != 0; before &= before - 1) in[kept++] = base + std::countr_zero(before);
+    for (; on != 0; on &= on - 1) at_edge[on_edge++] = base + std::countr_zero(on);
   }
   out->resize(kept);
   edge.resize(on_edge);

@@ -18,16 +18,15 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <random>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "common/base/bfloat16.h"
 #include "common/base/stopwatch.h"
+#include "common/bench/demo_model.h"
 #include "common/bench/int_list.h"
 #include "common/bench/read_probe.h"
-#include "common/model/model_generator.h"
 #include "compute_node/attention_backend.h"
 #include "compute_node/model_runner.h"
 #include "compute_node/model_weights.h"
@@ -51,14 +50,12 @@ class NoAttention : public AttentionBackend {
 };
 
 int Run() {
-  std::string dir = absl::GetFlag(FLAGS_model);
-  if (dir.empty()) {
-    dir = "/tmp/strata-bench-demo";
-    if (!std::filesystem::exists(dir + "/config.json")) {
-      auto shape = NamedModelShape("demo");
-      if (!GenerateModel(*shape, {}, dir).ok()) return 1;
-    }
+  absl::StatusOr<std::string> model_dir = BenchModelDir(absl::GetFlag(FLAGS_model));
+  if (!model_dir.ok()) {
+    std::fprintf(stderr, "%s\n", model_dir.status().ToString().c_str());
+    return 1;
   }
+  const std::string& dir = *model_dir;
   auto config = LoadModelConfig(dir);
   if (!config.ok()) return 1;
   auto weights = ModelWeights::Load(dir, *config);

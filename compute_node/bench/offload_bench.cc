@@ -36,9 +36,9 @@
 #include "common/base/cpu_affinity.h"
 #include "common/base/stopwatch.h"
 #include "common/base/wait_policy.h"
+#include "common/bench/demo_model.h"
 #include "common/bench/int_list.h"
 #include "common/bench/read_probe.h"
-#include "common/model/model_generator.h"
 #include "common/process/supervisor.h"
 #include "compute_node/attention_backend.h"
 #include "compute_node/bench/memory_nodes.h"
@@ -386,13 +386,12 @@ int Overlap(const ModelWeights& weights, const std::string& memory_bin) {
 }
 
 int Run() {
-  std::string dir = absl::GetFlag(FLAGS_model);
-  if (dir.empty()) {
-    dir = "/tmp/strata-bench-demo";
-    if (!std::filesystem::exists(dir + "/config.json")) {
-      if (!GenerateModel(*NamedModelShape("demo"), {}, dir).ok()) return 1;
-    }
+  absl::StatusOr<std::string> model_dir = BenchModelDir(absl::GetFlag(FLAGS_model));
+  if (!model_dir.ok()) {
+    std::fprintf(stderr, "%s\n", model_dir.status().ToString().c_str());
+    return 1;
   }
+  const std::string& dir = *model_dir;
   auto config = LoadModelConfig(dir);
   if (!config.ok()) return 1;
   auto weights = ModelWeights::Load(dir, *config);

@@ -15,6 +15,7 @@
 #include "common/base/stopwatch.h"
 #include "common/bench/int_list.h"
 #include "common/bench/read_probe.h"
+#include "compute_node/bench/sampling_settings.h"
 #include "compute_node/sampler.h"
 
 ABSL_FLAG(std::string, vocab, "32000,128256", "Vocabulary sizes, comma-separated");
@@ -23,33 +24,6 @@ ABSL_FLAG(int, rows, 64, "Rows (each its own logits) per setting and round");
 
 namespace strata {
 namespace {
-
-struct Setting {
-  const char* name;
-  SamplingParams params;
-};
-
-std::vector<Setting> Settings() {
-  std::vector<Setting> s;
-  SamplingParams greedy;
-  greedy.temperature = 0.0f;
-  s.push_back({"greedy", greedy});
-  SamplingParams plain;  // the OpenAI API's defaults
-  plain.temperature = 1.0f;
-  s.push_back({"temperature 1", plain});
-  SamplingParams nucleus = plain;
-  nucleus.temperature = 0.8f;
-  nucleus.top_p = 0.95f;
-  s.push_back({"temp 0.8, top_p 0.95", nucleus});
-  SamplingParams llama = nucleus;  // llama.cpp's server defaults
-  llama.top_k = 40;
-  llama.min_p = 0.05f;
-  s.push_back({"top_k 40, top_p 0.95, min_p 0.05", llama});
-  SamplingParams logprobs = greedy;
-  logprobs.num_logprobs = 5;
-  s.push_back({"greedy, 5 logprobs", logprobs});
-  return s;
-}
 
 // Normal logits (std 2) with eight strong candidates 6 to 10 above the mean.
 std::vector<float> Logits(int vocab, std::mt19937& rng) {
@@ -62,7 +36,7 @@ std::vector<float> Logits(int vocab, std::mt19937& rng) {
 }
 
 int Main() {
-  const std::vector<Setting> settings = Settings();
+  const std::vector<SamplingSetting> settings = ClientSamplingSettings();
   std::printf("sampler: one thread, %d rows per setting and round, medians of %d rounds\n",
               absl::GetFlag(FLAGS_rows), absl::GetFlag(FLAGS_rounds));
   std::printf("%8s  %-34s %10s\n", "vocab", "setting", "us/row");

@@ -14,7 +14,6 @@
 
 #include <condition_variable>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <random>
@@ -24,7 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/base/stopwatch.h"
-#include "common/model/model_generator.h"
+#include "common/bench/demo_model.h"
 #include "compute_node/attention_backend.h"
 #include "compute_node/bench/memory_nodes.h"
 #include "compute_node/model_runner.h"
@@ -197,13 +196,12 @@ Result RunMode(const ModelWeights& weights, bool disaggregated) {
 }
 
 int Run() {
-  std::string dir = absl::GetFlag(FLAGS_model);
-  if (dir.empty()) {
-    dir = "/tmp/strata-bench-demo";
-    if (!std::filesystem::exists(dir + "/config.json")) {
-      if (!GenerateModel(*NamedModelShape("demo"), {}, dir).ok()) return 1;
-    }
+  absl::StatusOr<std::string> model_dir = BenchModelDir(absl::GetFlag(FLAGS_model));
+  if (!model_dir.ok()) {
+    std::fprintf(stderr, "%s\n", model_dir.status().ToString().c_str());
+    return 1;
   }
+  const std::string& dir = *model_dir;
   auto config = LoadModelConfig(dir);
   if (!config.ok()) return 1;
   auto weights = ModelWeights::Load(dir, *config);
