@@ -2,8 +2,8 @@
 // Each timed step runs the forward pass as the compute node does (ForwardLayers, then
 // Logits), with a profile attached to its buffers (ModelRunner's OpProfile) and attention
 // timed around the backend; then it draws every row once under each sampling setting that
-// clients use (sampler_bench's), in parallel over the team as the step engine does. The
-// operations are sorted into
+// clients use (sampler_bench's), in parallel over the team as the step engine does, in an
+// order that rotates from step to step. The operations are sorted into
 //   - the GEMMs: the linear layers and the LM head;
 //   - attention;
 //   - the rest: the embedding, norms, RoPE, rounding to bf16, SiLU, the gather before the
@@ -29,6 +29,7 @@
 #include "common/base/stopwatch.h"
 #include "common/bench/demo_model.h"
 #include "common/bench/median.h"
+#include "common/bench/read_probe.h"
 #include "compute_node/attention_backend.h"
 #include "compute_node/bench/sampling_settings.h"
 #include "compute_node/model_runner.h"
@@ -105,6 +106,11 @@ int Run() {
   if (!(*local)->BeginStep(setup).ok()) return 1;
   TimedAttention attention(local->get());
 
+  // The machine's streaming-read rate, before and after the steps (the figures of a step
+  // follow it).
+  const ReadProbe read_probe;
+  std::vector<double> probe;
+  for (int i = 0; i < 3; ++i) probe.push_back(read_probe.Measure());
   const std::vector<SamplingSetting> settings = ClientSamplingSettings();
   BatchBuffers buffers(c, batch);
   OpProfile profile;
@@ -128,8 +134,11 @@ int Run() {
     if (!ForwardLayers(runner, attention, buffers, plan, tokens.data()).ok()) return 1;
     runner.Logits(buffers, rows, logits.data());
     const double forward_s = forward.ElapsedSeconds();
+    // The settings take turns in an order that rotates from step to step, so that none
+    // always follows the same other one (a draw's time depends on what ran before it).
     std::vector<double> draws(settings.size());
-    for (size_t k = 0; k < settings.size(); ++k) {
+    for (size_t turn = 0; turn < settings.size(); ++turn) {
+      const size_t k = (turn + static_cast<size_t>(it)) % settings.size();
       SamplingParams params = settings[k].params;
       params.seed = 1234;
       const Stopwatch watch;
@@ -152,9 +161,14 @@ int Run() {
     for (size_t k = 0; k < settings.size(); ++k) draw_ms[k].push_back(1e3 * draws[k]);
   }
 
+  const double probe_before = Median(probe);
+  probe.clear();
+  for (int i = 0; i < 3; ++i) probe.push_back(read_probe.Measure());
   std::printf("step profile: %s, batch %d, ctx %d, %d threads, %s kernels; medians of %d steps\n",
               dir->c_str(), batch, ctx, omp_get_max_threads(),
               kernels::CpuIsaName(kernels::ActiveCpuIsa()), iters);
+  std::printf("read probe (all cores, loads only): %.1f GB/s before the steps, %.1f after\n",
+              probe_before / 1e9, Median(probe) / 1e9);
   std::printf("%-34s %9s %6s\n", "operation", "ms/step", "kind");
   for (int op = 0; op < kForwardOps; ++op) {
     const auto o = static_cast<ForwardOp>(op);
