@@ -9,7 +9,9 @@
 //   - the rest: the embedding, norms, RoPE, rounding to bf16, SiLU, the gather before the
 //     LM head, the draw, and whatever else of the step is neither a GEMM nor attention
 //     (counted as the forward pass's time less the GEMMs' and attention's).
-// Issue 16 holds the rest to under 5% of a batch-1 step, sampling with logprobs included.
+// Issue 16 holds the rest to under 5% of a batch-1 step, sampling with logprobs included,
+// and the GEMMs (the LM head among them) to 85% of the read bound: each GEMM's weight bytes
+// over its time are printed against a read probe taken before and after the steps.
 // The step of a setting is the forward pass plus that setting's draw. Medians over the
 // timed steps, per operation (the parts' medians need not add up to the step's).
 //
@@ -63,6 +65,21 @@ class TimedAttention : public AttentionBackend {
  private:
   AttentionBackend* inner_;
 };
+
+// The weight bytes a GEMM operation reads in one step: every layer's, or the LM head's.
+double WeightBytes(const ModelWeights& w, ForwardOp op) {
+  if (op == ForwardOp::kLmHead) return static_cast<double>(w.lm_head->weight_bytes());
+  double total = 0;
+  for (const LayerWeights& l : w.layers) {
+    const Linear* linear = op == ForwardOp::kQkv      ? l.qkv.get()
+                           : op == ForwardOp::kO      ? l.o.get()
+                           : op == ForwardOp::kGateUp ? l.gate_up.get()
+                           : op == ForwardOp::kDown   ? l.down.get()
+                                                      : nullptr;
+    if (linear != nullptr) total += static_cast<double>(linear->weight_bytes());
+  }
+  return total;
+}
 
 int Run() {
   absl::StatusOr<std::string> dir = BenchModelDir(absl::GetFlag(FLAGS_model));
@@ -169,11 +186,18 @@ int Run() {
               kernels::CpuIsaName(kernels::ActiveCpuIsa()), iters);
   std::printf("read probe (all cores, loads only): %.1f GB/s before the steps, %.1f after\n",
               probe_before / 1e9, Median(probe) / 1e9);
-  std::printf("%-34s %9s %6s\n", "operation", "ms/step", "kind");
+  // A GEMM's weights read per second, and that rate over the probe (both readings' mean).
+  const double probe_gbs = (probe_before + Median(probe)) / 2e9;
+  std::printf("%-34s %9s %6s %9s %9s\n", "operation", "ms/step", "kind", "GB/s", "of_probe");
   for (int op = 0; op < kForwardOps; ++op) {
     const auto o = static_cast<ForwardOp>(op);
-    std::printf("%-34s %9.3f %6s\n", ForwardOpName(o), Median(op_ms[op]),
-                IsGemm(o) ? "gemm" : "rest");
+    if (IsGemm(o)) {
+      const double gbs = WeightBytes(**weights, o) / Median(op_ms[op]) / 1e6;
+      std::printf("%-34s %9.3f %6s %9.1f %9.2f\n", ForwardOpName(o), Median(op_ms[op]), "gemm", gbs,
+                  gbs / probe_gbs);
+    } else {
+      std::printf("%-34s %9.3f %6s\n", ForwardOpName(o), Median(op_ms[op]), "rest");
+    }
   }
   std::printf("%-34s %9.3f %6s\n", "attention", Median(attention_ms), "attn");
   for (size_t k = 0; k < settings.size(); ++k) {
@@ -192,6 +216,10 @@ int Run() {
   }
   std::printf("\nforward pass %.3f ms: GEMMs %.3f, attention %.3f, rest %.3f (the draw aside)\n",
               Median(forward_ms), Median(gemm_ms), Median(attention_ms), Median(rest_ms));
+  const double gemm_gbs =
+      static_cast<double>((*weights)->gemm_weight_bytes()) / Median(gemm_ms) / 1e6;
+  std::printf("GEMMs read their weights at %.1f GB/s, %.2f of the probe (target 0.85)\n", gemm_gbs,
+              gemm_gbs / probe_gbs);
   std::printf("%-34s %9s %9s %9s %10s\n", "sampling", "step_ms", "draw_ms", "rest_ms", "rest_frac");
   for (size_t k = 0; k < settings.size(); ++k) {
     std::vector<double> step(iters), rest(iters), frac(iters);
