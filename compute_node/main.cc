@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/cpu_flags.h"
 #include "common/base/logging.h"
+#include "common/base/mutex_flags.h"
 #include "common/base/shutdown.h"
 #include "common/base/thread_name.h"
 #include "common/base/trace_flags.h"
@@ -88,6 +89,7 @@ ABSL_FLAG(bool, verify_checksums, true, "Verify the checksum of every data-plane
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  strata::ApplyMutexDeadlockDetectionFlag();
   strata::ApplyServiceThreadsFlag();
   strata::InstallShutdownHandlers();
   strata::SetLogTag(absl::GetFlag(FLAGS_name));

@@ -13,6 +13,7 @@
 #include "common/base/cpu_affinity.h"
 #include "common/base/cpu_flags.h"
 #include "common/base/logging.h"
+#include "common/base/mutex_flags.h"
 #include "common/base/shutdown.h"
 #include "common/base/trace_flags.h"
 #include "common/base/wait_policy.h"
@@ -43,6 +44,7 @@ ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics port (-1: off, 0: any free
 ABSL_FLAG(bool, prefault_kv, true, "Touch the KV cache when it is allocated");
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  strata::ApplyMutexDeadlockDetectionFlag();
   strata::InstallShutdownHandlers();
   strata::SetLogTag(absl::GetFlag(FLAGS_name));
   if (absl::Status cpus = strata::ApplyCpusFlag(absl::GetFlag(FLAGS_threads)); !cpus.ok()) {

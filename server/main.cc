@@ -6,6 +6,7 @@
 #include "absl/flags/parse.h"
 #include "common/base/cpu_flags.h"
 #include "common/base/logging.h"
+#include "common/base/mutex_flags.h"
 #include "common/base/shutdown.h"
 #include "common/control/cluster_flags.h"
 #include "common/transport/transport_flags.h"
@@ -128,6 +129,7 @@ ABSL_FLAG(bool, shutdown_nodes_on_exit, false, "Ask registered nodes to exit whe
 int main(int argc, char** argv) {
   strata::SetServiceThreadsYieldDefault(false);
   absl::ParseCommandLine(argc, argv);
+  strata::ApplyMutexDeadlockDetectionFlag();
   strata::ApplyServiceThreadsFlag();
   strata::InstallShutdownHandlers();
   strata::SetLogTag("server");
