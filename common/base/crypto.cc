@@ -25,53 +25,77 @@ using CipherContext = std::unique_ptr<EVP_CIPHER_CTX, CipherContextFree>;
 
 }  // namespace
 
-std::string Aes256GcmSeal(std::string_view key, std::string_view nonce, std::string_view aad,
-                          std::string_view plaintext) {
+struct Aes256GcmKey::Contexts {
+  CipherContext seal{EVP_CIPHER_CTX_new()};
+  CipherContext open{EVP_CIPHER_CTX_new()};
+};
+
+Aes256GcmKey::Aes256GcmKey(std::string_view key) : contexts_(std::make_unique<Contexts>()) {
   CHECK_EQ(key.size(), kAes256GcmKeyBytes);
+  CHECK(contexts_->seal != nullptr && contexts_->open != nullptr);
+  // The key now, each message's nonce later (EVP keeps the key when given none).
+  CHECK_EQ(
+      EVP_EncryptInit_ex(contexts_->seal.get(), EVP_aes_256_gcm(), nullptr, Bytes(key), nullptr),
+      1);
+  CHECK_EQ(
+      EVP_DecryptInit_ex(contexts_->open.get(), EVP_aes_256_gcm(), nullptr, Bytes(key), nullptr),
+      1);
+}
+
+Aes256GcmKey::~Aes256GcmKey() = default;
+
+std::string Aes256GcmKey::Seal(std::string_view nonce, std::string_view aad,
+                               std::string_view plaintext) {
   CHECK_EQ(nonce.size(), kAes256GcmNonceBytes);
-  CipherContext ctx(EVP_CIPHER_CTX_new());
-  CHECK(ctx != nullptr);
+  EVP_CIPHER_CTX* ctx = contexts_->seal.get();
   std::string out(plaintext.size() + kAes256GcmTagBytes, '\0');
   auto* o = reinterpret_cast<unsigned char*>(out.data());
   int n = 0;
-  CHECK_EQ(EVP_EncryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, Bytes(key), Bytes(nonce)), 1);
-  CHECK_EQ(EVP_EncryptUpdate(ctx.get(), nullptr, &n, Bytes(aad), static_cast<int>(aad.size())), 1);
-  CHECK_EQ(
-      EVP_EncryptUpdate(ctx.get(), o, &n, Bytes(plaintext), static_cast<int>(plaintext.size())), 1);
+  CHECK_EQ(EVP_EncryptInit_ex(ctx, nullptr, nullptr, nullptr, Bytes(nonce)), 1);
+  CHECK_EQ(EVP_EncryptUpdate(ctx, nullptr, &n, Bytes(aad), static_cast<int>(aad.size())), 1);
+  CHECK_EQ(EVP_EncryptUpdate(ctx, o, &n, Bytes(plaintext), static_cast<int>(plaintext.size())), 1);
   int tail = 0;
-  CHECK_EQ(EVP_EncryptFinal_ex(ctx.get(), o + n, &tail), 1);
+  CHECK_EQ(EVP_EncryptFinal_ex(ctx, o + n, &tail), 1);
   CHECK_EQ(static_cast<size_t>(n + tail), plaintext.size());
-  CHECK_EQ(EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_GET_TAG, kAes256GcmTagBytes,
-                               o + plaintext.size()),
+  CHECK_EQ(EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, kAes256GcmTagBytes, o + plaintext.size()),
            1);
   return out;
 }
 
-std::optional<std::string> Aes256GcmOpen(std::string_view key, std::string_view nonce,
-                                         std::string_view aad, std::string_view sealed) {
-  if (key.size() != kAes256GcmKeyBytes || nonce.size() != kAes256GcmNonceBytes ||
-      sealed.size() < kAes256GcmTagBytes) {
+std::optional<std::string> Aes256GcmKey::Open(std::string_view nonce, std::string_view aad,
+                                              std::string_view sealed) {
+  if (nonce.size() != kAes256GcmNonceBytes || sealed.size() < kAes256GcmTagBytes) {
     return std::nullopt;
   }
+  EVP_CIPHER_CTX* ctx = contexts_->open.get();
   const size_t length = sealed.size() - kAes256GcmTagBytes;
-  CipherContext ctx(EVP_CIPHER_CTX_new());
-  CHECK(ctx != nullptr);
   std::string out(length, '\0');
   auto* o = reinterpret_cast<unsigned char*>(out.data());
   int n = 0;
-  if (EVP_DecryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, Bytes(key), Bytes(nonce)) != 1 ||
-      EVP_DecryptUpdate(ctx.get(), nullptr, &n, Bytes(aad), static_cast<int>(aad.size())) != 1 ||
-      EVP_DecryptUpdate(ctx.get(), o, &n, Bytes(sealed), static_cast<int>(length)) != 1) {
+  if (EVP_DecryptInit_ex(ctx, nullptr, nullptr, nullptr, Bytes(nonce)) != 1 ||
+      EVP_DecryptUpdate(ctx, nullptr, &n, Bytes(aad), static_cast<int>(aad.size())) != 1 ||
+      EVP_DecryptUpdate(ctx, o, &n, Bytes(sealed), static_cast<int>(length)) != 1) {
     return std::nullopt;
   }
   // The expected tag; EVP takes a non-const pointer but does not write through it.
   std::string tag(sealed.substr(length));
-  if (EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_SET_TAG, kAes256GcmTagBytes, tag.data()) != 1) {
+  if (EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, kAes256GcmTagBytes, tag.data()) != 1) {
     return std::nullopt;
   }
   int tail = 0;
-  if (EVP_DecryptFinal_ex(ctx.get(), o + n, &tail) != 1) return std::nullopt;
+  if (EVP_DecryptFinal_ex(ctx, o + n, &tail) != 1) return std::nullopt;
   return out;
+}
+
+std::string Aes256GcmSeal(std::string_view key, std::string_view nonce, std::string_view aad,
+                          std::string_view plaintext) {
+  return Aes256GcmKey(key).Seal(nonce, aad, plaintext);
+}
+
+std::optional<std::string> Aes256GcmOpen(std::string_view key, std::string_view nonce,
+                                         std::string_view aad, std::string_view sealed) {
+  if (key.size() != kAes256GcmKeyBytes) return std::nullopt;
+  return Aes256GcmKey(key).Open(nonce, aad, sealed);
 }
 
 std::string HmacSha256(std::string_view key, std::string_view message) {

@@ -106,6 +106,38 @@ TEST(CryptoTest, Aes256GcmOpenRefusesAnythingAltered) {
   EXPECT_FALSE(Aes256GcmOpen(key, nonce, "x", empty).has_value());
 }
 
+// One key's contexts, reused message after message: each seal is the one-shot function's,
+// byte for byte, and a failed open (a wrong tag, nonce or aad) leaves the next one working.
+TEST(CryptoTest, Aes256GcmKeyGivesTheOneShotResultsMessageAfterMessage) {
+  const std::string key = SecureRandomBytes(kAes256GcmKeyBytes);
+  Aes256GcmKey sealer(key), opener(key);
+  for (int i = 0; i < 20; ++i) {
+    const std::string nonce = SecureRandomBytes(kAes256GcmNonceBytes);
+    const std::string aad = "frame " + std::to_string(i);
+    const std::string plain(static_cast<size_t>(i * 37), static_cast<char>('a' + i));
+    const std::string sealed = sealer.Seal(nonce, aad, plain);
+    ASSERT_EQ(sealed, Aes256GcmSeal(key, nonce, aad, plain)) << "message " << i;
+    if (i % 3 == 1) {
+      std::string bent = sealed;
+      bent.back() ^= 0x01;
+      EXPECT_FALSE(opener.Open(nonce, aad, bent).has_value()) << "message " << i;
+      EXPECT_FALSE(opener.Open(SecureRandomBytes(12), aad, sealed).has_value());
+      EXPECT_FALSE(opener.Open(nonce, aad + "x", sealed).has_value());
+    }
+    ASSERT_EQ(opener.Open(nonce, aad, sealed), plain) << "message " << i;
+  }
+  // The specification's test case 16 through a key object too.
+  Aes256GcmKey spec(FromHex("feffe9928665731c6d6a8f9467308308feffe9928665731c6d6a8f9467308308"));
+  const std::string plain = FromHex(
+      "d9313225f88406e5a55909c5aff5269a86a7a9531534f7da2e4c303d8a318a72"
+      "1c3c0c95956809532fcf0e2449a6b525b16aedf5aa0de657ba637b39");
+  EXPECT_EQ(HexEncode(spec.Seal(FromHex("cafebabefacedbaddecaf888"),
+                                FromHex("feedfacedeadbeeffeedfacedeadbeefabaddad2"), plain)),
+            "522dc1f099567d07f47f37a32a84427d643a8cdcbfe5c0c97598a2bd2555d1aa"
+            "8cb08e48590dbb3da7b08b1056828838c5f61e6393ba7a0abcc9f662"
+            "76fc6ece0f4e1768cddf8853bb2d551b");
+}
+
 TEST(CryptoTest, HexEncode) {
   EXPECT_EQ(HexEncode(std::string("\x00\x0f\xf0\xff", 4)), "000ff0ff");
   EXPECT_EQ(HexEncode(""), "");

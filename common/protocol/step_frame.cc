@@ -50,7 +50,8 @@ FrameSeal::FrameSeal(std::string_view deployment_key, std::string_view connectio
       key_(deployment_key.empty() || connection_secret.empty()
                ? std::string()
                : HmacSha256(deployment_key,
-                            std::string(kKeyLabel) + std::string(connection_secret))) {}
+                            std::string(kKeyLabel) + std::string(connection_secret))),
+      cipher_(key_.empty() ? nullptr : std::make_unique<Aes256GcmKey>(key_)) {}
 
 absl::StatusOr<std::string> FrameSeal::Seal(FrameKind kind, uint64_t step_id,
                                             std::string_view plaintext) {
@@ -61,7 +62,7 @@ absl::StatusOr<std::string> FrameSeal::Seal(FrameKind kind, uint64_t step_id,
   const uint64_t number = ++sent_;
   std::string out(kSealMagic, sizeof(kSealMagic));
   out += Uint64Bytes(number);
-  out += Aes256GcmSeal(key_, GcmNonce(kind, number), Aad(kind, step_id, out), plaintext);
+  out += cipher_->Seal(GcmNonce(kind, number), Aad(kind, step_id, out), plaintext);
   return out;
 }
 
@@ -85,7 +86,7 @@ absl::StatusOr<std::string> FrameSeal::Open(FrameKind kind, uint64_t step_id,
                      ", the last one opened (replayed or reordered)"));
   }
   std::optional<std::string> plain =
-      Aes256GcmOpen(key_, GcmNonce(kind, number), Aad(kind, step_id, bytes.substr(0, kPrefixBytes)),
+      cipher_->Open(GcmNonce(kind, number), Aad(kind, step_id, bytes.substr(0, kPrefixBytes)),
                     bytes.substr(kPrefixBytes));
   if (!plain) {
     return absl::PermissionDeniedError(absl::StrCat(

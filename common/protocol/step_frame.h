@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/base/crypto.h"
 #include "common/transport/frame.h"
 #include "common/transport/transport.h"
 #include "google/protobuf/message_lite.h"
@@ -63,8 +64,9 @@ class FrameSeal {
   const bool enabled_;
   const std::string key_;  // the connection's AES-256 key; empty without a secret
   std::mutex mu_;
-  uint64_t sent_ = 0;    // the last number sealed
-  uint64_t opened_ = 0;  // the last number opened
+  std::unique_ptr<Aes256GcmKey> cipher_;  // key_'s contexts; null without a secret; mu_
+  uint64_t sent_ = 0;                     // the last number sealed
+  uint64_t opened_ = 0;                   // the last number opened
 };
 
 // Sends `message` to `peer` as a frame of `kind` for step `step_id`, sealed by `seal` if it
