@@ -8,6 +8,7 @@
 #include <cstring>
 #include <random>
 
+#include "common/base/stopwatch.h"
 #include "compute_node/attention_backend.h"
 #include "compute_node/testing/generated_weights.h"
 #include "gtest/gtest.h"
@@ -157,11 +158,17 @@ TEST_F(Fixture, AProfileTimesEveryOperationAndChangesNoBit) {
   const std::vector<float> plain = Step(runner, *plain_attn, {{&a, 0, 40}});
   auto profiled_attn = NewAttention();
   OpProfile profile;
+  const Stopwatch watch;
   const std::vector<float> profiled = Step(runner, *profiled_attn, {{&a, 0, 40}}, &profile);
+  const double step_seconds = watch.ElapsedSeconds();
   ASSERT_EQ(profiled, plain);
+  double timed = 0;
   for (int op = 0; op < kForwardOps; ++op) {
     EXPECT_GT(profile.seconds[op], 0.0) << ForwardOpName(static_cast<ForwardOp>(op));
+    timed += profile.seconds[op];
   }
+  // Each operation is timed once: the parts fit in the step.
+  EXPECT_LE(timed, step_seconds);
   // The GEMMs are the linear layers and the LM head.
   int gemms = 0;
   for (int op = 0; op < kForwardOps; ++op) gemms += IsGemm(static_cast<ForwardOp>(op)) ? 1 : 0;

@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -47,18 +48,30 @@ ABSL_FLAG(int, iters, 60, "Timed steps (after 3 untimed ones)");
 namespace strata {
 namespace {
 
-// The backend it wraps, with the time of its Attend calls added up.
+// The backend it wraps, with the time of all its calls (the step's set-up, each layer,
+// the step's end) added up.
 class TimedAttention : public AttentionBackend {
  public:
   explicit TimedAttention(AttentionBackend* inner) : inner_(inner) {}
-  absl::Status BeginStep(const StepKvPlan& plan) override { return inner_->BeginStep(plan); }
-  absl::Status Attend(int layer, BatchBuffers& b, int64_t m) override {
+
+  // f(), its time added to `seconds`.
+  template <class F>
+  std::invoke_result_t<F> Timed(F&& f) {
     const Stopwatch watch;
-    absl::Status s = inner_->Attend(layer, b, m);
+    auto result = f();
     seconds += watch.ElapsedSeconds();
-    return s;
+    return result;
   }
-  AttentionStepOutcome EndStep() override { return inner_->EndStep(); }
+
+  absl::Status BeginStep(const StepKvPlan& plan) override {
+    return Timed([&] { return inner_->BeginStep(plan); });
+  }
+  absl::Status Attend(int layer, BatchBuffers& b, int64_t m) override {
+    return Timed([&] { return inner_->Attend(layer, b, m); });
+  }
+  AttentionStepOutcome EndStep() override {
+    return Timed([&] { return inner_->EndStep(); });
+  }
 
   double seconds = 0;
 
@@ -167,7 +180,7 @@ int Run() {
         drawn[b] = Sample(logits.data() + static_cast<size_t>(b) * c.vocab_size, c.vocab_size, in);
       }
       draws[k] = watch.ElapsedSeconds();
-      if (k == 0) {  // greedy: the next step's tokens
+      if (params.greedy()) {  // the next step's tokens
         for (int b = 0; b < batch; ++b) tokens[b] = drawn[b].token;
       }
     }

@@ -67,6 +67,9 @@ ABSL_FLAG(int64_t, attention_timeout_ms, 0, "Per-layer deadline on memory nodes"
 ABSL_FLAG(std::string, node_args, "", "Extra flags for compute and memory nodes, comma-separated");
 ABSL_FLAG(std::string, compute_args, "",
           "Extra flags for the compute nodes alone, comma-separated (after --node_args)");
+ABSL_FLAG(bool, mutex_deadlock_detection, false,
+          "Run abseil's Mutex deadlock detector in every process (common/base/mutex_flags.h); "
+          "the tests' deployments turn it on");
 ABSL_FLAG(bool, node_metrics, true, "Give every node a /metrics port (listed in --port_file)");
 ABSL_FLAG(std::string, bin_dir, "", "Where the built binaries are (bazel-bin)");
 ABSL_FLAG(std::string, port_file, "", "Write ports and process ids here (JSON) once healthy");
@@ -306,6 +309,11 @@ int Run() {
     }
   }
 
+  // Flags every process takes, before the ones --server_args and --node_args add.
+  const std::vector<std::string> process_args = {
+      absl::StrCat("--mutex_deadlock_detection=",
+                   absl::GetFlag(FLAGS_mutex_deadlock_detection) ? "true" : "false")};
+
   Supervisor supervisor;
   std::vector<std::string> server_argv = {
       bin + "/server/server",
@@ -319,6 +327,7 @@ int Run() {
       absl::StrCat("--grpc_port=", absl::GetFlag(FLAGS_grpc_port)),
       "--grpc_host=" + absl::GetFlag(FLAGS_host)};
   server_argv.insert(server_argv.end(), auth_args.begin(), auth_args.end());
+  server_argv.insert(server_argv.end(), process_args.begin(), process_args.end());
   if (!absl::GetFlag(FLAGS_served_model_name).empty()) {
     server_argv.push_back("--served_model_name=" + absl::GetFlag(FLAGS_served_model_name));
   }
@@ -408,6 +417,7 @@ int Run() {
     add_disk_tier(spec);
     add_trace_file(spec);
     spec.argv.insert(spec.argv.end(), auth_args.begin(), auth_args.end());
+    spec.argv.insert(spec.argv.end(), process_args.begin(), process_args.end());
     spec.argv.insert(spec.argv.end(), transport_args.begin(), transport_args.end());
     with_ports(spec);
     spec.argv.insert(spec.argv.end(), node_args.begin(), node_args.end());
@@ -448,6 +458,7 @@ int Run() {
           absl::StrCat("--attention_timeout_ms=", absl::GetFlag(FLAGS_attention_timeout_ms)));
     }
     spec.argv.insert(spec.argv.end(), auth_args.begin(), auth_args.end());
+    spec.argv.insert(spec.argv.end(), process_args.begin(), process_args.end());
     spec.argv.insert(spec.argv.end(), transport_args.begin(), transport_args.end());
     with_ports(spec);
     spec.argv.insert(spec.argv.end(), node_args.begin(), node_args.end());

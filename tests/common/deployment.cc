@@ -68,6 +68,8 @@ absl::StatusOr<std::unique_ptr<Deployment>> Deployment::Start(const DeploymentOp
   static int counter = 0;
   const std::string info_file =
       absl::StrCat(TestTmpDir(), "/deployment-", getpid(), "-", counter++, ".json");
+  // --mutex_deadlock_detection: a lock-order cycle in any of the processes fails the test
+  // (common/base/mutex_flags.h).
   std::vector<std::string> args = {
       root + "/deploy/local/launcher",
       "--bin_dir=" + root,
@@ -81,6 +83,7 @@ absl::StatusOr<std::unique_ptr<Deployment>> Deployment::Start(const DeploymentOp
       absl::StrCat("--kv_budget_mib=", options.kv_budget_mib),
       absl::StrCat("--memory_kv_budget_mib=", options.memory_kv_budget_mib),
       "--health_timeout_s=120",
+      "--mutex_deadlock_detection=true",
       ClusterSecretFlag(),
       absl::StrCat("--restart_nodes=", options.restart_nodes ? "true" : "false")};
   if (!options.api_key.empty()) args.push_back("--api_key=" + options.api_key);

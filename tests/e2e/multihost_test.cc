@@ -71,12 +71,13 @@ TEST(MultiHostTest, NodesOnSeparateHostsServeTheSameTokens) {
   std::remove(port_file.c_str());
   const std::vector<std::string> env = OpenMpEnvironmentList(1, CoreShare::kShared);
   std::vector<pid_t> pids;
-  pids.push_back((*hosts)->Spawn(
-      1,
-      {root + "/server/server", "--model=" + *model, "--host=" + scheduler_host,
-       "--control_host=" + scheduler_host, "--port=0", "--control_port=0",
-       "--port_file=" + port_file, "--compute_nodes=1", "--memory_nodes=2", ClusterSecretFlag()},
-      env));
+  pids.push_back(
+      (*hosts)->Spawn(1,
+                      {root + "/server/server", "--model=" + *model, "--host=" + scheduler_host,
+                       "--control_host=" + scheduler_host, "--port=0", "--control_port=0",
+                       "--port_file=" + port_file, "--compute_nodes=1", "--memory_nodes=2",
+                       "--mutex_deadlock_detection=true", ClusterSecretFlag()},
+                      env));
   int http_port = 0, control_port = 0;
   for (int i = 0; i < 300 && control_port == 0; ++i) {
     std::ifstream in(port_file);
@@ -91,8 +92,10 @@ TEST(MultiHostTest, NodesOnSeparateHostsServeTheSameTokens) {
   }
   ASSERT_NE(control_port, 0) << "the server did not start in its namespace";
   const std::string scheduler = absl::StrCat(scheduler_host, ":", control_port);
+  // The nodes' data plane, and abseil's deadlock detector as in every test's processes.
   const std::vector<std::string> ucx = {"--ucx_tls=tcp", "--ucx_net_devices=eth0",
-                                        "--transport_error_mode=peer"};
+                                        "--transport_error_mode=peer",
+                                        "--mutex_deadlock_detection=true"};
   for (int m = 0; m < 2; ++m) {
     const int host = 3 + m;
     std::vector<std::string> argv = {root + "/memory_node/memory_node",

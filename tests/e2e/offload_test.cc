@@ -265,12 +265,12 @@ TEST(OffloadTest, ComputeNodeThatLeavesStopsAdmissionUntilItReturns) {
   EXPECT_EQ(refused.status, 503) << refused.error;
   // A compute node registers under the same name: admitted again.
   const std::string root = RunfilesRoot();
-  const pid_t again =
-      SpawnProcess({root + "/compute_node/compute_node", "--model=" + (*d)->model_dir(),
-                    absl::StrCat("--scheduler=127.0.0.1:", (*d)->control_port()),
-                    "--name=compute-0", "--threads=1", "--ucx_tls=tcp", "--ucx_net_devices=lo",
-                    "--transport_error_mode=peer", ClusterSecretFlag()},
-                   OpenMpEnvironmentList(1, CoreShare::kShared));
+  const pid_t again = SpawnProcess(
+      {root + "/compute_node/compute_node", "--model=" + (*d)->model_dir(),
+       absl::StrCat("--scheduler=127.0.0.1:", (*d)->control_port()), "--name=compute-0",
+       "--threads=1", "--ucx_tls=tcp", "--ucx_net_devices=lo", "--transport_error_mode=peer",
+       "--mutex_deadlock_detection=true", ClusterSecretFlag()},
+      OpenMpEnvironmentList(1, CoreShare::kShared));
   ASSERT_TRUE(WaitHealth(port, 200, absl::Seconds(60)));
   const Completion after = Complete(port, prompts[0], 8);
   ASSERT_EQ(after.status, 200) << after.error;
