@@ -8,6 +8,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/elementwise.h"
 
 namespace strata {
 namespace {
@@ -162,6 +163,115 @@ TEST(Sampler, TopPOnALargeVocabularyUsesTheSameNucleus) {
     in.output_position = i;
     const int32_t t = Sample(logits.data(), logits.size(), in).token;
     ASSERT_TRUE(keep[t]) << "token " << t << " is outside the nucleus";
+  }
+}
+
+// The draw for a temperature and top_p alone, written out plainly: the weights and the
+// largest logit from the same kernels the sampler uses, then the nucleus as the sampler
+// defines it, one token at a time: rank keys (sixteenths of a nat below the largest logit
+// after the temperature, NaN and everything from 2047 on in key 2047), each key's mass, the
+// tokens of the keys before the one where the mass reaches top_p by id, then that key's
+// tokens best first until it does; and the draw over that list in its order.
+int32_t TopPDrawByTheDefinition(const std::vector<float>& logits, const SamplingParams& p,
+                                int64_t position) {
+  const auto n = static_cast<int32_t>(logits.size());
+  const float max_logit = logits[kernels::Argmax(n, logits.data())];
+  const float scale = 1.0f / p.temperature;
+  std::vector<float> weight(n);
+  double total = kernels::ExpShifted(n, logits.data(), max_logit, scale, weight.data());
+  if (!(total <= static_cast<double>(n))) {
+    total = 0.0;
+    for (int32_t t = 0; t < n; ++t) {
+      if (std::isnan(logits[t]) || !(weight[t] <= 1.0f)) weight[t] = 0.0f;
+      total += weight[t];
+    }
+  }
+  const double target = p.top_p * total;
+  constexpr int kKeys = 2048;
+  std::vector<int> key(n);
+  std::vector<double> mass(2 * kKeys, 0.0);
+  for (int32_t t = 0; t < n; ++t) {
+    const float d = (max_logit - logits[t]) * scale * 16.0f;
+    key[t] = d < static_cast<float>(kKeys - 1) ? static_cast<int>(d) : kKeys - 1;
+    mass[(t & 1) * kKeys + key[t]] += weight[t];
+  }
+  int boundary = kKeys - 1;
+  double above = 0.0;
+  for (int k = 0; k < kKeys; ++k) {
+    const double m = mass[k] + mass[kKeys + k];
+    if (m > 0.0 && above + m >= target) {
+      boundary = k;
+      break;
+    }
+    above += m;
+  }
+  std::vector<int32_t> cand, edge;
+  for (int32_t t = 0; t < n; ++t) {
+    if (key[t] < boundary) cand.push_back(t);
+    if (key[t] == boundary) edge.push_back(t);
+  }
+  std::sort(edge.begin(), edge.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  for (int32_t t : edge) {
+    if (above >= target && !cand.empty()) break;
+    cand.push_back(t);
+    above += weight[t];
+  }
+  double kept = 0.0;
+  for (int32_t t : cand) kept += weight[t];
+  const double goal = CounterUniform(p.seed, 0, position) * kept;
+  double cumulative = 0.0;
+  for (int32_t t : cand) {
+    cumulative += weight[t];
+    if (cumulative > goal) return t;
+  }
+  for (auto it = cand.rbegin(); it != cand.rend(); ++it) {
+    if (weight[*it] > 0.0f) return *it;
+  }
+  return cand.back();
+}
+
+// The nucleus over a whole vocabulary computes its keys several tokens at a time and
+// collects each block's members from bit masks; every draw must be the definition's, on
+// vocabularies shorter than a block, not a multiple of one, with NaN, infinite and tied
+// logits, and a nucleus of one token or of nearly all.
+TEST(Sampler, TopPDrawsAreThoseOfTheNucleusDefinition) {
+  std::vector<std::vector<float>> cases;
+  for (int n : {1, 2, 7, 8, 9, 15, 16, 17, 33, 100, 1001, 32003}) {
+    cases.push_back(RandomLogits(n, 100 + n, 1.5f));
+  }
+  std::vector<float> special = RandomLogits(45, 7, 1.0f);
+  special[3] = std::numeric_limits<float>::quiet_NaN();
+  special[20] = -std::numeric_limits<float>::infinity();
+  special[41] = std::numeric_limits<float>::quiet_NaN();  // in the last, partial block
+  special[44] = -std::numeric_limits<float>::infinity();
+  special[10] = special[11] = special[30] = 2.5f;  // ties
+  cases.push_back(special);
+  std::vector<float> flat(70, 0.25f);  // one key: the edge is every token
+  flat[69] = std::numeric_limits<float>::quiet_NaN();
+  cases.push_back(flat);
+  std::vector<float> far = RandomLogits(300, 9, 1.0f);
+  far[5] = 400.0f;  // every other token past key 2047
+  cases.push_back(far);
+  for (size_t c = 0; c < cases.size(); ++c) {
+    for (float temperature : {0.3f, 1.0f}) {
+      for (float top_p : {0.05f, 0.5f, 0.9f, 0.999f}) {
+        SamplingParams p;
+        p.temperature = temperature;
+        p.top_p = top_p;
+        p.seed = 17 + c;
+        SampleInput in;
+        in.params = &p;
+        for (int64_t position = 0; position < 40; ++position) {
+          in.output_position = position;
+          ASSERT_EQ(Sample(cases[c].data(), static_cast<int32_t>(cases[c].size()), in).token,
+                    TopPDrawByTheDefinition(cases[c], p, position))
+              << "case " << c << " (" << cases[c].size() << " tokens), temperature " << temperature
+              << ", top_p " << top_p << ", position " << position;
+        }
+      }
+    }
   }
 }
 
