@@ -98,10 +98,14 @@ def calibrate(bin_dir, model, compute_cpu, memory_cpu):
          f"--kv_heads={kv_heads}", f"--head_dim={head_dim}", "--seconds=0.5", "--probe=false"],
         env=env, capture_output=True, text=True, check=True, cwd="/tmp").stdout
     attention = []
+    columns = None
     for line in out.splitlines():
         f = line.split()
-        if len(f) == 6 and f[1].isdigit():
-            attention.append((int(f[1]), int(f[2]), float(f[3]) * layers))
+        if f[:1] == ["isa"]:
+            columns = {name: i for i, name in enumerate(f)}
+        elif columns and len(f) == len(columns) and f[columns["batch"]].isdigit():
+            attention.append((int(f[columns["batch"]]), int(f[columns["ctx"]]),
+                              float(f[columns["layer_us"]]) * layers))
     if not attention:
         raise RuntimeError("attention_bench printed no figures:\n" + out)
     compute_us = ",".join(f"{b}:{statistics.median(v):.1f}" for b, v in sorted(gemm.items()))

@@ -8,6 +8,7 @@
 // Calls rotate through layers of KV that together far exceed the last-level cache, so that
 // every call reads from DRAM, as in a real step where the weights stream in between. Slots
 // are scattered in runs of 16 positions by default (--scatter_tokens), as serving leaves them.
+// The KV cache holds bf16 by default; --kv_dtypes=bf16,f16 runs both element types.
 //
 //   bazel run -c opt //kernels/cpu/bench:attention_bench -- --batches=1,8,64 --contexts=256,2048
 #include <omp.h>
@@ -19,11 +20,13 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/base/stopwatch.h"
 #include "common/bench/fma_probe.h"
 #include "common/bench/int_list.h"
@@ -40,6 +43,7 @@ ABSL_FLAG(int, rotate_mb, 512,
           "The cache rotates through layers of at least this many MB in all, so that every call "
           "reads from DRAM as in a real step");
 ABSL_FLAG(std::string, isas, "", "Instruction sets to run (default: the active one)");
+ABSL_FLAG(std::string, kv_dtypes, "bf16", "KV cache element types to run: bf16, f16 or both");
 ABSL_FLAG(double, seconds, 2.0, "Approximate time per configuration and instruction set");
 ABSL_FLAG(int, scatter_tokens, 16,
           "Slots come in runs of this many consecutive positions, the runs in random order over "
@@ -51,12 +55,34 @@ ABSL_FLAG(bool, probe, true,
 namespace strata::kernels {
 namespace {
 
+// Every (instruction set, KV type) pair, instruction sets outermost.
+std::vector<std::pair<CpuIsa, KvDType>> IsaAndKvPairs(const std::vector<CpuIsa>& isas,
+                                                      const std::vector<KvDType>& kv_dtypes) {
+  std::vector<std::pair<CpuIsa, KvDType>> pairs;
+  for (CpuIsa isa : isas) {
+    for (KvDType kv : kv_dtypes) pairs.emplace_back(isa, kv);
+  }
+  return pairs;
+}
+
 int Run() {
   AttentionParams p;
   p.num_heads = absl::GetFlag(FLAGS_heads);
   p.num_kv_heads = absl::GetFlag(FLAGS_kv_heads);
   p.head_dim = absl::GetFlag(FLAGS_head_dim);
   p.scale = 1.0f / std::sqrt(static_cast<float>(p.head_dim));
+  std::vector<KvDType> kv_dtypes;
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_kv_dtypes), ',')) {
+    if (name == "bf16") {
+      kv_dtypes.push_back(KvDType::kBF16);
+    } else if (name == "f16") {
+      kv_dtypes.push_back(KvDType::kF16);
+    } else {
+      std::fprintf(stderr, "--kv_dtypes: unknown type \"%s\" (bf16 or f16)\n",
+                   std::string(name).c_str());
+      return 2;
+    }
+  }
   // The probe is read beside each line, 2 passes just before its kernel runs and 2 just
   // after, and the line is reported against their median: the machine's bandwidth moves
   // within a run (one probe at the start put the same 64 x 2048 line at 0.49 and at 0.73
@@ -77,8 +103,8 @@ int Run() {
                 .c_str()
           : "contiguous per row");
   const std::vector<CpuIsa> isas = CpuIsasFromList(absl::GetFlag(FLAGS_isas));
-  std::printf("%-11s %6s %6s %9s %9s %8s %8s %7s\n", "isa", "batch", "ctx", "layer_us", "KV_GB/s",
-              "of_probe", "GFLOP/s", "of_fma");
+  std::printf("%-11s %4s %6s %6s %9s %9s %8s %8s %7s\n", "isa", "kv", "batch", "ctx", "layer_us",
+              "KV_GB/s", "of_probe", "GFLOP/s", "of_fma");
   const int64_t row_elems = static_cast<int64_t>(p.num_kv_heads) * p.head_dim;
   for (int ctx : ParseIntList(absl::GetFlag(FLAGS_contexts))) {
     for (int batch : ParseIntList(absl::GetFlag(FLAGS_batches))) {
@@ -93,7 +119,8 @@ int Run() {
       auto* kv = static_cast<uint16_t*>(aligned_alloc(2u << 20, kv_alloc));
       madvise(kv, kv_alloc, MADV_HUGEPAGE);
       std::mt19937 rng(1);
-      for (size_t i = 0; i < kv_elems; ++i) kv[i] = 0x3c00 | (rng() & 0x7f);  // about 0.01
+      // About 0.01 as bf16, about 1 as f16: ordinary numbers either way.
+      for (size_t i = 0; i < kv_elems; ++i) kv[i] = 0x3c00 | (rng() & 0x7f);
       std::vector<uint16_t> q(static_cast<size_t>(batch) * p.num_heads * p.head_dim, 0x3f80);
       std::vector<int32_t> slot_table(slots);
       for (int64_t i = 0; i < slots; ++i) slot_table[i] = static_cast<int32_t>(i);
@@ -113,8 +140,9 @@ int Run() {
       }
       std::vector<float> state(static_cast<size_t>(batch) * p.num_heads * (p.head_dim + 2));
       std::vector<uint16_t> out(q.size());
-      for (CpuIsa isa : isas) {
+      for (const auto& [isa, kv_dtype] : IsaAndKvPairs(isas, kv_dtypes)) {
         if (!ForceCpuIsa(isa)) continue;
+        p.kv_dtype = kv_dtype;
         const int iters = std::max(
             3, static_cast<int>(absl::GetFlag(FLAGS_seconds) * 1e10 / (kv_bytes * layers)));
         // The FMA probe at the width the path computes in, once before and once after.
@@ -141,8 +169,9 @@ int Run() {
         const double probe = probes.empty() ? 0.0 : Median(probes);
         const double fma_peak =
             fma_peaks.empty() ? 0.0 : (fma_peaks.front() + fma_peaks.back()) / 2;
-        std::printf("%-11s %6d %6d %9.1f %9.1f %8.2f %8.1f %7.2f\n", CpuIsaName(isa), batch, ctx,
-                    best * 1e6, kv_bytes / best / 1e9, probe > 0 ? kv_bytes / best / probe : 0.0,
+        std::printf("%-11s %4s %6d %6d %9.1f %9.1f %8.2f %8.1f %7.2f\n", CpuIsaName(isa),
+                    kv_dtype == KvDType::kF16 ? "f16" : "bf16", batch, ctx, best * 1e6,
+                    kv_bytes / best / 1e9, probe > 0 ? kv_bytes / best / probe : 0.0,
                     flops / best / 1e9, fma_peak > 0 ? flops / best / fma_peak : 0.0);
       }
       free(kv);
