@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -31,12 +32,14 @@ inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Per-thread scratch: one row's query and one (tile, KV head)'s state.
 struct ItemScratch {
-  std::vector<float> q;       // [num_heads][head_dim] one row's query as f32
-  std::vector<float> scores;  // [group][kTile] scores, then probabilities
-  std::vector<float> acc;     // [group][head_dim] one tile's unnormalised output
-  std::vector<float> m, l;    // [group]
+  std::vector<float> q;          // [num_heads][head_dim] one row's query as f32
+  std::vector<uint16_t> q_bf16;  // the same, as given (bf16), for the bf16 dot products
+  std::vector<float> scores;     // [group][kTile] scores, then probabilities
+  std::vector<float> acc;        // [group][head_dim] one tile's unnormalised output
+  std::vector<float> m, l;       // [group]
   void Reserve(int num_heads, int group, int head_dim) {
     q.resize(static_cast<size_t>(num_heads) * head_dim);
+    q_bf16.resize(static_cast<size_t>(num_heads) * head_dim);
     scores.resize(static_cast<size_t>(group) * kTile);
     acc.resize(static_cast<size_t>(group) * head_dim);
     m.resize(group);
@@ -85,13 +88,41 @@ inline float ExpScalar(float x) {
   return out[0];
 }
 
+template <class Ops, class = void>
+struct HasBf16Dot : std::false_type {};
+template <class Ops>
+struct HasBf16Dot<Ops, std::void_t<decltype(Ops::kBf16Dot)>> : std::true_type {};
+
+// Whether q.k of this key type runs on bf16 dot products (Ops::DotPairs, vdpbf16ps) over
+// the query as given in bf16, rather than on f32 fused products over the widened keys. One
+// or the other for every q.k of an instruction set and key type, in the head-by-head walk
+// and the tile kernels alike, so that they give the same bits. Pairs of elements fold into
+// each lane, so the dot's bits differ from the f32 chain's (and from other instruction
+// sets'). Grouped-query shapes, whose keys each serve several query heads, took 5-11% less
+// time this way; MHA the same (docs/benchmarks.md, "q.k of bf16 keys on the BF16 dot
+// product").
+template <class Ops, KvDType kKv>
+inline constexpr bool kBf16Dots = (kKv == KvDType::kBF16) && HasBf16Dot<Ops>::value;
+
+// acc + q.k over `d` elements (a multiple of 16) on bf16 dot products: 32 at a time, then
+// the last 16 if d is not a multiple of 32.
+template <class Ops>
+inline typename Ops::V DotBf16(const uint16_t* q, const uint16_t* k, int d, typename Ops::V acc) {
+  int c = 0;
+  for (; c + 32 <= d; c += 32) {
+    acc = Ops::DotPairs(acc, Ops::LoadPairs(q + c), Ops::LoadPairs(k + c));
+  }
+  if (c < d) acc = Ops::DotPairs(acc, Ops::LoadHalfPairs(q + c), Ops::LoadHalfPairs(k + c));
+  return acc;
+}
+
 // Computes the softmax state of tile `tile` for the `group` query heads that share one KV
 // head, for a head size known only at run time (TileHeadsSlotMajor serves the others).
 // kv_* point at that KV head inside slot 0; slot s is at + s * slot_stride.
 template <class Ops, KvDType kKv>
 void TileState(int d, int group, float scale, const AttentionRow& row, int tile, const float* q_f32,
-               const uint16_t* k_base, const uint16_t* v_base, int64_t slot_stride,
-               const NextKeys& next, ItemScratch& s) {
+               const uint16_t* q_bf16, const uint16_t* k_base, const uint16_t* v_base,
+               int64_t slot_stride, const NextKeys& next, ItemScratch& s) {
   constexpr int L = Ops::kLanes;
   const int chunks = d / L;
   const int pos0 = tile * kTile;
@@ -105,8 +136,12 @@ void TileState(int d, int group, float scale, const AttentionRow& row, int tile,
       const uint16_t* k = k_base + slots[j] * slot_stride;
       if (g == 0) PrefetchLines(v_base + slots[j] * slot_stride, d * 2);
       typename Ops::V dot = Ops::Zero();
-      for (int c = 0; c < chunks; ++c) {
-        dot = Ops::Fma(Ops::Load(q + c * L), Ops::template LoadKv<kKv>(k + c * L), dot);
+      if constexpr (kBf16Dots<Ops, kKv>) {
+        dot = DotBf16<Ops>(q_bf16 + static_cast<size_t>(g) * d, k, d, dot);
+      } else {
+        for (int c = 0; c < chunks; ++c) {
+          dot = Ops::Fma(Ops::Load(q + c * L), Ops::template LoadKv<kKv>(k + c * L), dot);
+        }
       }
       scores[j] = Ops::ReduceAdd(dot) * scale;
     }
@@ -159,17 +194,30 @@ inline void MergeInto(int d, float* state, float tile_m, float tile_l, const flo
   m = new_m;
 }
 
-// q.k of one key for G query heads (their queries kDim floats apart) at once, the dots in
-// registers: out[g * kTile] = scale * (q_g . k). Each dot is TileState's: fused products
-// over ascending chunks, then one reduction.
+// q.k of one key for G query heads (their queries kDim elements apart, as f32 in `q` and as
+// given in `q_bf16`) at once, the dots in registers: out[g * kTile] = scale * (q_g . k).
+// Each dot is TileState's: fused products over ascending chunks (bf16 dot products where
+// kBf16Dots), then one reduction.
 template <class Ops, KvDType kKv, int kDim, int G>
-inline void KeyDots(const float* q, const uint16_t* k, float scale, float* out) {
+inline void KeyDots(const float* q, const uint16_t* q_bf16, const uint16_t* k, float scale,
+                    float* out) {
   constexpr int L = Ops::kLanes;
   typename Ops::V dot[G];
   for (int g = 0; g < G; ++g) dot[g] = Ops::Zero();
-  for (int c = 0; c < kDim / L; ++c) {
-    const typename Ops::V kv = Ops::template LoadKv<kKv>(k + c * L);
-    for (int g = 0; g < G; ++g) dot[g] = Ops::Fma(Ops::Load(q + g * kDim + c * L), kv, dot[g]);
+  if constexpr (kBf16Dots<Ops, kKv>) {
+    // DotBf16's products in its order, each key chunk loaded once for the G heads.
+    static_assert(kDim % 32 == 0);
+    for (int c = 0; c < kDim; c += 32) {
+      const auto kc = Ops::LoadPairs(k + c);
+      for (int g = 0; g < G; ++g) {
+        dot[g] = Ops::DotPairs(dot[g], Ops::LoadPairs(q_bf16 + g * kDim + c), kc);
+      }
+    }
+  } else {
+    for (int c = 0; c < kDim / L; ++c) {
+      const typename Ops::V kv = Ops::template LoadKv<kKv>(k + c * L);
+      for (int g = 0; g < G; ++g) dot[g] = Ops::Fma(Ops::Load(q + g * kDim + c * L), kv, dot[g]);
+    }
   }
   for (int g = 0; g < G; ++g) out[g * kTile] = Ops::ReduceAdd(dot[g]) * scale;
 }
@@ -242,6 +290,7 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   m.resize(heads);
   l.resize(heads);
   const float* q = q_row_f32 + static_cast<size_t>(h0) * group * kDim;
+  const uint16_t* q_bf16 = s.q_bf16.data() + static_cast<size_t>(h0) * group * kDim;
 
   // The work after this one: its keys are requested during q.k, slot for slot, and its
   // values during p.v, so that its reads spread over all of this tile's work.
@@ -266,10 +315,10 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
       }
       for (int g0 = 0; g0 < group; g0 += kHeadsAtOnce) {
         const size_t h = static_cast<size_t>(kvh * group + g0);
-        const float* qh = q + h * kDim;
         float* out = scores.data() + h * kTile + j;
         WithCount<kHeadsAtOnce>(group - g0, [&](auto heads_now) {
-          KeyDots<Ops, kKv, kDim, decltype(heads_now)::value>(qh, k, p.scale, out);
+          KeyDots<Ops, kKv, kDim, decltype(heads_now)::value>(q + h * kDim, q_bf16 + h * kDim, k,
+                                                              p.scale, out);
         });
       }
     }
@@ -382,8 +431,9 @@ void TileHeadsByHead(const AttentionParams& p, const float* q_row_f32, const Att
     }
     const NextKeys next = kvh + 1 < h1 ? TileKeys(p, row, tile, kvh + 1, h1, k_cache) : after;
     const size_t q_offset = static_cast<size_t>(kvh) * group * d;
-    TileState<Ops, kKv>(d, group, p.scale, row, tile, q_row_f32 + q_offset, k_cache + kvh * d,
-                        v_cache + kvh * d, slot_stride, next, s);
+    TileState<Ops, kKv>(d, group, p.scale, row, tile, q_row_f32 + q_offset,
+                        s.q_bf16.data() + q_offset, k_cache + kvh * d, v_cache + kvh * d,
+                        slot_stride, next, s);
     sink(kvh);
   }
 }
@@ -435,6 +485,7 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
   auto load_q = [&](int r, ItemScratch& s) {
     const uint16_t* q_row = q + r * row_q;
     for (size_t i = 0; i < row_q; ++i) s.q[i] = Bf16ToFloat(q_row[i]);
+    if constexpr (kBf16Dots<Ops, kKv>) std::copy_n(q_row, row_q, s.q_bf16.data());
   };
   auto merge_tile = [&](float* st, const ItemScratch& s) {
     for (int g = 0; g < group; ++g) {

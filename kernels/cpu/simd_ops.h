@@ -118,10 +118,25 @@ struct Avx512Ops {
 #ifdef __AVX512BF16__
 // AVX-512 in the translation unit built with the BF16 extension (kernels_avx512bf16.cc). The
 // same operations as Avx512Ops, in a type of its own, so that what that unit instantiates
-// never stands in for the plain AVX-512 unit's code at link time. Attention uses no bf16
-// dot product: a tile kernel built on vdpbf16ps was measured slower than the f32 one
-// (docs/benchmarks.md, "Attention slot by slot on every instruction set").
+// never stands in for the plain AVX-512 unit's code at link time; and bf16 dot products
+// (vdpbf16ps), which attention's q.k of bf16 keys runs on (attention_impl.h, kBf16Dots):
+// each f32 lane adds the products of one pair of bf16 elements, the odd one first, each
+// addition rounded as a fused multiply-add rounds it (the products of two bf16 are exact
+// in f32), inputs and results below the normal range taken as zero. (An earlier tile
+// kernel built on them was slower than the f32 one for its p.v, docs/benchmarks.md,
+// "Attention slot by slot on every instruction set"; q.k alone is faster on them, "q.k of
+// bf16 keys on the BF16 dot product".)
 struct Avx512Bf16Ops : Avx512Ops {
+  static constexpr bool kBf16Dot = true;
+  using Pairs = __m512bh;  // 32 bf16: 16 pairs
+  static Pairs LoadPairs(const uint16_t* p) {
+    return reinterpret_cast<__m512bh>(_mm512_loadu_si512(p));
+  }
+  // 16 bf16 (8 pairs) into the low half, zeros above: their products add nothing.
+  static Pairs LoadHalfPairs(const uint16_t* p) {
+    return reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(0xffff, p));
+  }
+  static V DotPairs(V acc, Pairs a, Pairs b) { return _mm512_dpbf16_ps(acc, a, b); }
   static V Exp(V x) {
     return PolyExp<Avx512Bf16Ops>(x, [](V y, V n) { return _mm512_scalef_ps(y, n); });
   }
