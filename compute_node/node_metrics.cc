@@ -102,6 +102,14 @@ ComputeNodeMetrics::ComputeNodeMetrics(std::shared_ptr<metrics::MetricsRegistry>
                            "channel's transport thread.")
                        .Register(r)
                        .Add({{"node", node_}});
+  answers_polled_ = &prometheus::BuildCounter()
+                         .Name("strata_data_plane_answers_polled_total")
+                         .Help(
+                             "Attention answers from memory nodes that the step thread, waiting "
+                             "for its layer, took off the data plane's transport itself "
+                             "(answer_spin), rather than the transport thread.")
+                         .Register(r)
+                         .Add({{"node", node_}});
   registry_->AddRefresh([this] { Refresh(); });
 }
 
@@ -187,6 +195,7 @@ void ComputeNodeMetrics::Refresh() {
                         static_cast<double>(s.stale_frames));
   metrics::SetCounterTo(errors_->Add({{"node", node_}, {"kind", "timeout"}}),
                         static_cast<double>(s.timeouts));
+  metrics::SetCounterTo(*answers_polled_, static_cast<double>(s.answers_polled));
 }
 
 }  // namespace strata

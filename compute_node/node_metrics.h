@@ -60,6 +60,7 @@ class ComputeNodeMetrics {
   prometheus::Family<prometheus::Counter>* contexts_;  // rotational pipelining
   prometheus::Family<prometheus::Counter>* step_frames_;
   prometheus::Counter* plans_polled_;
+  prometheus::Counter* answers_polled_;
 
   // The bubble ratio over the interval since the previous scrape: the step thread's idle
   // time (waiting for attention, or for a plan) over the interval's wall time. With two

@@ -181,6 +181,8 @@ TEST_F(MetricsTest, SplitMetricsShowTheDataPlane) {
   EXPECT_GT(Sum(c, "strata_data_plane_bytes_total\\{.*direction=\"received\".*\\}"), 0);
   EXPECT_GT(Sum(c, "strata_attention_round_trip_seconds_count\\{.*\\}"), 0);
   EXPECT_EQ(Sum(c, "strata_data_plane_errors_total\\{.*\\}"), 0);
+  // How many answers the waiting step thread took itself depends on timing: only exported.
+  EXPECT_TRUE(c.count("strata_data_plane_answers_polled_total{node=\"compute-0\"}"));
   EXPECT_TRUE(c.count("strata_pipeline_bubble_ratio{node=\"compute-0\",role=\"compute\"}"));
   EXPECT_GT(Sum(c, "strata_compute_node_steps_total\\{.*\\}"), 0);
   // Several steps on one stream: the node waited for each next plan, and says how long.
