@@ -47,15 +47,15 @@ std::string Aad(FrameKind kind, uint64_t step_id, std::string_view prefix) {
 
 FrameSeal::FrameSeal(std::string_view deployment_key, std::string_view connection_secret)
     : enabled_(!deployment_key.empty()),
-      key_(deployment_key.empty() || connection_secret.empty()
-               ? std::string()
-               : HmacSha256(deployment_key,
-                            std::string(kKeyLabel) + std::string(connection_secret))),
-      cipher_(key_.empty() ? nullptr : std::make_unique<Aes256GcmKey>(key_)) {}
+      cipher_(deployment_key.empty() || connection_secret.empty()
+                  ? nullptr
+                  : std::make_unique<Aes256GcmKey>(HmacSha256(
+                        deployment_key, std::string(kKeyLabel) + std::string(connection_secret)))) {
+}
 
 absl::StatusOr<std::string> FrameSeal::Seal(FrameKind kind, uint64_t step_id,
                                             std::string_view plaintext) {
-  if (key_.empty()) {
+  if (cipher_ == nullptr) {
     return absl::FailedPreconditionError("the connection has no secret to seal its frames with");
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -68,7 +68,7 @@ absl::StatusOr<std::string> FrameSeal::Seal(FrameKind kind, uint64_t step_id,
 
 absl::StatusOr<std::string> FrameSeal::Open(FrameKind kind, uint64_t step_id,
                                             std::span<const uint8_t> payload) {
-  if (key_.empty()) {
+  if (cipher_ == nullptr) {
     return absl::FailedPreconditionError("the connection has no secret to open its frames with");
   }
   const std::string_view bytes(reinterpret_cast<const char*>(payload.data()), payload.size());

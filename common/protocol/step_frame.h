@@ -62,11 +62,12 @@ class FrameSeal {
 
  private:
   const bool enabled_;
-  const std::string key_;  // the connection's AES-256 key; empty without a secret
+  // The connection's AES-256 key (from the deployment key and the connection secret), used
+  // under mu_; null without a secret.
+  const std::unique_ptr<Aes256GcmKey> cipher_;
   std::mutex mu_;
-  std::unique_ptr<Aes256GcmKey> cipher_;  // key_'s contexts; null without a secret; mu_
-  uint64_t sent_ = 0;                     // the last number sealed
-  uint64_t opened_ = 0;                   // the last number opened
+  uint64_t sent_ = 0;    // the last number sealed
+  uint64_t opened_ = 0;  // the last number opened
 };
 
 // Sends `message` to `peer` as a frame of `kind` for step `step_id`, sealed by `seal` if it
