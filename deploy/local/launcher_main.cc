@@ -264,16 +264,10 @@ int Run() {
                                      "--transport_error_mode=peer"}
           : std::vector<std::string>{"--ucx_tls=sm,self,tcp", "--ucx_net_devices=lo",
                                      "--transport_error_mode=none"};
-  std::vector<std::string> node_args;
-  for (absl::string_view extra :
-       absl::StrSplit(absl::GetFlag(FLAGS_node_args), ',', absl::SkipEmpty())) {
-    node_args.emplace_back(extra);
-  }
-  std::vector<std::string> compute_args;
-  for (absl::string_view extra :
-       absl::StrSplit(absl::GetFlag(FLAGS_compute_args), ',', absl::SkipEmpty())) {
-    compute_args.emplace_back(extra);
-  }
+  const std::vector<std::string> node_args =
+      absl::StrSplit(absl::GetFlag(FLAGS_node_args), ',', absl::SkipEmpty());
+  const std::vector<std::string> compute_args =
+      absl::StrSplit(absl::GetFlag(FLAGS_compute_args), ',', absl::SkipEmpty());
   auto api_key = ApiKeyFromFlags(absl::GetFlag(FLAGS_api_key), absl::GetFlag(FLAGS_api_key_file),
                                  "STRATA_API_KEY");
   if (!api_key.ok()) {
