@@ -110,9 +110,9 @@ absl::StatusOr<StartedMemoryNode> ConfigureMemoryNode(const std::string& control
 }
 
 absl::StatusOr<std::vector<StartedMemoryNode>> StartMemoryNodes(
-    Supervisor& supervisor, int count, const std::string& tls, bool pin, const ModelConfig& model,
-    int64_t slots, std::vector<std::string> args, const std::vector<int>& pin_cpus) {
-  const std::string binary = MemoryNodeBinary();
+    Supervisor& supervisor, const std::string& binary, int count, const std::string& tls, bool pin,
+    const ModelConfig& model, int64_t slots, std::vector<std::string> args,
+    const std::vector<int>& pin_cpus) {
   if (!std::filesystem::exists(binary)) {
     return absl::NotFoundError("no memory_node binary at " + binary +
                                " (build //memory_node:memory_node)");

@@ -40,14 +40,15 @@ absl::StatusOr<StartedMemoryNode> ConfigureMemoryNode(const std::string& control
 
 control::NodeStatus MemoryNodeStatus(const std::string& control);
 
-// Starts `count` memory nodes on loopback with UCX `tls`, configured with `slots` each;
-// they stop with `supervisor`. With `pin`, each runs on its own share of this process's
-// cores (SplitCpus, as the launcher does; `pin_cpus` instead where not empty) with a thread
-// per core; otherwise each gets the cores divided by `count` in threads, placed by the
-// kernel. `args` are added to each node's flags.
+// Starts `count` memory nodes (the memory_node executable `binary`) on loopback with UCX `tls`,
+// configured with `slots` each; they stop with `supervisor`. With `pin`, each runs on its own share
+// of this process's cores (SplitCpus, as the launcher does; `pin_cpus` instead where not empty)
+// with a thread per core; otherwise each gets the cores divided by `count` in threads, placed by
+// the kernel. `args` are added to each node's flags.
 absl::StatusOr<std::vector<StartedMemoryNode>> StartMemoryNodes(
-    Supervisor& supervisor, int count, const std::string& tls, bool pin, const ModelConfig& model,
-    int64_t slots, std::vector<std::string> args = {}, const std::vector<int>& pin_cpus = {});
+    Supervisor& supervisor, const std::string& binary, int count, const std::string& tls, bool pin,
+    const ModelConfig& model, int64_t slots, std::vector<std::string> args = {},
+    const std::vector<int>& pin_cpus = {});
 
 // The addresses RemoteAttention needs.
 std::vector<MemoryNodeAddress> Addresses(const std::vector<StartedMemoryNode>& nodes);

@@ -167,7 +167,8 @@ int Breakdown(const ModelWeights& weights, const std::string& memory_bin) {
   }
   Supervisor supervisor;
   auto started = bench::StartMemoryNodes(
-      supervisor, n_mem, absl::GetFlag(FLAGS_tls), absl::GetFlag(FLAGS_pin_memory_nodes), c, slots,
+      supervisor, memory_bin, n_mem, absl::GetFlag(FLAGS_tls),
+      absl::GetFlag(FLAGS_pin_memory_nodes), c, slots,
       {absl::StrCat("--ucx_eager_max_bytes=", absl::GetFlag(FLAGS_eager_max_bytes))}, memory_cpus);
   if (!started.ok()) {
     std::fprintf(stderr, "%s\n", std::string(started.status().message()).c_str());

@@ -92,8 +92,8 @@ Result RunMode(const ModelWeights& weights, bool disaggregated) {
   if (disaggregated) {
     const int64_t slots = (absl::GetFlag(FLAGS_memory_kv_mib) << 20) / per_token;
     const int n = absl::GetFlag(FLAGS_memory_nodes);
-    auto nodes =
-        bench::StartMemoryNodes(supervisor, n, absl::GetFlag(FLAGS_tls), /*pin=*/true, c, slots);
+    auto nodes = bench::StartMemoryNodes(supervisor, bench::MemoryNodeBinary(), n,
+                                         absl::GetFlag(FLAGS_tls), /*pin=*/true, c, slots);
     if (!nodes.ok()) {
       std::fprintf(stderr, "%s\n", std::string(nodes.status().message()).c_str());
       std::exit(1);

@@ -224,7 +224,8 @@ def main():
             def run():
                 env = {k: v for k, v in os.environ.items()
                        if k not in ("OMP_NUM_THREADS", "GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-                server = (compare_builds.launch(args.bin_dir, args.memory_nodes, env=env)
+                server = (compare_builds.launch(args.bin_dir, args.memory_nodes,
+                                                [f"--threads={THREADS}"], env=env)
                           if kind == "strata" else
                           llama_server(args.llama_dir, gguf, args.clients))
                 with server as (port, name, _):

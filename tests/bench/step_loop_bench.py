@@ -33,7 +33,7 @@ same streamed completion is timed in the same rounds.
 
   /usr/bin/python3 tests/bench/step_loop_bench.py --bin_dir="$(bazel info bazel-bin)" \
       [--rounds=3 | --pairs=20] [--llama_dir=DIR] \
-      [--launcher_args="--server_args=--plan_ahead_lead=1"]
+      [--launcher_args="--server_args=--plan_ahead_lead=1"] [--memory_nodes=0,2]
 """
 import argparse
 import os
@@ -75,7 +75,9 @@ def paired(args, model, env):
           f"which goes first), in-process at context {CONTEXT}")
     print(f"{'layout':<16} {'in-process':>10} {'served':>8} {'pairs: median [lowest, highest]':>32} "
           f"{'pairs >= 0.95':>14}")
-    for layout, nodes in (("co-located", 0), ("2 memory nodes", 2)):
+    layouts = [(name, nodes) for name, nodes in (("co-located", 0), ("2 memory nodes", 2))
+               if str(nodes) in args.memory_nodes.split(",")]
+    for layout, nodes in layouts:
         extra = (["--data_plane=sm"] if nodes else []) + args.launcher_args.split()
         offload = None
         if nodes:
@@ -147,6 +149,9 @@ def main():
     parser.add_argument("--launcher_args", default="",
                         help="extra launcher flags for every served mode, space-separated "
                              "(e.g. --server_args=--plan_ahead_lead=1)")
+    parser.add_argument("--memory_nodes", default="0,2",
+                        help="with --pairs: the layouts to measure, by memory nodes (0: "
+                             "co-located, 2: 2 memory nodes)")
     args = parser.parse_args()
     model = compare_builds.demo_model()
     env = {k: v for k, v in os.environ.items()
