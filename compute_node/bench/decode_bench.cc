@@ -18,16 +18,15 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <random>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "common/base/bfloat16.h"
 #include "common/base/stopwatch.h"
 #include "common/bench/demo_model.h"
 #include "common/bench/int_list.h"
 #include "common/bench/read_probe.h"
 #include "compute_node/attention_backend.h"
+#include "compute_node/bench/filled_attention.h"
 #include "compute_node/model_runner.h"
 #include "compute_node/model_weights.h"
 #include "compute_node/sampler.h"
@@ -85,32 +84,9 @@ int Run() {
   const int iters = absl::GetFlag(FLAGS_iters);
   for (int ctx : ParseIntList(absl::GetFlag(FLAGS_contexts))) {
     for (int batch : ParseIntList(absl::GetFlag(FLAGS_batches))) {
-      const int64_t slots = static_cast<int64_t>(batch) * (ctx + iters + 8);
       ModelRunner runner(weights->get(), ctx + iters + 8);
-      auto local = LocalAttention::Create(c, slots, /*prefault=*/true);
+      auto local = bench::FilledLocalAttention(c, batch, ctx + iters + 8);
       if (!local.ok()) return 1;
-      // Random KV for positions [0, ctx) of every sequence.
-      KvStore& store = const_cast<KvStore&>((*local)->engine().store());
-      std::mt19937 rng(1);
-      for (int l = 0; l < c.num_layers; ++l) {
-        uint16_t* k = store.k(l);
-        uint16_t* v = store.v(l);
-        const int64_t n = slots * store.row_elements();
-        for (int64_t i = 0; i < n; ++i) {
-          k[i] =
-              FloatToBf16(static_cast<float>(static_cast<int32_t>(rng() % 2001) - 1000) / 1000.0f);
-          v[i] = k[i];
-        }
-      }
-      StepKvPlan setup;
-      for (int b = 0; b < batch; ++b) {
-        SlotAssignment a;
-        a.request_id = SequenceId(b + 1);
-        for (int64_t p = 0; p < ctx + iters + 8; ++p)
-          a.slots.push_back(static_cast<int32_t>(b * (ctx + iters + 8) + p));
-        setup.assignments.push_back(a);
-      }
-      if (!(*local)->BeginStep(setup).ok()) return 1;
       BatchBuffers buffers(c, batch);
       std::vector<int32_t> tokens(batch, 100);
       std::vector<float> logits(RowsCapacity(batch) * c.vocab_size);

@@ -21,19 +21,18 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "common/base/bfloat16.h"
 #include "common/base/stopwatch.h"
 #include "common/bench/demo_model.h"
 #include "common/bench/median.h"
 #include "common/bench/read_probe.h"
 #include "compute_node/attention_backend.h"
+#include "compute_node/bench/filled_attention.h"
 #include "compute_node/bench/sampling_settings.h"
 #include "compute_node/model_runner.h"
 #include "compute_node/model_weights.h"
@@ -112,28 +111,8 @@ int Run() {
   const int iters = absl::GetFlag(FLAGS_iters);
   const int64_t positions = ctx + iters + 8;
   ModelRunner runner(weights->get(), positions);
-  auto local = LocalAttention::Create(c, batch * positions, /*prefault=*/true);
+  auto local = bench::FilledLocalAttention(c, batch, positions);
   if (!local.ok()) return 1;
-  // Random KV for positions [0, ctx) of every row; attention's cost does not depend on it.
-  KvStore& store = const_cast<KvStore&>((*local)->engine().store());
-  std::mt19937 rng(1);
-  for (int l = 0; l < c.num_layers; ++l) {
-    const int64_t n = batch * positions * store.row_elements();
-    for (int64_t i = 0; i < n; ++i) {
-      const float x = static_cast<float>(static_cast<int32_t>(rng() % 2001) - 1000) / 1000.0f;
-      store.k(l)[i] = FloatToBf16(x);
-      store.v(l)[i] = FloatToBf16(-x);
-    }
-  }
-  StepKvPlan setup;
-  for (int b = 0; b < batch; ++b) {
-    SlotAssignment a;
-    a.request_id = SequenceId(b + 1);
-    for (int64_t p = 0; p < positions; ++p)
-      a.slots.push_back(static_cast<int32_t>(b * positions + p));
-    setup.assignments.push_back(a);
-  }
-  if (!(*local)->BeginStep(setup).ok()) return 1;
   TimedAttention attention(local->get());
 
   // The machine's streaming-read rate, before and after the steps (the figures of a step

@@ -1,0 +1,36 @@
+#include "compute_node/bench/filled_attention.h"
+
+#include <random>
+
+#include "common/base/bfloat16.h"
+
+namespace strata::bench {
+
+absl::StatusOr<std::unique_ptr<LocalAttention>> FilledLocalAttention(const ModelConfig& config,
+                                                                     int batch, int64_t positions) {
+  auto local = LocalAttention::Create(config, batch * positions, /*prefault=*/true);
+  if (!local.ok()) return local.status();
+  KvStore& store = const_cast<KvStore&>((*local)->engine().store());
+  std::mt19937 rng(1);
+  const int64_t n = batch * positions * store.row_elements();
+  for (int l = 0; l < config.num_layers; ++l) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = static_cast<float>(static_cast<int32_t>(rng() % 2001) - 1000) / 1000.0f;
+      store.k(l)[i] = FloatToBf16(x);
+      store.v(l)[i] = FloatToBf16(-x);
+    }
+  }
+  StepKvPlan setup;
+  for (int b = 0; b < batch; ++b) {
+    SlotAssignment a;
+    a.request_id = SequenceId(b + 1);
+    for (int64_t p = 0; p < positions; ++p) {
+      a.slots.push_back(static_cast<int32_t>(b * positions + p));
+    }
+    setup.assignments.push_back(a);
+  }
+  if (absl::Status s = (*local)->BeginStep(setup); !s.ok()) return s;
+  return local;
+}
+
+}  // namespace strata::bench
