@@ -1,6 +1,7 @@
 #include "server/batch_planner.h"
 
 #include <algorithm>
+#include <tuple>
 #include <utility>
 
 namespace strata {
@@ -230,5 +231,23 @@ int64_t Admission::PreloadRows(int64_t remaining, int64_t room) const {
 }
 
 void Admission::Take(int64_t rows) { budgets_.TakePrompt(rows); }
+
+std::vector<int> RankPlacements(const std::vector<PlacementCandidate>& candidates) {
+  auto rank = [&](int i) {
+    const PlacementCandidate& c = candidates[i];
+    return std::make_tuple(c.dram_blocks + c.disk_blocks + c.move_blocks,
+                           c.dram_blocks + c.move_blocks, c.available);
+  };
+  std::vector<int> order(candidates.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return rank(a) > rank(b); });
+  return order;
+}
+
+ReserveVerdict PrefetchReserve(int64_t available, int64_t fresh, int64_t reserve, bool alone,
+                               bool has_prefix) {
+  if (reserve < 0 || alone || available - fresh >= reserve) return ReserveVerdict::kPlace;
+  return has_prefix ? ReserveVerdict::kWait : ReserveVerdict::kNextPool;
+}
 
 }  // namespace strata

@@ -149,6 +149,37 @@ struct AdmissionLimits {
   int64_t largest_pool = 0;  // slots of the largest live pool the compute node reaches
 };
 
+// Placement: the order in which a waiting request tries the pools its compute node reaches,
+// and what a pool's prefetch reserve lets it do there. Finding its prefix in each pool (in
+// DRAM, on disk, blocks a truncated conversation moves) is a read-only query of the ledger;
+// holding and allocating the slots is the scheduler's (Scheduler::Place), pool by pool in
+// this order until one admits it.
+struct PlacementCandidate {
+  int dram_blocks = 0;    // prefix blocks cached in its DRAM
+  int disk_blocks = 0;    // blocks on its disk that continue that prefix
+  int move_blocks = 0;    // truncated: blocks after the DRAM prefix that can move
+  int64_t available = 0;  // slots an allocation can obtain now
+};
+
+// Indices into `candidates` in the order to try them: the longest prefix first (in DRAM,
+// then continued on disk or by blocks that move), then the most of it in DRAM or moved,
+// then the most free capacity; ties keep the given order.
+std::vector<int> RankPlacements(const std::vector<PlacementCandidate>& candidates);
+
+enum class ReserveVerdict {
+  kPlace,     // try to allocate in this pool
+  kWait,      // stop admission for now: this pool holds its prefix, another would redo it
+  kNextPool,  // try the next pool
+};
+// With scheduler-aware eviction a pool keeps `reserve` of its slots free for the look-ahead
+// window's prefetches (negative: no reserve). A request that takes `fresh` of `available`
+// slots goes ahead if that leaves the reserve, or if it would be the only request in the
+// pool (`alone`: a reserve must never keep one waiting that nothing running will make room
+// for). Otherwise it waits when the pool holds part of its prefix (`has_prefix`), else it
+// tries the next pool.
+ReserveVerdict PrefetchReserve(int64_t available, int64_t fresh, int64_t reserve, bool alone,
+                               bool has_prefix);
+
 class Admission {
  public:
   // `budgets`: what the running requests' rows left (PlannerOutput::budgets).

@@ -253,6 +253,34 @@ TEST(AdmissionTest, ChunksOverLoadsTakeRowsOnlyWhereSlotsAndBudgetsAllow) {
 
 // Random views. The plan is applied to a ledger model: preemptions add what the view says
 // they free, chunks take their slots, and what the planner promised must hold.
+TEST(PlacementTest, TheLongestPrefixGoesFirstThenDramThenFreeSlots) {
+  std::vector<PlacementCandidate> pools(5);
+  pools[0] = {.dram_blocks = 0, .disk_blocks = 0, .move_blocks = 0, .available = 900};
+  pools[1] = {.dram_blocks = 2, .disk_blocks = 3, .move_blocks = 0, .available = 10};
+  pools[2] = {.dram_blocks = 4, .disk_blocks = 0, .move_blocks = 0, .available = 10};
+  pools[3] = {.dram_blocks = 1, .disk_blocks = 0, .move_blocks = 4, .available = 50};
+  pools[4] = {.dram_blocks = 0, .disk_blocks = 0, .move_blocks = 0, .available = 1000};
+  // Pools 1 and 3 hold 5 blocks; 3 has all of them in DRAM or moving, 1 only 2. Pool 2
+  // holds 4, then the empty pools by free slots.
+  EXPECT_EQ(RankPlacements(pools), (std::vector<int>{3, 1, 2, 4, 0}));
+  // Ties keep the given order.
+  std::vector<PlacementCandidate> same(3, {.dram_blocks = 1, .available = 7});
+  EXPECT_EQ(RankPlacements(same), (std::vector<int>{0, 1, 2}));
+  EXPECT_TRUE(RankPlacements({}).empty());
+}
+
+TEST(PlacementTest, TheReserveMakesARequestWaitForItsPrefixOrMoveOn) {
+  // 100 slots available, a reserve of 20: 80 fresh slots leave it, 81 do not.
+  EXPECT_EQ(PrefetchReserve(100, 80, 20, false, false), ReserveVerdict::kPlace);
+  EXPECT_EQ(PrefetchReserve(100, 81, 20, false, false), ReserveVerdict::kNextPool);
+  EXPECT_EQ(PrefetchReserve(100, 81, 20, false, true), ReserveVerdict::kWait);
+  // Alone in the pool, or with no reserve, it goes ahead whatever it takes.
+  EXPECT_EQ(PrefetchReserve(100, 200, 20, true, true), ReserveVerdict::kPlace);
+  EXPECT_EQ(PrefetchReserve(100, 200, -1, false, true), ReserveVerdict::kPlace);
+  // A reserve of 0 still asks for the slots.
+  EXPECT_EQ(PrefetchReserve(100, 101, 0, false, false), ReserveVerdict::kNextPool);
+}
+
 TEST(BatchPlannerTest, RandomViewsGivePlansThatFitTheLedgerAndTheBudgets) {
   std::mt19937 rng(7);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };

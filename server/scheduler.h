@@ -343,9 +343,10 @@ class Scheduler {
   void FillPlannerView(int executor, std::vector<Request*>* preloading);
   bool BuildPlan(int executor, StepPlan* plan);
   void OnStepResult(int executor, const StepPlan& plan, StepResult result, absl::Time started);
-  // Whether admitting `req` to `pool`, taking `fresh` slots there, leaves the look-ahead
-  // window its reserve (SchedulerConfig::kv_prefetch_reserve).
-  bool LeavesPrefetchReserve(const Request* req, PoolIndex pool, int64_t fresh) const;
+  // What the look-ahead window's reserve (SchedulerConfig::kv_prefetch_reserve) lets `req`
+  // do in `pool`, taking `fresh` slots there (PrefetchReserve).
+  ReserveVerdict CheckPrefetchReserve(const Request* req, PoolIndex pool, int64_t fresh,
+                                      bool has_prefix) const;
   bool Place(Request* req, int executor);
   // Preempts now, or once the plans in flight holding the request are back (Land).
   void Preempt(Request* req);

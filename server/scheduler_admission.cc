@@ -3,7 +3,6 @@
 // window's reserve), and giving a running request's slots back. Building steps is in
 // scheduler_plan.cc.
 #include <algorithm>
-#include <tuple>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
@@ -78,19 +77,17 @@ PreemptionFrees Scheduler::PreemptionFreesOf(const Request* req) const {
   return f;
 }
 
-bool Scheduler::LeavesPrefetchReserve(const Request* req, PoolIndex pool, int64_t fresh) const {
+ReserveVerdict Scheduler::CheckPrefetchReserve(const Request* req, PoolIndex pool, int64_t fresh,
+                                               bool has_prefix) const {
   if (config_.kv_eviction != KvEviction::kSchedulerAware || config_.kv_prefetch_reserve <= 0) {
-    return true;
+    return ReserveVerdict::kPlace;
   }
-  // Alone in its pool a request is always admitted: a reserve must never keep one waiting
-  // that nothing running will make room for.
-  const bool others = std::any_of(running_.begin(), running_.end(),
+  const bool alone = std::none_of(running_.begin(), running_.end(),
                                   [&](const Request* r) { return r != req && r->pool == pool; });
-  if (!others) return true;
   const Pool& p = *pools_[pool.value()];
   const auto reserve =
       static_cast<int64_t>(config_.kv_prefetch_reserve * static_cast<double>(p.num_slots));
-  return p.kv->available() - fresh >= reserve;
+  return PrefetchReserve(p.kv->available(), fresh, reserve, alone, has_prefix);
 }
 
 bool Scheduler::Place(Request* req, int executor) {
@@ -116,39 +113,36 @@ bool Scheduler::Place(Request* req, int executor) {
   }
   // The last token is always computed (its logits give the next one).
   const int max_blocks = static_cast<int>((length - 1) / config_.block_tokens);
-  // The longest prefix first (in DRAM, then continued on disk, or for a truncated
-  // conversation continued by blocks that move), then the most in DRAM, then free capacity.
+  // What each pool holds of it (ledger queries), then the pools in the order
+  // RankPlacements gives.
   const bool truncated = !req->untruncated.empty();
-  struct Candidate {
-    PoolIndex pool;
-    int dram = 0, disk = 0;  // prefix blocks matched in DRAM, then continued on disk
-    ShiftSource moves;       // truncated: the blocks after the DRAM prefix that can move
-    std::tuple<int, int, int64_t> rank;
-  };
-  std::vector<Candidate> ranked;
-  for (PoolIndex p : candidates) {
+  std::vector<PlacementCandidate> found(candidates.size());
+  std::vector<ShiftSource> moves(candidates.size());
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const PoolIndex p = candidates[i];
     const KvPool& kv = *pools_[p.value()]->kv;
-    Candidate c;
-    c.pool = p;
-    c.dram = config_.enable_prefix_caching ? kv.MatchLength(owner->tokens, hashes, max_blocks) : 0;
-    c.disk = config_.enable_prefix_caching
-                 ? DiskMatch(p, owner->tokens, hashes, c.dram, max_blocks - c.dram)
-                 : 0;
-    if (truncated && c.disk == 0) c.moves = FindShiftSource(req, p, c.dram, max_blocks);
-    const int moves = static_cast<int>(c.moves.blocks.size());
-    c.rank = {c.dram + c.disk + moves, c.dram + moves, kv.available()};
-    ranked.push_back(std::move(c));
+    PlacementCandidate& c = found[i];
+    c.dram_blocks =
+        config_.enable_prefix_caching ? kv.MatchLength(owner->tokens, hashes, max_blocks) : 0;
+    c.disk_blocks =
+        config_.enable_prefix_caching
+            ? DiskMatch(p, owner->tokens, hashes, c.dram_blocks, max_blocks - c.dram_blocks)
+            : 0;
+    if (truncated && c.disk_blocks == 0) {
+      moves[i] = FindShiftSource(req, p, c.dram_blocks, max_blocks);
+    }
+    c.move_blocks = static_cast<int>(moves[i].blocks.size());
+    c.available = kv.available();
   }
-  std::stable_sort(ranked.begin(), ranked.end(),
-                   [](const Candidate& a, const Candidate& b) { return a.rank > b.rank; });
-  for (Candidate& c : ranked) {
-    const PoolIndex p = c.pool;
+  for (int i : RankPlacements(found)) {
+    const PoolIndex p = candidates[i];
+    const PlacementCandidate& c = found[i];
     KvPool& kv = *pools_[p.value()]->kv;
     // A truncated conversation: the blocks its kept tail moves from are held before the
     // admission, whose allocation would otherwise evict them first (they are idle).
-    const int shift_from = c.dram;
+    const int shift_from = c.dram_blocks;
     ShiftSource source;
-    if (truncated && c.disk == 0) {
+    if (truncated && c.disk_blocks == 0) {
       if (!req->shift_prefetched) {
         // Blocks to move that sit on disk only are read back first, once: the request
         // waits for them (as for a prefetch) rather than recompute them.
@@ -159,7 +153,7 @@ bool Scheduler::Place(Request* req, int executor) {
         }
       }
       req->shift_prefetches.clear();
-      source = std::move(c.moves);
+      source = std::move(moves[i]);
       for (uint64_t hash : source.blocks) kv.HoldBlock(hash);
     }
     auto release_source = [&] {
@@ -168,11 +162,12 @@ bool Scheduler::Place(Request* req, int executor) {
     };
     // The fresh slots it takes. Its own cached prefix counts toward the room it leaves: a
     // request whose history the window prefetched is what that room was kept for.
-    if (!LeavesPrefetchReserve(req, p,
-                               length - static_cast<int64_t>(c.dram) * config_.block_tokens)) {
+    const ReserveVerdict reserve = CheckPrefetchReserve(
+        req, p, length - static_cast<int64_t>(c.dram_blocks) * config_.block_tokens,
+        c.dram_blocks + c.disk_blocks > 0);
+    if (reserve != ReserveVerdict::kPlace) {
       release_source();
-      // A pool with its prefix is worth the wait: another would recompute or reload it.
-      if (c.dram + c.disk > 0) return false;
+      if (reserve == ReserveVerdict::kWait) return false;
       continue;
     }
     std::vector<int32_t> table;
