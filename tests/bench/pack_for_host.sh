@@ -47,7 +47,7 @@ copy_deps() {
 
 targets=(deploy/local/launcher server/server compute_node/compute_node memory_node/memory_node
   compute_node/bench/decode_bench compute_node/bench/offload_bench
-  compute_node/bench/step_profile compute_node/isa_fingerprint
+  compute_node/bench/step_profile compute_node/bench/linear_bench compute_node/isa_fingerprint
   kernels/cpu/bench/attention_bench common/model/make_model)
 for t in "${targets[@]}"; do
   mkdir -p "$p/real/$(dirname "$t")"
