@@ -223,32 +223,82 @@ inline void KeyDots(const float* q, const uint16_t* q_bf16, const uint16_t* k, f
 }
 
 // p.v of one KV head's tile for G of its query heads at once (their scores kTile floats
-// apart, their sums kDim apart in `acc`): each value chunk is loaded and widened once for
-// all G, the sums in registers. Each head's sums are TileState's, term for term: a fused
-// product per slot, slots ascending. step() runs before each slot.
-template <class Ops, KvDType kKv, int kDim, int G, class Step>
+// apart, their sums kDim apart in `acc`), over value chunks [c0, c0 + CC) of kLanes
+// elements: each chunk of a slot's values is loaded and widened once for all G, the sums in
+// registers. Each head's sums are TileState's, term for term: a fused product per slot,
+// slots ascending. step() runs before each slot.
+template <class Ops, KvDType kKv, int kDim, int G, int CC, class Step>
 inline void ValueSums(const float* sc, const uint16_t* v_base, const int32_t* slots, int n,
-                      int64_t slot_stride, float* acc, Step&& step) {
+                      int64_t slot_stride, int c0, float* acc, Step&& step) {
   constexpr int L = Ops::kLanes;
-  constexpr int kChunks = kDim / L;
   using V = typename Ops::V;
-  V a[G][kChunks];
+  V a[G][CC];
   for (int g = 0; g < G; ++g) {
-    for (int c = 0; c < kChunks; ++c) a[g][c] = Ops::Zero();
+    for (int c = 0; c < CC; ++c) a[g][c] = Ops::Zero();
   }
   for (int j = 0; j < n; ++j) {
     step();
-    const uint16_t* v = v_base + slots[j] * slot_stride;
+    const uint16_t* v = v_base + slots[j] * slot_stride + c0 * L;
     V pj[G];
     for (int g = 0; g < G; ++g) pj[g] = Ops::Set1(sc[g * kTile + j]);
-    for (int c = 0; c < kChunks; ++c) {
+    for (int c = 0; c < CC; ++c) {
       const V x = Ops::template LoadKv<kKv>(v + c * L);
       for (int g = 0; g < G; ++g) a[g][c] = Ops::Fma(pj[g], x, a[g][c]);
     }
   }
   for (int g = 0; g < G; ++g) {
-    for (int c = 0; c < kChunks; ++c) Ops::Store(acc + g * kDim + c * L, a[g][c]);
+    for (int c = 0; c < CC; ++c) Ops::Store(acc + g * kDim + (c0 + c) * L, a[g][c]);
   }
+}
+
+// Value chunks a pass of ValueSums takes for `heads` query heads: the most, a power of two
+// that divides the head's kChunks, whose sums (heads per chunk) fit in kSumRegs registers.
+constexpr int ValueChunksAtOnce(int chunks, int sum_regs, int heads) {
+  int cc = 1;
+  while (cc * 2 <= chunks && cc * 2 * heads <= sum_regs && chunks % (cc * 2) == 0) cc *= 2;
+  return cc;
+}
+
+// Passes of ValueSums over `group` query heads of one KV head whose sums do not all fit in
+// kSumRegs registers at once: up to kSumRegs heads a pass, each pass over as many value
+// chunks as keep their sums there, so that each chunk of a slot's values is widened once
+// per pass of heads.
+template <class Ops, KvDType kKv, int kDim, int kSumRegs, class Step>
+void ValueSumPasses(const float* sc, const uint16_t* v_base, const int32_t* slots, int n,
+                    int64_t slot_stride, int group, float* acc, Step& step) {
+  constexpr int kChunks = kDim / Ops::kLanes;
+  for (int g0 = 0; g0 < group; g0 += kSumRegs) {
+    WithCount<kSumRegs>(group - g0, [&](auto heads_now) {
+      constexpr int G = decltype(heads_now)::value;
+      constexpr int CC = ValueChunksAtOnce(kChunks, kSumRegs, G);
+      for (int c0 = 0; c0 < kChunks; c0 += CC) {
+        ValueSums<Ops, kKv, kDim, G, CC>(sc + static_cast<size_t>(g0) * kTile, v_base, slots, n,
+                                         slot_stride, c0, acc + static_cast<size_t>(g0) * kDim,
+                                         step);
+      }
+    });
+  }
+}
+
+// Vector registers the sums of a pass of ValueSums may take: half of them (AVX-512 has 32,
+// AVX2 16). Query heads whose sums over all of a head's value chunks fit in them.
+template <class Ops>
+constexpr int ValueSumRegs() {
+  return Ops::kLanes == 16 ? 16 : 8;
+}
+template <class Ops, int kDim>
+constexpr int OnePassHeads() {
+  return std::max(1, ValueSumRegs<Ops>() / (kDim / Ops::kLanes));
+}
+
+// Passes ValueSumPasses makes over a KV head's tile.
+constexpr int ValueSumPassCount(int chunks, int sum_regs, int group) {
+  int passes = 0;
+  for (int g0 = 0; g0 < group; g0 += sum_regs) {
+    const int heads = group - g0 < sum_regs ? group - g0 : sum_regs;
+    passes += chunks / ValueChunksAtOnce(chunks, sum_regs, heads);
+  }
+  return passes;
 }
 
 // The tile kernel when the head size is known at compile time (64, 128): tile `tile` of one
@@ -267,8 +317,11 @@ inline void ValueSums(const float* sc, const uint16_t* v_base, const int32_t* sl
 // head's sums. (Requesting both during p.v alone left DRAM idle through q.k: 5-8% slower on
 // the demo shape, up to 30% on AVX2; docs/benchmarks.md, "The next tile's keys requested
 // during q.k". Each head's share at once, before its sums, left p.v's requests bunched:
-// 3-9% slower; "The next tile's values spread over p.v".)
-template <class Ops, KvDType kKv, int kDim, class Sink>
+// 3-9% slower; "The next tile's values spread over p.v".) kPasses: the KV head's query
+// heads' sums over all its value chunks do not fit in registers at once, and p.v takes
+// passes (ValueSumPasses); a template parameter so that the one-pass code (MHA, small
+// groups) is compiled without the passes beside it, which slowed it.
+template <class Ops, KvDType kKv, int kDim, bool kPasses, class Sink>
 void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const AttentionRow& row,
                         int tile, int h0, int h1, const NextKeys& after, const uint16_t* k_cache,
                         const uint16_t* v_cache, ItemScratch& s, Sink&& sink) {
@@ -343,16 +396,20 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   for (int j = n; j < after.n && after_bytes > 0; ++j) {
     PrefetchLinesL2(k_cache + after.slots[j] * slot_stride + after_offset, after_bytes);
   }
-  // p.v over the tile's V lines, already requested: the query heads of a KV head go
-  // through it kPvHeads at a time (ValueSums), as many as keep their sums in at most half
-  // the vector registers (AVX-512 has 32, AVX2 16), and at least one. Each KV head
-  // requests the values of its share of the next work's slots, a line every few of its
+  // p.v over the tile's V lines, already requested. Where the sums of all the query heads
+  // of a KV head over all its value chunks fit in half the vector registers (kSumRegs:
+  // AVX-512 has 32, AVX2 16), one pass of ValueSums takes them (MHA, small groups);
+  // otherwise ValueSumPasses takes up to kSumRegs heads a pass over part of the chunks, so
+  // that each chunk of a slot's values is widened once per pass of heads, not once per few
+  // heads (docs/benchmarks.md, "p.v over all of a KV head's query heads at once"). Each KV
+  // head requests the values of its share of the next work's slots, a line every few of its
   // steps (the steps of all its passes), so that they spread over the whole of p.v.
-  constexpr int kPvHeads = std::max(1, (L == 16 ? 16 : 8) / kChunks);
+  constexpr int kSumRegs = ValueSumRegs<Ops>();
+  constexpr int kOnePassHeads = OnePassHeads<Ops, kDim>();
+  const int passes = kPasses ? ValueSumPassCount(kChunks, kSumRegs, group) : 1;
   const int lines_per_slot = after_bytes / 64;
   for (int kvh = 0; kvh < h1 - h0; ++kvh) {
     const auto [j0, j1] = EvenShare(after.n, kvh, h1 - h0);
-    const int passes = (group + kPvHeads - 1) / kPvHeads;
     Spread spread(static_cast<int64_t>(j1 - j0) * lines_per_slot, static_cast<int64_t>(passes) * n);
     int at_slot = j0, at_line = 0;  // the next line to request
     auto request = [&] {
@@ -366,13 +423,15 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
       });
     };
     const uint16_t* v_base = v_cache + (h0 + kvh) * kDim;
-    for (int g0 = 0; g0 < group; g0 += kPvHeads) {
-      const size_t h = static_cast<size_t>(kvh * group + g0);
-      float* acc = s.acc.data() + static_cast<size_t>(g0) * kDim;
-      WithCount<kPvHeads>(group - g0, [&](auto heads_now) {
-        ValueSums<Ops, kKv, kDim, decltype(heads_now)::value>(scores.data() + h * kTile, v_base,
-                                                              slots, n, slot_stride, acc, request);
+    const float* sc = scores.data() + static_cast<size_t>(kvh) * group * kTile;
+    if constexpr (!kPasses) {
+      WithCount<kOnePassHeads>(group, [&](auto heads_now) {
+        ValueSums<Ops, kKv, kDim, decltype(heads_now)::value, kChunks>(
+            sc, v_base, slots, n, slot_stride, 0, s.acc.data(), request);
       });
+    } else {
+      ValueSumPasses<Ops, kKv, kDim, kSumRegs>(sc, v_base, slots, n, slot_stride, group,
+                                               s.acc.data(), request);
     }
     for (int g = 0; g < group; ++g) {
       s.m[g] = m[kvh * group + g];
@@ -445,8 +504,13 @@ void TileHeads(const AttentionParams& p, const float* q_row_f32, const Attention
                int h0, int h1, const NextKeys& after, const uint16_t* k_cache,
                const uint16_t* v_cache, ItemScratch& s, Sink&& sink) {
   if constexpr (kDim > 0) {
-    TileHeadsSlotMajor<Ops, kKv, kDim>(p, q_row_f32, row, tile, h0, h1, after, k_cache, v_cache, s,
-                                       std::forward<Sink>(sink));
+    if (p.num_heads / p.num_kv_heads <= OnePassHeads<Ops, kDim>()) {
+      TileHeadsSlotMajor<Ops, kKv, kDim, false>(p, q_row_f32, row, tile, h0, h1, after, k_cache,
+                                                v_cache, s, std::forward<Sink>(sink));
+    } else {
+      TileHeadsSlotMajor<Ops, kKv, kDim, true>(p, q_row_f32, row, tile, h0, h1, after, k_cache,
+                                               v_cache, s, std::forward<Sink>(sink));
+    }
   } else {
     TileHeadsByHead<Ops, kKv>(p, q_row_f32, row, tile, h0, h1, after, k_cache, v_cache, s,
                               std::forward<Sink>(sink));

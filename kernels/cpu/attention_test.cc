@@ -253,9 +253,17 @@ TEST_P(AttentionIsaTest, SplitKAndThreadCountDoNotChangeBits) {
 // head-by-head walk's, term for term, so the folded states are bit-identical to it. MHA and
 // GQA, bf16 and f16, contexts that end mid-tile, scattered slots, one thread and two.
 TEST_P(AttentionIsaTest, HeadSizeKernelsGiveTheBitsOfTheHeadByHeadWalk) {
-  const std::vector<Shape> shapes = {{4, 4, 64, KvDType::kBF16},  {8, 2, 64, KvDType::kBF16},
-                                     {12, 12, 64, KvDType::kF16}, {4, 1, 128, KvDType::kBF16},
-                                     {6, 3, 128, KvDType::kF16},  {16, 2, 64, KvDType::kBF16}};
+  const std::vector<Shape> shapes = {{4, 4, 64, KvDType::kBF16},
+                                     {8, 2, 64, KvDType::kBF16},
+                                     {12, 12, 64, KvDType::kF16},
+                                     {4, 1, 128, KvDType::kBF16},
+                                     {6, 3, 128, KvDType::kF16},
+                                     {16, 2, 64, KvDType::kBF16},
+                                     // p.v passes over part of a head's value chunks (groups of
+                                     // 7 and 10), and groups past one pass of heads (32).
+                                     {28, 4, 128, KvDType::kBF16},
+                                     {20, 2, 128, KvDType::kF16},
+                                     {32, 1, 64, KvDType::kF16}};
   const int saved_threads = omp_get_max_threads();
   for (const Shape& sh : shapes) {
     const Problem pr =
