@@ -74,6 +74,13 @@ ControlPlane::ControlPlane(Scheduler* scheduler, ControlPlaneOptions options)
     options_.rotation->SetRejoinHandler([weak, scheduler, index](const std::string& name) {
       ActivateAfterSetups(scheduler, index, weak, name);
     });
+    // A replica's executor is destroyed on release_loop_ wherever its last copy goes.
+    options_.rotation->SetRetire(
+        [this](std::shared_ptr<StepExecutor> executor) -> std::shared_ptr<StepExecutor> {
+          auto held = std::make_shared<std::shared_ptr<StepExecutor>>(std::move(executor));
+          if (release_loop_.Post([held] { held->reset(); })) return nullptr;
+          return std::move(*held);  // the loop has stopped: the caller destroys it
+        });
   }
   configure_loop_.Start();
   monitor_loop_.Start();
@@ -116,6 +123,8 @@ void ControlPlane::Stop() {
   // Configurations still queued see stop_ and return at once.
   monitor_loop_.Stop();
   configure_loop_.Stop();
+  // No executor is handed to this plane after this (it waits for a hand-over in progress).
+  if (options_.rotation != nullptr) options_.rotation->SetRetire(nullptr);
   release_loop_.Stop();  // after the configurations, which may hand it executors
 }
 
@@ -235,17 +244,13 @@ void ControlPlane::MarkDead(Node& node, const std::string& why) {
 
 void ControlPlane::ReleaseLater(std::shared_ptr<StepExecutor> executor) {
   if (executor == nullptr) return;
-  // A refused post drops the closure, and the executor with it, at once. A call the group
-  // made before it let the executor go (RotationGroup::Submit, Reachable) may still hold a
-  // copy, and no new one can be made: the last reference is let go here, on this loop,
-  // rather than by that call on the scheduler's thread (at most a few seconds' wait).
-  release_loop_.Post([executor = std::move(executor)]() mutable {
-    const absl::Time give_up = absl::Now() + absl::Seconds(5);
-    while (executor.use_count() > 1 && absl::Now() < give_up) {
-      absl::SleepFor(absl::Milliseconds(1));
-    }
-    executor.reset();
-  });
+  // The group's copy is let go on this loop. Where it is the last, the group's retire
+  // function (set in the constructor) posts the executor back to this loop to be
+  // destroyed; where a call the group made before it let the executor go (Submit,
+  // Reachable) still holds a copy, that call's copy does the same when it goes, on its
+  // thread. A refused post (the loop has stopped) drops the closure, and the executor with
+  // it, at once.
+  release_loop_.Post([executor = std::move(executor)]() mutable { executor.reset(); });
 }
 
 void ControlPlane::CheckHeartbeats() {

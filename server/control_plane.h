@@ -123,10 +123,11 @@ class ControlPlane final : public control::Scheduler::Service {
   void ConfigureMemory(uint64_t id);
   void ReconfigureComputeNodes();
   void MarkDead(Node& node, const std::string& why);
-  // Destroys an executor that left the rotation on release_loop_, outside this plane's lock
-  // and clear of configurations (a Configure call may take minutes): its destructor fails
-  // the plans it holds, and a step channel's may wait for a connection attempt. At shutdown
-  // (the loop has quit) it goes at once.
+  // Lets go of an executor that left the rotation on release_loop_, outside this plane's
+  // lock and clear of configurations (a Configure call may take minutes); the group's
+  // retire function (set in the constructor) has it destroyed there too, wherever its last
+  // copy goes: its destructor fails the plans it holds, and a step channel's may wait for a
+  // connection attempt. At shutdown (the loop has quit) it goes at once.
   void ReleaseLater(std::shared_ptr<StepExecutor> executor);
   void OnPoolDeath(PoolIndex pool);
   control::ComputeConfig ComputeConfigLocked() const;

@@ -13,7 +13,8 @@ RotationGroup::RotationGroup(int batches, int num_layers)
 
 RotationGroup::~RotationGroup() {
   // The replicas' executors fail the plans they still hold through this group's callbacks
-  // as they go: let them go while the group is whole.
+  // as they go: let them go here, while the group is whole, not on a retire thread.
+  SetRetire(nullptr);
   std::map<std::string, Replica> replicas;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -29,7 +30,7 @@ std::shared_ptr<StepExecutor> RotationGroup::AddReplica(const std::string& name,
   std::shared_ptr<StepExecutor> replaced;  // the caller's, to destroy after its locks
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = replicas_.find(name); it != replicas_.end()) replaced = it->second.executor;
-  replicas_[name] = {name, context_address, std::move(executor), false, active};
+  replicas_[name] = {name, context_address, Retiring(std::move(executor)), false, active};
   LOG(INFO) << "rotation: replica " << name << " joins (contexts at " << context_address << "); "
             << replicas_.size() << " replica(s) for " << batches_ << " batches";
   return replaced;
@@ -53,6 +54,25 @@ std::shared_ptr<StepExecutor> RotationGroup::RemoveReplica(const std::string& na
   replicas_.erase(it);
   LOG(WARNING) << "rotation: replica " << name << " leaves; " << replicas_.size() << " left";
   return removed;
+}
+
+void RotationGroup::SetRetire(Retire retire) {
+  std::lock_guard<std::mutex> lock(retire_cell_->mu);
+  retire_cell_->retire = std::move(retire);
+}
+
+std::shared_ptr<StepExecutor> RotationGroup::Retiring(
+    std::shared_ptr<StepExecutor> executor) const {
+  if (executor == nullptr) return nullptr;
+  StepExecutor* raw = executor.get();
+  return std::shared_ptr<StepExecutor>(
+      raw, [executor = std::move(executor), cell = retire_cell_](StepExecutor*) mutable {
+        {
+          std::lock_guard<std::mutex> lock(cell->mu);
+          if (cell->retire) executor = cell->retire(std::move(executor));
+        }
+        executor.reset();  // not retired: destroyed here, outside the cell's lock
+      });
 }
 
 void RotationGroup::SetRejoinHandler(std::function<void(const std::string&)> handler) {

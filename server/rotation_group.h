@@ -52,8 +52,9 @@ class RotationGroup : public StepExecutor {
   // AddReplica and RemoveReplica return the executor that left the group (or null): it
   // fails the plans it still holds through this group's callbacks when it is destroyed,
   // and its destruction may wait (a step channel's connection attempt), so a caller that
-  // holds a lock of its own lets it go after that lock (ControlPlane::ReleaseLater, which
-  // also waits for a Submit or Reachable in progress to drop its copy).
+  // holds a lock of its own lets it go after that lock (ControlPlane::ReleaseLater). A
+  // Submit or Reachable in progress may still hold a copy; where the last copy goes, the
+  // executor is handed to SetRetire's function.
   std::shared_ptr<StepExecutor> AddReplica(const std::string& name,
                                            const std::string& context_address,
                                            std::shared_ptr<StepExecutor> executor,
@@ -66,6 +67,14 @@ class RotationGroup : public StepExecutor {
   // again at once.
   void SetRejoinHandler(std::function<void(const std::string&)> handler);
   std::shared_ptr<StepExecutor> RemoveReplica(const std::string& name);
+  // Where a replica's executor is destroyed once nothing holds it any more (the group, the
+  // caller it left to, or a Submit or Reachable in progress that copied it, on whichever
+  // thread lets it go last): `retire` takes it, or gives it back if it cannot (it is then
+  // destroyed there). It runs under a lock of its own, so it must only hand the executor
+  // on (ControlPlane posts it to a thread of its own). Without one, and while the group
+  // itself is destroyed, executors are destroyed where their last copy goes. Null: none.
+  using Retire = std::function<std::shared_ptr<StepExecutor>(std::shared_ptr<StepExecutor>)>;
+  void SetRetire(Retire retire);
   // Active replicas.
   int live_replicas() const;
 
@@ -89,6 +98,15 @@ class RotationGroup : public StepExecutor {
     bool done = false;
     StepResult combined;
   };
+  // SetRetire's function, shared with the deleters of the executors the group hands out
+  // (they may outlive the group).
+  struct RetireCell {
+    std::mutex mu;
+    Retire retire;  // guarded by mu
+  };
+  // `executor` as the group keeps it: its last copy hands it to the retire function.
+  std::shared_ptr<StepExecutor> Retiring(std::shared_ptr<StepExecutor> executor) const;
+
   // Folds the answers of `p` into its result (mu_ held).
   void CombineLocked(Pending& p);
   // Hands on finished plans at the front, in submission order (takes mu_).
@@ -102,6 +120,7 @@ class RotationGroup : public StepExecutor {
   std::deque<std::shared_ptr<Pending>> pending_;
   bool delivering_ = false;
   std::function<void(const std::string&)> rejoin_;
+  const std::shared_ptr<RetireCell> retire_cell_ = std::make_shared<RetireCell>();
 };
 
 // An executor that forwards to a shared one (the scheduler owns executors; the control

@@ -2,8 +2,9 @@
 // test answers them): each plan reaches every active replica with its place in the
 // rotation; the group's result is the sampling replica's, with the others' failures folded
 // in, in submission order; slots are reused only when free; a replica that a step found
-// unreachable sits out until it rejoins; and removing a replica whose executor fails its
-// plans from its destructor (as a gRPC executor does) does not deadlock.
+// unreachable sits out until it rejoins; removing a replica whose executor fails its
+// plans from its destructor (as a gRPC executor does) does not deadlock; and an executor
+// that left goes to the retire function where its last copy goes.
 #include "server/rotation_group.h"
 
 #include <mutex>
@@ -245,6 +246,68 @@ TEST(RotationGroupTest, RemovingAReplicaThatFailsItsPlansOnTheWayOutDoesNotDeadl
   group.AddReplica("c", "addr-c2", std::make_shared<ScriptedReplica>("c"));
   a->Answer(Tokens({2}));
   EXPECT_EQ(results.size(), 2u);
+}
+
+// A replica's executor that left the group goes to the retire function from wherever its
+// last copy is let go (the caller RemoveReplica returned it to, a thread of its own here),
+// never before; one still in the group when the group is destroyed is destroyed there.
+TEST(RotationGroupTest, AnExecutorThatLeftGoesToTheRetireFunctionWhereItsLastCopyGoes) {
+  std::mutex mu;
+  std::vector<std::shared_ptr<StepExecutor>> retired;  // guarded by mu
+  std::vector<std::thread::id> retired_on;             // guarded by mu
+  std::weak_ptr<StepExecutor> b_alive, c_alive;
+  {
+    RotationGroup group(/*batches=*/3, kLayers);
+    group.SetRetire([&](std::shared_ptr<StepExecutor> executor) -> std::shared_ptr<StepExecutor> {
+      std::lock_guard<std::mutex> lock(mu);
+      retired.push_back(std::move(executor));
+      retired_on.push_back(std::this_thread::get_id());
+      return nullptr;
+    });
+    {
+      auto b = std::make_shared<ScriptedReplica>("b");
+      b_alive = b;
+      group.AddReplica("b", "addr-b", std::move(b));
+      auto c = std::make_shared<ScriptedReplica>("c");
+      c_alive = c;
+      group.AddReplica("c", "addr-c", std::move(c));
+    }
+    std::shared_ptr<StepExecutor> removed = group.RemoveReplica("b");
+    ASSERT_NE(removed, nullptr);
+    EXPECT_EQ(removed->name(), "b");
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      EXPECT_TRUE(retired.empty()) << "retired while the caller still holds it";
+    }
+    std::thread dropper([&removed] { removed.reset(); });
+    const std::thread::id dropper_id = dropper.get_id();
+    dropper.join();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ASSERT_EQ(retired.size(), 1u);
+      EXPECT_EQ(retired[0]->name(), "b");
+      EXPECT_EQ(retired_on[0], dropper_id);
+    }
+    EXPECT_FALSE(b_alive.expired()) << "the retire function holds it";
+    // A retire function that gives the executor back: it is destroyed where it was let go.
+    group.SetRetire([](std::shared_ptr<StepExecutor> executor) { return executor; });
+    std::shared_ptr<StepExecutor> c_removed = group.RemoveReplica("c");
+    ASSERT_NE(c_removed, nullptr);
+    c_removed.reset();
+    EXPECT_TRUE(c_alive.expired());
+    // A replica still in the group when it is destroyed is destroyed with it.
+    group.SetRetire([&](std::shared_ptr<StepExecutor> executor) -> std::shared_ptr<StepExecutor> {
+      std::lock_guard<std::mutex> lock(mu);
+      retired.push_back(std::move(executor));
+      return nullptr;
+    });
+    auto d = std::make_shared<ScriptedReplica>("d");
+    c_alive = d;
+    group.AddReplica("d", "addr-d", std::move(d));
+  }
+  EXPECT_TRUE(c_alive.expired()) << "destroyed with the group";
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(retired.size(), 1u) << "the group's own replicas are not retired";
 }
 
 }  // namespace
