@@ -127,7 +127,8 @@ class ControlPlane final : public control::Scheduler::Service {
   // lock and clear of configurations (a Configure call may take minutes); the group's
   // retire function (set in the constructor) has it destroyed there too, wherever its last
   // copy goes: its destructor fails the plans it holds, and a step channel's may wait for a
-  // connection attempt. At shutdown (the loop has quit) it goes at once.
+  // connection attempt. At shutdown (the loop has quit) it goes at once, on the caller's
+  // thread (under this plane's lock where MarkDead calls this).
   void ReleaseLater(std::shared_ptr<StepExecutor> executor);
   void OnPoolDeath(PoolIndex pool);
   control::ComputeConfig ComputeConfigLocked() const;

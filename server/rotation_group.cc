@@ -57,8 +57,11 @@ std::shared_ptr<StepExecutor> RotationGroup::RemoveReplica(const std::string& na
 }
 
 void RotationGroup::SetRetire(Retire retire) {
-  std::lock_guard<std::mutex> lock(retire_cell_->mu);
-  retire_cell_->retire = std::move(retire);
+  {
+    std::lock_guard<std::mutex> lock(retire_cell_->mu);
+    std::swap(retire_cell_->retire, retire);
+  }
+  // The old function (and what it captured) goes outside the lock.
 }
 
 std::shared_ptr<StepExecutor> RotationGroup::Retiring(

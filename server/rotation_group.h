@@ -71,8 +71,10 @@ class RotationGroup : public StepExecutor {
   // caller it left to, or a Submit or Reachable in progress that copied it, on whichever
   // thread lets it go last): `retire` takes it, or gives it back if it cannot (it is then
   // destroyed there). It runs under a lock of its own, so it must only hand the executor
-  // on (ControlPlane posts it to a thread of its own). Without one, and while the group
-  // itself is destroyed, executors are destroyed where their last copy goes. Null: none.
+  // on (ControlPlane posts it to a thread of its own): never destroy it, call SetRetire,
+  // let go of another of the group's executors, or throw (it runs in a deleter: an
+  // exception ends the process). Without one, and once the group is being or has been
+  // destroyed, executors are destroyed where their last copy goes. Null: none.
   using Retire = std::function<std::shared_ptr<StepExecutor>(std::shared_ptr<StepExecutor>)>;
   void SetRetire(Retire retire);
   // Active replicas.
@@ -99,7 +101,8 @@ class RotationGroup : public StepExecutor {
     StepResult combined;
   };
   // SetRetire's function, shared with the deleters of the executors the group hands out
-  // (they may outlive the group).
+  // (a deleter may outlive the group; an executor that still holds plans must not, since
+  // it answers them through the group's callbacks).
   struct RetireCell {
     std::mutex mu;
     Retire retire;  // guarded by mu

@@ -7,6 +7,7 @@
 // that left goes to the retire function where its last copy goes.
 #include "server/rotation_group.h"
 
+#include <condition_variable>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -304,10 +305,72 @@ TEST(RotationGroupTest, AnExecutorThatLeftGoesToTheRetireFunctionWhereItsLastCop
     auto d = std::make_shared<ScriptedReplica>("d");
     c_alive = d;
     group.AddReplica("d", "addr-d", std::move(d));
+    std::lock_guard<std::mutex> lock(mu);
+    retired.clear();  // b, retired above: gone while the group is whole
   }
   EXPECT_TRUE(c_alive.expired()) << "destroyed with the group";
   std::lock_guard<std::mutex> lock(mu);
-  EXPECT_EQ(retired.size(), 1u) << "the group's own replicas are not retired";
+  EXPECT_TRUE(retired.empty()) << "the group's own replicas are not retired";
+}
+
+// The case the retire function is for: a Reachable() in progress (which may be trying to
+// connect) holds the last copy of a replica that was removed meanwhile. The executor goes
+// to the retire function when that call lets it go, on its thread, not before.
+class BlockingReplica : public ScriptedReplica {
+ public:
+  using ScriptedReplica::ScriptedReplica;
+  bool Reachable() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    entered_ = true;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return released_; });
+    return true;
+  }
+  void WaitEntered() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return entered_; });
+  }
+  void Release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool entered_ = false, released_ = false;
+};
+
+TEST(RotationGroupTest, AReachableInProgressHoldingTheLastCopyRetiresItWhenItReturns) {
+  std::mutex mu;
+  std::vector<std::thread::id> retired_on;  // guarded by mu
+  RotationGroup group(/*batches=*/3, kLayers);
+  group.SetRetire([&](std::shared_ptr<StepExecutor> executor) -> std::shared_ptr<StepExecutor> {
+    std::lock_guard<std::mutex> lock(mu);
+    retired_on.push_back(std::this_thread::get_id());
+    return executor;  // given back: destroyed where its last copy went
+  });
+  auto b = std::make_shared<BlockingReplica>("b");
+  BlockingReplica* b_raw = b.get();
+  std::weak_ptr<StepExecutor> b_alive = b;
+  group.AddReplica("b", "addr-b", std::move(b));
+  group.AddReplica("c", "addr-c", std::make_shared<ScriptedReplica>("c"));
+  std::thread asker([&] { group.Reachable(); });
+  const std::thread::id asker_id = asker.get_id();
+  b_raw->WaitEntered();
+  group.RemoveReplica("b").reset();  // the caller's copy goes at once
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_TRUE(retired_on.empty()) << "retired while Reachable() still held it";
+  }
+  EXPECT_FALSE(b_alive.expired());
+  b_raw->Release();
+  asker.join();
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(retired_on.size(), 1u);
+  EXPECT_EQ(retired_on[0], asker_id);
+  EXPECT_TRUE(b_alive.expired());
 }
 
 }  // namespace
