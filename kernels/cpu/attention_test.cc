@@ -311,6 +311,16 @@ TEST(Attention, MergeStatesOfDisjointTilesMatchesReference) {
   for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(Bf16ToFloat(out[i]), want[i], 1.5e-2);
 }
 
+TEST(Attention, KvTypesGoByTheirNames) {
+  for (KvDType dtype : {KvDType::kBF16, KvDType::kF16}) {
+    EXPECT_EQ(KvDTypeFromName(KvDTypeName(dtype)), dtype);
+  }
+  EXPECT_STREQ(KvDTypeName(KvDType::kBF16), "bf16");
+  EXPECT_STREQ(KvDTypeName(KvDType::kF16), "f16");
+  EXPECT_EQ(KvDTypeFromName("fp16"), std::nullopt);
+  EXPECT_EQ(KvDTypeFromName(""), std::nullopt);
+}
+
 TEST(Attention, RejectsBadShapesAndRows) {
   Problem pr = MakeProblem(4, 2, 64, {10}, KvDType::kBF16, 1);
   std::vector<float> state(4 * 66);

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -73,15 +74,14 @@ int Run() {
   p.scale = 1.0f / std::sqrt(static_cast<float>(p.head_dim));
   std::vector<KvDType> kv_dtypes;
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_kv_dtypes), ',')) {
-    if (name == "bf16") {
-      kv_dtypes.push_back(KvDType::kBF16);
-    } else if (name == "f16") {
-      kv_dtypes.push_back(KvDType::kF16);
-    } else {
+    const std::optional<KvDType> dtype =
+        KvDTypeFromName(std::string_view(name.data(), name.size()));
+    if (!dtype) {
       std::fprintf(stderr, "--kv_dtypes: unknown type \"%s\" (bf16 or f16)\n",
                    std::string(name).c_str());
       return 2;
     }
+    kv_dtypes.push_back(*dtype);
   }
   // The probe is read beside each line, 2 passes just before its kernel runs and 2 just
   // after, and the line is reported against their median: the machine's bandwidth moves
@@ -170,9 +170,9 @@ int Run() {
         const double fma_peak =
             fma_peaks.empty() ? 0.0 : (fma_peaks.front() + fma_peaks.back()) / 2;
         std::printf("%-11s %4s %6d %6d %9.1f %9.1f %8.2f %8.1f %7.2f\n", CpuIsaName(isa),
-                    kv_dtype == KvDType::kF16 ? "f16" : "bf16", batch, ctx, best * 1e6,
-                    kv_bytes / best / 1e9, probe > 0 ? kv_bytes / best / probe : 0.0,
-                    flops / best / 1e9, fma_peak > 0 ? flops / best / fma_peak : 0.0);
+                    KvDTypeName(kv_dtype), batch, ctx, best * 1e6, kv_bytes / best / 1e9,
+                    probe > 0 ? kv_bytes / best / probe : 0.0, flops / best / 1e9,
+                    fma_peak > 0 ? flops / best / fma_peak : 0.0);
       }
       free(kv);
     }
