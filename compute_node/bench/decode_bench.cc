@@ -96,10 +96,7 @@ int Run() {
       greedy.temperature = 0;
       NoAttention none;
       auto step = [&](AttentionBackend& attention, int position) {
-        StepKvPlan plan;
-        for (int b = 0; b < batch; ++b)
-          plan.rows.push_back(
-              {SequenceId(static_cast<uint64_t>(b + 1)), PoolIndex(0), position, -1});
+        const StepKvPlan plan = bench::FilledDecodePlan(batch, position);
         if (!ForwardLayers(runner, attention, buffers, plan, tokens.data()).ok()) std::abort();
         runner.Logits(buffers, rows, logits.data());
         for (int b = 0; b < batch; ++b) {

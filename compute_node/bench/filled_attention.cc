@@ -33,4 +33,12 @@ absl::StatusOr<std::unique_ptr<LocalAttention>> FilledLocalAttention(const Model
   return local;
 }
 
+StepKvPlan FilledDecodePlan(int batch, int position) {
+  StepKvPlan plan;
+  for (int b = 0; b < batch; ++b) {
+    plan.rows.push_back({SequenceId(static_cast<uint64_t>(b + 1)), PoolIndex(0), position, -1});
+  }
+  return plan;
+}
+
 }  // namespace strata::bench

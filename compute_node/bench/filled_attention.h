@@ -18,6 +18,9 @@ namespace strata::bench {
 absl::StatusOr<std::unique_ptr<LocalAttention>> FilledLocalAttention(const ModelConfig& config,
                                                                      int batch, int64_t positions);
 
+// One decode step of those sequences, each one row at `position` (in pool 0).
+StepKvPlan FilledDecodePlan(int batch, int position);
+
 }  // namespace strata::bench
 
 #endif  // STRATA_COMPUTE_NODE_BENCH_FILLED_ATTENTION_H_

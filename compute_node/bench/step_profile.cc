@@ -133,10 +133,7 @@ int Run() {
   std::vector<double> attention_ms, forward_ms;
   for (int it = 0; it < iters + 3; ++it) {
     const int position = ctx + it;
-    StepKvPlan plan;
-    for (int b = 0; b < batch; ++b) {
-      plan.rows.push_back({SequenceId(static_cast<uint64_t>(b + 1)), PoolIndex(0), position, -1});
-    }
+    const StepKvPlan plan = bench::FilledDecodePlan(batch, position);
     profile = OpProfile();
     attention.seconds = 0;
     const Stopwatch forward;
