@@ -153,6 +153,8 @@ def main():
                         help="with --pairs: the layouts to measure, by memory nodes (0: "
                              "co-located, 2: 2 memory nodes)")
     args = parser.parse_args()
+    if args.memory_nodes != "0,2" and not args.pairs:
+        parser.error("--memory_nodes chooses the layouts of --pairs; the rounds run both")
     model = compare_builds.demo_model()
     env = {k: v for k, v in os.environ.items()
            if k not in ("OMP_NUM_THREADS", "GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
