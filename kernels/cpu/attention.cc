@@ -12,15 +12,6 @@
 #include "kernels/cpu/simd_ops.h"
 
 namespace strata::kernels {
-
-const char* KvDTypeName(KvDType dtype) { return dtype == KvDType::kF16 ? "f16" : "bf16"; }
-
-std::optional<KvDType> KvDTypeFromName(std::string_view name) {
-  for (KvDType dtype : {KvDType::kBF16, KvDType::kF16}) {
-    if (name == KvDTypeName(dtype)) return dtype;
-  }
-  return std::nullopt;
-}
 namespace isa_internal {
 
 int AttentionFoldScalar(const AttentionParams& p, int num_rows, const uint16_t* q,

@@ -25,18 +25,17 @@
 #define STRATA_KERNELS_CPU_ATTENTION_H_
 
 #include <cstdint>
-#include <optional>
-#include <string_view>
+
+#include "common/base/enum_names.h"
 
 namespace strata::kernels {
 
 inline constexpr int kAttentionTileTokens = 64;
 
 enum class KvDType : int { kBF16 = 0, kF16 = 1 };
-// "bf16" or "f16".
-const char* KvDTypeName(KvDType dtype);
-// The type KvDTypeName calls `name`; nullopt for any other name.
-std::optional<KvDType> KvDTypeFromName(std::string_view name);
+// Their names, for flags and labels (EnumNameOf, ParseEnumName).
+inline constexpr EnumName<KvDType> kKvDTypeNames[] = {{KvDType::kBF16, "bf16"},
+                                                      {KvDType::kF16, "f16"}};
 
 struct AttentionParams {
   int num_heads = 0;     // query heads

@@ -313,12 +313,17 @@ TEST(Attention, MergeStatesOfDisjointTilesMatchesReference) {
 
 TEST(Attention, KvTypesGoByTheirNames) {
   for (KvDType dtype : {KvDType::kBF16, KvDType::kF16}) {
-    EXPECT_EQ(KvDTypeFromName(KvDTypeName(dtype)), dtype);
+    KvDType parsed;
+    std::string error;
+    ASSERT_TRUE(ParseEnumName(EnumNameOf(dtype, kKvDTypeNames), kKvDTypeNames, &parsed, &error));
+    EXPECT_EQ(parsed, dtype);
   }
-  EXPECT_STREQ(KvDTypeName(KvDType::kBF16), "bf16");
-  EXPECT_STREQ(KvDTypeName(KvDType::kF16), "f16");
-  EXPECT_EQ(KvDTypeFromName("fp16"), std::nullopt);
-  EXPECT_EQ(KvDTypeFromName(""), std::nullopt);
+  EXPECT_STREQ(EnumNameOf(KvDType::kBF16, kKvDTypeNames), "bf16");
+  EXPECT_STREQ(EnumNameOf(KvDType::kF16, kKvDTypeNames), "f16");
+  KvDType parsed;
+  std::string error;
+  EXPECT_FALSE(ParseEnumName("fp16", kKvDTypeNames, &parsed, &error));
+  EXPECT_EQ(error, "\"fp16\" is not one of: bf16, f16");
 }
 
 TEST(Attention, RejectsBadShapesAndRows) {

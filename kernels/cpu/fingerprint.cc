@@ -124,8 +124,9 @@ void AddAttention(std::vector<KernelFingerprint>& out, int heads, int kv_heads, 
   AttentionMergeStates(p, num_rows, second.data(), first.data());
 
   const std::string name =
-      std::string("attention ") + KvDTypeName(dtype) + " heads=" + std::to_string(heads) + "/" +
-      std::to_string(kv_heads) + " dim=" + std::to_string(dim) +
+      std::string("attention ") + EnumNameOf(dtype, kKvDTypeNames) +
+      " heads=" + std::to_string(heads) + "/" + std::to_string(kv_heads) +
+      " dim=" + std::to_string(dim) +
       (scale_factor != 1.0f ? " scale*" + std::to_string(static_cast<int>(scale_factor)) : "");
   // An error code enters the hash, so a kernel that refuses the shape cannot pass for one
   // that computed it.
@@ -266,9 +267,9 @@ std::vector<KernelFingerprint> KernelFingerprints() {
       }
       ShiftRope(num_rows, heads, dim, dtype, cos_shift.data(), sin_shift.data(), keys.data(),
                 keys.data());
-      out.push_back(
-          {std::string("attention rope_shift ") + KvDTypeName(dtype) + " rows=3 heads=4 dim=64",
-           HashOf(keys)});
+      out.push_back({std::string("attention rope_shift ") + EnumNameOf(dtype, kKvDTypeNames) +
+                         " rows=3 heads=4 dim=64",
+                     HashOf(keys)});
     }
   }
   return out;

@@ -18,7 +18,6 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
-#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -74,14 +73,13 @@ int Run() {
   p.scale = 1.0f / std::sqrt(static_cast<float>(p.head_dim));
   std::vector<KvDType> kv_dtypes;
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_kv_dtypes), ',')) {
-    const std::optional<KvDType> dtype =
-        KvDTypeFromName(std::string_view(name.data(), name.size()));
-    if (!dtype) {
-      std::fprintf(stderr, "--kv_dtypes: unknown type \"%s\" (bf16 or f16)\n",
-                   std::string(name).c_str());
+    KvDType dtype;
+    std::string error;
+    if (!ParseEnumName(name, kKvDTypeNames, &dtype, &error)) {
+      std::fprintf(stderr, "--kv_dtypes: %s\n", error.c_str());
       return 2;
     }
-    kv_dtypes.push_back(*dtype);
+    kv_dtypes.push_back(dtype);
   }
   // The probe is read beside each line, 2 passes just before its kernel runs and 2 just
   // after, and the line is reported against their median: the machine's bandwidth moves
@@ -170,9 +168,9 @@ int Run() {
         const double fma_peak =
             fma_peaks.empty() ? 0.0 : (fma_peaks.front() + fma_peaks.back()) / 2;
         std::printf("%-11s %4s %6d %6d %9.1f %9.1f %8.2f %8.1f %7.2f\n", CpuIsaName(isa),
-                    KvDTypeName(kv_dtype), batch, ctx, best * 1e6, kv_bytes / best / 1e9,
-                    probe > 0 ? kv_bytes / best / probe : 0.0, flops / best / 1e9,
-                    fma_peak > 0 ? flops / best / fma_peak : 0.0);
+                    EnumNameOf(kv_dtype, kKvDTypeNames), batch, ctx, best * 1e6,
+                    kv_bytes / best / 1e9, probe > 0 ? kv_bytes / best / probe : 0.0,
+                    flops / best / 1e9, fma_peak > 0 ? flops / best / fma_peak : 0.0);
       }
       free(kv);
     }
