@@ -2,8 +2,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <iterator>
 
 #include "common/base/bfloat16.h"
+#include "common/base/enum_names.h"
 #include "common/base/logging.h"
 #include "common/base/stopwatch.h"
 #include "kernels/cpu/elementwise.h"
@@ -11,33 +13,22 @@
 namespace strata {
 
 const char* ForwardOpName(ForwardOp op) {
-  switch (op) {
-    case ForwardOp::kEmbed:
-      return "embed";
-    case ForwardOp::kInputNorm:
-      return "input_norm";
-    case ForwardOp::kQkv:
-      return "qkv";
-    case ForwardOp::kRope:
-      return "rope";
-    case ForwardOp::kToBf16:
-      return "to_bf16";
-    case ForwardOp::kO:
-      return "o";
-    case ForwardOp::kPostNorm:
-      return "post_norm";
-    case ForwardOp::kGateUp:
-      return "gate_up";
-    case ForwardOp::kSiluMul:
-      return "silu_mul";
-    case ForwardOp::kDown:
-      return "down";
-    case ForwardOp::kFinalNorm:
-      return "final_norm";
-    case ForwardOp::kLmHead:
-      return "lm_head";
-  }
-  return "?";
+  static constexpr EnumName<ForwardOp> kNames[] = {
+      {ForwardOp::kEmbed, "embed"},
+      {ForwardOp::kInputNorm, "input_norm"},
+      {ForwardOp::kQkv, "qkv"},
+      {ForwardOp::kRope, "rope"},
+      {ForwardOp::kToBf16, "to_bf16"},
+      {ForwardOp::kO, "o"},
+      {ForwardOp::kPostNorm, "post_norm"},
+      {ForwardOp::kGateUp, "gate_up"},
+      {ForwardOp::kSiluMul, "silu_mul"},
+      {ForwardOp::kDown, "down"},
+      {ForwardOp::kFinalNorm, "final_norm"},
+      {ForwardOp::kLmHead, "lm_head"},
+  };
+  static_assert(std::size(kNames) == kForwardOps);
+  return EnumNameOf(op, kNames);
 }
 
 bool IsGemm(ForwardOp op) {
