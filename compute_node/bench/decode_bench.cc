@@ -41,12 +41,7 @@ ABSL_FLAG(int, rounds, 5, "Interleaved rounds (full, GEMM-only, probe) per confi
 namespace strata {
 namespace {
 
-// Attention that does nothing: the GEMM-only baseline.
-class NoAttention : public AttentionBackend {
- public:
-  absl::Status BeginStep(const StepKvPlan&) override { return absl::OkStatus(); }
-  absl::Status Attend(int, BatchBuffers&, int64_t) override { return absl::OkStatus(); }
-};
+using bench::NoAttention;
 
 int Run() {
   absl::StatusOr<std::string> model_dir = BenchModelDir(absl::GetFlag(FLAGS_model));

@@ -1,5 +1,5 @@
-// Co-located attention with a KV cache already filled, for benchmarks that time decode steps
-// without a prefill.
+// Attention backends for benchmarks that time decode steps without a prefill: co-located
+// attention with a KV cache already filled, and attention that does nothing.
 #ifndef STRATA_COMPUTE_NODE_BENCH_FILLED_ATTENTION_H_
 #define STRATA_COMPUTE_NODE_BENCH_FILLED_ATTENTION_H_
 
@@ -20,6 +20,13 @@ absl::StatusOr<std::unique_ptr<LocalAttention>> FilledLocalAttention(const Model
 
 // One decode step of those sequences, each one row at `position` (in pool 0).
 StepKvPlan FilledDecodePlan(int batch, int position);
+
+// Attention that does nothing: the GEMM-only baseline.
+class NoAttention : public AttentionBackend {
+ public:
+  absl::Status BeginStep(const StepKvPlan&) override { return absl::OkStatus(); }
+  absl::Status Attend(int, BatchBuffers&, int64_t) override { return absl::OkStatus(); }
+};
 
 }  // namespace strata::bench
 

@@ -41,6 +41,7 @@
 #include "common/bench/read_probe.h"
 #include "common/process/supervisor.h"
 #include "compute_node/attention_backend.h"
+#include "compute_node/bench/filled_attention.h"
 #include "compute_node/bench/memory_nodes.h"
 #include "compute_node/model_runner.h"
 #include "compute_node/model_weights.h"
@@ -88,11 +89,7 @@ ABSL_FLAG(std::string, memory_node_bin, "", "memory_node binary (default: next t
 namespace strata {
 namespace {
 
-class NoAttention : public AttentionBackend {
- public:
-  absl::Status BeginStep(const StepKvPlan&) override { return absl::OkStatus(); }
-  absl::Status Attend(int, BatchBuffers&, int64_t) override { return absl::OkStatus(); }
-};
+using bench::NoAttention;
 
 // Runs decode steps of `batch` sequences at context `ctx` over `attention`; returns the
 // per-step times. Sequence b lives in pool b % pools. `setup` is called once.
