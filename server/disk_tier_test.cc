@@ -261,10 +261,15 @@ TEST_F(DiskTierTest, SaveOnFillWritesEachBlockAsItFills) {
   }
   ASSERT_TRUE(d.Wait({o}));
   ASSERT_TRUE(o->error.ok()) << o->error;
-  auto last = d.Submit(Turn(Prompt(20, 7700)));  // its blocks are saved by now
+  auto last = d.Submit(Turn(Prompt(20, 7700)));
   ASSERT_TRUE(d.Wait({last}));
-  const uint64_t final_saves = d.disk().stats()->saves;
-  // 700 positions: 43 full blocks, each written once.
+  // 700 positions: 43 full blocks, each written once. The last saves may still be on their
+  // way to the disk (on loaded cores they were, once in a full run of the suite).
+  uint64_t final_saves = 0;
+  for (int i = 0; i < 1000 && final_saves < 43; ++i) {
+    final_saves = d.disk().stats()->saves;
+    if (final_saves < 43) absl::SleepFor(absl::Milliseconds(10));
+  }
   EXPECT_GE(final_saves, 43u);
   bool progressive = false;
   for (uint64_t s : seen) progressive = progressive || (s >= 6 && s < 43);

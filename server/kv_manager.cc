@@ -64,17 +64,85 @@ std::string AbslUnparseFlag(KvEviction e) {
   return "lru";
 }
 
-KvPool::KvPool(PoolIndex index, int64_t num_slots, int block_tokens, KvEviction eviction)
-    : index_(index), block_tokens_(block_tokens), eviction_(eviction), refcount_(num_slots, 0) {
-  free_.reserve(num_slots);
-  // Pushed in reverse so that the first allocations come out 0, 1, 2, ...
-  for (int64_t s = num_slots - 1; s >= 0; --s) free_.push_back(static_cast<int32_t>(s));
+void KvPool::IndexSet::Add(int32_t x) {
+  at[x] = static_cast<int32_t>(items.size());
+  items.push_back(x);
+}
+
+void KvPool::IndexSet::Remove(int32_t x) {
+  const int32_t i = at[x];
+  const int32_t last = items.back();
+  items[i] = last;
+  at[last] = i;
+  items.pop_back();
+  at[x] = -1;
+}
+
+KvPool::KvPool(PoolIndex index, int64_t num_slots, int block_tokens, KvEviction eviction,
+               int run_slots)
+    : index_(index),
+      block_tokens_(block_tokens),
+      eviction_(eviction),
+      refcount_(num_slots, 0),
+      run_slots_(run_slots),
+      free_(num_slots),
+      stretch_free_((num_slots + run_slots - 1) / run_slots, 0),
+      free_stretches_(num_slots / run_slots) {
+  CHECK_GT(run_slots, 0);
+  // Added in reverse so that the first allocations come out 0, 1, 2, ...
+  for (int64_t s = num_slots - 1; s >= 0; --s) {
+    free_.Add(static_cast<int32_t>(s));
+    ++stretch_free_[s / run_slots];
+  }
+  for (int64_t k = num_slots / run_slots - 1; k >= 0; --k) {
+    free_stretches_.Add(static_cast<int32_t>(k));
+  }
+}
+
+void KvPool::Take(int32_t slot) {
+  CHECK_EQ(refcount_[slot], 0u);
+  free_.Remove(slot);
+  const int64_t k = slot / run_slots_;
+  if (stretch_free_[k]-- == run_slots_ && free_stretches_.contains(k)) {
+    free_stretches_.Remove(static_cast<int32_t>(k));
+  }
+  refcount_[slot] = 1;
+}
+
+void KvPool::Free(int32_t slot) {
+  free_.Add(slot);
+  const int64_t k = slot / run_slots_;
+  if (++stretch_free_[k] == run_slots_ && k < static_cast<int64_t>(free_stretches_.at.size())) {
+    free_stretches_.Add(static_cast<int32_t>(k));
+  }
+}
+
+int32_t KvPool::NextSlot(const std::vector<int32_t>& out, int64_t position) const {
+  // The slot after the table's last, unless that starts a stretch someone else may start a
+  // run in (one that is not wholly free).
+  if (!out.empty()) {
+    const int64_t next = static_cast<int64_t>(out.back()) + 1;
+    if (next < num_slots() && refcount_[next] == 0 &&
+        (next % run_slots_ != 0 || free_stretches_.contains(next / run_slots_))) {
+      return static_cast<int32_t>(next);
+    }
+  }
+  // A new run, in a wholly free stretch, at the position's offset in a tile.
+  if (!free_stretches_.items.empty()) {
+    return static_cast<int32_t>(static_cast<int64_t>(free_stretches_.items.back()) * run_slots_ +
+                                position % run_slots_);
+  }
+  // The newest free slot, moved back to the start of its free run (by at most a stretch),
+  // so that the next ones can continue upward from it.
+  int32_t slot = free_.items.back();
+  for (int k = 0; k < run_slots_ && slot > 0 && refcount_[slot - 1] == 0; ++k) --slot;
+  return slot;
 }
 
 PoolStats KvPool::Stats() const {
   PoolStats s;
   s.total_slots = num_slots();
-  s.free_slots = static_cast<int64_t>(free_.size());
+  s.free_slots = static_cast<int64_t>(free_.items.size());
   s.reclaimable_slots = idle_block_slots_;
   s.used_slots = s.total_slots - s.free_slots - s.reclaimable_slots;
   s.cached_blocks = static_cast<int64_t>(blocks_.size());
@@ -123,15 +191,17 @@ bool KvPool::EvictOne() {
 }
 
 bool KvPool::Allocate(int64_t n, std::vector<int32_t>* out) {
+  return Allocate(n, out, static_cast<int64_t>(out->size()));
+}
+
+bool KvPool::Allocate(int64_t n, std::vector<int32_t>* out, int64_t position) {
   if (n > available()) return false;
-  while (static_cast<int64_t>(free_.size()) < n) {
+  while (static_cast<int64_t>(free_.items.size()) < n) {
     CHECK(EvictOne()) << "available() promised " << n << " slots";
   }
   for (int64_t i = 0; i < n; ++i) {
-    const int32_t slot = free_.back();
-    free_.pop_back();
-    CHECK_EQ(refcount_[slot], 0u);
-    refcount_[slot] = 1;
+    const int32_t slot = NextSlot(*out, position + i);
+    Take(slot);
     out->push_back(slot);
   }
   return true;
@@ -147,7 +217,7 @@ void KvPool::Ref(const std::vector<int32_t>& slots) {
 void KvPool::Unref(const std::vector<int32_t>& slots) {
   for (int32_t s : slots) {
     CHECK_GT(refcount_[s], 0u) << "double free of slot " << s;
-    if (--refcount_[s] == 0) free_.push_back(s);
+    if (--refcount_[s] == 0) Free(s);
   }
 }
 
@@ -253,13 +323,25 @@ bool KvPool::CheckInvariants(const std::vector<int32_t>& external_refs) const {
   if (idle != idle_block_slots_ || static_cast<int64_t>(idle_.size()) * block_tokens_ != idle) {
     return false;
   }
-  std::vector<bool> in_free(refcount_.size(), false);
-  for (int32_t s : free_) {
-    if (in_free[s] || refcount_[s] != 0) return false;
-    in_free[s] = true;
+  // The free set holds exactly the unreferenced slots, each stretch's count is its free
+  // slots, and the free stretches are exactly the whole ones with every slot free.
+  for (size_t i = 0; i < free_.items.size(); ++i) {
+    const int32_t s = free_.items[i];
+    if (free_.at[s] != static_cast<int32_t>(i) || refcount_[s] != 0) return false;
   }
+  std::vector<int32_t> stretch_free(stretch_free_.size(), 0);
   for (size_t s = 0; s < refcount_.size(); ++s) {
-    if (refcount_[s] == 0 && !in_free[s]) return false;
+    if ((refcount_[s] == 0) != free_.contains(static_cast<int64_t>(s))) return false;
+    stretch_free[s / run_slots_] += refcount_[s] == 0 ? 1 : 0;
+  }
+  if (stretch_free != stretch_free_) return false;
+  for (size_t i = 0; i < free_stretches_.items.size(); ++i) {
+    if (free_stretches_.at[free_stretches_.items[i]] != static_cast<int32_t>(i)) return false;
+  }
+  for (size_t k = 0; k < free_stretches_.at.size(); ++k) {
+    if (free_stretches_.contains(static_cast<int64_t>(k)) != (stretch_free_[k] == run_slots_)) {
+      return false;
+    }
   }
   return true;
 }

@@ -3,7 +3,15 @@
 // and write where step plans tell them; this class decides where.
 //
 // Per pool (a memory node, or a co-located compute node's own cache):
-//   - token-granular slots with a LIFO free list: no page-size internal fragmentation;
+//   - token-granular slots: no page-size internal fragmentation. They are handed out in
+//     runs, so that attention reads a sequence's KV in long contiguous pieces: a sequence's
+//     next slot is the one after its last when that is free, and a sequence that needs a
+//     new run starts one in a wholly free stretch of `run_slots` slots (one attention tile,
+//     64) at the offset of its position in a tile, so that its tiles are whole runs. Only
+//     when no such stretch is left does it take the newest free slot, from the start of
+//     that slot's free run. The policy only chooses among free slots: nothing is held back;
+//     a sequence's run is kept for it only while other sequences find whole stretches
+//     elsewhere;
 //   - a reference count per slot. A request's slot table holds one reference per position;
 //     n > 1 samples share the prompt's slots; a cached prefix block holds one reference on
 //     each of its slots;
@@ -61,14 +69,17 @@ struct PoolStats {
 
 class KvPool {
  public:
+  // The attention tile (kernels/cpu/attention.h, kAttentionTileTokens): the stretch in
+  // which runs start.
+  static constexpr int kRunSlots = 64;
   KvPool(PoolIndex index, int64_t num_slots, int block_tokens,
-         KvEviction eviction = KvEviction::kLru);
+         KvEviction eviction = KvEviction::kLru, int run_slots = kRunSlots);
 
   PoolIndex index() const { return index_; }
   int block_tokens() const { return block_tokens_; }
   int64_t num_slots() const { return static_cast<int64_t>(refcount_.size()); }
   // Slots that an allocation can obtain now (free plus reclaimable).
-  int64_t available() const { return static_cast<int64_t>(free_.size()) + idle_block_slots_; }
+  int64_t available() const { return static_cast<int64_t>(free_.items.size()) + idle_block_slots_; }
   // Scheduler-aware eviction: the blocks the look-ahead window needs (their hashes); they
   // are evicted last. Other policies keep the set but ignore it.
   void SetLookahead(std::unordered_set<uint64_t> hashes) { lookahead_ = std::move(hashes); }
@@ -82,9 +93,11 @@ class KvPool {
   uint32_t refcount(int32_t slot) const { return refcount_[slot]; }
   int holders(uint64_t hash) const;
 
-  // `n` fresh slots (refcount 1), evicting idle cached blocks LRU-first when the free list
-  // runs short. All or nothing.
+  // `n` fresh slots (refcount 1) appended to `out`, a slot table whose next position is
+  // `position` (by default out->size()), evicting idle cached blocks in the policy's order
+  // when the free slots run short. All or nothing. Where the slots go: the header comment.
   bool Allocate(int64_t n, std::vector<int32_t>* out);
+  bool Allocate(int64_t n, std::vector<int32_t>* out, int64_t position);
   void Ref(const std::vector<int32_t>& slots);
   void Unref(const std::vector<int32_t>& slots);
 
@@ -133,14 +146,33 @@ class KvPool {
     uint64_t cached = 0;    // when it was cached (a tick)
     uint64_t idle_key = 0;  // its place in idle_ while idle (holders == 0)
   };
+  // A set of integers below a bound: add, remove and membership in O(1); `items` in no
+  // particular order, the last added at the back until something is removed.
+  struct IndexSet {
+    std::vector<int32_t> items;
+    std::vector<int32_t> at;  // item's index in `items`, -1 if absent
+    explicit IndexSet(int64_t bound) : at(bound, -1) { items.reserve(bound); }
+    bool contains(int64_t x) const { return at[x] >= 0; }
+    void Add(int32_t x);
+    void Remove(int32_t x);
+  };
   bool EvictOne();
   void MakeIdle(uint64_t hash, Block& block);
+  // The free slot position `position` of the table `out` gets (the header comment).
+  int32_t NextSlot(const std::vector<int32_t>& out, int64_t position) const;
+  void Take(int32_t slot);  // a free slot, now referenced once
+  void Free(int32_t slot);  // an unreferenced slot, free again
 
   PoolIndex index_;
   int block_tokens_;
   KvEviction eviction_;
   std::vector<uint32_t> refcount_;
-  std::vector<int32_t> free_;  // LIFO stack
+  const int run_slots_;
+  IndexSet free_;  // the slots whose refcount is 0
+  // Free slots per stretch of run_slots_ (stretch k: slots [k, k + 1) * run_slots_), and the
+  // whole stretches (those inside the pool) that are entirely free.
+  std::vector<int32_t> stretch_free_;
+  IndexSet free_stretches_;
   std::unordered_map<uint64_t, Block> blocks_;
   // Idle blocks in eviction order: (key, hash), the key being when the block went idle
   // (LRU, scheduler-aware) or when it was cached (FIFO).

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <random>
+#include <string>
 #include <unordered_set>
 
 #include "gtest/gtest.h"
@@ -147,8 +148,8 @@ TEST(KvPool, RandomOperationsAgainstAModel) {
   }
 }
 
-TEST(KvPool, AllocationIsLifoAndAllOrNothing) {
-  KvPool pool(PoolIndex(0), 8, 4);
+TEST(KvPool, AllocationIsAllOrNothingAndReusesFromTheStartOfTheNewestFreeRun) {
+  KvPool pool(PoolIndex(0), 8, 4);  // no whole stretch of 64 slots
   std::vector<int32_t> a, b;
   ASSERT_TRUE(pool.Allocate(3, &a));
   EXPECT_EQ(a, (std::vector<int32_t>{0, 1, 2}));
@@ -156,7 +157,100 @@ TEST(KvPool, AllocationIsLifoAndAllOrNothing) {
   EXPECT_TRUE(b.empty());
   pool.Unref(a);
   ASSERT_TRUE(pool.Allocate(2, &b));
-  EXPECT_EQ(b, (std::vector<int32_t>{2, 1})) << "last freed, first reused";
+  EXPECT_EQ(b, (std::vector<int32_t>{0, 1})) << "the newest free slot (2), from its run's start";
+  EXPECT_TRUE(pool.CheckInvariants(b));
+}
+
+// Each tile (64 positions) of a sequence is one run of slots, from the slot at the tile's
+// offset: whole runs for attention to read.
+void ExpectWholeTiles(const std::vector<int32_t>& table, const std::string& what) {
+  constexpr int kRun = KvPool::kRunSlots;
+  for (size_t p = 0; p < table.size(); ++p) {
+    EXPECT_EQ(table[p] % kRun, static_cast<int32_t>(p % kRun)) << what << ", position " << p;
+    if (p % kRun != 0) EXPECT_EQ(table[p], table[p - 1] + 1) << what << ", position " << p;
+  }
+}
+
+TEST(KvPool, SequencesDecodingTogetherEachKeepWholeTiles) {
+  // Eight sequences with prompts of different lengths, then 300 decode steps in which each
+  // takes one slot in turn, as the scheduler's steps allocate. A free list alone would
+  // interleave their slots token by token.
+  KvPool pool(PoolIndex(0), 8192, 16);
+  std::vector<std::vector<int32_t>> tables(8);
+  for (size_t i = 0; i < tables.size(); ++i) {
+    ASSERT_TRUE(pool.Allocate(static_cast<int64_t>(37 * i + 5), &tables[i]));
+  }
+  for (int step = 0; step < 300; ++step) {
+    for (auto& table : tables) ASSERT_TRUE(pool.Allocate(1, &table));
+  }
+  std::vector<int32_t> refs;
+  for (size_t i = 0; i < tables.size(); ++i) {
+    ExpectWholeTiles(tables[i], "sequence " + std::to_string(i));
+    refs.insert(refs.end(), tables[i].begin(), tables[i].end());
+  }
+  EXPECT_TRUE(pool.CheckInvariants(refs));
+
+  // A sequence that finished gives its stretches back whole, and the next one starts there.
+  pool.Unref(tables[3]);
+  std::vector<int32_t> next;
+  ASSERT_TRUE(pool.Allocate(100, &next));
+  ExpectWholeTiles(next, "the sequence after one that finished");
+}
+
+TEST(KvPool, ARunDoesNotGrowIntoAStretchAnotherRunStartedIn) {
+  KvPool pool(PoolIndex(0), 192, 16);  // stretches [0, 64), [64, 128), [128, 192)
+  std::vector<int32_t> a, b;
+  ASSERT_TRUE(pool.Allocate(60, &a));  // 0..59
+  ASSERT_TRUE(pool.Allocate(10, &b));  // a stretch of its own: 64..73
+  EXPECT_EQ(b.front(), 64);
+  ASSERT_TRUE(pool.Allocate(10, &a));  // 60..63, then a new stretch at offset 0
+  EXPECT_EQ(a[63], 63);
+  EXPECT_EQ(a[64], 128);
+  ExpectWholeTiles(a, "a");
+  ExpectWholeTiles(b, "b");
+  std::vector<int32_t> refs = a;
+  refs.insert(refs.end(), b.begin(), b.end());
+  EXPECT_TRUE(pool.CheckInvariants(refs));
+}
+
+TEST(KvPool, WithoutAWholeFreeStretchSlotsComeFromTheNewestFreeRunUpward) {
+  KvPool pool(PoolIndex(0), 128, 16);
+  std::vector<int32_t> all;
+  ASSERT_TRUE(pool.Allocate(128, &all));
+  // Free 10..29 and 100..103: no stretch is wholly free.
+  std::vector<int32_t> freed(all.begin() + 10, all.begin() + 30);
+  const std::vector<int32_t> later(all.begin() + 100, all.begin() + 104);
+  pool.Unref(freed);
+  pool.Unref(later);
+  std::vector<int32_t> b;
+  ASSERT_TRUE(pool.Allocate(6, &b));  // the newest free slot is 103: its run starts at 100
+  EXPECT_EQ(b, (std::vector<int32_t>{100, 101, 102, 103, 10, 11}));
+  std::vector<int32_t> refs(all.begin(), all.begin() + 10);
+  refs.insert(refs.end(), all.begin() + 30, all.begin() + 100);
+  refs.insert(refs.end(), all.begin() + 104, all.end());
+  refs.insert(refs.end(), b.begin(), b.end());
+  EXPECT_TRUE(pool.CheckInvariants(refs));
+}
+
+TEST(KvPool, ABlockReadAheadLandsAtItsTileOffset) {
+  // A block read ahead from disk for positions 48..63 (Scheduler::OrderPrefetch), then a
+  // table that takes it as its last prefix block and grows: every position sits at its
+  // offset in a tile, and the tiles after the block are whole runs.
+  KvPool pool(PoolIndex(0), 256, 16);
+  std::vector<int32_t> block;
+  ASSERT_TRUE(pool.Allocate(16, &block, 48));
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(block[i], 48 + i);
+  std::vector<int32_t> table;
+  ASSERT_TRUE(pool.Allocate(48, &table));  // positions 0..47
+  pool.Ref(block);
+  table.insert(table.end(), block.begin(), block.end());
+  pool.Unref(block);  // the loader's reference, now the table's
+  ASSERT_TRUE(pool.Allocate(70, &table));
+  for (size_t p = 0; p < table.size(); ++p) {
+    EXPECT_EQ(table[p] % KvPool::kRunSlots, static_cast<int32_t>(p % KvPool::kRunSlots)) << p;
+  }
+  for (size_t p = 65; p < table.size(); ++p) EXPECT_EQ(table[p], table[p - 1] + 1) << p;
+  EXPECT_TRUE(pool.CheckInvariants(table));
 }
 
 TEST(KvPool, IdleCachedBlocksAreReclaimedLruFirst) {

@@ -289,7 +289,9 @@ bool Scheduler::OrderPrefetch(PoolIndex pool, uint64_t hash, const int32_t* toke
   op.move.kind = KvMove::Kind::kLoad;
   op.move.extent = static_cast<uint64_t>(*extent);
   op.move.key = hash;
-  CHECK(p.kv->Allocate(config_.block_tokens, &op.move.slots));
+  // At the block's position, so that a request that takes it can continue its run.
+  CHECK(p.kv->Allocate(config_.block_tokens, &op.move.slots,
+                       static_cast<int64_t>(block) * config_.block_tokens));
   op.prefetch = true;
   op.kv_epoch = p.kv_epoch;
   op.block = block;

@@ -12,7 +12,6 @@
 //
 //   bazel run -c opt //kernels/cpu/bench:attention_bench -- --batches=1,8,64 --contexts=256,2048
 #include <omp.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -28,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/base/stopwatch.h"
+#include "common/bench/filled_kv.h"
 #include "common/bench/fma_probe.h"
 #include "common/bench/int_list.h"
 #include "common/bench/read_probe.h"
@@ -111,14 +111,9 @@ int Run() {
       const double flops = 4.0 * slots * p.num_heads * p.head_dim;  // q.k and p.v FMAs
       const int layers =
           std::max(2, static_cast<int>(absl::GetFlag(FLAGS_rotate_mb) * 1e6 / kv_bytes + 0.999));
-      // Huge pages, as the KV store asks for them (memory_node/kv_store.cc).
-      const size_t kv_elems = static_cast<size_t>(layers) * 2 * slots * row_elems;
-      const size_t kv_alloc = (kv_elems * 2 + (2u << 20) - 1) & ~((2ull << 20) - 1);
-      auto* kv = static_cast<uint16_t*>(aligned_alloc(2u << 20, kv_alloc));
-      madvise(kv, kv_alloc, MADV_HUGEPAGE);
+      const FilledKv kv_cache = MakeFilledKv(static_cast<size_t>(layers) * 2 * slots * row_elems);
+      const uint16_t* kv = kv_cache.get();
       std::mt19937 rng(1);
-      // About 0.01 as bf16, about 1 as f16: ordinary numbers either way.
-      for (size_t i = 0; i < kv_elems; ++i) kv[i] = 0x3c00 | (rng() & 0x7f);
       std::vector<uint16_t> q(static_cast<size_t>(batch) * p.num_heads * p.head_dim, 0x3f80);
       std::vector<int32_t> slot_table(slots);
       for (int64_t i = 0; i < slots; ++i) slot_table[i] = static_cast<int32_t>(i);
@@ -172,7 +167,6 @@ int Run() {
                     kv_bytes / best / 1e9, probe > 0 ? kv_bytes / best / probe : 0.0,
                     flops / best / 1e9, fma_peak > 0 ? flops / best / fma_peak : 0.0);
       }
-      free(kv);
     }
   }
   return 0;
