@@ -72,6 +72,29 @@ class LifoFreeList {
   std::vector<int32_t> free_;
 };
 
+// The ledger with the prefix cache on (serving's default): a finished sequence's full
+// blocks stay cached, idle, so once the pool has filled, fresh slots come from evicting
+// them (least recently used first).
+class CachingPool {
+ public:
+  CachingPool(int64_t slots, int block_tokens)
+      : pool_(PoolIndex(0), slots, block_tokens), block_tokens_(block_tokens) {}
+  bool Allocate(int64_t n, std::vector<int32_t>* out) { return pool_.Allocate(n, out); }
+  void Unref(const std::vector<int32_t>& table) {
+    const std::vector<int32_t> tokens(block_tokens_, 0);
+    for (size_t b = 0; b + block_tokens_ <= table.size(); b += block_tokens_) {
+      const uint64_t hash = ++next_hash_;  // every block its own: no hits, only eviction
+      if (pool_.InsertBlock(hash, tokens.data(), table.data() + b)) pool_.DropBlock(hash);
+    }
+    pool_.Unref(table);
+  }
+
+ private:
+  KvPool pool_;
+  int block_tokens_;
+  uint64_t next_hash_ = 0;
+};
+
 template <class Pool>
 std::vector<std::vector<int32_t>> Simulate(Pool& pool, int sequences, int ctx, int64_t steps) {
   std::mt19937 rng(7);  // the same workload for every pool
@@ -147,19 +170,22 @@ int Run() {
     std::vector<std::vector<int32_t>> tables;
     std::vector<double> seconds;
   };
-  std::vector<Layout> layouts(3);
+  std::vector<Layout> layouts(4);
   layouts[0].name = "free list";
   LifoFreeList lifo(pool_slots);
   layouts[0].tables = Simulate(lifo, sequences, ctx, steps);
   layouts[1].name = "KvPool";
   KvPool pool(PoolIndex(0), pool_slots, 16);
   layouts[1].tables = Simulate(pool, sequences, ctx, steps);
-  layouts[2].name = "contiguous";
+  layouts[2].name = "KvPool+cache";
+  CachingPool caching(pool_slots, 16);
+  layouts[2].tables = Simulate(caching, sequences, ctx, steps);
+  layouts[3].name = "contiguous";
   int64_t next = 0;
   for (const auto& t : layouts[1].tables) {
     std::vector<int32_t> row(t.size());
     for (auto& s : row) s = static_cast<int32_t>(next++);
-    layouts[2].tables.push_back(std::move(row));
+    layouts[3].tables.push_back(std::move(row));
   }
 
   kernels::AttentionParams p;
@@ -209,13 +235,13 @@ int Run() {
       sequences, ctx, static_cast<long long>(positions), static_cast<long long>(pool_slots),
       static_cast<long long>(steps), p.num_heads, p.num_kv_heads, p.head_dim, omp_get_max_threads(),
       Median(probes) / 1e9);
-  std::printf("%-11s %9s %11s %9s %8s %8s %13s\n", "layout", "mean_run", "whole_tiles", "layer_us",
+  std::printf("%-13s %9s %11s %9s %8s %8s %13s\n", "layout", "mean_run", "whole_tiles", "layer_us",
               "KV_GB/s", "of_probe", "vs_free_list");
   const double lifo_time = Median(layouts[0].seconds);
   for (const Layout& layout : layouts) {
     const LayoutFigures f = Describe(layout.tables);
     const double t = Median(layout.seconds);
-    std::printf("%-11s %9.1f %11.2f %9.1f %8.1f %8.2f %13.3f\n", layout.name.c_str(), f.mean_run,
+    std::printf("%-13s %9.1f %11.2f %9.1f %8.1f %8.2f %13.3f\n", layout.name.c_str(), f.mean_run,
                 f.whole_tiles, t * 1e6, kv_bytes / t / 1e9, kv_bytes / t / Median(probes),
                 lifo_time / t);
   }
