@@ -19,7 +19,13 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreConfig& co
   auto store = std::unique_ptr<KvStore>(new KvStore);
   store->config_ = config;
   store->row_elements_ = static_cast<int64_t>(config.num_kv_heads) * config.head_dim;
-  store->bytes_ = static_cast<size_t>(config.num_slots) * config.bytes_per_token();
+  if (config.num_layers > (1 << 16) || config.num_kv_heads > (1 << 16) ||
+      config.head_dim > (1 << 16) ||
+      __builtin_mul_overflow(static_cast<size_t>(config.num_slots),
+                             static_cast<size_t>(config.bytes_per_token()), &store->bytes_)) {
+    return absl::InvalidArgumentError(absl::StrCat("a KV store of ", config.num_slots,
+                                                   " slots of this shape does not fit in memory"));
+  }
   void* p =
       mmap(nullptr, store->bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -21,6 +22,12 @@ using transport::PeerId;
 // A layer frame's payload is at most this big (a step of 16k rows of a large model is far
 // below); larger claims are malformed.
 constexpr uint64_t kMaxPayload = uint64_t{2} << 30;
+// Frames other than a layer's (step descriptors, hellos, errors) are small: a descriptor
+// carries a step's rows and slot assignments. Past this they are refused without a copy.
+constexpr uint64_t kMaxSmallFrame = uint64_t{64} << 20;
+// Buffers kept for reuse: a layer frame's size at most. A larger one goes back to the
+// allocator, so that a peer's one-off giant frame does not stay resident.
+constexpr size_t kMaxRecycled = size_t{64} << 20;
 
 }  // namespace
 
@@ -77,6 +84,24 @@ absl::StatusOr<MemoryConfigAck> MemoryServer::Configure(const MemoryConfig& conf
     return absl::InvalidArgumentError(absl::StrCat("KV dtype \"", m.kv_dtype, "\""));
   }
   if (config.num_slots == 0) return absl::InvalidArgumentError("no KV slots");
+  // Bounds that keep every size below (slots x bytes per token, a slot's index) in range:
+  // a configuration past them would wrap a product into a small allocation.
+  constexpr uint32_t kMaxShapeDim = 1 << 16;
+  if (m.num_layers > kMaxShapeDim || m.num_heads > kMaxShapeDim || m.num_kv_heads > kMaxShapeDim ||
+      m.head_dim > kMaxShapeDim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model shape past ", kMaxShapeDim, " layers, heads or head dim: ", m.num_layers,
+        " layers, ", m.num_heads, " heads, ", m.num_kv_heads, " KV heads, head dim ", m.head_dim));
+  }
+  const uint64_t bytes_per_token = uint64_t{4} * m.num_layers * m.num_kv_heads * m.head_dim;
+  uint64_t store_bytes = 0;
+  if (config.num_slots > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()) ||
+      __builtin_mul_overflow(config.num_slots, bytes_per_token, &store_bytes) ||
+      store_bytes > (uint64_t{1} << 50)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(config.num_slots, " KV slots of ", bytes_per_token,
+                     " bytes each: past 2^31 slots or 2^50 bytes (slots are int32 in plans)"));
+  }
   disk_.Close();  // the old tier's blocks belong to the old index, and its store may go below
   std::lock_guard<std::mutex> lock(engine_mu_);
   const bool same_shape = engine_ != nullptr &&
@@ -192,7 +217,7 @@ std::shared_ptr<std::vector<uint8_t>> MemoryServer::Buffer(size_t bytes) {
 // back through this lambda-friendly function.
 static void Recycle(std::mutex& mu, std::vector<std::shared_ptr<std::vector<uint8_t>>>& pool,
                     std::shared_ptr<std::vector<uint8_t>> buffer) {
-  if (buffer == nullptr || buffer.use_count() != 1) return;
+  if (buffer == nullptr || buffer.use_count() != 1 || buffer->capacity() > kMaxRecycled) return;
   std::lock_guard<std::mutex> lock(mu);
   if (pool.size() < 32) pool.push_back(std::move(buffer));
 }
@@ -221,6 +246,10 @@ void MemoryServer::Deliver(PeerId from, std::span<const uint8_t> header,
   if (it != placed_.end() && payload.data() != nullptr) {
     work.payload = std::move(it->second);
     placed_.erase(it);
+  } else if (work.status.ok() && payload.size() > kMaxSmallFrame) {
+    work.status = absl::InvalidArgumentError(absl::StrCat("a frame of ", payload.size(),
+                                                          " bytes that is not a layer's (at most ",
+                                                          kMaxSmallFrame, " bytes)"));
   } else if (work.status.ok()) {
     work.payload = Buffer(payload.size());
     if (!payload.empty()) std::memcpy(work.payload->data(), payload.data(), payload.size());

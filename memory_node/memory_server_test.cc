@@ -348,6 +348,12 @@ TEST_P(MemoryServerTest, BadFramesGetErrorsAndTheServerKeepsServing) {
   stale.epoch = kEpoch + 1;
   SendStep(stale);
   expect_error("wrong epoch", absl::StatusCode::kFailedPrecondition);
+  // A descriptor frame past the size any step needs: refused without a copy.
+  const std::vector<uint8_t> giant((size_t{64} << 20) + 1, 0);
+  FrameHeader giant_step = step;
+  giant_step.step_id = 7;
+  client_->Send(giant_step, giant);
+  expect_error("giant descriptor", absl::StatusCode::kInvalidArgument);
 
   const MemoryServerStats stats = server_->stats();
   EXPECT_GE(stats.checksum_failures, 1u);
@@ -380,6 +386,16 @@ TEST_P(MemoryServerTest, RejectsAnUnusableConfiguration) {
   config.model.kv_dtype = "bf16";
   config.num_slots = 0;
   EXPECT_FALSE(server_->Configure(config).ok());
+  // Sizes that would wrap: slots times bytes per token, and a shape past every real model.
+  config.num_slots = (uint64_t{1} << 58) + 1;
+  config.model.head_dim = 16;
+  config.model.num_layers = 1;
+  config.model.num_kv_heads = 1;
+  config.model.num_heads = 1;
+  EXPECT_EQ(server_->Configure(config).status().code(), absl::StatusCode::kInvalidArgument);
+  config.num_slots = 10;
+  config.model.num_layers = 1u << 31;
+  EXPECT_EQ(server_->Configure(config).status().code(), absl::StatusCode::kInvalidArgument);
   // The previous configuration still serves.
   EXPECT_TRUE(server_->Status().ready);
 }

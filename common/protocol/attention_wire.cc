@@ -1,5 +1,7 @@
 #include "common/protocol/attention_wire.h"
 
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "common/protocol/kv_shift_proto.h"
 #include "proto/data_plane.pb.h"
@@ -35,6 +37,10 @@ std::string EncodeStepShare(const StepShare& share) {
 
 absl::StatusOr<StepShare> DecodeStepShare(std::span<const uint8_t> bytes) {
   data::StepDescriptor d;
+  if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step descriptor of ", bytes.size(), " bytes (protobuf reads at most 2 GiB)"));
+  }
   if (!d.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
     return absl::InvalidArgumentError("step descriptor does not parse");
   }

@@ -611,6 +611,38 @@ TEST_F(BootstrapAuthTest, PeersWithTheKeyConnectAndOthersAreRefused) {
   EXPECT_EQ(Connected(), 1);
 }
 
+// A client that sends its bootstrap a byte at a time, each within the socket's timeout,
+// would hold the transport thread (which runs the server's bootstrap) for as long as it
+// likes without a deadline on the whole: the server gives up after about two seconds.
+TEST_F(BootstrapAuthTest, AClientThatTricklesItsBootstrapIsCutOff) {
+  const int fd = Dial();
+  const uint32_t magic = 0x53545242;
+  std::string hello(4, '\0');
+  std::memcpy(hello.data(), &magic, 4);
+  hello += std::string(16, 'n');
+  ASSERT_EQ(send(fd, hello.data(), hello.size(), 0), static_cast<ssize_t>(hello.size()));
+  std::string challenge(52, '\0');
+  ASSERT_EQ(recv(fd, challenge.data(), challenge.size(), MSG_WAITALL), 52);
+  // The answer's magic at once, then its MAC a byte at a time.
+  ASSERT_EQ(send(fd, &magic, 4, 0), 4);
+  const absl::Time start = absl::Now();
+  bool cut_off = false;
+  for (int i = 0; i < 40 && !cut_off; ++i) {  // 40 x 0.4 s: far past the budget
+    absl::SleepFor(absl::Milliseconds(400));
+    cut_off = send(fd, "m", 1, MSG_NOSIGNAL) != 1;
+  }
+  // The server closed the socket: a later send fails (the first after the close may still
+  // be accepted by the kernel).
+  EXPECT_TRUE(cut_off);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(6));
+  close(fd);
+  // And it serves a client with the key.
+  auto good = Transport::Create(Config(kKey));
+  ASSERT_TRUE(good.ok());
+  auto peer = (*good)->Connect(address_);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+}
+
 TEST_F(BootstrapAuthTest, AClientWithoutTheKeyNeverLearnsTheWorkerAddress) {
   const uint64_t refused = ProcessAuthRefusals().data_plane.load();
   // The bootstrap of an earlier version: magic, address size, address. The bytes after the

@@ -31,9 +31,23 @@ absl::Status WriteAll(int fd, const void* data, size_t size) {
   return absl::OkStatus();
 }
 
+// The whole bootstrap's deadline on this thread (ServerBootstrap, ClientBootstrap): each
+// recv is bounded by the socket's timeout, but a peer that sends a byte now and then would
+// otherwise keep the reads going, and the server's bootstrap runs on the transport thread.
+thread_local absl::Time read_deadline = absl::InfiniteFuture();
+
+class BootstrapDeadline {
+ public:
+  explicit BootstrapDeadline(absl::Duration budget) { read_deadline = absl::Now() + budget; }
+  ~BootstrapDeadline() { read_deadline = absl::InfiniteFuture(); }
+};
+
 absl::Status ReadAll(int fd, void* data, size_t size) {
   char* p = static_cast<char*>(data);
   while (size > 0) {
+    if (absl::Now() > read_deadline) {
+      return absl::DeadlineExceededError("the peer's bootstrap took too long");
+    }
     const ssize_t n = recv(fd, p, size, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n == 0) return absl::UnavailableError("the peer closed the bootstrap connection");
@@ -111,7 +125,8 @@ std::string SessionSecret(const std::string& key, const std::string& nonces) {
 
 // The client's side of the bootstrap on a connected socket.
 absl::StatusOr<Bootstrapped> ClientBootstrap(int fd, const std::string& ours,
-                                             const std::string& key) {
+                                             const std::string& key, absl::Duration budget) {
+  const BootstrapDeadline deadline(budget);
   const std::string client_nonce = SecureRandomBytes(kNonceBytes);
   absl::Status s = SendParts(fd, {client_nonce});
   if (!s.ok()) return s;
@@ -144,7 +159,8 @@ void SetSocketTimeouts(int fd, absl::Duration timeout) {
 }
 
 absl::StatusOr<Bootstrapped> ServerBootstrap(int fd, const std::string& ours,
-                                             const std::string& key) {
+                                             const std::string& key, absl::Duration budget) {
+  const BootstrapDeadline deadline(budget);
   absl::Status s = ReadMagic(fd);
   if (!s.ok()) return s;
   auto client_nonce = ReadBytes(fd, kNonceBytes);
@@ -188,7 +204,7 @@ absl::StatusOr<Bootstrapped> BootstrapClient(const sockaddr_storage& addr, sockl
   const int flags = fcntl(fd, F_GETFL);
   fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
   SetSocketTimeouts(fd, timeout);
-  absl::StatusOr<Bootstrapped> theirs = ClientBootstrap(fd, ours, key);
+  absl::StatusOr<Bootstrapped> theirs = ClientBootstrap(fd, ours, key, timeout);
   close(fd);
   return theirs;
 }

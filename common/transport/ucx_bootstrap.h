@@ -38,9 +38,10 @@ struct Bootstrapped {
 };
 
 // The server's side on an accepted socket: the client's worker address once the client
-// proved that it holds `key`; UNAUTHENTICATED when it did not.
+// proved that it holds `key`; UNAUTHENTICATED when it did not, DEADLINE_EXCEEDED when its
+// reads took past `budget` in all (each read is bounded by the socket's timeout besides).
 absl::StatusOr<Bootstrapped> ServerBootstrap(int fd, const std::string& ours,
-                                             const std::string& key);
+                                             const std::string& key, absl::Duration budget);
 
 // Connects to `addr` (with a deadline), runs the client's side: the server's worker
 // address; UNAUTHENTICATED when the server does not hold `key`.

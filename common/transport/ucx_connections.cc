@@ -144,9 +144,11 @@ void UcxTransport::AcceptBootstrap() {
   while (true) {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) return;  // EAGAIN: no more
-    // The client answers at once; a slow or bogus one costs at most a second.
+    // The client answers at once; a slow or bogus one costs at most about two seconds: a
+    // second for the bootstrap's reads in all, and one read that started before it ran out.
     SetSocketTimeouts(fd, absl::Seconds(1));
-    absl::StatusOr<Bootstrapped> theirs = ServerBootstrap(fd, worker_address_, config_.auth_key);
+    absl::StatusOr<Bootstrapped> theirs =
+        ServerBootstrap(fd, worker_address_, config_.auth_key, absl::Seconds(1));
     close(fd);
     if (!theirs.ok()) {
       if (absl::IsUnauthenticated(theirs.status())) ++ProcessAuthRefusals().data_plane;

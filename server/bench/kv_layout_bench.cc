@@ -1,9 +1,11 @@
 // KV layout benchmark (prints figures; no assertion): the slot tables that serving's
 // allocation leaves, and what attention over them costs. The same workload runs through
 // the scheduler's KV ledger (KvPool, server/kv_manager.h) and through a plain LIFO free list
-// (the ledger's policy before runs: every sequence's next slot the newest free one), then
-// the demo shape's attention kernel reads each layout, and one with every sequence
-// contiguous, in interleaved rounds.
+// (the ledger's policy before runs: every sequence's next slot the newest free one), and
+// through the ledger with the prefix cache on ("KvPool+cache": finished sequences' blocks
+// stay cached and idle, so once the pool has filled, fresh slots come from evictions, as in
+// serving's steady state); then the demo shape's attention kernel reads each layout, and one
+// with every sequence contiguous, in interleaved rounds.
 //
 // The workload: --sequences decode together, one slot each per step (as the scheduler's
 // decode rows allocate); each starts with a prompt of 64 to ctx/2 positions allocated at
