@@ -84,11 +84,9 @@ KvPool::KvPool(PoolIndex index, int64_t num_slots, int block_tokens, KvEviction 
       block_tokens_(block_tokens),
       eviction_(eviction),
       refcount_(num_slots, 0),
-      cached_block_(num_slots, 0),
       run_slots_(run_slots),
       free_(num_slots),
       stretch_free_((num_slots + run_slots - 1) / run_slots, 0),
-      stretch_idle_(stretch_free_.size(), 0),
       free_stretches_(num_slots / run_slots) {
   CHECK_GT(run_slots, 0);
   // Added in reverse so that the first allocations come out 0, 1, 2, ...
@@ -119,55 +117,7 @@ void KvPool::Free(int32_t slot) {
   }
 }
 
-int64_t KvPool::StretchOf(const Block& block) const {
-  const int64_t k = block.slots.front() / run_slots_;
-  for (int32_t s : block.slots) {
-    if (s / run_slots_ != k) return -1;
-  }
-  return k < static_cast<int64_t>(free_stretches_.at.size()) ? k : -1;
-}
-
-void KvPool::AddIdle(const Block& block, int sign) {
-  for (int32_t s : block.slots) stretch_idle_[s / run_slots_] += sign;
-}
-
-void KvPool::FreeAStretch() {
-  // Candidates in the policy's order: the first idle block whose stretch holds nothing but
-  // free slots and idle blocks (none the look-ahead window protects), whose blocks then go.
-  // A finished request's blocks went idle together and lie in its stretches, so this stays
-  // close to the policy's order.
-  // Only where the cache holds many stretches' worth of idle blocks, so that the blocks a
-  // stretch frees early are a small part of what is cached (in a small pool one stretch
-  // would be a large part of it).
-  if (idle_block_slots_ < kCachedStretchesForRuns * run_slots_) return;
-  constexpr int kCandidates = 64;  // bounds the scans where no stretch can be freed
-  int candidates = 0;
-  const bool protect = eviction_ == KvEviction::kSchedulerAware;
-  for (const auto& [key, hash] : idle_) {
-    if (++candidates > kCandidates) return;
-    if (protect && lookahead_.count(hash)) continue;
-    const int64_t k = StretchOf(blocks_.at(hash));
-    if (k < 0 || stretch_free_[k] + stretch_idle_[k] != run_slots_) continue;
-    // The stretch's blocks, found through its slots.
-    std::vector<uint64_t> victims;
-    bool whole = true;
-    for (int64_t s = k * run_slots_; s < (k + 1) * run_slots_ && whole; ++s) {
-      if (refcount_[s] == 0) continue;
-      const uint64_t other = cached_block_[s];
-      const auto it = blocks_.find(other);
-      whole = it != blocks_.end() && it->second.holders == 0 && StretchOf(it->second) == k &&
-              !(protect && lookahead_.count(other));
-      if (whole && std::find(victims.begin(), victims.end(), other) == victims.end()) {
-        victims.push_back(other);
-      }
-    }
-    if (!whole) continue;
-    for (uint64_t victim : victims) Evict(victim);
-    return;
-  }
-}
-
-int32_t KvPool::NextSlot(const std::vector<int32_t>& out, int64_t position) {
+int32_t KvPool::NextSlot(const std::vector<int32_t>& out, int64_t position) const {
   // The slot after the table's last, unless that starts a stretch someone else may start a
   // run in (one that is not wholly free).
   if (!out.empty()) {
@@ -177,9 +127,7 @@ int32_t KvPool::NextSlot(const std::vector<int32_t>& out, int64_t position) {
       return static_cast<int32_t>(next);
     }
   }
-  // A new run, in a wholly free stretch, at the position's offset in a tile; where none is
-  // free, idle cached blocks are evicted to free one.
-  if (free_stretches_.items.empty()) FreeAStretch();
+  // A new run, in a wholly free stretch, at the position's offset in a tile.
   if (!free_stretches_.items.empty()) {
     return static_cast<int32_t>(static_cast<int64_t>(free_stretches_.items.back()) * run_slots_ +
                                 position % run_slots_);
@@ -220,7 +168,6 @@ void KvPool::MakeIdle(uint64_t hash, Block& block) {
   block.idle_key = eviction_ == KvEviction::kFifo ? block.cached : ++tick_;
   idle_.emplace(block.idle_key, hash);
   idle_block_slots_ += block_tokens_;
-  AddIdle(block, 1);
 }
 
 bool KvPool::EvictOne() {
@@ -230,22 +177,17 @@ bool KvPool::EvictOne() {
           ? FirstOutsideLookahead(idle_.begin(), idle_.end(), lookahead_,
                                   [](const std::pair<uint64_t, uint64_t>& e) { return e.second; })
           : idle_.begin();
-  Evict(victim->second);
-  return true;
-}
-
-void KvPool::Evict(uint64_t hash) {
+  const uint64_t hash = victim->second;
+  idle_.erase(victim);
   auto it = blocks_.find(hash);
   CHECK(it != blocks_.end());
   CHECK_EQ(it->second.holders, 0);
-  idle_.erase({it->second.idle_key, hash});
   idle_block_slots_ -= block_tokens_;
-  AddIdle(it->second, -1);
-  for (int32_t s : it->second.slots) cached_block_[s] = 0;
   const std::vector<int32_t> slots = std::move(it->second.slots);
   blocks_.erase(it);
   Unref(slots);  // the cache's reference
   ++evicted_blocks_;
+  return true;
 }
 
 bool KvPool::Allocate(int64_t n, std::vector<int32_t>* out) {
@@ -254,12 +196,8 @@ bool KvPool::Allocate(int64_t n, std::vector<int32_t>* out) {
 
 bool KvPool::Allocate(int64_t n, std::vector<int32_t>* out, int64_t position) {
   if (n > available()) return false;
-  // Short of free slots: a whole stretch's idle blocks where one can go, for a run to start
-  // in (close to the policy's order, FreeAStretch), else the policy's next block.
   while (static_cast<int64_t>(free_.items.size()) < n) {
-    const size_t before = free_.items.size();
-    FreeAStretch();
-    if (free_.items.size() == before) CHECK(EvictOne()) << "available() promised " << n << " slots";
+    CHECK(EvictOne()) << "available() promised " << n << " slots";
   }
   for (int64_t i = 0; i < n; ++i) {
     const int32_t slot = NextSlot(*out, position + i);
@@ -333,7 +271,6 @@ void KvPool::HoldBlock(uint64_t hash) {
   if (block.holders++ == 0) {
     idle_.erase({block.idle_key, hash});
     idle_block_slots_ -= block_tokens_;
-    AddIdle(block, -1);
   }
 }
 
@@ -349,7 +286,6 @@ bool KvPool::InsertBlock(uint64_t hash, const int32_t* tokens, const int32_t* sl
   block.holders = 1;
   block.cached = ++tick_;
   Ref(block.slots);  // the cache's own reference
-  for (int i = 0; i < block_tokens_; ++i) cached_block_[slots[i]] = hash;
   blocks_.emplace(hash, std::move(block));
   return true;
 }
@@ -399,24 +335,6 @@ bool KvPool::CheckInvariants(const std::vector<int32_t>& external_refs) const {
     stretch_free[s / run_slots_] += refcount_[s] == 0 ? 1 : 0;
   }
   if (stretch_free != stretch_free_) return false;
-  std::vector<int32_t> stretch_idle(stretch_idle_.size(), 0);
-  for (const auto& [hash, block] : blocks_) {
-    if (block.holders != 0) continue;
-    for (int32_t s : block.slots) ++stretch_idle[s / run_slots_];
-  }
-  if (stretch_idle != stretch_idle_) return false;
-  // Every cached block's slots name it, and no other slot names a block.
-  size_t named = 0;
-  for (const auto& [hash, block] : blocks_) {
-    for (int32_t s : block.slots) {
-      if (cached_block_[s] != hash) return false;
-    }
-    named += block.slots.size();
-  }
-  if (static_cast<size_t>(std::count_if(cached_block_.begin(), cached_block_.end(),
-                                        [](uint64_t h) { return h != 0; })) != named) {
-    return false;
-  }
   for (size_t i = 0; i < free_stretches_.items.size(); ++i) {
     if (free_stretches_.at[free_stretches_.items[i]] != static_cast<int32_t>(i)) return false;
   }

@@ -7,16 +7,11 @@
 //     runs, so that attention reads a sequence's KV in long contiguous pieces: a sequence's
 //     next slot is the one after its last when that is free, and a sequence that needs a
 //     new run starts one in a wholly free stretch of `run_slots` slots (one attention tile,
-//     64) at the offset of its position in a tile, so that its tiles are whole runs. Where
-//     no stretch is wholly free, the idle cached blocks of one stretch that holds nothing
-//     else are evicted: the stretch of the first such block in the policy's order (a
-//     finished request's blocks go idle together and lie in its stretches, so this stays
-//     close to the policy's order), as long as the cache holds at least 16 stretches' worth
-//     of idle blocks, so that what goes early is a small part of it. Only when there is no
-//     such stretch does it take the newest free slot, from the start of that slot's free
-//     run;
-//     Nothing is held back: a sequence's run is kept for it only while other sequences
-//     find whole stretches elsewhere;
+//     64) at the offset of its position in a tile, so that its tiles are whole runs. Only
+//     when no such stretch is left does it take the newest free slot, from the start of
+//     that slot's free run. The policy only chooses among free slots: nothing is held back;
+//     a sequence's run is kept for it only while other sequences find whole stretches
+//     elsewhere;
 //   - a reference count per slot. A request's slot table holds one reference per position;
 //     n > 1 samples share the prompt's slots; a cached prefix block holds one reference on
 //     each of its slots;
@@ -164,32 +159,19 @@ class KvPool {
   bool EvictOne();
   void MakeIdle(uint64_t hash, Block& block);
   // The free slot position `position` of the table `out` gets (the header comment).
-  int32_t NextSlot(const std::vector<int32_t>& out, int64_t position);
-  // Evicts the idle cached blocks of one stretch that holds nothing else but free slots,
-  // the stretch of the first such block in the policy's order, if there is one and the
-  // cache holds at least kCachedStretchesForRuns stretches' worth of idle blocks.
-  static constexpr int kCachedStretchesForRuns = 16;
-  void FreeAStretch();
-  void Evict(uint64_t hash);  // an idle cached block
-  // The stretch all of `block`'s slots lie in, if that is a whole one; -1 otherwise.
-  int64_t StretchOf(const Block& block) const;
-  void AddIdle(const Block& block, int sign);  // its slots into or out of stretch_idle_
-  void Take(int32_t slot);                     // a free slot, now referenced once
-  void Free(int32_t slot);                     // an unreferenced slot, free again
+  int32_t NextSlot(const std::vector<int32_t>& out, int64_t position) const;
+  void Take(int32_t slot);  // a free slot, now referenced once
+  void Free(int32_t slot);  // an unreferenced slot, free again
 
   PoolIndex index_;
   int block_tokens_;
   KvEviction eviction_;
   std::vector<uint32_t> refcount_;
-  // The hash of the cached block holding each slot (0: none; a block whose hash is 0, one
-  // in 2^64, is only never found here, and its stretch is not freed for a run).
-  std::vector<uint64_t> cached_block_;
   const int run_slots_;
   IndexSet free_;  // the slots whose refcount is 0
   // Free slots per stretch of run_slots_ (stretch k: slots [k, k + 1) * run_slots_), and the
   // whole stretches (those inside the pool) that are entirely free.
   std::vector<int32_t> stretch_free_;
-  std::vector<int32_t> stretch_idle_;  // slots per stretch that only an idle block holds
   IndexSet free_stretches_;
   std::unordered_map<uint64_t, Block> blocks_;
   // Idle blocks in eviction order: (key, hash), the key being when the block went idle

@@ -197,63 +197,6 @@ TEST(KvPool, SequencesDecodingTogetherEachKeepWholeTiles) {
   ExpectWholeTiles(next, "the sequence after one that finished");
 }
 
-// A pool whose every slot an idle cached block holds: request r's four blocks of 16 fill
-// stretch r, and went idle in request order (the least recently used first).
-struct FullOfIdleBlocks {
-  static constexpr int kRequests = 24;  // more than kCachedStretchesForRuns stretches
-  KvPool pool;
-  std::vector<std::vector<int32_t>> tokens;  // each request's 64 tokens
-  explicit FullOfIdleBlocks(KvEviction policy = KvEviction::kLru)
-      : pool(PoolIndex(0), 64 * kRequests, 16, policy) {
-    for (int r = 0; r < kRequests; ++r) {
-      std::vector<int32_t> t(64);
-      for (int i = 0; i < 64; ++i) t[i] = 1000 * r + i;
-      std::vector<int32_t> table;
-      EXPECT_TRUE(pool.Allocate(64, &table));
-      EXPECT_EQ(table.front(), 64 * r);
-      const std::vector<uint64_t> hashes = Hashes(t);
-      for (int b = 0; b < 4; ++b) {
-        EXPECT_TRUE(pool.InsertBlock(hashes[b], t.data() + 16 * b, table.data() + 16 * b));
-      }
-      for (int b = 0; b < 4; ++b) pool.DropBlock(hashes[b]);
-      pool.Unref(table);
-      tokens.push_back(std::move(t));
-    }
-  }
-  static std::vector<uint64_t> Hashes(const std::vector<int32_t>& t) {
-    return BlockHashes(t, 16, 0);
-  }
-  bool Cached(int r) const { return pool.MatchLength(tokens[r], Hashes(tokens[r]), 4) == 4; }
-};
-
-TEST(KvPool, WithTheCacheFullSequencesEvictWholeStretchesInThePolicysOrder) {
-  FullOfIdleBlocks full;
-  ASSERT_EQ(full.pool.Stats().free_slots, 0);
-  std::vector<std::vector<int32_t>> tables(2);
-  for (int step = 0; step < 150; ++step) {
-    for (auto& table : tables) ASSERT_TRUE(full.pool.Allocate(1, &table));
-  }
-  for (size_t i = 0; i < tables.size(); ++i) {
-    ExpectWholeTiles(tables[i], "sequence " + std::to_string(i));
-  }
-  // Six tiles took six stretches: the six least recently used requests' blocks went.
-  for (int r = 0; r < FullOfIdleBlocks::kRequests; ++r) EXPECT_EQ(full.Cached(r), r >= 6) << r;
-  std::vector<int32_t> refs = tables[0];
-  refs.insert(refs.end(), tables[1].begin(), tables[1].end());
-  EXPECT_TRUE(full.pool.CheckInvariants(refs));
-}
-
-TEST(KvPool, AStretchWithABlockTheLookaheadWindowNeedsIsNotFreedForARun) {
-  FullOfIdleBlocks full(KvEviction::kSchedulerAware);
-  full.pool.SetLookahead({FullOfIdleBlocks::Hashes(full.tokens[0])[2]});
-  std::vector<int32_t> table;
-  ASSERT_TRUE(full.pool.Allocate(10, &table));
-  EXPECT_EQ(table.front(), 64) << "stretch 0 holds a protected block; stretch 1 is next";
-  EXPECT_TRUE(full.Cached(0));
-  EXPECT_FALSE(full.Cached(1));
-  EXPECT_TRUE(full.pool.CheckInvariants(table));
-}
-
 TEST(KvPool, ARunDoesNotGrowIntoAStretchAnotherRunStartedIn) {
   KvPool pool(PoolIndex(0), 192, 16);  // stretches [0, 64), [64, 128), [128, 192)
   std::vector<int32_t> a, b;
