@@ -68,6 +68,12 @@ absl::StatusOr<PreparedStep> AttentionEngine::Prepare(const StepKvPlan& plan) {
       }
     }
     const int64_t end = a.start + static_cast<int64_t>(a.slots.size());
+    // Each position of a table has a slot of its own: a longer table is no plan's, and
+    // would only grow this node's memory (a peer repeating a slot).
+    if (end > num_slots) {
+      return invalid("request ", a.request_id, "'s table would hold ", end,
+                     " positions, more than the store's ", num_slots, " slots");
+    }
     for (const KvShift& shift : a.shifts) {
       if (shift.position < a.start ||
           shift.position + static_cast<int64_t>(shift.from.size()) > end) {

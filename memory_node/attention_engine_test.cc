@@ -65,6 +65,11 @@ TEST(AttentionEngine, BadPlansChangeNothing) {
   bad.rows.push_back({SequenceId(1), PoolIndex(0), 10, -1});
   EXPECT_FALSE(engine->Prepare(bad).ok());
   bad = {};
+  // A table longer than the store has slots (a slot repeated): no plan's.
+  bad.assignments.push_back(
+      {SequenceId(3), PoolIndex(0), 0, std::vector<int32_t>(engine->store().num_slots() + 1, 0)});
+  EXPECT_EQ(engine->Prepare(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad = {};
   bad.assignments.push_back({SequenceId(2), PoolIndex(0), 3, {5}});  // starts past an empty table
   EXPECT_FALSE(engine->Prepare(bad).ok());
   bad = {};
