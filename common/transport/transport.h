@@ -87,6 +87,11 @@ struct TransportConfig {
   // common/control/cluster_auth.h). Both ends must hold the same key; "" is the key of
   // deployments run with --insecure_control_plane.
   std::string auth_key;
+  // UCX: the largest payload a receiver holds a copy of (a message it must receive by
+  // rendezvous or keep behind an earlier one, where the handler placed nothing). A larger
+  // one is dropped unread and delivered as an error, so that a peer cannot make this
+  // process allocate what it claims. The memory node's layer frames are at most 2 GiB.
+  uint64_t max_held_bytes = (uint64_t{2} << 30) + (64 << 10);
 };
 
 // What a transport can do, reported at start-up and at registration.

@@ -688,6 +688,37 @@ TEST_F(BootstrapAuthTest, AClientWithoutTheKeyNeverLearnsTheWorkerAddress) {
   EXPECT_TRUE((*good)->Connect(address_).ok());
 }
 
+// A message larger than the receiver holds (max_held_bytes), where its handler placed
+// nothing, is dropped unread and delivered as an error; the next one arrives as usual.
+TEST(Transport, AMessagePastTheReceiversLimitIsAnErrorNotAnAllocation) {
+  TransportConfig config;
+  config.ucx_options = {{"TLS", "tcp"}, {"NET_DEVICES", "lo"}};
+  config.connect_timeout = absl::Seconds(5);
+  config.auth_key = "0123456789abcdef0123456789abcdef";
+  TransportConfig small = config;
+  small.max_held_bytes = 1 << 20;
+  auto server = Transport::Create(small);
+  ASSERT_TRUE(server.ok()) << server.status();
+  Recorder rx;
+  (*server)->SetHandler(kFrameTag, &rx);
+  auto address = (*server)->Listen("127.0.0.1:0");
+  ASSERT_TRUE(address.ok()) << address.status();
+  auto client = Transport::Create(config);
+  ASSERT_TRUE(client.ok());
+  auto peer = (*client)->Connect(*address);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  const uint8_t header[4] = {1, 2, 3, 4};
+  const std::vector<uint8_t> big((4 << 20) + 1, 7), fine(1000, 8);
+  ASSERT_TRUE(SendAndWait(**client, *peer, kFrameTag, header, {big}, absl::Seconds(20)).ok());
+  ASSERT_TRUE(SendAndWait(**client, *peer, kFrameTag, header, {fine}, absl::Seconds(20)).ok());
+  ASSERT_TRUE(rx.WaitFor(2));
+  const auto messages = rx.messages();
+  EXPECT_EQ(messages[0].status.code(), absl::StatusCode::kInvalidArgument) << messages[0].status;
+  EXPECT_TRUE(messages[0].payload.empty());
+  EXPECT_TRUE(messages[1].status.ok()) << messages[1].status;
+  EXPECT_EQ(messages[1].payload, fine);
+}
+
 TEST(Transport, BackendAndErrorModeNamesParseAndBadOnesAreRefused) {
   transport::Backend backend;
   ErrorMode mode;

@@ -42,7 +42,8 @@ ucs_status_t UcxTransport::OnMessage(void* arg, const void* header, size_t heade
   const uint64_t sequence = peer->next_arrival++;
   std::span<uint8_t> dest = handler->Place(id, header_bytes, length);
   const bool bad_place = !dest.empty() && dest.size() != length;
-  if (!rendezvous && !bad_place && sequence == peer->next_delivery) {
+  const bool too_large = dest.empty() && length > self->config_.max_held_bytes;
+  if (!rendezvous && !bad_place && !too_large && sequence == peer->next_delivery) {
     // Nothing earlier is outstanding: deliver now, from UCX's buffer if nothing was placed.
     ++peer->next_delivery;
     if (dest.empty()) {
@@ -64,12 +65,15 @@ ucs_status_t UcxTransport::OnMessage(void* arg, const void* header, size_t heade
   ctx->header.assign(header_bytes.begin(), header_bytes.end());
   ctx->dest = dest;
   peer->pending[sequence] = std::move(owned_ctx);
-  if (bad_place) {
+  if (bad_place || too_large) {
     ctx->dest = {};
     ctx->complete = true;
-    ctx->status = absl::InternalError("the receiver placed a payload at a wrong size");
+    ctx->status = bad_place ? absl::InternalError("the receiver placed a payload at a wrong size")
+                            : absl::InvalidArgumentError(absl::StrCat(
+                                  "a message of ", length, " bytes, past the ",
+                                  self->config_.max_held_bytes, " this receiver holds"));
     self->Flush(id);
-    return UCS_OK;
+    return UCS_OK;  // a rendezvous payload is dropped unread
   }
   if (ctx->dest.empty()) {
     ctx->owned.resize(length);
