@@ -22,86 +22,11 @@
 #include "absl/time/time.h"
 #include "common/base/crypto.h"
 #include "common/transport/frame.h"
+#include "common/transport/transport_testing.h"
 #include "gtest/gtest.h"
 
 namespace strata::transport {
 namespace {
-
-// Records what arrives; optionally places payloads into a caller-owned buffer.
-class Recorder : public MessageHandler {
- public:
-  struct Message {
-    PeerId from;
-    std::vector<uint8_t> header, payload;
-    bool placed;
-    absl::Status status;
-  };
-  std::span<uint8_t> Place(PeerId, std::span<const uint8_t>, size_t bytes) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!place_into_buffer_) return {};
-    // Several receives may be in flight at once: each gets a buffer of its own.
-    buffers_.emplace_back(bytes);
-    return {buffers_.back().data(), bytes};
-  }
-  void Deliver(PeerId from, std::span<const uint8_t> header, std::span<const uint8_t> payload,
-               absl::Status status) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    messages_.push_back({from,
-                         {header.begin(), header.end()},
-                         {payload.begin(), payload.end()},
-                         place_into_buffer_ && !buffers_.empty() && IsPlaced(payload.data()),
-                         status});
-    cv_.notify_all();
-  }
-  bool WaitFor(size_t n, absl::Duration timeout = absl::Seconds(20)) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
-                        [&] { return messages_.size() >= n; });
-  }
-  std::vector<Message> messages() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return messages_;
-  }
-  void set_place_into_buffer(bool on) {
-    std::lock_guard<std::mutex> lock(mu_);
-    place_into_buffer_ = on;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Message> messages_;
-  bool place_into_buffer_ = false;
-  std::deque<std::vector<uint8_t>> buffers_;
-  bool IsPlaced(const uint8_t* p) const {
-    for (const auto& b : buffers_) {
-      if (b.data() == p) return true;
-    }
-    return false;
-  }
-};
-
-struct PeerEvents {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<std::pair<PeerId, PeerEvent>> events;
-  void Add(PeerId id, PeerEvent event) {
-    std::lock_guard<std::mutex> lock(mu);
-    events.push_back({id, event});
-    cv.notify_all();
-  }
-  bool WaitFor(PeerEvent event, absl::Duration timeout = absl::Seconds(20)) {
-    std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] {
-      for (const auto& [id, e] : events) {
-        if (e == event) return true;
-      }
-      return false;
-    });
-  }
-};
-
-const std::string kKey = "0123456789abcdef0123456789abcdef";
 
 struct Backend {
   std::string name;
@@ -117,12 +42,12 @@ std::vector<Backend> Backends() {
   TransportConfig tcp;
   tcp.ucx_options = {{"TLS", "tcp"}, {"NET_DEVICES", "lo"}};
   tcp.connect_timeout = absl::Seconds(10);
-  tcp.auth_key = kKey;
+  tcp.auth_key = kTestKey;
   out.push_back({"ucx_tcp", tcp, true});
   TransportConfig sm;
   sm.ucx_options = {{"TLS", "sm,self,tcp"}, {"NET_DEVICES", "lo"}};
   sm.error_mode = transport::ErrorMode::kNone;
-  sm.auth_key = kKey;
+  sm.auth_key = kTestKey;
   out.push_back({"ucx_sm", sm, false});
   // A deployment run with --insecure_control_plane: the empty key on both sides.
   TransportConfig insecure = tcp;
@@ -181,13 +106,6 @@ class TransportTest : public ::testing::TestWithParam<Backend> {
   std::string server_address_;
   PeerId to_server_ = 0, server_peer_ = 0;
 };
-
-std::vector<uint8_t> Bytes(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<uint8_t> out(n);
-  for (auto& b : out) b = static_cast<uint8_t>(rng());
-  return out;
-}
 
 TEST_P(TransportTest, RoundTripOfHeaderAndGatheredPayload) {
   MakePair();
@@ -529,196 +447,6 @@ TEST_P(TransportTest, OneSidedPutWritesDataThenFlag) {
 INSTANTIATE_TEST_SUITE_P(Backends, TransportTest, ::testing::ValuesIn(Backends()),
                          [](const auto& info) { return info.param.name; });
 
-// The data-plane bootstrap: only a peer with the same key gets an endpoint.
-class BootstrapAuthTest : public ::testing::Test {
- protected:
-  TransportConfig Config(const std::string& key) {
-    TransportConfig c;
-    c.ucx_options = {{"TLS", "tcp"}, {"NET_DEVICES", "lo"}};
-    c.connect_timeout = absl::Seconds(5);
-    c.auth_key = key;
-    return c;
-  }
-  void SetUp() override {
-    auto server = Transport::Create(Config(kKey));
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = std::move(*server);
-    server_->SetHandler(kFrameTag, &rx_);
-    server_->SetPeerHandler(
-        [this](PeerId id, PeerEvent event, const absl::Status&) { events_.Add(id, event); });
-    auto address = server_->Listen("127.0.0.1:0");
-    ASSERT_TRUE(address.ok()) << address.status();
-    address_ = *address;
-  }
-  void TearDown() override { server_.reset(); }
-  int Connected() {
-    std::lock_guard<std::mutex> lock(events_.mu);
-    int n = 0;
-    for (const auto& [id, e] : events_.events) n += e == PeerEvent::kConnected;
-    return n;
-  }
-  // A raw TCP connection to the bootstrap port.
-  int Dial() {
-    const size_t colon = address_.rfind(':');
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(std::stoi(address_.substr(colon + 1))));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-    timeval tv{3, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    return fd;
-  }
-  // Everything the server sends until it closes the connection.
-  static std::string ReadToEnd(int fd) {
-    std::string out;
-    char buf[4096];
-    ssize_t n;
-    while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) out.append(buf, n);
-    close(fd);
-    return out;
-  }
-
-  Recorder rx_;
-  PeerEvents events_;
-  std::unique_ptr<Transport> server_;
-  std::string address_;
-};
-
-TEST_F(BootstrapAuthTest, PeersWithTheKeyConnectAndOthersAreRefused) {
-  const uint64_t refused = ProcessAuthRefusals().data_plane.load();
-  for (const std::string& wrong :
-       {std::string("another deployment's key........."), std::string()}) {
-    auto client = Transport::Create(Config(wrong));
-    ASSERT_TRUE(client.ok());
-    auto peer = (*client)->Connect(address_);
-    ASSERT_FALSE(peer.ok());
-    EXPECT_EQ(peer.status().code(), absl::StatusCode::kUnauthenticated) << peer.status();
-    EXPECT_NE(peer.status().message().find("secret"), std::string::npos) << peer.status();
-  }
-  // The client checks the server's proof first, so the server never sees their addresses.
-  EXPECT_EQ(ProcessAuthRefusals().data_plane.load(), refused);
-  EXPECT_EQ(Connected(), 0);
-  // The server keeps serving: a client with the key connects and its messages arrive.
-  auto good = Transport::Create(Config(kKey));
-  ASSERT_TRUE(good.ok());
-  auto peer = (*good)->Connect(address_);
-  ASSERT_TRUE(peer.ok()) << peer.status();
-  const uint8_t header[4] = {9, 8, 7, 6};
-  EXPECT_TRUE(SendAndWait(**good, *peer, kFrameTag, header, {}, absl::Seconds(10)).ok());
-  EXPECT_TRUE(rx_.WaitFor(1));
-  EXPECT_EQ(Connected(), 1);
-}
-
-// A client that sends its bootstrap a byte at a time, each within the socket's timeout,
-// would hold the transport thread (which runs the server's bootstrap) for as long as it
-// likes without a deadline on the whole: the server gives up after about two seconds.
-TEST_F(BootstrapAuthTest, AClientThatTricklesItsBootstrapIsCutOff) {
-  const int fd = Dial();
-  const uint32_t magic = 0x53545242;
-  std::string hello(4, '\0');
-  std::memcpy(hello.data(), &magic, 4);
-  hello += std::string(16, 'n');
-  ASSERT_EQ(send(fd, hello.data(), hello.size(), 0), static_cast<ssize_t>(hello.size()));
-  std::string challenge(52, '\0');
-  ASSERT_EQ(recv(fd, challenge.data(), challenge.size(), MSG_WAITALL), 52);
-  // The answer's magic at once, then its MAC a byte at a time.
-  ASSERT_EQ(send(fd, &magic, 4, 0), 4);
-  const absl::Time start = absl::Now();
-  bool cut_off = false;
-  for (int i = 0; i < 40 && !cut_off; ++i) {  // 40 x 0.4 s: far past the budget
-    absl::SleepFor(absl::Milliseconds(400));
-    cut_off = send(fd, "m", 1, MSG_NOSIGNAL) != 1;
-  }
-  // The server closed the socket: a later send fails (the first after the close may still
-  // be accepted by the kernel).
-  EXPECT_TRUE(cut_off);
-  EXPECT_LT(absl::Now() - start, absl::Seconds(6));
-  close(fd);
-  // And it serves a client with the key.
-  auto good = Transport::Create(Config(kKey));
-  ASSERT_TRUE(good.ok());
-  auto peer = (*good)->Connect(address_);
-  ASSERT_TRUE(peer.ok()) << peer.status();
-}
-
-TEST_F(BootstrapAuthTest, AClientWithoutTheKeyNeverLearnsTheWorkerAddress) {
-  const uint64_t refused = ProcessAuthRefusals().data_plane.load();
-  // The bootstrap of an earlier version: magic, address size, address. The bytes after the
-  // magic are taken as a nonce; the server's challenge comes back, and nothing else.
-  {
-    const int fd = Dial();
-    const uint32_t old[2] = {0x53545242, 4};
-    ASSERT_EQ(send(fd, old, sizeof(old), 0), 8);
-    ASSERT_EQ(send(fd, "addr", 4, 0), 4);
-    ASSERT_EQ(send(fd, std::string(8, 'x').data(), 8, 0), 8);
-    const std::string reply = ReadToEnd(fd);
-    EXPECT_EQ(reply.size(), 4u + 16u + 32u);  // magic, server nonce, server MAC
-  }
-  // A client that answers the challenge with a forged MAC.
-  {
-    const int fd = Dial();
-    std::string hello(4, '\0');
-    const uint32_t magic = 0x53545242;
-    std::memcpy(hello.data(), &magic, 4);
-    hello += std::string(16, 'n');
-    ASSERT_EQ(send(fd, hello.data(), hello.size(), 0), static_cast<ssize_t>(hello.size()));
-    std::string challenge(52, '\0');
-    ASSERT_EQ(recv(fd, challenge.data(), challenge.size(), MSG_WAITALL), 52);
-    std::string answer(4, '\0');
-    std::memcpy(answer.data(), &magic, 4);
-    answer += std::string(32, 'm');
-    const uint32_t size = 8;
-    answer.append(reinterpret_cast<const char*>(&size), 4);
-    answer += "fakeaddr";
-    ASSERT_EQ(send(fd, answer.data(), answer.size(), 0), static_cast<ssize_t>(answer.size()));
-    EXPECT_EQ(ReadToEnd(fd), "");  // closed without the server's address
-  }
-  // Junk.
-  {
-    const int fd = Dial();
-    ASSERT_EQ(send(fd, "GET / HTTP/1.1\r\n\r\n", 18, 0), 18);
-    EXPECT_EQ(ReadToEnd(fd), "");
-  }
-  EXPECT_EQ(ProcessAuthRefusals().data_plane.load(), refused + 1);  // the forged MAC
-  EXPECT_EQ(Connected(), 0);
-  auto good = Transport::Create(Config(kKey));
-  ASSERT_TRUE(good.ok());
-  EXPECT_TRUE((*good)->Connect(address_).ok());
-}
-
-// A message larger than the receiver holds (max_held_bytes), where its handler placed
-// nothing, is dropped unread and delivered as an error; the next one arrives as usual.
-TEST(Transport, AMessagePastTheReceiversLimitIsAnErrorNotAnAllocation) {
-  TransportConfig config;
-  config.ucx_options = {{"TLS", "tcp"}, {"NET_DEVICES", "lo"}};
-  config.connect_timeout = absl::Seconds(5);
-  config.auth_key = "0123456789abcdef0123456789abcdef";
-  TransportConfig small = config;
-  small.max_held_bytes = 1 << 20;
-  auto server = Transport::Create(small);
-  ASSERT_TRUE(server.ok()) << server.status();
-  Recorder rx;
-  (*server)->SetHandler(kFrameTag, &rx);
-  auto address = (*server)->Listen("127.0.0.1:0");
-  ASSERT_TRUE(address.ok()) << address.status();
-  auto client = Transport::Create(config);
-  ASSERT_TRUE(client.ok());
-  auto peer = (*client)->Connect(*address);
-  ASSERT_TRUE(peer.ok()) << peer.status();
-  const uint8_t header[4] = {1, 2, 3, 4};
-  const std::vector<uint8_t> big((4 << 20) + 1, 7), fine(1000, 8);
-  ASSERT_TRUE(SendAndWait(**client, *peer, kFrameTag, header, {big}, absl::Seconds(20)).ok());
-  ASSERT_TRUE(SendAndWait(**client, *peer, kFrameTag, header, {fine}, absl::Seconds(20)).ok());
-  ASSERT_TRUE(rx.WaitFor(2));
-  const auto messages = rx.messages();
-  EXPECT_EQ(messages[0].status.code(), absl::StatusCode::kInvalidArgument) << messages[0].status;
-  EXPECT_TRUE(messages[0].payload.empty());
-  EXPECT_TRUE(messages[1].status.ok()) << messages[1].status;
-  EXPECT_EQ(messages[1].payload, fine);
-}
-
 TEST(Transport, BackendAndErrorModeNamesParseAndBadOnesAreRefused) {
   transport::Backend backend;
   ErrorMode mode;
@@ -741,65 +469,6 @@ TEST(Transport, BadUcxOptionIsAnError) {
   TransportConfig config;
   config.ucx_options = {{"RNDV_THRESH", "a lot"}};  // a size that does not parse
   EXPECT_FALSE(Transport::Create(config).ok());
-}
-
-TEST(Frame, ChecksumIgnoresHowThePayloadIsSplit) {
-  const auto data = Bytes(10007, 9);
-  const uint64_t whole = PayloadChecksum(data);
-  for (size_t cut1 : {0u, 1u, 63u, 64u, 65u, 5000u}) {
-    for (size_t cut2 : {cut1, cut1 + 1, cut1 + 64, size_t{9999}}) {
-      if (cut2 < cut1 || cut2 > data.size()) continue;
-      const std::span<const uint8_t> all(data);
-      const std::span<const uint8_t> parts[] = {all.first(cut1), all.subspan(cut1, cut2 - cut1),
-                                                all.subspan(cut2)};
-      EXPECT_EQ(PayloadChecksum(parts), whole) << cut1 << " " << cut2;
-    }
-  }
-}
-
-TEST(Frame, ChecksumCatchesFlipsTruncationAndZeros) {
-  auto data = Bytes(4096, 11);
-  const uint64_t base = PayloadChecksum(data);
-  for (size_t byte : {0u, 1u, 100u, 4095u}) {
-    for (int bit = 0; bit < 8; ++bit) {
-      data[byte] ^= 1 << bit;
-      EXPECT_NE(PayloadChecksum(data), base) << byte << ":" << bit;
-      data[byte] ^= 1 << bit;
-    }
-  }
-  EXPECT_NE(PayloadChecksum(std::span<const uint8_t>(data).first(4095)), base);
-  // Zero payloads of different lengths differ.
-  std::vector<uint8_t> zeros(128, 0);
-  EXPECT_NE(PayloadChecksum(std::span<const uint8_t>(zeros).first(64)), PayloadChecksum(zeros));
-  // Swapping two 8-byte words is caught.
-  std::swap_ranges(data.begin(), data.begin() + 8, data.begin() + 64);
-  EXPECT_NE(PayloadChecksum(data), base);
-}
-
-TEST(Frame, HeaderParsingRejectsGarbage) {
-  FrameHeader h;
-  h.kind = static_cast<uint16_t>(FrameKind::kLayer);
-  FrameHeader out;
-  EXPECT_TRUE(ParseFrameHeader(AsBytes(h), &out).ok());
-  EXPECT_FALSE(ParseFrameHeader(AsBytes(h).first(10), &out).ok());
-  FrameHeader bad = h;
-  bad.magic = 0;
-  EXPECT_FALSE(ParseFrameHeader(AsBytes(bad), &out).ok());
-  bad = h;
-  bad.version = kFrameVersion + 1;
-  EXPECT_EQ(ParseFrameHeader(AsBytes(bad), &out).code(), absl::StatusCode::kFailedPrecondition);
-  bad = h;
-  bad.kind = 99;
-  EXPECT_FALSE(ParseFrameHeader(AsBytes(bad), &out).ok());
-  const auto payload = Bytes(100, 1);
-  h.payload_bytes = payload.size();
-  h.checksum = PayloadChecksum(payload);
-  EXPECT_TRUE(CheckFramePayload(h, payload, true).ok());
-  EXPECT_FALSE(CheckFramePayload(h, std::span<const uint8_t>(payload).first(99), true).ok());
-  auto corrupt = payload;
-  corrupt[50] ^= 4;
-  EXPECT_EQ(CheckFramePayload(h, corrupt, true).code(), absl::StatusCode::kDataLoss);
-  EXPECT_TRUE(CheckFramePayload(h, corrupt, false).ok());  // verification off
 }
 
 }  // namespace

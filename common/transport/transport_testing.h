@@ -1,0 +1,108 @@
+// What the transport's tests share: a handler that records what arrives, a record of peer
+// events, the key both ends of a test hold, and seeded bytes.
+#ifndef STRATA_COMMON_TRANSPORT_TRANSPORT_TESTING_H_
+#define STRATA_COMMON_TRANSPORT_TRANSPORT_TESTING_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/transport/transport.h"
+
+namespace strata::transport {
+
+// Records what arrives; optionally places payloads into a caller-owned buffer.
+class Recorder : public MessageHandler {
+ public:
+  struct Message {
+    PeerId from;
+    std::vector<uint8_t> header, payload;
+    bool placed;
+    absl::Status status;
+  };
+  std::span<uint8_t> Place(PeerId, std::span<const uint8_t>, size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!place_into_buffer_) return {};
+    // Several receives may be in flight at once: each gets a buffer of its own.
+    buffers_.emplace_back(bytes);
+    return {buffers_.back().data(), bytes};
+  }
+  void Deliver(PeerId from, std::span<const uint8_t> header, std::span<const uint8_t> payload,
+               absl::Status status) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    messages_.push_back({from,
+                         {header.begin(), header.end()},
+                         {payload.begin(), payload.end()},
+                         place_into_buffer_ && !buffers_.empty() && IsPlaced(payload.data()),
+                         status});
+    cv_.notify_all();
+  }
+  bool WaitFor(size_t n, absl::Duration timeout = absl::Seconds(20)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                        [&] { return messages_.size() >= n; });
+  }
+  std::vector<Message> messages() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return messages_;
+  }
+  void set_place_into_buffer(bool on) {
+    std::lock_guard<std::mutex> lock(mu_);
+    place_into_buffer_ = on;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Message> messages_;
+  bool place_into_buffer_ = false;
+  std::deque<std::vector<uint8_t>> buffers_;
+  bool IsPlaced(const uint8_t* p) const {
+    for (const auto& b : buffers_) {
+      if (b.data() == p) return true;
+    }
+    return false;
+  }
+};
+
+struct PeerEvents {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::pair<PeerId, PeerEvent>> events;
+  void Add(PeerId id, PeerEvent event) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back({id, event});
+    cv.notify_all();
+  }
+  bool WaitFor(PeerEvent event, absl::Duration timeout = absl::Seconds(20)) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] {
+      for (const auto& [id, e] : events) {
+        if (e == event) return true;
+      }
+      return false;
+    });
+  }
+};
+
+// The key both ends of a test hold.
+inline const std::string kTestKey = "0123456789abcdef0123456789abcdef";
+
+// `n` bytes drawn from a generator seeded with `seed`.
+inline std::vector<uint8_t> Bytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> out(n);
+  for (auto& b : out) b = static_cast<uint8_t>(rng());
+  return out;
+}
+
+}  // namespace strata::transport
+
+#endif  // STRATA_COMMON_TRANSPORT_TRANSPORT_TESTING_H_
