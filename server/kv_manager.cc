@@ -103,6 +103,8 @@ void KvPool::Take(int32_t slot) {
   CHECK_EQ(refcount_[slot], 0u);
   free_.Remove(slot);
   const int64_t k = slot / run_slots_;
+  // Only a whole stretch can have run_slots_ free slots, so `k` is inside free_stretches_
+  // when it is asked.
   if (stretch_free_[k]-- == run_slots_ && free_stretches_.contains(k)) {
     free_stretches_.Remove(static_cast<int32_t>(k));
   }
