@@ -3,29 +3,43 @@
 #include <sys/mman.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
+#include "common/base/status_macros.h"
 #include "common/base/wait_policy.h"
 
 namespace strata {
 
-absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreConfig& config) {
+absl::StatusOr<size_t> KvStoreBytes(const KvStoreConfig& config) {
   if (config.num_layers <= 0 || config.num_kv_heads <= 0 || config.head_dim <= 0 ||
       config.num_slots <= 0) {
     return absl::InvalidArgumentError("KV store needs positive layers, heads, head_dim, slots");
   }
+  constexpr int kMaxDim = 1 << 16;
+  uint64_t bytes = 0;
+  if (config.num_layers > kMaxDim || config.num_kv_heads > kMaxDim || config.head_dim > kMaxDim ||
+      config.num_slots > std::numeric_limits<int32_t>::max() ||
+      __builtin_mul_overflow(static_cast<uint64_t>(config.num_slots),
+                             static_cast<uint64_t>(config.bytes_per_token()), &bytes) ||
+      bytes > (uint64_t{1} << 50)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.num_slots, " KV slots of ", config.bytes_per_token(),
+        " bytes each: past 65536 layers, KV heads or head dim, 2^31 slots (slots are int32 in "
+        "plans) or 2^50 bytes"));
+  }
+  return static_cast<size_t>(bytes);
+}
+
+absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreConfig& config) {
+  ASSIGN_OR_RETURN(const size_t bytes, KvStoreBytes(config));
   auto store = std::unique_ptr<KvStore>(new KvStore);
   store->config_ = config;
   store->row_elements_ = static_cast<int64_t>(config.num_kv_heads) * config.head_dim;
-  if (config.num_layers > (1 << 16) || config.num_kv_heads > (1 << 16) ||
-      config.head_dim > (1 << 16) ||
-      __builtin_mul_overflow(static_cast<size_t>(config.num_slots),
-                             static_cast<size_t>(config.bytes_per_token()), &store->bytes_)) {
-    return absl::InvalidArgumentError(absl::StrCat("a KV store of ", config.num_slots,
-                                                   " slots of this shape does not fit in memory"));
-  }
+  store->bytes_ = bytes;
   void* p =
       mmap(nullptr, store->bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {

@@ -30,6 +30,11 @@ struct KvStoreConfig {
   int64_t bytes_per_token() const { return 2LL * num_layers * num_kv_heads * head_dim * 2; }
 };
 
+// The bytes a store of `config` takes, or INVALID_ARGUMENT for a shape or slot count no
+// store can have: non-positive, past 65536 layers, KV heads or head dim, past 2^31 slots
+// (slots are int32 in plans), or past 2^50 bytes (where the product would also wrap).
+absl::StatusOr<size_t> KvStoreBytes(const KvStoreConfig& config);
+
 class KvStore {
  public:
   static absl::StatusOr<std::unique_ptr<KvStore>> Create(const KvStoreConfig& config);

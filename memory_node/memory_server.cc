@@ -3,7 +3,6 @@
 #include <omp.h>
 
 #include <cstring>
-#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -84,24 +83,20 @@ absl::StatusOr<MemoryConfigAck> MemoryServer::Configure(const MemoryConfig& conf
     return absl::InvalidArgumentError(absl::StrCat("KV dtype \"", m.kv_dtype, "\""));
   }
   if (config.num_slots == 0) return absl::InvalidArgumentError("no KV slots");
-  // Bounds that keep every size below (slots x bytes per token, a slot's index) in range:
-  // a configuration past them would wrap a product into a small allocation.
-  constexpr uint32_t kMaxShapeDim = 1 << 16;
-  if (m.num_layers > kMaxShapeDim || m.num_heads > kMaxShapeDim || m.num_kv_heads > kMaxShapeDim ||
-      m.head_dim > kMaxShapeDim) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model shape past ", kMaxShapeDim, " layers, heads or head dim: ", m.num_layers,
-        " layers, ", m.num_heads, " heads, ", m.num_kv_heads, " KV heads, head dim ", m.head_dim));
+  // Bounds that keep every size below in range (a configuration past them would wrap a
+  // product into a small allocation): the store's own (KvStoreBytes), checked before
+  // anything of the current configuration is let go, and the query heads'.
+  if (m.num_heads > (1u << 16)) {
+    return absl::InvalidArgumentError(absl::StrCat("model shape past 65536 heads: ", m.num_heads));
   }
-  const uint64_t bytes_per_token = uint64_t{4} * m.num_layers * m.num_kv_heads * m.head_dim;
-  uint64_t store_bytes = 0;
-  if (config.num_slots > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()) ||
-      __builtin_mul_overflow(config.num_slots, bytes_per_token, &store_bytes) ||
-      store_bytes > (uint64_t{1} << 50)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(config.num_slots, " KV slots of ", bytes_per_token,
-                     " bytes each: past 2^31 slots or 2^50 bytes (slots are int32 in plans)"));
-  }
+  KvStoreConfig store;
+  store.num_layers = static_cast<int>(m.num_layers);
+  store.num_kv_heads = static_cast<int>(m.num_kv_heads);
+  store.head_dim = static_cast<int>(m.head_dim);
+  store.dtype = kernels::KvDType::kBF16;
+  store.num_slots = static_cast<int64_t>(config.num_slots);
+  store.prefault = options_.prefault_kv;
+  RETURN_IF_ERROR(KvStoreBytes(store).status());
   disk_.Close();  // the old tier's blocks belong to the old index, and its store may go below
   std::lock_guard<std::mutex> lock(engine_mu_);
   const bool same_shape = engine_ != nullptr &&
@@ -119,12 +114,7 @@ absl::StatusOr<MemoryConfigAck> MemoryServer::Configure(const MemoryConfig& conf
     LOG(INFO) << "reconfigured as pool " << pool_ << " of epoch " << epoch_ << " (KV dropped)";
   } else {
     AttentionEngineConfig engine_config;
-    engine_config.store.num_layers = m.num_layers;
-    engine_config.store.num_kv_heads = m.num_kv_heads;
-    engine_config.store.head_dim = m.head_dim;
-    engine_config.store.dtype = kernels::KvDType::kBF16;
-    engine_config.store.num_slots = static_cast<int64_t>(config.num_slots);
-    engine_config.store.prefault = options_.prefault_kv;
+    engine_config.store = store;
     engine_config.num_heads = m.num_heads;
     engine_.reset();  // free the old store before allocating the new one
     ready_.store(false);
