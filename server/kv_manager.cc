@@ -112,6 +112,7 @@ void KvPool::Take(int32_t slot) {
 }
 
 void KvPool::Free(int32_t slot) {
+  ++changes_;
   free_.Add(slot);
   const int64_t k = slot / run_slots_;
   if (++stretch_free_[k] == run_slots_ && k < static_cast<int64_t>(free_stretches_.at.size())) {
@@ -119,16 +120,20 @@ void KvPool::Free(int32_t slot) {
   }
 }
 
-int32_t KvPool::NextSlot(const std::vector<int32_t>& out, int64_t position) const {
+int32_t KvPool::Continuation(const std::vector<int32_t>& out) const {
   // The slot after the table's last, unless that starts a stretch someone else may start a
   // run in (one that is not wholly free).
-  if (!out.empty()) {
-    const int64_t next = static_cast<int64_t>(out.back()) + 1;
-    if (next < num_slots() && refcount_[next] == 0 &&
-        (next % run_slots_ != 0 || free_stretches_.contains(next / run_slots_))) {
-      return static_cast<int32_t>(next);
-    }
+  if (out.empty()) return -1;
+  const int64_t next = static_cast<int64_t>(out.back()) + 1;
+  if (next < num_slots() && refcount_[next] == 0 &&
+      (next % run_slots_ != 0 || free_stretches_.contains(next / run_slots_))) {
+    return static_cast<int32_t>(next);
   }
+  return -1;
+}
+
+int32_t KvPool::NextSlot(const std::vector<int32_t>& out, int64_t position) const {
+  if (const int32_t next = Continuation(out); next >= 0) return next;
   // A new run, in a wholly free stretch, at the position's offset in a tile.
   if (!free_stretches_.items.empty()) {
     return static_cast<int32_t>(static_cast<int64_t>(free_stretches_.items.back()) * run_slots_ +
@@ -139,6 +144,66 @@ int32_t KvPool::NextSlot(const std::vector<int32_t>& out, int64_t position) cons
   int32_t slot = free_.items.back();
   for (int k = 0; k < run_slots_ && slot > 0 && refcount_[slot - 1] == 0; ++k) --slot;
   return slot;
+}
+
+const KvPool::EvictionWindow& KvPool::Window() {
+  if (window_.changes == changes_) return window_;
+  window_.changes = changes_;
+  window_.searched = false;
+  window_.blocks.clear();
+  window_.slots.clear();
+  if (idle_block_slots_ < kWindowMinIdleStretches * run_slots_) return window_;
+  for (auto it = idle_.begin(); it != idle_.end() && window_.blocks.size() < kWindowBlocks; ++it) {
+    if (eviction_ == KvEviction::kSchedulerAware && lookahead_.count(it->second)) continue;
+    for (int32_t s : blocks_.at(it->second).slots) {
+      window_.slots.emplace_back(s, static_cast<int>(window_.blocks.size()));
+    }
+    window_.blocks.push_back(it);
+  }
+  std::sort(window_.slots.begin(), window_.slots.end());
+  return window_;
+}
+
+int KvPool::WindowBlockOf(int32_t slot) {
+  const EvictionWindow& w = Window();
+  auto it = std::lower_bound(w.slots.begin(), w.slots.end(), std::make_pair(slot, -1));
+  return it != w.slots.end() && it->first == slot ? it->second : -1;
+}
+
+int32_t KvPool::StartRunInWindow(int64_t position) {
+  if (Window().blocks.empty()) return -1;
+  if (window_.searched) return -1;  // nothing changed since the last search found none
+  window_.searched = true;
+  const int64_t whole_stretches = static_cast<int64_t>(free_stretches_.at.size());
+  const int64_t offset = position % run_slots_;
+  std::vector<int64_t> tried;  // stretches, in the order of the blocks that hold them
+  for (IdleOrder::iterator block : window_.blocks) {
+    for (int32_t in_block : blocks_.at(block->second).slots) {
+      const int64_t k = in_block / run_slots_;
+      if (k >= whole_stretches || std::find(tried.begin(), tried.end(), k) != tried.end()) {
+        continue;
+      }
+      tried.push_back(k);
+      // Every slot of stretch k free or held by the window's blocks alone: no other run is
+      // in it, and the blocks in the run's way are all due for eviction soon.
+      std::vector<int> victims;
+      bool ok = true;
+      for (int64_t s = k * run_slots_; ok && s < (k + 1) * run_slots_; ++s) {
+        if (refcount_[s] == 0) continue;
+        const int b = refcount_[s] == 1 ? WindowBlockOf(static_cast<int32_t>(s)) : -1;
+        ok = b >= 0;
+        if (ok && std::find(victims.begin(), victims.end(), b) == victims.end()) {
+          victims.push_back(b);
+        }
+      }
+      if (!ok) continue;
+      // Evicted together, so that no other run starts in the stretch meanwhile: they would
+      // all go within the next kWindowBlocks evictions anyway.
+      for (int b : victims) EvictIdle(window_.blocks[b]);
+      return static_cast<int32_t>(k * run_slots_ + offset);
+    }
+  }
+  return -1;
 }
 
 PoolStats KvPool::Stats() const {
@@ -170,15 +235,21 @@ void KvPool::MakeIdle(uint64_t hash, Block& block) {
   block.idle_key = eviction_ == KvEviction::kFifo ? block.cached : ++tick_;
   idle_.emplace(block.idle_key, hash);
   idle_block_slots_ += block_tokens_;
+  ++changes_;
 }
 
 bool KvPool::EvictOne() {
   if (idle_.empty()) return false;
-  const auto victim =
+  EvictIdle(
       eviction_ == KvEviction::kSchedulerAware
           ? FirstOutsideLookahead(idle_.begin(), idle_.end(), lookahead_,
                                   [](const std::pair<uint64_t, uint64_t>& e) { return e.second; })
-          : idle_.begin();
+          : idle_.begin());
+  return true;
+}
+
+void KvPool::EvictIdle(IdleOrder::iterator victim) {
+  ++changes_;  // the window's iterators are stale
   const uint64_t hash = victim->second;
   idle_.erase(victim);
   auto it = blocks_.find(hash);
@@ -189,7 +260,6 @@ bool KvPool::EvictOne() {
   blocks_.erase(it);
   Unref(slots);  // the cache's reference
   ++evicted_blocks_;
-  return true;
 }
 
 bool KvPool::Allocate(int64_t n, std::vector<int32_t>* out) {
@@ -198,11 +268,16 @@ bool KvPool::Allocate(int64_t n, std::vector<int32_t>* out) {
 
 bool KvPool::Allocate(int64_t n, std::vector<int32_t>* out, int64_t position) {
   if (n > available()) return false;
-  while (static_cast<int64_t>(free_.items.size()) < n) {
-    CHECK(EvictOne()) << "available() promised " << n << " slots";
-  }
   for (int64_t i = 0; i < n; ++i) {
-    const int32_t slot = NextSlot(*out, position + i);
+    // With the cache full, a new run may start in a stretch of blocks due for eviction.
+    int32_t slot = -1;
+    if (free_stretches_.items.empty() && Continuation(*out) < 0) {
+      slot = StartRunInWindow(position + i);
+    }
+    if (slot < 0) {
+      while (free_.items.empty()) CHECK(EvictOne()) << "available() promised " << n << " slots";
+      slot = NextSlot(*out, position + i);
+    }
     Take(slot);
     out->push_back(slot);
   }
@@ -271,6 +346,7 @@ int KvPool::holders(uint64_t hash) const {
 void KvPool::HoldBlock(uint64_t hash) {
   Block& block = blocks_.at(hash);
   if (block.holders++ == 0) {
+    ++changes_;
     idle_.erase({block.idle_key, hash});
     idle_block_slots_ -= block_tokens_;
   }

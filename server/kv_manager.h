@@ -7,10 +7,12 @@
 //     runs, so that attention reads a sequence's KV in long contiguous pieces: a sequence's
 //     next slot is the one after its last when that is free, and a sequence that needs a
 //     new run starts one in a wholly free stretch of `run_slots` slots (one attention tile,
-//     64) at the offset of its position in a tile, so that its tiles are whole runs. Only
-//     when no such stretch is left does it take the newest free slot, from the start of
-//     that slot's free run. The policy only chooses among free slots: nothing is held back;
-//     a sequence's run is kept for it only while other sequences find whole stretches
+//     64) at the offset of its position in a tile, so that its tiles are whole runs. With
+//     no such stretch but a cache full of idle blocks, the run may start in a stretch that
+//     only free slots and blocks of the eviction window (the next few the policy would
+//     evict) hold; those blocks go at once. Only when neither exists does it take the
+//     newest free slot, from the start of that slot's free run. Nothing is held back; a
+//     sequence's run is kept for it only while other sequences find whole stretches
 //     elsewhere;
 //   - a reference count per slot. A request's slot table holds one reference per position;
 //     n > 1 samples share the prompt's slots; a cached prefix block holds one reference on
@@ -82,7 +84,10 @@ class KvPool {
   int64_t available() const { return static_cast<int64_t>(free_.items.size()) + idle_block_slots_; }
   // Scheduler-aware eviction: the blocks the look-ahead window needs (their hashes); they
   // are evicted last. Other policies keep the set but ignore it.
-  void SetLookahead(std::unordered_set<uint64_t> hashes) { lookahead_ = std::move(hashes); }
+  void SetLookahead(std::unordered_set<uint64_t> hashes) {
+    lookahead_ = std::move(hashes);
+    ++changes_;
+  }
   // Slots an allocation can obtain without evicting a block of the look-ahead window.
   int64_t AvailableOutsideLookahead() const;
   // Whether `hash` is a cached block that only the cache holds (its slots count in
@@ -156,10 +161,37 @@ class KvPool {
     void Add(int32_t x);
     void Remove(int32_t x);
   };
+  // Idle blocks in eviction order: (key, hash), the key being when the block went idle
+  // (LRU, scheduler-aware) or when it was cached (FIFO).
+  using IdleOrder = std::set<std::pair<uint64_t, uint64_t>>;
+  // The eviction window: the next kWindowBlocks idle blocks the policy would evict
+  // (outside the look-ahead window, under scheduler-aware eviction). With the cache full, a
+  // new run may start in a stretch that only they and free slots hold, evicting those of
+  // them that the stretch holds, ahead of the rest of the window. There is no window while fewer
+  // than kWindowMinIdleStretches stretches' worth of slots sit in idle blocks: in a small
+  // pool a cached prompt is worth more than a run.
+  static constexpr size_t kWindowBlocks = 8;
+  static constexpr int64_t kWindowMinIdleStretches = 16;
+  struct EvictionWindow {
+    std::vector<IdleOrder::iterator> blocks;
+    std::vector<std::pair<int32_t, int>> slots;  // (slot, index in blocks), by slot
+    uint64_t changes = ~0ull;                    // changes_ when it was built
+    bool searched = false;                       // StartRunInWindow found no stretch in it
+  };
   bool EvictOne();
+  void EvictIdle(IdleOrder::iterator victim);
   void MakeIdle(uint64_t hash, Block& block);
+  // The slot after the table's last when a run may continue there, else -1.
+  int32_t Continuation(const std::vector<int32_t>& out) const;
   // The free slot position `position` of the table `out` gets (the header comment).
   int32_t NextSlot(const std::vector<int32_t>& out, int64_t position) const;
+  // The window, rebuilt when the blocks or the free slots changed.
+  const EvictionWindow& Window();
+  // Index in Window().blocks of the block holding `slot`, or -1.
+  int WindowBlockOf(int32_t slot);
+  // A new run's first slot, at `position`'s offset in a stretch that only free slots and
+  // window blocks hold, after evicting those blocks. -1 if no stretch qualifies.
+  int32_t StartRunInWindow(int64_t position);
   void Take(int32_t slot);  // a free slot, now referenced once
   void Free(int32_t slot);  // an unreferenced slot, free again
 
@@ -174,13 +206,15 @@ class KvPool {
   std::vector<int32_t> stretch_free_;
   IndexSet free_stretches_;
   std::unordered_map<uint64_t, Block> blocks_;
-  // Idle blocks in eviction order: (key, hash), the key being when the block went idle
-  // (LRU, scheduler-aware) or when it was cached (FIFO).
-  std::set<std::pair<uint64_t, uint64_t>> idle_;
+  IdleOrder idle_;
   uint64_t tick_ = 0;
   std::unordered_set<uint64_t> lookahead_;
   int64_t idle_block_slots_ = 0;
   int64_t evicted_blocks_ = 0;
+  // Bumped when a slot is freed, a block goes idle or stops being idle, or the look-ahead
+  // window moves: the eviction window is rebuilt then.
+  uint64_t changes_ = 0;
+  EvictionWindow window_;
 };
 
 }  // namespace strata

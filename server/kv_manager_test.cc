@@ -107,44 +107,68 @@ class PoolModel {
   }
 };
 
+// Random admissions (over a few shared prefixes, so that the cache gets hits), extensions,
+// n > 1 shares and finishes against the model, checking the invariants after each.
+// `finishes` of every 10 operations (at most 7) finish a request. Returns the most slots
+// idle blocks held at once.
+int64_t RandomOperations(std::mt19937& rng, int64_t slots, int num_prefixes, int prefix_tokens,
+                         int max_extra, int ops, int finishes) {
+  PoolModel m(slots);
+  std::vector<std::vector<int32_t>> prefixes;
+  for (int i = 0; i < num_prefixes; ++i) {
+    std::vector<int32_t> p;
+    for (int k = 0; k < prefix_tokens; ++k) p.push_back(rng() % 50);
+    prefixes.push_back(p);
+  }
+  int64_t most_idle = 0;
+  for (int op = 0; op < ops; ++op) {
+    const int kind = rng() % 10;
+    if (kind < 3 || m.reqs_.empty()) {
+      std::vector<int32_t> tokens = prefixes[rng() % prefixes.size()];
+      tokens.resize(rng() % prefix_tokens + 1);
+      const int extra = rng() % (max_extra + 1);
+      for (int k = 0; k < extra; ++k) tokens.push_back(rng() % 50);
+      m.Admit(tokens);
+    } else if (kind < 9 - finishes) {
+      m.Extend(rng() % m.reqs_.size(), rng() % 50);
+    } else if (kind < 10 - finishes) {
+      m.Share(rng() % m.reqs_.size());
+    } else {
+      m.Finish(rng() % m.reqs_.size());
+    }
+    EXPECT_TRUE(m.Check()) << "op " << op;
+    if (testing::Test::HasFailure()) return most_idle;
+    most_idle = std::max(most_idle, m.pool_.Stats().reclaimable_slots);
+  }
+  while (!m.reqs_.empty()) m.Finish(0);
+  EXPECT_TRUE(m.Check());
+  // Nothing leaks: every slot is free or held only by an idle cached block.
+  const PoolStats s = m.pool_.Stats();
+  EXPECT_EQ(s.free_slots + s.reclaimable_slots, s.total_slots);
+  EXPECT_EQ(s.used_slots, 0);
+  EXPECT_GT(m.hits_, 0) << "the workload should produce prefix hits";
+  EXPECT_GT(m.pool_.evicted_blocks(), 0) << "the workload should fill the pool";
+  // And all of it can be allocated again.
+  std::vector<int32_t> all;
+  EXPECT_TRUE(m.pool_.Allocate(s.total_slots, &all));
+  return most_idle;
+}
+
 TEST(KvPool, RandomOperationsAgainstAModel) {
   std::mt19937 rng(1);
-  for (int round = 0; round < 20; ++round) {
-    PoolModel m(200);
-    // Few distinct prefixes so that the cache gets hits.
-    std::vector<std::vector<int32_t>> prefixes;
-    for (int i = 0; i < 4; ++i) {
-      std::vector<int32_t> p;
-      for (int k = 0; k < 12; ++k) p.push_back(rng() % 50);
-      prefixes.push_back(p);
-    }
-    for (int op = 0; op < 2000; ++op) {
-      const int kind = rng() % 10;
-      if (kind < 3 || m.reqs_.empty()) {
-        std::vector<int32_t> tokens = prefixes[rng() % prefixes.size()];
-        tokens.resize(rng() % 12 + 1);
-        const int extra = rng() % 9;
-        for (int k = 0; k < extra; ++k) tokens.push_back(rng() % 50);
-        m.Admit(tokens);
-      } else if (kind < 7) {
-        m.Extend(rng() % m.reqs_.size(), rng() % 50);
-      } else if (kind < 8) {
-        m.Share(rng() % m.reqs_.size());
-      } else {
-        m.Finish(rng() % m.reqs_.size());
-      }
-      ASSERT_TRUE(m.Check()) << "round " << round << " op " << op;
-    }
-    while (!m.reqs_.empty()) m.Finish(0);
-    ASSERT_TRUE(m.Check());
-    // Nothing leaks: every slot is free or held only by an idle cached block.
-    const PoolStats s = m.pool_.Stats();
-    EXPECT_EQ(s.free_slots + s.reclaimable_slots, s.total_slots);
-    EXPECT_EQ(s.used_slots, 0);
-    EXPECT_GT(m.hits_, 0) << "the workload should produce prefix hits";
-    // And all of it can be allocated again.
-    std::vector<int32_t> all;
-    EXPECT_TRUE(m.pool_.Allocate(s.total_slots, &all));
+  for (int round = 0; round < 20 && !HasFailure(); ++round) {
+    RandomOperations(rng, 200, 4, 12, 8, 2000, 2);
+  }
+}
+
+TEST(KvPool, RandomOperationsWithTheCacheFullAgainstAModel) {
+  // A pool large enough, and prompts varied enough, that idle blocks hold the 16
+  // stretches' worth of slots from which new runs start in stretches of blocks due for
+  // eviction.
+  std::mt19937 rng(2);
+  for (int round = 0; round < 4 && !HasFailure(); ++round) {
+    const int64_t most_idle = RandomOperations(rng, 2048, 64, 48, 24, 6000, 4);
+    EXPECT_GE(most_idle, 16 * KvPool::kRunSlots) << "round " << round;
   }
 }
 
@@ -195,6 +219,125 @@ TEST(KvPool, SequencesDecodingTogetherEachKeepWholeTiles) {
   std::vector<int32_t> next;
   ASSERT_TRUE(pool.Allocate(100, &next));
   ExpectWholeTiles(next, "the sequence after one that finished");
+}
+
+// A pool whose every slot an idle cached block holds: request r's four blocks of 16 fill
+// stretch r. They went idle request by request (the least recently used first), or with
+// every request's last block after all the others' (`last_blocks_late`).
+struct FullOfIdleBlocks {
+  static constexpr int kRequests = 24;  // more than the 16 stretches the ledger asks for
+  KvPool pool;
+  std::vector<std::vector<int32_t>> tokens;  // each request's 64 tokens
+  explicit FullOfIdleBlocks(KvEviction policy = KvEviction::kLru, bool last_blocks_late = false)
+      : pool(PoolIndex(0), 64 * kRequests, 16, policy) {
+    std::vector<std::vector<int32_t>> tables;
+    for (int r = 0; r < kRequests; ++r) {
+      std::vector<int32_t> t(64);
+      for (int i = 0; i < 64; ++i) t[i] = 1000 * r + i;
+      std::vector<int32_t> table;
+      EXPECT_TRUE(pool.Allocate(64, &table));
+      EXPECT_EQ(table.front(), 64 * r);
+      const std::vector<uint64_t> hashes = Hashes(t);
+      for (int b = 0; b < 4; ++b) {
+        EXPECT_TRUE(pool.InsertBlock(hashes[b], t.data() + 16 * b, table.data() + 16 * b));
+      }
+      tokens.push_back(std::move(t));
+      tables.push_back(std::move(table));
+    }
+    for (int phase = 0; phase < 2; ++phase) {
+      for (int r = 0; r < kRequests; ++r) {
+        const std::vector<uint64_t> hashes = Hashes(tokens[r]);
+        for (int b = 0; b < 4; ++b) {
+          if ((last_blocks_late && b == 3) == (phase == 1)) pool.DropBlock(hashes[b]);
+        }
+        if (phase == 1) pool.Unref(tables[r]);
+      }
+    }
+  }
+  static std::vector<uint64_t> Hashes(const std::vector<int32_t>& t) {
+    return BlockHashes(t, 16, 0);
+  }
+  // How many of request r's blocks are still cached.
+  int Cached(int r) const { return pool.MatchLength(tokens[r], Hashes(tokens[r]), 4); }
+};
+
+TEST(KvPool, WithTheCacheFullSequencesEvictWholeStretchesInThePolicysOrder) {
+  FullOfIdleBlocks full;
+  ASSERT_EQ(full.pool.Stats().free_slots, 0);
+  std::vector<std::vector<int32_t>> tables(2);
+  for (int step = 0; step < 150; ++step) {
+    for (auto& table : tables) ASSERT_TRUE(full.pool.Allocate(1, &table));
+  }
+  for (size_t i = 0; i < tables.size(); ++i) {
+    ExpectWholeTiles(tables[i], "sequence " + std::to_string(i));
+  }
+  // Six tiles took six stretches: the six least recently used requests' blocks went, and
+  // no other.
+  for (int r = 0; r < FullOfIdleBlocks::kRequests; ++r) {
+    EXPECT_EQ(full.Cached(r), r < 6 ? 0 : 4) << r;
+  }
+  EXPECT_EQ(full.pool.evicted_blocks(), 6 * 4);
+  std::vector<int32_t> refs = tables[0];
+  refs.insert(refs.end(), tables[1].begin(), tables[1].end());
+  EXPECT_TRUE(full.pool.CheckInvariants(refs));
+}
+
+TEST(KvPool, AStretchIsFreedForARunOnlyFromTheBlocksNextInTheEvictionOrder) {
+  // Every stretch holds a block that 24 others would be evicted before: freeing a whole
+  // stretch would jump the order, so the least recently used block alone goes.
+  FullOfIdleBlocks full(KvEviction::kLru, /*last_blocks_late=*/true);
+  std::vector<int32_t> table;
+  ASSERT_TRUE(full.pool.Allocate(1, &table));
+  EXPECT_EQ(full.Cached(0), 0) << "its first block was the least recently used";
+  for (int r = 1; r < FullOfIdleBlocks::kRequests; ++r) EXPECT_EQ(full.Cached(r), 4) << r;
+  EXPECT_EQ(full.pool.evicted_blocks(), 1);
+  EXPECT_TRUE(full.pool.CheckInvariants(table));
+}
+
+TEST(KvPool, AStretchWithABlockTheLookaheadWindowNeedsIsNotFreedForARun) {
+  FullOfIdleBlocks full(KvEviction::kSchedulerAware);
+  full.pool.SetLookahead({FullOfIdleBlocks::Hashes(full.tokens[0])[2]});
+  std::vector<int32_t> table;
+  ASSERT_TRUE(full.pool.Allocate(10, &table));
+  EXPECT_EQ(table.front(), 64) << "stretch 0 holds a protected block; stretch 1 is next";
+  EXPECT_EQ(full.Cached(0), 4);
+  EXPECT_EQ(full.Cached(1), 0);
+  EXPECT_TRUE(full.pool.CheckInvariants(table));
+}
+
+TEST(KvPool, ASmallCacheIsNotEvictedForARun) {
+  // Eight requests' blocks cached (fewer than the 16 stretches' worth the ledger asks for)
+  // and 128 free slots in runs of 16 over the pool, no stretch wholly free: a new sequence
+  // takes free slots, and every cached prompt stays.
+  KvPool pool(PoolIndex(0), 64 * 9, 16);
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<int32_t> scattered;
+  for (int r = 0; r < 8; ++r) {
+    std::vector<int32_t> t(64);
+    for (int i = 0; i < 64; ++i) t[i] = 1000 * r + i;
+    std::vector<int32_t> table;
+    ASSERT_TRUE(pool.Allocate(64, &table));  // stretch r
+    const std::vector<uint64_t> hashes = FullOfIdleBlocks::Hashes(t);
+    for (int b = 0; b < 3; ++b) {
+      ASSERT_TRUE(pool.InsertBlock(hashes[b], t.data() + 16 * b, table.data() + 16 * b));
+      pool.DropBlock(hashes[b]);
+    }
+    // Slots 48-55 free now, 56-63 once the test lets them go.
+    scattered.insert(scattered.end(), table.begin() + 56, table.end());
+    table.resize(56);
+    pool.Unref(table);
+    tokens.push_back(std::move(t));
+  }
+  std::vector<int32_t> rest;
+  ASSERT_TRUE(pool.Allocate(64, &rest));  // the last stretch
+  const int64_t evicted = pool.evicted_blocks();
+  pool.Unref(scattered);
+  std::vector<int32_t> table;
+  ASSERT_TRUE(pool.Allocate(100, &table));
+  EXPECT_EQ(pool.evicted_blocks(), evicted);
+  for (const auto& t : tokens) EXPECT_EQ(pool.MatchLength(t, FullOfIdleBlocks::Hashes(t), 3), 3);
+  table.insert(table.end(), rest.begin(), rest.end());
+  EXPECT_TRUE(pool.CheckInvariants(table));
 }
 
 TEST(KvPool, ARunDoesNotGrowIntoAStretchAnotherRunStartedIn) {
