@@ -232,11 +232,18 @@ int64_t Admission::PreloadRows(int64_t remaining, int64_t room) const {
 
 void Admission::Take(int64_t rows) { budgets_.TakePrompt(rows); }
 
-std::vector<int> RankPlacements(const std::vector<PlacementCandidate>& candidates) {
+std::vector<int> RankPlacements(const std::vector<PlacementCandidate>& candidates,
+                                int block_tokens) {
+  auto prefix = [&](const PlacementCandidate& c) {
+    return static_cast<int64_t>(c.dram_blocks + c.disk_blocks + c.move_blocks);
+  };
+  int64_t longest = 0;
+  for (const PlacementCandidate& c : candidates) longest = std::max(longest, prefix(c));
   auto rank = [&](int i) {
     const PlacementCandidate& c = candidates[i];
-    return std::make_tuple(c.dram_blocks + c.disk_blocks + c.move_blocks,
-                           c.dram_blocks + c.move_blocks, c.available);
+    const bool near = (longest - prefix(c)) * block_tokens < kPrefixOutweighsLoadTokens;
+    return std::make_tuple(near, near ? -c.used : 0, prefix(c), c.dram_blocks + c.move_blocks,
+                           c.available);
   };
   std::vector<int> order(candidates.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);

@@ -159,12 +159,21 @@ struct PlacementCandidate {
   int disk_blocks = 0;    // blocks on its disk that continue that prefix
   int move_blocks = 0;    // truncated: blocks after the DRAM prefix that can move
   int64_t available = 0;  // slots an allocation can obtain now
+  int64_t used = 0;       // slots live requests hold: the attention the pool serves each step
 };
 
-// Indices into `candidates` in the order to try them: the longest prefix first (in DRAM,
-// then continued on disk or by blocks that move), then the most of it in DRAM or moved,
-// then the most free capacity; ties keep the given order.
-std::vector<int> RankPlacements(const std::vector<PlacementCandidate>& candidates);
+// A prefix shorter than this many tokens (one attention tile) is not worth putting a
+// request on a busier pool: recomputing it costs one prompt chunk once, while every step
+// of a batch waits for its busiest pool's attention.
+inline constexpr int64_t kPrefixOutweighsLoadTokens = 64;
+
+// Indices into `candidates` in the order to try them. A pool's prefix counts its blocks in
+// DRAM, then continued on disk or by blocks that move. First come the pools whose prefix
+// is within kPrefixOutweighsLoadTokens of the longest, the least used first, then by the
+// longest prefix, the most of it in DRAM or moved, and the most free capacity; then the
+// others in that order of prefix, DRAM and capacity. Ties keep the given order.
+std::vector<int> RankPlacements(const std::vector<PlacementCandidate>& candidates,
+                                int block_tokens);
 
 enum class ReserveVerdict {
   kPlace,     // try to allocate in this pool

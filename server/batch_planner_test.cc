@@ -260,11 +260,36 @@ TEST(PlacementTest, TheLongestPrefixGoesFirstThenDramThenFreeSlots) {
   pools[4] = {.dram_blocks = 0, .disk_blocks = 0, .move_blocks = 0, .available = 1000};
   // Pools 1 and 3 hold 5 blocks; 3 has all of them in DRAM or moving, 1 only 2. Pool 2
   // holds 4, then the empty pools by free slots.
-  EXPECT_EQ(RankPlacements(pools), (std::vector<int>{3, 1, 2, 4, 0}));
+  // Blocks of 64 tokens: only a pool with the longest prefix is near enough for load.
+  EXPECT_EQ(RankPlacements(pools, 64), (std::vector<int>{3, 1, 2, 4, 0}));
   // Ties keep the given order.
   std::vector<PlacementCandidate> same(3, {.dram_blocks = 1, .available = 7});
-  EXPECT_EQ(RankPlacements(same), (std::vector<int>{0, 1, 2}));
-  EXPECT_TRUE(RankPlacements({}).empty());
+  EXPECT_EQ(RankPlacements(same, 16), (std::vector<int>{0, 1, 2}));
+  EXPECT_TRUE(RankPlacements({}, 16).empty());
+}
+
+TEST(PlacementTest, APrefixShorterThanATileDoesNotOutweighLoad) {
+  // Blocks of 16 tokens. Pool 0 holds the shared prompt's 3 blocks (48 tokens) and serves
+  // 900 slots of running requests; pool 1 holds none and serves 100. 48 tokens are less
+  // than a tile: the less used pool goes first.
+  std::vector<PlacementCandidate> pools(2);
+  pools[0] = {.dram_blocks = 3, .available = 5000, .used = 900};
+  pools[1] = {.dram_blocks = 0, .available = 5000, .used = 100};
+  EXPECT_EQ(RankPlacements(pools, 16), (std::vector<int>{1, 0}));
+  // At 4 blocks (a tile) the prefix wins, however busy its pool.
+  pools[0].dram_blocks = 4;
+  EXPECT_EQ(RankPlacements(pools, 16), (std::vector<int>{0, 1}));
+  // Among pools near the longest prefix, the least used first; then the rest by prefix,
+  // whatever their load.
+  std::vector<PlacementCandidate> three(4);
+  three[0] = {.dram_blocks = 10, .available = 100, .used = 500};
+  three[1] = {.dram_blocks = 8, .available = 100, .used = 50};
+  three[2] = {.dram_blocks = 2, .available = 100, .used = 0};
+  three[3] = {.dram_blocks = 5, .available = 100, .used = 10};
+  EXPECT_EQ(RankPlacements(three, 16), (std::vector<int>{1, 0, 3, 2}));
+  // Equal loads: the longer prefix first.
+  three[0].used = three[1].used = 50;
+  EXPECT_EQ(RankPlacements(three, 16), (std::vector<int>{0, 1, 3, 2}));
 }
 
 TEST(PlacementTest, TheReserveMakesARequestWaitForItsPrefixOrMoveOn) {

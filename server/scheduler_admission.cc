@@ -133,8 +133,9 @@ bool Scheduler::Place(Request* req, int executor) {
     }
     c.move_blocks = static_cast<int>(moves[i].blocks.size());
     c.available = kv.available();
+    c.used = kv.Stats().used_slots;
   }
-  for (int i : RankPlacements(found)) {
+  for (int i : RankPlacements(found, config_.block_tokens)) {
     const PoolIndex p = candidates[i];
     const PlacementCandidate& c = found[i];
     KvPool& kv = *pools_[p.value()]->kv;
