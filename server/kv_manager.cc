@@ -269,11 +269,10 @@ bool KvPool::Allocate(int64_t n, std::vector<int32_t>* out) {
 bool KvPool::Allocate(int64_t n, std::vector<int32_t>* out, int64_t position) {
   if (n > available()) return false;
   for (int64_t i = 0; i < n; ++i) {
-    // With the cache full, a new run may start in a stretch of blocks due for eviction.
-    int32_t slot = -1;
-    if (free_stretches_.items.empty() && Continuation(*out) < 0) {
-      slot = StartRunInWindow(position + i);
-    }
+    // The run goes on where it can; with the cache full, a new run may start in a stretch
+    // of blocks due for eviction.
+    int32_t slot = Continuation(*out);
+    if (slot < 0 && free_stretches_.items.empty()) slot = StartRunInWindow(position + i);
     if (slot < 0) {
       while (free_.items.empty()) CHECK(EvictOne()) << "available() promised " << n << " slots";
       slot = NextSlot(*out, position + i);

@@ -11,7 +11,8 @@
 // decode rows allocate); each starts with a prompt of 64 to ctx/2 positions allocated at
 // once and finishes at a length drawn from [ctx/2, 3 ctx/2], when a new one takes its
 // place. After --generations lengths' worth of steps the tables of the sequences then
-// running are the layout. No prefix cache: every sequence's slots are its own.
+// running are the layout. No prompts are shared, so there are no prefix hits: every
+// sequence's slots are its own (KvPool+cache caches blocks only for eviction to take).
 //
 // Per layout it prints the mean run of consecutive slots in a table and the share of the
 // full tiles (64 positions, the kernel's unit) that are one run, then the kernel's time
