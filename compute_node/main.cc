@@ -30,6 +30,7 @@
 #include "compute_node/service.h"
 #include "compute_node/step_channel.h"
 #include "kernels/cpu/fingerprint.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
 #include "memory_node/kv_disk_flags.h"
 #include "memory_node/kv_disk_metrics.h"
@@ -192,6 +193,9 @@ int main(int argc, char** argv) {
     return std::make_pair(strata::kernels::FingerprintsForRegistration(),
                           strata::LinearFingerprint());
   });
+  LOG(INFO) << "kernels: " << strata::kernels::CpuIsaName(strata::kernels::ActiveCpuIsa())
+            << ", GEMM of wide batches: "
+            << strata::kernels::GemmWideKernelName(strata::kernels::ActiveGemmWideKernel());
   process.info.set_attention_fingerprint(fingerprints.attention);
   process.info.set_kernel_fingerprint(absl::StrCat(fingerprints.all, "-", linear));
   process.info.set_kv_budget_bytes(options.local_kv_budget_bytes);

@@ -30,6 +30,7 @@
 #include "compute_node/model_runner.h"
 #include "compute_node/model_weights.h"
 #include "compute_node/sampler.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
 
 ABSL_FLAG(std::string, model, "", "Model directory (default: generate the demo shape in /tmp)");
@@ -64,8 +65,11 @@ int Run() {
   for (int i = 0; i < 5; ++i) start_probe.push_back(read_probe.Measure());
   const double weight_bytes = static_cast<double>((*weights)->gemm_weight_bytes());
   const double kv_bytes_per_pos = 2.0 * c.num_layers * c.kv_size() * 2;
-  std::printf("decode benchmark: %s, %.1fM parameters, %d threads, %s kernels\n", dir.c_str(),
-              c.NumParameters() / 1e6, threads, kernels::CpuIsaName(kernels::ActiveCpuIsa()));
+  std::printf(
+      "decode benchmark: %s, %.1fM parameters, %d threads, %s kernels (GEMM of wide "
+      "batches: %s)\n",
+      dir.c_str(), c.NumParameters() / 1e6, threads, kernels::CpuIsaName(kernels::ActiveCpuIsa()),
+      kernels::GemmWideKernelName(kernels::ActiveGemmWideKernel()));
   std::printf(
       "read probe (all cores, loads only): median %.1f GB/s at start, re-measured between "
       "rounds for each row; GEMM weights %.1f MB\n",

@@ -18,6 +18,8 @@
 #include "common/base/stopwatch.h"
 #include "common/model/safetensors.h"
 #include "compute_node/linear.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/isa.h"
 
 ABSL_FLAG(std::string, batches, "1,8,64", "Rows per call");
 ABSL_FLAG(int, copies, 12, "Copies of each layer that rotate (one per model layer)");
@@ -39,7 +41,9 @@ int Run() {
     int v = 0;
     if (absl::SimpleAtoi(part, &v)) batches.push_back(v);
   }
-  std::printf("%d threads\n%-8s %6s %10s %10s %10s\n", omp_get_max_threads(), "layer", "batch",
+  std::printf("%d threads, %s kernels (GEMM of wide batches: %s)\n%-8s %6s %10s %10s %10s\n",
+              omp_get_max_threads(), kernels::CpuIsaName(kernels::ActiveCpuIsa()),
+              kernels::GemmWideKernelName(kernels::ActiveGemmWideKernel()), "layer", "batch",
               "call_us", "weight_GB/s", "GFLOP/s");
   std::mt19937 rng(3);
   for (const Shape& shape : shapes) {

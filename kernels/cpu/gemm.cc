@@ -3,8 +3,12 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "common/base/bfloat16.h"
@@ -46,6 +50,55 @@ constexpr int64_t kRowBlock = 48;
 constexpr int64_t kGroupColumns = gemm_internal::kGroupBlocks * kGemmColumnBlock;
 
 }  // namespace
+
+namespace {
+
+std::atomic<int> forced_wide_kernel{static_cast<int>(GemmWideKernel::kAuto)};
+
+GemmWideKernel MeasuredWideKernel() {
+  if (!CpuSupports(CpuIsa::kAvx512Bf16)) return GemmWideKernel::kDot;
+  const char* env = std::getenv("STRATA_GEMM_WIDE");
+  const std::string_view choice = env == nullptr ? "" : env;
+  if (choice == "dot") return GemmWideKernel::kDot;
+  if (choice == "fma") return GemmWideKernel::kFma;
+  if (!choice.empty() && choice != "auto") {
+    std::fprintf(stderr, "STRATA_GEMM_WIDE must be auto, dot or fma, not \"%s\"; using auto\n",
+                 env);
+  }
+  // The best of five short runs of each (a preempted run only reads slower), about 0.1 ms
+  // each on the CPUs measured.
+  double dot = 0, fma = 0;
+  for (int i = 0; i < 5; ++i) {
+    dot = std::max(dot, gemm_internal::Bf16DotRate(8192));
+    fma = std::max(fma, gemm_internal::Fma512Rate(8192));
+  }
+  return fma >= 1.25 * dot ? GemmWideKernel::kFma : GemmWideKernel::kDot;
+}
+
+}  // namespace
+
+GemmWideKernel ActiveGemmWideKernel() {
+  const auto forced = static_cast<GemmWideKernel>(forced_wide_kernel.load());
+  if (forced != GemmWideKernel::kAuto) return forced;
+  static const GemmWideKernel measured = MeasuredWideKernel();
+  return measured;
+}
+
+const char* GemmWideKernelName(GemmWideKernel kernel) {
+  switch (kernel) {
+    case GemmWideKernel::kDot:
+      return "dot";
+    case GemmWideKernel::kFma:
+      return "fma";
+    case GemmWideKernel::kAuto:
+      break;
+  }
+  return "auto";
+}
+
+void ForceGemmWideKernel(GemmWideKernel kernel) {
+  forced_wide_kernel.store(static_cast<int>(kernel));
+}
 
 int64_t PackedGemmWeightSize(int64_t n, int64_t k) {
   return (n + kGemmColumnBlock - 1) / kGemmColumnBlock * gemm_internal::PackedBlockSize(k);
@@ -151,10 +204,12 @@ void GemmAvx512Bf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const ui
 
 void GemmBf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t* packed,
               const float* bias, bool accumulate, float* y) {
-  if (ActiveCpuIsa() >= CpuIsa::kAvx512Bf16) {
+  if (ActiveCpuIsa() >= CpuIsa::kAvx512Bf16 &&
+      (m < kGemmWideRows || ActiveGemmWideKernel() != GemmWideKernel::kFma)) {
     GemmAvx512Bf16(m, n, k, x, packed, bias, accumulate, y);
     return;
   }
+  // Otherwise the ISA's kernel; on AVX-512 BF16, a wide batch on the AVX-512 kernel.
   const bool avx2 = ActiveCpuIsa() >= CpuIsa::kAvx2;
   const bool avx512 = ActiveCpuIsa() >= CpuIsa::kAvx512;
   const int64_t block_size = gemm_internal::PackedBlockSize(k);
@@ -174,10 +229,17 @@ void GemmBf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t
         // once").
         return rows < 4 ? 1 : static_cast<int>(gemm_internal::kGroupBlocks);
       },
-      [&](int rows, int64_t, int64_t b0, int count, int64_t, float* out) {
+      [&](int rows, int64_t, int64_t b0, int count, int64_t next_b0, float* out) {
         const uint16_t* group = packed + b0 * block_size;
         if (avx512) {
-          gemm_internal::ColumnGroupAvx512(rows, count, k, xr, group, out, kGroupColumns);
+          const int64_t blocks = (n + kGemmColumnBlock - 1) / kGemmColumnBlock;
+          const int64_t next_elements =
+              next_b0 >= 0
+                  ? std::min<int64_t>(gemm_internal::kGroupBlocks, blocks - next_b0) * block_size
+                  : 0;
+          gemm_internal::ColumnGroupAvx512(rows, count, k, xr, group, out, kGroupColumns,
+                                           next_b0 >= 0 ? packed + next_b0 * block_size : nullptr,
+                                           next_elements);
         } else if (avx2) {
           gemm_internal::ColumnGroupAvx2(rows, count, k, xr, group, out, kGroupColumns);
         } else {

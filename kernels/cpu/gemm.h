@@ -17,6 +17,16 @@
 // [ceil(n/16)][ceil(k/2)][16][2] bf16, zero-padded, so one block is read sequentially while
 // its columns accumulate, and one 64-byte load gives a pair for all 16 columns.
 //
+// Wide batches on AVX-512 BF16 CPUs. vdpbf16ps does 32 multiply-adds an instruction, twice
+// an f32 FMA's 16, but CPUs issue it at different rates: on the AMD Zen 5 measured it runs
+// at twice the FMA's FLOP rate, on the Intel Xeon measured at half of it (one every two
+// cycles against two FMAs a cycle). Below kGemmWideRows rows the GEMM reads weights as
+// fast as memory gives them on either kernel, and vdpbf16ps, on bf16 directly, reads
+// faster. From kGemmWideRows rows up it is bound by arithmetic, and GemmWideKernel picks
+// the kernel: vdpbf16ps (kDot), or the AVX-512 kernel's f32 FMAs over weights widened in
+// registers (kFma). Both give the same bits (above), so the choice changes speed only and
+// may differ between the nodes of a deployment.
+//
 // Thread-safety: GemmBf16 may be called from several threads at once; it runs an OpenMP
 // team over column blocks, in groups of 4 (on every path from 4 rows up; on AVX-512 BF16
 // always).
@@ -28,6 +38,19 @@
 namespace strata::kernels {
 
 inline constexpr int64_t kGemmColumnBlock = 16;
+inline constexpr int64_t kGemmWideRows = 8;
+
+enum class GemmWideKernel : int { kAuto = 0, kDot = 1, kFma = 2 };
+
+// The kernel of wide batches on this CPU, kDot or kFma: STRATA_GEMM_WIDE=dot or fma, else
+// (unset or auto) the faster of the two instructions in a register-only probe taken once
+// per process (about a millisecond), kFma where FMAs give at least 1.25x vdpbf16ps's FLOP
+// rate. kDot where the CPU lacks AVX-512 BF16 (the kernel is then the ISA's).
+GemmWideKernel ActiveGemmWideKernel();
+const char* GemmWideKernelName(GemmWideKernel kernel);
+// Tests and benchmarks: forces the choice (kAuto: back to ActiveGemmWideKernel's own). Not
+// for use while GEMMs run on other threads.
+void ForceGemmWideKernel(GemmWideKernel kernel);
 
 // Elements of the packed weight for an [n][k] weight.
 int64_t PackedGemmWeightSize(int64_t n, int64_t k);

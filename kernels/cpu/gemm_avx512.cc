@@ -1,5 +1,6 @@
 // The AVX-512 column-group kernel of GemmBf16. This file alone is compiled with AVX-512
-// enabled (see BUILD); gemm.cc calls it only where the CPU has it (and lacks AVX-512 BF16).
+// enabled (see BUILD); gemm.cc calls it only where the CPU has it and either lacks AVX-512
+// BF16 or runs wide batches on FMAs (gemm.h, GemmWideKernel).
 // Same arithmetic as the scalar kernel (gemm_internal.h: per k-pair, the odd term's FMA
 // and then the even term's, from zero), so they agree bit for bit. One 64-byte load holds a
 // pair for 16 columns: shifting each 32-bit lane left by 16 gives the even weights, masking
@@ -10,28 +11,44 @@
 // 2C weight vectors and two broadcasts in the 32 registers). One block at a time (up to
 // 12 rows against it) ran 8 rows 2.2x and 64 rows 1.4x slower (docs/benchmarks.md, "The
 // AVX2 and AVX-512 GEMMs take four blocks at once"). Below 4 rows gemm.cc passes one block
-// at a time: with 4, batch 1 measured slower.
+// at a time: with 4, batch 1 measured slower. From 9 rows up each tile requests a share of
+// the group the thread takes next into L2, as the AVX-512 BF16 kernel's tiles do.
 #include <immintrin.h>
 
 #include <array>
+#include <chrono>
 
 #include "kernels/cpu/gemm_internal.h"
+#include "kernels/cpu/spread.h"
 
 namespace strata::kernels::gemm_internal {
 namespace {
 
 constexpr int kTileRows = 5;  // 5 x 4 accumulators, 8 weight vectors, 2 broadcasts
 
-template <int R, int C>
+// Twelve independent chains, more than the latency of either instruction times its issue
+// rate on the CPUs measured; the empty asm keeps the compiler from folding the loop.
+constexpr int kProbeChains = 12;
+
+double ProbeSeconds(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+template <int R, int C, bool kPrefetch>
 void Tile(int64_t k, const float* x, const uint16_t* group, int64_t block_size, float* out,
-          int64_t out_stride) {
+          int64_t out_stride, TilePrefetch pf) {
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r) {
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   }
   const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   const int64_t pairs = (k + 1) / 2;
+  Spread spread(pf.lines, pairs);
+  int64_t line = 0;  // lines requested
   for (int64_t p = 0; p < pairs; ++p) {
+    if constexpr (kPrefetch) {
+      spread.Step([&] { _mm_prefetch(pf.begin + line++ * kCacheLine, _MM_HINT_T1); });
+    }
     __m512 even[C], odd[C];
     for (int c = 0; c < C; ++c) {
       const __m512i v = _mm512_loadu_si512(group + c * block_size + p * 32);
@@ -53,26 +70,55 @@ void Tile(int64_t k, const float* x, const uint16_t* group, int64_t block_size, 
   }
 }
 
-using TileFn = void (*)(int64_t, const float*, const uint16_t*, int64_t, float*, int64_t);
+using TileFn = void (*)(int64_t, const float*, const uint16_t*, int64_t, float*, int64_t,
+                        TilePrefetch);
 
-template <int R>
+template <int R, bool kPrefetch>
 constexpr std::array<TileFn, kGroupBlocks> RowTiles() {
-  return {&Tile<R, 1>, &Tile<R, 2>, &Tile<R, 3>, &Tile<R, 4>};
+  return {&Tile<R, 1, kPrefetch>, &Tile<R, 2, kPrefetch>, &Tile<R, 3, kPrefetch>,
+          &Tile<R, 4, kPrefetch>};
 }
 
-// [rows - 1][blocks - 1]
-constexpr std::array<std::array<TileFn, kGroupBlocks>, kTileRows> kTiles = {
-    RowTiles<1>(), RowTiles<2>(), RowTiles<3>(), RowTiles<4>(), RowTiles<5>()};
+template <bool kPrefetch>
+constexpr std::array<std::array<TileFn, kGroupBlocks>, kTileRows> Tiles() {
+  return {RowTiles<1, kPrefetch>(), RowTiles<2, kPrefetch>(), RowTiles<3, kPrefetch>(),
+          RowTiles<4, kPrefetch>(), RowTiles<5, kPrefetch>()};
+}
+
+// [prefetching][rows - 1][blocks - 1]
+constexpr std::array<std::array<std::array<TileFn, kGroupBlocks>, kTileRows>, 2> kTiles = {
+    Tiles<false>(), Tiles<true>()};
 
 }  // namespace
 
 void ColumnGroupAvx512(int rows, int blocks, int64_t k, const float* x, const uint16_t* group,
-                       float* out, int64_t out_stride) {
-  for (int r = 0; r < rows; r += kTileRows) {
+                       float* out, int64_t out_stride, const uint16_t* next,
+                       int64_t next_elements) {
+  const int tiles = (rows + kTileRows - 1) / kTileRows;
+  for (int t = 0; t < tiles; ++t) {
+    const int r = t * kTileRows;
     const int n = rows - r < kTileRows ? rows - r : kTileRows;
-    kTiles[n - 1][blocks - 1](k, x + r * k, group, PackedBlockSize(k), out + r * out_stride,
-                              out_stride);
+    const TilePrefetch pf = TileShareOfNext(next, next_elements, rows, t, tiles);
+    kTiles[pf.lines > 0][n - 1][blocks - 1](k, x + r * k, group, PackedBlockSize(k),
+                                            out + r * out_stride, out_stride, pf);
   }
+}
+
+double Fma512Rate(int64_t iterations) {
+  __m512 acc[kProbeChains];
+  for (int c = 0; c < kProbeChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
+  __m512 a = _mm512_set1_ps(1.0f);
+  const __m512 b = _mm512_set1_ps(1e-7f);
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < iterations; ++i) {
+    for (int c = 0; c < kProbeChains; ++c) acc[c] = _mm512_fmadd_ps(a, b, acc[c]);
+    asm volatile("" : "+v"(a));
+  }
+  const double seconds = ProbeSeconds(start);
+  float sum = 0;
+  for (int c = 0; c < kProbeChains; ++c) sum += _mm512_reduce_add_ps(acc[c]);
+  asm volatile("" : : "x"(sum));
+  return static_cast<double>(iterations) * kProbeChains * 32 / seconds;
 }
 
 }  // namespace strata::kernels::gemm_internal

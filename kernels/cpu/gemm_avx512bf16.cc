@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
 
 #include "kernels/cpu/gemm_internal.h"
@@ -28,20 +29,17 @@ namespace {
 
 constexpr int kTileRows = 6;
 
-constexpr int64_t kLine = 64;
-// Rows from which a group's arithmetic is long enough to hide the next group's read; at
-// 8 rows (a tile of 6 and one of 2) the requests slowed the GEMM (1.05x).
-constexpr int kPrefetchRows = 9;
+// Twelve independent chains, more than the latency of either instruction times its issue
+// rate on the CPUs measured; the empty asm keeps the compiler from folding the loop.
+constexpr int kProbeChains = 12;
 
-// Lines [0, lines) from `begin`, spread evenly over the tile's `pairs` steps.
-struct Prefetch {
-  const char* begin = nullptr;
-  int64_t lines = 0;
-};
+double ProbeSeconds(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 template <int R, int C, bool kPrefetch>
 void Tile(int64_t pairs, const uint16_t* x, int64_t x_stride, const uint16_t* group,
-          int64_t block_size, float* out, int64_t out_stride, Prefetch pf) {
+          int64_t block_size, float* out, int64_t out_stride, TilePrefetch pf) {
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r) {
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -50,7 +48,7 @@ void Tile(int64_t pairs, const uint16_t* x, int64_t x_stride, const uint16_t* gr
   int64_t line = 0;  // lines requested
   for (int64_t p = 0; p < pairs; ++p) {
     if constexpr (kPrefetch) {
-      spread.Step([&] { _mm_prefetch(pf.begin + line++ * kLine, _MM_HINT_T1); });
+      spread.Step([&] { _mm_prefetch(pf.begin + line++ * kCacheLine, _MM_HINT_T1); });
     }
     __m512bh w[C];
     for (int c = 0; c < C; ++c) {
@@ -69,7 +67,7 @@ void Tile(int64_t pairs, const uint16_t* x, int64_t x_stride, const uint16_t* gr
 }
 
 using TileFn = void (*)(int64_t, const uint16_t*, int64_t, const uint16_t*, int64_t, float*,
-                        int64_t, Prefetch);
+                        int64_t, TilePrefetch);
 
 template <int R, bool kPrefetch>
 constexpr std::array<TileFn, kGroupBlocks> RowTiles() {
@@ -94,24 +92,31 @@ void ColumnGroupAvx512Bf16(int rows, int blocks, int64_t k, const uint16_t* x, i
                            const uint16_t* next, int64_t next_elements) {
   const int64_t pairs = (k + 1) / 2;
   const int tiles = (rows + kTileRows - 1) / kTileRows;
-  // Every tile requests its share of the next group's lines (equal shares; the last tiles'
-  // may be short or empty). Below kPrefetchRows the GEMM is near the read bound, the
-  // hardware prefetcher keeps up, and the requests only crowd the tiles that stream.
-  const int64_t next_lines =
-      next != nullptr && rows >= kPrefetchRows ? (next_elements * 2 + kLine - 1) / kLine : 0;
-  const int64_t share = (next_lines + tiles - 1) / tiles;
   for (int t = 0; t < tiles; ++t) {
     const int r = t * kTileRows;
     const int n = rows - r < kTileRows ? rows - r : kTileRows;
-    Prefetch pf;
-    if (const int64_t first = t * share; share > 0 && first < next_lines) {
-      pf.begin = reinterpret_cast<const char*>(next) + first * kLine;
-      pf.lines = std::min(share, next_lines - first);
-    }
+    const TilePrefetch pf = TileShareOfNext(next, next_elements, rows, t, tiles);
     kTiles[pf.lines > 0][n - 1][blocks - 1](pairs, x + r * x_stride, x_stride, group,
                                             PackedBlockSize(k), out + r * out_stride, out_stride,
                                             pf);
   }
+}
+
+double Bf16DotRate(int64_t iterations) {
+  __m512 acc[kProbeChains];
+  for (int c = 0; c < kProbeChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
+  __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3f803f80));        // bf16 pairs of 1
+  const __m512bh b = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x33d633d6));  // of 1e-7
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < iterations; ++i) {
+    for (int c = 0; c < kProbeChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+    asm volatile("" : "+v"(a));
+  }
+  const double seconds = ProbeSeconds(start);
+  float sum = 0;
+  for (int c = 0; c < kProbeChains; ++c) sum += _mm512_reduce_add_ps(acc[c]);
+  asm volatile("" : : "x"(sum));
+  return static_cast<double>(iterations) * kProbeChains * 64 / seconds;
 }
 
 }  // namespace strata::kernels::gemm_internal

@@ -26,8 +26,9 @@ void ColumnGroupScalar(int rows, int blocks, int64_t k, const float* x, const ui
                        float* out, int64_t out_stride);
 void ColumnGroupAvx2(int rows, int blocks, int64_t k, const float* x, const uint16_t* group,
                      float* out, int64_t out_stride);
+// With `next` and `next_elements` as the AVX-512 BF16 kernel's below.
 void ColumnGroupAvx512(int rows, int blocks, int64_t k, const float* x, const uint16_t* group,
-                       float* out, int64_t out_stride);
+                       float* out, int64_t out_stride, const uint16_t* next, int64_t next_elements);
 
 // The AVX-512 BF16 kernel (vdpbf16ps, whose per-lane arithmetic is the two FMAs above):
 // as the others, but x is bf16 pairs (row stride x_stride elements, even, with x[r][k] = 0
@@ -36,6 +37,42 @@ void ColumnGroupAvx512(int rows, int blocks, int64_t k, const float* x, const ui
 void ColumnGroupAvx512Bf16(int rows, int blocks, int64_t k, const uint16_t* x, int64_t x_stride,
                            const uint16_t* group, float* out, int64_t out_stride,
                            const uint16_t* next, int64_t next_elements);
+
+// A tile's requests for the group its thread takes next: lines [0, lines) from `begin`,
+// into L2, spread evenly over the tile's k-pairs (spread.h). From kPrefetchRows rows up
+// every tile requests an equal share of the next group (the last tiles' may be short or
+// empty), and the group's arithmetic hides the next one's read; below that the GEMM is near
+// the read bound, the hardware prefetcher keeps up, and the requests only crowd the tiles
+// that stream (at 8 rows they slowed it 1.05x).
+struct TilePrefetch {
+  const char* begin = nullptr;
+  int64_t lines = 0;
+};
+inline constexpr int64_t kCacheLine = 64;
+inline constexpr int kPrefetchRows = 9;
+
+// Tile `tile` of `tiles` over `rows` rows: its share of the `next_elements` packed weights
+// at `next` (null: no next group).
+inline TilePrefetch TileShareOfNext(const uint16_t* next, int64_t next_elements, int rows, int tile,
+                                    int tiles) {
+  const int64_t lines = next != nullptr && rows >= kPrefetchRows
+                            ? (next_elements * 2 + kCacheLine - 1) / kCacheLine
+                            : 0;
+  const int64_t share = (lines + tiles - 1) / tiles;
+  TilePrefetch pf;
+  if (const int64_t first = tile * share; share > 0 && first < lines) {
+    pf.begin = reinterpret_cast<const char*>(next) + first * kCacheLine;
+    pf.lines = share < lines - first ? share : lines - first;
+  }
+  return pf;
+}
+
+// Register-only throughput probes on the calling thread, in FLOP/s (2 per multiply-add):
+// independent chains of vdpbf16ps (gemm_avx512bf16.cc; AVX-512 BF16 CPUs only) and of
+// 512-bit f32 FMAs (gemm_avx512.cc; AVX-512 CPUs only), `iterations` steps of each chain.
+// They choose the kernel of wide batches (gemm.h, GemmWideKernel).
+double Bf16DotRate(int64_t iterations);
+double Fma512Rate(int64_t iterations);
 
 }  // namespace strata::kernels::gemm_internal
 

@@ -83,7 +83,40 @@ TEST(GemmBf16, MatchesDoubleReferenceWithBiasAndAccumulate) {
   ForceCpuIsa(saved);
 }
 
+void CheckRowsIndependentOfBatchAndThreads();
+
+// Where the CPU has AVX-512 BF16, each kernel of wide batches (gemm.h, GemmWideKernel) in
+// turn, then the process's own choice; elsewhere the process's choice alone.
+std::vector<GemmWideKernel> WideKernels() {
+  if (!CpuSupports(CpuIsa::kAvx512Bf16)) return {GemmWideKernel::kAuto};
+  return {GemmWideKernel::kDot, GemmWideKernel::kFma, GemmWideKernel::kAuto};
+}
+
+TEST(GemmBf16, WideKernelIsOneOfTheTwo) {
+  const GemmWideKernel active = ActiveGemmWideKernel();
+  EXPECT_TRUE(active == GemmWideKernel::kDot || active == GemmWideKernel::kFma)
+      << GemmWideKernelName(active);
+  if (!CpuSupports(CpuIsa::kAvx512Bf16)) EXPECT_EQ(active, GemmWideKernel::kDot);
+  ForceGemmWideKernel(GemmWideKernel::kFma);
+  EXPECT_EQ(ActiveGemmWideKernel(), GemmWideKernel::kFma);
+  ForceGemmWideKernel(GemmWideKernel::kAuto);
+  EXPECT_EQ(ActiveGemmWideKernel(), active);
+}
+
+// A row's output is the same alone and in batches of every size, with 1-3 threads: on an
+// AVX-512 BF16 CPU the batch of one runs vdpbf16ps and those from kGemmWideRows up the
+// wide kernel, so under kFma this is also vdpbf16ps against the FMAs (from 9 rows with the
+// next group's weights requested into L2).
 TEST(GemmBf16, RowsIndependentOfBatchAndThreads) {
+  for (GemmWideKernel wide : WideKernels()) {
+    SCOPED_TRACE(GemmWideKernelName(wide));
+    ForceGemmWideKernel(wide);
+    CheckRowsIndependentOfBatchAndThreads();
+  }
+  ForceGemmWideKernel(GemmWideKernel::kAuto);
+}
+
+void CheckRowsIndependentOfBatchAndThreads() {
   const int64_t n = 300, k = 384;
   Problem p(n, k, 7);
   const int64_t max_m = 130;
@@ -100,7 +133,7 @@ TEST(GemmBf16, RowsIndependentOfBatchAndThreads) {
     for (int64_t m : {2, 6, 7, 47, 48, 49, 130}) {
       std::vector<float> y(m * n);
       GemmBf16(m, n, k, x.data(), p.packed.data(), p.bias.data(), false, y.data());
-      ASSERT_EQ(std::memcmp(y.data(), alone.data(), m * n * sizeof(float)), 0)
+      EXPECT_EQ(std::memcmp(y.data(), alone.data(), m * n * sizeof(float)), 0)
           << "m=" << m << " threads=" << threads;
     }
   }
@@ -111,28 +144,34 @@ TEST(GemmBf16, RowsIndependentOfBatchAndThreads) {
 // row tiles of 5 and 6 rows, the switch to groups of 4 blocks at 4 rows and the pass of
 // 48), n not a multiple of 16 nor of a group's 64 columns (and past one group; last groups
 // of 1, 2, 3 and 4 blocks), k odd and even.
+// On AVX-512 BF16 both kernels of wide batches are checked.
 TEST(GemmBf16, VectorPathsAgreeWithScalarBitForBit) {
   const CpuIsa saved = ActiveCpuIsa();
   int checked = 0;
-  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
-    if (!CpuSupports(isa)) continue;
-    ++checked;
-    for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
-             {1, 70, 257},  {5, 70, 257},  {6, 70, 257},   {9, 70, 257},  {12, 70, 257},
-             {13, 70, 257}, {47, 70, 257}, {48, 70, 257},  {49, 70, 257}, {67, 70, 257},
-             {1, 200, 256}, {7, 200, 256}, {67, 200, 256}, {3, 16, 1},    {2, 33, 3},
-             {3, 90, 129},  {4, 90, 129},  {8, 90, 129},   {11, 112, 64}, {4, 112, 65}}) {
-      Problem p(n, k, 11);
-      const std::vector<uint16_t> x = RandomBf16(m * k, 12);
-      std::vector<float> scalar(m * n), vector(m * n);
-      ASSERT_TRUE(ForceCpuIsa(CpuIsa::kScalar));
-      GemmBf16(m, n, k, x.data(), p.packed.data(), p.bias.data(), false, scalar.data());
-      ASSERT_TRUE(ForceCpuIsa(isa));
-      GemmBf16(m, n, k, x.data(), p.packed.data(), p.bias.data(), false, vector.data());
-      EXPECT_EQ(std::memcmp(scalar.data(), vector.data(), scalar.size() * sizeof(float)), 0)
-          << CpuIsaName(isa) << ", " << m << "x" << n << "x" << k;
+  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16})
+    for (GemmWideKernel wide :
+         isa == CpuIsa::kAvx512Bf16 ? WideKernels() : std::vector{GemmWideKernel::kAuto}) {
+      if (!CpuSupports(isa)) continue;
+      ++checked;
+      ForceGemmWideKernel(wide);
+      for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+               {1, 70, 257},  {5, 70, 257},  {6, 70, 257},   {9, 70, 257},  {12, 70, 257},
+               {13, 70, 257}, {47, 70, 257}, {48, 70, 257},  {49, 70, 257}, {67, 70, 257},
+               {1, 200, 256}, {7, 200, 256}, {67, 200, 256}, {3, 16, 1},    {2, 33, 3},
+               {3, 90, 129},  {4, 90, 129},  {8, 90, 129},   {11, 112, 64}, {4, 112, 65}}) {
+        Problem p(n, k, 11);
+        const std::vector<uint16_t> x = RandomBf16(m * k, 12);
+        std::vector<float> scalar(m * n), vector(m * n);
+        ASSERT_TRUE(ForceCpuIsa(CpuIsa::kScalar));
+        GemmBf16(m, n, k, x.data(), p.packed.data(), p.bias.data(), false, scalar.data());
+        ASSERT_TRUE(ForceCpuIsa(isa));
+        GemmBf16(m, n, k, x.data(), p.packed.data(), p.bias.data(), false, vector.data());
+        EXPECT_EQ(std::memcmp(scalar.data(), vector.data(), scalar.size() * sizeof(float)), 0)
+            << CpuIsaName(isa) << " (wide: " << GemmWideKernelName(wide) << "), " << m << "x" << n
+            << "x" << k;
+      }
     }
-  }
+  ForceGemmWideKernel(GemmWideKernel::kAuto);
   ForceCpuIsa(saved);
   if (checked == 0) GTEST_SKIP() << "no vector path on this CPU";
 }

@@ -6,6 +6,9 @@ binaries in BUILD/bin), this exports the demo model to GGUF (tests/bench/export_
 then runs, in --rounds rounds whose order alternates:
   tg       llama-bench tg at batch 1 (-n 128 at depth --tg_depth) against decode_bench
            --batches=1 at the same context;
+  pp       llama-bench pp (-p N for each of --prompts: one sequence's prompt from an empty
+           context) against prefill_bench at the same prompt lengths (not in the default
+           --parts);
   batched  llama-batched-bench S_TG at --sequences and --contexts against decode_bench at
            the same batches and contexts;
   served   llama-server against the launcher (deploy/local; --memory_nodes, co-located by
@@ -17,7 +20,7 @@ then runs, in --rounds rounds whose order alternates:
 Without --llama_dir it runs strata alone and says that the peer was skipped.
 
   /usr/bin/python3 tests/bench/peer_bench.py --bin_dir="$(bazel info bazel-bin)" \\
-      --llama_dir=/path/to/llama.cpp/build [--rounds=3] [--parts=tg,batched,served]
+      --llama_dir=/path/to/llama.cpp/build [--rounds=3] [--parts=tg,batched,served,pp]
       [--threads=2]
 """
 import argparse
@@ -74,6 +77,27 @@ def llama_bench_tg(llama_dir, gguf, depth):
          "-t", str(THREADS), "-r", "3", "-o", "json"],
         capture_output=True, text=True, check=True).stdout
     return float(json.loads(out)[0]["avg_ts"])
+
+
+def prefill_bench(bin_dir, model, prompts):
+    out = subprocess.run(
+        [f"{bin_dir}/compute_node/bench/prefill_bench", f"--model={model}",
+         f"--prompts={','.join(map(str, prompts))}", "--rounds=3"],
+        env=compare_builds.ENV, capture_output=True, text=True, check=True, cwd="/tmp").stdout
+    rows = {}
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) == 6 and fields[0].isdigit():
+            rows[int(fields[0])] = float(fields[2])  # prompt chunk_ms tok/s ...
+    return {p: rows[p] for p in prompts}
+
+
+def llama_bench_pp(llama_dir, gguf, prompts):
+    out = subprocess.run(
+        [f"{llama_dir}/bin/llama-bench", "-m", gguf, "-p", ",".join(map(str, prompts)), "-n",
+         "0", "-t", str(THREADS), "-r", "3", "-o", "json"],
+        capture_output=True, text=True, check=True).stdout
+    return {int(r["n_prompt"]): float(r["avg_ts"]) for r in json.loads(out)}
 
 
 def llama_batched(llama_dir, gguf, sequences, context):
@@ -165,6 +189,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--parts", default="tg,batched,served")
     parser.add_argument("--tg_depth", type=int, default=256)
+    parser.add_argument("--prompts", default="128,512", help="the pp part's prompt lengths")
     parser.add_argument("--sequences", default="1,8,32,64")
     parser.add_argument("--contexts", default="256,2048")
     parser.add_argument("--clients", type=int, default=16)
@@ -208,6 +233,18 @@ def main():
         if peer:
             runs.append(("tg llama.cpp", lambda: record(
                 ("tg", "llama.cpp"), llama_bench_tg(args.llama_dir, gguf, args.tg_depth))))
+    if "pp" in parts:
+        prompts = [int(p) for p in args.prompts.split(",")]
+
+        def strata_pp():
+            for p, v in prefill_bench(args.bin_dir, model, prompts).items():
+                record(("pp", p, "strata"), v)
+        runs.append(("pp strata", strata_pp))
+        if peer:
+            def llama_pp():
+                for p, v in llama_bench_pp(args.llama_dir, gguf, prompts).items():
+                    record(("pp", p, "llama.cpp"), v)
+            runs.append(("pp llama.cpp", llama_pp))
     if "batched" in parts:
         def strata_batched():
             for (b, c), v in decode_bench(args.bin_dir, model, sequences, contexts).items():
@@ -260,6 +297,10 @@ def main():
     if "tg" in parts:
         row(f"decode batch 1, ctx {args.tg_depth}", median(("tg", "strata")),
             median(("tg", "llama.cpp")))
+    if "pp" in parts:
+        for p in prompts:
+            row(f"prefill, prompt {p} (pp{p})", median(("pp", p, "strata")),
+                median(("pp", p, "llama.cpp")))
     if "batched" in parts:
         for c in contexts:
             for b in sequences:
