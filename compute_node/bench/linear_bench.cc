@@ -41,10 +41,13 @@ int Run() {
     int v = 0;
     if (absl::SimpleAtoi(part, &v)) batches.push_back(v);
   }
-  std::printf("%d threads, %s kernels (GEMM of wide batches: %s)\n%-8s %6s %10s %10s %10s\n",
-              omp_get_max_threads(), kernels::CpuIsaName(kernels::ActiveCpuIsa()),
-              kernels::GemmWideKernelName(kernels::ActiveGemmWideKernel()), "layer", "batch",
-              "call_us", "weight_GB/s", "GFLOP/s");
+  const kernels::GemmWideProbe probe = kernels::MeasureGemmWideProbe();
+  std::printf(
+      "%d threads, %s kernels (GEMM of wide batches: %s; one thread's vdpbf16ps %.1f and "
+      "f32 FMAs %.1f GFLOP/s)\n%-8s %6s %10s %10s %10s\n",
+      omp_get_max_threads(), kernels::CpuIsaName(kernels::ActiveCpuIsa()),
+      kernels::GemmWideKernelName(kernels::ActiveGemmWideKernel()), probe.dot / 1e9,
+      probe.fma / 1e9, "layer", "batch", "call_us", "weight_GB/s", "GFLOP/s");
   std::mt19937 rng(3);
   for (const Shape& shape : shapes) {
     const int copies = shape.out > 10000 ? 1 : absl::GetFlag(FLAGS_copies);

@@ -65,17 +65,26 @@ GemmWideKernel MeasuredWideKernel() {
     std::fprintf(stderr, "STRATA_GEMM_WIDE must be auto, dot or fma, not \"%s\"; using auto\n",
                  env);
   }
-  // The best of five short runs of each (a preempted run only reads slower), about 0.1 ms
-  // each on the CPUs measured.
-  double dot = 0, fma = 0;
-  for (int i = 0; i < 5; ++i) {
-    dot = std::max(dot, gemm_internal::Bf16DotRate(8192));
-    fma = std::max(fma, gemm_internal::Fma512Rate(8192));
-  }
-  return fma >= 1.25 * dot ? GemmWideKernel::kFma : GemmWideKernel::kDot;
+  const GemmWideProbe probe = MeasureGemmWideProbe();
+  return probe.fma >= 1.25 * probe.dot ? GemmWideKernel::kFma : GemmWideKernel::kDot;
 }
 
 }  // namespace
+
+GemmWideProbe MeasureGemmWideProbe() {
+  // The best of five short runs of each (a preempted run only reads slower), about 0.1 ms
+  // each on the CPUs measured.
+  GemmWideProbe probe;
+  for (int i = 0; i < 5; ++i) {
+    if (CpuSupports(CpuIsa::kAvx512Bf16)) {
+      probe.dot = std::max(probe.dot, gemm_internal::Bf16DotRate(8192));
+    }
+    if (CpuSupports(CpuIsa::kAvx512)) {
+      probe.fma = std::max(probe.fma, gemm_internal::Fma512Rate(8192));
+    }
+  }
+  return probe;
+}
 
 GemmWideKernel ActiveGemmWideKernel() {
   const auto forced = static_cast<GemmWideKernel>(forced_wide_kernel.load());

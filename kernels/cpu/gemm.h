@@ -48,6 +48,13 @@ enum class GemmWideKernel : int { kAuto = 0, kDot = 1, kFma = 2 };
 // rate. kDot where the CPU lacks AVX-512 BF16 (the kernel is then the ISA's).
 GemmWideKernel ActiveGemmWideKernel();
 const char* GemmWideKernelName(GemmWideKernel kernel);
+// The probe behind the automatic choice, on the calling thread: FLOP/s (2 per multiply-add)
+// of independent chains of vdpbf16ps and of 512-bit f32 FMAs, the best of five short runs
+// each; 0 for an instruction the CPU lacks.
+struct GemmWideProbe {
+  double dot = 0, fma = 0;
+};
+GemmWideProbe MeasureGemmWideProbe();
 // Tests and benchmarks: forces the choice (kAuto: back to ActiveGemmWideKernel's own). Not
 // for use while GEMMs run on other threads.
 void ForceGemmWideKernel(GemmWideKernel kernel);

@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <tuple>
@@ -97,6 +98,16 @@ TEST(GemmBf16, WideKernelIsOneOfTheTwo) {
   EXPECT_TRUE(active == GemmWideKernel::kDot || active == GemmWideKernel::kFma)
       << GemmWideKernelName(active);
   if (!CpuSupports(CpuIsa::kAvx512Bf16)) EXPECT_EQ(active, GemmWideKernel::kDot);
+  // The probe's rates are those of the instructions the CPU has, and where they differ
+  // clearly the process's own choice (STRATA_GEMM_WIDE is unset under bazel test) follows
+  // them: FMAs at 1.25x vdpbf16ps's rate or more pick kFma.
+  const GemmWideProbe probe = MeasureGemmWideProbe();
+  EXPECT_EQ(probe.dot > 0, CpuSupports(CpuIsa::kAvx512Bf16));
+  EXPECT_EQ(probe.fma > 0, CpuSupports(CpuIsa::kAvx512));
+  if (std::getenv("STRATA_GEMM_WIDE") == nullptr && probe.dot > 0) {
+    if (probe.fma > 1.6 * probe.dot) EXPECT_EQ(active, GemmWideKernel::kFma);
+    if (probe.fma < 1.0 * probe.dot) EXPECT_EQ(active, GemmWideKernel::kDot);
+  }
   ForceGemmWideKernel(GemmWideKernel::kFma);
   EXPECT_EQ(ActiveGemmWideKernel(), GemmWideKernel::kFma);
   ForceGemmWideKernel(GemmWideKernel::kAuto);
