@@ -18,10 +18,10 @@
 // its columns accumulate, and one 64-byte load gives a pair for all 16 columns.
 //
 // Wide batches on AVX-512 BF16 CPUs. vdpbf16ps does 32 multiply-adds an instruction, twice
-// an f32 FMA's 16, but CPUs issue it at different rates: on the AMD Zen 5 measured it runs
-// at twice the FMA's FLOP rate, on the Intel Xeon measured at half of it (one every two
-// cycles against two FMAs a cycle). Below kGemmWideRows rows the GEMM reads weights as
-// fast as memory gives them on either kernel, and vdpbf16ps, on bf16 directly, reads
+// an f32 FMA's 16, but CPUs issue it at different rates: on the AMD Zen machines measured it
+// runs at twice the FMAs' FLOP rate, on the Intel Xeons measured at half of it (one every
+// two cycles against two FMAs a cycle; docs/benchmarks.md). Below kGemmWideRows rows the GEMM reads
+// weights as fast as memory gives them on either kernel, and vdpbf16ps, on bf16 directly, reads
 // faster. From kGemmWideRows rows up it is bound by arithmetic, and GemmWideKernel picks
 // the kernel: vdpbf16ps (kDot), or the AVX-512 kernel's f32 FMAs over weights widened in
 // registers (kFma). Both give the same bits (above), so the choice changes speed only and

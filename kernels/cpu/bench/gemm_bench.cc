@@ -56,9 +56,12 @@ int Run() {
     }
   }
   const std::vector<CpuIsa> isas = CpuIsasFromList(absl::GetFlag(FLAGS_isas));
-  std::printf("own GEMM: %d layers of %lld/%lld, %.1f MB of weights, %d threads\n",
-              absl::GetFlag(FLAGS_layers), static_cast<long long>(hidden),
-              static_cast<long long>(ffn), bytes / 1e6, omp_get_max_threads());
+  std::printf(
+      "own GEMM: %d layers of %lld/%lld, %.1f MB of weights, %d threads; avx512bf16 runs "
+      "batches from %lld rows on %s (STRATA_GEMM_WIDE)\n",
+      absl::GetFlag(FLAGS_layers), static_cast<long long>(hidden), static_cast<long long>(ffn),
+      bytes / 1e6, omp_get_max_threads(), static_cast<long long>(kGemmWideRows),
+      GemmWideKernelName(ActiveGemmWideKernel()));
   std::printf("%12s %6s %10s %10s %10s\n", "isa", "rows", "ms/pass", "GFLOP/s", "weight_GB/s");
   for (CpuIsa isa : isas) {
     if (!ForceCpuIsa(isa)) continue;
