@@ -150,14 +150,16 @@ void Store(int rows, int64_t cols, const float* acc, int64_t acc_stride, const f
 // prepare(r0, rows) readies its x and says how many column blocks make a work item (a
 // group), and the team takes the groups through WorkRanges: each thread those that
 // schedule(static) would give it, in order, so that it knows which one it reads next, and
-// one that is done takes what is left of another's (work_ranges.h). compute(rows, r0, b0,
-// count, next_b0, out) fills `out` (kGroupColumns floats per row) with the group of
-// `count` blocks from b0; next_b0 is the first block of the group the thread will probably
-// take next, or -1.
+// one that is done takes what is left of another's (work_ranges.h). compute(rows, r0,
+// group, count, next, next_elements, out) fills `out` (kGroupColumns floats per row) with
+// the group of `count` packed blocks at `group`; `next` is the group the thread will
+// probably take next (its `next_elements` packed weights, for the kernels that request
+// them into L2), or null.
 template <class Prepare, class Compute>
-void RunColumnGroups(int64_t m, int64_t n, const float* bias, bool accumulate, float* y,
-                     Prepare&& prepare, Compute&& compute) {
+void RunColumnGroups(int64_t m, int64_t n, int64_t k, const uint16_t* packed, const float* bias,
+                     bool accumulate, float* y, Prepare&& prepare, Compute&& compute) {
   const int64_t blocks = (n + kGemmColumnBlock - 1) / kGemmColumnBlock;
+  const int64_t block_size = gemm_internal::PackedBlockSize(k);
   WorkRanges& work = CallerWorkRanges();
   const int team = omp_get_max_threads();
   for (int64_t r0 = 0; r0 < m; r0 += kRowBlock) {
@@ -173,7 +175,12 @@ void RunColumnGroups(int64_t m, int64_t n, const float* bias, bool accumulate, f
         const int64_t b0 = g * group_blocks;
         const int count = static_cast<int>(std::min<int64_t>(group_blocks, blocks - b0));
         const int64_t next_g = work.PeekFront(id);
-        compute(rows, r0, b0, count, next_g >= 0 ? next_g * group_blocks : -1, out);
+        const int64_t next_b0 = next_g * group_blocks;
+        const int64_t next_count =
+            next_g >= 0 ? std::min<int64_t>(group_blocks, blocks - next_b0) : 0;
+        compute(rows, r0, packed + b0 * block_size, count,
+                next_count > 0 ? packed + next_b0 * block_size : nullptr, next_count * block_size,
+                out);
         const int64_t c0 = b0 * kGemmColumnBlock;
         Store(rows, std::min<int64_t>(count * kGemmColumnBlock, n - c0), out, kGroupColumns,
               bias != nullptr ? bias + c0 : nullptr, accumulate, y + r0 * n + c0, n);
@@ -188,8 +195,6 @@ void RunColumnGroups(int64_t m, int64_t n, const float* bias, bool accumulate, f
 void GemmAvx512Bf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t* packed,
                     const float* bias, bool accumulate, float* y) {
   using gemm_internal::kGroupBlocks;
-  const int64_t blocks = (n + kGemmColumnBlock - 1) / kGemmColumnBlock;
-  const int64_t block_size = gemm_internal::PackedBlockSize(k);
   const int64_t x_stride = (k + 1) / 2 * 2;
   thread_local std::vector<uint16_t> padded;
   if (x_stride != k) {
@@ -198,14 +203,12 @@ void GemmAvx512Bf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const ui
     x = padded.data();
   }
   RunColumnGroups(
-      m, n, bias, accumulate, y, [](int64_t, int) { return static_cast<int>(kGroupBlocks); },
-      [&](int rows, int64_t r0, int64_t b0, int count, int64_t next_b0, float* out) {
-        const uint16_t* next = next_b0 >= 0 ? packed + next_b0 * block_size : nullptr;
-        const int64_t next_elements =
-            next_b0 >= 0 ? std::min<int64_t>(kGroupBlocks, blocks - next_b0) * block_size : 0;
-        gemm_internal::ColumnGroupAvx512Bf16(rows, count, k, x + r0 * x_stride, x_stride,
-                                             packed + b0 * block_size, out, kGroupColumns, next,
-                                             next_elements);
+      m, n, k, packed, bias, accumulate, y,
+      [](int64_t, int) { return static_cast<int>(kGroupBlocks); },
+      [&](int rows, int64_t r0, const uint16_t* group, int count, const uint16_t* next,
+          int64_t next_elements, float* out) {
+        gemm_internal::ColumnGroupAvx512Bf16(rows, count, k, x + r0 * x_stride, x_stride, group,
+                                             out, kGroupColumns, next, next_elements);
       });
 }
 
@@ -221,13 +224,12 @@ void GemmBf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t
   // Otherwise the ISA's kernel; on AVX-512 BF16, a wide batch on the AVX-512 kernel.
   const bool avx2 = ActiveCpuIsa() >= CpuIsa::kAvx2;
   const bool avx512 = ActiveCpuIsa() >= CpuIsa::kAvx512;
-  const int64_t block_size = gemm_internal::PackedBlockSize(k);
   // The row block's x in f32, converted by the calling thread. (A lambda names a
   // thread_local, it does not capture it: the team reads it through `xr`.)
   thread_local std::vector<float> xf;
   const float* xr = nullptr;
   RunColumnGroups(
-      m, n, bias, accumulate, y,
+      m, n, k, packed, bias, accumulate, y,
       [&](int64_t r0, int rows) {
         xf.resize(static_cast<size_t>(rows) * k);
         for (int64_t i = 0; i < rows * k; ++i) xf[i] = Bf16ToFloat(x[r0 * k + i]);
@@ -238,16 +240,10 @@ void GemmBf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t
         // once").
         return rows < 4 ? 1 : static_cast<int>(gemm_internal::kGroupBlocks);
       },
-      [&](int rows, int64_t, int64_t b0, int count, int64_t next_b0, float* out) {
-        const uint16_t* group = packed + b0 * block_size;
+      [&](int rows, int64_t, const uint16_t* group, int count, const uint16_t* next,
+          int64_t next_elements, float* out) {
         if (avx512) {
-          const int64_t blocks = (n + kGemmColumnBlock - 1) / kGemmColumnBlock;
-          const int64_t next_elements =
-              next_b0 >= 0
-                  ? std::min<int64_t>(gemm_internal::kGroupBlocks, blocks - next_b0) * block_size
-                  : 0;
-          gemm_internal::ColumnGroupAvx512(rows, count, k, xr, group, out, kGroupColumns,
-                                           next_b0 >= 0 ? packed + next_b0 * block_size : nullptr,
+          gemm_internal::ColumnGroupAvx512(rows, count, k, xr, group, out, kGroupColumns, next,
                                            next_elements);
         } else if (avx2) {
           gemm_internal::ColumnGroupAvx2(rows, count, k, xr, group, out, kGroupColumns);
