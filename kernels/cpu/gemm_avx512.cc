@@ -16,7 +16,6 @@
 #include <immintrin.h>
 
 #include <array>
-#include <chrono>
 
 #include "kernels/cpu/gemm_internal.h"
 #include "kernels/cpu/spread.h"
@@ -25,14 +24,6 @@ namespace strata::kernels::gemm_internal {
 namespace {
 
 constexpr int kTileRows = 5;  // 5 x 4 accumulators, 8 weight vectors, 2 broadcasts
-
-// Twelve independent chains, more than the latency of either instruction times its issue
-// rate on the CPUs measured; the empty asm keeps the compiler from folding the loop.
-constexpr int kProbeChains = 12;
-
-double ProbeSeconds(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 template <int R, int C, bool kPrefetch>
 void Tile(int64_t k, const float* x, const uint16_t* group, int64_t block_size, float* out,
@@ -105,22 +96,9 @@ void ColumnGroupAvx512(int rows, int blocks, int64_t k, const float* x, const ui
 }
 
 double Fma512Rate(int64_t iterations) {
-  __m512 acc[kProbeChains];
-  for (int c = 0; c < kProbeChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
-  __m512 a = _mm512_set1_ps(1.0f);
   const __m512 b = _mm512_set1_ps(1e-7f);
-  const auto start = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < iterations; ++i) {
-    for (int c = 0; c < kProbeChains; ++c) acc[c] = _mm512_fmadd_ps(a, b, acc[c]);
-    asm volatile("" : "+v"(a));
-  }
-  const double seconds = ProbeSeconds(start);
-  // The chains' results are used (one lane of their sum), so no chain is dropped.
-  __m512 sum = acc[0];
-  for (int c = 1; c < kProbeChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
-  const float lane = _mm512_cvtss_f32(sum);
-  asm volatile("" : : "x"(lane));
-  return static_cast<double>(iterations) * kProbeChains * 32 / seconds;
+  return ChainRate(iterations, 32, _mm512_set1_ps(1.0f),
+                   [&](__m512 acc, __m512 a) { return _mm512_fmadd_ps(a, b, acc); });
 }
 
 }  // namespace strata::kernels::gemm_internal

@@ -18,7 +18,6 @@
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cstring>
 
 #include "kernels/cpu/gemm_internal.h"
@@ -28,14 +27,6 @@ namespace strata::kernels::gemm_internal {
 namespace {
 
 constexpr int kTileRows = 6;
-
-// Twelve independent chains, more than the latency of either instruction times its issue
-// rate on the CPUs measured; the empty asm keeps the compiler from folding the loop.
-constexpr int kProbeChains = 12;
-
-double ProbeSeconds(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 template <int R, int C, bool kPrefetch>
 void Tile(int64_t pairs, const uint16_t* x, int64_t x_stride, const uint16_t* group,
@@ -103,22 +94,9 @@ void ColumnGroupAvx512Bf16(int rows, int blocks, int64_t k, const uint16_t* x, i
 }
 
 double Bf16DotRate(int64_t iterations) {
-  __m512 acc[kProbeChains];
-  for (int c = 0; c < kProbeChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
-  __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3f803f80));        // bf16 pairs of 1
-  const __m512bh b = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x33d633d6));  // of 1e-7
-  const auto start = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < iterations; ++i) {
-    for (int c = 0; c < kProbeChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
-    asm volatile("" : "+v"(a));
-  }
-  const double seconds = ProbeSeconds(start);
-  // The chains' results are used (one lane of their sum), so no chain is dropped.
-  __m512 sum = acc[0];
-  for (int c = 1; c < kProbeChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
-  const float lane = _mm512_cvtss_f32(sum);
-  asm volatile("" : : "x"(lane));
-  return static_cast<double>(iterations) * kProbeChains * 64 / seconds;
+  const __m512bh b = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x33d633d6));  // 1e-7 pairs
+  return ChainRate(iterations, 64, reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3f803f80)),
+                   [&](__m512 acc, __m512bh a) { return _mm512_dpbf16_ps(acc, a, b); });
 }
 
 }  // namespace strata::kernels::gemm_internal

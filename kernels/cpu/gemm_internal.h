@@ -7,6 +7,9 @@
 #ifndef STRATA_KERNELS_CPU_GEMM_INTERNAL_H_
 #define STRATA_KERNELS_CPU_GEMM_INTERNAL_H_
 
+#include <immintrin.h>
+
+#include <chrono>
 #include <cstdint>
 
 namespace strata::kernels::gemm_internal {
@@ -73,6 +76,31 @@ inline TilePrefetch TileShareOfNext(const uint16_t* next, int64_t next_elements,
 // They choose the kernel of wide batches (gemm.h, GemmWideKernel).
 double Bf16DotRate(int64_t iterations);
 double Fma512Rate(int64_t iterations);
+
+// The loop of both probes: `iterations` steps of twelve independent chains (more than
+// either instruction's latency times its issue rate on the CPUs measured), each step
+// acc = step(acc, a) for every chain, with `a` made opaque to the compiler every step so
+// that the loop is not folded. FLOP/s at `flops` per step of a chain. Instantiated only in
+// the files compiled for AVX-512.
+template <class Operand, class Step>
+double ChainRate(int64_t iterations, int flops, Operand a, Step step) {
+  constexpr int kChains = 12;
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < iterations; ++i) {
+    for (int c = 0; c < kChains; ++c) acc[c] = step(acc[c], a);
+    asm volatile("" : "+v"(a));
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // The chains' results are used (one lane of their sum), so no chain is dropped.
+  __m512 sum = acc[0];
+  for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
+  const float lane = _mm512_cvtss_f32(sum);
+  asm volatile("" : : "x"(lane));
+  return static_cast<double>(iterations) * kChains * flops / seconds;
+}
 
 }  // namespace strata::kernels::gemm_internal
 
