@@ -64,12 +64,12 @@ def configurations(bin_dirs, launcher_args):
     return configs
 
 
-def table_rows(text, key_columns):
-    """Rows of whitespace-separated numbers under a header starting with 'batch'."""
+def table_rows(text, key_columns, first="batch"):
+    """Rows of whitespace-separated numbers under a header starting with `first`."""
     rows, header = {}, None
     for line in text.splitlines():
         fields = line.split()
-        if fields and fields[0] == "batch":
+        if fields and fields[0] == first:
             header = fields
             continue
         if header and fields and re.fullmatch(r"\d+", fields[0]) and len(fields) == len(header):

@@ -84,12 +84,8 @@ def prefill_bench(bin_dir, model, prompts):
         [f"{bin_dir}/compute_node/bench/prefill_bench", f"--model={model}",
          f"--prompts={','.join(map(str, prompts))}", "--rounds=3"],
         env=compare_builds.ENV, capture_output=True, text=True, check=True, cwd="/tmp").stdout
-    rows = {}
-    for line in out.splitlines():
-        fields = line.split()
-        if len(fields) == 6 and fields[0].isdigit():
-            rows[int(fields[0])] = float(fields[2])  # prompt chunk_ms tok/s ...
-    return {p: rows[p] for p in prompts}
+    rows = compare_builds.table_rows(out, 1, first="prompt")
+    return {p: float(rows[f"prompt={p}"]["tok/s"]) for p in prompts}
 
 
 def llama_bench_pp(llama_dir, gguf, prompts):
