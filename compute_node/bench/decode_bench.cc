@@ -22,10 +22,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "common/base/stopwatch.h"
-#include "common/bench/demo_model.h"
 #include "common/bench/int_list.h"
 #include "common/bench/read_probe.h"
 #include "compute_node/attention_backend.h"
+#include "compute_node/bench/bench_model.h"
 #include "compute_node/bench/filled_attention.h"
 #include "compute_node/model_runner.h"
 #include "compute_node/model_weights.h"
@@ -45,25 +45,18 @@ namespace {
 using bench::NoAttention;
 
 int Run() {
-  absl::StatusOr<std::string> model_dir = BenchModelDir(absl::GetFlag(FLAGS_model));
-  if (!model_dir.ok()) {
-    std::fprintf(stderr, "%s\n", model_dir.status().ToString().c_str());
+  absl::StatusOr<bench::BenchModel> model = bench::LoadBenchModel(absl::GetFlag(FLAGS_model));
+  if (!model.ok()) {
+    std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
     return 1;
   }
-  const std::string& dir = *model_dir;
-  auto config = LoadModelConfig(dir);
-  if (!config.ok()) return 1;
-  auto weights = ModelWeights::Load(dir, *config);
-  if (!weights.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(weights.status().message()).c_str());
-    return 1;
-  }
-  const ModelConfig& c = *config;
+  const ModelConfig& c = model->config;
+  const std::string& dir = model->dir;
   const int threads = omp_get_max_threads();
   const ReadProbe read_probe;
   std::vector<double> start_probe;
   for (int i = 0; i < 5; ++i) start_probe.push_back(read_probe.Measure());
-  const double weight_bytes = static_cast<double>((*weights)->gemm_weight_bytes());
+  const double weight_bytes = static_cast<double>(model->weights->gemm_weight_bytes());
   const double kv_bytes_per_pos = 2.0 * c.num_layers * c.kv_size() * 2;
   std::printf(
       "decode benchmark: %s, %.1fM parameters, %d threads, %s kernels (GEMM of wide "
@@ -83,7 +76,7 @@ int Run() {
   const int iters = absl::GetFlag(FLAGS_iters);
   for (int ctx : ParseIntList(absl::GetFlag(FLAGS_contexts))) {
     for (int batch : ParseIntList(absl::GetFlag(FLAGS_batches))) {
-      ModelRunner runner(weights->get(), ctx + iters + 8);
+      ModelRunner runner(model->weights.get(), ctx + iters + 8);
       auto local = bench::FilledLocalAttention(c, batch, ctx + iters + 8);
       if (!local.ok()) return 1;
       BatchBuffers buffers(c, batch);

@@ -19,10 +19,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "common/base/stopwatch.h"
-#include "common/bench/demo_model.h"
 #include "common/bench/int_list.h"
 #include "common/bench/median.h"
 #include "compute_node/attention_backend.h"
+#include "compute_node/bench/bench_model.h"
 #include "compute_node/bench/filled_attention.h"
 #include "compute_node/model_runner.h"
 #include "compute_node/model_weights.h"
@@ -41,28 +41,21 @@ namespace {
 using bench::NoAttention;
 
 int Run() {
-  absl::StatusOr<std::string> model_dir = BenchModelDir(absl::GetFlag(FLAGS_model));
-  if (!model_dir.ok()) {
-    std::fprintf(stderr, "%s\n", model_dir.status().ToString().c_str());
+  absl::StatusOr<bench::BenchModel> model = bench::LoadBenchModel(absl::GetFlag(FLAGS_model));
+  if (!model.ok()) {
+    std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
     return 1;
   }
-  auto config = LoadModelConfig(*model_dir);
-  if (!config.ok()) return 1;
-  auto weights = ModelWeights::Load(*model_dir, *config);
-  if (!weights.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(weights.status().message()).c_str());
-    return 1;
-  }
-  const ModelConfig& c = *config;
+  const ModelConfig& c = model->config;
   // Multiply-adds per prompt row in the layers' GEMMs: each weight element once per row.
   // The LM head (vocab x hidden) runs for the last row only.
   const double lm_head_elements = static_cast<double>(c.vocab_size) * c.hidden_size;
   const double layer_elements =
-      static_cast<double>((*weights)->gemm_weight_bytes()) / 2.0 - lm_head_elements;
+      static_cast<double>(model->weights->gemm_weight_bytes()) / 2.0 - lm_head_elements;
   std::printf(
       "prefill benchmark: %s, %.1fM parameters, %d threads, %s kernels (GEMM of wide "
       "batches: %s)\n",
-      model_dir->c_str(), c.NumParameters() / 1e6, omp_get_max_threads(),
+      model->dir.c_str(), c.NumParameters() / 1e6, omp_get_max_threads(),
       kernels::CpuIsaName(kernels::ActiveCpuIsa()),
       kernels::GemmWideKernelName(kernels::ActiveGemmWideKernel()));
   std::printf(
@@ -74,7 +67,7 @@ int Run() {
   const int iters = absl::GetFlag(FLAGS_iters);
   for (int prompt : ParseIntList(absl::GetFlag(FLAGS_prompts))) {
     if (prompt < 1) continue;
-    ModelRunner runner(weights->get(), prompt + 8);
+    ModelRunner runner(model->weights.get(), prompt + 8);
     auto local = bench::FilledLocalAttention(c, 1, prompt + 8);
     if (!local.ok()) return 1;
     BatchBuffers buffers(c, prompt);

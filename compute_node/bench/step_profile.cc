@@ -28,10 +28,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "common/base/stopwatch.h"
-#include "common/bench/demo_model.h"
 #include "common/bench/median.h"
 #include "common/bench/read_probe.h"
 #include "compute_node/attention_backend.h"
+#include "compute_node/bench/bench_model.h"
 #include "compute_node/bench/filled_attention.h"
 #include "compute_node/bench/sampling_settings.h"
 #include "compute_node/model_runner.h"
@@ -94,23 +94,16 @@ double WeightBytes(const ModelWeights& w, ForwardOp op) {
 }
 
 int Run() {
-  absl::StatusOr<std::string> dir = BenchModelDir(absl::GetFlag(FLAGS_model));
-  if (!dir.ok()) {
-    std::fprintf(stderr, "%s\n", dir.status().ToString().c_str());
+  absl::StatusOr<bench::BenchModel> model = bench::LoadBenchModel(absl::GetFlag(FLAGS_model));
+  if (!model.ok()) {
+    std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
     return 1;
   }
-  auto config = LoadModelConfig(*dir);
-  if (!config.ok()) return 1;
-  auto weights = ModelWeights::Load(*dir, *config);
-  if (!weights.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(weights.status().message()).c_str());
-    return 1;
-  }
-  const ModelConfig& c = *config;
+  const ModelConfig& c = model->config;
   const int batch = absl::GetFlag(FLAGS_batch), ctx = absl::GetFlag(FLAGS_ctx);
   const int iters = absl::GetFlag(FLAGS_iters);
   const int64_t positions = ctx + iters + 8;
-  ModelRunner runner(weights->get(), positions);
+  ModelRunner runner(model->weights.get(), positions);
   auto local = bench::FilledLocalAttention(c, batch, positions);
   if (!local.ok()) return 1;
   TimedAttention attention(local->get());
@@ -171,7 +164,7 @@ int Run() {
   probe.clear();
   for (int i = 0; i < 3; ++i) probe.push_back(read_probe.Measure());
   std::printf("step profile: %s, batch %d, ctx %d, %d threads, %s kernels; medians of %d steps\n",
-              dir->c_str(), batch, ctx, omp_get_max_threads(),
+              model->dir.c_str(), batch, ctx, omp_get_max_threads(),
               kernels::CpuIsaName(kernels::ActiveCpuIsa()), iters);
   std::printf("read probe (all cores, loads only): %.1f GB/s before the steps, %.1f after\n",
               probe_before / 1e9, Median(probe) / 1e9);
@@ -181,7 +174,7 @@ int Run() {
   for (int op = 0; op < kForwardOps; ++op) {
     const auto o = static_cast<ForwardOp>(op);
     if (IsGemm(o)) {
-      const double gbs = WeightBytes(**weights, o) / Median(op_ms[op]) / 1e6;
+      const double gbs = WeightBytes(*model->weights, o) / Median(op_ms[op]) / 1e6;
       std::printf("%-34s %9.3f %6s %9.1f %9.2f\n", ForwardOpName(o), Median(op_ms[op]), "gemm", gbs,
                   gbs / probe_gbs);
     } else {
@@ -206,7 +199,7 @@ int Run() {
   std::printf("\nforward pass %.3f ms: GEMMs %.3f, attention %.3f, rest %.3f (the draw aside)\n",
               Median(forward_ms), Median(gemm_ms), Median(attention_ms), Median(rest_ms));
   const double gemm_gbs =
-      static_cast<double>((*weights)->gemm_weight_bytes()) / Median(gemm_ms) / 1e6;
+      static_cast<double>(model->weights->gemm_weight_bytes()) / Median(gemm_ms) / 1e6;
   std::printf("GEMMs read their weights at %.1f GB/s, %.2f of the probe (target 0.85)\n", gemm_gbs,
               gemm_gbs / probe_gbs);
   std::printf("%-34s %9s %9s %9s %10s\n", "sampling", "step_ms", "draw_ms", "rest_ms", "rest_frac");
