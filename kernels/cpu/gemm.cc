@@ -19,16 +19,16 @@
 namespace strata::kernels {
 namespace gemm_internal {
 
-void ColumnGroupScalar(int rows, int blocks, int64_t k, const float* x, const uint16_t* group,
-                       float* out, int64_t out_stride) {
+void ColumnGroupScalar(int rows, int blocks, int64_t k, const float* x, int64_t x_stride,
+                       const uint16_t* group, float* out, int64_t out_stride) {
   const int64_t pairs = (k + 1) / 2;
   for (int b = 0; b < blocks; ++b) {
     const uint16_t* block = group + b * PackedBlockSize(k);
     for (int r = 0; r < rows; ++r) {
       float acc[16] = {};
       for (int64_t p = 0; p < pairs; ++p) {
-        const float xo = 2 * p + 1 < k ? x[r * k + 2 * p + 1] : 0.0f;
-        const float xe = x[r * k + 2 * p];
+        const float xo = x[r * x_stride + 2 * p + 1];
+        const float xe = x[r * x_stride + 2 * p];
         const uint16_t* w = block + p * 32;
         for (int j = 0; j < 16; ++j) {
           acc[j] = std::fmaf(xo, Bf16ToFloat(w[2 * j + 1]), acc[j]);
@@ -224,15 +224,20 @@ void GemmBf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t
   // Otherwise the ISA's kernel; on AVX-512 BF16, a wide batch on the AVX-512 kernel.
   const bool avx2 = ActiveCpuIsa() >= CpuIsa::kAvx2;
   const bool avx512 = ActiveCpuIsa() >= CpuIsa::kAvx512;
-  // The row block's x in f32, converted by the calling thread. (A lambda names a
-  // thread_local, it does not capture it: the team reads it through `xr`.)
+  // The row block's x in f32, converted by the calling thread, in rows of an even stride
+  // (an odd k's last pair reads a zero). (A lambda names a thread_local, it does not
+  // capture it: the team reads it through `xr`.)
+  const int64_t x_stride = (k + 1) / 2 * 2;
   thread_local std::vector<float> xf;
   const float* xr = nullptr;
   RunColumnGroups(
       m, n, k, packed, bias, accumulate, y,
       [&](int64_t r0, int rows) {
-        xf.resize(static_cast<size_t>(rows) * k);
-        for (int64_t i = 0; i < rows * k; ++i) xf[i] = Bf16ToFloat(x[r0 * k + i]);
+        xf.resize(static_cast<size_t>(rows) * x_stride);
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t i = 0; i < k; ++i) xf[r * x_stride + i] = Bf16ToFloat(x[(r0 + r) * k + i]);
+          if (x_stride != k) xf[r * x_stride + k] = 0.0f;
+        }
         xr = xf.data();
         // With 1-3 rows each block is a work item of its own: groups of 4 made a batch-1
         // decode step's GEMMs about 1.08x slower on the AVX-512 path, and AVX2's 1-2 rows
@@ -243,12 +248,12 @@ void GemmBf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t
       [&](int rows, int64_t, const uint16_t* group, int count, const uint16_t* next,
           int64_t next_elements, float* out) {
         if (avx512) {
-          gemm_internal::ColumnGroupAvx512(rows, count, k, xr, group, out, kGroupColumns, next,
-                                           next_elements);
+          gemm_internal::ColumnGroupAvx512(rows, count, k, xr, x_stride, group, out, kGroupColumns,
+                                           next, next_elements);
         } else if (avx2) {
-          gemm_internal::ColumnGroupAvx2(rows, count, k, xr, group, out, kGroupColumns);
+          gemm_internal::ColumnGroupAvx2(rows, count, k, xr, x_stride, group, out, kGroupColumns);
         } else {
-          gemm_internal::ColumnGroupScalar(rows, count, k, xr, group, out, kGroupColumns);
+          gemm_internal::ColumnGroupScalar(rows, count, k, xr, x_stride, group, out, kGroupColumns);
         }
       });
 }

@@ -20,7 +20,8 @@ namespace {
 constexpr int kTileRows = 5;
 
 template <int R>
-void BlockTile(int64_t k, const float* x, const uint16_t* block, float* out, int64_t out_stride) {
+void BlockTile(int64_t k, const float* x, int64_t x_stride, const uint16_t* block, float* out,
+               int64_t out_stride) {
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
@@ -33,12 +34,11 @@ void BlockTile(int64_t k, const float* x, const uint16_t* block, float* out, int
     const __m256 even1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
     const __m256 odd0 = _mm256_castsi256_ps(_mm256_and_si256(v0, high));
     const __m256 odd1 = _mm256_castsi256_ps(_mm256_and_si256(v1, high));
-    const bool last_odd = 2 * p + 1 == k;  // x[r][k] is zero
     for (int r = 0; r < R; ++r) {
-      const __m256 xo = _mm256_set1_ps(last_odd ? 0.0f : x[r * k + 2 * p + 1]);
+      const __m256 xo = _mm256_broadcast_ss(x + r * x_stride + 2 * p + 1);
       acc[r][0] = _mm256_fmadd_ps(xo, odd0, acc[r][0]);
       acc[r][1] = _mm256_fmadd_ps(xo, odd1, acc[r][1]);
-      const __m256 xe = _mm256_broadcast_ss(x + r * k + 2 * p);
+      const __m256 xe = _mm256_broadcast_ss(x + r * x_stride + 2 * p);
       acc[r][0] = _mm256_fmadd_ps(xe, even0, acc[r][0]);
       acc[r][1] = _mm256_fmadd_ps(xe, even1, acc[r][1]);
     }
@@ -51,21 +51,21 @@ void BlockTile(int64_t k, const float* x, const uint16_t* block, float* out, int
 
 // R rows against blocks [0, blocks), one block at a time.
 template <int R>
-void BlockRows(int blocks, int64_t k, const float* x, const uint16_t* group, int64_t block_size,
-               float* out, int64_t out_stride) {
+void BlockRows(int blocks, int64_t k, const float* x, int64_t x_stride, const uint16_t* group,
+               int64_t block_size, float* out, int64_t out_stride) {
   for (int b = 0; b < blocks; ++b)
-    BlockTile<R>(k, x, group + b * block_size, out + b * 16, out_stride);
+    BlockTile<R>(k, x, x_stride, group + b * block_size, out + b * 16, out_stride);
 }
 
 }  // namespace
 
-void ColumnGroupAvx2(int rows, int blocks, int64_t k, const float* x, const uint16_t* group,
-                     float* out, int64_t out_stride) {
+void ColumnGroupAvx2(int rows, int blocks, int64_t k, const float* x, int64_t x_stride,
+                     const uint16_t* group, float* out, int64_t out_stride) {
   const int64_t block_size = PackedBlockSize(k);
   for (int r = 0; r < rows; r += kTileRows) {
     WithCount<kTileRows>(rows - r, [&](auto tile_rows) {
-      BlockRows<decltype(tile_rows)::value>(blocks, k, x + r * k, group, block_size,
-                                            out + r * out_stride, out_stride);
+      BlockRows<decltype(tile_rows)::value>(blocks, k, x + r * x_stride, x_stride, group,
+                                            block_size, out + r * out_stride, out_stride);
     });
   }
 }

@@ -13,6 +13,11 @@
 // AVX2 and AVX-512 GEMMs take four blocks at once"). Below 4 rows gemm.cc passes one block
 // at a time: with 4, batch 1 measured slower. From 9 rows up each tile requests a share of
 // the group the thread takes next into L2, as the AVX-512 BF16 kernel's tiles do.
+//
+// Widening each chunk of 32-64 pairs of the group to f32 once, into L1, for all the row
+// tiles to read (FMAs and loads only), was tried and not kept: its tiles ran at the FMA
+// probe's rate, but the widening pass and the tiles' reloads of their sums cost what the
+// tiles saved (docs/benchmarks.md, "Weights widened once per chunk: not kept").
 #include <immintrin.h>
 
 #include <array>
@@ -26,8 +31,8 @@ namespace {
 constexpr int kTileRows = 5;  // 5 x 4 accumulators, 8 weight vectors, 2 broadcasts
 
 template <int R, int C, bool kPrefetch>
-void Tile(int64_t k, const float* x, const uint16_t* group, int64_t block_size, float* out,
-          int64_t out_stride, TilePrefetch pf) {
+void Tile(int64_t k, const float* x, int64_t x_stride, const uint16_t* group, int64_t block_size,
+          float* out, int64_t out_stride, TilePrefetch pf) {
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r) {
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -46,10 +51,9 @@ void Tile(int64_t k, const float* x, const uint16_t* group, int64_t block_size, 
       even[c] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
       odd[c] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
     }
-    const bool last_odd = 2 * p + 1 == k;  // x[r][k] is zero
     for (int r = 0; r < R; ++r) {
-      const __m512 xo = _mm512_set1_ps(last_odd ? 0.0f : x[r * k + 2 * p + 1]);
-      const __m512 xe = _mm512_set1_ps(x[r * k + 2 * p]);
+      const __m512 xo = _mm512_set1_ps(x[r * x_stride + 2 * p + 1]);
+      const __m512 xe = _mm512_set1_ps(x[r * x_stride + 2 * p]);
       for (int c = 0; c < C; ++c) {
         acc[r][c] = _mm512_fmadd_ps(xo, odd[c], acc[r][c]);
         acc[r][c] = _mm512_fmadd_ps(xe, even[c], acc[r][c]);
@@ -61,7 +65,7 @@ void Tile(int64_t k, const float* x, const uint16_t* group, int64_t block_size, 
   }
 }
 
-using TileFn = void (*)(int64_t, const float*, const uint16_t*, int64_t, float*, int64_t,
+using TileFn = void (*)(int64_t, const float*, int64_t, const uint16_t*, int64_t, float*, int64_t,
                         TilePrefetch);
 
 template <int R, bool kPrefetch>
@@ -82,16 +86,17 @@ constexpr std::array<std::array<std::array<TileFn, kGroupBlocks>, kTileRows>, 2>
 
 }  // namespace
 
-void ColumnGroupAvx512(int rows, int blocks, int64_t k, const float* x, const uint16_t* group,
-                       float* out, int64_t out_stride, const uint16_t* next,
+void ColumnGroupAvx512(int rows, int blocks, int64_t k, const float* x, int64_t x_stride,
+                       const uint16_t* group, float* out, int64_t out_stride, const uint16_t* next,
                        int64_t next_elements) {
   const int tiles = (rows + kTileRows - 1) / kTileRows;
   for (int t = 0; t < tiles; ++t) {
     const int r = t * kTileRows;
     const int n = rows - r < kTileRows ? rows - r : kTileRows;
     const TilePrefetch pf = TileShareOfNext(next, next_elements, rows, t, tiles);
-    kTiles[pf.lines > 0][n - 1][blocks - 1](k, x + r * k, group, PackedBlockSize(k),
-                                            out + r * out_stride, out_stride, pf);
+    kTiles[pf.lines > 0][n - 1][blocks - 1](k, x + r * x_stride, x_stride, group,
+                                            PackedBlockSize(k), out + r * out_stride, out_stride,
+                                            pf);
   }
 }
 

@@ -23,15 +23,17 @@ inline int64_t PackedBlockSize(int64_t k) { return (k + 1) / 2 * 32; }
 // the AVX2 and scalar ones one block after another.
 inline constexpr int kGroupBlocks = 4;
 
-// Rows [0, rows) of x (f32, row stride k) against `blocks` (1 to kGroupBlocks) consecutive
-// packed column blocks; out has rows of out_stride floats, block b's columns at b * 16.
-void ColumnGroupScalar(int rows, int blocks, int64_t k, const float* x, const uint16_t* group,
-                       float* out, int64_t out_stride);
-void ColumnGroupAvx2(int rows, int blocks, int64_t k, const float* x, const uint16_t* group,
-                     float* out, int64_t out_stride);
+// Rows [0, rows) of x (f32, row stride x_stride, even, with x[r][k] = 0 when k is odd)
+// against `blocks` (1 to kGroupBlocks) consecutive packed column blocks; out has rows of
+// out_stride floats, block b's columns at b * 16.
+void ColumnGroupScalar(int rows, int blocks, int64_t k, const float* x, int64_t x_stride,
+                       const uint16_t* group, float* out, int64_t out_stride);
+void ColumnGroupAvx2(int rows, int blocks, int64_t k, const float* x, int64_t x_stride,
+                     const uint16_t* group, float* out, int64_t out_stride);
 // With `next` and `next_elements` as the AVX-512 BF16 kernel's below.
-void ColumnGroupAvx512(int rows, int blocks, int64_t k, const float* x, const uint16_t* group,
-                       float* out, int64_t out_stride, const uint16_t* next, int64_t next_elements);
+void ColumnGroupAvx512(int rows, int blocks, int64_t k, const float* x, int64_t x_stride,
+                       const uint16_t* group, float* out, int64_t out_stride, const uint16_t* next,
+                       int64_t next_elements);
 
 // The AVX-512 BF16 kernel (vdpbf16ps, whose per-lane arithmetic is the two FMAs above):
 // as the others, but x is bf16 pairs (row stride x_stride elements, even, with x[r][k] = 0
