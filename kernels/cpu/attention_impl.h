@@ -324,8 +324,9 @@ constexpr int ValueSumPassCount(int chunks, int sum_regs, int group) {
 // groups) is compiled without the passes beside it, which slowed it.
 template <class Ops, KvDType kKv, int kDim, bool kPasses, class Sink>
 void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const AttentionRow& row,
-                        int tile, int h0, int h1, const NextKeys& after, const uint16_t* k_cache,
-                        const uint16_t* v_cache, ItemScratch& s, Sink&& sink) {
+                        int tile, int h0, int h1, const NextKeys& after, bool cached,
+                        const uint16_t* k_cache, const uint16_t* v_cache, ItemScratch& s,
+                        Sink&& sink) {
   static_assert(kDim > 0);
   static_assert(kDim * 2 % 64 == 0, "p.v's requests count whole 64-byte lines per head");
   constexpr int L = Ops::kLanes;
@@ -353,7 +354,7 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   // q.k, slot by slot.
   for (int j = 0; j < n; ++j) {
     const uint16_t* k_run = k_cache + slots[j] * slot_stride + h0 * kDim;
-    PrefetchLinesL2(v_cache + slots[j] * slot_stride + h0 * kDim, run_bytes);
+    if (!cached) PrefetchLinesL2(v_cache + slots[j] * slot_stride + h0 * kDim, run_bytes);
     if (j < after.n && after_bytes > 0) {
       PrefetchLinesL2(k_cache + after.slots[j] * slot_stride + after_offset, after_bytes);
     }
@@ -364,7 +365,7 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
       // itself and each new line of keys stalls the dots (64 query heads over 8 KV heads:
       // 0.82-0.87x the time; 0.95-1.02x at 2-32 heads; docs/benchmarks.md, "GQA
       // attention against a compute probe").
-      if (j + 1 < n) {
+      if (j + 1 < n && !cached) {
         PrefetchLines(k_cache + slots[j + 1] * slot_stride + (h0 + kvh) * kDim, kDim * 2);
       }
       for (int g0 = 0; g0 < group; g0 += kHeadsAtOnce) {
@@ -503,15 +504,15 @@ void TileHeadsByHead(const AttentionParams& p, const float* q_row_f32, const Att
 // (in s.acc/s.m/s.l) to sink(kvh). `after` names the keys the caller reads next.
 template <class Ops, KvDType kKv, int kDim, class Sink>
 void TileHeads(const AttentionParams& p, const float* q_row_f32, const AttentionRow& row, int tile,
-               int h0, int h1, const NextKeys& after, const uint16_t* k_cache,
+               int h0, int h1, const NextKeys& after, bool cached, const uint16_t* k_cache,
                const uint16_t* v_cache, ItemScratch& s, Sink&& sink) {
   if constexpr (kDim > 0) {
     if (p.num_heads / p.num_kv_heads <= OnePassHeads<Ops, kDim>()) {
-      TileHeadsSlotMajor<Ops, kKv, kDim, false>(p, q_row_f32, row, tile, h0, h1, after, k_cache,
-                                                v_cache, s, std::forward<Sink>(sink));
+      TileHeadsSlotMajor<Ops, kKv, kDim, false>(p, q_row_f32, row, tile, h0, h1, after, cached,
+                                                k_cache, v_cache, s, std::forward<Sink>(sink));
     } else {
-      TileHeadsSlotMajor<Ops, kKv, kDim, true>(p, q_row_f32, row, tile, h0, h1, after, k_cache,
-                                               v_cache, s, std::forward<Sink>(sink));
+      TileHeadsSlotMajor<Ops, kKv, kDim, true>(p, q_row_f32, row, tile, h0, h1, after, cached,
+                                               k_cache, v_cache, s, std::forward<Sink>(sink));
     }
   } else {
     TileHeadsByHead<Ops, kKv>(p, q_row_f32, row, tile, h0, h1, after, k_cache, v_cache, s,
@@ -576,25 +577,38 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
       s.Reserve(p.num_heads, group, d);
       const int id = omp_get_thread_num();
       int64_t warmed = -1;  // the row whose first tile the previous row's last one requested
+      AttentionRow last;    // the row this thread folded last
       for (int64_t r = work.Next(id); r >= 0; r = work.Next(id)) {
         const AttentionRow& row = rows[r];
         if (row.tile_end <= row.tile_begin) continue;
+        // A row of the sequence this thread just folded, over the same tiles or one more
+        // (the rows of a prompt chunk, in order): its keys and values are in cache, the
+        // tile past the last row's written in this very step, and the requests only cost
+        // their instructions (a 2048-token prompt's chunk, the demo shape: 1.11x the time
+        // with them; docs/benchmarks.md, "A prompt chunk's rows fold their tiles without
+        // requests").
+        const bool cached = row.slots == last.slots && row.tile_begin >= last.tile_begin &&
+                            row.tile_end <= last.tile_end + 1;
+        last = row;
         load_q(static_cast<int>(r), s);
-        if (r != warmed) PrefetchTileStart(p, row, row.tile_begin, 0, p.num_kv_heads, k_cache);
+        if (r != warmed && !cached) {
+          PrefetchTileStart(p, row, row.tile_begin, 0, p.num_kv_heads, k_cache);
+        }
         warmed = -1;
         for (int t = row.tile_begin; t < row.tile_end; ++t) {
           NextKeys after;
           if (t + 1 < row.tile_end) {
-            after = TileKeys(p, row, t + 1, 0, p.num_kv_heads, k_cache);
+            if (!cached) after = TileKeys(p, row, t + 1, 0, p.num_kv_heads, k_cache);
           } else if (const int64_t following = work.PeekFront(id); following >= 0) {
+            // The next row's first tile, unless it is this sequence's: this row just read it.
             const AttentionRow& next_row = rows[following];
-            if (next_row.tile_end > next_row.tile_begin) {
+            if (next_row.tile_end > next_row.tile_begin && next_row.slots != row.slots) {
               after = TileKeys(p, next_row, next_row.tile_begin, 0, p.num_kv_heads, k_cache);
               warmed = following;
             }
           }
           TileHeads<Ops, kKv, kDim>(
-              p, s.q.data(), row, t, 0, p.num_kv_heads, after, k_cache, v_cache, s,
+              p, s.q.data(), row, t, 0, p.num_kv_heads, after, cached, k_cache, v_cache, s,
               [&](int kvh) { merge_tile(state_at(static_cast<int>(r), kvh), s); });
         }
       }
@@ -658,8 +672,8 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
         after = TileKeys(p, rows[following.r], following.tile, following.h0, following.h1, k_cache);
       }
       TileHeads<Ops, kKv, kDim>(
-          p, s.q.data(), rows[unit.r], unit.tile, unit.h0, unit.h1, after, k_cache, v_cache, s,
-          [&](int kvh) {
+          p, s.q.data(), rows[unit.r], unit.tile, unit.h0, unit.h1, after, /*cached=*/false,
+          k_cache, v_cache, s, [&](int kvh) {
             float* out = tile_states.data() + unit.offset + (kvh - unit.h0) * head_floats;
             for (int g = 0; g < group; ++g) {
               std::copy_n(s.acc.data() + static_cast<size_t>(g) * d, d, out + g * (d + 2));
