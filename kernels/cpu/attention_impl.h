@@ -520,6 +520,16 @@ void TileHeads(const AttentionParams& p, const float* q_row_f32, const Attention
   }
 }
 
+// Rows b right after a in one prompt chunk: the same slot table, the next position, the
+// same first tile and at least as many tiles, both with tiles to fold.
+inline bool SameChunk(const AttentionRow& a, const AttentionRow& b) {
+  return b.slots == a.slots && b.kv_end == a.kv_end + 1 && b.tile_begin == a.tile_begin &&
+         b.tile_end >= a.tile_end && a.tile_end > a.tile_begin;
+}
+// Query heads per KV head that a block of prompt rows takes at once (FoldImpl): 16 rows of
+// MHA, 2 of a group of 8.
+inline constexpr int kChunkHeads = 16;
+
 // Splits the work over the OpenMP team. When there are enough rows, each thread folds
 // whole rows (its range of them, then what is left of another's: work_ranges.h), tile by
 // tile in ascending order, every KV head of a tile before the next
@@ -568,48 +578,120 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
     // takes next. (schedule(dynamic) did not know that row, and each row's first tile
     // started cold: about 1.05x the time at context 128, where rows are 2 tiles long;
     // docs/benchmarks.md, "Attention announces the next row".)
+    // Work items: single rows, and (head sizes 64 and 128) blocks of up to kChunkRows
+    // consecutive rows of one prompt chunk (SameChunk), whose tiles that every row of the
+    // block reads whole are folded for the block at once: its rows' query heads of a KV
+    // head are taken as one group, so each key and value of such a tile is loaded once for
+    // the block instead of once per row. Each (row, head) keeps its own arithmetic, term for
+    // term, and each row folds its tiles in ascending order, so the bits are those of the
+    // rows one by one.
+    const int chunk_rows = kDim > 0 ? std::max(1, kChunkHeads / group) : 1;
+    std::vector<std::pair<int, int>> item_list;  // [first row, rows]
+    for (int r = 0; r < num_rows;) {
+      int count = 1;
+      while (count < chunk_rows && r + count < num_rows &&
+             SameChunk(rows[r + count - 1], rows[r + count])) {
+        ++count;
+      }
+      item_list.push_back({r, count});
+      r += count;
+    }
+    const std::pair<int, int>* items = item_list.data();
     WorkRanges& work = CallerWorkRanges();
-    work.Reset(num_rows, num_threads);
+    work.Reset(static_cast<int64_t>(item_list.size()), num_threads);
 #pragma omp parallel num_threads(num_threads)
     {
       EnableFlushToZero();
-      thread_local ItemScratch s;
+      thread_local ItemScratch s, block;
       s.Reserve(p.num_heads, group, d);
       const int id = omp_get_thread_num();
       int64_t warmed = -1;  // the row whose first tile the previous row's last one requested
       AttentionRow last;    // the row this thread folded last
-      for (int64_t r = work.Next(id); r >= 0; r = work.Next(id)) {
+      // Folds tiles [first, row.tile_end) of row r (s holds its query).
+      auto fold_row = [&](int r, int first, bool cached) {
         const AttentionRow& row = rows[r];
-        if (row.tile_end <= row.tile_begin) continue;
-        // A row of the sequence this thread just folded, over the same tiles or one more
-        // (the rows of a prompt chunk, in order): its keys and values are in cache, the
-        // tile past the last row's written in this very step, and the requests only cost
-        // their instructions (a 2048-token prompt's chunk, the demo shape: 1.11x the time
-        // with them; docs/benchmarks.md, "A prompt chunk's rows fold their tiles without
-        // requests").
-        const bool cached = row.slots == last.slots && row.tile_begin >= last.tile_begin &&
-                            row.tile_end <= last.tile_end + 1;
-        last = row;
-        load_q(static_cast<int>(r), s);
-        if (r != warmed && !cached) {
-          PrefetchTileStart(p, row, row.tile_begin, 0, p.num_kv_heads, k_cache);
-        }
-        warmed = -1;
-        for (int t = row.tile_begin; t < row.tile_end; ++t) {
+        for (int t = first; t < row.tile_end; ++t) {
           NextKeys after;
           if (t + 1 < row.tile_end) {
             if (!cached) after = TileKeys(p, row, t + 1, 0, p.num_kv_heads, k_cache);
           } else if (const int64_t following = work.PeekFront(id); following >= 0) {
             // The next row's first tile, unless it is this sequence's: this row just read it.
-            const AttentionRow& next_row = rows[following];
+            const AttentionRow& next_row = rows[items[following].first];
             if (next_row.tile_end > next_row.tile_begin && next_row.slots != row.slots) {
               after = TileKeys(p, next_row, next_row.tile_begin, 0, p.num_kv_heads, k_cache);
               warmed = following;
             }
           }
-          TileHeads<Ops, kKv, kDim>(
-              p, s.q.data(), row, t, 0, p.num_kv_heads, after, cached, k_cache, v_cache, s,
-              [&](int kvh) { merge_tile(state_at(static_cast<int>(r), kvh), s); });
+          TileHeads<Ops, kKv, kDim>(p, s.q.data(), row, t, 0, p.num_kv_heads, after, cached,
+                                    k_cache, v_cache, s,
+                                    [&](int kvh) { merge_tile(state_at(r, kvh), s); });
+        }
+      };
+      for (int64_t item = work.Next(id); item >= 0; item = work.Next(id)) {
+        const auto [r0, count] = items[item];
+        const AttentionRow& row = rows[r0];
+        if (row.tile_end <= row.tile_begin) continue;
+        // A row of the sequence this thread just folded, over the same tiles or one more
+        // (the rows of a prompt chunk, in order): its keys and values are in cache, the
+        // tile past the last row's written in this very step, and the requests only cost
+        // their instructions (docs/benchmarks.md, "A prompt chunk's rows fold their tiles
+        // without requests").
+        const bool cached = row.slots == last.slots && row.tile_begin >= last.tile_begin &&
+                            row.tile_end <= last.tile_end + 1;
+        last = rows[r0 + count - 1];
+        if (item != warmed && !cached) {
+          PrefetchTileStart(p, row, row.tile_begin, 0, p.num_kv_heads, k_cache);
+        }
+        warmed = -1;
+        if (count == 1) {
+          load_q(r0, s);
+          fold_row(r0, row.tile_begin, cached);
+          continue;
+        }
+        // The block's shared tiles: those whole for its first row (the shortest).
+        const int shared_end = std::min(row.tile_end, row.kv_end / kTile);
+        if (shared_end > row.tile_begin) {
+          AttentionParams bp = p;
+          bp.num_heads = p.num_heads * count;
+          block.Reserve(bp.num_heads, group * count, d);
+          // The block's queries as heads of one row: KV head kvh's group is its rows' heads
+          // of kvh, row by row.
+          for (int i = 0; i < count; ++i) {
+            const uint16_t* q_row = q + (r0 + i) * row_q;
+            for (int kvh = 0; kvh < p.num_kv_heads; ++kvh) {
+              const size_t from = static_cast<size_t>(kvh) * group * d;
+              const size_t to = (static_cast<size_t>(kvh) * count + i) * group * d;
+              for (size_t e = 0; e < static_cast<size_t>(group) * d; ++e) {
+                block.q[to + e] = Bf16ToFloat(q_row[from + e]);
+              }
+              if constexpr (kBf16Dots<Ops, kKv>) {
+                std::copy_n(q_row + from, static_cast<size_t>(group) * d, block.q_bf16.data() + to);
+              }
+            }
+          }
+          for (int t = row.tile_begin; t < shared_end; ++t) {
+            NextKeys after;
+            if (t + 1 < shared_end && !cached) {
+              after = TileKeys(p, row, t + 1, 0, p.num_kv_heads, k_cache);
+            }
+            TileHeads<Ops, kKv, kDim>(
+                bp, block.q.data(), row, t, 0, p.num_kv_heads, after, cached, k_cache, v_cache,
+                block, [&](int kvh) {
+                  for (int i = 0; i < count; ++i) {
+                    float* st = state_at(r0 + i, kvh);
+                    for (int g = 0; g < group; ++g) {
+                      const int h = i * group + g;
+                      MergeInto<Ops>(d, st + static_cast<size_t>(g) * (d + 2), block.m[h],
+                                     block.l[h], block.acc.data() + static_cast<size_t>(h) * d);
+                    }
+                  }
+                });
+          }
+        }
+        // Then each row's own tiles past them, in order.
+        for (int i = 0; i < count; ++i) {
+          load_q(r0 + i, s);
+          fold_row(r0 + i, std::max(row.tile_begin, shared_end), /*cached=*/true);
         }
       }
     }

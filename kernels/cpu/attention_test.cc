@@ -227,6 +227,64 @@ TEST_P(AttentionIsaTest, PrefillRowEqualsDecodeAtSamePosition) {
   }
 }
 
+// The rows of a prompt chunk (one slot table, consecutive positions) are folded in blocks,
+// the tiles every row of a block reads whole for all of them at once. Each row must still
+// get the bits it gets alone: MHA and GQA at head sizes 64 and 128 (and 80, walked row by
+// row), bf16 and f16, a chunk from position 0 and one after a prefix, whole folds and
+// folds from tile 1, one thread and two. Every row has its own query.
+TEST_P(AttentionIsaTest, PromptChunkRowsGetTheBitsOfEachRowAlone) {
+  const std::vector<Shape> shapes = {{4, 4, 64, KvDType::kBF16},
+                                     {12, 12, 64, KvDType::kF16},
+                                     {8, 2, 128, KvDType::kBF16},
+                                     {32, 4, 128, KvDType::kBF16},
+                                     {16, 2, 80, KvDType::kF16}};
+  const int saved_threads = omp_get_max_threads();
+  for (const Shape& sh : shapes) {
+    for (int start : {0, 70}) {
+      for (int first_tile : {0, 1}) {
+        const int rows = 150;
+        Problem pr = MakeProblem(sh.heads, sh.kv_heads, sh.dim, {start + rows}, sh.dtype,
+                                 static_cast<uint32_t>(31 + start + sh.dim));
+        const size_t row_q = static_cast<size_t>(sh.heads) * sh.dim;
+        std::mt19937 rng(7);
+        std::normal_distribution<float> normal(0.0f, 1.0f);
+        std::vector<uint16_t> q(rows * row_q);
+        for (auto& x : q) x = FloatToBf16(normal(rng));
+        std::vector<AttentionRow> chunk;
+        for (int i = 0; i < rows; ++i) {
+          AttentionRow row = pr.rows[0];
+          row.kv_end = start + i + 1;
+          row.tile_begin = first_tile;
+          row.tile_end = AttentionNumTiles(row.kv_end);
+          chunk.push_back(row);
+        }
+        const size_t state_row = row_q + 2 * static_cast<size_t>(sh.heads);
+        for (int threads : {1, 2}) {
+          omp_set_num_threads(threads);
+          std::vector<float> together(rows * state_row);
+          AttentionStateInit(pr.p, rows, together.data());
+          ASSERT_EQ(AttentionFold(pr.p, rows, q.data(), chunk.data(), pr.k.data(), pr.v.data(),
+                                  together.data()),
+                    kAttentionOk);
+          for (int i = 0; i < rows; ++i) {
+            std::vector<float> alone(state_row);
+            AttentionStateInit(pr.p, 1, alone.data());
+            ASSERT_EQ(AttentionFold(pr.p, 1, q.data() + i * row_q, &chunk[i], pr.k.data(),
+                                    pr.v.data(), alone.data()),
+                      kAttentionOk);
+            ASSERT_EQ(std::memcmp(alone.data(), together.data() + i * state_row,
+                                  state_row * sizeof(float)),
+                      0)
+                << sh.heads << "/" << sh.kv_heads << " heads of " << sh.dim << ", start " << start
+                << ", from tile " << first_tile << ", row " << i << ", " << threads << " thread(s)";
+          }
+        }
+      }
+    }
+  }
+  omp_set_num_threads(saved_threads);
+}
+
 // One long row takes the split-K path when threads outnumber (row, KV head) items; in a
 // batch the same row takes the per-item path. Both must give the same bits, for any
 // thread count.
