@@ -578,8 +578,8 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
     // takes next. (schedule(dynamic) did not know that row, and each row's first tile
     // started cold: about 1.05x the time at context 128, where rows are 2 tiles long;
     // docs/benchmarks.md, "Attention announces the next row".)
-    // Work items: single rows, and (head sizes 64 and 128) blocks of up to kChunkRows
-    // consecutive rows of one prompt chunk (SameChunk), whose tiles that every row of the
+    // Work items: single rows, and (head sizes 64 and 128) blocks of up to kChunkHeads /
+    // group consecutive rows of one prompt chunk (SameChunk), whose tiles that every row of the
     // block reads whole are folded for the block at once: its rows' query heads of a KV
     // head are taken as one group, so each key and value of such a tile is loaded once for
     // the block instead of once per row. Each (row, head) keeps its own arithmetic, term for
@@ -605,17 +605,18 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
       thread_local ItemScratch s, block;
       s.Reserve(p.num_heads, group, d);
       const int id = omp_get_thread_num();
-      int64_t warmed = -1;  // the row whose first tile the previous row's last one requested
+      int64_t warmed = -1;  // the item whose first tile the previous item's last one requested
       AttentionRow last;    // the row this thread folded last
-      // Folds tiles [first, row.tile_end) of row r (s holds its query).
-      auto fold_row = [&](int r, int first, bool cached) {
+      // Folds tiles [first, row.tile_end) of row r (s holds its query). `announce`: its
+      // last tile requests the first tile of the item the thread takes next.
+      auto fold_row = [&](int r, int first, bool cached, bool announce) {
         const AttentionRow& row = rows[r];
         for (int t = first; t < row.tile_end; ++t) {
           NextKeys after;
           if (t + 1 < row.tile_end) {
             if (!cached) after = TileKeys(p, row, t + 1, 0, p.num_kv_heads, k_cache);
-          } else if (const int64_t following = work.PeekFront(id); following >= 0) {
-            // The next row's first tile, unless it is this sequence's: this row just read it.
+          } else if (const int64_t following = announce ? work.PeekFront(id) : -1; following >= 0) {
+            // The next item's first tile, unless it is this sequence's: this row just read it.
             const AttentionRow& next_row = rows[items[following].first];
             if (next_row.tile_end > next_row.tile_begin && next_row.slots != row.slots) {
               after = TileKeys(p, next_row, next_row.tile_begin, 0, p.num_kv_heads, k_cache);
@@ -645,7 +646,7 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
         warmed = -1;
         if (count == 1) {
           load_q(r0, s);
-          fold_row(r0, row.tile_begin, cached);
+          fold_row(r0, row.tile_begin, cached, /*announce=*/true);
           continue;
         }
         // The block's shared tiles: those whole for its first row (the shortest).
@@ -688,10 +689,11 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
                 });
           }
         }
-        // Then each row's own tiles past them, in order.
+        // Then each row's own tiles past them, in order (after the first row's, in cache).
         for (int i = 0; i < count; ++i) {
           load_q(r0 + i, s);
-          fold_row(r0 + i, std::max(row.tile_begin, shared_end), /*cached=*/true);
+          fold_row(r0 + i, std::max(row.tile_begin, shared_end), cached || i > 0,
+                   /*announce=*/i == count - 1);
         }
       }
     }
