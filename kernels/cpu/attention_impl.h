@@ -629,7 +629,7 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
         }
       };
       for (int64_t item = work.Next(id); item >= 0; item = work.Next(id)) {
-        const auto [r0, count] = items[item];
+        const int r0 = items[item].first, count = items[item].second;
         const AttentionRow& row = rows[r0];
         if (row.tile_end <= row.tile_begin) continue;
         // A row of the sequence this thread just folded, over the same tiles or one more
