@@ -160,14 +160,15 @@ def free_port():
 
 
 @contextlib.contextmanager
-def llama_server(llama_dir, gguf, clients):
+def llama_server(llama_dir, gguf, clients, context=512):
     """llama-server on a free port, until the block ends: yields (port, None, None) once its
-    /health is 200, as compare_builds.launch yields for strata."""
+    /health is 200, as compare_builds.launch yields for strata. Each client's slot holds
+    `context` tokens."""
     port = free_port()
     log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)
     proc = subprocess.Popen(
         [f"{llama_dir}/bin/llama-server", "-m", gguf, "-t", str(THREADS), "-c",
-         str(clients * 512), "-np", str(clients), "--port", str(port), "--host", "127.0.0.1"],
+         str(clients * context), "-np", str(clients), "--port", str(port), "--host", "127.0.0.1"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         compare_builds.wait_http(port, "/health", proc)
