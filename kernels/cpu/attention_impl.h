@@ -559,15 +559,20 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
   auto state_at = [&](int r, int kvh) {
     return state + (static_cast<size_t>(r) * p.num_heads + kvh * group) * (d + 2);
   };
-  auto load_q = [&](int r, ItemScratch& s) {
-    const uint16_t* q_row = q + r * row_q;
-    for (size_t i = 0; i < row_q; ++i) s.q[i] = Bf16ToFloat(q_row[i]);
-    if constexpr (kBf16Dots<Ops, kKv>) std::copy_n(q_row, row_q, s.q_bf16.data());
+  // `n` query elements from `from` into s's queries at element `to`: as f32, and as given
+  // where q.k runs on bf16 dot products.
+  auto load_q_part = [&](const uint16_t* from, size_t n, ItemScratch& s, size_t to) {
+    for (size_t i = 0; i < n; ++i) s.q[to + i] = Bf16ToFloat(from[i]);
+    if constexpr (kBf16Dots<Ops, kKv>) std::copy_n(from, n, s.q_bf16.data() + to);
   };
-  auto merge_tile = [&](float* st, const ItemScratch& s) {
+  auto load_q = [&](int r, ItemScratch& s) { load_q_part(q + r * row_q, row_q, s, 0); };
+  // Merges s's tile states of heads [first, first + group) into one row's states of a KV
+  // head at st.
+  auto merge_tile = [&](float* st, const ItemScratch& s, int first = 0) {
     for (int g = 0; g < group; ++g) {
-      MergeInto<Ops>(d, st + static_cast<size_t>(g) * (d + 2), s.m[g], s.l[g],
-                     s.acc.data() + static_cast<size_t>(g) * d);
+      const int h = first + g;
+      MergeInto<Ops>(d, st + static_cast<size_t>(g) * (d + 2), s.m[h], s.l[h],
+                     s.acc.data() + static_cast<size_t>(h) * d);
     }
   };
 
@@ -657,17 +662,11 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
           block.Reserve(bp.num_heads, group * count, d);
           // The block's queries as heads of one row: KV head kvh's group is its rows' heads
           // of kvh, row by row.
+          const size_t group_q = static_cast<size_t>(group) * d;
           for (int i = 0; i < count; ++i) {
-            const uint16_t* q_row = q + (r0 + i) * row_q;
             for (int kvh = 0; kvh < p.num_kv_heads; ++kvh) {
-              const size_t from = static_cast<size_t>(kvh) * group * d;
-              const size_t to = (static_cast<size_t>(kvh) * count + i) * group * d;
-              for (size_t e = 0; e < static_cast<size_t>(group) * d; ++e) {
-                block.q[to + e] = Bf16ToFloat(q_row[from + e]);
-              }
-              if constexpr (kBf16Dots<Ops, kKv>) {
-                std::copy_n(q_row + from, static_cast<size_t>(group) * d, block.q_bf16.data() + to);
-              }
+              load_q_part(q + (r0 + i) * row_q + kvh * group_q, group_q, block,
+                          (static_cast<size_t>(kvh) * count + i) * group_q);
             }
           }
           for (int t = row.tile_begin; t < shared_end; ++t) {
@@ -675,18 +674,11 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
             if (t + 1 < shared_end && !cached) {
               after = TileKeys(p, row, t + 1, 0, p.num_kv_heads, k_cache);
             }
-            TileHeads<Ops, kKv, kDim>(
-                bp, block.q.data(), row, t, 0, p.num_kv_heads, after, cached, k_cache, v_cache,
-                block, [&](int kvh) {
-                  for (int i = 0; i < count; ++i) {
-                    float* st = state_at(r0 + i, kvh);
-                    for (int g = 0; g < group; ++g) {
-                      const int h = i * group + g;
-                      MergeInto<Ops>(d, st + static_cast<size_t>(g) * (d + 2), block.m[h],
-                                     block.l[h], block.acc.data() + static_cast<size_t>(h) * d);
-                    }
-                  }
-                });
+            TileHeads<Ops, kKv, kDim>(bp, block.q.data(), row, t, 0, p.num_kv_heads, after, cached,
+                                      k_cache, v_cache, block, [&](int kvh) {
+                                        for (int i = 0; i < count; ++i)
+                                          merge_tile(state_at(r0 + i, kvh), block, i * group);
+                                      });
           }
         }
         // Then each row's own tiles past them, in order (after the first row's, in cache).
