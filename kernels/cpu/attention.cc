@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "common/base/bfloat16.h"
-#include "kernels/cpu/attention_impl.h"
+#include "kernels/cpu/attention_fold.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/isa_kernels.h"
 #include "kernels/cpu/simd_ops.h"

@@ -1,6 +1,6 @@
 // AVX512-BF16 instantiation of every CPU kernel. This file alone is compiled with AVX-512
 // and its BF16 extension enabled (see BUILD); dispatch happens in attention.cc / elementwise.cc.
-#include "kernels/cpu/attention_impl.h"
+#include "kernels/cpu/attention_fold.h"
 #include "kernels/cpu/elementwise_impl.h"
 #include "kernels/cpu/isa_kernels.h"
 #include "kernels/cpu/simd_ops.h"
