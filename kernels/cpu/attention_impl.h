@@ -222,6 +222,48 @@ inline void KeyDots(const float* q, const uint16_t* q_bf16, const uint16_t* k, f
   for (int g = 0; g < G; ++g) out[g * kTile] = Ops::ReduceAdd(dot[g]) * scale;
 }
 
+template <class Ops, class = void>
+struct HasReduceAdd16 : std::false_type {};
+template <class Ops>
+struct HasReduceAdd16<Ops, std::void_t<decltype(Ops::ReduceAdd16(nullptr))>> : std::true_type {};
+
+// KeyDots for 4 query heads and 4 keys (k[0..3]) at once: out[g * kTile + t] = scale *
+// (q_g . k[t]). Each dot is KeyDots' (the same products in the same order), and the 16 dots
+// end in one ReduceAdd16, whose sums are ReduceAdd's bit for bit, at about a third of the
+// instructions of 16 reductions (docs/benchmarks.md, "Prompt rows' dot products reduced
+// 16 at a time").
+template <class Ops, KvDType kKv, int kDim>
+inline void KeyDots4x4(const float* q, const uint16_t* q_bf16, const uint16_t* const* k,
+                       float scale, float* out) {
+  constexpr int L = Ops::kLanes;
+  static_assert(L == 16, "ReduceAdd16 takes 16-lane vectors");
+  typename Ops::V dot[16];  // [key][head]: ReduceAdd16 puts head g's keys in lanes 4g..4g+3
+  for (int i = 0; i < 16; ++i) dot[i] = Ops::Zero();
+  if constexpr (kBf16Dots<Ops, kKv>) {
+    static_assert(kDim % 32 == 0);
+    for (int c = 0; c < kDim; c += 32) {
+      typename Ops::Pairs kc[4];
+      for (int t = 0; t < 4; ++t) kc[t] = Ops::LoadPairs(k[t] + c);
+      for (int g = 0; g < 4; ++g) {
+        const auto qg = Ops::LoadPairs(q_bf16 + g * kDim + c);
+        for (int t = 0; t < 4; ++t) dot[4 * t + g] = Ops::DotPairs(dot[4 * t + g], qg, kc[t]);
+      }
+    }
+  } else {
+    for (int c = 0; c < kDim / L; ++c) {
+      typename Ops::V kv[4];
+      for (int t = 0; t < 4; ++t) kv[t] = Ops::template LoadKv<kKv>(k[t] + c * L);
+      for (int g = 0; g < 4; ++g) {
+        const typename Ops::V qg = Ops::Load(q + g * kDim + c * L);
+        for (int t = 0; t < 4; ++t) dot[4 * t + g] = Ops::Fma(qg, kv[t], dot[4 * t + g]);
+      }
+    }
+  }
+  alignas(64) float sums[16];
+  Ops::Store(sums, Ops::Mul(Ops::ReduceAdd16(dot), Ops::Set1(scale)));
+  for (int g = 0; g < 4; ++g) std::memcpy(out + g * kTile, sums + 4 * g, 4 * sizeof(float));
+}
+
 // p.v of one KV head's tile for G of its query heads at once (their scores kTile floats
 // apart, their sums kDim apart in `acc`), over value chunks [c0, c0 + CC) of kLanes
 // elements: each chunk of a slot's values is loaded and widened once for all G, the sums in
@@ -350,23 +392,61 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   // values during p.v, so that its reads spread over all of this tile's work.
   const int64_t after_offset = static_cast<int64_t>(after.h0) * kDim;
   const int after_bytes = after.n > 0 ? (after.h1 - after.h0) * kDim * 2 : 0;
-  // q.k, slot by slot.
-  for (int j = 0; j < n; ++j) {
-    const uint16_t* k_run = k_cache + slots[j] * slot_stride + h0 * kDim;
+  // q.k, slot by slot: each slot's requests, then its keys' dots. Where a KV head serves
+  // 4 query heads or more (grouped queries, a prompt chunk's rows in blocks), 4 slots at a
+  // time, their dots reduced 16 at once (KeyDots4x4).
+  auto slot_requests = [&](int j) {
     if (!cached) PrefetchLinesL2(v_cache + slots[j] * slot_stride + h0 * kDim, run_bytes);
     if (j < after.n && after_bytes > 0) {
       PrefetchLinesL2(k_cache + after.slots[j] * slot_stride + after_offset, after_bytes);
     }
+  };
+  // This head's keys in the next slots, into L1 now: where a slot's work is long (many
+  // query heads), the out-of-order window does not reach the next slot's loads by itself
+  // and each new line of keys stalls the dots (64 query heads over 8 KV heads: 0.82-0.87x
+  // the time; 0.95-1.02x at 2-32 heads; docs/benchmarks.md, "GQA attention against a
+  // compute probe").
+  auto next_keys_to_l1 = [&](int kvh, int from, int to) {
+    for (int jn = from; jn < to && jn < n && !cached; ++jn) {
+      PrefetchLines(k_cache + slots[jn] * slot_stride + (h0 + kvh) * kDim, kDim * 2);
+    }
+  };
+  constexpr int kKeysAtOnce = 4;
+  const bool four_by_four = HasReduceAdd16<Ops>::value && group >= kHeadsAtOnce;
+  for (int j = 0; j < n && four_by_four; j += kKeysAtOnce) {
+    const int keys = std::min(kKeysAtOnce, n - j);
+    for (int t = 0; t < keys; ++t) slot_requests(j + t);
+    for (int kvh = 0; kvh < h1 - h0; ++kvh) {
+      // A short last step repeats its last key: the dots past n are set to -inf below.
+      const uint16_t* k[kKeysAtOnce];
+      for (int t = 0; t < kKeysAtOnce; ++t) {
+        k[t] = k_cache + slots[j + std::min(t, keys - 1)] * slot_stride + (h0 + kvh) * kDim;
+      }
+      next_keys_to_l1(kvh, j + kKeysAtOnce, j + 2 * kKeysAtOnce);
+      int g0 = 0;
+      for (; g0 + kHeadsAtOnce <= group; g0 += kHeadsAtOnce) {
+        const size_t h = static_cast<size_t>(kvh * group + g0);
+        if constexpr (HasReduceAdd16<Ops>::value) {
+          KeyDots4x4<Ops, kKv, kDim>(q + h * kDim, q_bf16 + h * kDim, k, p.scale,
+                                     scores.data() + h * kTile + j);
+        }
+      }
+      if (g0 == group) continue;
+      const size_t h = static_cast<size_t>(kvh * group + g0);
+      for (int t = 0; t < keys; ++t) {
+        WithCount<kHeadsAtOnce>(group - g0, [&](auto heads_now) {
+          KeyDots<Ops, kKv, kDim, decltype(heads_now)::value>(
+              q + h * kDim, q_bf16 + h * kDim, k[t], p.scale, scores.data() + h * kTile + j + t);
+        });
+      }
+    }
+  }
+  for (int j = 0; j < n && !four_by_four; ++j) {
+    const uint16_t* k_run = k_cache + slots[j] * slot_stride + h0 * kDim;
+    slot_requests(j);
     for (int kvh = 0; kvh < h1 - h0; ++kvh) {
       const uint16_t* k = k_run + kvh * kDim;
-      // This head's keys in the next slot, into L1 now: where a slot's work is long (many
-      // query heads), the out-of-order window does not reach the next slot's loads by
-      // itself and each new line of keys stalls the dots (64 query heads over 8 KV heads:
-      // 0.82-0.87x the time; 0.95-1.02x at 2-32 heads; docs/benchmarks.md, "GQA
-      // attention against a compute probe").
-      if (j + 1 < n && !cached) {
-        PrefetchLines(k_cache + slots[j + 1] * slot_stride + (h0 + kvh) * kDim, kDim * 2);
-      }
+      next_keys_to_l1(kvh, j + 1, j + 2);
       for (int g0 = 0; g0 < group; g0 += kHeadsAtOnce) {
         const size_t h = static_cast<size_t>(kvh * group + g0);
         float* out = scores.data() + h * kTile + j;

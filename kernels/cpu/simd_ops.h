@@ -108,6 +108,27 @@ struct Avx512Ops {
     return _mm512_maskz_mov_ps(~_mm512_cmp_ps_mask(x, threshold, _CMP_LT_OQ), v);
   }
   static float ReduceAdd(V v) { return _mm512_reduce_add_ps(v); }
+  // ReduceAdd of 16 vectors at once, each sum exactly ReduceAdd's (the same tree: lanes i
+  // and i + 8, then i and i + 4, i and i + 2, i and i + 1), in about 3 instructions a sum
+  // instead of 9. Lane 4k + m of the result is the sum of v[4m + k].
+  static V ReduceAdd16(const V* v) {
+    V s1[8], s2[4], s3[2];
+    for (int j = 0; j < 8; ++j) {  // lanes 0-7: v[2j]'s i + (i + 8), lanes 8-15: v[2j + 1]'s
+      s1[j] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0x44),
+                            _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0xEE));
+    }
+    for (int j = 0; j < 4; ++j) {  // block b: v[4j + b]'s i + (i + 4)
+      s2[j] = _mm512_add_ps(_mm512_shuffle_f32x4(s1[2 * j], s1[2 * j + 1], 0x88),
+                            _mm512_shuffle_f32x4(s1[2 * j], s1[2 * j + 1], 0xDD));
+    }
+    for (int j = 0; j < 2; ++j) {  // block b: v[8j + b]'s i + (i + 2), then v[8j + 4 + b]'s
+      s3[j] = _mm512_add_ps(_mm512_shuffle_ps(s2[2 * j], s2[2 * j + 1], 0x44),
+                            _mm512_shuffle_ps(s2[2 * j], s2[2 * j + 1], 0xEE));
+    }
+    // Block b: the sums of v[b], v[4 + b], v[8 + b], v[12 + b].
+    return _mm512_add_ps(_mm512_shuffle_ps(s3[0], s3[1], 0x88),
+                         _mm512_shuffle_ps(s3[0], s3[1], 0xDD));
+  }
   static float ReduceMax(V v) { return _mm512_reduce_max_ps(v); }
   static V Exp(V x) {
     return PolyExp<Avx512Ops>(x, [](V y, V n) { return _mm512_scalef_ps(y, n); });

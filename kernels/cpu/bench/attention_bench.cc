@@ -9,6 +9,7 @@
 // every call reads from DRAM, as in a real step where the weights stream in between. Slots
 // are scattered in runs of 16 positions by default (--scatter_tokens), as serving leaves them.
 // The KV cache holds bf16 by default; --kv_dtypes=bf16,f16 runs both element types.
+// --prompt times the rows of one prompt chunk instead (a prefill step's attention).
 //
 //   bazel run -c opt //kernels/cpu/bench:attention_bench -- --batches=1,8,64 --contexts=256,2048
 #include <omp.h>
@@ -49,6 +50,10 @@ ABSL_FLAG(int, scatter_tokens, 16,
           "Slots come in runs of this many consecutive positions, the runs in random order over "
           "the whole cache, as the scheduler's blocks (16 tokens) end up after allocation churn; "
           "0: every row's slots in one contiguous run");
+ABSL_FLAG(bool, prompt, false,
+          "Rows are one prompt chunk instead: `batch` consecutive positions of one sequence "
+          "ending at position ctx, each attending causally to those before it, as a prefill "
+          "step computes them (KV_GB/s then counts the sequence's KV once)");
 ABSL_FLAG(bool, probe, true,
           "Measure the read and FMA probes (the of_probe and of_fma columns need them)");
 
@@ -106,9 +111,15 @@ int Run() {
   const int64_t row_elems = static_cast<int64_t>(p.num_kv_heads) * p.head_dim;
   for (int ctx : ParseIntList(absl::GetFlag(FLAGS_contexts))) {
     for (int batch : ParseIntList(absl::GetFlag(FLAGS_batches))) {
-      const int64_t slots = static_cast<int64_t>(batch) * ctx;
+      const bool prompt = absl::GetFlag(FLAGS_prompt);
+      if (prompt && batch > ctx) continue;
+      // Positions each row attends: the whole context, or its prefix of the chunk.
+      auto row_end = [&](int r) { return prompt ? ctx - batch + r + 1 : ctx; };
+      const int64_t slots = prompt ? ctx : static_cast<int64_t>(batch) * ctx;
       const double kv_bytes = 2.0 * slots * row_elems * 2;
-      const double flops = 4.0 * slots * p.num_heads * p.head_dim;  // q.k and p.v FMAs
+      double attended = 0;
+      for (int r = 0; r < batch; ++r) attended += row_end(r);
+      const double flops = 4.0 * attended * p.num_heads * p.head_dim;  // q.k and p.v FMAs
       const int layers =
           std::max(2, static_cast<int>(absl::GetFlag(FLAGS_rotate_mb) * 1e6 / kv_bytes + 0.999));
       const FilledKv kv_cache = MakeFilledKv(static_cast<size_t>(layers) * 2 * slots * row_elems);
@@ -128,8 +139,8 @@ int Run() {
       }
       std::vector<AttentionRow> rows(batch);
       for (int r = 0; r < batch; ++r) {
-        rows[r].slots = slot_table.data() + static_cast<int64_t>(r) * ctx;
-        rows[r].kv_end = ctx;
+        rows[r].slots = slot_table.data() + (prompt ? 0 : static_cast<int64_t>(r) * ctx);
+        rows[r].kv_end = row_end(r);
       }
       std::vector<float> state(static_cast<size_t>(batch) * p.num_heads * (p.head_dim + 2));
       std::vector<uint16_t> out(q.size());
