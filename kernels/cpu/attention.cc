@@ -7,6 +7,7 @@
 
 #include "common/base/bfloat16.h"
 #include "kernels/cpu/attention_fold.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/isa_kernels.h"
 #include "kernels/cpu/simd_ops.h"
@@ -16,7 +17,7 @@ namespace isa_internal {
 
 int AttentionFoldScalar(const AttentionParams& p, int num_rows, const uint16_t* q,
                         const AttentionRow* rows, const void* k, const void* v, float* state,
-                        bool by_head) {
+                        bool by_head, bool /*widened_dots: AVX-512 BF16 only*/) {
   return attention_internal::Fold<simd::ScalarOps>(p, num_rows, q, rows, k, v, state, by_head);
 }
 
@@ -38,7 +39,9 @@ bool ValidShape(const AttentionParams& p) {
 }
 
 // AttentionFold on the instruction set in use; `by_head`: through the head-by-head walk
-// whatever the head size (attention_internal::Fold).
+// whatever the head size (attention_internal::Fold). On AVX-512 BF16, q.k of bf16 keys
+// runs on FMAs where the tile kernel takes 4 keys x 4 heads if the GEMM's probe found FMAs
+// the faster instruction for wide work (gemm.h, GemmWideKernel): the same bits either way.
 int FoldOnActiveIsa(const AttentionParams& p, int num_rows, const uint16_t* q,
                     const AttentionRow* rows, const void* k_cache, const void* v_cache,
                     float* state, bool by_head) {
@@ -46,15 +49,16 @@ int FoldOnActiveIsa(const AttentionParams& p, int num_rows, const uint16_t* q,
   if (num_rows <= 0) return kAttentionOk;
   switch (ActiveCpuIsa()) {
     case CpuIsa::kAvx512Bf16:
-      return AttentionFoldAvx512Bf16(p, num_rows, q, rows, k_cache, v_cache, state, by_head);
+      return AttentionFoldAvx512Bf16(p, num_rows, q, rows, k_cache, v_cache, state, by_head,
+                                     ActiveGemmWideKernel() == GemmWideKernel::kFma);
     case CpuIsa::kAvx512:
-      return AttentionFoldAvx512(p, num_rows, q, rows, k_cache, v_cache, state, by_head);
+      return AttentionFoldAvx512(p, num_rows, q, rows, k_cache, v_cache, state, by_head, false);
     case CpuIsa::kAvx2:
-      return AttentionFoldAvx2(p, num_rows, q, rows, k_cache, v_cache, state, by_head);
+      return AttentionFoldAvx2(p, num_rows, q, rows, k_cache, v_cache, state, by_head, false);
     case CpuIsa::kScalar:
       break;
   }
-  return AttentionFoldScalar(p, num_rows, q, rows, k_cache, v_cache, state, by_head);
+  return AttentionFoldScalar(p, num_rows, q, rows, k_cache, v_cache, state, by_head, false);
 }
 
 }  // namespace

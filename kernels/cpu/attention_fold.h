@@ -37,9 +37,11 @@ inline constexpr int kChunkHeads = 16;
 // so). Otherwise ("split-K") the states of (row, tile, block of KV heads) units are
 // computed in parallel into scratch and folded afterwards in ascending tile order, which
 // gives the same bits.
+// `widened_dots`: q.k of bf16 keys on FMAs where the tile kernel takes 4 keys x 4 heads
+// (ItemScratch::widened_dots); the same bits either way.
 template <class Ops, KvDType kKv, int kDim>
 int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const AttentionRow* rows,
-             const void* k_cache_v, const void* v_cache_v, float* state) {
+             const void* k_cache_v, const void* v_cache_v, float* state, bool widened_dots) {
   const auto* k_cache = static_cast<const uint16_t*>(k_cache_v);
   const auto* v_cache = static_cast<const uint16_t*>(v_cache_v);
   const int d = p.head_dim;
@@ -59,10 +61,17 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
   auto state_at = [&](int r, int kvh) {
     return state + (static_cast<size_t>(r) * p.num_heads + kvh * group) * (d + 2);
   };
-  // `n` query elements from `from` into s's queries at element `to`: as f32, and as given
-  // where q.k runs on bf16 dot products.
+  // `n` query elements (whole heads) from `from` into s's queries at element `to` (a
+  // head's start): as f32, and as given where q.k runs on bf16 dot products; as f32 in the
+  // pair-split order where those run on FMAs (the f32 query serves nothing else then).
+  const bool widened = widened_dots && kBf16Dots<Ops, kKv> && kDim > 0;
   auto load_q_part = [&](const uint16_t* from, size_t n, ItemScratch& s, size_t to) {
-    for (size_t i = 0; i < n; ++i) s.q[to + i] = Bf16ToFloat(from[i]);
+    s.widened_dots = widened;
+    if (widened) {
+      for (size_t i = 0; i < n; ++i) s.q[to + SplitQueryIndex(i)] = Bf16ToFloat(from[i]);
+    } else {
+      for (size_t i = 0; i < n; ++i) s.q[to + i] = Bf16ToFloat(from[i]);
+    }
     if constexpr (kBf16Dots<Ops, kKv>) std::copy_n(from, n, s.q_bf16.data() + to);
   };
   auto load_q = [&](int r, ItemScratch& s) { load_q_part(q + r * row_q, row_q, s, 0); };
@@ -280,25 +289,27 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
 
 // `by_head`: every head size through the head-by-head walk (TileState), which serves the
 // sizes without a kernel of their own; for tests of the claim that the kernels of 64 and
-// 128 give its bits.
+// 128 give its bits. `widened_dots`: FoldImpl's.
 template <class Ops>
 int Fold(const AttentionParams& p, int num_rows, const uint16_t* q, const AttentionRow* rows,
-         const void* k, const void* v, float* state, bool by_head = false) {
+         const void* k, const void* v, float* state, bool by_head = false,
+         bool widened_dots = false) {
   const bool f16 = p.kv_dtype == KvDType::kF16;
   if (by_head) {
-    return f16 ? FoldImpl<Ops, KvDType::kF16, 0>(p, num_rows, q, rows, k, v, state)
-               : FoldImpl<Ops, KvDType::kBF16, 0>(p, num_rows, q, rows, k, v, state);
+    return f16 ? FoldImpl<Ops, KvDType::kF16, 0>(p, num_rows, q, rows, k, v, state, widened_dots)
+               : FoldImpl<Ops, KvDType::kBF16, 0>(p, num_rows, q, rows, k, v, state, widened_dots);
   }
   if (p.head_dim == 64) {
-    return f16 ? FoldImpl<Ops, KvDType::kF16, 64>(p, num_rows, q, rows, k, v, state)
-               : FoldImpl<Ops, KvDType::kBF16, 64>(p, num_rows, q, rows, k, v, state);
+    return f16 ? FoldImpl<Ops, KvDType::kF16, 64>(p, num_rows, q, rows, k, v, state, widened_dots)
+               : FoldImpl<Ops, KvDType::kBF16, 64>(p, num_rows, q, rows, k, v, state, widened_dots);
   }
   if (p.head_dim == 128) {
-    return f16 ? FoldImpl<Ops, KvDType::kF16, 128>(p, num_rows, q, rows, k, v, state)
-               : FoldImpl<Ops, KvDType::kBF16, 128>(p, num_rows, q, rows, k, v, state);
+    return f16 ? FoldImpl<Ops, KvDType::kF16, 128>(p, num_rows, q, rows, k, v, state, widened_dots)
+               : FoldImpl<Ops, KvDType::kBF16, 128>(p, num_rows, q, rows, k, v, state,
+                                                    widened_dots);
   }
-  return f16 ? FoldImpl<Ops, KvDType::kF16, 0>(p, num_rows, q, rows, k, v, state)
-             : FoldImpl<Ops, KvDType::kBF16, 0>(p, num_rows, q, rows, k, v, state);
+  return f16 ? FoldImpl<Ops, KvDType::kF16, 0>(p, num_rows, q, rows, k, v, state, widened_dots)
+             : FoldImpl<Ops, KvDType::kBF16, 0>(p, num_rows, q, rows, k, v, state, widened_dots);
 }
 
 template <class Ops>

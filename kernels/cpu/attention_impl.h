@@ -32,6 +32,10 @@ inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Per-thread scratch: one row's query and one (tile, KV head)'s state.
 struct ItemScratch {
+  // q.k of bf16 keys on f32 FMAs where the tile kernels take 4 keys x 4 heads (KeyDots4x4;
+  // `q` then holds the query in the pair-split order, SplitQueryIndex), instead of bf16 dot
+  // products: the same bits; FoldImpl sets it where FMAs are the faster instruction.
+  bool widened_dots = false;
   std::vector<float> q;          // [num_heads][head_dim] one row's query as f32
   std::vector<uint16_t> q_bf16;  // the same, as given (bf16), for the bf16 dot products
   std::vector<float> scores;     // [group][kTile] scores, then probabilities
@@ -227,21 +231,43 @@ struct HasReduceAdd16 : std::false_type {};
 template <class Ops>
 struct HasReduceAdd16<Ops, std::void_t<decltype(Ops::ReduceAdd16(nullptr))>> : std::true_type {};
 
+// Where element i of a head's query goes in the pair-split order that KeyDots4x4 reads on
+// FMAs: per 32 elements, the 16 odd ones, then the 16 even ones (head sizes are multiples
+// of 32 there).
+inline size_t SplitQueryIndex(size_t i) {
+  return (i & ~size_t{31}) + ((i & 1) ? 0 : 16) + ((i & 31) >> 1);
+}
+
 // KeyDots for 4 query heads and 4 keys (k[0..3]) at once: out[g * kTile + t] = scale *
 // (q_g . k[t]). Each dot is KeyDots' (the same products in the same order), and the 16 dots
 // end in one ReduceAdd16, whose sums are ReduceAdd's bit for bit, at about a third of the
 // instructions of 16 reductions (docs/benchmarks.md, "Prompt rows' dot products reduced
-// 16 at a time").
+// 16 at a time"). `widened`: bf16 keys' dots run on f32 FMAs (Ops::WidenPairs) over the
+// queries in the pair-split order, each key chunk widened once for the 4 heads, where
+// vdpbf16ps issues at half the FMAs' FLOP rate: the same lanes, products and roundings as
+// vdpbf16ps, so the same bits, and 16 independent chains keep both FMA units busy
+// ("q.k on FMAs, 4 keys at a time").
 template <class Ops, KvDType kKv, int kDim>
 inline void KeyDots4x4(const float* q, const uint16_t* q_bf16, const uint16_t* const* k,
-                       float scale, float* out) {
+                       float scale, bool widened, float* out) {
   constexpr int L = Ops::kLanes;
   static_assert(L == 16, "ReduceAdd16 takes 16-lane vectors");
   typename Ops::V dot[16];  // [key][head]: ReduceAdd16 puts head g's keys in lanes 4g..4g+3
   for (int i = 0; i < 16; ++i) dot[i] = Ops::Zero();
   if constexpr (kBf16Dots<Ops, kKv>) {
     static_assert(kDim % 32 == 0);
-    for (int c = 0; c < kDim; c += 32) {
+    for (int c = 0; c < kDim && widened; c += 32) {
+      typename Ops::V odd[4], even[4];
+      for (int t = 0; t < 4; ++t) Ops::WidenPairs(k[t] + c, &odd[t], &even[t]);
+      for (int g = 0; g < 4; ++g) {
+        const typename Ops::V q_odd = Ops::Load(q + g * kDim + c);
+        const typename Ops::V q_even = Ops::Load(q + g * kDim + c + L);
+        for (int t = 0; t < 4; ++t) {
+          dot[4 * t + g] = Ops::Fma(q_even, even[t], Ops::Fma(q_odd, odd[t], dot[4 * t + g]));
+        }
+      }
+    }
+    for (int c = 0; c < kDim && !widened; c += 32) {
       typename Ops::Pairs kc[4];
       for (int t = 0; t < 4; ++t) kc[t] = Ops::LoadPairs(k[t] + c);
       for (int g = 0; g < 4; ++g) {
@@ -427,7 +453,7 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
       for (; g0 + kHeadsAtOnce <= group; g0 += kHeadsAtOnce) {
         const size_t h = static_cast<size_t>(kvh * group + g0);
         if constexpr (HasReduceAdd16<Ops>::value) {
-          KeyDots4x4<Ops, kKv, kDim>(q + h * kDim, q_bf16 + h * kDim, k, p.scale,
+          KeyDots4x4<Ops, kKv, kDim>(q + h * kDim, q_bf16 + h * kDim, k, p.scale, s.widened_dots,
                                      scores.data() + h * kTile + j);
         }
       }

@@ -5,10 +5,12 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "common/base/bfloat16.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa.h"
 
 namespace strata::kernels {
@@ -231,7 +233,9 @@ TEST_P(AttentionIsaTest, PrefillRowEqualsDecodeAtSamePosition) {
 // the tiles every row of a block reads whole for all of them at once. Each row must still
 // get the bits it gets alone: MHA and GQA at head sizes 64 and 128 (and 80, walked row by
 // row), bf16 and f16, a chunk from position 0 and one after a prefix, whole folds and
-// folds from tile 1, one thread and two. Every row has its own query.
+// folds from tile 1, one thread and two. Every row has its own query. Blocks of 4 heads a
+// KV head and more take 4 keys at a time, on vdpbf16ps or on FMAs (ForceGemmWideKernel),
+// which single MHA rows never do.
 TEST_P(AttentionIsaTest, PromptChunkRowsGetTheBitsOfEachRowAlone) {
   const std::vector<Shape> shapes = {{4, 4, 64, KvDType::kBF16},
                                      {12, 12, 64, KvDType::kF16},
@@ -259,7 +263,9 @@ TEST_P(AttentionIsaTest, PromptChunkRowsGetTheBitsOfEachRowAlone) {
           chunk.push_back(row);
         }
         const size_t state_row = row_q + 2 * static_cast<size_t>(sh.heads);
-        for (int threads : {1, 2}) {
+        for (const auto& [wide, threads] : std::vector<std::pair<GemmWideKernel, int>>{
+                 {GemmWideKernel::kDot, 1}, {GemmWideKernel::kDot, 2}, {GemmWideKernel::kFma, 2}}) {
+          ForceGemmWideKernel(wide);
           omp_set_num_threads(threads);
           std::vector<float> together(rows * state_row);
           AttentionStateInit(pr.p, rows, together.data());
@@ -276,12 +282,14 @@ TEST_P(AttentionIsaTest, PromptChunkRowsGetTheBitsOfEachRowAlone) {
                                   state_row * sizeof(float)),
                       0)
                 << sh.heads << "/" << sh.kv_heads << " heads of " << sh.dim << ", start " << start
-                << ", from tile " << first_tile << ", row " << i << ", " << threads << " thread(s)";
+                << ", from tile " << first_tile << ", row " << i << ", " << threads
+                << " thread(s), wide work on " << GemmWideKernelName(wide);
           }
         }
       }
     }
   }
+  ForceGemmWideKernel(GemmWideKernel::kAuto);
   omp_set_num_threads(saved_threads);
 }
 
@@ -327,7 +335,12 @@ TEST_P(AttentionIsaTest, HeadSizeKernelsGiveTheBitsOfTheHeadByHeadWalk) {
     const Problem pr =
         MakeProblem(sh.heads, sh.kv_heads, sh.dim, {1, 63, 64, 65, 200, 333}, sh.dtype, 11);
     const size_t n = pr.rows.size();
-    for (int threads : {1, 2}) {
+    for (const auto& [wide, threads] :
+         std::vector<std::pair<GemmWideKernel, int>>{{GemmWideKernel::kDot, 1},
+                                                     {GemmWideKernel::kDot, 2},
+                                                     {GemmWideKernel::kFma, 1},
+                                                     {GemmWideKernel::kFma, 2}}) {
+      ForceGemmWideKernel(wide);
       omp_set_num_threads(threads);
       std::vector<float> kernel(n * sh.heads * (sh.dim + 2)), walk(kernel.size());
       AttentionStateInit(pr.p, n, kernel.data());
@@ -340,9 +353,11 @@ TEST_P(AttentionIsaTest, HeadSizeKernelsGiveTheBitsOfTheHeadByHeadWalk) {
                 kAttentionOk);
       EXPECT_EQ(std::memcmp(kernel.data(), walk.data(), kernel.size() * sizeof(float)), 0)
           << sh.heads << "/" << sh.kv_heads << " heads of " << sh.dim << ", "
-          << (sh.dtype == KvDType::kBF16 ? "bf16" : "f16") << ", " << threads << " thread(s)";
+          << (sh.dtype == KvDType::kBF16 ? "bf16" : "f16") << ", " << threads
+          << " thread(s), wide work on " << GemmWideKernelName(wide);
     }
   }
+  ForceGemmWideKernel(GemmWideKernel::kAuto);
   omp_set_num_threads(saved_threads);
 }
 

@@ -12,7 +12,7 @@ namespace strata::kernels::isa_internal {
 #define STRATA_DECLARE_CPU_KERNELS(suffix)                                                        \
   int AttentionFold##suffix(const AttentionParams& p, int num_rows, const uint16_t* q,            \
                             const AttentionRow* rows, const void* k, const void* v, float* state, \
-                            bool by_head);                                                        \
+                            bool by_head, bool widened_dots);                                     \
   void AttentionMergeStates##suffix(const AttentionParams& p, int num_rows, const float* src,     \
                                     float* dst);                                                  \
   void RmsNorm##suffix(int rows, int dim, const float* x, const float* weight, float eps,         \

@@ -11,8 +11,8 @@ using Ops = simd::Avx512Bf16Ops;
 
 int AttentionFoldAvx512Bf16(const AttentionParams& p, int num_rows, const uint16_t* q,
                             const AttentionRow* rows, const void* k, const void* v, float* state,
-                            bool by_head) {
-  return attention_internal::Fold<Ops>(p, num_rows, q, rows, k, v, state, by_head);
+                            bool by_head, bool widened_dots) {
+  return attention_internal::Fold<Ops>(p, num_rows, q, rows, k, v, state, by_head, widened_dots);
 }
 
 void AttentionMergeStatesAvx512Bf16(const AttentionParams& p, int num_rows, const float* src,
