@@ -150,8 +150,8 @@ int Run() {
         // Calls per pass estimated at 10 GB/s of KV and 50 GFLOP/s, whichever is slower (a
         // prompt chunk is bound by its arithmetic).
         const double call_estimate = std::max(kv_bytes / 1e10, flops / 5e10);
-        const int iters = std::max(
-            3, static_cast<int>(absl::GetFlag(FLAGS_seconds) / (call_estimate * layers)));
+        const int iters =
+            std::max(3, static_cast<int>(absl::GetFlag(FLAGS_seconds) / (call_estimate * layers)));
         // The FMA probe at the width the path computes in, once before and once after.
         // (None for the scalar path, whose FMAs are whatever the compiler makes of them.)
         const int fma_bits = isa >= CpuIsa::kAvx512 ? 512 : isa == CpuIsa::kAvx2 ? 256 : 0;
