@@ -496,12 +496,16 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
       }
     }
   }
-  // Fewer query heads a KV head (MHA decode rows): 16 keys a step for each head, their
-  // dots reduced at once (KeyDots16). Sixteen independent keys a step also keep more
-  // misses in flight where the slots are scattered token by token: 0.71 -> 0.85 of the
-  // read probe at 32 rows of 2048 (docs/benchmarks.md, "MHA rows 16 keys at a time"). No
-  // requests into L1 there: they cost more than they saved.
-  const bool sixteen = !four_by_four && HasReduceAdd16<Ops>::value;
+  // Fewer query heads a KV head (MHA decode rows) on a tile whose slots are not one run:
+  // 16 keys a step for each head, their dots reduced at once (KeyDots16). Sixteen
+  // independent keys a step keep more misses in flight where the slots are scattered
+  // token by token: 0.74 -> 0.88 of the read probe at 32 rows of 2048 (docs/benchmarks.md,
+  // "MHA rows 16 keys at a time"). A tile in one run reads sequential lines, which the
+  // one-key walk with its requests into L1 serves better (32 rows of 2048 on contiguous
+  // slots: 0.93x the time with 16 keys a step). No requests into L1 with 16 keys: they
+  // cost more than they saved.
+  const bool one_run = slots[n - 1] - slots[0] == n - 1;
+  const bool sixteen = !four_by_four && HasReduceAdd16<Ops>::value && !one_run;
   for (int j = 0; j < n && sixteen; j += 16) {
     const int keys = std::min(16, n - j);
     for (int t = 0; t < keys; ++t) slot_requests(j + t);
