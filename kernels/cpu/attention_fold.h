@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -295,21 +296,15 @@ int Fold(const AttentionParams& p, int num_rows, const uint16_t* q, const Attent
          const void* k, const void* v, float* state, bool by_head = false,
          bool widened_dots = false) {
   const bool f16 = p.kv_dtype == KvDType::kF16;
-  if (by_head) {
-    return f16 ? FoldImpl<Ops, KvDType::kF16, 0>(p, num_rows, q, rows, k, v, state, widened_dots)
-               : FoldImpl<Ops, KvDType::kBF16, 0>(p, num_rows, q, rows, k, v, state, widened_dots);
-  }
-  if (p.head_dim == 64) {
-    return f16 ? FoldImpl<Ops, KvDType::kF16, 64>(p, num_rows, q, rows, k, v, state, widened_dots)
-               : FoldImpl<Ops, KvDType::kBF16, 64>(p, num_rows, q, rows, k, v, state, widened_dots);
-  }
-  if (p.head_dim == 128) {
-    return f16 ? FoldImpl<Ops, KvDType::kF16, 128>(p, num_rows, q, rows, k, v, state, widened_dots)
-               : FoldImpl<Ops, KvDType::kBF16, 128>(p, num_rows, q, rows, k, v, state,
-                                                    widened_dots);
-  }
-  return f16 ? FoldImpl<Ops, KvDType::kF16, 0>(p, num_rows, q, rows, k, v, state, widened_dots)
-             : FoldImpl<Ops, KvDType::kBF16, 0>(p, num_rows, q, rows, k, v, state, widened_dots);
+  auto fold = [&](auto head_dim) {
+    constexpr int kDim = decltype(head_dim)::value;
+    return f16 ? FoldImpl<Ops, KvDType::kF16, kDim>(p, num_rows, q, rows, k, v, state, widened_dots)
+               : FoldImpl<Ops, KvDType::kBF16, kDim>(p, num_rows, q, rows, k, v, state,
+                                                     widened_dots);
+  };
+  if (!by_head && p.head_dim == 64) return fold(std::integral_constant<int, 64>());
+  if (!by_head && p.head_dim == 128) return fold(std::integral_constant<int, 128>());
+  return fold(std::integral_constant<int, 0>());
 }
 
 template <class Ops>

@@ -504,8 +504,8 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   // one-key walk with its requests into L1 serves better (32 rows of 2048 on contiguous
   // slots: 0.93x the time with 16 keys a step). No requests into L1 with 16 keys: they
   // cost more than they saved.
-  const bool one_run = slots[n - 1] - slots[0] == n - 1;
-  const bool sixteen = !four_by_four && HasReduceAdd16<Ops>::value && !one_run;
+  const bool sixteen =
+      !four_by_four && HasReduceAdd16<Ops>::value && slots[n - 1] - slots[0] != n - 1;
   for (int j = 0; j < n && sixteen; j += 16) {
     const int keys = std::min(16, n - j);
     for (int t = 0; t < keys; ++t) slot_requests(j + t);
