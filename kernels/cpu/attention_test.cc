@@ -229,6 +229,13 @@ TEST_P(AttentionIsaTest, PrefillRowEqualsDecodeAtSamePosition) {
   }
 }
 
+// The settings the kernels' bit comparisons run under: q.k of bf16 keys on vdpbf16ps and on
+// FMAs (gemm.h, GemmWideKernel; AVX-512 BF16 only), one thread and two.
+const std::vector<std::pair<GemmWideKernel, int>> kWideAndThreads = {{GemmWideKernel::kDot, 1},
+                                                                     {GemmWideKernel::kDot, 2},
+                                                                     {GemmWideKernel::kFma, 1},
+                                                                     {GemmWideKernel::kFma, 2}};
+
 // The rows of a prompt chunk (one slot table, consecutive positions) are folded in blocks,
 // the tiles every row of a block reads whole for all of them at once. Each row must still
 // get the bits it gets alone: MHA and GQA at head sizes 64 and 128 (and 80, walked row by
@@ -263,8 +270,7 @@ TEST_P(AttentionIsaTest, PromptChunkRowsGetTheBitsOfEachRowAlone) {
           chunk.push_back(row);
         }
         const size_t state_row = row_q + 2 * static_cast<size_t>(sh.heads);
-        for (const auto& [wide, threads] : std::vector<std::pair<GemmWideKernel, int>>{
-                 {GemmWideKernel::kDot, 1}, {GemmWideKernel::kDot, 2}, {GemmWideKernel::kFma, 2}}) {
+        for (const auto& [wide, threads] : kWideAndThreads) {
           ForceGemmWideKernel(wide);
           omp_set_num_threads(threads);
           std::vector<float> together(rows * state_row);
@@ -335,11 +341,7 @@ TEST_P(AttentionIsaTest, HeadSizeKernelsGiveTheBitsOfTheHeadByHeadWalk) {
     const Problem pr =
         MakeProblem(sh.heads, sh.kv_heads, sh.dim, {1, 63, 64, 65, 200, 333}, sh.dtype, 11);
     const size_t n = pr.rows.size();
-    for (const auto& [wide, threads] :
-         std::vector<std::pair<GemmWideKernel, int>>{{GemmWideKernel::kDot, 1},
-                                                     {GemmWideKernel::kDot, 2},
-                                                     {GemmWideKernel::kFma, 1},
-                                                     {GemmWideKernel::kFma, 2}}) {
+    for (const auto& [wide, threads] : kWideAndThreads) {
       ForceGemmWideKernel(wide);
       omp_set_num_threads(threads);
       std::vector<float> kernel(n * sh.heads * (sh.dim + 2)), walk(kernel.size());
