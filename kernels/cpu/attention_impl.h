@@ -32,7 +32,7 @@ inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Per-thread scratch: one row's query and one (tile, KV head)'s state.
 struct ItemScratch {
-  // q.k of bf16 keys on f32 FMAs where the tile kernels take 4 keys x 4 heads (KeyDots4x4;
+  // q.k of bf16 keys on f32 FMAs where the tile kernels take 4 heads at once (KeyDotsFourHeads;
   // `q` then holds the query in the pair-split order, SplitQueryIndex), instead of bf16 dot
   // products: the same bits; FoldImpl sets it where FMAs are the faster instruction.
   bool widened_dots = false;
@@ -227,96 +227,99 @@ inline void KeyDots(const float* q, const uint16_t* q_bf16, const uint16_t* k, f
 }
 
 template <class Ops, class = void>
-struct HasReduceAdd16 : std::false_type {};
-template <class Ops>
-struct HasReduceAdd16<Ops, std::void_t<decltype(Ops::ReduceAdd16(nullptr))>> : std::true_type {};
+struct HasReduceAddAll : std::false_type {};
+template <class Ops>  // (a void expression: a vector type as a template argument loses attributes)
+struct HasReduceAddAll<Ops, std::void_t<decltype(static_cast<void>(Ops::ReduceAddAll(nullptr)))>>
+    : std::true_type {};
 
-// Where element i of a head's query goes in the pair-split order that KeyDots4x4 reads on
-// FMAs: per 32 elements, the 16 odd ones, then the 16 even ones (head sizes are multiples
+// Where element i of a head's query goes in the pair-split order that KeyDotsFourHeads reads
+// on FMAs: per 32 elements, the 16 odd ones, then the 16 even ones (head sizes are multiples
 // of 32 there).
 inline size_t SplitQueryIndex(size_t i) {
   return (i & ~size_t{31}) + ((i & 1) ? 0 : 16) + ((i & 31) >> 1);
 }
 
-// KeyDots for 4 query heads and 4 keys (k[0..3]) at once: out[g * kTile + t] = scale *
-// (q_g . k[t]). Each dot is KeyDots' (the same products in the same order), and the 16 dots
-// end in one ReduceAdd16, whose sums are ReduceAdd's bit for bit, at about a third of the
-// instructions of 16 reductions (docs/benchmarks.md, "Prompt rows' dot products reduced
-// 16 at a time"). `widened`: bf16 keys' dots run on f32 FMAs (Ops::WidenPairs) over the
-// queries in the pair-split order, each key chunk widened once for the 4 heads, where
-// vdpbf16ps issues at half the FMAs' FLOP rate: the same lanes, products and roundings as
-// vdpbf16ps, so the same bits, and 16 independent chains keep both FMA units busy
-// ("q.k on FMAs, 4 keys at a time").
+// KeyDots for 4 query heads and kLanes / 4 keys (k[0..]) at once: 4 keys on AVX-512, 2 on
+// AVX2; out[g * kTile + t] = scale * (q_g . k[t]). Each dot is KeyDots' (the same products
+// in the same order), and the kLanes dots end in one ReduceAddAll, whose sums are
+// ReduceAdd's bit for bit, at about a third of the instructions of as many reductions
+// (docs/benchmarks.md, "Prompt rows' dot products reduced 16 at a time"). `widened`: bf16
+// keys' dots run on f32 FMAs (Ops::WidenPairs) over the queries in the pair-split order,
+// each key chunk widened once for the 4 heads, where vdpbf16ps issues at half the FMAs'
+// FLOP rate: the same lanes, products and roundings as vdpbf16ps, so the same bits, and 16
+// independent chains keep both FMA units busy ("q.k on FMAs, 4 keys at a time").
 template <class Ops, KvDType kKv, int kDim>
-inline void KeyDots4x4(const float* q, const uint16_t* q_bf16, const uint16_t* const* k,
-                       float scale, bool widened, float* out) {
+inline void KeyDotsFourHeads(const float* q, const uint16_t* q_bf16, const uint16_t* const* k,
+                             float scale, bool widened, float* out) {
   constexpr int L = Ops::kLanes;
-  static_assert(L == 16, "ReduceAdd16 takes 16-lane vectors");
-  typename Ops::V dot[16];  // [key][head]: ReduceAdd16 puts head g's keys in lanes 4g..4g+3
-  for (int i = 0; i < 16; ++i) dot[i] = Ops::Zero();
+  constexpr int kKeys = L / 4;
+  // Key t's dot with head g goes in as the vector whose sum lands in lane kKeys * g + t.
+  auto at = [](int t, int g) { return simd::ReduceAddAllSource(L, kKeys * g + t); };
+  typename Ops::V dot[L];
+  for (int i = 0; i < L; ++i) dot[i] = Ops::Zero();
   if constexpr (kBf16Dots<Ops, kKv>) {
     static_assert(kDim % 32 == 0);
     for (int c = 0; c < kDim && widened; c += 32) {
-      typename Ops::V odd[4], even[4];
-      for (int t = 0; t < 4; ++t) Ops::WidenPairs(k[t] + c, &odd[t], &even[t]);
+      typename Ops::V odd[kKeys], even[kKeys];
+      for (int t = 0; t < kKeys; ++t) Ops::WidenPairs(k[t] + c, &odd[t], &even[t]);
       for (int g = 0; g < 4; ++g) {
         const typename Ops::V q_odd = Ops::Load(q + g * kDim + c);
         const typename Ops::V q_even = Ops::Load(q + g * kDim + c + L);
-        for (int t = 0; t < 4; ++t) {
-          dot[4 * t + g] = Ops::Fma(q_even, even[t], Ops::Fma(q_odd, odd[t], dot[4 * t + g]));
+        for (int t = 0; t < kKeys; ++t) {
+          dot[at(t, g)] = Ops::Fma(q_even, even[t], Ops::Fma(q_odd, odd[t], dot[at(t, g)]));
         }
       }
     }
     for (int c = 0; c < kDim && !widened; c += 32) {
-      typename Ops::Pairs kc[4];
-      for (int t = 0; t < 4; ++t) kc[t] = Ops::LoadPairs(k[t] + c);
+      typename Ops::Pairs kc[kKeys];
+      for (int t = 0; t < kKeys; ++t) kc[t] = Ops::LoadPairs(k[t] + c);
       for (int g = 0; g < 4; ++g) {
         const auto qg = Ops::LoadPairs(q_bf16 + g * kDim + c);
-        for (int t = 0; t < 4; ++t) dot[4 * t + g] = Ops::DotPairs(dot[4 * t + g], qg, kc[t]);
+        for (int t = 0; t < kKeys; ++t) dot[at(t, g)] = Ops::DotPairs(dot[at(t, g)], qg, kc[t]);
       }
     }
   } else {
     for (int c = 0; c < kDim / L; ++c) {
-      typename Ops::V kv[4];
-      for (int t = 0; t < 4; ++t) kv[t] = Ops::template LoadKv<kKv>(k[t] + c * L);
+      typename Ops::V kv[kKeys];
+      for (int t = 0; t < kKeys; ++t) kv[t] = Ops::template LoadKv<kKv>(k[t] + c * L);
       for (int g = 0; g < 4; ++g) {
         const typename Ops::V qg = Ops::Load(q + g * kDim + c * L);
-        for (int t = 0; t < 4; ++t) dot[4 * t + g] = Ops::Fma(qg, kv[t], dot[4 * t + g]);
+        for (int t = 0; t < kKeys; ++t) dot[at(t, g)] = Ops::Fma(qg, kv[t], dot[at(t, g)]);
       }
     }
   }
-  alignas(64) float sums[16];
-  Ops::Store(sums, Ops::Mul(Ops::ReduceAdd16(dot), Ops::Set1(scale)));
-  for (int g = 0; g < 4; ++g) std::memcpy(out + g * kTile, sums + 4 * g, 4 * sizeof(float));
+  alignas(64) float sums[L];
+  Ops::Store(sums, Ops::Mul(Ops::ReduceAddAll(dot), Ops::Set1(scale)));
+  for (int g = 0; g < 4; ++g) std::memcpy(out + g * kTile, sums + kKeys * g, kKeys * sizeof(float));
 }
 
-// q.k of one query head against 16 keys (k[0..15]): out[t] = scale * (q . k[t]), each dot
-// KeyDots' (the same products in the same order), the 16 ending in one ReduceAdd16 (key
-// 4k + m's dot goes in as v[4m + k], so that the sums come out in key order).
+// q.k of one query head against kLanes keys (k[0..]): out[t] = scale * (q . k[t]), each dot
+// KeyDots' (the same products in the same order), all ending in one ReduceAddAll (key t's
+// dot goes in as the vector whose sum lands in lane t, so that the sums come out in key
+// order).
 template <class Ops, KvDType kKv, int kDim>
-inline void KeyDots16(const float* q, const uint16_t* q_bf16, const uint16_t* const* k, float scale,
-                      float* out) {
+inline void KeyDotsOneHead(const float* q, const uint16_t* q_bf16, const uint16_t* const* k,
+                           float scale, float* out) {
   constexpr int L = Ops::kLanes;
-  static_assert(L == 16, "ReduceAdd16 takes 16-lane vectors");
-  typename Ops::V dot[16];
-  for (int i = 0; i < 16; ++i) dot[i] = Ops::Zero();
-  auto at = [](int t) { return 4 * (t % 4) + t / 4; };
+  typename Ops::V dot[L];
+  for (int i = 0; i < L; ++i) dot[i] = Ops::Zero();
+  auto at = [](int t) { return simd::ReduceAddAllSource(L, t); };
   if constexpr (kBf16Dots<Ops, kKv>) {
     for (int c = 0; c < kDim; c += 32) {
       const auto qc = Ops::LoadPairs(q_bf16 + c);
-      for (int t = 0; t < 16; ++t) {
+      for (int t = 0; t < L; ++t) {
         dot[at(t)] = Ops::DotPairs(dot[at(t)], qc, Ops::LoadPairs(k[t] + c));
       }
     }
   } else {
     for (int c = 0; c < kDim / L; ++c) {
       const typename Ops::V qc = Ops::Load(q + c * L);
-      for (int t = 0; t < 16; ++t) {
+      for (int t = 0; t < L; ++t) {
         dot[at(t)] = Ops::Fma(qc, Ops::template LoadKv<kKv>(k[t] + c * L), dot[at(t)]);
       }
     }
   }
-  Ops::Store(out, Ops::Mul(Ops::ReduceAdd16(dot), Ops::Set1(scale)));
+  Ops::Store(out, Ops::Mul(Ops::ReduceAddAll(dot), Ops::Set1(scale)));
 }
 
 // p.v of one KV head's tile for G of its query heads at once (their scores kTile floats
@@ -448,8 +451,8 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   const int64_t after_offset = static_cast<int64_t>(after.h0) * kDim;
   const int after_bytes = after.n > 0 ? (after.h1 - after.h0) * kDim * 2 : 0;
   // q.k, slot by slot: each slot's requests, then its keys' dots. Where a KV head serves
-  // 4 query heads or more (grouped queries, a prompt chunk's rows in blocks), 4 slots at a
-  // time, their dots reduced 16 at once (KeyDots4x4).
+  // 4 query heads or more (grouped queries, a prompt chunk's rows in blocks), kLanes / 4
+  // slots at a time, their dots reduced kLanes at once (KeyDotsFourHeads).
   auto slot_requests = [&](int j) {
     if (!cached) PrefetchLinesL2(v_cache + slots[j] * slot_stride + h0 * kDim, run_bytes);
     if (j < after.n && after_bytes > 0) {
@@ -466,8 +469,8 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
       PrefetchLines(k_cache + slots[jn] * slot_stride + (h0 + kvh) * kDim, kDim * 2);
     }
   };
-  constexpr int kKeysAtOnce = 4;
-  const bool four_by_four = HasReduceAdd16<Ops>::value && group >= kHeadsAtOnce;
+  constexpr int kKeysAtOnce = L / 4;
+  const bool four_by_four = HasReduceAddAll<Ops>::value && group >= kHeadsAtOnce;
   for (int j = 0; j < n && four_by_four; j += kKeysAtOnce) {
     const int keys = std::min(kKeysAtOnce, n - j);
     for (int t = 0; t < keys; ++t) slot_requests(j + t);
@@ -481,9 +484,9 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
       int g0 = 0;
       for (; g0 + kHeadsAtOnce <= group; g0 += kHeadsAtOnce) {
         const size_t h = static_cast<size_t>(kvh * group + g0);
-        if constexpr (HasReduceAdd16<Ops>::value) {
-          KeyDots4x4<Ops, kKv, kDim>(q + h * kDim, q_bf16 + h * kDim, k, p.scale, s.widened_dots,
-                                     scores.data() + h * kTile + j);
+        if constexpr (HasReduceAddAll<Ops>::value) {
+          KeyDotsFourHeads<Ops, kKv, kDim>(q + h * kDim, q_bf16 + h * kDim, k, p.scale,
+                                           s.widened_dots, scores.data() + h * kTile + j);
         }
       }
       if (g0 == group) continue;
@@ -497,33 +500,33 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
     }
   }
   // Fewer query heads a KV head (MHA decode rows) on a tile whose slots are not one run:
-  // 16 keys a step for each head, their dots reduced at once (KeyDots16). Sixteen
+  // kLanes keys a step for each head, their dots reduced at once (KeyDotsOneHead). Many
   // independent keys a step keep more misses in flight where the slots are scattered
-  // token by token: 0.74 -> 0.88 of the read probe at 32 rows of 2048 (docs/benchmarks.md,
-  // "MHA rows 16 keys at a time"). A tile in one run reads sequential lines, which the
-  // one-key walk with its requests into L1 serves better (32 rows of 2048 on contiguous
-  // slots: 0.93x the time with 16 keys a step). No requests into L1 with 16 keys: they
-  // cost more than they saved.
-  const bool sixteen =
-      !four_by_four && HasReduceAdd16<Ops>::value && slots[n - 1] - slots[0] != n - 1;
-  for (int j = 0; j < n && sixteen; j += 16) {
-    const int keys = std::min(16, n - j);
+  // token by token: on AVX-512, 0.74 -> 0.88 of the read probe at 32 rows of 2048
+  // (docs/benchmarks.md, "MHA rows 16 keys at a time"). A tile in one run reads sequential
+  // lines, which the one-key walk with its requests into L1 serves better (32 rows of 2048
+  // on contiguous slots: 0.93x the time with 16 keys a step). No requests into L1 with
+  // many keys: they cost more than they saved.
+  const bool lanes_of_keys =
+      !four_by_four && HasReduceAddAll<Ops>::value && slots[n - 1] - slots[0] != n - 1;
+  for (int j = 0; j < n && lanes_of_keys; j += L) {
+    const int keys = std::min(L, n - j);
     for (int t = 0; t < keys; ++t) slot_requests(j + t);
     for (int kvh = 0; kvh < h1 - h0; ++kvh) {
-      const uint16_t* k[16];  // a short last step repeats its last key, as above
-      for (int t = 0; t < 16; ++t) {
+      const uint16_t* k[L];  // a short last step repeats its last key, as above
+      for (int t = 0; t < L; ++t) {
         k[t] = k_cache + slots[j + std::min(t, keys - 1)] * slot_stride + (h0 + kvh) * kDim;
       }
       for (int g = 0; g < group; ++g) {
         const size_t h = static_cast<size_t>(kvh * group + g);
-        if constexpr (HasReduceAdd16<Ops>::value) {
-          KeyDots16<Ops, kKv, kDim>(q + h * kDim, q_bf16 + h * kDim, k, p.scale,
-                                    scores.data() + h * kTile + j);
+        if constexpr (HasReduceAddAll<Ops>::value) {
+          KeyDotsOneHead<Ops, kKv, kDim>(q + h * kDim, q_bf16 + h * kDim, k, p.scale,
+                                         scores.data() + h * kTile + j);
         }
       }
     }
   }
-  for (int j = 0; j < n && !four_by_four && !sixteen; ++j) {
+  for (int j = 0; j < n && !four_by_four && !lanes_of_keys; ++j) {
     const uint16_t* k_run = k_cache + slots[j] * slot_stride + h0 * kDim;
     slot_requests(j);
     for (int kvh = 0; kvh < h1 - h0; ++kvh) {

@@ -4,7 +4,8 @@
 //
 // Ops provides: kLanes, V, Zero, Set1, Load, Store, LoadKv<KvDType>, StoreBf16, Add, Sub,
 // Mul, Fma, Max, Min, ReduceAdd, ReduceMax, Exp. Exp(-inf) is exactly 0 and Exp(0) exactly
-// 1 on every path.
+// 1 on every path. The vector paths also provide ReduceAddAll: the ReduceAdd of kLanes
+// vectors at once, bit for bit, lane l holding the sum of v[ReduceAddAllSource(kLanes, l)].
 #ifndef STRATA_KERNELS_CPU_SIMD_OPS_H_
 #define STRATA_KERNELS_CPU_SIMD_OPS_H_
 
@@ -67,6 +68,10 @@ struct ScalarOps {
   static V Exp(V x) { return std::exp(x); }
 };
 
+// The input of a vector path's ReduceAddAll whose sum lands in lane `lane`: lane 4k + m
+// holds the sum of v[(lanes / 4) * m + k].
+constexpr int ReduceAddAllSource(int lanes, int lane) { return lanes / 4 * (lane % 4) + lane / 4; }
+
 #ifdef __AVX512F__
 struct Avx512Ops {
   static constexpr int kLanes = 16;
@@ -110,8 +115,8 @@ struct Avx512Ops {
   static float ReduceAdd(V v) { return _mm512_reduce_add_ps(v); }
   // ReduceAdd of 16 vectors at once, each sum exactly ReduceAdd's (the same tree: lanes i
   // and i + 8, then i and i + 4, i and i + 2, i and i + 1), in about 3 instructions a sum
-  // instead of 9. Lane 4k + m of the result is the sum of v[4m + k].
-  static V ReduceAdd16(const V* v) {
+  // instead of 9. Lane 4k + m of the result is the sum of v[4m + k] (ReduceAddAllSource).
+  static V ReduceAddAll(const V* v) {
     V s1[8], s2[4], s3[2];
     for (int j = 0; j < 8; ++j) {  // lanes 0-7: v[2j]'s i + (i + 8), lanes 8-15: v[2j + 1]'s
       s1[j] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0x44),
@@ -158,7 +163,7 @@ struct Avx512Bf16Ops : Avx512Ops {
     return reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(0xffff, p));
   }
   static V DotPairs(V acc, Pairs a, Pairs b) { return _mm512_dpbf16_ps(acc, a, b); }
-  // DotPairs on f32 FMAs, where they are faster (attention_impl.h, KeyDots4x4): the 16
+  // DotPairs on f32 FMAs, where they are faster (attention_impl.h, KeyDotsFourHeads): the 16
   // pairs at p as f32, each lane's odd element and its even one, for
   // fma(even_q, even, fma(odd_q, odd, acc)), which is DotPairs lane for lane.
   static void WidenPairs(const uint16_t* p, V* odd, V* even) {
@@ -211,6 +216,23 @@ struct Avx2Ops {
     lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
     lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
     return _mm_cvtss_f32(lo);
+  }
+  // ReduceAdd of 8 vectors at once, each sum exactly ReduceAdd's (the same tree: lanes i
+  // and i + 4, then i and i + 2, i and i + 1), in about 3 instructions a sum instead of 6.
+  // Lane 4k + m of the result is the sum of v[2m + k] (ReduceAddAllSource).
+  static V ReduceAddAll(const V* v) {
+    V s1[4], s2[2];
+    for (int j = 0; j < 4; ++j) {  // lanes 0-3: v[2j]'s i + (i + 4), lanes 4-7: v[2j + 1]'s
+      s1[j] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * j], v[2 * j + 1], 0x20),
+                            _mm256_permute2f128_ps(v[2 * j], v[2 * j + 1], 0x31));
+    }
+    for (int j = 0; j < 2; ++j) {  // half b: v[4j + b]'s i + (i + 2), then v[4j + 2 + b]'s
+      s2[j] = _mm256_add_ps(_mm256_shuffle_ps(s1[2 * j], s1[2 * j + 1], 0x44),
+                            _mm256_shuffle_ps(s1[2 * j], s1[2 * j + 1], 0xEE));
+    }
+    // Half b: the sums of v[b], v[2 + b], v[4 + b], v[6 + b].
+    return _mm256_add_ps(_mm256_shuffle_ps(s2[0], s2[1], 0x88),
+                         _mm256_shuffle_ps(s2[0], s2[1], 0xDD));
   }
   static float ReduceMax(V v) {
     __m128 lo = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
