@@ -239,11 +239,13 @@ void GemmBf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t
           if (x_stride != k) xf[r * x_stride + k] = 0.0f;
         }
         xr = xf.data();
-        // With 1-3 rows each block is a work item of its own: groups of 4 made a batch-1
-        // decode step's GEMMs about 1.08x slower on the AVX-512 path, and AVX2's 1-2 rows
-        // about 1.03x (docs/benchmarks.md, "The AVX2 and AVX-512 GEMMs take four blocks at
-        // once").
-        return rows < 4 ? 1 : static_cast<int>(gemm_internal::kGroupBlocks);
+        // Groups of 4 blocks at every row count, run side by side: 1-3 rows then read
+        // several independent streams of weights through more chains of FMAs. On the
+        // 2-core Xeon VM a batch of 1-3 rows took 0.67-0.80 of the time of blocks one at a
+        // time (docs/benchmarks.md, "Small batches' blocks side by side on AVX2 and
+        // AVX-512"); on a Zen 5 a 1-row step's GEMMs had measured 1.03-1.08x slower that
+        // way ("The AVX2 and AVX-512 GEMMs take four blocks at once").
+        return static_cast<int>(gemm_internal::kGroupBlocks);
       },
       [&](int rows, int64_t, const uint16_t* group, int count, const uint16_t* next,
           int64_t next_elements, float* out) {

@@ -2,11 +2,12 @@
 // enabled (see BUILD); gemm.cc calls it only where the CPU has it. Same arithmetic as the
 // scalar kernel (gemm_internal.h), bit for bit.
 //
-// A group's blocks are taken one at a time: R rows against one block (2R chains of FMAs,
-// its 4 weight vectors in registers for every row). Taking up to 4 blocks side by side,
-// as the AVX-512 kernel does, was measured slower on a Zen 5 (1 row 1.03x, 2 rows 1.5x the
-// time; docs/benchmarks.md, "The AVX2 and AVX-512 GEMMs take four blocks at once"); what
-// AVX2 gained is the work items of 4 blocks that gemm.cc hands out from 4 rows up.
+// From 4 rows a group's blocks are taken one at a time: R rows against one block (2R chains
+// of FMAs, its 4 weight vectors in registers for every row). Taking up to 4 blocks side by
+// side there, as the AVX-512 kernel does, was measured slower on a Zen 5 (docs/benchmarks.md,
+// "The AVX2 and AVX-512 GEMMs take four blocks at once"), and tiles of 3 rows against 2
+// blocks on the Xeon VM (1.1-1.3x the time from 8 rows). Up to 3 rows take them side by
+// side (SideTile).
 #include <immintrin.h>
 
 #include "kernels/cpu/gemm_internal.h"
@@ -49,6 +50,48 @@ void BlockTile(int64_t k, const float* x, int64_t x_stride, const uint16_t* bloc
   }
 }
 
+// Up to kSideRows rows: R rows against C blocks side by side (2RC chains of FMAs, each
+// block's weights widened as they are used). One block at a time kept a single row at
+// 2 chains and its weights in one stream: a batch-1 decode step's GEMMs read 0.75 of what
+// the AVX-512 BF16 kernel reads on the 2-core Xeon VM (docs/benchmarks.md, "Small batches'
+// blocks side by side on AVX2 and AVX-512").
+constexpr int kSideRows = 3;
+template <int R, int C>
+void SideTile(int64_t k, const float* x, int64_t x_stride, const uint16_t* group,
+              int64_t block_size, float* out, int64_t out_stride) {
+  __m256 acc[R][C][2];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) acc[r][c][0] = acc[r][c][1] = _mm256_setzero_ps();
+  }
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const int64_t pairs = (k + 1) / 2;
+  for (int64_t p = 0; p < pairs; ++p) {
+    for (int c = 0; c < C; ++c) {
+      const uint16_t* w = group + c * block_size + p * 32;
+      const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+      const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16));
+      const __m256 odd0 = _mm256_castsi256_ps(_mm256_and_si256(v0, high));
+      const __m256 odd1 = _mm256_castsi256_ps(_mm256_and_si256(v1, high));
+      const __m256 even0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16));
+      const __m256 even1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
+      for (int r = 0; r < R; ++r) {
+        const __m256 xo = _mm256_broadcast_ss(x + r * x_stride + 2 * p + 1);
+        acc[r][c][0] = _mm256_fmadd_ps(xo, odd0, acc[r][c][0]);
+        acc[r][c][1] = _mm256_fmadd_ps(xo, odd1, acc[r][c][1]);
+        const __m256 xe = _mm256_broadcast_ss(x + r * x_stride + 2 * p);
+        acc[r][c][0] = _mm256_fmadd_ps(xe, even0, acc[r][c][0]);
+        acc[r][c][1] = _mm256_fmadd_ps(xe, even1, acc[r][c][1]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) {
+      _mm256_storeu_ps(out + r * out_stride + c * 16, acc[r][c][0]);
+      _mm256_storeu_ps(out + r * out_stride + c * 16 + 8, acc[r][c][1]);
+    }
+  }
+}
+
 // R rows against blocks [0, blocks), one block at a time.
 template <int R>
 void BlockRows(int blocks, int64_t k, const float* x, int64_t x_stride, const uint16_t* group,
@@ -62,6 +105,23 @@ void BlockRows(int blocks, int64_t k, const float* x, int64_t x_stride, const ui
 void ColumnGroupAvx2(int rows, int blocks, int64_t k, const float* x, int64_t x_stride,
                      const uint16_t* group, float* out, int64_t out_stride) {
   const int64_t block_size = PackedBlockSize(k);
+  if (rows <= kSideRows) {
+    // Blocks side by side, two at a time for 2 or 3 rows (12 accumulators at most).
+    int b = 0;
+    WithCount<kSideRows>(rows, [&](auto r) {
+      constexpr int R = decltype(r)::value;
+      constexpr int C = R == 1 ? kGroupBlocks : 2;
+      for (; b + C <= blocks; b += C) {
+        SideTile<R, C>(k, x, x_stride, group + b * block_size, block_size, out + b * 16,
+                       out_stride);
+      }
+      for (; b < blocks; ++b) {
+        SideTile<R, 1>(k, x, x_stride, group + b * block_size, block_size, out + b * 16,
+                       out_stride);
+      }
+    });
+    return;
+  }
   for (int r = 0; r < rows; r += kTileRows) {
     WithCount<kTileRows>(rows - r, [&](auto tile_rows) {
       BlockRows<decltype(tile_rows)::value>(blocks, k, x + r * x_stride, x_stride, group,

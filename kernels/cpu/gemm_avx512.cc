@@ -10,8 +10,10 @@
 // of them to keep the FMA units busy: R rows by C blocks side by side (R * C accumulators,
 // 2C weight vectors and two broadcasts in the 32 registers). One block at a time (up to
 // 12 rows against it) ran 8 rows 2.2x and 64 rows 1.4x slower (docs/benchmarks.md, "The
-// AVX2 and AVX-512 GEMMs take four blocks at once"). Below 4 rows gemm.cc passes one block
-// at a time: with 4, batch 1 measured slower. From 9 rows up each tile requests a share of
+// AVX2 and AVX-512 GEMMs take four blocks at once"). Below 4 rows too, since 1-3 rows
+// against one block at a time read the weights at 0.67-0.80 of the rate of 4 side by side
+// on the 2-core Xeon VM ("Small batches' blocks side by side on AVX2 and AVX-512"; a Zen 5
+// had measured the opposite, 1.03-1.08x). From 9 rows up each tile requests a share of
 // the group the thread takes next into L2, as the AVX-512 BF16 kernel's tiles do.
 //
 // Widening each chunk of 32-64 pairs of the group to f32 once, into L1, for all the row

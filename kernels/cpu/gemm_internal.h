@@ -18,9 +18,9 @@ namespace strata::kernels::gemm_internal {
 inline int64_t PackedBlockSize(int64_t k) { return (k + 1) / 2 * 32; }
 
 // Column groups: gemm.cc hands each kernel up to kGroupBlocks consecutive packed column
-// blocks (from 4 rows up; one block below, except to the AVX-512 BF16 kernel). The AVX-512
-// kernels run them side by side, so that a row has several independent chains of FMAs;
-// the AVX2 and scalar ones one block after another.
+// blocks. The AVX-512 kernels run them side by side, so that a row has several independent
+// chains of FMAs; the AVX2 one side by side up to 3 rows and one block after another from
+// 4; the scalar one block after another.
 inline constexpr int kGroupBlocks = 4;
 
 // Rows [0, rows) of x (f32, row stride x_stride, even, with x[r][k] = 0 when k is odd)
