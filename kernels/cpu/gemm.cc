@@ -253,7 +253,8 @@ void GemmBf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t
           gemm_internal::ColumnGroupAvx512(rows, count, k, xr, x_stride, group, out, kGroupColumns,
                                            next, next_elements);
         } else if (avx2) {
-          gemm_internal::ColumnGroupAvx2(rows, count, k, xr, x_stride, group, out, kGroupColumns);
+          gemm_internal::ColumnGroupAvx2(rows, count, k, xr, x_stride, group, out, kGroupColumns,
+                                         next, next_elements);
         } else {
           gemm_internal::ColumnGroupScalar(rows, count, k, xr, x_stride, group, out, kGroupColumns);
         }

@@ -11,6 +11,7 @@
 #include <immintrin.h>
 
 #include "kernels/cpu/gemm_internal.h"
+#include "kernels/cpu/spread.h"
 #include "kernels/cpu/static_count.h"
 
 namespace strata::kernels::gemm_internal {
@@ -22,12 +23,15 @@ constexpr int kTileRows = 5;
 
 template <int R>
 void BlockTile(int64_t k, const float* x, int64_t x_stride, const uint16_t* block, float* out,
-               int64_t out_stride) {
+               int64_t out_stride, TilePrefetch pf) {
+  Spread spread(pf.lines, (k + 1) / 2);
+  int64_t line = 0;  // lines requested
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   const int64_t pairs = (k + 1) / 2;
   for (int64_t p = 0; p < pairs; ++p) {
+    spread.Step([&] { _mm_prefetch(pf.begin + line++ * kCacheLine, _MM_HINT_T1); });
     // Columns 0-7 and 8-15 of the pair: each 32-bit lane holds (even, odd) weights.
     const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + p * 32));
     const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + p * 32 + 16));
@@ -92,18 +96,24 @@ void SideTile(int64_t k, const float* x, int64_t x_stride, const uint16_t* group
   }
 }
 
-// R rows against blocks [0, blocks), one block at a time.
+// R rows against blocks [0, blocks), one block at a time, each block's tile requesting
+// its share of the next group into L2 (TileShareOfNext).
 template <int R>
 void BlockRows(int blocks, int64_t k, const float* x, int64_t x_stride, const uint16_t* group,
-               int64_t block_size, float* out, int64_t out_stride) {
-  for (int b = 0; b < blocks; ++b)
-    BlockTile<R>(k, x, x_stride, group + b * block_size, out + b * 16, out_stride);
+               int64_t block_size, float* out, int64_t out_stride, const uint16_t* next,
+               int64_t next_elements, int rows, int tile, int tiles) {
+  for (int b = 0; b < blocks; ++b) {
+    const TilePrefetch pf = TileShareOfNext(next, next_elements, rows, tile * blocks + b,
+                                            tiles * blocks, kAvx2PrefetchRows);
+    BlockTile<R>(k, x, x_stride, group + b * block_size, out + b * 16, out_stride, pf);
+  }
 }
 
 }  // namespace
 
 void ColumnGroupAvx2(int rows, int blocks, int64_t k, const float* x, int64_t x_stride,
-                     const uint16_t* group, float* out, int64_t out_stride) {
+                     const uint16_t* group, float* out, int64_t out_stride, const uint16_t* next,
+                     int64_t next_elements) {
   const int64_t block_size = PackedBlockSize(k);
   if (rows <= kSideRows) {
     // Blocks side by side, two at a time for 2 or 3 rows (12 accumulators at most).
@@ -122,10 +132,13 @@ void ColumnGroupAvx2(int rows, int blocks, int64_t k, const float* x, int64_t x_
     });
     return;
   }
-  for (int r = 0; r < rows; r += kTileRows) {
+  const int tiles = (rows + kTileRows - 1) / kTileRows;
+  for (int t = 0; t < tiles; ++t) {
+    const int r = t * kTileRows;
     WithCount<kTileRows>(rows - r, [&](auto tile_rows) {
       BlockRows<decltype(tile_rows)::value>(blocks, k, x + r * x_stride, x_stride, group,
-                                            block_size, out + r * out_stride, out_stride);
+                                            block_size, out + r * out_stride, out_stride, next,
+                                            next_elements, rows, t, tiles);
     });
   }
 }

@@ -13,8 +13,9 @@
 // AVX2 and AVX-512 GEMMs take four blocks at once"). Below 4 rows too, since 1-3 rows
 // against one block at a time read the weights at 0.67-0.80 of the rate of 4 side by side
 // on the 2-core Xeon VM ("Small batches' blocks side by side on AVX2 and AVX-512"; a Zen 5
-// had measured the opposite, 1.03-1.08x). From 9 rows up each tile requests a share of
-// the group the thread takes next into L2, as the AVX-512 BF16 kernel's tiles do.
+// had measured the opposite, 1.03-1.08x). From kFmaPrefetchRows rows up each tile requests
+// a share of the group the thread takes next into L2, as the AVX-512 BF16 kernel's tiles do
+// from kPrefetchRows.
 //
 // Widening each chunk of 32-64 pairs of the group to f32 once, into L1, for all the row
 // tiles to read (FMAs and loads only), was tried and not kept: its tiles ran at the FMA
@@ -95,7 +96,7 @@ void ColumnGroupAvx512(int rows, int blocks, int64_t k, const float* x, int64_t 
   for (int t = 0; t < tiles; ++t) {
     const int r = t * kTileRows;
     const int n = rows - r < kTileRows ? rows - r : kTileRows;
-    const TilePrefetch pf = TileShareOfNext(next, next_elements, rows, t, tiles);
+    const TilePrefetch pf = TileShareOfNext(next, next_elements, rows, t, tiles, kFmaPrefetchRows);
     kTiles[pf.lines > 0][n - 1][blocks - 1](k, x + r * x_stride, x_stride, group,
                                             PackedBlockSize(k), out + r * out_stride, out_stride,
                                             pf);

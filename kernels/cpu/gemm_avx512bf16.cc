@@ -86,7 +86,7 @@ void ColumnGroupAvx512Bf16(int rows, int blocks, int64_t k, const uint16_t* x, i
   for (int t = 0; t < tiles; ++t) {
     const int r = t * kTileRows;
     const int n = rows - r < kTileRows ? rows - r : kTileRows;
-    const TilePrefetch pf = TileShareOfNext(next, next_elements, rows, t, tiles);
+    const TilePrefetch pf = TileShareOfNext(next, next_elements, rows, t, tiles, kPrefetchRows);
     kTiles[pf.lines > 0][n - 1][blocks - 1](pairs, x + r * x_stride, x_stride, group,
                                             PackedBlockSize(k), out + r * out_stride, out_stride,
                                             pf);

@@ -28,9 +28,11 @@ inline constexpr int kGroupBlocks = 4;
 // out_stride floats, block b's columns at b * 16.
 void ColumnGroupScalar(int rows, int blocks, int64_t k, const float* x, int64_t x_stride,
                        const uint16_t* group, float* out, int64_t out_stride);
+// The AVX2 and AVX-512 kernels take `next` and `next_elements` as the AVX-512 BF16 kernel's
+// below.
 void ColumnGroupAvx2(int rows, int blocks, int64_t k, const float* x, int64_t x_stride,
-                     const uint16_t* group, float* out, int64_t out_stride);
-// With `next` and `next_elements` as the AVX-512 BF16 kernel's below.
+                     const uint16_t* group, float* out, int64_t out_stride, const uint16_t* next,
+                     int64_t next_elements);
 void ColumnGroupAvx512(int rows, int blocks, int64_t k, const float* x, int64_t x_stride,
                        const uint16_t* group, float* out, int64_t out_stride, const uint16_t* next,
                        int64_t next_elements);
@@ -44,25 +46,31 @@ void ColumnGroupAvx512Bf16(int rows, int blocks, int64_t k, const uint16_t* x, i
                            const uint16_t* next, int64_t next_elements);
 
 // A tile's requests for the group its thread takes next: lines [0, lines) from `begin`,
-// into L2, spread evenly over the tile's k-pairs (spread.h). From kPrefetchRows rows up
-// every tile requests an equal share of the next group (the last tiles' may be short or
-// empty), and the group's arithmetic hides the next one's read; below that the GEMM is near
-// the read bound, the hardware prefetcher keeps up, and the requests only crowd the tiles
-// that stream (at 8 rows they slowed it 1.05x).
+// into L2, spread evenly over the tile's k-pairs (spread.h). From a kernel's threshold of
+// rows up every tile requests an equal share of the next group (the last tiles' may be
+// short or empty), and the group's arithmetic hides the next one's read. Below it the GEMM
+// is near the read bound, the hardware prefetcher keeps up, and the requests only crowd
+// the tiles that stream: the AVX-512 BF16 kernel from kPrefetchRows (at 8 rows they slowed
+// it 1.05x on a Zen 5; at 4-6 rows 1.08x on the Xeon VM). The kernels on FMAs reach the
+// read bound later (docs/benchmarks.md, "The FMA kernels request the next group from
+// fewer rows"): the AVX-512 one from kFmaPrefetchRows (at 6-8 rows 1.10-1.20x faster with
+// the requests on the Xeon VM), the AVX2 one, whose tiles take one block at a time from
+// 4 rows, from kAvx2PrefetchRows (1.08-1.60x at 4-64 rows there).
 struct TilePrefetch {
   const char* begin = nullptr;
   int64_t lines = 0;
 };
 inline constexpr int64_t kCacheLine = 64;
 inline constexpr int kPrefetchRows = 9;
+inline constexpr int kFmaPrefetchRows = 6;
+inline constexpr int kAvx2PrefetchRows = 4;
 
 // Tile `tile` of `tiles` over `rows` rows: its share of the `next_elements` packed weights
-// at `next` (null: no next group).
+// at `next` (null: no next group), from `min_rows` rows up.
 inline TilePrefetch TileShareOfNext(const uint16_t* next, int64_t next_elements, int rows, int tile,
-                                    int tiles) {
-  const int64_t lines = next != nullptr && rows >= kPrefetchRows
-                            ? (next_elements * 2 + kCacheLine - 1) / kCacheLine
-                            : 0;
+                                    int tiles, int min_rows) {
+  const int64_t lines =
+      next != nullptr && rows >= min_rows ? (next_elements * 2 + kCacheLine - 1) / kCacheLine : 0;
   const int64_t share = (lines + tiles - 1) / tiles;
   TilePrefetch pf;
   if (const int64_t first = tile * share; share > 0 && first < lines) {
