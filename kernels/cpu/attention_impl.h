@@ -243,8 +243,9 @@ inline size_t SplitQueryIndex(size_t i) {
 // AVX2; out[g * kTile + t] = scale * (q_g . k[t]). Each dot is KeyDots' (the same products
 // in the same order), and the kLanes dots end in one ReduceAddAll, whose sums are
 // ReduceAdd's bit for bit, at about a third of the instructions of as many reductions
-// (docs/benchmarks.md, "Prompt rows' dot products reduced 16 at a time"). `widened`: bf16
-// keys' dots run on f32 FMAs (Ops::WidenPairs) over the queries in the pair-split order,
+// (docs/benchmarks.md, "Prompt rows' dot products reduced 16 at a time"). `widened` (AVX-512
+// BF16 only, which has bf16 dot products to replace): bf16 keys' dots run on f32 FMAs
+// (Ops::WidenPairs) over the queries in the pair-split order,
 // each key chunk widened once for the 4 heads, where vdpbf16ps issues at half the FMAs'
 // FLOP rate: the same lanes, products and roundings as vdpbf16ps, so the same bits, and 16
 // independent chains keep both FMA units busy ("q.k on FMAs, 4 keys at a time").
@@ -504,9 +505,9 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   // independent keys a step keep more misses in flight where the slots are scattered
   // token by token: on AVX-512, 0.74 -> 0.88 of the read probe at 32 rows of 2048
   // (docs/benchmarks.md, "MHA rows 16 keys at a time"). A tile in one run reads sequential
-  // lines, which the one-key walk with its requests into L1 serves better (32 rows of 2048
-  // on contiguous slots: 0.93x the time with 16 keys a step). No requests into L1 with
-  // many keys: they cost more than they saved.
+  // lines, which the one-key walk with its requests into L1 serves better (on AVX-512, 32
+  // rows of 2048 on contiguous slots: 0.93x the time with 16 keys a step). No requests into
+  // L1 with many keys: they cost more than they saved.
   const bool lanes_of_keys =
       !four_by_four && HasReduceAddAll<Ops>::value && slots[n - 1] - slots[0] != n - 1;
   for (int j = 0; j < n && lanes_of_keys; j += L) {

@@ -241,8 +241,8 @@ const std::vector<std::pair<GemmWideKernel, int>> kWideAndThreads = {{GemmWideKe
 // get the bits it gets alone: MHA and GQA at head sizes 64 and 128 (and 80, walked row by
 // row), bf16 and f16, a chunk from position 0 and one after a prefix, whole folds and
 // folds from tile 1, one thread and two. Every row has its own query. Blocks of 4 heads a
-// KV head and more take 4 keys at a time, on vdpbf16ps or on FMAs (ForceGemmWideKernel),
-// which single MHA rows never do.
+// KV head and more take kLanes / 4 keys at a time (4 on AVX-512, on vdpbf16ps or on FMAs:
+// ForceGemmWideKernel; 2 on AVX2), which single MHA rows never do.
 TEST_P(AttentionIsaTest, PromptChunkRowsGetTheBitsOfEachRowAlone) {
   const std::vector<Shape> shapes = {{4, 4, 64, KvDType::kBF16},
                                      {12, 12, 64, KvDType::kF16},

@@ -239,8 +239,9 @@ void GemmBf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t
           if (x_stride != k) xf[r * x_stride + k] = 0.0f;
         }
         xr = xf.data();
-        // Groups of 4 blocks at every row count, run side by side: 1-3 rows then read
-        // several independent streams of weights through more chains of FMAs. On the
+        // Groups of 4 blocks at every row count. The AVX-512 kernel runs them side by side,
+        // the AVX2 one up to 3 rows: 1-3 rows then read several independent streams of
+        // weights through more chains of FMAs. On the
         // 2-core Xeon VM a batch of 1-3 rows took 0.67-0.80 of the time of blocks one at a
         // time (docs/benchmarks.md, "Small batches' blocks side by side on AVX2 and
         // AVX-512"); on a Zen 5 a 1-row step's GEMMs had measured 1.03-1.08x slower that

@@ -28,8 +28,7 @@
 // may differ between the nodes of a deployment.
 //
 // Thread-safety: GemmBf16 may be called from several threads at once; it runs an OpenMP
-// team over column blocks, in groups of 4 (on every path from 4 rows up; on AVX-512 BF16
-// always).
+// team over column blocks, in groups of 4 on every path.
 #ifndef STRATA_KERNELS_CPU_GEMM_H_
 #define STRATA_KERNELS_CPU_GEMM_H_
 

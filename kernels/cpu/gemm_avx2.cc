@@ -17,8 +17,8 @@
 namespace strata::kernels::gemm_internal {
 namespace {
 
-// R rows by 16 columns: 2R accumulators, 4 weight vectors and a broadcast fit AVX2's 16
-// registers for R <= kTileRows.
+// BlockTile: R rows by 16 columns: 2R accumulators, 4 weight vectors and a broadcast fit
+// AVX2's 16 registers for R <= kTileRows.
 constexpr int kTileRows = 5;
 
 template <int R>
@@ -116,18 +116,17 @@ void ColumnGroupAvx2(int rows, int blocks, int64_t k, const float* x, int64_t x_
                      int64_t next_elements) {
   const int64_t block_size = PackedBlockSize(k);
   if (rows <= kSideRows) {
-    // Blocks side by side, two at a time for 2 or 3 rows (12 accumulators at most).
-    int b = 0;
+    // Blocks side by side: all of the group's for 1 row, two at a time for 2 or 3 rows. At
+    // 3 rows the 12 accumulators, the widened weights and the broadcasts outnumber the 16
+    // registers and some go through memory; it still measured 1.33x one block at a time.
     WithCount<kSideRows>(rows, [&](auto r) {
       constexpr int R = decltype(r)::value;
-      constexpr int C = R == 1 ? kGroupBlocks : 2;
-      for (; b + C <= blocks; b += C) {
-        SideTile<R, C>(k, x, x_stride, group + b * block_size, block_size, out + b * 16,
-                       out_stride);
-      }
-      for (; b < blocks; ++b) {
-        SideTile<R, 1>(k, x, x_stride, group + b * block_size, block_size, out + b * 16,
-                       out_stride);
+      constexpr int kAtOnce = R == 1 ? kGroupBlocks : 2;
+      for (int b = 0; b < blocks; b += kAtOnce) {
+        WithCount<kAtOnce>(blocks - b, [&](auto c) {
+          SideTile<R, decltype(c)::value>(k, x, x_stride, group + b * block_size, block_size,
+                                          out + b * 16, out_stride);
+        });
       }
     });
     return;

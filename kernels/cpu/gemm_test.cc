@@ -73,7 +73,7 @@ void CheckAgainstDoubleReference() {
 }
 
 // The active path and the scalar one (which shares the work split and the stores: groups of
-// 4 blocks from 4 rows up, partial groups of 2 and 3 blocks at n = 90 and 112).
+// 4 blocks, partial groups of 2 and 3 blocks at n = 90 and 112).
 TEST(GemmBf16, MatchesDoubleReferenceWithBiasAndAccumulate) {
   const CpuIsa saved = ActiveCpuIsa();
   for (CpuIsa isa : {saved, CpuIsa::kScalar}) {
@@ -152,9 +152,9 @@ void CheckRowsIndependentOfBatchAndThreads() {
 }
 
 // Every vector path against the scalar one, bit for bit: rows 1-67 (below, at and past the
-// row tiles of 5 and 6 rows, the switch to groups of 4 blocks at 4 rows and the pass of
-// 48), n not a multiple of 16 nor of a group's 64 columns (and past one group; last groups
-// of 1, 2, 3 and 4 blocks), k odd and even.
+// row tiles of 5 and 6 rows, AVX2's switch from blocks side by side to one block at a time
+// at 4 rows, and the pass of 48), n not a multiple of 16 nor of a group's 64 columns (and
+// past one group; last groups of 1, 2, 3 and 4 blocks, at 1 row too), k odd and even.
 // On AVX-512 BF16 both kernels of wide batches are checked.
 TEST(GemmBf16, VectorPathsAgreeWithScalarBitForBit) {
   const CpuIsa saved = ActiveCpuIsa();
@@ -169,7 +169,8 @@ TEST(GemmBf16, VectorPathsAgreeWithScalarBitForBit) {
                {1, 70, 257},  {5, 70, 257},  {6, 70, 257},   {9, 70, 257},  {12, 70, 257},
                {13, 70, 257}, {47, 70, 257}, {48, 70, 257},  {49, 70, 257}, {67, 70, 257},
                {1, 200, 256}, {7, 200, 256}, {67, 200, 256}, {3, 16, 1},    {2, 33, 3},
-               {3, 90, 129},  {4, 90, 129},  {8, 90, 129},   {11, 112, 64}, {4, 112, 65}}) {
+               {3, 90, 129},  {4, 90, 129},  {8, 90, 129},   {11, 112, 64}, {4, 112, 65},
+               {1, 90, 129},  {1, 112, 65}}) {
         Problem p(n, k, 11);
         const std::vector<uint16_t> x = RandomBf16(m * k, 12);
         std::vector<float> scalar(m * n), vector(m * n);
