@@ -239,19 +239,21 @@ inline size_t SplitQueryIndex(size_t i) {
   return (i & ~size_t{31}) + ((i & 1) ? 0 : 16) + ((i & 31) >> 1);
 }
 
-// KeyDots for 4 query heads and kLanes / 4 keys (k[0..]) at once: 4 keys on AVX-512, 2 on
-// AVX2; out[g * kTile + t] = scale * (q_g . k[t]). Each dot is KeyDots' (the same products
-// in the same order), and the kLanes dots end in one ReduceAddAll, whose sums are
-// ReduceAdd's bit for bit, at about a third of the instructions of as many reductions
-// (docs/benchmarks.md, "Prompt rows' dot products reduced 16 at a time"). `widened` (AVX-512
-// BF16 only, which has bf16 dot products to replace): bf16 keys' dots run on f32 FMAs
-// (Ops::WidenPairs) over the queries in the pair-split order,
-// each key chunk widened once for the 4 heads, where vdpbf16ps issues at half the FMAs'
-// FLOP rate: the same lanes, products and roundings as vdpbf16ps, so the same bits, and 16
-// independent chains keep both FMA units busy ("q.k on FMAs, 4 keys at a time").
-template <class Ops, KvDType kKv, int kDim>
+// KeyDots for H (up to 4) query heads and kLanes / 4 keys (k[0..]) at once: 4 keys on
+// AVX-512, 2 on AVX2; out[g * kTile + t] = scale * (q_g . k[t]). Each dot is KeyDots' (the
+// same products in the same order), and the kLanes dots end in one ReduceAddAll, whose sums
+// are ReduceAdd's bit for bit, at about a third of the instructions of as many reductions
+// (docs/benchmarks.md, "Prompt rows' dot products reduced 16 at a time"); with H < 4 the
+// missing heads' vectors stay zero through it and are not written. `widened` (AVX-512 BF16
+// only, which has bf16 dot products to replace): bf16 keys' dots run on f32 FMAs
+// (Ops::WidenPairs) over the queries in the pair-split order, each key chunk widened once
+// for the heads, where vdpbf16ps issues at half the FMAs' FLOP rate: the same lanes,
+// products and roundings as vdpbf16ps, so the same bits, and 16 independent chains keep
+// both FMA units busy ("q.k on FMAs, 4 keys at a time").
+template <class Ops, KvDType kKv, int kDim, int H = 4>
 inline void KeyDotsFourHeads(const float* q, const uint16_t* q_bf16, const uint16_t* const* k,
                              float scale, bool widened, float* out) {
+  static_assert(H >= 1 && H <= 4);
   constexpr int L = Ops::kLanes;
   constexpr int kKeys = L / 4;
   // Key t's dot with head g goes in as the vector whose sum lands in lane kKeys * g + t.
@@ -263,7 +265,7 @@ inline void KeyDotsFourHeads(const float* q, const uint16_t* q_bf16, const uint1
     for (int c = 0; c < kDim && widened; c += 32) {
       typename Ops::V odd[kKeys], even[kKeys];
       for (int t = 0; t < kKeys; ++t) Ops::WidenPairs(k[t] + c, &odd[t], &even[t]);
-      for (int g = 0; g < 4; ++g) {
+      for (int g = 0; g < H; ++g) {
         const typename Ops::V q_odd = Ops::Load(q + g * kDim + c);
         const typename Ops::V q_even = Ops::Load(q + g * kDim + c + L);
         for (int t = 0; t < kKeys; ++t) {
@@ -274,7 +276,7 @@ inline void KeyDotsFourHeads(const float* q, const uint16_t* q_bf16, const uint1
     for (int c = 0; c < kDim && !widened; c += 32) {
       typename Ops::Pairs kc[kKeys];
       for (int t = 0; t < kKeys; ++t) kc[t] = Ops::LoadPairs(k[t] + c);
-      for (int g = 0; g < 4; ++g) {
+      for (int g = 0; g < H; ++g) {
         const auto qg = Ops::LoadPairs(q_bf16 + g * kDim + c);
         for (int t = 0; t < kKeys; ++t) dot[at(t, g)] = Ops::DotPairs(dot[at(t, g)], qg, kc[t]);
       }
@@ -283,7 +285,7 @@ inline void KeyDotsFourHeads(const float* q, const uint16_t* q_bf16, const uint1
     for (int c = 0; c < kDim / L; ++c) {
       typename Ops::V kv[kKeys];
       for (int t = 0; t < kKeys; ++t) kv[t] = Ops::template LoadKv<kKv>(k[t] + c * L);
-      for (int g = 0; g < 4; ++g) {
+      for (int g = 0; g < H; ++g) {
         const typename Ops::V qg = Ops::Load(q + g * kDim + c * L);
         for (int t = 0; t < kKeys; ++t) dot[at(t, g)] = Ops::Fma(qg, kv[t], dot[at(t, g)]);
       }
@@ -291,7 +293,7 @@ inline void KeyDotsFourHeads(const float* q, const uint16_t* q_bf16, const uint1
   }
   alignas(64) float sums[L];
   Ops::Store(sums, Ops::Mul(Ops::ReduceAddAll(dot), Ops::Set1(scale)));
-  for (int g = 0; g < 4; ++g) std::memcpy(out + g * kTile, sums + kKeys * g, kKeys * sizeof(float));
+  for (int g = 0; g < H; ++g) std::memcpy(out + g * kTile, sums + kKeys * g, kKeys * sizeof(float));
 }
 
 // q.k of one query head against kLanes keys (k[0..]): out[t] = scale * (q . k[t]), each dot
@@ -482,15 +484,23 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
         k[t] = k_cache + slots[j + std::min(t, keys - 1)] * slot_stride + (h0 + kvh) * kDim;
       }
       next_keys_to_l1(kvh, j + kKeysAtOnce, j + 2 * kKeysAtOnce);
+      // A group's last 3 heads (groups of 7, 11, ...) take the same kernel with the fourth
+      // head's vectors left zero: groups of 7 (28/4 heads of 128, 2 threads) took 0.79-0.81
+      // of the time of one key at a time. The last 1 or 2 (groups of 5, 6) keep one key at a
+      // time: padded to 4 heads they measured slower (docs/benchmarks.md, "A group's last
+      // three heads 4 keys at a time").
       int g0 = 0;
-      for (; g0 + kHeadsAtOnce <= group; g0 += kHeadsAtOnce) {
+      for (; group - g0 >= kHeadsAtOnce - 1; g0 += kHeadsAtOnce) {
         const size_t h = static_cast<size_t>(kvh * group + g0);
         if constexpr (HasReduceAddAll<Ops>::value) {
-          KeyDotsFourHeads<Ops, kKv, kDim>(q + h * kDim, q_bf16 + h * kDim, k, p.scale,
-                                           s.widened_dots, scores.data() + h * kTile + j);
+          WithCount<kHeadsAtOnce>(group - g0, [&](auto heads_now) {
+            KeyDotsFourHeads<Ops, kKv, kDim, decltype(heads_now)::value>(
+                q + h * kDim, q_bf16 + h * kDim, k, p.scale, s.widened_dots,
+                scores.data() + h * kTile + j);
+          });
         }
       }
-      if (g0 == group) continue;
+      if (g0 >= group) continue;
       const size_t h = static_cast<size_t>(kvh * group + g0);
       for (int t = 0; t < keys; ++t) {
         WithCount<kHeadsAtOnce>(group - g0, [&](auto heads_now) {
