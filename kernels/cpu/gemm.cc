@@ -147,24 +147,32 @@ void Store(int rows, int64_t cols, const float* acc, int64_t acc_stride, const f
 }
 
 // The loop every instruction set shares. Rows go in blocks of kRowBlock; for each block,
-// prepare(r0, rows) readies its x and says how many column blocks make a work item (a
-// group), and the team takes the groups through WorkRanges: each thread those that
-// schedule(static) would give it, in order, so that it knows which one it reads next, and
-// one that is done takes what is left of another's (work_ranges.h). compute(rows, r0,
-// group, count, next, next_elements, out) fills `out` (kGroupColumns floats per row) with
-// the group of `count` packed blocks at `group`; `next` is the group the thread will
-// probably take next (its `next_elements` packed weights, for the kernels that request
-// them into L2), or null.
+// prepare(r0, rows) readies its x, and the team takes the groups of kGroupBlocks column
+// blocks (the work items, at every row count and on every path) through WorkRanges: each
+// thread those that schedule(static) would give it, in order, so that it knows which one it
+// reads next, and one that is done takes what is left of another's (work_ranges.h).
+// compute(rows, r0, group, count, next, next_elements, out) fills `out` (kGroupColumns
+// floats per row) with the group of `count` packed blocks at `group`; `next` is the group
+// the thread will probably take next (its `next_elements` packed weights, for the kernels
+// that request them into L2), or null.
+//
+// Groups of 4 blocks below 4 rows too: the AVX-512 kernels run them side by side, the AVX2
+// one up to 3 rows, so that 1-3 rows read several independent streams of weights through
+// more chains of FMAs. On the 2-core Xeon VM a batch of 1-3 rows took 0.67-0.80 of the time
+// of blocks one at a time (docs/benchmarks.md, "Small batches' blocks side by side on AVX2
+// and AVX-512"); on a Zen 5 a 1-row step's GEMMs had measured 1.03-1.08x slower that way
+// ("The AVX2 and AVX-512 GEMMs take four blocks at once").
 template <class Prepare, class Compute>
 void RunColumnGroups(int64_t m, int64_t n, int64_t k, const uint16_t* packed, const float* bias,
                      bool accumulate, float* y, Prepare&& prepare, Compute&& compute) {
   const int64_t blocks = (n + kGemmColumnBlock - 1) / kGemmColumnBlock;
   const int64_t block_size = gemm_internal::PackedBlockSize(k);
+  constexpr int group_blocks = gemm_internal::kGroupBlocks;
   WorkRanges& work = CallerWorkRanges();
   const int team = omp_get_max_threads();
   for (int64_t r0 = 0; r0 < m; r0 += kRowBlock) {
     const int rows = static_cast<int>(std::min(kRowBlock, m - r0));
-    const int group_blocks = prepare(r0, rows);
+    prepare(r0, rows);
     work.Reset((blocks + group_blocks - 1) / group_blocks, team);
 #pragma omp parallel num_threads(team)
     {
@@ -194,7 +202,6 @@ void RunColumnGroups(int64_t m, int64_t n, int64_t k, const uint16_t* packed, co
 // weights as it computes (gemm_avx512bf16.cc).
 void GemmAvx512Bf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t* packed,
                     const float* bias, bool accumulate, float* y) {
-  using gemm_internal::kGroupBlocks;
   const int64_t x_stride = (k + 1) / 2 * 2;
   thread_local std::vector<uint16_t> padded;
   if (x_stride != k) {
@@ -203,8 +210,7 @@ void GemmAvx512Bf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const ui
     x = padded.data();
   }
   RunColumnGroups(
-      m, n, k, packed, bias, accumulate, y,
-      [](int64_t, int) { return static_cast<int>(kGroupBlocks); },
+      m, n, k, packed, bias, accumulate, y, [](int64_t, int) {},
       [&](int rows, int64_t r0, const uint16_t* group, int count, const uint16_t* next,
           int64_t next_elements, float* out) {
         gemm_internal::ColumnGroupAvx512Bf16(rows, count, k, x + r0 * x_stride, x_stride, group,
@@ -239,14 +245,6 @@ void GemmBf16(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t
           if (x_stride != k) xf[r * x_stride + k] = 0.0f;
         }
         xr = xf.data();
-        // Groups of 4 blocks at every row count. The AVX-512 kernel runs them side by side,
-        // the AVX2 one up to 3 rows: 1-3 rows then read several independent streams of
-        // weights through more chains of FMAs. On the
-        // 2-core Xeon VM a batch of 1-3 rows took 0.67-0.80 of the time of blocks one at a
-        // time (docs/benchmarks.md, "Small batches' blocks side by side on AVX2 and
-        // AVX-512"); on a Zen 5 a 1-row step's GEMMs had measured 1.03-1.08x slower that
-        // way ("The AVX2 and AVX-512 GEMMs take four blocks at once").
-        return static_cast<int>(gemm_internal::kGroupBlocks);
       },
       [&](int rows, int64_t, const uint16_t* group, int count, const uint16_t* next,
           int64_t next_elements, float* out) {
