@@ -331,6 +331,10 @@ TEST_P(AttentionIsaTest, HeadSizeKernelsGiveTheBitsOfTheHeadByHeadWalk) {
                                      {4, 1, 128, KvDType::kBF16},
                                      {6, 3, 128, KvDType::kF16},
                                      {16, 2, 64, KvDType::kBF16},
+                                     // q.k's last 1 or 2 heads of a group apart from its
+                                     // blocks of 4 (groups of 5 and 6).
+                                     {10, 2, 128, KvDType::kBF16},
+                                     {12, 2, 64, KvDType::kF16},
                                      // p.v passes over part of a head's value chunks (groups of
                                      // 7 and 10), and groups past one pass of heads (32).
                                      {28, 4, 128, KvDType::kBF16},
