@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "server/scheduler.h"
 
@@ -241,6 +243,49 @@ TEST_F(PlannerTest, AFailedStepRecomputesFromLiteralTokens) {
   EXPECT_EQ(Held(1).chunks[0].start_position, 6);
   EXPECT_EQ(Held(1).chunks[0].samples.at(0).output_position, 2);
   EXPECT_TRUE(updates_.empty() || !updates_.back().finished) << "the request was failed";
+}
+
+// A cancellation or timeout that comes while the request's plans are out is acted on when
+// they are back, also when they fail: a failed step must not put the request back in the
+// queue, where admission skips it for its pending finish and it would wait for ever.
+TEST_F(PlannerTest, ACancelOrTimeoutDuringAFailedStepStillEndsTheRequest) {
+  for (const bool timeout : {false, true}) {
+    for (const bool async : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(timeout ? "timeout" : "cancel", async ? ", async" : ", sync"));
+      configure_ = [&](SchedulerConfig& c) {
+        c.default_timeout = timeout ? absl::Milliseconds(50) : absl::ZeroDuration();
+      };
+      replicas_.clear();
+      Start(async);
+      updates_.clear();
+      GenerateRequest r;
+      r.prompt_tokens = {1, 2, 3, 4, 5};
+      r.max_tokens = 8;
+      r.ignore_eos = true;
+      r.sampling.temperature = 0.0f;
+      const absl::StatusOr<uint64_t> id =
+          scheduler_->Submit(r, [this](const RequestUpdate& u) { updates_.push_back(u); });
+      ASSERT_TRUE(id.ok());
+      scheduler_->RunPending();
+      ASSERT_FALSE(executor_->held.empty());
+      if (timeout) {
+        absl::SleepFor(absl::Milliseconds(80));
+      } else {
+        scheduler_->Cancel(*id);
+      }
+      scheduler_->RunPending();
+      ASSERT_TRUE(updates_.empty() || !updates_.back().finished) << "ended with its plan out";
+      while (!executor_->held.empty()) Answer(0, absl::InternalError("the node failed"));
+      ASSERT_FALSE(updates_.empty()) << "the request never ended";
+      EXPECT_TRUE(updates_.back().finished);
+      EXPECT_EQ(updates_.back().error.code(), timeout ? absl::StatusCode::kDeadlineExceeded
+                                                       : absl::StatusCode::kCancelled);
+      EXPECT_EQ(scheduler_->Stats().num_waiting, 0);
+      EXPECT_EQ(UsedSlots(), 0);
+      scheduler_->Stop();
+      scheduler_.reset();
+    }
+  }
 }
 
 // When the pool runs out, the planner takes the slots of the lowest-ranked request (FIFO:

@@ -125,6 +125,11 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
       }
       PublishStats();
     }
+    // Cancellations and timeouts that arrived while the step ran end the request now, as
+    // after a step that worked: put back in the queue, it would be skipped for them for ever.
+    for (Request* req : involved) {
+      if (req->state != Request::State::kDone) FinishPending(req);
+    }
     return;
   }
   for (PoolIndex p : result.dead_pools) {
