@@ -278,8 +278,8 @@ TEST_F(PlannerTest, ACancelOrTimeoutDuringAFailedStepStillEndsTheRequest) {
       while (!executor_->held.empty()) Answer(0, absl::InternalError("the node failed"));
       ASSERT_FALSE(updates_.empty()) << "the request never ended";
       EXPECT_TRUE(updates_.back().finished);
-      EXPECT_EQ(updates_.back().error.code(), timeout ? absl::StatusCode::kDeadlineExceeded
-                                                       : absl::StatusCode::kCancelled);
+      EXPECT_EQ(updates_.back().error.code(),
+                timeout ? absl::StatusCode::kDeadlineExceeded : absl::StatusCode::kCancelled);
       EXPECT_EQ(scheduler_->Stats().num_waiting, 0);
       EXPECT_EQ(UsedSlots(), 0);
       scheduler_->Stop();
