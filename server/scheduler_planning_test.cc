@@ -288,6 +288,76 @@ TEST_F(PlannerTest, ACancelOrTimeoutDuringAFailedStepStillEndsTheRequest) {
   }
 }
 
+// With asynchronous scheduling, a request whose draw fails alone (a lost grammar state, its
+// memory node's attention lost) has a row ahead in the plan already out, which the node
+// then refuses whole: it has no token to feed. The other requests of that plan are
+// recomputed, but the failure is not theirs and must not count toward the failures that
+// end a request: one innocent request outlives three such events and finishes cleanly.
+TEST_F(PlannerTest, AnotherRequestsFailedDrawIsNotChargedToTheRestOfThePlanAhead) {
+  Start(/*async=*/true);
+  GenerateRequest r;
+  r.prompt_tokens = {1, 2, 3, 4, 5};
+  r.max_tokens = 24;
+  r.ignore_eos = true;
+  r.sampling.temperature = 0.0f;
+  const absl::StatusOr<uint64_t> innocent =
+      scheduler_->Submit(r, [this](const RequestUpdate& u) { updates_.push_back(u); });
+  ASSERT_TRUE(innocent.ok());
+  scheduler_->RunPending();
+  ASSERT_FALSE(executor_->held.empty());
+  const SequenceId b = Held(0).chunks.at(0).request_id;
+  // Answers the oldest plan: every draw succeeds but those of sequences other than b, which
+  // fail alone; with `refuse`, the whole plan fails as the node refuses a row ahead.
+  auto answer = [&](bool fail_others, bool refuse) {
+    auto [plan, sink] = std::move(executor_->held.front());
+    executor_->held.pop_front();
+    StepResult result;
+    result.step_id = plan->step_id;
+    if (refuse) {
+      result.status = absl::FailedPreconditionError("no token sampled for that position");
+    } else {
+      for (const SequenceChunk& c : plan->chunks) {
+        for (const SampleTarget& t : c.samples) {
+          if (fail_others && t.request_id != b) {
+            result.failed.emplace_back(t.request_id, absl::InternalError("grammar state lost"));
+          } else {
+            result.tokens.push_back({t.request_id, 7});
+          }
+        }
+      }
+    }
+    sink(std::move(result));
+    scheduler_->RunPending();
+  };
+  for (int event = 0; event < 3; ++event) {
+    SCOPED_TRACE(event);
+    r.prompt_tokens = {9, 8, 7};
+    r.max_tokens = 4;
+    ASSERT_TRUE(scheduler_->Submit(r, [](const RequestUpdate&) {}).ok());
+    scheduler_->RunPending();
+    // Until a plan that holds both has a plan behind it that also holds the other.
+    bool failed = false;
+    for (int i = 0; i < 20 && !failed; ++i) {
+      ASSERT_FALSE(executor_->held.empty());
+      bool both =
+          Held(0).chunks.size() == 2 && executor_->held.size() == 2 && Held(1).chunks.size() == 2;
+      if (!both) {
+        answer(false, false);
+        continue;
+      }
+      answer(/*fail_others=*/true, false);  // the other request's draw fails alone
+      answer(false, /*refuse=*/true);       // its row ahead: the node refuses the plan
+      failed = true;
+    }
+    ASSERT_TRUE(failed) << "no two plans in flight held both requests";
+  }
+  for (int i = 0; i < 200 && !executor_->held.empty(); ++i) answer(false, false);
+  ASSERT_FALSE(updates_.empty());
+  EXPECT_TRUE(updates_.back().finished);
+  EXPECT_TRUE(updates_.back().error.ok()) << updates_.back().error;
+  EXPECT_EQ(updates_.back().request_id, *innocent);
+}
+
 // When the pool runs out, the planner takes the slots of the lowest-ranked request (FIFO:
 // the newest): it is preempted and released in the same plan, and the older one decodes.
 TEST_F(PlannerTest, AFullPoolPreemptsTheNewestRequest) {

@@ -88,6 +88,10 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
       other_node = other_node || (static_cast<int>(e) != executor && executors_[e]->alive &&
                                   executors_[e]->reachable);
     }
+    // Refused for the row ahead of a request whose draw failed alone in the plan before: the
+    // others are recomputed, but the failure does not count toward kMaxStepFailures.
+    const bool row_ahead_lost = std::any_of(involved.begin(), involved.end(),
+                                            [](const Request* r) { return r->row_ahead_lost; });
     for (Request* req : involved) {
       // Finished already (a stop seen before this plan came back), or a failure that an
       // earlier plan's explains: this plan's rows depended on that plan's tokens.
@@ -98,7 +102,7 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
           ForgetExecutor(req);
           Preempt(req);
         }
-      } else if (++req->step_failures > kMaxStepFailures) {
+      } else if (!row_ahead_lost && ++req->step_failures > kMaxStepFailures) {
         // The detail (node names, addresses) is in the log, not in the client's error.
         FailRequest(req, FinishReason::kError,
                     absl::InternalError(absl::StrCat("a compute node failed this request's step ",
@@ -145,6 +149,7 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
     if (it == by_id.end()) continue;
     Request* req = it->second->request;
     if (failed_now.insert(req).second) {
+      if (req->in_flight > 0) req->row_ahead_lost = true;
       // Already moved when its pool was declared dead above.
       if (req->state != Request::State::kRunning || req->preempt_when_landed) continue;
       const bool pool_dead =
