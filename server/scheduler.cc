@@ -304,8 +304,11 @@ void Scheduler::SetPoolAliveNow(PoolIndex pool, bool alive, int64_t num_slots) {
     for (const auto& other : pools_) any_alive = any_alive || other->alive;
     std::vector<Request*> affected;
     for (auto& [id, req] : requests_) {
-      if (req->pool == pool && req->state == Request::State::kRunning)
-        affected.push_back(req.get());
+      if (req->pool != pool) continue;
+      if (req->state == Request::State::kRunning) affected.push_back(req.get());
+      // Finished with a plan still out, its slots to be released when it lands (Land): they
+      // went with this ledger, and the pool may come back with a new one before then.
+      if (req->state == Request::State::kDone) ForgetLostKv(req.get());
     }
     for (Request* req : affected) {
       // A request with a plan out is preempted (or failed) now; its KV, lost with the pool,

@@ -358,6 +358,39 @@ TEST_F(PlannerTest, AnotherRequestsFailedDrawIsNotChargedToTheRestOfThePlanAhead
   EXPECT_EQ(updates_.back().request_id, *innocent);
 }
 
+// A request that finished with a plan still out releases its slots when that plan lands.
+// If its pool died and came back meanwhile, those slots went with the old ledger: the new
+// one's slots, now another request's, must not be released for it.
+TEST_F(PlannerTest, AFinishedRequestsLateReleaseSparesAPoolThatCameBack) {
+  Start(/*async=*/true);
+  Submit({1, 2, 3, 4, 5}, 40, /*stop_ids=*/{11});
+  Answer(10);  // its first token, with a plan ahead of it out
+  ASSERT_EQ(executor_->held.size(), 2u);
+  Answer(11);  // its stop token: finished, with the plan ahead still out
+  ASSERT_EQ(executor_->held.size(), 1u);
+  ASSERT_EQ(Held(0).chunks.size(), 1u) << "the plan ahead holds the finished request";
+  ASSERT_FALSE(updates_.empty());
+  ASSERT_TRUE(updates_.back().finished);
+  scheduler_->SetPoolAlive(PoolIndex(0), false);
+  scheduler_->RunPending();
+  scheduler_->SetPoolAlive(PoolIndex(0), true);
+  scheduler_->RunPending();
+  Submit({21, 22, 23, 24, 25, 26, 27}, 4);
+  const int64_t used = UsedSlots();
+  ASSERT_GE(used, 7) << "the new request holds its prompt's slots";
+  // The finished request's plan lands: nothing of the new ledger is released for it.
+  auto [plan, sink] = std::move(executor_->held.front());
+  executor_->held.pop_front();
+  StepResult result;
+  result.step_id = plan->step_id;
+  for (const SequenceChunk& c : plan->chunks) {
+    for (const SampleTarget& t : c.samples) result.tokens.push_back({t.request_id, 12});
+  }
+  sink(std::move(result));
+  scheduler_->RunPending();
+  EXPECT_GE(UsedSlots(), used);
+}
+
 // When the pool runs out, the planner takes the slots of the lowest-ranked request (FIFO:
 // the newest): it is preempted and released in the same plan, and the older one decodes.
 TEST_F(PlannerTest, AFullPoolPreemptsTheNewestRequest) {
