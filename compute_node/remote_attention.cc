@@ -443,7 +443,7 @@ absl::Status RemoteAttention::SendLayerTo(int layer, BatchBuffers& b, int64_t m,
   FailSharesWithErrors();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (reply_to == 0) ExpectLocked(layer, b);
+    if (reply_to == 0) ExpectLocked(layer);
     for (size_t s = 0; s < shares_.size(); ++s) {
       Share& share = shares_[s];
       if (share.failed || share.share.plan.rows.empty()) continue;

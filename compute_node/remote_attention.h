@@ -200,10 +200,10 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
     size_t share = 0;
     int minibatch = 0;
     transport::PeerId peer = 0;
-    std::span<uint8_t> dest;  // where the result payload lands
-    // When it cannot land in b.attn directly; shared so that it outlives an abandoned wait.
+    std::span<uint8_t> dest;  // where the result payload lands: staging's bytes
+    // Shared with placed_ while the transport may still write it, so that it outlives a
+    // wait that gave up.
     std::shared_ptr<std::vector<uint8_t>> staging;
-    bool direct = false;  // dest is inside b.attn
     bool arrived = false;
     absl::Status status;
   };
@@ -230,8 +230,8 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
   void FailSharesWithErrors();
   // Calls options_.on_settled unless this object is being destroyed (mu_ held).
   void NotifySettledLocked();
-  // Registers the answers of `layer` into b (mu_ held).
-  void ExpectLocked(int layer, BatchBuffers& b);
+  // Registers the answers of `layer`, each into a buffer of its own (mu_ held).
+  void ExpectLocked(int layer);
   // Deliver's work once the frame is parsed (mu_ held).
   void DeliverLocked(transport::PeerId from, const transport::FrameHeader& h,
                      std::span<const uint8_t> payload, const absl::Status& status);
@@ -265,6 +265,9 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
   std::condition_variable cv_;
   int layer_ = -1;
   std::vector<Expected> expected_;
+  // The buffers Place gave the transport, by address, until it delivers their frames (a
+  // peer that dies mid-transfer may leave its buffer here for good).
+  std::unordered_map<const uint8_t*, std::shared_ptr<std::vector<uint8_t>>> placed_;
   std::unordered_map<transport::PeerId, bool> dead_peers_;
   std::unordered_map<transport::PeerId, absl::Status> pending_errors_;  // step-level errors
   // Bytes per connection (under mu_), named by memory node in stats().

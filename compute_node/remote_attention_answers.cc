@@ -19,9 +19,7 @@ using transport::PeerId;
 
 }  // namespace
 
-void RemoteAttention::ExpectLocked(int layer, BatchBuffers& b) {
-  const size_t q_row = dims_.q_row_bytes();
-  auto* attn_base = reinterpret_cast<uint8_t*>(b.attn.data());
+void RemoteAttention::ExpectLocked(int layer) {
   layer_ = layer;
   expected_.clear();
   for (size_t s = 0; s < shares_.size(); ++s) {
@@ -29,18 +27,14 @@ void RemoteAttention::ExpectLocked(int layer, BatchBuffers& b) {
     if (share.failed || share.share.plan.rows.empty()) continue;
     for (size_t j = 0; j < share.layouts.size(); ++j) {
       const MinibatchLayout& mb = share.layouts[j];
-      const int r0 = share.first_row + mb.begin;
       Expected e;
       e.share = s;
       e.minibatch = static_cast<int>(j);
       e.peer = share.peer;
-      e.direct = mb.partials == 0 && mb.writes == 0;
-      if (e.direct) {
-        e.dest = {attn_base + r0 * q_row, mb.out_bytes};
-      } else {
-        e.staging = std::make_shared<std::vector<uint8_t>>(mb.result_bytes());
-        e.dest = {e.staging->data(), e.staging->size()};
-      }
+      // Never b.attn itself: an answer that arrives after the wait gave up (a timeout,
+      // AbandonStep) would land in rows that are by then another step's.
+      e.staging = std::make_shared<std::vector<uint8_t>>(mb.result_bytes());
+      e.dest = {e.staging->data(), e.staging->size()};
       expected_.push_back(std::move(e));
     }
   }
@@ -52,7 +46,7 @@ absl::Status RemoteAttention::ExpectLayer(int layer, BatchBuffers& b, int64_t m)
   expecting_routed_ = true;
   std::lock_guard<std::mutex> lock(mu_);
   layer_watch_.Reset();
-  ExpectLocked(layer, b);
+  ExpectLocked(layer);
   // Answers that came before this lane knew the step.
   std::vector<Early> replay;
   std::erase_if(early_, [&](Early& e) {
@@ -159,7 +153,6 @@ absl::Status RemoteAttention::WaitLayer(int layer, BatchBuffers& b, int64_t m) {
       std::memset(attn_base + (share.first_row + mb.begin) * q_row, 0, (mb.end - mb.begin) * q_row);
       continue;
     }
-    if (e.direct) continue;
     int finals = 0, partials = 0;
     for (int r = mb.begin; r < mb.end; ++r) {
       const int32_t limit = share.share.plan.rows[r].tile_limit;
@@ -230,6 +223,9 @@ std::span<uint8_t> RemoteAttention::Place(PeerId from, std::span<const uint8_t> 
   for (Expected& e : expected_) {
     if (e.peer == from && e.minibatch == static_cast<int>(h.minibatch) && !e.arrived &&
         e.dest.size() == payload_bytes && payload_bytes > 0) {
+      // The transport writes there until it delivers the frame, which may be after the
+      // wait has given up on it: the buffer is kept until then.
+      placed_.emplace(e.dest.data(), e.staging);
       return e.dest;
     }
   }
@@ -241,6 +237,9 @@ void RemoteAttention::Deliver(PeerId from, std::span<const uint8_t> header_bytes
   FrameHeader h;
   absl::Status parsed = transport::ParseFrameHeader(header_bytes, &h);
   std::lock_guard<std::mutex> lock(mu_);
+  // A payload that Place gave a buffer is in it now: the transport is done with it. (What
+  // it answers below still holds it through expected_ if the step waits for it.)
+  const auto placed = placed_.extract(payload.data());
   stats_.bytes_received += header_bytes.size() + payload.size();
   if (auto t = peer_traffic_.find(from); t != peer_traffic_.end()) {
     t->second.bytes.received += header_bytes.size() + payload.size();

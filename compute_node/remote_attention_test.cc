@@ -3,6 +3,7 @@
 // smaller than min_minibatch_rows), and that the cut never changes the output.
 #include "compute_node/remote_attention.h"
 
+#include <cstring>
 #include <random>
 
 #include "compute_node/model_runner.h"
@@ -34,7 +35,7 @@ struct Pair {
   // Over the in-process transport unless `data_plane` is given (then UCX, as deployed).
   Pair(const ModelConfig& c, int minibatches, int min_rows, int64_t slots,
        const transport::TransportConfig* data_plane = nullptr,
-       absl::Duration answer_spin = RemoteAttentionOptions().answer_spin) {
+       absl::Duration answer_spin = RemoteAttentionOptions().answer_spin, uint64_t endpoint = 0) {
     static int instance = 0;
     MemoryServerOptions server_options;
     server_options.transport.backend = transport::Backend::kInproc;
@@ -60,6 +61,8 @@ struct Pair {
     options.transport.backend = transport::Backend::kInproc;
     if (data_plane != nullptr) options.transport = *data_plane;
     options.answer_spin = answer_spin;
+    options.endpoint = endpoint;  // rotational pipelining's lanes have one
+    if (endpoint != 0) options.prefill_policy = PrefillPolicy::kMemory;
     options.minibatches = minibatches;
     options.min_minibatch_rows = min_rows;
     remote = std::move(*RemoteAttention::Create(c, options));
@@ -102,6 +105,53 @@ std::vector<uint16_t> Decode(Pair& pair, const ModelConfig& c, int requests, int
   }
   *frames += pair.remote->stats().layer_frames - frames_before;
   return outputs;
+}
+
+// The transport writes an answer's payload where Place says, possibly after the wait for it
+// gave up (a timeout, AbandonStep). That buffer must never be the batch's own, and must
+// stay the receiver's until the frame is delivered: here the test plays the transport,
+// placing an answer of a layer that waits for another replica's answers (nothing else
+// answers), abandoning the step, then writing the payload and delivering it.
+TEST(RemoteAttentionTest, AnAnswerPlacedBeforeTheStepIsAbandonedNeverLandsInTheBatch) {
+  const ModelConfig c = Shape();
+  Pair pair(c, 1, 1, 16, nullptr, RemoteAttentionOptions().answer_spin, /*endpoint=*/1);
+  pair.remote->ConnectAll();
+  StepKvPlan plan;
+  plan.step_id = 7;
+  SlotAssignment a;
+  a.request_id = SequenceId(1);
+  a.slots = {0};
+  plan.assignments.push_back(a);
+  plan.rows.push_back({SequenceId(1), PoolIndex(0), 0, -1});
+  ASSERT_TRUE(pair.remote->BeginRoutedStep(plan, /*send_descriptors=*/false, /*reply_to=*/0).ok());
+  BatchBuffers b(c, 1);
+  for (size_t i = 0; i < b.attn.size(); ++i) b.attn[i] = static_cast<uint16_t>(i);
+  const std::vector<uint16_t> before(b.attn.begin(), b.attn.end());
+  ASSERT_TRUE(pair.remote->ExpectLayer(0, b, 1).ok());
+  transport::FrameHeader h;
+  h.kind = static_cast<uint16_t>(transport::FrameKind::kLayerResult);
+  h.step_id = plan.step_id;
+  h.epoch = kEpoch;
+  h.layer = 0;
+  h.minibatch = 0;
+  h.rows = 1;
+  const size_t bytes = static_cast<size_t>(c.num_heads) * c.head_dim * 2;  // one final row
+  h.payload_bytes = bytes;
+  std::span<uint8_t> dest;
+  transport::PeerId peer = 1;
+  for (; peer <= 8 && dest.empty(); ++peer) dest = pair.remote->Place(peer, AsBytes(h), bytes);
+  --peer;
+  ASSERT_EQ(dest.size(), bytes) << "no connection took the answer";
+  const auto* attn = reinterpret_cast<const uint8_t*>(b.attn.data());
+  EXPECT_TRUE(dest.data() + dest.size() <= attn || dest.data() >= attn + b.attn.size() * 2)
+      << "the answer was placed inside the batch's attention rows";
+  pair.remote->AbandonStep();
+  std::memset(dest.data(), 0xAB, dest.size());  // the payload arrives late
+  pair.remote->Deliver(peer, AsBytes(h), dest, absl::OkStatus());
+  EXPECT_EQ(std::vector<uint16_t>(b.attn.begin(), b.attn.end()), before);
+  // The lane goes on: a step after the abandoned one runs as usual.
+  uint64_t frames = 0;
+  EXPECT_FALSE(Decode(pair, c, 1, 2, 5, &frames).empty());
 }
 
 TEST(RemoteAttentionTest, MinibatchesKeepAMinimumSize) {
