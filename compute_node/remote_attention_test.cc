@@ -142,6 +142,8 @@ TEST(RemoteAttentionTest, AnAnswerPlacedBeforeTheStepIsAbandonedNeverLandsInTheB
   for (; peer <= 8 && dest.empty(); ++peer) dest = pair.remote->Place(peer, AsBytes(h), bytes);
   --peer;
   ASSERT_EQ(dest.size(), bytes) << "no connection took the answer";
+  EXPECT_TRUE(pair.remote->Place(peer, AsBytes(h), bytes).empty())
+      << "a second frame for the same answer was placed in the same buffer";
   const auto* attn = reinterpret_cast<const uint8_t*>(b.attn.data());
   EXPECT_TRUE(dest.data() + dest.size() <= attn || dest.data() >= attn + b.attn.size() * 2)
       << "the answer was placed inside the batch's attention rows";
