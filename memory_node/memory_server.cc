@@ -291,11 +291,28 @@ void MemoryServer::Finish(Work& work, bool is_inline) {
 
 void MemoryServer::Handle(Work& work) {
   if (work.header.empty() && absl::IsCancelled(work.status)) {
-    std::lock_guard<std::mutex> lock(engine_mu_);
-    peers_.erase(work.peer);  // the peer left: let go of its step
-    for (auto it = endpoints_.begin(); it != endpoints_.end();) {
-      it = it->second == work.peer ? endpoints_.erase(it) : std::next(it);
+    {
+      std::lock_guard<std::mutex> lock(engine_mu_);
+      peers_.erase(work.peer);  // the peer left: let go of its step
+      for (auto it = endpoints_.begin(); it != endpoints_.end();) {
+        it = it->second == work.peer ? endpoints_.erase(it) : std::next(it);
+      }
+      departed_.insert(work.peer);
     }
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.peers_left;
+    return;
+  }
+  bool departed;
+  {
+    std::lock_guard<std::mutex> lock(engine_mu_);
+    departed = departed_.count(work.peer) > 0;
+  }
+  if (departed) {
+    // Held by the transport behind a payload still arriving when the peer went: its step
+    // was let go of above, and applying it now would hold slot tables for ever.
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.departed_frames;
     return;
   }
   FrameHeader header;

@@ -37,6 +37,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -83,6 +84,8 @@ struct MemoryServerStats {
   int64_t kv_positions = 0;  // assigned positions over all tables
   uint64_t tables = 0;
   uint64_t peers = 0;
+  uint64_t peers_left = 0;
+  uint64_t departed_frames = 0;  // delivered after their sender left, dropped
 };
 
 class MemoryServer : public transport::MessageHandler {
@@ -170,6 +173,9 @@ class MemoryServer : public transport::MessageHandler {
   std::unordered_map<transport::PeerId, PeerState> peers_;
   std::map<uint64_t, PeerState> routed_;                       // by step id
   std::unordered_map<uint64_t, transport::PeerId> endpoints_;  // announced by kHello
+  // Peers that left (their ids are never reused): what the transport still delivers of
+  // theirs afterwards is dropped, not applied to a step let go of already.
+  std::unordered_set<transport::PeerId> departed_;
 
   // Buffers received but not yet run, by data pointer (transport thread only).
   std::unordered_map<const uint8_t*, std::shared_ptr<std::vector<uint8_t>>> placed_;

@@ -7,6 +7,7 @@
 #include <deque>
 #include <random>
 
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/base/bfloat16.h"
 #include "gtest/gtest.h"
@@ -281,6 +282,39 @@ TEST_P(MemoryServerTest, ALayerOfALoadingRequestWaitsForThatLayer) {
   }
   EXPECT_EQ(server_->load_gate().stats().waited_layers, static_cast<uint64_t>(kLayers));
   EXPECT_EQ(server_->load_gate().stats().abandoned, 0u);
+}
+
+// The transport may deliver a peer's frames after telling of its departure (a frame held
+// behind a payload still arriving when the peer went). They are dropped: applying a step
+// descriptor then would hold its slot tables for a peer that is gone, for ever.
+TEST_P(MemoryServerTest, FramesDeliveredAfterTheirPeerLeftAreDropped) {
+  auto wait_for = [&](auto done) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (!done(server_->stats()) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(2));
+    return done(server_->stats());
+  };
+  SendStep(Share(1, 10));
+  ASSERT_TRUE(wait_for([](const MemoryServerStats& s) { return s.steps == 1; }));
+  const uint64_t tables = server_->stats().tables;
+  client_.reset();  // the server's only peer, its first: id 1
+  ASSERT_TRUE(wait_for([](const MemoryServerStats& s) { return s.peers_left == 1; }));
+  const StepShare late = Share(2, 10);
+  const std::string body = EncodeStepShare(late);
+  FrameHeader h;
+  h.kind = static_cast<uint16_t>(FrameKind::kStep);
+  h.step_id = late.step_id;
+  h.epoch = kEpoch;
+  h.payload_bytes = body.size();
+  h.checksum = transport::PayloadChecksum(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(body.data()), body.size()));
+  server_->Deliver(1, transport::AsBytes(h),
+                   {reinterpret_cast<const uint8_t*>(body.data()), body.size()}, absl::OkStatus());
+  ASSERT_TRUE(
+      wait_for([](const MemoryServerStats& s) { return s.departed_frames + s.steps >= 2; }));
+  const MemoryServerStats stats = server_->stats();
+  EXPECT_EQ(stats.departed_frames, 1u);
+  EXPECT_EQ(stats.steps, 1u) << "a departed peer's step was applied";
+  EXPECT_EQ(stats.tables, tables);
 }
 
 TEST_P(MemoryServerTest, BadFramesGetErrorsAndTheServerKeepsServing) {
