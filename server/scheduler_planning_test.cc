@@ -78,8 +78,10 @@ class PlannerTest : public ::testing::Test {
     r.ignore_eos = true;
     r.stop_token_ids = std::move(stop_ids);
     r.sampling.temperature = 0.0f;
-    ASSERT_TRUE(
-        scheduler_->Submit(r, [this](const RequestUpdate& u) { updates_.push_back(u); }).ok());
+    const absl::StatusOr<uint64_t> id =
+        scheduler_->Submit(r, [this](const RequestUpdate& u) { updates_.push_back(u); });
+    ASSERT_TRUE(id.ok());
+    last_id_ = *id;
     if (run) scheduler_->RunPending();
   }
 
@@ -123,6 +125,7 @@ class PlannerTest : public ::testing::Test {
   HeldExecutor* executor_ = nullptr;
   std::vector<HeldExecutor*> replicas_;
   std::vector<RequestUpdate> updates_;
+  uint64_t last_id_ = 0;  // of the request Submit queued last
 };
 
 TEST_F(PlannerTest, SynchronousPlansOneStepAtATimeWithLiteralTokens) {
@@ -258,20 +261,12 @@ TEST_F(PlannerTest, ACancelOrTimeoutDuringAFailedStepStillEndsTheRequest) {
       replicas_.clear();
       Start(async);
       updates_.clear();
-      GenerateRequest r;
-      r.prompt_tokens = {1, 2, 3, 4, 5};
-      r.max_tokens = 8;
-      r.ignore_eos = true;
-      r.sampling.temperature = 0.0f;
-      const absl::StatusOr<uint64_t> id =
-          scheduler_->Submit(r, [this](const RequestUpdate& u) { updates_.push_back(u); });
-      ASSERT_TRUE(id.ok());
-      scheduler_->RunPending();
+      Submit({1, 2, 3, 4, 5}, 8);
       ASSERT_FALSE(executor_->held.empty());
       if (timeout) {
         absl::SleepFor(absl::Milliseconds(80));
       } else {
-        scheduler_->Cancel(*id);
+        scheduler_->Cancel(last_id_);
       }
       scheduler_->RunPending();
       ASSERT_TRUE(updates_.empty() || !updates_.back().finished) << "ended with its plan out";
@@ -295,15 +290,8 @@ TEST_F(PlannerTest, ACancelOrTimeoutDuringAFailedStepStillEndsTheRequest) {
 // end a request: one innocent request outlives three such events and finishes cleanly.
 TEST_F(PlannerTest, AnotherRequestsFailedDrawIsNotChargedToTheRestOfThePlanAhead) {
   Start(/*async=*/true);
-  GenerateRequest r;
-  r.prompt_tokens = {1, 2, 3, 4, 5};
-  r.max_tokens = 24;
-  r.ignore_eos = true;
-  r.sampling.temperature = 0.0f;
-  const absl::StatusOr<uint64_t> innocent =
-      scheduler_->Submit(r, [this](const RequestUpdate& u) { updates_.push_back(u); });
-  ASSERT_TRUE(innocent.ok());
-  scheduler_->RunPending();
+  Submit({1, 2, 3, 4, 5}, 24);
+  const uint64_t innocent = last_id_;
   ASSERT_FALSE(executor_->held.empty());
   const SequenceId b = Held(0).chunks.at(0).request_id;
   // Answers the oldest plan: every draw succeeds but those of sequences other than b, which
@@ -331,10 +319,7 @@ TEST_F(PlannerTest, AnotherRequestsFailedDrawIsNotChargedToTheRestOfThePlanAhead
   };
   for (int event = 0; event < 3; ++event) {
     SCOPED_TRACE(event);
-    r.prompt_tokens = {9, 8, 7};
-    r.max_tokens = 4;
-    ASSERT_TRUE(scheduler_->Submit(r, [](const RequestUpdate&) {}).ok());
-    scheduler_->RunPending();
+    Submit({9, 8, 7}, 4);
     // Until a plan that holds both has a plan behind it that also holds the other.
     bool failed = false;
     for (int i = 0; i < 20 && !failed; ++i) {
@@ -355,7 +340,7 @@ TEST_F(PlannerTest, AnotherRequestsFailedDrawIsNotChargedToTheRestOfThePlanAhead
   ASSERT_FALSE(updates_.empty());
   EXPECT_TRUE(updates_.back().finished);
   EXPECT_TRUE(updates_.back().error.ok()) << updates_.back().error;
-  EXPECT_EQ(updates_.back().request_id, *innocent);
+  EXPECT_EQ(updates_.back().request_id, innocent);
 }
 
 // A request that finished with a plan still out releases its slots when that plan lands.
