@@ -276,6 +276,7 @@ TEST_F(PlannerTest, ACancelOrTimeoutDuringAFailedStepStillEndsTheRequest) {
       EXPECT_EQ(updates_.back().error.code(),
                 timeout ? absl::StatusCode::kDeadlineExceeded : absl::StatusCode::kCancelled);
       EXPECT_EQ(scheduler_->Stats().num_waiting, 0);
+      EXPECT_EQ(scheduler_->Stats().num_preemptions_total, 0) << "it ends, it is not requeued";
       EXPECT_EQ(UsedSlots(), 0);
       scheduler_->Stop();
       scheduler_.reset();

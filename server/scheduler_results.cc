@@ -96,6 +96,8 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
       // Finished already (a stop seen before this plan came back), or a failure that an
       // earlier plan's explains: this plan's rows depended on that plan's tokens.
       if (req->state == Request::State::kDone || req->preempt_when_landed) continue;
+      // Cancelled or timed out meanwhile: it ends below instead of running again.
+      if (req->pending_finish != FinishReason::kNone) continue;
       if (lost) {
         // Another node takes it; with none left it fails below, with the rest.
         if (other_node) {
