@@ -72,6 +72,14 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
   for (Request* req : involved) {
     if (req->in_flight > 0) --req->in_flight;
   }
+  // On the way out, whether the step worked or failed (before its requests land):
+  // cancellations and timeouts that arrived while it ran end their requests. Put back in the
+  // queue instead, such a request would be skipped for its pending finish for ever.
+  absl::Cleanup finish_pending = [this, &involved] {
+    for (Request* req : involved) {
+      if (req->state != Request::State::kDone) FinishPending(req);
+    }
+  };
 
   if (!result.status.ok()) {
     LOG(ERROR) << "step " << plan.step_id << " on " << ex.impl->name()
@@ -96,7 +104,7 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
       // Finished already (a stop seen before this plan came back), or a failure that an
       // earlier plan's explains: this plan's rows depended on that plan's tokens.
       if (req->state == Request::State::kDone || req->preempt_when_landed) continue;
-      // Cancelled or timed out meanwhile: it ends below instead of running again.
+      // Cancelled or timed out meanwhile: it ends on the way out instead of running again.
       if (req->pending_finish != FinishReason::kNone) continue;
       if (lost) {
         // Another node takes it; with none left it fails below, with the rest.
@@ -130,11 +138,6 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
                     absl::UnavailableError("no compute node is available"));
       }
       PublishStats();
-    }
-    // Cancellations and timeouts that arrived while the step ran end the request now, as
-    // after a step that worked: put back in the queue, it would be skipped for them for ever.
-    for (Request* req : involved) {
-      if (req->state != Request::State::kDone) FinishPending(req);
     }
     return;
   }
@@ -264,10 +267,6 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
     update.cached_prompt_tokens = req->cached_prompt_tokens;
     if (req->callback) req->callback(update);
     if (all_done) MaybeRemoveRequest(req);
-  }
-  // Cancellations and timeouts that arrived while the step ran.
-  for (Request* req : involved) {
-    if (req->state != Request::State::kDone) FinishPending(req);
   }
 }
 
