@@ -204,7 +204,6 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
     // Shared with placed_ while the transport may still write it, so that it outlives a
     // wait that gave up.
     std::shared_ptr<std::vector<uint8_t>> staging;
-    bool placed = false;  // Place handed dest to the transport
     bool arrived = false;
     absl::Status status;
   };

@@ -221,12 +221,12 @@ std::span<uint8_t> RemoteAttention::Place(PeerId from, std::span<const uint8_t> 
   std::lock_guard<std::mutex> lock(mu_);
   if (h.step_id != step_id_ || static_cast<int>(h.layer) != layer_) return {};
   for (Expected& e : expected_) {
-    if (e.peer == from && e.minibatch == static_cast<int>(h.minibatch) && !e.arrived && !e.placed &&
-        e.dest.size() == payload_bytes && payload_bytes > 0) {
+    // Once only (not while the transport holds it already): a second frame for the same
+    // answer gets a buffer of the transport's. Delivered, it has arrived.
+    if (e.peer == from && e.minibatch == static_cast<int>(h.minibatch) && !e.arrived &&
+        !placed_.contains(e.dest.data()) && e.dest.size() == payload_bytes && payload_bytes > 0) {
       // The transport writes there until it delivers the frame, which may be after the
-      // wait has given up on it: the buffer is kept until then. Once only: a second frame
-      // for the same answer gets a buffer of the transport's.
-      e.placed = true;
+      // wait has given up on it: the buffer is kept until then.
       placed_.emplace(e.dest.data(), e.staging);
       return e.dest;
     }
