@@ -33,7 +33,7 @@ absl::Status LocalAttention::Attend(int layer, BatchBuffers& b, int64_t m) {
     return absl::InvalidArgumentError(
         absl::StrCat("batch has ", m, " rows but the step plan ", engine_->num_rows()));
   }
-  if (gate_ != nullptr && !tickets_.empty()) gate_->Wait(tickets_, layer);
+  if (gate_ != nullptr && !tickets_.empty()) RETURN_IF_ERROR(gate_->Wait(tickets_, layer));
   return engine_->AttendLayer(layer, b.q.data(), b.k.data(), b.v.data(), b.attn.data(), nullptr);
 }
 

@@ -4,18 +4,15 @@
 #include <chrono>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
 namespace strata {
-namespace {
-
-// How long an entry outlives its load (or its abandonment).
-constexpr absl::Duration kKeep = absl::Seconds(60);
-
-}  // namespace
-
-LoadGate::LoadGate(absl::Duration arrival_wait)
-    : arrival_wait_(arrival_wait), last_prune_(absl::Now()) {}
+LoadGate::LoadGate(absl::Duration arrival_wait, absl::Duration keep, size_t max_entries)
+    : arrival_wait_(arrival_wait),
+      keep_(keep),
+      max_entries_(max_entries),
+      last_prune_(absl::Now()) {}
 
 bool LoadGate::Expect(uint64_t ticket, absl::Time deadline) {
   if (ticket == 0) return true;
@@ -52,13 +49,22 @@ bool LoadGate::Finish(uint64_t ticket, bool ok) {
   return ok && !e.abandoned;
 }
 
-void LoadGate::Wait(std::span<const uint64_t> tickets, int layer) {
-  if (std::all_of(tickets.begin(), tickets.end(), [](uint64_t t) { return t == 0; })) return;
+absl::Status LoadGate::Wait(std::span<const uint64_t> tickets, int layer) {
+  if (std::all_of(tickets.begin(), tickets.end(), [](uint64_t t) { return t == 0; })) {
+    return absl::OkStatus();
+  }
   const absl::Time start = absl::Now();
   std::unique_lock<std::mutex> lock(mu_);
+  PruneLocked(start);
   bool waited = false;
   for (uint64_t ticket : tickets) {
     if (ticket == 0) continue;
+    if (!entries_.contains(ticket) && entries_.size() >= max_entries_) {
+      ++stats_.refused;
+      return absl::ResourceExhaustedError(absl::StrCat("layer-wise pre-loading: ticket ", ticket,
+                                                       " is unknown and ", entries_.size(),
+                                                       " tickets are awaited already"));
+    }
     Entry& e = entries_[ticket];  // a step may come before its ticket's moves
     if (e.touched == absl::Time()) e.touched = start;
     while (!e.finished && !e.abandoned && e.ready <= layer) {
@@ -80,15 +86,21 @@ void LoadGate::Wait(std::span<const uint64_t> tickets, int layer) {
   } else {
     ++stats_.ready_layers;
   }
+  return absl::OkStatus();
 }
 
 void LoadGate::PruneLocked(absl::Time now) {
-  if (now - last_prune_ < absl::Seconds(1)) return;
+  if (now - last_prune_ < std::min(keep_, absl::Seconds(1))) return;
   last_prune_ = now;
   std::erase_if(entries_, [&](const auto& kv) {
     const Entry& e = kv.second;
-    return (e.finished || e.abandoned) && now - e.touched > kKeep;
+    return (e.finished || e.abandoned) && now - e.touched > keep_;
   });
+}
+
+size_t LoadGate::entries() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entries_.size();
 }
 
 LoadGateStats LoadGate::stats() const {

@@ -10,6 +10,11 @@
 // is then reported failed whatever it does later (Finish returns false), so that nothing
 // computed over half-loaded slots is ever kept.
 //
+// Tickets come in step descriptors, from compute nodes, before or after their moves. An
+// entry lives while its load runs and `keep` after it is over or abandoned; the gate holds
+// at most `max_entries`, and a step that names an unknown ticket when it is full fails
+// instead of waiting (so descriptors full of made-up tickets cannot grow it).
+//
 // Thread-safety: every method may be called from any thread.
 #ifndef STRATA_MEMORY_NODE_LOAD_GATE_H_
 #define STRATA_MEMORY_NODE_LOAD_GATE_H_
@@ -20,6 +25,7 @@
 #include <span>
 #include <unordered_map>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 
 namespace strata {
@@ -29,6 +35,7 @@ struct LoadGateStats {
   uint64_t ready_layers = 0;   // layer waits that found the layer in DRAM (read-ahead hits)
   uint64_t waited_layers = 0;  // layer waits that had to wait for the disk
   uint64_t abandoned = 0;      // tickets a step gave up on
+  uint64_t refused = 0;        // unknown tickets of steps that came while the gate was full
   double wait_seconds = 0;     // attention's time waiting for the disk
 };
 
@@ -37,7 +44,8 @@ class LoadGate {
   // `arrival_wait`: how long a step waits for a ticket whose moves have not arrived.
   // The default is the scheduler's default load deadline (--kv_disk_load_timeout_ms): by
   // then it has given up on those loads anyway.
-  explicit LoadGate(absl::Duration arrival_wait = absl::Seconds(2));
+  explicit LoadGate(absl::Duration arrival_wait = absl::Seconds(2),
+                    absl::Duration keep = absl::Seconds(60), size_t max_entries = size_t{1} << 16);
 
   // The node has `ticket`'s moves; their caller gives up at `deadline`. False if a step
   // already abandoned the ticket: the moves must then be refused.
@@ -49,9 +57,12 @@ class LoadGate {
   bool Finish(uint64_t ticket, bool ok);
 
   // Waits until every ticket has `layer` in DRAM or is over (or abandoned, at its deadline).
-  void Wait(std::span<const uint64_t> tickets, int layer);
+  // ResourceExhausted, without waiting, if a ticket is unknown and the gate is full: the
+  // step must then fail.
+  absl::Status Wait(std::span<const uint64_t> tickets, int layer);
 
   LoadGateStats stats() const;
+  size_t entries() const;  // tickets the gate keeps now
 
  private:
   struct Entry {
@@ -66,6 +77,8 @@ class LoadGate {
   void PruneLocked(absl::Time now);
 
   const absl::Duration arrival_wait_;
+  const absl::Duration keep_;
+  const size_t max_entries_;
   mutable std::mutex mu_;
   std::condition_variable changed_;
   std::unordered_map<uint64_t, Entry> entries_;

@@ -101,6 +101,40 @@ TEST(LoadGateTest, MovesThatNeverCameAreAbandonedAndRefusedLater) {
   EXPECT_FALSE(gate.Finish(4, true));
 }
 
+// Tickets come from compute nodes' descriptors. Unknown ones a step gave up on are
+// forgotten `keep` later, and the gate holds at most max_entries: a step naming an unknown
+// ticket when it is full fails at once (nothing is waited for or kept), while the
+// scheduler's own moves still get in and their steps still pass.
+TEST(LoadGateTest, UnknownTicketsAreBoundedAndForgotten) {
+  LoadGate gate(absl::Milliseconds(30), absl::Milliseconds(50), 8);
+  std::vector<uint64_t> made_up;
+  for (uint64_t t = 1; t <= 8; ++t) made_up.push_back(1000 + t);
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(gate.Wait(made_up, 0).ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << "each unknown ticket waited in turn";
+  EXPECT_EQ(gate.stats().abandoned, 8u);
+  EXPECT_EQ(gate.entries(), 8u);
+
+  const uint64_t one_more[] = {2000};
+  const absl::Status full = gate.Wait(one_more, 0);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_EQ(gate.stats().refused, 1u);
+  EXPECT_EQ(gate.entries(), 8u);
+
+  // The scheduler's moves are not refused, and their step passes once the layer is in.
+  ASSERT_TRUE(gate.Expect(7, absl::Now() + absl::Seconds(10)));
+  gate.Advance(7, 1);
+  const uint64_t real[] = {7};
+  EXPECT_TRUE(gate.Wait(real, 0).ok());
+  EXPECT_TRUE(gate.Finish(7, true));
+
+  // `keep` later the abandoned ones are gone, and a new unknown ticket is waited for again.
+  absl::SleepFor(absl::Milliseconds(120));
+  EXPECT_TRUE(gate.Wait(one_more, 0).ok());
+  EXPECT_EQ(gate.entries(), 1u);
+  EXPECT_EQ(gate.stats().abandoned, 9u);
+}
+
 TEST(LoadGateTest, TicketZeroIsNoLoad) {
   LoadGate gate;
   const uint64_t tickets[] = {0};

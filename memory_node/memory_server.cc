@@ -36,6 +36,10 @@ absl::StatusOr<std::unique_ptr<MemoryServer>> MemoryServer::Create(MemoryServerO
   // before any frame can arrive.
   server->worker_.Start();
   server->worker_.Post([threads = omp_get_max_threads()] { omp_set_num_threads(threads); });
+  // Layer frames are placed into the server's own buffers once their claim fits; anything
+  // else the transport would hold a copy of is small.
+  server->options_.transport.max_held_bytes =
+      std::min(server->options_.transport.max_held_bytes, kMaxSmallFrame);
   ASSIGN_OR_RETURN(server->transport_, transport::Transport::Create(server->options_.transport));
   server->transport_->SetHandler(transport::kFrameTag, server.get());
   MemoryServer* self = server.get();
@@ -142,6 +146,12 @@ absl::StatusOr<MemoryConfigAck> MemoryServer::Configure(const MemoryConfig& conf
       LOG(ERROR) << "no disk tier: " << tier.status();
     }
   }
+  {
+    std::lock_guard<std::mutex> limits_lock(limits_mu_);
+    limits_.max_rows = config.max_step_rows;
+    limits_.row_min = 2 * dims_.kv_row_bytes();
+    limits_.row_max = dims_.q_row_bytes() + limits_.row_min;
+  }
   ready_.store(true);
   PublishKvLocked();
   return ack;
@@ -217,13 +227,45 @@ std::span<uint8_t> MemoryServer::Place(PeerId, std::span<const uint8_t> header_b
   FrameHeader header;
   if (!transport::ParseFrameHeader(header_bytes, &header).ok() ||
       header.kind != static_cast<uint16_t>(FrameKind::kLayer) ||
-      header.payload_bytes != payload_bytes || payload_bytes == 0 || payload_bytes > kMaxPayload) {
-    return {};  // looked at in Deliver
+      header.payload_bytes != payload_bytes || !LayerClaimFits(header, payload_bytes).ok()) {
+    return {};  // looked at in Deliver (the transport holds no more than kMaxSmallFrame)
   }
   auto buffer = Buffer(payload_bytes);
   std::span<uint8_t> span(buffer->data(), payload_bytes);
   placed_[buffer->data()] = std::move(buffer);
   return span;
+}
+
+uint64_t MemoryServer::MaxStepRows() const {
+  std::lock_guard<std::mutex> lock(limits_mu_);
+  return limits_.max_rows;
+}
+
+absl::Status MemoryServer::LayerClaimFits(const FrameHeader& header, size_t payload_bytes) const {
+  FrameLimits limits;
+  {
+    std::lock_guard<std::mutex> lock(limits_mu_);
+    limits = limits_;
+  }
+  if (limits.row_max == 0)
+    return absl::FailedPreconditionError("a layer frame before configuration");
+  const uint64_t rows = header.rows;
+  if (rows == 0 || (limits.max_rows != 0 && rows > limits.max_rows)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a layer frame of ", rows, " rows; a step here has ",
+                     limits.max_rows != 0 ? absl::StrCat("1 to ", limits.max_rows) : "at least 1"));
+  }
+  // In 128 bits: a configured row may be large, and no product may wrap.
+  using Wide = unsigned __int128;
+  const Wide low = Wide{rows} * limits.row_min;
+  const Wide high = std::min<Wide>(Wide{rows} * limits.row_max, kMaxPayload);
+  if (payload_bytes < low || payload_bytes > high) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a layer frame of ", rows, " rows and ", payload_bytes, " bytes; its rows fill ",
+        static_cast<uint64_t>(std::min<Wide>(low, kMaxPayload + 1)), " to ",
+        static_cast<uint64_t>(high), " bytes"));
+  }
+  return absl::OkStatus();
 }
 
 void MemoryServer::Deliver(PeerId from, std::span<const uint8_t> header,
@@ -236,10 +278,18 @@ void MemoryServer::Deliver(PeerId from, std::span<const uint8_t> header,
   if (it != placed_.end() && payload.data() != nullptr) {
     work.payload = std::move(it->second);
     placed_.erase(it);
+  } else if (FrameHeader parsed; transport::ParseFrameHeader(header, &parsed).ok() &&
+                                 parsed.kind == static_cast<uint16_t>(FrameKind::kLayer) &&
+                                 (parsed.payload_bytes == payload.size() || !work.status.ok()) &&
+                                 !LayerClaimFits(parsed, parsed.payload_bytes).ok()) {
+    // Refused by Place, and here before a copy is made; the claim is also the better reason
+    // when the transport dropped the payload. (A header that disagrees with the payload it
+    // came with is reported as such in Handle.)
+    work.status = LayerClaimFits(parsed, parsed.payload_bytes);
   } else if (work.status.ok() && payload.size() > kMaxSmallFrame) {
     work.status = absl::InvalidArgumentError(absl::StrCat("a frame of ", payload.size(),
-                                                          " bytes that is not a layer's (at most ",
-                                                          kMaxSmallFrame, " bytes)"));
+                                                          " bytes that was not placed (at most ",
+                                                          kMaxSmallFrame, " bytes are copied)"));
   } else if (work.status.ok()) {
     work.payload = Buffer(payload.size());
     if (!payload.empty()) std::memcpy(work.payload->data(), payload.data(), payload.size());
@@ -409,6 +459,10 @@ void MemoryServer::HandleStep(PeerId peer, const FrameHeader& header,
       } else if (share->num_layers != static_cast<uint32_t>(dims_.num_layers)) {
         error = absl::InvalidArgumentError(absl::StrCat(
             "step for a model of ", share->num_layers, " layers; this one has ", dims_.num_layers));
+      } else if (const uint64_t max_rows = MaxStepRows();
+                 max_rows != 0 && share->plan.rows.size() > max_rows) {
+        error = absl::InvalidArgumentError(absl::StrCat(
+            "step of ", share->plan.rows.size(), " rows; a step here has at most ", max_rows));
       } else if (share->step_id != header.step_id) {
         error = absl::InvalidArgumentError("step descriptor and frame header disagree on the step");
       } else {
@@ -447,6 +501,7 @@ void MemoryServer::HandleLayer(PeerId peer, const FrameHeader& header,
                                std::span<const uint8_t> payload) {
   // Layer-wise pre-loading: outside the engine lock (moves and other peers' steps go on),
   // wait until the step's loading requests have this layer in DRAM.
+  absl::Status gate;
   {
     std::vector<uint64_t> tickets;
     {
@@ -456,7 +511,7 @@ void MemoryServer::HandleLayer(PeerId peer, const FrameHeader& header,
         for (const PendingLoad& l : found->share.plan.loads) tickets.push_back(l.ticket);
       }
     }
-    if (!tickets.empty()) disk_.gate().Wait(tickets, static_cast<int>(header.layer));
+    if (!tickets.empty()) gate = disk_.gate().Wait(tickets, static_cast<int>(header.layer));
   }
   std::shared_ptr<std::vector<uint8_t>> reply;
   FrameHeader answer;
@@ -479,6 +534,9 @@ void MemoryServer::HandleLayer(PeerId peer, const FrameHeader& header,
                                                          ", which has not said hello here"));
     } else if (!found->error.ok()) {
       error = found->error;
+    } else if (!gate.ok()) {
+      error = gate;
+      found->error = gate;
     } else {
       PeerState& state = *found;
       const MinibatchLayout* m =

@@ -7,7 +7,9 @@
 // layer-result frame, or an error frame that says why. Frames are checked (header,
 // step, sizes, checksum) before anything is written; a bad frame is answered with an
 // error and counted, and the server keeps serving. Its slot tables are changed only by
-// descriptors, and it writes only to slots a descriptor assigned.
+// descriptors, and it writes only to slots a descriptor assigned. A layer frame's claim
+// (its rows and size) is checked against the configuration (MemoryConfig::max_step_rows,
+// the model's row sizes) before a buffer is placed for its payload.
 //
 // Rotational pipelining (compute_node/rotation.h) routes a step: its descriptor and layer
 // frames carry the endpoint id of the compute replica that runs the next slice of the batch
@@ -156,6 +158,11 @@ class MemoryServer : public transport::MessageHandler {
   // held); 0 if that endpoint is not connected.
   transport::PeerId ReplyPeerLocked(transport::PeerId peer, const transport::FrameHeader& header);
   std::shared_ptr<std::vector<uint8_t>> Buffer(size_t bytes);
+  // Whether a layer frame's claim (its rows and payload size) fits a step this node could be
+  // given: at most max_step_rows rows, a payload its rows fill. Checked before a buffer is
+  // placed for it, so that a claim past the configuration allocates nothing.
+  absl::Status LayerClaimFits(const transport::FrameHeader& header, size_t payload_bytes) const;
+  uint64_t MaxStepRows() const;  // the configuration's (0: not bounded)
 
   MemoryServerOptions options_;
   std::unique_ptr<transport::Transport> transport_;
@@ -176,6 +183,15 @@ class MemoryServer : public transport::MessageHandler {
   // Peers that left (their ids are never reused): what the transport still delivers of
   // theirs afterwards is dropped, not applied to a step let go of already.
   std::unordered_set<transport::PeerId> departed_;
+
+  // What a layer frame may claim, set by Configure (before it: nothing is placed).
+  struct FrameLimits {
+    uint64_t max_rows = 0;  // 0: not bounded by rows
+    size_t row_min = 0;     // bytes of a row's k and v (a row that only writes)
+    size_t row_max = 0;     // and its q; 0: not configured
+  };
+  mutable std::mutex limits_mu_;
+  FrameLimits limits_;  // guarded by limits_mu_
 
   // Buffers received but not yet run, by data pointer (transport thread only).
   std::unordered_map<const uint8_t*, std::shared_ptr<std::vector<uint8_t>>> placed_;

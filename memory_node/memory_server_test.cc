@@ -20,6 +20,7 @@ using transport::FrameKind;
 
 constexpr int kLayers = 2, kHeads = 4, kKvHeads = 2, kDim = 64;
 constexpr uint64_t kEpoch = 7;
+constexpr int kMaxStepRows = 256;  // the scheduler's max_num_batched_tokens
 
 struct Reply {
   FrameHeader header;
@@ -111,7 +112,7 @@ class MemoryServerTest : public ::testing::TestWithParam<bool> {
     server_.reset();
   }
 
-  // The scheduler's configuration of this node: pool 3, 1000 slots.
+  // The scheduler's configuration of this node: pool 3, 1000 slots, steps of 256 rows.
   static MemoryConfig Config() {
     MemoryConfig config;
     config.epoch = kEpoch;
@@ -122,6 +123,7 @@ class MemoryServerTest : public ::testing::TestWithParam<bool> {
     config.model.head_dim = kDim;
     config.model.kv_dtype = "bf16";
     config.num_slots = 1000;
+    config.max_step_rows = kMaxStepRows;
     return config;
   }
   // An independent engine, given the same rows, computes the reference answers.
@@ -531,6 +533,78 @@ TEST_P(MemoryServerTest, RoutedStepsAnswerTheNamedEndpoint) {
   ASSERT_EQ(error.header.kind, static_cast<uint16_t>(FrameKind::kError));
   EXPECT_NE(std::string(error.payload.begin(), error.payload.end()).find("without its descriptor"),
             std::string::npos);
+}
+
+// A layer frame's claim (its rows, its size) is checked against the configuration before
+// the node places a buffer for it or copies it: more rows than a step of this node has, or
+// more bytes than its rows fill, get an error that says so (not one about the step found
+// after the payload was taken), and the node keeps serving.
+TEST_P(MemoryServerTest, ALayerFramesClaimIsCheckedBeforeItsPayloadIsTaken) {
+  const StepShare share = Share(5, 10);
+  SendStep(share);
+  const AttentionDims dims{kLayers, kHeads, kKvHeads, kDim};
+  const MinibatchLayout m = LayoutMinibatches(share, dims)[0];
+  const size_t row_max = dims.q_row_bytes() + 2 * dims.kv_row_bytes();
+  auto expect_refused = [&](const std::string& what, const std::string& says) {
+    const Reply r = client_->Next();
+    ASSERT_EQ(r.header.kind, static_cast<uint16_t>(FrameKind::kError)) << what;
+    const absl::Status status = transport::ErrorFrameStatus(r.header, r.payload);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << what << ": " << status;
+    EXPECT_NE(status.message().find(says), std::string::npos) << what << ": " << status;
+  };
+  // Frames of a step without a descriptor here: before their payload is taken, it is their
+  // claim that is refused. More rows than a step of this node can have, in a payload those rows
+  // would fill.
+  client_->Send(LayerHeader(6, 0, 0, kMaxStepRows + 1),
+                RandomRows(row_max * (kMaxStepRows + 1), 2));
+  expect_refused("rows past the step", "a step here has 1 to 256");
+  // One row, claiming far more than a row fills (and more than the node copies).
+  client_->Send(LayerHeader(6, 0, 0, 1), std::vector<uint8_t>(size_t{80} << 20, 0));
+  expect_refused("a giant row", "its rows fill");
+  // Too few bytes for the rows' k and v.
+  client_->Send(LayerHeader(6, 0, 0, 4), RandomRows(2 * dims.kv_row_bytes() * 4 - 2, 3));
+  expect_refused("a short payload", "its rows fill");
+  EXPECT_EQ(server_->stats().malformed_frames, 3u);
+
+  // Still serving: step 5's own frame is answered.
+  const auto payload = RandomRows(m.request_bytes(), 4);
+  client_->Send(LayerHeader(5, 0, 0, m.end - m.begin), payload);
+  auto engine = ReferenceEngine();
+  auto prepared = *engine->Prepare(share.plan);
+  const Reply reply = client_->Next();
+  ASSERT_EQ(reply.header.kind, static_cast<uint16_t>(FrameKind::kLayerResult));
+  EXPECT_EQ(reply.payload, Expected(*engine, prepared, 0, m, payload));
+}
+
+// A descriptor may not name more rows than a step of this node has, more loads than it has
+// rows, or a load ticket twice: each load ticket is awaited, so they must stay as few as
+// the rows the configuration bounds.
+TEST_P(MemoryServerTest, AStepsRowsAndLoadTicketsAreBounded) {
+  auto expect_rejected = [&](const StepShare& share, const std::string& says) {
+    SendStep(share);
+    const Reply r = client_->Next();
+    ASSERT_EQ(r.header.kind, static_cast<uint16_t>(FrameKind::kError)) << says;
+    const absl::Status status = transport::ErrorFrameStatus(r.header, r.payload);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find(says), std::string::npos) << status;
+  };
+  expect_rejected(Share(1, kMaxStepRows + 1), "a step here has at most 256");
+  StepShare loads = Share(2, 2);
+  for (uint64_t t = 1; t <= 3; ++t) loads.plan.loads.push_back({SequenceId(1), PoolIndex(3), t});
+  expect_rejected(loads, "3 loading requests for 2 rows");
+  StepShare twice = Share(3, 2);
+  twice.plan.loads = {{SequenceId(1), PoolIndex(3), 9}, {SequenceId(1), PoolIndex(3), 9}};
+  expect_rejected(twice, "load ticket 9 twice");
+  EXPECT_EQ(server_->stats().rejected_steps, 3u);
+  EXPECT_EQ(server_->load_gate().entries(), 0u) << "a rejected step's tickets were kept";
+
+  // A step of exactly the bound is applied.
+  SendStep(Share(4, kMaxStepRows));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (server_->stats().steps < 4 && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(2));
+  EXPECT_EQ(server_->stats().rejected_steps, 3u);
+  EXPECT_EQ(server_->stats().kv_positions, kMaxStepRows);
 }
 
 INSTANTIATE_TEST_SUITE_P(InlineOrWorker, MemoryServerTest, ::testing::Bool(),

@@ -418,6 +418,7 @@ void ControlPlane::ConfigureMemory(uint64_t id) {
     config.set_pool_index(pool ? pool->value() : static_cast<uint32_t>(pool_of_name_.size()));
     *config.mutable_model() = m;
     config.set_num_slots(slots);
+    config.set_max_step_rows(static_cast<uint64_t>(scheduler_->config().max_num_batched_tokens));
     // The disk tier keeps prefix-cache blocks: none without the prefix cache.
     if (scheduler_->config().enable_prefix_caching) {
       config.set_disk_block_tokens(static_cast<uint32_t>(scheduler_->config().block_tokens));

@@ -188,6 +188,7 @@ class Deployment {
       mc.model.kv_dtype = "bf16";
       mc.num_slots = slots_per_pool;
       mc.disk_block_tokens = t.disk_dir.empty() ? 0 : config.block_tokens;
+      mc.max_step_rows = static_cast<uint64_t>(config.max_num_batched_tokens);
       auto ack = (*server)->Configure(mc);
       EXPECT_TRUE(ack.ok()) << ack.status();
       addresses.push_back({PoolIndex(i), absl::StrCat("memory-", i), (*server)->data_address()});

@@ -2,6 +2,7 @@
 
 #include <limits>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/protocol/kv_shift_proto.h"
 #include "proto/data_plane.pb.h"
@@ -63,6 +64,20 @@ absl::StatusOr<StepShare> DecodeStepShare(std::span<const uint8_t> bytes) {
     return absl::InvalidArgumentError(absl::StrCat("step ", d.step_id(), " descriptor has ",
                                                    d.load_request_size(), " loading requests and ",
                                                    d.load_ticket_size(), " tickets"));
+  }
+  // One load per loading request with rows in the step: no more loads than rows, and no
+  // ticket twice (each is awaited, so made-up ones must stay few).
+  if (d.load_request_size() > rows) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", d.step_id(), " descriptor has ",
+                                                   d.load_request_size(), " loading requests for ",
+                                                   rows, " rows"));
+  }
+  absl::flat_hash_set<uint64_t> tickets;
+  for (uint64_t ticket : d.load_ticket()) {
+    if (ticket != 0 && !tickets.insert(ticket).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step ", d.step_id(), " descriptor names load ticket ", ticket, " twice"));
+    }
   }
   StepShare share;
   share.step_id = d.step_id();

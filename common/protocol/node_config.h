@@ -47,6 +47,7 @@ struct MemoryConfig {
   ModelShape model;
   uint64_t num_slots = 0;
   int32_t disk_block_tokens = 0;  // the disk tier's block (0: no disk tier)
+  uint64_t max_step_rows = 0;     // rows of one step at most (0: not bounded by rows)
 };
 
 // A node's disk tier under its KV pool, as its configuration acknowledges it.

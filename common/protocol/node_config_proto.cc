@@ -41,8 +41,12 @@ control::NodeStatus ToProto(const NodeStatus& status) {
 }
 
 MemoryConfig FromProto(const control::MemoryConfig& in) {
-  return {in.epoch(), PoolIndex(in.pool_index()), FromProto(in.model()), in.num_slots(),
-          static_cast<int32_t>(in.disk_block_tokens())};
+  return {in.epoch(),
+          PoolIndex(in.pool_index()),
+          FromProto(in.model()),
+          in.num_slots(),
+          static_cast<int32_t>(in.disk_block_tokens()),
+          in.max_step_rows()};
 }
 
 control::KvMove ToProto(const KvMove& move) {

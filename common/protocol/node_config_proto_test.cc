@@ -99,6 +99,7 @@ TEST(NodeConfigProtoTest, MemoryConfigFromProto) {
   EXPECT_EQ(out.pool, PoolIndex(in.pool_index()));
   EXPECT_EQ(out.num_slots, in.num_slots());
   EXPECT_EQ(out.disk_block_tokens, static_cast<int32_t>(in.disk_block_tokens()));
+  EXPECT_EQ(out.max_step_rows, in.max_step_rows());
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(ToProto(out.model), in.model()));
 }
 

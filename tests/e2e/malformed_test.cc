@@ -271,6 +271,22 @@ TEST(MalformedTest, MemoryNodeRejectsBadControlAndDataMessages) {
       std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(rows.data()), rows.size()));
   send(layer, rows);
   EXPECT_EQ(collector.Next(), static_cast<uint16_t>(FrameKind::kLayerResult));
+  // A layer frame whose claim no row fills (80 MiB for one row): refused for that, before
+  // its payload is received (past what the node holds a copy of), and the node goes on.
+  {
+    const std::string giant(size_t{80} << 20, '\1');
+    FrameHeader claim = layer;
+    claim.step_id = 3;
+    claim.rows = 1;
+    claim.payload_bytes = giant.size();
+    claim.checksum = 0;
+    send(claim, giant);
+    std::string text;
+    EXPECT_EQ(collector.Next(&text), error);
+    EXPECT_NE(text.find("its rows fill"), std::string::npos) << text;
+    send(layer, rows);  // step 2's layer again: the node serves
+    EXPECT_EQ(collector.Next(), static_cast<uint16_t>(FrameKind::kLayerResult));
+  }
   client->reset();
 
   // Fuzz, with credentials: random and mutated Configure payloads and bootstrap messages.
