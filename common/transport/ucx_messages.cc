@@ -126,6 +126,7 @@ void UcxTransport::Flush(PeerId id) {
     MessageHandler* handler = HandlerFor(ctx->tag);
     handler->Deliver(id, ctx->header, ctx->dest, ctx->status);
   }
+  AnnounceDeparture(id);
 }
 
 void UcxTransport::Send(PeerId peer, Tag tag, std::span<const uint8_t> header,
