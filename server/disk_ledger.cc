@@ -85,10 +85,26 @@ std::optional<int64_t> DiskLedger::BeginLoad(uint64_t hash, absl::Time now) {
   return it->second.extent;
 }
 
-std::optional<int64_t> DiskLedger::LoadDone(uint64_t hash, bool ok, absl::Time now) {
+bool LoadCondemnsBlock(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kResourceExhausted:
+      return false;
+    default:
+      return true;
+  }
+}
+
+std::optional<int64_t> DiskLedger::LoadDone(uint64_t hash, const absl::Status& status,
+                                            absl::Time now) {
   auto it = blocks_.find(hash);
   if (it == blocks_.end() || it->second.state != State::kReading) return std::nullopt;
-  if (!ok) {
+  if (LoadCondemnsBlock(status)) {
     ++counters_.failed_reads;
     const int64_t extent = it->second.extent;
     punching_.insert(extent);

@@ -14,8 +14,10 @@
 //     write failed (a full disk, an I/O error: the block is simply not on disk).
 //   - Lookup: Match counts the ready blocks that continue a prefix.
 //   - Loading: BeginLoad pins a ready block while it is read into DRAM (several readers
-//     may pin it at once); LoadDone unpins it, or, when the read failed its checksum, drops
-//     it from the index (the caller recomputes those tokens).
+//     may pin it at once); LoadDone unpins it, or, when the read found its bytes bad or
+//     gone (a checksum, a short read, an I/O error), drops it from the index (the caller
+//     recomputes those tokens). A load that did not run in time, or whose node went, says
+//     nothing about the block: it stays.
 //   - Expire drops ready blocks idle longer than the TTL (persisted KV is user data).
 // Dropped and expired extents are returned for the memory node to punch out, and are not
 // used again until PunchDone says it has (a write to a reused extent must not be punched
@@ -32,9 +34,15 @@
 #include <unordered_set>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 
 namespace strata {
+
+// Whether a failed load says the block on disk is bad or gone (DataLoss, NotFound, an I/O
+// error), rather than that the load did not run: past its deadline, cancelled, refused
+// for a configuration that changed, or its node unreachable.
+bool LoadCondemnsBlock(const absl::Status& status);
 
 struct DiskLedgerStats {
   int64_t extents = 0;
@@ -46,7 +54,7 @@ struct DiskLedgerStats {
   int64_t evicted = 0;        // ready blocks replaced by newer saves
   int64_t expired = 0;        // dropped by the TTL
   int64_t failed_writes = 0;  // saves that did not reach the disk
-  int64_t failed_reads = 0;   // loads that failed their checksum (dropped)
+  int64_t failed_reads = 0;   // loads that found the block bad or gone (dropped)
 };
 
 class DiskLedger {
@@ -67,9 +75,9 @@ class DiskLedger {
             int max) const;
   // Pins a ready block for reading; its extent, or nullopt when it is not ready.
   std::optional<int64_t> BeginLoad(uint64_t hash, absl::Time now);
-  // Unpins it; `ok` false (it failed its checksum): drops it and returns its extent to
-  // punch out.
-  std::optional<int64_t> LoadDone(uint64_t hash, bool ok, absl::Time now);
+  // Unpins it; a load that failed for the block's bytes (LoadCondemnsBlock): drops it and
+  // returns its extent to punch out.
+  std::optional<int64_t> LoadDone(uint64_t hash, const absl::Status& status, absl::Time now);
 
   // Drops ready blocks idle for longer than the TTL; returns their extents.
   std::vector<int64_t> Expire(absl::Time now);

@@ -47,9 +47,9 @@ TEST(DiskLedgerTest, SaveMatchLoad) {
   // Two requests sharing the prefix read it at once; it is ready again when both are done.
   EXPECT_TRUE(ledger.BeginLoad(11, t0));
   EXPECT_EQ(ledger.Match(tokens, hashes, 0, 3), 2) << "a block being read is still a hit";
-  EXPECT_FALSE(ledger.LoadDone(11, true, t0));
+  EXPECT_FALSE(ledger.LoadDone(11, absl::OkStatus(), t0));
   EXPECT_EQ(ledger.Stats().reading, 1);
-  EXPECT_FALSE(ledger.LoadDone(11, true, t0));
+  EXPECT_FALSE(ledger.LoadDone(11, absl::OkStatus(), t0));
   EXPECT_EQ(ledger.Stats().reading, 0);
   EXPECT_TRUE(ledger.CheckInvariants());
   EXPECT_EQ(ledger.Stats().ready, 2);
@@ -65,7 +65,7 @@ TEST(DiskLedgerTest, EvictsTheLeastRecentlyUsedReadyBlockNeverAPinnedOne) {
   ledger.SaveDone(2, true, t0 + absl::Seconds(1));
   // Block 1 is used again: block 2 is now the least recently used.
   ASSERT_TRUE(ledger.BeginLoad(1, t0 + absl::Seconds(2)));
-  ledger.LoadDone(1, true, t0 + absl::Seconds(2));
+  ledger.LoadDone(1, absl::OkStatus(), t0 + absl::Seconds(2));
   ASSERT_TRUE(ledger.BeginSave(3, c.data(), t0 + absl::Seconds(3)));
   EXPECT_EQ(ledger.Stats().evicted, 1);
   EXPECT_EQ(ledger.Match(b, {2}, 0, 1), 0) << "block 2 should have been evicted";
@@ -98,6 +98,37 @@ TEST(DiskLedgerTest, SchedulerAwareEvictionPassesOverTheLookaheadWindow) {
   EXPECT_TRUE(ledger.CheckInvariants());
 }
 
+// A load that did not run in time, was cancelled, or lost its node says nothing about the
+// block's bytes: it stays on disk, ready, and the next request loads it. Only bad or
+// missing bytes drop it (it used to be dropped, its extent punched, for any failure).
+TEST(DiskLedgerTest, OnlyALoadThatFoundTheBytesBadDropsTheBlock) {
+  DiskLedger ledger(4, kBlock, absl::Hours(1));
+  const auto a = Tokens(1, 1);
+  ASSERT_TRUE(ledger.BeginSave(1, a.data(), t0));
+  ledger.SaveDone(1, true, t0);
+  for (const absl::Status& late :
+       {absl::DeadlineExceededError("the caller gave up"), absl::CancelledError("stopped"),
+        absl::UnavailableError("node gone"), absl::FailedPreconditionError("another tier"),
+        absl::AbortedError("not read"), absl::ResourceExhaustedError("no memory for I/O")}) {
+    ASSERT_TRUE(ledger.BeginLoad(1, t0)) << late;
+    EXPECT_FALSE(ledger.LoadDone(1, late, t0)) << late << " punched the block";
+    EXPECT_EQ(ledger.Match(a, {1}, 0, 1), 1) << late << " dropped the block";
+  }
+  EXPECT_EQ(ledger.Stats().failed_reads, 0);
+  for (const absl::Status& bad :
+       {absl::DataLossError("checksum"), absl::NotFoundError("gone"), absl::InternalError("EIO")}) {
+    const auto b = Tokens(1, 2);
+    ASSERT_TRUE(ledger.BeginSave(2, b.data(), t0));
+    ledger.SaveDone(2, true, t0);
+    ASSERT_TRUE(ledger.BeginLoad(2, t0));
+    const auto punched = ledger.LoadDone(2, bad, t0);
+    EXPECT_TRUE(punched) << bad;
+    EXPECT_EQ(ledger.Match(b, {2}, 0, 1), 0) << bad;
+    if (punched) ledger.PunchDone(*punched);
+  }
+  EXPECT_EQ(ledger.Stats().failed_reads, 3);
+}
+
 TEST(DiskLedgerTest, FailuresFreeTheirExtents) {
   DiskLedger ledger(2, kBlock, absl::Hours(1));
   const auto a = Tokens(1, 1), b = Tokens(1, 2);
@@ -111,7 +142,7 @@ TEST(DiskLedgerTest, FailuresFreeTheirExtents) {
   ledger.SaveDone(2, true, t0);
   auto read = ledger.BeginLoad(2, t0);
   ASSERT_TRUE(read);
-  const auto punched = ledger.LoadDone(2, false, t0);  // checksum failure
+  const auto punched = ledger.LoadDone(2, absl::DataLossError("checksum"), t0);
   ASSERT_TRUE(punched);
   EXPECT_EQ(*punched, *read);
   EXPECT_EQ(ledger.Match(b, {2}, 0, 1), 0);
@@ -182,7 +213,9 @@ TEST(DiskLedgerTest, RandomOperationsKeepTheLedgerConsistent) {
       case 3:
         if (!reading.empty()) {
           auto it = std::next(reading.begin(), rng() % reading.size());
-          if (auto punch = ledger.LoadDone(*it, rng() % 10 != 0, now)) to_punch.push_back(*punch);
+          if (auto punch = ledger.LoadDone(
+                  *it, rng() % 10 != 0 ? absl::OkStatus() : absl::DataLossError("checksum"), now))
+            to_punch.push_back(*punch);
           reading.erase(it);
         }
         break;

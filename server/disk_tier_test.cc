@@ -430,6 +430,12 @@ TEST_F(DiskTierTest, ASlowDiskDegradesToRecomputingAndFailsNothing) {
   EXPECT_EQ(turns.turn2_cached, 0);
   ASSERT_TRUE(turns.disk.has_value());
   EXPECT_EQ(turns.disk->bytes_read, 0u) << "the late loads ran";
+  // Late says nothing about the blocks: they stay on disk (they used to be dropped, and
+  // counted as failed reads).
+  ASSERT_FALSE(turns.stats.pools.empty());
+  ASSERT_TRUE(turns.stats.pools[0].has_disk);
+  EXPECT_EQ(turns.stats.pools[0].disk.failed_reads, 0);
+  EXPECT_EQ(turns.disk->drops, 0u) << "a late load punched its block";
 }
 
 TEST_F(DiskTierTest, AFullDiskDegradesToNotCachedAndFailsNothing) {

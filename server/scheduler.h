@@ -174,7 +174,7 @@ struct SchedulerStats {
   int64_t prefill_rows_total = 0;  // prompt rows actually computed
   // The disk tier: prompt tokens whose KV was loaded from disk (also in
   // prefix_hit_tokens_total), blocks saved and loaded, and moves that failed (a save: not
-  // cached; a load: the block is dropped and its tokens recomputed).
+  // cached; a load: its tokens are recomputed, and a block found bad is dropped).
   int64_t disk_hit_tokens_total = 0;
   int64_t disk_saved_blocks_total = 0;
   int64_t disk_loaded_blocks_total = 0;

@@ -188,7 +188,9 @@ void Scheduler::Prefetch() {
       const Pool& p = *pools_[i];
       if (!p.alive) continue;
       const int dram = p.kv->MatchLength(owner->tokens, hashes, max_blocks);
-      const int disk = DiskMatch(PoolIndex(i), owner->tokens, hashes, dram, max_blocks - dram);
+      const int disk = req->disk_loads_failed ? 0
+                                              : DiskMatch(PoolIndex(i), owner->tokens, hashes, dram,
+                                                          max_blocks - dram);
       if (!best || std::make_pair(dram + disk, dram) >
                        std::make_pair(best->in_dram + best->on_disk, best->in_dram)) {
         best = Wanted{req, PoolIndex(i), dram, disk};
@@ -306,7 +308,7 @@ void Scheduler::PrefetchDone(PoolIndex pool, bool current, DiskOp& op, const abs
   Pool& p = *pools_[pool.value()];
   if (current) {
     p.prefetching.erase(op.move.key);
-    const std::optional<int64_t> drop = p.disk->LoadDone(op.move.key, st.ok(), absl::Now());
+    const std::optional<int64_t> drop = p.disk->LoadDone(op.move.key, st, absl::Now());
     if (drop) Drop(pool, *drop);
   }
   // The slots belong to the KV ledger that allocated them; a new one (the pool died and came
@@ -469,14 +471,16 @@ void Scheduler::LoadsDone(Request* req, PoolIndex pool, bool current,
   bool contiguous = true;
   for (auto& [op, st] : loads) {
     if (ledger) {
-      const std::optional<int64_t> drop = p->disk->LoadDone(op.move.key, st.ok(), now);
+      const std::optional<int64_t> drop = p->disk->LoadDone(op.move.key, st, now);
       if (drop) Drop(pool, *drop);
     }
     if (!st.ok()) {
       ++failed;
+      req->disk_loads_failed = true;
       LOG(WARNING) << "KV block " << op.block << " of request " << req->id
-                   << " could not be loaded from disk (" << st
-                   << "); it is dropped from the index and recomputed";
+                   << " could not be loaded from disk (" << st << "); "
+                   << (LoadCondemnsBlock(st) ? "it is dropped from the index and recomputed"
+                                             : "its tokens are recomputed");
     }
     contiguous = contiguous && st.ok() && op.block == from + loaded;
     if (!contiguous || !usable || !ledger) continue;

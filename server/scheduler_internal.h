@@ -76,6 +76,9 @@ struct Scheduler::Request {
   // planned meanwhile (and counts as in flight, so that its KV stays allocated).
   bool loading = false;
   bool first_load = false;  // the loads of its first admission (their tokens count as cached)
+  // A load of its blocks failed: it recomputes from then on instead of reading the disk
+  // again (the blocks stay there for other requests unless the read found them bad).
+  bool disk_loads_failed = false;
   // Layer-wise pre-loading: the ticket of its loads in progress (0: none, or they run
   // whole), whether a chunk over them is out, and when it may go (the read-ahead rule).
   uint64_t load_ticket = 0;

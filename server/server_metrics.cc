@@ -70,16 +70,17 @@ ServerMetrics::ServerMetrics(std::shared_ptr<metrics::MetricsRegistry> registry,
                "look-ahead window), prefetching (its prefetch was still being read), "
                "not_prefetched (no room to prefetch it, or evicted after its prefetch).")
            .Register(r);
-  disk_blocks_ = &BuildCounter()
-                      .Name("strata_kv_disk_blocks_total")
-                      .Help(
-                          "KV blocks moved by the disk tier, by event: saved, loaded, "
-                          "save_failed (a full disk, an I/O error: not cached), load_failed "
-                          "(a checksum or I/O failure: dropped and recomputed), recomputed (found "
-                          "on disk, but recomputing was measured to be faster), prefetched "
-                          "(read into DRAM for a request still in the queue: "
-                          "--kv_eviction_policy=scheduler-aware).")
-                      .Register(r);
+  disk_blocks_ =
+      &BuildCounter()
+           .Name("strata_kv_disk_blocks_total")
+           .Help(
+               "KV blocks moved by the disk tier, by event: saved, loaded, "
+               "save_failed (a full disk, an I/O error: not cached), load_failed "
+               "(recomputed; a checksum or I/O failure also drops the block), recomputed (found "
+               "on disk, but recomputing was measured to be faster), prefetched "
+               "(read into DRAM for a request still in the queue: "
+               "--kv_eviction_policy=scheduler-aware).")
+           .Register(r);
   preloads_ = &BuildCounter()
                    .Name("strata_kv_disk_preloads_total")
                    .Help(
