@@ -1,5 +1,6 @@
 #include "compute_node/step_channel.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -20,6 +21,9 @@ using transport::PeerId;
 absl::StatusOr<std::unique_ptr<StepChannel>> StepChannel::Create(StepChannelOptions options) {
   if (!options.run) return absl::InvalidArgumentError("a step channel needs a plan runner");
   auto channel = std::unique_ptr<StepChannel>(new StepChannel(std::move(options)));
+  // Plans are held by the transport (Place places nothing): no larger claim is taken.
+  channel->options_.transport.max_held_bytes =
+      std::min<uint64_t>(channel->options_.transport.max_held_bytes, kMaxStepFrameBytes);
   ASSIGN_OR_RETURN(channel->transport_, transport::Transport::Create(channel->options_.transport));
   StepChannel* self = channel.get();
   channel->transport_->SetHandler(transport::kFrameTag, self);

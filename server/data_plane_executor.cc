@@ -1,5 +1,6 @@
 #include "server/data_plane_executor.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -25,6 +26,9 @@ absl::StatusOr<std::unique_ptr<DataPlaneExecutor>> DataPlaneExecutor::Create(
     DataPlaneExecutorOptions options) {
   auto executor = std::unique_ptr<DataPlaneExecutor>(new DataPlaneExecutor(std::move(options)));
   DataPlaneExecutor* self = executor.get();
+  // Results are held by the transport (Place places nothing): no larger claim is taken.
+  self->options_.transport.max_held_bytes =
+      std::min<uint64_t>(self->options_.transport.max_held_bytes, kMaxStepFrameBytes);
   ASSIGN_OR_RETURN(executor->transport_, transport::Transport::Create(self->options_.transport));
   executor->transport_->SetHandler(transport::kFrameTag, self);
   executor->transport_->SetPeerHandler(

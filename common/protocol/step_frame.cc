@@ -136,6 +136,11 @@ absl::Status ReadMessageFrame(std::span<const uint8_t> header, std::span<const u
         absl::StrCat("a ", transport::FrameKindName(h.kind), " frame where a ",
                      transport::FrameKindName(static_cast<uint16_t>(kind)), " frame was expected"));
   }
+  if (payload.size() > kMaxStepFrameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a ", transport::FrameKindName(h.kind),
+                                                   " frame of ", payload.size(), " bytes (at most ",
+                                                   kMaxStepFrameBytes, ")"));
+  }
   if (absl::Status checked = transport::CheckFramePayload(h, payload, /*verify=*/true);
       !checked.ok()) {
     return checked;

@@ -78,8 +78,14 @@ void SendMessageFrame(transport::Transport& transport, transport::PeerId peer,
                       const google::protobuf::MessageLite& message, transport::SendDone done,
                       FrameSeal* seal = nullptr);
 
+// The largest step plan or result frame's payload, as the gRPC step stream's messages
+// (256 MiB). The channels' transports hold no larger copy, and a larger frame is refused
+// before it is opened or parsed (protobuf reads at most 2 GiB, and aborts past it).
+inline constexpr size_t kMaxStepFrameBytes = size_t{256} << 20;
+
 // Reads a received frame of `kind` into `message`: the receive's `status`, the header, the
-// kind (InvalidArgument if another), the payload's size and checksum (DataLoss), the seal
+// kind (InvalidArgument if another), its size (InvalidArgument past kMaxStepFrameBytes),
+// the payload's size and checksum (DataLoss), the seal
 // if `seal` is given and enabled (PermissionDenied), then the message itself
 // (InvalidArgument if it does not parse). `step_id` gets the header's step id whenever the
 // header parses, so that an error can name the frame it answers.

@@ -4,11 +4,14 @@
 // costs only itself.
 #include "common/protocol/step_frame.h"
 
+#include <sys/mman.h>
+
 #include <string>
 #include <vector>
 
 #include "common/base/crypto.h"
 #include "gtest/gtest.h"
+#include "proto/control.pb.h"
 
 namespace strata {
 namespace {
@@ -109,6 +112,30 @@ TEST(FrameSealTest, WithoutADeploymentKeyNothingIsSealedAndWithoutASecretNothing
   Connection c;
   const std::string sealed = SealOrDie(c.scheduler, FrameKind::kPlan, 1, "x");
   EXPECT_FALSE(no_secret.Open(FrameKind::kPlan, 1, Span(sealed)).ok());
+}
+
+// A plan frame past kMaxStepFrameBytes is refused by its size, naming its step, before it
+// is opened or parsed: one of 2 GiB or more, with a right checksum, used to reach protobuf
+// with a negative size, which aborts the process (the compute node, or the server reading a
+// result).
+TEST(StepFrameTest, AnOversizedFrameIsRefusedNotFatal) {
+  const size_t size = (size_t{1} << 31) + 16;
+  void* mapped = mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(mapped, MAP_FAILED);
+  const std::span<const uint8_t> payload(static_cast<const uint8_t*>(mapped), size);
+  transport::FrameHeader h;
+  h.kind = static_cast<uint16_t>(FrameKind::kPlan);
+  h.step_id = 7;
+  h.payload_bytes = size;
+  h.checksum = transport::PayloadChecksum(payload);
+  control::StepPlan plan;
+  uint64_t id = 0;
+  const absl::Status status = ReadMessageFrame(transport::AsBytes(h), payload, absl::OkStatus(),
+                                               FrameKind::kPlan, &plan, &id);
+  munmap(mapped, size);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("at most"), std::string::npos) << status;
+  EXPECT_EQ(id, 7u);
 }
 
 }  // namespace
