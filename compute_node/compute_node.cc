@@ -128,6 +128,7 @@ absl::StatusOr<ComputeConfigAck> ComputeNode::Configure(const ComputeConfig& con
           "rotational pipelining needs memory nodes; this scheduler runs co-located attention");
     }
     exchange_->SetEpoch(config.epoch);
+    rotated_epoch_.store(config.epoch);  // plans of another epoch are refused from now on
     for (auto& lane : rotated_lanes_) {
       lane->SetMemoryNodes(config.epoch, config.memory_nodes);
       lane->ConnectAll();  // routed answers need each lane's hello at every memory node
@@ -329,6 +330,8 @@ void ComputeNode::RunRotated(PlanQueue& queue) {
   d.handoff_timeout = options_.handoff_timeout;
   d.stop = &stopping_;
   d.on_result = [this](const StepResult& r) { AfterStep(r); };
+  d.epoch = &rotated_epoch_;
+  d.cached_epoch = &rotated_cached_epoch_;
   RunRotation(*rotated_engine_, queue, d);
 }
 

@@ -158,6 +158,10 @@ class ComputeNode {
   std::unique_ptr<StepEngine> rotated_engine_;
   std::vector<std::unique_ptr<RemoteAttention>> rotated_lanes_;
   std::mutex rotation_mu_;  // held by the stream that drives the rotated lanes
+  // The epoch rotated plans must carry (Configure's), and that of the rotated engine's
+  // cached requests (guarded by rotation_mu_).
+  std::atomic<uint64_t> rotated_epoch_{0};
+  uint64_t rotated_cached_epoch_ = 0;
   std::atomic<bool> stopping_{false};
 
  public:

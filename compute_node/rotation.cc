@@ -1,5 +1,6 @@
 #include "compute_node/rotation.h"
 
+#include <algorithm>
 #include <deque>
 #include <optional>
 #include <utility>
@@ -38,10 +39,11 @@ void RunRotation(StepEngine& engine, PlanQueue& queue, const RotationDriverOptio
   };
   std::deque<Running> order;  // plans in the order they came
   std::vector<Running*> lane_run(engine.num_lanes(), nullptr);
-  auto refuse = [](const StepPlan& plan, std::string why) {
+  auto refuse = [](const StepPlan& plan, std::string why,
+                   absl::StatusCode code = absl::StatusCode::kInvalidArgument) {
     StepResult r;
     r.step_id = plan.step_id;
-    r.status = absl::InvalidArgumentError(std::move(why));
+    r.status = absl::Status(code, std::move(why));
     return r;
   };
   std::optional<QueuedPlan> carried;  // popped while checking for the end
@@ -91,6 +93,24 @@ void RunRotation(StepEngine& engine, PlanQueue& queue, const RotationDriverOptio
         run.result = refuse(plan, absl::StrCat("batch slot ", slot, " still runs step ",
                                                lane_run[slot]->queued.plan.step_id));
         continue;
+      }
+      if (options.epoch != nullptr && plan.epoch != options.epoch->load()) {
+        run.result = refuse(plan,
+                            absl::StrCat("plan of epoch ", plan.epoch,
+                                         " but the node is configured for ", options.epoch->load()),
+                            absl::StatusCode::kFailedPrecondition);
+        continue;
+      }
+      if (options.cached_epoch != nullptr && *options.cached_epoch != plan.epoch) {
+        if (std::any_of(lane_run.begin(), lane_run.end(),
+                        [](Running* r) { return r != nullptr; })) {
+          run.result =
+              refuse(plan, absl::StrCat("plans of epoch ", *options.cached_epoch, " still run"),
+                     absl::StatusCode::kFailedPrecondition);
+          continue;
+        }
+        engine.ForgetRequests();
+        *options.cached_epoch = plan.epoch;
       }
       RotationRole role;
       role.batch = slot;

@@ -55,6 +55,12 @@ struct RotationDriverOptions {
   const std::atomic<bool>* stop = nullptr;
   // Called with every result before it is handed on (metrics); may be empty.
   std::function<void(const StepResult&)> on_result;
+  // The epoch the node is configured for (null: not checked). A plan of another epoch is
+  // refused (FailedPrecondition), as the node's other paths refuse it; the first plan of an
+  // epoch other than the engine's cached requests' drops them (another scheduler's
+  // sequences, whose ids the new one reuses), once no lane runs.
+  const std::atomic<uint64_t>* epoch = nullptr;
+  uint64_t* cached_epoch = nullptr;  // the epoch of the engine's cached requests
 };
 
 // Runs plans from `queue` until it is closed and drained. The engine has one lane per batch

@@ -116,6 +116,8 @@ struct Replica {
     d.wakeup = &wakeup;
     d.handoff_timeout = absl::Seconds(2);
     d.stop = &killed;
+    d.epoch = &epoch;
+    d.cached_epoch = &cached_epoch;
     driver = std::thread([this, d] { RunRotation(*engine, queue, d); });
   }
   void Stop() {
@@ -151,6 +153,8 @@ struct Replica {
   }
   absl::Mutex kill_mu;
   std::atomic<bool> killed{false};
+  std::atomic<uint64_t> epoch{kEpoch};  // as Configure sets it
+  uint64_t cached_epoch = kEpoch;       // the driver's
   ~Replica() { Stop(); }
 };
 
@@ -393,6 +397,63 @@ INSTANTIATE_TEST_SUITE_P(BatchesAndSampling, RotationTest,
                            return absl::StrCat("n", std::get<0>(info.param),
                                                std::get<1>(info.param) ? "_greedy" : "_seeded");
                          });
+
+// A plan of another epoch (a scheduler that configured the node before, or after, the one
+// whose stream runs) is refused by every replica, as the node's other paths refuse it, and
+// touches nothing: the batch's next steps, of the right epoch, still match pipelining off.
+// (Rotated plans used to run whatever their epoch: a stale scheduler's release of its
+// sequence ids, which the new scheduler reuses, dropped the new one's slot tables.)
+TEST_F(RotationTest, APlanOfAnotherEpochIsRefusedAndChangesNothing) {
+  const int batches = 3;
+  const auto expected = Reference(batches, /*greedy=*/true);
+  ModelRunner runner(weights_, kMaxPositions);
+  MemoryPools pools(runner.config());
+  std::vector<std::unique_ptr<Replica>> replicas;
+  for (int r = 0; r < batches - 1; ++r) {
+    replicas.push_back(std::make_unique<Replica>(runner, pools, batches));
+  }
+  std::vector<Replica*> all;
+  for (auto& r : replicas) all.push_back(r.get());
+  const int layers = static_cast<int>(runner.config().num_layers);
+  std::atomic<uint64_t> ids{1};
+  std::vector<absl::Status> errors, foreign_errors;
+  auto b = MakeBatches(batches, 11);
+  std::vector<std::vector<Sequence>> first = {b[0]};
+  int step = 0;
+  const auto got = Drive(
+      first,
+      [&](int batch, StepPlan plan) {
+        if (++step == 3) {
+          StepPlan foreign = plan;
+          foreign.step_id = ids++;
+          foreign.epoch = kEpoch + 1;
+          for (const SequenceChunk& c : plan.chunks)
+            foreign.releases.push_back({c.request_id, c.pool});
+          const StepResult refused = Broadcast(all, batch, foreign, layers, &foreign_errors);
+          EXPECT_EQ(refused.status.code(), absl::StatusCode::kFailedPrecondition) << refused.status;
+          EXPECT_EQ(foreign_errors.size(), all.size()) << "a replica ran the foreign plan";
+          for (const absl::Status& e : foreign_errors) {
+            EXPECT_TRUE(absl::StrContains(e.message(), "epoch")) << e;
+          }
+        }
+        return Broadcast(all, batch, plan, layers);
+      },
+      true, ids, &errors);
+  for (const absl::Status& e : errors) ASSERT_TRUE(e.ok()) << e;
+  EXPECT_GE(step, 3);
+  for (const Sequence& s : b[0]) {
+    EXPECT_EQ(got.at(s.id.value()), expected.at(s.id.value())) << "sequence " << s.id.value();
+  }
+  // A new scheduler configures the replicas: its plans name sequence ids the old one used,
+  // and find none of the old one's requests cached (a decode needs its own setup first).
+  for (Replica* r : all) r->epoch.store(kEpoch + 1);
+  StepPlan next = MakePlan(ids++, first[0], /*prefill=*/false, /*greedy=*/true);
+  next.epoch = kEpoch + 1;
+  const StepResult fresh = Broadcast(all, 0, next, layers);
+  EXPECT_EQ(fresh.status.code(), absl::StatusCode::kInvalidArgument) << fresh.status;
+  EXPECT_TRUE(absl::StrContains(fresh.status.message(), "before its setup")) << fresh.status;
+  for (auto& r : replicas) r->Stop();
+}
 
 // A replica dies while every batch is mid-rotation: the batches in flight fail within the
 // hand-off deadline with an error naming a replica that did not hand over, none hangs, and

@@ -130,6 +130,8 @@ class StepEngine : public LaneEngine {
   bool AdvanceRotated(int lane);
 
   size_t num_cached_requests() const { return requests_.size(); }
+  // Drops every cached request (another scheduler's sequences): only with no lane busy.
+  void ForgetRequests() { requests_.clear(); }
   uint64_t steps_executed() const { return steps_executed_; }
   // Plans begun while another lane's plan was running: the steps that overlapped.
   uint64_t overlapped_steps() const { return overlapped_steps_; }
