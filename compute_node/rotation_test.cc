@@ -351,16 +351,23 @@ StepResult Broadcast(std::vector<Replica*> replicas, int batch, const StepPlan& 
   return out;
 }
 
+// The n - 1 replicas of a rotation of `batches` batches.
+std::vector<std::unique_ptr<Replica>> MakeReplicas(const ModelRunner& runner,
+                                                   const MemoryPools& pools, int batches) {
+  std::vector<std::unique_ptr<Replica>> replicas;
+  for (int r = 0; r < batches - 1; ++r) {
+    replicas.push_back(std::make_unique<Replica>(runner, pools, batches));
+  }
+  return replicas;
+}
+
 TEST_P(RotationTest, BitIdenticalToPipeliningOff) {
   const auto [batches, greedy] = GetParam();
   const auto expected = Reference(batches, greedy);
 
   ModelRunner runner(weights_, kMaxPositions);
   MemoryPools pools(runner.config());
-  std::vector<std::unique_ptr<Replica>> replicas;
-  for (int r = 0; r < batches - 1; ++r) {
-    replicas.push_back(std::make_unique<Replica>(runner, pools, batches));
-  }
+  std::vector<std::unique_ptr<Replica>> replicas = MakeReplicas(runner, pools, batches);
   std::vector<Replica*> all;
   for (auto& r : replicas) all.push_back(r.get());
   std::atomic<uint64_t> ids{1};
@@ -408,10 +415,7 @@ TEST_F(RotationTest, APlanOfAnotherEpochIsRefusedAndChangesNothing) {
   const auto expected = Reference(batches, /*greedy=*/true);
   ModelRunner runner(weights_, kMaxPositions);
   MemoryPools pools(runner.config());
-  std::vector<std::unique_ptr<Replica>> replicas;
-  for (int r = 0; r < batches - 1; ++r) {
-    replicas.push_back(std::make_unique<Replica>(runner, pools, batches));
-  }
+  std::vector<std::unique_ptr<Replica>> replicas = MakeReplicas(runner, pools, batches);
   std::vector<Replica*> all;
   for (auto& r : replicas) all.push_back(r.get());
   const int layers = static_cast<int>(runner.config().num_layers);
