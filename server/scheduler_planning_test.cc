@@ -209,6 +209,36 @@ TEST_F(PlannerTest, AsynchronousPlansAheadAndDiscardsTheTokenPastAStop) {
   EXPECT_EQ(Held(0).releases.size(), 1u);
 }
 
+// A plan that fails may carry the release of a request that finished before it; a node
+// that refused the plan applied none of it, so the next plan carries that release again
+// (it used to be lost, and the sequence's KV tables stayed on the node for good).
+TEST_F(PlannerTest, AFailedPlansReleasesAreSentAgain) {
+  Start(/*async=*/false);
+  Submit({1, 2, 3}, 1, {}, /*run=*/false);
+  Submit({4, 5, 6}, 5);
+  ASSERT_EQ(executor_->held.size(), 1u);
+  ASSERT_EQ(Held(0).chunks.size(), 2u);
+  SequenceId done;
+  for (const SequenceChunk& c : Held(0).chunks) {
+    if (c.tokens == std::vector<int32_t>{1, 2, 3}) done = c.request_id;
+  }
+  ASSERT_NE(done, SequenceId());
+  auto releases = [&](size_t i) {
+    std::set<SequenceId> ids;
+    for (const TableRelease& r : Held(i).releases) ids.insert(r.request_id);
+    return ids;
+  };
+  Answer(10);  // the first request is done after one token
+  ASSERT_EQ(executor_->held.size(), 1u);
+  ASSERT_TRUE(releases(0).contains(done)) << "the finished request is released";
+  Answer(0, absl::FailedPreconditionError("the node refused the plan"));
+  ASSERT_EQ(executor_->held.size(), 1u) << "the other request runs again";
+  EXPECT_TRUE(releases(0).contains(done)) << "the refused plan's release was lost";
+  Answer(11);
+  while (!executor_->held.empty()) Answer(12);
+  EXPECT_EQ(UsedSlots(), 0);
+}
+
 // max_tokens is known in advance: nothing is planned past the last draw.
 TEST_F(PlannerTest, AsynchronousStopsPlanningAheadAtMaxTokens) {
   Start(/*async=*/true);

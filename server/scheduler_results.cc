@@ -84,6 +84,16 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
   if (!result.status.ok()) {
     LOG(ERROR) << "step " << plan.step_id << " on " << ex.impl->name()
                << " failed: " << result.status;
+    // Its releases may never have reached the KV side (a node that refuses a plan applies
+    // none of it): this node's next plan carries them again (a release is idempotent), for
+    // the sequences that are gone only; one still here is released by its own next plan.
+    // Not after a plan of releases alone: a node that fails every plan would get them for
+    // ever (the rows' requests end after kMaxStepFailures, so this stops).
+    if (!plan.chunks.empty()) {
+      for (const TableRelease& r : plan.releases) {
+        if (!sequences_.contains(r.request_id)) ex.pending_releases.push_back(r);
+      }
+    }
     // A node that cannot be reached is out of service at once (before its heartbeats stop),
     // and its requests wait for another: losing the node is not their fault.
     const bool lost = result.node_unreachable && !ex.impl->Reachable();
