@@ -274,7 +274,8 @@ TEST_F(DisaggregatedTest, ADeadMemoryNodeOnlyMovesItsRequests) {
   for (const Topology& t :
        {Topology{2, 1, "inproc", "split", 2, 1}, Topology{2, 1, "inproc", "split", 2, 2},
         Topology{2, 1, "inproc", "split", 2, 2, true},
-        Topology{2, 1, "inproc", "split", 2, 2, false, true}}) {
+        Topology{2, 1, "inproc", "split", 2, 2, false, true},
+        Topology{2, 2, "inproc", "memory", 2, 1, false, false, false, true}}) {
     SCOPED_TRACE(Name(t));
     Deployment d(weights_, t, 2048);
     std::mutex mu;

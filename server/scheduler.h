@@ -310,6 +310,8 @@ class Scheduler {
 
   void Post(EventLoop::Closure fn);
   void SetPoolAliveNow(PoolIndex pool, bool alive, int64_t num_slots);
+  // A step result's dead pools: each still alive is marked dead (its requests move).
+  void MarkPoolsDead(const std::vector<PoolIndex>& dead);
   void SetExecutorAliveNow(int executor, bool alive);
   // After each batch of events: plan idle executors (or, while stopping, see whether the
   // steps in flight are back), then publish stats.

@@ -19,6 +19,16 @@ constexpr int kMaxStepFailures = 2;
 
 }  // namespace
 
+void Scheduler::MarkPoolsDead(const std::vector<PoolIndex>& dead) {
+  for (PoolIndex p : dead) {
+    if (p.value() < pools_.size() && pools_[p.value()]->alive) {
+      // Mark dead now, before the next step is built.
+      SetPoolAliveNow(p, false, -1);
+      if (pool_death_handler_) pool_death_handler_(p);
+    }
+  }
+}
+
 void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult result,
                              absl::Time started) {
   // Requests that fail or finish below are erased only on the way out: by_id and involved
@@ -107,9 +117,14 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
                                   executors_[e]->reachable);
     }
     // Refused for the row ahead of a request whose draw failed alone in the plan before: the
-    // others are recomputed, but the failure does not count toward kMaxStepFailures.
-    const bool row_ahead_lost = std::any_of(involved.begin(), involved.end(),
-                                            [](const Request* r) { return r->row_ahead_lost; });
+    // others are recomputed, but the failure does not count toward kMaxStepFailures. Nor
+    // does a step that failed whole for a memory node that died (rotational pipelining
+    // fails a rotated step at once): its pools are marked dead first, so that the requests
+    // move, as after a step that failed only their rows.
+    MarkPoolsDead(result.dead_pools);
+    const bool not_theirs = !result.dead_pools.empty() ||
+                            std::any_of(involved.begin(), involved.end(),
+                                        [](const Request* r) { return r->row_ahead_lost; });
     for (Request* req : involved) {
       // Finished already (a stop seen before this plan came back), or a failure that an
       // earlier plan's explains: this plan's rows depended on that plan's tokens.
@@ -122,7 +137,7 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
           ForgetExecutor(req);
           Preempt(req);
         }
-      } else if (!row_ahead_lost && ++req->step_failures > kMaxStepFailures) {
+      } else if (!not_theirs && ++req->step_failures > kMaxStepFailures) {
         // The detail (node names, addresses) is in the log, not in the client's error.
         FailRequest(req, FinishReason::kError,
                     absl::InternalError(absl::StrCat("a compute node failed this request's step ",
@@ -151,13 +166,7 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
     }
     return;
   }
-  for (PoolIndex p : result.dead_pools) {
-    if (p.value() < pools_.size() && pools_[p.value()]->alive) {
-      // Mark dead now, before the next step is built.
-      SetPoolAliveNow(p, false, -1);
-      if (pool_death_handler_) pool_death_handler_(p);
-    }
-  }
+  MarkPoolsDead(result.dead_pools);
   std::unordered_set<Request*> failed_now;
   for (const auto& [id, status] : result.failed) {
     auto it = by_id.find(id);
