@@ -13,6 +13,7 @@ GrpcKvMover::GrpcKvMover(Node node, std::shared_ptr<grpc::Channel> channel,
                          absl::Duration load_deadline, absl::Duration deadline)
     : auth_(std::move(auth)), epoch_(epoch), tier_(tier) {
   loads_.deadline = load_deadline;
+  loads_.from_submit = true;
   others_.deadline = deadline;
   if (node == Node::kMemory) {
     call_ = [stub = std::shared_ptr(control::MemoryNode::NewStub(channel))](
@@ -46,7 +47,7 @@ void GrpcKvMover::Submit(std::vector<KvMove> moves, KvMovesDone done, bool backg
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!stop_) {
-      (loads ? loads_ : others_).queue.emplace_back(std::move(moves), std::move(done));
+      (loads ? loads_ : others_).queue.push_back({std::move(moves), std::move(done), absl::Now()});
       cv_.notify_all();
       return;
     }
@@ -62,20 +63,32 @@ void GrpcKvMover::Run(Lane* lane) {
       // Never sent: failed, so that the scheduler unpins what they held.
       auto left = std::move(lane->queue);
       lock.unlock();
-      for (auto& [moves, done] : left) {
-        done(std::vector<absl::Status>(moves.size(), absl::CancelledError("the mover stopped")));
+      for (Queued& q : left) {
+        q.done(
+            std::vector<absl::Status>(q.moves.size(), absl::CancelledError("the mover stopped")));
       }
       return;
     }
-    auto [moves, done] = std::move(lane->queue.front());
+    auto [moves, done, submitted] = std::move(lane->queue.front());
     lane->queue.pop_front();
+    const absl::Time deadline = (lane->from_submit ? submitted : absl::Now()) + lane->deadline;
+    if (absl::Now() >= deadline) {
+      // Its caller has given up already (a step waiting on these loads has abandoned them):
+      // run now, they would be taken as loads it waited for.
+      lock.unlock();
+      done(std::vector<absl::Status>(
+          moves.size(),
+          absl::DeadlineExceededError("KV loads queued past their deadline; not sent")));
+      lock.lock();
+      continue;
+    }
     control::KvMoves request;
     request.set_epoch(epoch_);
     request.set_tier(tier_);
     for (const KvMove& m : moves) *request.add_moves() = ToProto(m);
     grpc::ClientContext context;
     auth_->Attach(&context);
-    context.set_deadline(absl::ToChronoTime(absl::Now() + lane->deadline));
+    context.set_deadline(absl::ToChronoTime(deadline));
     lane->call = &context;  // the destructor may cancel it from now on
     lock.unlock();
     control::KvMoveReport report;

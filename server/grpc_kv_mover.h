@@ -33,9 +33,9 @@ class GrpcKvMover final : public KvMover {
  public:
   enum class Node { kMemory, kCompute };
   // Moves are stamped with `epoch` and `tier` (the node's configuration ack names the tier).
-  // A call of loads must finish within `load_deadline` (past it they fail, and the node
-  // writes none of their slots: a slow disk means "not cached"), other calls within
-  // `deadline`.
+  // Loads must be done within `load_deadline` of their Submit, queueing behind other loads
+  // included (past it they fail, and the node writes none of their slots: a slow disk
+  // means "not cached"), other calls within `deadline` of their start.
   GrpcKvMover(Node node, std::shared_ptr<grpc::Channel> channel,
               std::shared_ptr<const ClusterAuth> auth, uint64_t epoch, uint64_t tier,
               absl::Duration load_deadline, absl::Duration deadline);
@@ -44,9 +44,17 @@ class GrpcKvMover final : public KvMover {
   void Submit(std::vector<KvMove> moves, KvMovesDone done, bool background) override;
 
  private:
+  struct Queued {
+    std::vector<KvMove> moves;
+    KvMovesDone done;
+    absl::Time submitted;
+  };
   struct Lane {
     absl::Duration deadline;
-    std::deque<std::pair<std::vector<KvMove>, KvMovesDone>> queue;
+    // Loads: the deadline runs from Submit, as the scheduler's and the node's load gate
+    // count it (a batch that waited it out in the queue fails unsent). Others: from the call.
+    bool from_submit = false;
+    std::deque<Queued> queue;
     grpc::ClientContext* call = nullptr;  // the call in progress, guarded by mu_
     std::thread thread;
   };

@@ -1,0 +1,120 @@
+// GrpcKvMover against a real gRPC server standing in for a memory node's MoveKv: loads have
+// their deadline from Submit, so that a batch that waited it out behind a slow one is
+// failed without reaching the node (the node's load gate and the scheduler have given up on
+// it by then), while a batch in time is sent with the time it has left.
+#include "server/grpc_kv_mover.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "proto/control.grpc.pb.h"
+
+namespace strata {
+namespace {
+
+// Answers every move OK after `delay`, and records when each call came and its deadline.
+class SlowNode final : public control::MemoryNode::Service {
+ public:
+  explicit SlowNode(absl::Duration delay) : delay_(delay) {}
+  grpc::Status MoveKv(grpc::ServerContext* context, const control::KvMoves* request,
+                      control::KvMoveReport* report) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      deadlines_.push_back(absl::FromChrono(context->deadline()));
+    }
+    absl::SleepFor(delay_);
+    for (int i = 0; i < request->moves_size(); ++i) report->add_status();
+    return grpc::Status::OK;
+  }
+  std::vector<absl::Time> deadlines() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return deadlines_;
+  }
+
+ private:
+  const absl::Duration delay_;
+  std::mutex mu_;
+  std::vector<absl::Time> deadlines_;
+};
+
+struct Outcome {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<absl::Status> status;
+  bool done = false;
+  KvMovesDone Sink() {
+    return [this](std::vector<absl::Status> s) {
+      std::lock_guard<std::mutex> lock(mu);
+      status = std::move(s);
+      done = true;
+      cv.notify_all();
+    };
+  }
+  bool Wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(20), [&] { return done; });
+  }
+};
+
+std::vector<KvMove> Loads(uint64_t ticket) {
+  KvMove m;
+  m.kind = KvMove::Kind::kLoad;
+  m.extent = 1;
+  m.key = 2;
+  m.slots = {0, 1};
+  m.ticket = ticket;
+  return {m};
+}
+
+TEST(GrpcKvMoverTest, LoadsThatWaitedOutTheirDeadlineInTheQueueAreNotSent) {
+  SlowNode node(absl::Milliseconds(400));
+  auto auth = ClusterAuth::Insecure();
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", auth->ServerCredentials(), &port);
+  builder.RegisterService(&node);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  {
+    GrpcKvMover mover(GrpcKvMover::Node::kMemory,
+                      auth->CreateChannel(absl::StrCat("127.0.0.1:", port)), auth, 1, 1,
+                      /*load_deadline=*/absl::Milliseconds(300), absl::Seconds(60));
+    // A: sent at once, and slower than its deadline. B: queued behind it meanwhile, and
+    // out of time by the time A's call gives up.
+    Outcome a, b;
+    const absl::Time start = absl::Now();
+    mover.Submit(Loads(11), a.Sink(), /*background=*/false);
+    mover.Submit(Loads(12), b.Sink(), /*background=*/false);
+    ASSERT_TRUE(a.Wait());
+    ASSERT_TRUE(b.Wait());
+    ASSERT_EQ(a.status.size(), 1u);
+    EXPECT_EQ(a.status[0].code(), absl::StatusCode::kDeadlineExceeded) << a.status[0];
+    ASSERT_EQ(b.status.size(), 1u);
+    EXPECT_EQ(b.status[0].code(), absl::StatusCode::kDeadlineExceeded) << b.status[0];
+    absl::SleepFor(absl::Milliseconds(600));  // what a late call would need to arrive
+    const std::vector<absl::Time> calls = node.deadlines();
+    EXPECT_EQ(calls.size(), 1u) << "a batch past its deadline reached the node";
+    // A's call carried its deadline from Submit.
+    ASSERT_FALSE(calls.empty());
+    EXPECT_LE(calls[0], start + absl::Milliseconds(300) + absl::Milliseconds(50));
+
+    // A batch with time left is sent (and fails at its deadline, the node being slower).
+    Outcome c;
+    mover.Submit(Loads(13), c.Sink(), /*background=*/false);
+    ASSERT_TRUE(c.Wait());
+    EXPECT_EQ(c.status.at(0).code(), absl::StatusCode::kDeadlineExceeded) << "slower than 300 ms";
+    EXPECT_EQ(node.deadlines().size(), 2u);
+  }
+  server->Shutdown();
+}
+
+}  // namespace
+}  // namespace strata
