@@ -119,16 +119,13 @@ absl::StatusOr<std::vector<absl::Status>> KvDiskHost::Move(uint64_t epoch, uint6
 }
 
 std::optional<KvDiskTierStats> KvDiskHost::stats() const {
-  std::shared_ptr<KvDiskTier> tier;
-  std::optional<KvDiskTierStats> out;
-  {
-    std::lock_guard<std::mutex> lock(ptr_mu_);
-    tier = tier_;
-    out = retired_;
-  }
-  if (tier == nullptr) return out;
-  KvDiskTierStats now = tier->stats();
-  if (out) AddCounters(*out, now);
+  // Read under ptr_mu_ (the tier's counters never wait for its I/O): a reader that held its
+  // own reference could keep a retired tier, and its directory lock, alive past Open, whose
+  // new tier then found the directory taken and the node ran without one.
+  std::lock_guard<std::mutex> lock(ptr_mu_);
+  if (tier_ == nullptr) return retired_;
+  KvDiskTierStats now = tier_->stats();
+  if (retired_) AddCounters(*retired_, now);
   return now;
 }
 

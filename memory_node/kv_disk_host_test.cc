@@ -4,6 +4,9 @@
 // the previous index are never served); counters add up over every tier the node opened.
 #include "memory_node/kv_disk_host.h"
 
+#include <atomic>
+#include <thread>
+
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "memory_node/testing/disk_test_env.h"
@@ -127,6 +130,26 @@ TEST_F(KvDiskHostTest, LoadsOfATicketAStepGaveUpOnAreRefused) {
   EXPECT_TRUE(absl::IsDeadlineExceeded((*out)[0])) << (*out)[0];
   EXPECT_TRUE((*out)[1].ok()) << (*out)[1];
   EXPECT_EQ(host.stats()->loads, 1u) << "the refused load ran";
+}
+
+// A metrics scrape (stats()) that holds the tier while the scheduler reconfigures the node:
+// the reopened tier still takes the directory (its lock is the old tier's until that goes),
+// every time. It used to fail now and then, and the node ran without a disk tier.
+TEST_F(KvDiskHostTest, ReopeningNeverRacesAReaderOfItsCounters) {
+  KvDiskHost host(options_);
+  std::atomic<bool> stop{false};
+  std::thread reader([&] {
+    while (!stop.load()) (void)host.stats();
+  });
+  int failed = 0;
+  absl::Status first;
+  for (int i = 0; i < 300; ++i) {
+    auto info = host.Open(1, store_.get(), kBlockTokens, "model a");
+    if (!info.ok() && failed++ == 0) first = info.status();
+  }
+  stop.store(true);
+  reader.join();
+  EXPECT_EQ(failed, 0) << first;
 }
 
 TEST_F(KvDiskHostTest, ANodeWithoutADirectoryOpensNoTier) {
