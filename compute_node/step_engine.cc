@@ -109,6 +109,7 @@ std::optional<StepResult> StepEngine::Prepare(Lane& lane, const StepPlan& plan) 
     RequestCache cache;
     cache.sampling = s.sampling;
     cache.prompt_len = s.prompt_len;
+    cache.parent = s.parent_request_id;
     if (s.parent_request_id != SequenceId()) {
       auto parent = requests_.find(s.parent_request_id);
       if (parent == requests_.end()) {
@@ -168,6 +169,18 @@ std::optional<StepResult> StepEngine::Prepare(Lane& lane, const StepPlan& plan) 
       result.status = absl::InvalidArgumentError(
           absl::StrCat("chunk of request ", c->request_id, " before its setup"));
       return std::move(result);
+    }
+    // A chunk's logits sample for its own sequence, or for children of it (n > 1): never
+    // another's (its draw, penalties, grammar and last sampled token would be this chunk's).
+    for (const SampleTarget& t : c->samples) {
+      auto target = requests_.find(t.request_id);
+      if (t.request_id != c->request_id &&
+          (target == requests_.end() || target->second.parent != c->request_id)) {
+        result.status = absl::InvalidArgumentError(
+            absl::StrCat("a chunk of request ", c->request_id, " samples for request ",
+                         t.request_id, ", which is neither it nor a child of it"));
+        return std::move(result);
+      }
     }
     const int64_t end = static_cast<int64_t>(c->start_position) + c->tokens.size();
     if (end > options_.max_positions) {

@@ -152,6 +152,7 @@ class StepEngine : public LaneEngine {
   struct RequestCache {
     SamplingParams sampling;
     int32_t prompt_len = 0;
+    SequenceId parent;  // an n > 1 child's owner (its prompt's chunks sample for it)
     // Counts for penalties; the prompt's map is shared with n > 1 children.
     std::shared_ptr<std::unordered_map<int32_t, int32_t>> prompt_counts;
     std::unordered_map<int32_t, int32_t> output_counts;

@@ -144,5 +144,46 @@ TEST_F(StepEngineTest, LastSampledTokenIsRefusedWhereThereIsNone) {
   EXPECT_EQ(r.status.code(), absl::StatusCode::kFailedPrecondition) << r.status;
 }
 
+// A chunk samples for its own sequence or its n > 1 children, never for another set-up
+// sequence: that draw would come from the chunk's logits and move the other's last sampled
+// token to the chunk's position (it used to be accepted).
+TEST_F(StepEngineTest, AChunkSamplesOnlyForItsSequenceAndItsChildren) {
+  Node node(weights_);
+  const std::vector<int32_t> prompt = Prompt(6);
+  StepResult r = node.engine->Execute(Plan(0, prompt, 0, 0, 0));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  // Sequence 2: set up alone (not a child of 1), with a chunk of its own.
+  StepPlan other = Plan(0, prompt, 0, 0, 0);
+  other.step_id = 1;
+  for (RequestSetup& s : other.setups) s.request_id = SequenceId(2);
+  for (SlotAssignment& a : other.assignments) {
+    a.request_id = SequenceId(2);
+    for (int32_t& slot : a.slots) slot += 100;
+  }
+  for (SequenceChunk& c : other.chunks) {
+    c.request_id = SequenceId(2);
+    for (SampleTarget& t : c.samples) t.request_id = SequenceId(2);
+  }
+  r = node.engine->Execute(other);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  // Sequence 1's next row, sampling for 2: refused.
+  const int32_t n = static_cast<int32_t>(prompt.size());
+  StepPlan stray = Plan(2, prompt, n, r.tokens.at(0).token, 1);
+  stray.chunks.at(0).samples.at(0).request_id = SequenceId(2);
+  r = node.engine->Execute(stray);
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kInvalidArgument) << r.status;
+  // A child of 1 may be sampled from 1's chunk.
+  StepPlan fork = Plan(3, prompt, n, r.tokens.empty() ? 5 : r.tokens[0].token, 1);
+  RequestSetup child;
+  child.request_id = SequenceId(3);
+  child.parent_request_id = SequenceId(1);
+  child.prompt_len = n;
+  fork.setups.push_back(child);
+  fork.chunks.at(0).samples.push_back({SequenceId(3), 0, 1, {}});
+  r = node.engine->Execute(fork);
+  EXPECT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.tokens.size(), 2u);
+}
+
 }  // namespace
 }  // namespace strata
