@@ -359,8 +359,8 @@ void MemoryServer::Handle(Work& work) {
     departed = departed_.count(work.peer) > 0;
   }
   if (departed) {
-    // Delivered after its sender's departure (no transport does so now): its step was let
-    // go of above, and applying it now would hold slot tables for ever.
+    // Held by the transport behind a payload still arriving when the peer went: its step
+    // was let go of above, and applying it now would hold slot tables for ever.
     std::lock_guard<std::mutex> lock(stats_mu_);
     ++stats_.departed_frames;
     return;

@@ -180,10 +180,8 @@ class MemoryServer : public transport::MessageHandler {
   std::unordered_map<transport::PeerId, PeerState> peers_;
   std::map<uint64_t, PeerState> routed_;                       // by step id
   std::unordered_map<uint64_t, transport::PeerId> endpoints_;  // announced by kHello
-  // Peers that left (their ids are never reused): anything delivered of theirs afterwards
-  // is dropped, not applied to a step let go of already. The transports tell of a
-  // departure only after the peer's last delivery; this keeps the server safe without
-  // relying on that.
+  // Peers that left (their ids are never reused): what the transport still delivers of
+  // theirs afterwards is dropped, not applied to a step let go of already.
   std::unordered_set<transport::PeerId> departed_;
 
   // What a layer frame may claim, set by Configure (before it: nothing is placed).

@@ -106,8 +106,7 @@ struct Capabilities {
 
 enum class PeerEvent {
   kConnected,     // a peer connected to this transport's listener (server side)
-  kDisconnected,  // the peer failed or closed; sends to it fail from now on, and nothing
-                  // of it is delivered after this (receives it cancelled come first)
+  kDisconnected,  // the peer failed or closed; sends to it fail from now on
 };
 
 class MessageHandler {

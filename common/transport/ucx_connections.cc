@@ -71,17 +71,7 @@ void UcxTransport::ClosePeer(PeerId id, const absl::Status& why) {
     by_endpoint_.erase(peer->ep);
     peer->ep = nullptr;
   }
-  // Receives the close cancelled complete later (UCX calls back from progress): the
-  // handler hears of the departure after the last of them is delivered.
-  if (was_ready) peer->departure = why;
-  Flush(id);
-}
-
-void UcxTransport::AnnounceDeparture(PeerId id) {
-  Peer* peer = FindPeer(id);
-  if (peer == nullptr || !peer->closed || !peer->pending.empty() || !peer->departure) return;
-  const absl::Status why = *std::exchange(peer->departure, std::nullopt);
-  if (peer_handler_) peer_handler_(id, PeerEvent::kDisconnected, why);
+  if (was_ready && peer_handler_) peer_handler_(id, PeerEvent::kDisconnected, why);
 }
 
 void UcxTransport::SetPeerSecret(PeerId id, std::string secret) {

@@ -112,8 +112,6 @@ class UcxTransport final : public Transport, private EventLoop::Poller {
     uint64_t next_arrival = 0;
     uint64_t next_delivery = 0;
     std::map<uint64_t, std::unique_ptr<RecvContext>> pending;  // by arrival sequence
-    // Closed after its handshake: why, told (kDisconnected) once `pending` is delivered.
-    std::optional<absl::Status> departure;
   };
   struct ErrorArg {
     UcxTransport* self;
@@ -163,8 +161,6 @@ class UcxTransport final : public Transport, private EventLoop::Poller {
   MessageHandler* HandlerFor(Tag tag);
   // Delivers, in arrival order, every pending message of `peer` that is complete.
   void Flush(PeerId peer);
-  // Tells of a closed peer's departure once nothing of it is left to deliver.
-  void AnnounceDeparture(PeerId id);
 
   void AcceptBootstrap();
   static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);

@@ -126,7 +126,6 @@ void UcxTransport::Flush(PeerId id) {
     MessageHandler* handler = HandlerFor(ctx->tag);
     handler->Deliver(id, ctx->header, ctx->dest, ctx->status);
   }
-  AnnounceDeparture(id);
 }
 
 void UcxTransport::Send(PeerId peer, Tag tag, std::span<const uint8_t> header,
