@@ -596,7 +596,6 @@ TEST_P(MemoryServerTest, AStepsRowsAndLoadTicketsAreBounded) {
   twice.plan.loads = {{SequenceId(1), PoolIndex(3), 9}, {SequenceId(1), PoolIndex(3), 9}};
   expect_rejected(twice, "load ticket 9 twice");
   EXPECT_EQ(server_->stats().rejected_steps, 3u);
-  EXPECT_EQ(server_->load_gate().entries(), 0u) << "a rejected step's tickets were kept";
 
   // A step of exactly the bound is applied.
   SendStep(Share(4, kMaxStepRows));

@@ -96,9 +96,10 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
                << " failed: " << result.status;
     // Its releases may never have reached the KV side (a node that refuses a plan applies
     // none of it): this node's next plan carries them again (a release is idempotent), for
-    // the sequences that are gone only; one still here is released by its own next plan.
-    // Not after a plan of releases alone: a node that fails every plan would get them for
-    // ever (the rows' requests end after kMaxStepFailures, so this stops).
+    // the sequences that are gone (ids are never reused). Not covered: a finished sample of
+    // a request still running (n > 1), a preempted request placed on another pool, and the
+    // releases of a plan of releases alone (a node that fails every plan would get them
+    // for ever).
     if (!plan.chunks.empty()) {
       for (const TableRelease& r : plan.releases) {
         if (!sequences_.contains(r.request_id)) ex.pending_releases.push_back(r);
