@@ -268,6 +268,21 @@ absl::Status MemoryServer::LayerClaimFits(const FrameHeader& header, size_t payl
   return absl::OkStatus();
 }
 
+absl::Status MemoryServer::UnplacedLayerClaim(std::span<const uint8_t> header_bytes,
+                                              size_t payload_bytes,
+                                              const absl::Status& received) const {
+  // Refused by Place, and here before a copy is made; the claim is also the better reason
+  // when the transport dropped the payload. (A header that disagrees with the payload it
+  // came with is reported as such in Handle.)
+  FrameHeader header;
+  if (!transport::ParseFrameHeader(header_bytes, &header).ok() ||
+      header.kind != static_cast<uint16_t>(FrameKind::kLayer) ||
+      (header.payload_bytes != payload_bytes && received.ok())) {
+    return absl::OkStatus();
+  }
+  return LayerClaimFits(header, header.payload_bytes);
+}
+
 void MemoryServer::Deliver(PeerId from, std::span<const uint8_t> header,
                            std::span<const uint8_t> payload, absl::Status status) {
   Work work;
@@ -278,14 +293,9 @@ void MemoryServer::Deliver(PeerId from, std::span<const uint8_t> header,
   if (it != placed_.end() && payload.data() != nullptr) {
     work.payload = std::move(it->second);
     placed_.erase(it);
-  } else if (FrameHeader parsed; transport::ParseFrameHeader(header, &parsed).ok() &&
-                                 parsed.kind == static_cast<uint16_t>(FrameKind::kLayer) &&
-                                 (parsed.payload_bytes == payload.size() || !work.status.ok()) &&
-                                 !LayerClaimFits(parsed, parsed.payload_bytes).ok()) {
-    // Refused by Place, and here before a copy is made; the claim is also the better reason
-    // when the transport dropped the payload. (A header that disagrees with the payload it
-    // came with is reported as such in Handle.)
-    work.status = LayerClaimFits(parsed, parsed.payload_bytes);
+  } else if (absl::Status claim = UnplacedLayerClaim(header, payload.size(), work.status);
+             !claim.ok()) {
+    work.status = std::move(claim);
   } else if (work.status.ok() && payload.size() > kMaxSmallFrame) {
     work.status = absl::InvalidArgumentError(absl::StrCat("a frame of ", payload.size(),
                                                           " bytes that was not placed (at most ",

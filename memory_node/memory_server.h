@@ -163,6 +163,10 @@ class MemoryServer : public transport::MessageHandler {
   // placed for it, so that a claim past the configuration allocates nothing.
   absl::Status LayerClaimFits(const transport::FrameHeader& header, size_t payload_bytes) const;
   uint64_t MaxStepRows() const;  // the configuration's (0: not bounded)
+  // Deliver: why a layer frame Place gave no buffer is refused for its claim (OK: it is not
+  // a layer frame whose claim could be judged, or its claim fits).
+  absl::Status UnplacedLayerClaim(std::span<const uint8_t> header, size_t payload_bytes,
+                                  const absl::Status& received) const;
 
   MemoryServerOptions options_;
   std::unique_ptr<transport::Transport> transport_;
