@@ -407,8 +407,9 @@ class Scheduler {
   // `frees`: the block goes idle once saved (its request is done with it), so its slots
   // count as soon-free room meanwhile; false for a running request's block (save on fill).
   void SaveBlock(PoolIndex pool, uint64_t hash, bool frees = true);
-  // How many blocks from `from` on (at most `max`) `pool`'s disk holds for `tokens`.
-  int DiskMatch(PoolIndex pool, const std::vector<int32_t>& tokens,
+  // How many blocks from `from` on (at most `max`) `pool`'s disk holds for `req`'s owner's
+  // `tokens`: none without the prefix cache, or for a request whose loads failed before.
+  int DiskMatch(PoolIndex pool, const Request& req, const std::vector<int32_t>& tokens,
                 const std::vector<uint64_t>& hashes, int from, int max) const;
   // Orders the loads of blocks [from, from + count) of the request's owner into its table;
   // the request is not planned until they are back (OnDiskMoves).

@@ -125,9 +125,7 @@ bool Scheduler::Place(Request* req, int executor) {
     c.dram_blocks =
         config_.enable_prefix_caching ? kv.MatchLength(owner->tokens, hashes, max_blocks) : 0;
     c.disk_blocks =
-        config_.enable_prefix_caching && !req->disk_loads_failed
-            ? DiskMatch(p, owner->tokens, hashes, c.dram_blocks, max_blocks - c.dram_blocks)
-            : 0;
+        DiskMatch(p, *req, owner->tokens, hashes, c.dram_blocks, max_blocks - c.dram_blocks);
     if (truncated && c.disk_blocks == 0) {
       moves[i] = FindShiftSource(req, p, c.dram_blocks, max_blocks);
     }
@@ -203,9 +201,7 @@ bool Scheduler::Place(Request* req, int executor) {
       queued_.fetch_sub(1);
     }
     // The prefix continues on disk: read it into the fresh slots before any row runs.
-    int on_disk = config_.enable_prefix_caching && !req->disk_loads_failed
-                      ? DiskMatch(p, owner->tokens, owner->hashes, matched, max_blocks - matched)
-                      : 0;
+    int on_disk = DiskMatch(p, *req, owner->tokens, owner->hashes, matched, max_blocks - matched);
     if (on_disk > 0 && config_.disk_load_when_faster &&
         !pools_[p.value()]->load_rule.Load(on_disk, static_cast<int>(config_.block_tokens),
                                            prefill_rate_)) {

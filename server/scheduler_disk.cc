@@ -94,8 +94,9 @@ void Scheduler::SaveBlock(PoolIndex pool, uint64_t hash, bool frees) {
   p.moves.push_back(std::move(op));
 }
 
-int Scheduler::DiskMatch(PoolIndex pool, const std::vector<int32_t>& tokens,
+int Scheduler::DiskMatch(PoolIndex pool, const Request& req, const std::vector<int32_t>& tokens,
                          const std::vector<uint64_t>& hashes, int from, int max) const {
+  if (!config_.enable_prefix_caching || req.disk_loads_failed) return 0;
   const Pool& p = *pools_[pool.value()];
   if (!p.alive || p.disk == nullptr || max <= 0) return 0;
   return p.disk->Match(tokens, hashes, from, max);
@@ -188,9 +189,8 @@ void Scheduler::Prefetch() {
       const Pool& p = *pools_[i];
       if (!p.alive) continue;
       const int dram = p.kv->MatchLength(owner->tokens, hashes, max_blocks);
-      const int disk = req->disk_loads_failed ? 0
-                                              : DiskMatch(PoolIndex(i), owner->tokens, hashes, dram,
-                                                          max_blocks - dram);
+      const int disk =
+          DiskMatch(PoolIndex(i), *req, owner->tokens, hashes, dram, max_blocks - dram);
       if (!best || std::make_pair(dram + disk, dram) >
                        std::make_pair(best->in_dram + best->on_disk, best->in_dram)) {
         best = Wanted{req, PoolIndex(i), dram, disk};
