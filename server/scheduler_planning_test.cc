@@ -239,6 +239,31 @@ TEST_F(PlannerTest, AFailedPlansReleasesAreSentAgain) {
   EXPECT_EQ(UsedSlots(), 0);
 }
 
+// A step that fails whole for a memory node that died moves the requests of that node once:
+// the pool's death preempts them, and the failed step does not preempt them again.
+TEST_F(PlannerTest, AStepThatFailedForADeadPoolPreemptsItsRequestsOnce) {
+  Start(/*async=*/false, 64, Pipelining::kOff, /*replicas=*/2);
+  scheduler_->AddPool("other", 64);
+  scheduler_->RunPending();
+  Submit({1, 2, 3}, 4);
+  ASSERT_EQ(executor_->held.size(), 1u);
+  ASSERT_EQ(Held(0).chunks.size(), 1u);
+  const PoolIndex pool = Held(0).chunks[0].pool;
+  auto [plan, sink] = std::move(executor_->held.front());
+  executor_->held.pop_front();
+  StepResult result;
+  result.step_id = plan->step_id;
+  result.status = absl::UnavailableError("memory node died");
+  result.dead_pools = {pool};
+  sink(std::move(result));
+  scheduler_->RunPending();
+  EXPECT_EQ(scheduler_->Stats().num_preemptions_total, 1);
+  ASSERT_EQ(executor_->held.size(), 1u) << "the request runs again";
+  EXPECT_NE(Held(0).chunks.at(0).pool, pool) << "on the pool that is alive";
+  while (!executor_->held.empty()) Answer(12);
+  EXPECT_EQ(Streamed(), (std::vector<int32_t>{12, 12, 12, 12}));
+}
+
 // max_tokens is known in advance: nothing is planned past the last draw.
 TEST_F(PlannerTest, AsynchronousStopsPlanningAheadAtMaxTokens) {
   Start(/*async=*/true);

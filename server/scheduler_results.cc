@@ -127,9 +127,10 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
                             std::any_of(involved.begin(), involved.end(),
                                         [](const Request* r) { return r->row_ahead_lost; });
     for (Request* req : involved) {
-      // Finished already (a stop seen before this plan came back), or a failure that an
-      // earlier plan's explains: this plan's rows depended on that plan's tokens.
-      if (req->state == Request::State::kDone || req->preempt_when_landed) continue;
+      // Finished already (a stop seen before this plan came back), moved already (its pool
+      // died above), or a failure that an earlier plan's explains: this plan's rows depended
+      // on that plan's tokens.
+      if (req->state != Request::State::kRunning || req->preempt_when_landed) continue;
       // Cancelled or timed out meanwhile: it ends on the way out instead of running again.
       if (req->pending_finish != FinishReason::kNone) continue;
       if (lost) {
