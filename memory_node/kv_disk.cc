@@ -92,6 +92,16 @@ std::shared_ptr<uint8_t> Aligned(uint64_t bytes) {
   return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { free(q); });
 }
 
+// Gives `status` to every io still waiting for its outcome (not refused, not done), and
+// returns it: no io may look done after a call that gave up early.
+template <typename Io>
+absl::Status FailUnfinished(std::span<Io> ios, absl::Status status) {
+  for (Io& io : ios) {
+    if (absl::IsAborted(io.status)) io.status = status;
+  }
+  return status;
+}
+
 }  // namespace
 
 absl::Status CheckKvDiskDir(const std::string& dir, bool allow_buffered) {
@@ -236,8 +246,8 @@ absl::Status KvDisk::ReadSections(std::span<SectionIo> ios) {
   // Each extent's header once: verified, then its sections.
   std::map<uint64_t, std::shared_ptr<uint8_t>> headers;
   std::map<uint64_t, absl::Status> header_status;
+  for (SectionIo& io : ios) io.status = absl::AbortedError("not read");
   for (SectionIo& io : ios) {
-    io.status = absl::AbortedError("not read");
     if (io.extent >= num_extents_ || io.section < 0 || io.section >= sections_ ||
         io.data == nullptr || reinterpret_cast<uintptr_t>(io.data) % kAlign != 0) {
       io.status = absl::InvalidArgumentError(
@@ -247,7 +257,9 @@ absl::Status KvDisk::ReadSections(std::span<SectionIo> ios) {
     }
     if (!headers.count(io.extent)) {
       headers[io.extent] = Aligned(kAlign);
-      if (headers[io.extent] == nullptr) return absl::ResourceExhaustedError("no memory for I/O");
+      if (headers[io.extent] == nullptr) {
+        return FailUnfinished(ios, absl::ResourceExhaustedError("no memory for I/O"));
+      }
     }
   }
   // Reads (offset, length, buffer), queue_depth at a time; each one's result.
@@ -472,9 +484,9 @@ absl::Status KvDisk::Run(std::span<ExtentIo> ios, bool write) {
   std::vector<Op> ops;
   std::vector<size_t> which;  // ios index of each op
   std::vector<std::shared_ptr<uint8_t>> headers;
+  for (ExtentIo& io : ios) io.status = absl::AbortedError(write ? "not written" : "not read");
   for (size_t i = 0; i < ios.size(); ++i) {
     ExtentIo& io = ios[i];
-    io.status = absl::AbortedError(write ? "not written" : "not read");
     if (io.extent >= num_extents_ || io.data == nullptr ||
         reinterpret_cast<uintptr_t>(io.data) % kAlign != 0 || (write && io.bytes > block_bytes_)) {
       io.status = absl::InvalidArgumentError(
@@ -483,7 +495,9 @@ absl::Status KvDisk::Run(std::span<ExtentIo> ios, bool write) {
       continue;
     }
     std::shared_ptr<uint8_t> header = Aligned(kAlign);
-    if (header == nullptr) return absl::ResourceExhaustedError("no memory for I/O");
+    if (header == nullptr) {
+      return FailUnfinished(ios, absl::ResourceExhaustedError("no memory for I/O"));
+    }
     if (write) {
       ExtentHeader h;
       h.extent = io.extent;

@@ -5,12 +5,14 @@
 // I/O is allowed; a full disk fails only the blocks that did not fit.
 #include "memory_node/kv_disk.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <liburing.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +22,20 @@
 
 #include "gtest/gtest.h"
 #include "memory_node/testing/disk_test_env.h"
+
+// Fault injection for the allocations of extents' headers (one page each): after
+// `g_pages_before_failure` more of them succeed, the next fails as if memory ran out.
+std::atomic<int> g_pages_before_failure{-1};  // -1: never fails
+
+extern "C" int posix_memalign(void** out, size_t alignment, size_t bytes) {
+  using Real = int (*)(void**, size_t, size_t);
+  static const Real real = reinterpret_cast<Real>(dlsym(RTLD_NEXT, "posix_memalign"));
+  if (bytes == 4096 && g_pages_before_failure.load() >= 0 &&
+      g_pages_before_failure.fetch_sub(1) == 0) {
+    return ENOMEM;
+  }
+  return real(out, alignment, bytes);
+}
 
 namespace strata {
 namespace {
@@ -86,6 +102,54 @@ TEST_F(KvDiskTest, BlocksComeBackBitForBit) {
   ExtentIo unaligned{2, spare.get() + 1, 10, {}};
   EXPECT_TRUE(absl::IsInvalidArgument((*disk)->Write({&unaligned, 1})));
   EXPECT_EQ((*disk)->stats().bytes_written, 10u * (4096 + 4 * 4096));
+}
+
+// Memory for an extent's header runs out part-way through a batch: no extent of the batch
+// looks written or read, and nothing of it is taken for bad bytes on disk.
+TEST_F(KvDiskTest, AnAllocationThatFailsMidBatchLeavesNoExtentLookingDone) {
+  auto disk = KvDisk::Open(Options(TempDir("no_memory")));
+  ASSERT_TRUE(disk.ok()) << disk.status();
+  std::vector<std::shared_ptr<uint8_t>> blocks;
+  std::vector<ExtentIo> writes;
+  for (uint64_t e = 0; e < 3; ++e) {
+    blocks.push_back((*disk)->AllocateBlock());
+    Fill(blocks.back().get(), 5000, 20 + static_cast<uint32_t>(e));
+    writes.push_back({e, blocks.back().get(), 5000, 7, {}});
+  }
+  g_pages_before_failure = 1;  // the second extent's header
+  const absl::Status written = (*disk)->Write(writes);
+  g_pages_before_failure = -1;
+  EXPECT_TRUE(absl::IsResourceExhausted(written)) << written;
+  for (const ExtentIo& w : writes) {
+    EXPECT_TRUE(absl::IsResourceExhausted(w.status)) << "extent " << w.extent << ": " << w.status;
+  }
+  EXPECT_EQ((*disk)->stats().bytes_written, 0u);
+  ASSERT_TRUE((*disk)->Write(writes).ok()) << "with memory back, the same batch is written";
+  // Reading them whole, and by sections.
+  std::vector<std::shared_ptr<uint8_t>> back;
+  std::vector<ExtentIo> reads;
+  std::vector<SectionIo> sections;
+  for (uint64_t e = 0; e < 3; ++e) {
+    back.push_back((*disk)->AllocateBlock());
+    reads.push_back({e, back.back().get(), 0, 7, {}});
+    sections.push_back({e, 0, back.back().get(), 7, 0, 0, {}});
+  }
+  g_pages_before_failure = 1;
+  const absl::Status read = (*disk)->Read(reads);
+  g_pages_before_failure = 1;
+  const absl::Status read_sections = (*disk)->ReadSections(sections);
+  g_pages_before_failure = -1;
+  EXPECT_TRUE(absl::IsResourceExhausted(read)) << read;
+  EXPECT_TRUE(absl::IsResourceExhausted(read_sections)) << read_sections;
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(absl::IsResourceExhausted(reads[i].status)) << i << ": " << reads[i].status;
+    EXPECT_TRUE(absl::IsResourceExhausted(sections[i].status)) << i << ": " << sections[i].status;
+  }
+  EXPECT_EQ((*disk)->stats().checksum_failures, 0u);
+  ASSERT_TRUE((*disk)->Read(reads).ok());
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(std::memcmp(back[i].get(), blocks[i].get(), 5000), 0) << "extent " << i;
+  }
 }
 
 TEST_F(KvDiskTest, AFlippedByteFailsOnlyItsBlock) {
