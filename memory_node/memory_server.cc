@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +28,10 @@ constexpr uint64_t kMaxSmallFrame = uint64_t{64} << 20;
 // Buffers kept for reuse: a layer frame's size at most. A larger one goes back to the
 // allocator, so that a peer's one-off giant frame does not stay resident.
 constexpr size_t kMaxRecycled = size_t{64} << 20;
+// The default budget of one peer's frames held at once, in its largest layer frames: a
+// compute node's two lanes, two mini-batches each, and the frames of a step it gave up on
+// still queued here, with room to spare.
+constexpr uint64_t kFramesPerPeer = 8;
 
 }  // namespace
 
@@ -222,7 +227,7 @@ static void Recycle(std::mutex& mu, std::vector<std::shared_ptr<std::vector<uint
   if (pool.size() < 32) pool.push_back(std::move(buffer));
 }
 
-std::span<uint8_t> MemoryServer::Place(PeerId, std::span<const uint8_t> header_bytes,
+std::span<uint8_t> MemoryServer::Place(PeerId peer, std::span<const uint8_t> header_bytes,
                                        size_t payload_bytes) {
   FrameHeader header;
   if (!transport::ParseFrameHeader(header_bytes, &header).ok() ||
@@ -230,10 +235,52 @@ std::span<uint8_t> MemoryServer::Place(PeerId, std::span<const uint8_t> header_b
       header.payload_bytes != payload_bytes || !LayerClaimFits(header, payload_bytes).ok()) {
     return {};  // looked at in Deliver (the transport holds no more than kMaxSmallFrame)
   }
+  if (!Hold(peer, payload_bytes)) return {};  // refused in Deliver
   auto buffer = Buffer(payload_bytes);
   std::span<uint8_t> span(buffer->data(), payload_bytes);
   placed_[buffer->data()] = std::move(buffer);
   return span;
+}
+
+uint64_t MemoryServer::HeldBudget() const {
+  if (options_.max_held_bytes_per_peer != 0) return options_.max_held_bytes_per_peer;
+  FrameLimits limits;
+  {
+    std::lock_guard<std::mutex> lock(limits_mu_);
+    limits = limits_;
+  }
+  const uint64_t largest =
+      limits.max_rows != 0 && limits.row_max != 0
+          ? std::min<unsigned __int128>(
+                static_cast<unsigned __int128>(limits.max_rows) * limits.row_max, kMaxPayload)
+          : kMaxPayload;
+  return std::max(kFramesPerPeer * largest, kMaxSmallFrame);
+}
+
+bool MemoryServer::Hold(PeerId peer, uint64_t bytes) {
+  const uint64_t budget = HeldBudget();
+  uint64_t held;
+  {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    uint64_t& h = held_[peer];
+    if (h + bytes > budget) {
+      if (h == 0) held_.erase(peer);
+      return false;
+    }
+    held = h += bytes;
+  }
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.held_bytes_peak = std::max(stats_.held_bytes_peak, held);
+  return true;
+}
+
+void MemoryServer::Unhold(PeerId peer, uint64_t bytes) {
+  if (bytes == 0) return;
+  std::lock_guard<std::mutex> lock(pending_mu_);
+  auto it = held_.find(peer);
+  if (it == held_.end()) return;
+  it->second -= std::min(it->second, bytes);
+  if (it->second == 0) held_.erase(it);
 }
 
 uint64_t MemoryServer::MaxStepRows() const {
@@ -292,6 +339,7 @@ void MemoryServer::Deliver(PeerId from, std::span<const uint8_t> header,
   auto it = placed_.find(payload.data());
   if (it != placed_.end() && payload.data() != nullptr) {
     work.payload = std::move(it->second);
+    work.held = payload.size();  // counted by Place
     placed_.erase(it);
   } else if (absl::Status claim = UnplacedLayerClaim(header, payload.size(), work.status);
              !claim.ok()) {
@@ -300,7 +348,16 @@ void MemoryServer::Deliver(PeerId from, std::span<const uint8_t> header,
     work.status = absl::InvalidArgumentError(absl::StrCat("a frame of ", payload.size(),
                                                           " bytes that was not placed (at most ",
                                                           kMaxSmallFrame, " bytes are copied)"));
+  } else if (work.status.ok() && !Hold(from, payload.size())) {
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      ++stats_.frames_over_budget;
+    }
+    work.status = absl::ResourceExhaustedError(
+        absl::StrCat("a frame of ", payload.size(), " bytes while this peer's frames hold ",
+                     HeldBudget(), " bytes here at most; it is refused, not queued"));
   } else if (work.status.ok()) {
+    work.held = payload.size();
     work.payload = Buffer(payload.size());
     if (!payload.empty()) std::memcpy(work.payload->data(), payload.data(), payload.size());
   }
@@ -343,6 +400,7 @@ void MemoryServer::Finish(Work& work, bool is_inline) {
   }
   if (!stopping) Handle(work);
   Recycle(pool_mu_, free_buffers_, std::move(work.payload));
+  Unhold(work.peer, work.held);
   std::lock_guard<std::mutex> lock(pending_mu_);
   --pending_;
   if (is_inline) inline_busy_ = false;

@@ -9,7 +9,10 @@
 // error and counted, and the server keeps serving. Its slot tables are changed only by
 // descriptors, and it writes only to slots a descriptor assigned. A layer frame's claim
 // (its rows and size) is checked against the configuration (MemoryConfig::max_step_rows,
-// the model's row sizes) before a buffer is placed for its payload.
+// the model's row sizes) before a buffer is placed for its payload, and the frames of one
+// peer received and not yet finished hold at most a budget of bytes
+// (MemoryServerOptions::max_held_bytes_per_peer): past it a frame is refused
+// (ResourceExhausted), not queued.
 //
 // Rotational pipelining (compute_node/rotation.h) routes a step: its descriptor and layer
 // frames carry the endpoint id of the compute replica that runs the next slice of the batch
@@ -70,6 +73,11 @@ struct MemoryServerOptions {
   // The disk tier under the KV store (dir empty: none). It is opened, empty, at each
   // configuration that asks for one (MemoryConfig::disk_block_tokens).
   KvDiskTierOptions disk;
+  // The bytes of one peer's frames received and not yet finished (queued behind a frame
+  // that runs, or waiting for the disk). 0: kFramesPerPeer of the largest layer frame the
+  // configuration allows, and at least the largest other frame. A compute node has a few
+  // layer frames in flight here at once (its lanes' mini-batches of one layer).
+  uint64_t max_held_bytes_per_peer = 0;
 };
 
 struct MemoryServerStats {
@@ -87,7 +95,9 @@ struct MemoryServerStats {
   uint64_t tables = 0;
   uint64_t peers = 0;
   uint64_t peers_left = 0;
-  uint64_t departed_frames = 0;  // delivered after their sender left, dropped
+  uint64_t departed_frames = 0;     // delivered after their sender left, dropped
+  uint64_t frames_over_budget = 0;  // refused: their peer held max_held_bytes_per_peer
+  uint64_t held_bytes_peak = 0;     // the most bytes one peer's frames held at once
 };
 
 class MemoryServer : public transport::MessageHandler {
@@ -127,6 +137,7 @@ class MemoryServer : public transport::MessageHandler {
     std::vector<uint8_t> header;
     std::shared_ptr<std::vector<uint8_t>> payload;
     absl::Status status;
+    uint64_t held = 0;  // bytes counted against the peer's budget until it is finished
   };
   struct PeerState {
     bool has_step = false;
@@ -163,6 +174,10 @@ class MemoryServer : public transport::MessageHandler {
   // placed for it, so that a claim past the configuration allocates nothing.
   absl::Status LayerClaimFits(const transport::FrameHeader& header, size_t payload_bytes) const;
   uint64_t MaxStepRows() const;  // the configuration's (0: not bounded)
+  // Counts `bytes` more of `peer`'s frames as held, unless that would pass its budget.
+  bool Hold(transport::PeerId peer, uint64_t bytes);
+  void Unhold(transport::PeerId peer, uint64_t bytes);
+  uint64_t HeldBudget() const;  // per peer
   // Deliver: why a layer frame Place gave no buffer is refused for its claim (OK: it is not
   // a layer frame whose claim could be judged, or its claim fits).
   absl::Status UnplacedLayerClaim(std::span<const uint8_t> header, size_t payload_bytes,
@@ -207,6 +222,8 @@ class MemoryServer : public transport::MessageHandler {
   int pending_ = 0;           // frames handed on and not yet finished; guarded by pending_mu_
   bool inline_busy_ = false;  // a frame runs on the transport thread; guarded by pending_mu_
   bool stop_ = false;         // guarded by pending_mu_
+  // Bytes of each peer's frames received and not yet finished; guarded by pending_mu_.
+  std::unordered_map<transport::PeerId, uint64_t> held_;
 
   std::mutex pool_mu_;
   std::vector<std::shared_ptr<std::vector<uint8_t>>> free_buffers_;

@@ -606,6 +606,67 @@ TEST_P(MemoryServerTest, AStepsRowsAndLoadTicketsAreBounded) {
   EXPECT_EQ(server_->stats().kv_positions, kMaxStepRows);
 }
 
+// A peer's frames queued behind one that waits (here for the disk) hold at most the
+// node's budget of bytes: past it, a frame is refused at once instead of queued, and once
+// the queue drains the peer is served again.
+TEST_P(MemoryServerTest, APeersQueuedFramesHoldABoundedBudget) {
+  if (GetParam()) GTEST_SKIP() << "a frame that waits inline holds up the transport thread";
+  StepShare share = Share(2, 8);
+  share.minibatch_rows = {8};
+  share.plan.loads.push_back({SequenceId(1), PoolIndex(3), 41});
+  const AttentionDims dims{kLayers, kHeads, kKvHeads, kDim};
+  const MinibatchLayout m = LayoutMinibatches(share, dims)[0];
+  const uint64_t frame = m.request_bytes();
+  // A budget of 4 of these frames (and the step's descriptor), for a server of its own.
+  client_.reset();
+  server_.reset();
+  MemoryServerOptions options;
+  options.transport.backend = transport::Backend::kInproc;
+  options.data_address = "memory-test-" + std::to_string(++counter);
+  options.prefault_kv = false;
+  options.run_on_transport_thread = false;
+  options.max_held_bytes_per_peer = 4 * frame + 4096;
+  server_ = *MemoryServer::Create(options);
+  ASSERT_TRUE(server_->Configure(Config()).ok());
+  client_ = std::make_unique<Client>(server_->data_address());
+  ASSERT_TRUE(server_->load_gate().Expect(41, absl::Now() + absl::Seconds(60)));
+  SendStep(share);
+  // Layer 0 waits for the disk; 9 more frames of the step arrive behind it (3 fit).
+  const auto payload = RandomRows(frame, 5);
+  for (int i = 0; i < 10; ++i) client_->Send(LayerHeader(2, i == 0 ? 0 : 1, 0, 8), payload);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (server_->stats().frames_over_budget < 6 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  EXPECT_EQ(server_->stats().frames_over_budget, 6u);
+  EXPECT_LE(server_->stats().held_bytes_peak, 4 * frame + 4096);
+  EXPECT_FALSE(client_->Any(absl::Milliseconds(50))) << "layer 0 ran before it was in DRAM";
+  EXPECT_TRUE(server_->load_gate().Finish(41, true));
+  auto engine = ReferenceEngine();
+  auto prepared = *engine->Prepare(share.plan);
+  const Reply first = client_->Next();
+  ASSERT_EQ(first.header.kind, static_cast<uint16_t>(FrameKind::kLayerResult));
+  EXPECT_EQ(first.payload, Expected(*engine, prepared, 0, m, payload));
+  int refused = 0;
+  for (int i = 1; i < 10; ++i) {
+    const Reply r = client_->Next();
+    if (r.header.kind != static_cast<uint16_t>(FrameKind::kError)) continue;
+    refused += absl::IsResourceExhausted(transport::ErrorFrameStatus(r.header, r.payload));
+  }
+  EXPECT_EQ(refused, 6);
+  // Drained: a new step of the peer is answered.
+  while (server_->stats().layer_frames + server_->stats().malformed_frames < 10 &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  StepShare next = Share(3, 8);
+  next.minibatch_rows = {8};
+  SendStep(next);
+  client_->Send(LayerHeader(3, 0, 0, 8), payload);
+  const Reply reply = client_->Next();
+  ASSERT_EQ(reply.header.kind, static_cast<uint16_t>(FrameKind::kLayerResult));
+}
+
 INSTANTIATE_TEST_SUITE_P(InlineOrWorker, MemoryServerTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "FirstFrameInline" : "AllOnWorker";

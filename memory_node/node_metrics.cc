@@ -49,11 +49,13 @@ void RegisterMemoryNodeMetrics(metrics::MetricsRegistry& registry, const std::st
                      .Help(
                          "Data-plane faults, by kind: checksum (payload mismatch), malformed "
                          "(bad header, size, step or layer), rejected_step (a descriptor "
-                         "that did not apply).")
+                         "that did not apply), over_budget (a frame refused while its peer's "
+                         "queued frames held their budget).")
                      .Register(r);
   prometheus::Counter* checksum = &errors.Add({{"node", node}, {"kind", "checksum"}});
   prometheus::Counter* malformed = &errors.Add({{"node", node}, {"kind", "malformed"}});
   prometheus::Counter* rejected = &errors.Add({{"node", node}, {"kind", "rejected_step"}});
+  prometheus::Counter* over_budget = &errors.Add({{"node", node}, {"kind", "over_budget"}});
   prometheus::Gauge* bubble = &prometheus::BuildGauge()
                                    .Name(metrics::kBubbleRatio)
                                    .Help(metrics::kBubbleRatioHelp)
@@ -83,6 +85,7 @@ void RegisterMemoryNodeMetrics(metrics::MetricsRegistry& registry, const std::st
     metrics::SetCounterTo(*checksum, static_cast<double>(s.checksum_failures));
     metrics::SetCounterTo(*malformed, static_cast<double>(s.malformed_frames));
     metrics::SetCounterTo(*rejected, static_cast<double>(s.rejected_steps));
+    metrics::SetCounterTo(*over_budget, static_cast<double>(s.frames_over_budget));
     // Idle share of an interval in which frames flowed; 0 when nothing was asked of it.
     const double wall = window->since.ElapsedSeconds();
     window->since.Reset();
