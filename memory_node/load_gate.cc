@@ -17,7 +17,7 @@ LoadGate::LoadGate(absl::Duration arrival_wait, absl::Duration keep, size_t max_
 bool LoadGate::Expect(uint64_t ticket, absl::Time deadline) {
   if (ticket == 0) return true;
   const absl::Time now = absl::Now();
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   PruneLocked(now);
   Entry& e = entries_[ticket];
   e.touched = now;
@@ -25,38 +25,35 @@ bool LoadGate::Expect(uint64_t ticket, absl::Time deadline) {
   if (!e.arrived) ++stats_.tickets;
   e.arrived = true;
   e.deadline = deadline;
-  changed_.notify_all();
+  Changed(lock);
   return true;
 }
 
 void LoadGate::Advance(uint64_t ticket, int layers) {
   if (ticket == 0) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   auto it = entries_.find(ticket);
   if (it == entries_.end() || it->second.abandoned || it->second.finished) return;
   it->second.ready = std::max(it->second.ready, layers);
-  changed_.notify_all();
+  Changed(lock);
 }
 
 bool LoadGate::Finish(uint64_t ticket, bool ok) {
   if (ticket == 0) return ok;
   const absl::Time now = absl::Now();
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   Entry& e = entries_[ticket];
   e.touched = now;
   e.finished = true;
-  changed_.notify_all();
-  return ok && !e.abandoned;
+  const bool stands = ok && !e.abandoned;
+  Changed(lock);
+  return stands;
 }
 
-absl::Status LoadGate::Wait(std::span<const uint64_t> tickets, int layer) {
-  if (std::all_of(tickets.begin(), tickets.end(), [](uint64_t t) { return t == 0; })) {
-    return absl::OkStatus();
-  }
-  const absl::Time start = absl::Now();
-  std::unique_lock<std::mutex> lock(mu_);
-  PruneLocked(start);
-  bool waited = false;
+absl::StatusOr<bool> LoadGate::PollLocked(std::span<const uint64_t> tickets, int layer,
+                                          absl::Time now, absl::Time* wake) {
+  bool ready = true;
+  *wake = absl::InfiniteFuture();
   for (uint64_t ticket : tickets) {
     if (ticket == 0) continue;
     if (!entries_.contains(ticket) && entries_.size() >= max_entries_) {
@@ -66,27 +63,79 @@ absl::Status LoadGate::Wait(std::span<const uint64_t> tickets, int layer) {
                                                        " tickets are awaited already"));
     }
     Entry& e = entries_[ticket];  // a step may come before its ticket's moves
-    if (e.touched == absl::Time()) e.touched = start;
-    while (!e.finished && !e.abandoned && e.ready <= layer) {
-      const absl::Time now = absl::Now();
-      const absl::Time until = e.arrived ? e.deadline : e.touched + arrival_wait_;
-      if (now >= until) {
-        e.abandoned = true;
-        ++stats_.abandoned;
-        break;
-      }
-      waited = true;
-      const absl::Duration left = std::min(until - now, absl::Seconds(1));
-      changed_.wait_for(lock, absl::ToChronoNanoseconds(left));
+    if (e.touched == absl::Time()) e.touched = now;
+    if (e.finished || e.abandoned || e.ready > layer) continue;
+    const absl::Time until = e.arrived ? e.deadline : e.touched + arrival_wait_;
+    if (now >= until) {
+      e.abandoned = true;
+      ++stats_.abandoned;
+      continue;
     }
+    ready = false;
+    *wake = std::min(*wake, until);
   }
-  if (waited) {
+  return ready;
+}
+
+absl::Status LoadGate::Wait(std::span<const uint64_t> tickets, int layer) {
+  if (NoLoads(tickets)) return absl::OkStatus();
+  const absl::Time start = absl::Now();
+  std::unique_lock<std::mutex> lock(mu_);
+  PruneLocked(start);
+  bool waited = false;
+  for (;;) {
+    const absl::Time now = absl::Now();
+    absl::Time wake;
+    absl::StatusOr<bool> ready = PollLocked(tickets, layer, now, &wake);
+    if (!ready.ok()) return ready.status();
+    if (*ready) break;
+    waited = true;
+    const absl::Duration left = std::min(wake - now, absl::Seconds(1));
+    changed_.wait_for(lock, absl::ToChronoNanoseconds(left));
+  }
+  RecordLocked(waited ? absl::Now() - start : absl::ZeroDuration());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> LoadGate::Poll(std::span<const uint64_t> tickets, int layer,
+                                    absl::Time* wake) {
+  *wake = absl::InfiniteFuture();
+  if (NoLoads(tickets)) return true;
+  const absl::Time now = absl::Now();
+  std::lock_guard<std::mutex> lock(mu_);
+  PruneLocked(now);
+  return PollLocked(tickets, layer, now, wake);
+}
+
+void LoadGate::Record(absl::Duration waited) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RecordLocked(waited);
+}
+
+void LoadGate::RecordLocked(absl::Duration waited) {
+  if (waited > absl::ZeroDuration()) {
     ++stats_.waited_layers;
-    stats_.wait_seconds += absl::ToDoubleSeconds(absl::Now() - start);
+    stats_.wait_seconds += absl::ToDoubleSeconds(waited);
   } else {
     ++stats_.ready_layers;
   }
-  return absl::OkStatus();
+}
+
+bool LoadGate::NoLoads(std::span<const uint64_t> tickets) {
+  return std::all_of(tickets.begin(), tickets.end(), [](uint64_t t) { return t == 0; });
+}
+
+void LoadGate::SetListener(std::function<void()> listener) {
+  std::lock_guard<std::mutex> lock(mu_);
+  listener_ = listener ? std::make_shared<std::function<void()>>(std::move(listener)) : nullptr;
+}
+
+void LoadGate::Changed(std::unique_lock<std::mutex>& lock) {
+  ++generation_;
+  changed_.notify_all();
+  std::shared_ptr<std::function<void()>> listener = listener_;
+  lock.unlock();
+  if (listener) (*listener)();
 }
 
 void LoadGate::PruneLocked(absl::Time now) {

@@ -15,17 +15,25 @@
 // at most `max_entries`, and a step that names an unknown ticket when it is full fails
 // instead of waiting (so descriptors full of made-up tickets cannot grow it).
 //
+// A caller that must not block (the memory server, which runs every peer's frames on one
+// thread) looks with Poll instead, parks its work, and looks again when the listener is
+// called or the deadline Poll gave passes.
+//
 // Thread-safety: every method may be called from any thread.
 #ifndef STRATA_MEMORY_NODE_LOAD_GATE_H_
 #define STRATA_MEMORY_NODE_LOAD_GATE_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <unordered_map>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
 namespace strata {
@@ -61,6 +69,21 @@ class LoadGate {
   // step must then fail.
   absl::Status Wait(std::span<const uint64_t> tickets, int layer);
 
+  // Wait's one look, for a caller that does something else while a load runs: true if
+  // every ticket has `layer` in DRAM or is over (one past its deadline is abandoned here);
+  // false if one is still awaited, with `wake` set to when the first of those would be
+  // abandoned (look again then, or after the listener is called). ResourceExhausted as Wait.
+  // The caller records the layer's wait once it goes on (Record).
+  absl::StatusOr<bool> Poll(std::span<const uint64_t> tickets, int layer, absl::Time* wake);
+  // A layer's wait, for the stats: zero if it found the layer in DRAM.
+  void Record(absl::Duration waited);
+  // Called after each change a waiter may be waiting for (Expect, Advance, Finish), on the
+  // thread that made it, outside the gate's lock. Null: none.
+  void SetListener(std::function<void()> listener);
+  // Counts the changes the listener is told of: a caller that looked (Poll) and then
+  // parked its work compares it before and after, in case a change fell in between.
+  uint64_t generation() const { return generation_.load(); }
+
   LoadGateStats stats() const;
   size_t entries() const;  // tickets the gate keeps now
 
@@ -75,6 +98,12 @@ class LoadGate {
   };
   // Entries over for a while go (a step needs a ticket's entry only while its load runs).
   void PruneLocked(absl::Time now);
+  absl::StatusOr<bool> PollLocked(std::span<const uint64_t> tickets, int layer, absl::Time now,
+                                  absl::Time* wake);
+  void RecordLocked(absl::Duration waited);
+  static bool NoLoads(std::span<const uint64_t> tickets);
+  // Wakes the waiters and tells the listener (`lock` holds mu_, and is released).
+  void Changed(std::unique_lock<std::mutex>& lock);
 
   const absl::Duration arrival_wait_;
   const absl::Duration keep_;
@@ -84,6 +113,8 @@ class LoadGate {
   std::unordered_map<uint64_t, Entry> entries_;
   absl::Time last_prune_;
   LoadGateStats stats_;
+  std::shared_ptr<std::function<void()>> listener_;  // guarded by mu_
+  std::atomic<uint64_t> generation_{0};
 };
 
 }  // namespace strata

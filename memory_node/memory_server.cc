@@ -19,20 +19,6 @@ using transport::FrameHeader;
 using transport::FrameKind;
 using transport::PeerId;
 
-// A layer frame's payload is at most this big (a step of 16k rows of a large model is far
-// below); larger claims are malformed.
-constexpr uint64_t kMaxPayload = uint64_t{2} << 30;
-// Frames other than a layer's (step descriptors, hellos, errors) are small: a descriptor
-// carries a step's rows and slot assignments. Past this they are refused without a copy.
-constexpr uint64_t kMaxSmallFrame = uint64_t{64} << 20;
-// Buffers kept for reuse: a layer frame's size at most. A larger one goes back to the
-// allocator, so that a peer's one-off giant frame does not stay resident.
-constexpr size_t kMaxRecycled = size_t{64} << 20;
-// The default budget of one peer's frames held at once, in its largest layer frames: a
-// compute node's two lanes, two mini-batches each, and the frames of a step it gave up on
-// still queued here, with room to spare.
-constexpr uint64_t kFramesPerPeer = 8;
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MemoryServer>> MemoryServer::Create(MemoryServerOptions options) {
@@ -45,6 +31,12 @@ absl::StatusOr<std::unique_ptr<MemoryServer>> MemoryServer::Create(MemoryServerO
   // else the transport would hold a copy of is small.
   server->options_.transport.max_held_bytes =
       std::min(server->options_.transport.max_held_bytes, kMaxSmallFrame);
+  // A layer frame parked for its loads (ParkForLoads) goes on once the gate moves.
+  MemoryServer* resumer = server.get();
+  server->disk_.gate().SetListener([resumer] {
+    if (resumer->parked_count_.load() > 0)
+      resumer->worker_.Post([resumer] { resumer->ResumeParked(); });
+  });
   ASSIGN_OR_RETURN(server->transport_, transport::Transport::Create(server->options_.transport));
   server->transport_->SetHandler(transport::kFrameTag, server.get());
   MemoryServer* self = server.get();
@@ -72,8 +64,12 @@ MemoryServer::~MemoryServer() {
   {
     // Frames still posted are let go unhandled; one being handled finishes before the
     // transport goes.
+    disk_.gate().SetListener(nullptr);
     std::unique_lock<std::mutex> lock(pending_mu_);
     stop_ = true;
+    for (const auto& [peer, frames] : parked_) pending_ -= static_cast<int>(frames.size());
+    parked_.clear();
+    parked_count_ = 0;
     pending_cv_.wait(lock, [&] { return pending_ == 0; });
   }
   worker_.Stop();
@@ -194,6 +190,7 @@ MemoryServerStats MemoryServer::stats() const {
   out.kv_slots = kv_slots_.load();
   out.kv_positions = kv_positions_.load();
   out.tables = tables_.load();
+  out.parked_frames = parked_count_.load();
   return out;
 }
 
@@ -201,210 +198,6 @@ void MemoryServer::PublishKvLocked() {
   kv_slots_.store(engine_ ? engine_->store().num_slots() : 0);
   kv_positions_.store(engine_ ? engine_->num_assigned_positions() : 0);
   tables_.store(engine_ ? engine_->num_tables() : 0);
-}
-
-std::shared_ptr<std::vector<uint8_t>> MemoryServer::Buffer(size_t bytes) {
-  {
-    std::lock_guard<std::mutex> lock(pool_mu_);
-    for (size_t i = 0; i < free_buffers_.size(); ++i) {
-      if (free_buffers_[i]->capacity() >= bytes) {
-        auto buffer = std::move(free_buffers_[i]);
-        free_buffers_.erase(free_buffers_.begin() + i);
-        buffer->resize(bytes);
-        return buffer;
-      }
-    }
-  }
-  return std::make_shared<std::vector<uint8_t>>(bytes);
-}
-
-// Buffers are recycled by a deleter-free convention: whoever finishes with one hands it
-// back through this lambda-friendly function.
-static void Recycle(std::mutex& mu, std::vector<std::shared_ptr<std::vector<uint8_t>>>& pool,
-                    std::shared_ptr<std::vector<uint8_t>> buffer) {
-  if (buffer == nullptr || buffer.use_count() != 1 || buffer->capacity() > kMaxRecycled) return;
-  std::lock_guard<std::mutex> lock(mu);
-  if (pool.size() < 32) pool.push_back(std::move(buffer));
-}
-
-std::span<uint8_t> MemoryServer::Place(PeerId peer, std::span<const uint8_t> header_bytes,
-                                       size_t payload_bytes) {
-  FrameHeader header;
-  if (!transport::ParseFrameHeader(header_bytes, &header).ok() ||
-      header.kind != static_cast<uint16_t>(FrameKind::kLayer) ||
-      header.payload_bytes != payload_bytes || !LayerClaimFits(header, payload_bytes).ok()) {
-    return {};  // looked at in Deliver (the transport holds no more than kMaxSmallFrame)
-  }
-  if (!Hold(peer, payload_bytes)) return {};  // refused in Deliver
-  auto buffer = Buffer(payload_bytes);
-  std::span<uint8_t> span(buffer->data(), payload_bytes);
-  placed_[buffer->data()] = std::move(buffer);
-  return span;
-}
-
-uint64_t MemoryServer::HeldBudget() const {
-  if (options_.max_held_bytes_per_peer != 0) return options_.max_held_bytes_per_peer;
-  FrameLimits limits;
-  {
-    std::lock_guard<std::mutex> lock(limits_mu_);
-    limits = limits_;
-  }
-  const uint64_t largest =
-      limits.max_rows != 0 && limits.row_max != 0
-          ? std::min<unsigned __int128>(
-                static_cast<unsigned __int128>(limits.max_rows) * limits.row_max, kMaxPayload)
-          : kMaxPayload;
-  return std::max(kFramesPerPeer * largest, kMaxSmallFrame);
-}
-
-bool MemoryServer::Hold(PeerId peer, uint64_t bytes) {
-  const uint64_t budget = HeldBudget();
-  uint64_t held;
-  {
-    std::lock_guard<std::mutex> lock(pending_mu_);
-    uint64_t& h = held_[peer];
-    if (h + bytes > budget) {
-      if (h == 0) held_.erase(peer);
-      return false;
-    }
-    held = h += bytes;
-  }
-  std::lock_guard<std::mutex> lock(stats_mu_);
-  stats_.held_bytes_peak = std::max(stats_.held_bytes_peak, held);
-  return true;
-}
-
-void MemoryServer::Unhold(PeerId peer, uint64_t bytes) {
-  if (bytes == 0) return;
-  std::lock_guard<std::mutex> lock(pending_mu_);
-  auto it = held_.find(peer);
-  if (it == held_.end()) return;
-  it->second -= std::min(it->second, bytes);
-  if (it->second == 0) held_.erase(it);
-}
-
-uint64_t MemoryServer::MaxStepRows() const {
-  std::lock_guard<std::mutex> lock(limits_mu_);
-  return limits_.max_rows;
-}
-
-absl::Status MemoryServer::LayerClaimFits(const FrameHeader& header, size_t payload_bytes) const {
-  FrameLimits limits;
-  {
-    std::lock_guard<std::mutex> lock(limits_mu_);
-    limits = limits_;
-  }
-  if (limits.row_max == 0)
-    return absl::FailedPreconditionError("a layer frame before configuration");
-  const uint64_t rows = header.rows;
-  if (rows == 0 || (limits.max_rows != 0 && rows > limits.max_rows)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a layer frame of ", rows, " rows; a step here has ",
-                     limits.max_rows != 0 ? absl::StrCat("1 to ", limits.max_rows) : "at least 1"));
-  }
-  // In 128 bits: a configured row may be large, and no product may wrap.
-  using Wide = unsigned __int128;
-  const Wide low = Wide{rows} * limits.row_min;
-  const Wide high = std::min<Wide>(Wide{rows} * limits.row_max, kMaxPayload);
-  if (payload_bytes < low || payload_bytes > high) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a layer frame of ", rows, " rows and ", payload_bytes, " bytes; its rows fill ",
-        static_cast<uint64_t>(std::min<Wide>(low, kMaxPayload + 1)), " to ",
-        static_cast<uint64_t>(high), " bytes"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status MemoryServer::UnplacedLayerClaim(std::span<const uint8_t> header_bytes,
-                                              size_t payload_bytes,
-                                              const absl::Status& received) const {
-  // Refused by Place, and here before a copy is made; the claim is also the better reason
-  // when the transport dropped the payload. (A header that disagrees with the payload it
-  // came with is reported as such in Handle.)
-  FrameHeader header;
-  if (!transport::ParseFrameHeader(header_bytes, &header).ok() ||
-      header.kind != static_cast<uint16_t>(FrameKind::kLayer) ||
-      (header.payload_bytes != payload_bytes && received.ok())) {
-    return absl::OkStatus();
-  }
-  return LayerClaimFits(header, header.payload_bytes);
-}
-
-void MemoryServer::Deliver(PeerId from, std::span<const uint8_t> header,
-                           std::span<const uint8_t> payload, absl::Status status) {
-  Work work;
-  work.peer = from;
-  work.header.assign(header.begin(), header.end());
-  work.status = std::move(status);
-  auto it = placed_.find(payload.data());
-  if (it != placed_.end() && payload.data() != nullptr) {
-    work.payload = std::move(it->second);
-    work.held = payload.size();  // counted by Place
-    placed_.erase(it);
-  } else if (absl::Status claim = UnplacedLayerClaim(header, payload.size(), work.status);
-             !claim.ok()) {
-    work.status = std::move(claim);
-  } else if (work.status.ok() && payload.size() > kMaxSmallFrame) {
-    work.status = absl::InvalidArgumentError(absl::StrCat("a frame of ", payload.size(),
-                                                          " bytes that was not placed (at most ",
-                                                          kMaxSmallFrame, " bytes are copied)"));
-  } else if (work.status.ok() && !Hold(from, payload.size())) {
-    {
-      std::lock_guard<std::mutex> lock(stats_mu_);
-      ++stats_.frames_over_budget;
-    }
-    work.status = absl::ResourceExhaustedError(
-        absl::StrCat("a frame of ", payload.size(), " bytes while this peer's frames hold ",
-                     HeldBudget(), " bytes here at most; it is refused, not queued"));
-  } else if (work.status.ok()) {
-    work.held = payload.size();
-    work.payload = Buffer(payload.size());
-    if (!payload.empty()) std::memcpy(work.payload->data(), payload.data(), payload.size());
-  }
-  {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    stats_.bytes_received += header.size() + payload.size();
-  }
-  Enqueue(std::move(work));
-}
-
-void MemoryServer::Enqueue(Work work) {
-  {
-    std::lock_guard<std::mutex> lock(pending_mu_);
-    if (stop_) return;
-    // Nothing ahead of it: run it here, saving the worker's wake-up.
-    const bool run_inline = options_.run_on_transport_thread && pending_ == 0;
-    ++pending_;
-    if (run_inline) {
-      inline_busy_ = true;
-    } else {
-      worker_.Post([this, work = std::move(work)]() mutable {
-        {
-          // In case the transport hands frames on from more than one thread.
-          std::unique_lock<std::mutex> lock(pending_mu_);
-          pending_cv_.wait(lock, [&] { return !inline_busy_; });
-        }
-        Finish(work, false);
-      });
-      return;
-    }
-  }
-  Finish(work, true);
-}
-
-void MemoryServer::Finish(Work& work, bool is_inline) {
-  bool stopping;
-  {
-    std::lock_guard<std::mutex> lock(pending_mu_);
-    stopping = stop_ && !is_inline;
-  }
-  if (!stopping) Handle(work);
-  Recycle(pool_mu_, free_buffers_, std::move(work.payload));
-  Unhold(work.peer, work.held);
-  std::lock_guard<std::mutex> lock(pending_mu_);
-  --pending_;
-  if (is_inline) inline_busy_ = false;
-  pending_cv_.notify_all();
 }
 
 void MemoryServer::Handle(Work& work) {
@@ -417,8 +210,22 @@ void MemoryServer::Handle(Work& work) {
       }
       departed_.insert(work.peer);
     }
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    ++stats_.peers_left;
+    // Its frames parked behind a load are let go with it.
+    std::deque<Work> dropped;
+    {
+      std::lock_guard<std::mutex> lock(pending_mu_);
+      if (auto it = parked_.find(work.peer); it != parked_.end()) {
+        dropped = std::move(it->second);
+        parked_.erase(it);
+        parked_count_ -= dropped.size();
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      ++stats_.peers_left;
+      stats_.departed_frames += dropped.size();
+    }
+    for (Work& w : dropped) Done(w, false);
     return;
   }
   bool departed;
@@ -471,7 +278,7 @@ void MemoryServer::Handle(Work& work) {
       HandleStep(work.peer, header, payload);
       return;
     case FrameKind::kLayer:
-      HandleLayer(work.peer, header, payload);
+      HandleLayer(work.peer, header, payload, work.gate);
       return;
     case FrameKind::kHello: {
       std::lock_guard<std::mutex> lock(engine_mu_);
@@ -566,21 +373,7 @@ void MemoryServer::HandleStep(PeerId peer, const FrameHeader& header,
 }
 
 void MemoryServer::HandleLayer(PeerId peer, const FrameHeader& header,
-                               std::span<const uint8_t> payload) {
-  // Layer-wise pre-loading: outside the engine lock (moves and other peers' steps go on),
-  // wait until the step's loading requests have this layer in DRAM.
-  absl::Status gate;
-  {
-    std::vector<uint64_t> tickets;
-    {
-      std::lock_guard<std::mutex> lock(engine_mu_);
-      PeerState* found = FindStepLocked(peer, header);
-      if (found != nullptr && header.layer < static_cast<uint32_t>(dims_.num_layers)) {
-        for (const PendingLoad& l : found->share.plan.loads) tickets.push_back(l.ticket);
-      }
-    }
-    if (!tickets.empty()) gate = disk_.gate().Wait(tickets, static_cast<int>(header.layer));
-  }
+                               std::span<const uint8_t> payload, const absl::Status& gate) {
   std::shared_ptr<std::vector<uint8_t>> reply;
   FrameHeader answer;
   absl::Status error;
@@ -680,9 +473,8 @@ void MemoryServer::HandleLayer(PeerId peer, const FrameHeader& header,
     stats_.bytes_sent += sizeof(answer) + reply->size();
   }
   std::span<const uint8_t> body(*reply);
-  transport_->Send(
-      reply_peer, transport::kFrameTag, transport::AsBytes(answer), {body},
-      [this, reply](absl::Status) mutable { Recycle(pool_mu_, free_buffers_, std::move(reply)); });
+  transport_->Send(reply_peer, transport::kFrameTag, transport::AsBytes(answer), {body},
+                   [this, reply](absl::Status) mutable { Recycle(std::move(reply)); });
 }
 
 MemoryServer::PeerState* MemoryServer::FindStepLocked(PeerId peer, const FrameHeader& header) {

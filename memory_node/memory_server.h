@@ -26,7 +26,9 @@
 // ahead of it runs right there, and frames that arrive while one runs are posted to the
 // worker's event loop, in arrival order (attention itself uses the OpenMP team of the
 // thread that runs it). So a mini-batch's transfer overlaps the previous mini-batch's
-// attention.
+// attention. A layer frame whose step's loads have not brought its layer into DRAM does
+// not wait on that thread: it is parked, with its peer's later frames behind it, and runs
+// on the worker once the load gate moves (other peers' frames go on meanwhile).
 //
 // Thread-safety: public methods may be called from any thread.
 #ifndef STRATA_MEMORY_NODE_MEMORY_SERVER_H_
@@ -35,6 +37,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -98,6 +101,7 @@ struct MemoryServerStats {
   uint64_t departed_frames = 0;     // delivered after their sender left, dropped
   uint64_t frames_over_budget = 0;  // refused: their peer held max_held_bytes_per_peer
   uint64_t held_bytes_peak = 0;     // the most bytes one peer's frames held at once
+  uint64_t parked_frames = 0;       // now: waiting behind a layer frame that waits for loads
 };
 
 class MemoryServer : public transport::MessageHandler {
@@ -138,6 +142,10 @@ class MemoryServer : public transport::MessageHandler {
     std::shared_ptr<std::vector<uint8_t>> payload;
     absl::Status status;
     uint64_t held = 0;  // bytes counted against the peer's budget until it is finished
+    // A layer frame of a step with loads: when it was first parked for them (never:
+    // InfiniteFuture), and the load gate's verdict once it goes on.
+    absl::Time parked_since = absl::InfiniteFuture();
+    absl::Status gate;
   };
   struct PeerState {
     bool has_step = false;
@@ -148,18 +156,31 @@ class MemoryServer : public transport::MessageHandler {
     size_t frames_left = 0;  // routed steps: layer frames not yet answered
   };
   static constexpr size_t kMaxRoutedSteps = 64;
+  // Frames other than a layer's (step descriptors, hellos, errors) are small: a descriptor
+  // carries a step's rows and slot assignments. Past this they are refused without a copy.
+  static constexpr uint64_t kMaxSmallFrame = uint64_t{64} << 20;
 
   explicit MemoryServer(MemoryServerOptions options)
       : options_(std::move(options)), disk_(options_.disk) {}
   // Runs `work` inline (nothing ahead of it) or posts it to the worker loop.
   void Enqueue(Work work);
-  // Handles `work` unless the server is stopping, then lets its buffer go and counts it done.
+  // Handles `work` unless the server is stopping, then lets its buffer go and counts it done;
+  // or parks it (ParkForLoads), or queues it behind its peer's parked frames.
   void Finish(Work& work, bool is_inline);
+  // Lets `work`'s buffer go and counts it done.
+  void Done(Work& work, bool is_inline);
+  // Layer-wise pre-loading: a layer frame whose step's loads do not have its layer in DRAM
+  // yet is parked (true: `work` is moved into parked_) instead of holding up the thread, so
+  // that other peers' frames go on meanwhile; else its gate verdict is set (false).
+  bool ParkForLoads(Work& work);
+  // On the worker: runs each peer's parked frames, in order, up to one that must wait still.
+  // Called when the load gate changes, and at the deadline of a parked frame's loads.
+  void ResumeParked();
   void Handle(Work& work);
   void HandleStep(transport::PeerId peer, const transport::FrameHeader& header,
                   std::span<const uint8_t> payload);
   void HandleLayer(transport::PeerId peer, const transport::FrameHeader& header,
-                   std::span<const uint8_t> payload);
+                   std::span<const uint8_t> payload, const absl::Status& gate);
   void SendError(transport::PeerId peer, const transport::FrameHeader& about,
                  const absl::Status& why);
   // The step a frame belongs to: the sender's, or the routed step of that id (engine_mu_
@@ -169,6 +190,8 @@ class MemoryServer : public transport::MessageHandler {
   // held); 0 if that endpoint is not connected.
   transport::PeerId ReplyPeerLocked(transport::PeerId peer, const transport::FrameHeader& header);
   std::shared_ptr<std::vector<uint8_t>> Buffer(size_t bytes);
+  // Hands a buffer back for reuse once nothing else holds it.
+  void Recycle(std::shared_ptr<std::vector<uint8_t>> buffer);
   // Whether a layer frame's claim (its rows and payload size) fits a step this node could be
   // given: at most max_step_rows rows, a payload its rows fill. Checked before a buffer is
   // placed for it, so that a claim past the configuration allocates nothing.
@@ -224,6 +247,10 @@ class MemoryServer : public transport::MessageHandler {
   bool stop_ = false;         // guarded by pending_mu_
   // Bytes of each peer's frames received and not yet finished; guarded by pending_mu_.
   std::unordered_map<transport::PeerId, uint64_t> held_;
+  // Peers whose layer frame waits for its loads: that frame first, then the peer's frames
+  // that came after it, in order; guarded by pending_mu_ (each counts in pending_).
+  std::unordered_map<transport::PeerId, std::deque<Work>> parked_;
+  std::atomic<size_t> parked_count_{0};  // frames in parked_, read by the gate's listener
 
   std::mutex pool_mu_;
   std::vector<std::shared_ptr<std::vector<uint8_t>>> free_buffers_;

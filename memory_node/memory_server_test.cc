@@ -161,13 +161,25 @@ class MemoryServerTest : public ::testing::TestWithParam<bool> {
     share.minibatch_rows = SplitMinibatches(n, 2);
     return share;
   }
-  void SendStep(const StepShare& share) {
+  // Share(step, 8) in one mini-batch; with a load ticket (non-zero), that the gate expects.
+  StepShare OneMinibatch(uint64_t step, uint64_t ticket = 0) {
+    StepShare share = Share(step, 8);
+    share.minibatch_rows = {8};
+    if (ticket != 0) {
+      share.plan.loads.push_back({SequenceId(1), PoolIndex(3), ticket});
+      EXPECT_TRUE(server_->load_gate().Expect(ticket, absl::Now() + absl::Seconds(60)));
+    }
+    return share;
+  }
+  // From `via` (default: client_).
+  void SendStep(const StepShare& share, Client* via = nullptr) {
     const std::string body = EncodeStepShare(share);
     FrameHeader h;
     h.kind = static_cast<uint16_t>(FrameKind::kStep);
     h.step_id = share.step_id;
     h.epoch = kEpoch;
-    client_->Send(h, {reinterpret_cast<const uint8_t*>(body.data()), body.size()});
+    (via != nullptr ? via : client_.get())
+        ->Send(h, {reinterpret_cast<const uint8_t*>(body.data()), body.size()});
   }
   static std::vector<uint8_t> RandomRows(size_t bytes, uint32_t seed) {
     std::mt19937 rng(seed);
@@ -258,10 +270,7 @@ TEST_P(MemoryServerTest, FramesSentBackToBackAreAnsweredInOrder) {
 // answered only once the node's load gate has that layer of the ticket in DRAM (or the
 // load is over), and the answer is the engine's.
 TEST_P(MemoryServerTest, ALayerOfALoadingRequestWaitsForThatLayer) {
-  StepShare share = Share(2, 8);
-  share.minibatch_rows = {8};
-  share.plan.loads.push_back({SequenceId(1), PoolIndex(3), 41});
-  ASSERT_TRUE(server_->load_gate().Expect(41, absl::Now() + absl::Seconds(60)));
+  const StepShare share = OneMinibatch(2, /*ticket=*/41);
   SendStep(share);
   const AttentionDims dims{kLayers, kHeads, kKvHeads, kDim};
   const MinibatchLayout m = LayoutMinibatches(share, dims)[0];
@@ -284,6 +293,72 @@ TEST_P(MemoryServerTest, ALayerOfALoadingRequestWaitsForThatLayer) {
   }
   EXPECT_EQ(server_->load_gate().stats().waited_layers, static_cast<uint64_t>(kLayers));
   EXPECT_EQ(server_->load_gate().stats().abandoned, 0u);
+}
+
+// A layer frame that waits for its step's loads holds up no other peer: another compute
+// node's frames are answered meanwhile, and the waiting peer's own later frames stay behind
+// its waiting one, in order. A peer that leaves while it waits takes its frames with it, and
+// a server stopped with frames waiting stops.
+TEST_P(MemoryServerTest, AFrameWaitingForTheDiskHoldsUpNoOtherPeer) {
+  const StepShare share = OneMinibatch(2, /*ticket=*/41);
+  SendStep(share);
+  const AttentionDims dims{kLayers, kHeads, kKvHeads, kDim};
+  const MinibatchLayout m = LayoutMinibatches(share, dims)[0];
+  const auto layer0 = RandomRows(m.request_bytes(), 60);
+  const auto layer1 = RandomRows(m.request_bytes(), 61);
+  client_->Send(LayerHeader(2, 0, 0, 8), layer0);
+  client_->Send(LayerHeader(2, 1, 0, 8), layer1);
+  // Another compute node, with a step of its own and no loads.
+  auto other = std::make_unique<Client>(server_->data_address());
+  SendStep(OneMinibatch(9), other.get());
+  const auto rows = RandomRows(m.request_bytes(), 62);
+  other->Send(LayerHeader(9, 0, 0, 8), rows);
+  const Reply answered = other->Next();
+  ASSERT_EQ(answered.header.kind, static_cast<uint16_t>(FrameKind::kLayerResult))
+      << "the other peer waited behind the load";
+  EXPECT_FALSE(client_->Any(absl::Milliseconds(50))) << "the waiting peer was answered early";
+  // The load brings layer 0, then the rest: the waiting peer's frames are answered in order.
+  auto engine = ReferenceEngine();
+  auto prepared = *engine->Prepare(share.plan);
+  server_->load_gate().Advance(41, 1);
+  const Reply first = client_->Next();
+  ASSERT_EQ(first.header.kind, static_cast<uint16_t>(FrameKind::kLayerResult));
+  EXPECT_EQ(first.header.layer, 0u);
+  EXPECT_EQ(first.payload, Expected(*engine, prepared, 0, m, layer0));
+  EXPECT_FALSE(client_->Any(absl::Milliseconds(50))) << "layer 1 ran before it was in DRAM";
+  EXPECT_TRUE(server_->load_gate().Finish(41, true));
+  const Reply second = client_->Next();
+  ASSERT_EQ(second.header.kind, static_cast<uint16_t>(FrameKind::kLayerResult));
+  EXPECT_EQ(second.header.layer, 1u);
+  EXPECT_EQ(second.payload, Expected(*engine, prepared, 1, m, layer1));
+  EXPECT_EQ(server_->load_gate().stats().waited_layers, 2u);
+
+  // The other peer now waits for a load of its own, and leaves while it waits.
+  SendStep(OneMinibatch(10, /*ticket=*/42), other.get());
+  other->Send(LayerHeader(10, 0, 0, 8), rows);
+  other->Send(LayerHeader(10, 1, 0, 8), rows);
+  auto wait_for = [&](auto done) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (!done(server_->stats()) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(2));
+    return done(server_->stats());
+  };
+  ASSERT_TRUE(wait_for([](const MemoryServerStats& s) { return s.parked_frames == 2; }));
+  const uint64_t departed = server_->stats().departed_frames;
+  other.reset();
+  ASSERT_TRUE(wait_for([](const MemoryServerStats& s) { return s.parked_frames == 0; }));
+  EXPECT_EQ(server_->stats().departed_frames, departed + 2);
+  // The first peer is still served.
+  SendStep(OneMinibatch(3));
+  client_->Send(LayerHeader(3, 0, 0, 8), rows);
+  ASSERT_EQ(client_->Next().header.kind, static_cast<uint16_t>(FrameKind::kLayerResult));
+  // A server stopped with a frame waiting for its loads stops.
+  SendStep(OneMinibatch(4, /*ticket=*/43));
+  client_->Send(LayerHeader(4, 0, 0, 8), rows);
+  ASSERT_TRUE(wait_for([](const MemoryServerStats& s) { return s.parked_frames == 1; }));
+  const absl::Time stopping = absl::Now();
+  client_.reset();
+  server_.reset();
+  EXPECT_LT(absl::Now() - stopping, absl::Seconds(5));
 }
 
 // The transport may deliver a peer's frames after telling of its departure (a frame held
@@ -610,7 +685,6 @@ TEST_P(MemoryServerTest, AStepsRowsAndLoadTicketsAreBounded) {
 // node's budget of bytes: past it, a frame is refused at once instead of queued, and once
 // the queue drains the peer is served again.
 TEST_P(MemoryServerTest, APeersQueuedFramesHoldABoundedBudget) {
-  if (GetParam()) GTEST_SKIP() << "a frame that waits inline holds up the transport thread";
   StepShare share = Share(2, 8);
   share.minibatch_rows = {8};
   share.plan.loads.push_back({SequenceId(1), PoolIndex(3), 41});
@@ -624,7 +698,7 @@ TEST_P(MemoryServerTest, APeersQueuedFramesHoldABoundedBudget) {
   options.transport.backend = transport::Backend::kInproc;
   options.data_address = "memory-test-" + std::to_string(++counter);
   options.prefault_kv = false;
-  options.run_on_transport_thread = false;
+  options.run_on_transport_thread = GetParam();
   options.max_held_bytes_per_peer = 4 * frame + 4096;
   server_ = *MemoryServer::Create(options);
   ASSERT_TRUE(server_->Configure(Config()).ok());
@@ -659,9 +733,7 @@ TEST_P(MemoryServerTest, APeersQueuedFramesHoldABoundedBudget) {
          absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(2));
   }
-  StepShare next = Share(3, 8);
-  next.minibatch_rows = {8};
-  SendStep(next);
+  SendStep(OneMinibatch(3));
   client_->Send(LayerHeader(3, 0, 0, 8), payload);
   const Reply reply = client_->Next();
   ASSERT_EQ(reply.header.kind, static_cast<uint16_t>(FrameKind::kLayerResult));

@@ -1,0 +1,327 @@
+// Receiving a memory node's frames: buffers placed for layer frames whose claim fits, each
+// peer's budget of bytes held, and the order frames run in (on the transport thread with
+// nothing ahead, else on the worker; parked while their loads run). Handling them is in
+// memory_server.cc.
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "memory_node/memory_server.h"
+
+namespace strata {
+namespace {
+
+using transport::FrameHeader;
+using transport::FrameKind;
+using transport::PeerId;
+
+// A layer frame's payload is at most this big (a step of 16k rows of a large model is far
+// below); larger claims are malformed.
+constexpr uint64_t kMaxPayload = uint64_t{2} << 30;
+// Buffers kept for reuse: a layer frame's size at most. A larger one goes back to the
+// allocator, so that a peer's one-off giant frame does not stay resident.
+constexpr size_t kMaxRecycled = size_t{64} << 20;
+// The default budget of one peer's frames held at once, in its largest layer frames: a
+// compute node's two lanes, two mini-batches each, and the frames of a step it gave up on
+// still queued here, with room to spare.
+constexpr uint64_t kFramesPerPeer = 8;
+
+}  // namespace
+
+std::shared_ptr<std::vector<uint8_t>> MemoryServer::Buffer(size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    for (size_t i = 0; i < free_buffers_.size(); ++i) {
+      if (free_buffers_[i]->capacity() >= bytes) {
+        auto buffer = std::move(free_buffers_[i]);
+        free_buffers_.erase(free_buffers_.begin() + i);
+        buffer->resize(bytes);
+        return buffer;
+      }
+    }
+  }
+  return std::make_shared<std::vector<uint8_t>>(bytes);
+}
+
+void MemoryServer::Recycle(std::shared_ptr<std::vector<uint8_t>> buffer) {
+  if (buffer == nullptr || buffer.use_count() != 1 || buffer->capacity() > kMaxRecycled) return;
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  if (free_buffers_.size() < 32) free_buffers_.push_back(std::move(buffer));
+}
+
+std::span<uint8_t> MemoryServer::Place(PeerId peer, std::span<const uint8_t> header_bytes,
+                                       size_t payload_bytes) {
+  FrameHeader header;
+  if (!transport::ParseFrameHeader(header_bytes, &header).ok() ||
+      header.kind != static_cast<uint16_t>(FrameKind::kLayer) ||
+      header.payload_bytes != payload_bytes || !LayerClaimFits(header, payload_bytes).ok()) {
+    return {};  // looked at in Deliver (the transport holds no more than kMaxSmallFrame)
+  }
+  if (!Hold(peer, payload_bytes)) return {};  // refused in Deliver
+  auto buffer = Buffer(payload_bytes);
+  std::span<uint8_t> span(buffer->data(), payload_bytes);
+  placed_[buffer->data()] = std::move(buffer);
+  return span;
+}
+
+uint64_t MemoryServer::HeldBudget() const {
+  if (options_.max_held_bytes_per_peer != 0) return options_.max_held_bytes_per_peer;
+  FrameLimits limits;
+  {
+    std::lock_guard<std::mutex> lock(limits_mu_);
+    limits = limits_;
+  }
+  const uint64_t largest =
+      limits.max_rows != 0 && limits.row_max != 0
+          ? std::min<unsigned __int128>(
+                static_cast<unsigned __int128>(limits.max_rows) * limits.row_max, kMaxPayload)
+          : kMaxPayload;
+  return std::max(kFramesPerPeer * largest, kMaxSmallFrame);
+}
+
+bool MemoryServer::Hold(PeerId peer, uint64_t bytes) {
+  const uint64_t budget = HeldBudget();
+  uint64_t held;
+  {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    uint64_t& h = held_[peer];
+    if (h + bytes > budget) {
+      if (h == 0) held_.erase(peer);
+      return false;
+    }
+    held = h += bytes;
+  }
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.held_bytes_peak = std::max(stats_.held_bytes_peak, held);
+  return true;
+}
+
+void MemoryServer::Unhold(PeerId peer, uint64_t bytes) {
+  if (bytes == 0) return;
+  std::lock_guard<std::mutex> lock(pending_mu_);
+  auto it = held_.find(peer);
+  if (it == held_.end()) return;
+  it->second -= std::min(it->second, bytes);
+  if (it->second == 0) held_.erase(it);
+}
+
+uint64_t MemoryServer::MaxStepRows() const {
+  std::lock_guard<std::mutex> lock(limits_mu_);
+  return limits_.max_rows;
+}
+
+absl::Status MemoryServer::LayerClaimFits(const FrameHeader& header, size_t payload_bytes) const {
+  FrameLimits limits;
+  {
+    std::lock_guard<std::mutex> lock(limits_mu_);
+    limits = limits_;
+  }
+  if (limits.row_max == 0)
+    return absl::FailedPreconditionError("a layer frame before configuration");
+  const uint64_t rows = header.rows;
+  if (rows == 0 || (limits.max_rows != 0 && rows > limits.max_rows)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a layer frame of ", rows, " rows; a step here has ",
+                     limits.max_rows != 0 ? absl::StrCat("1 to ", limits.max_rows) : "at least 1"));
+  }
+  // In 128 bits: a configured row may be large, and no product may wrap.
+  using Wide = unsigned __int128;
+  const Wide low = Wide{rows} * limits.row_min;
+  const Wide high = std::min<Wide>(Wide{rows} * limits.row_max, kMaxPayload);
+  if (payload_bytes < low || payload_bytes > high) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a layer frame of ", rows, " rows and ", payload_bytes, " bytes; its rows fill ",
+        static_cast<uint64_t>(std::min<Wide>(low, kMaxPayload + 1)), " to ",
+        static_cast<uint64_t>(high), " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MemoryServer::UnplacedLayerClaim(std::span<const uint8_t> header_bytes,
+                                              size_t payload_bytes,
+                                              const absl::Status& received) const {
+  // Refused by Place, and here before a copy is made; the claim is also the better reason
+  // when the transport dropped the payload. (A header that disagrees with the payload it
+  // came with is reported as such in Handle.)
+  FrameHeader header;
+  if (!transport::ParseFrameHeader(header_bytes, &header).ok() ||
+      header.kind != static_cast<uint16_t>(FrameKind::kLayer) ||
+      (header.payload_bytes != payload_bytes && received.ok())) {
+    return absl::OkStatus();
+  }
+  return LayerClaimFits(header, header.payload_bytes);
+}
+
+void MemoryServer::Deliver(PeerId from, std::span<const uint8_t> header,
+                           std::span<const uint8_t> payload, absl::Status status) {
+  Work work;
+  work.peer = from;
+  work.header.assign(header.begin(), header.end());
+  work.status = std::move(status);
+  auto it = placed_.find(payload.data());
+  if (it != placed_.end() && payload.data() != nullptr) {
+    work.payload = std::move(it->second);
+    work.held = payload.size();  // counted by Place
+    placed_.erase(it);
+  } else if (absl::Status claim = UnplacedLayerClaim(header, payload.size(), work.status);
+             !claim.ok()) {
+    work.status = std::move(claim);
+  } else if (work.status.ok() && payload.size() > kMaxSmallFrame) {
+    work.status = absl::InvalidArgumentError(absl::StrCat("a frame of ", payload.size(),
+                                                          " bytes that was not placed (at most ",
+                                                          kMaxSmallFrame, " bytes are copied)"));
+  } else if (work.status.ok() && !Hold(from, payload.size())) {
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      ++stats_.frames_over_budget;
+    }
+    work.status = absl::ResourceExhaustedError(
+        absl::StrCat("a frame of ", payload.size(), " bytes while this peer's frames hold ",
+                     HeldBudget(), " bytes here at most; it is refused, not queued"));
+  } else if (work.status.ok()) {
+    work.held = payload.size();
+    work.payload = Buffer(payload.size());
+    if (!payload.empty()) std::memcpy(work.payload->data(), payload.data(), payload.size());
+  }
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.bytes_received += header.size() + payload.size();
+  }
+  Enqueue(std::move(work));
+}
+
+void MemoryServer::Enqueue(Work work) {
+  {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    if (stop_) return;
+    // Nothing ahead of it: run it here, saving the worker's wake-up.
+    const bool run_inline = options_.run_on_transport_thread && pending_ == 0;
+    ++pending_;
+    if (run_inline) {
+      inline_busy_ = true;
+    } else {
+      worker_.Post([this, work = std::move(work)]() mutable {
+        {
+          // In case the transport hands frames on from more than one thread.
+          std::unique_lock<std::mutex> lock(pending_mu_);
+          pending_cv_.wait(lock, [&] { return !inline_busy_; });
+        }
+        Finish(work, false);
+      });
+      return;
+    }
+  }
+  Finish(work, true);
+}
+
+void MemoryServer::Finish(Work& work, bool is_inline) {
+  bool stopping;
+  {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    stopping = stop_ && !is_inline;
+    // Behind a parked frame of its peer it waits there, in order. (A departure goes on at
+    // once: it lets go of them.)
+    const bool departure = work.header.empty() && absl::IsCancelled(work.status);
+    if (auto it = parked_.find(work.peer); !stopping && !departure && it != parked_.end()) {
+      it->second.push_back(std::move(work));
+      ++parked_count_;
+      if (is_inline) inline_busy_ = false;
+      pending_cv_.notify_all();
+      return;
+    }
+  }
+  if (!stopping && ParkForLoads(work)) {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    if (is_inline) inline_busy_ = false;
+    pending_cv_.notify_all();
+    return;
+  }
+  if (!stopping) Handle(work);
+  Done(work, is_inline);
+}
+
+void MemoryServer::Done(Work& work, bool is_inline) {
+  Recycle(std::move(work.payload));
+  Unhold(work.peer, work.held);
+  std::lock_guard<std::mutex> lock(pending_mu_);
+  --pending_;
+  if (is_inline) inline_busy_ = false;
+  pending_cv_.notify_all();
+}
+
+bool MemoryServer::ParkForLoads(Work& work) {
+  FrameHeader header;
+  if (!work.status.ok() || !transport::ParseFrameHeader(work.header, &header).ok() ||
+      header.kind != static_cast<uint16_t>(FrameKind::kLayer)) {
+    return false;
+  }
+  std::vector<uint64_t> tickets;
+  {
+    std::lock_guard<std::mutex> lock(engine_mu_);
+    PeerState* found = FindStepLocked(work.peer, header);
+    if (found != nullptr && header.layer < static_cast<uint32_t>(dims_.num_layers)) {
+      for (const PendingLoad& l : found->share.plan.loads) tickets.push_back(l.ticket);
+    }
+  }
+  if (tickets.empty()) return false;
+  LoadGate& gate = disk_.gate();
+  const uint64_t generation = gate.generation();
+  absl::Time wake;
+  absl::StatusOr<bool> ready = gate.Poll(tickets, static_cast<int>(header.layer), &wake);
+  const absl::Time now = absl::Now();
+  if (!ready.ok() || *ready) {
+    work.gate = ready.status();
+    if (ready.ok()) gate.Record(std::max(now - work.parked_since, absl::ZeroDuration()));
+    return false;
+  }
+  work.parked_since = std::min(work.parked_since, now);
+  const PeerId peer = work.peer;
+  {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    if (stop_) {
+      work.gate = absl::CancelledError("the memory node is stopping");
+      return false;
+    }
+    parked_[peer].push_front(std::move(work));
+    ++parked_count_;
+  }
+  // A change between the look and the parking would have found nothing parked to resume.
+  if (gate.generation() != generation) worker_.Post([this] { ResumeParked(); });
+  if (wake < absl::InfiniteFuture()) worker_.RunAt(wake, [this] { ResumeParked(); });
+  return true;
+}
+
+void MemoryServer::ResumeParked() {
+  std::vector<PeerId> peers;
+  {
+    std::unique_lock<std::mutex> lock(pending_mu_);
+    pending_cv_.wait(lock, [&] { return !inline_busy_; });
+    for (const auto& [peer, frames] : parked_) peers.push_back(peer);
+  }
+  for (PeerId peer : peers) {
+    for (;;) {
+      Work work;
+      {
+        std::lock_guard<std::mutex> lock(pending_mu_);
+        auto it = parked_.find(peer);
+        if (it == parked_.end()) break;
+        if (it->second.empty() || stop_) {
+          pending_ -= static_cast<int>(it->second.size());
+          parked_count_ -= it->second.size();
+          parked_.erase(it);
+          pending_cv_.notify_all();
+          break;
+        }
+        work = std::move(it->second.front());
+        it->second.pop_front();
+        --parked_count_;
+      }
+      if (ParkForLoads(work)) break;  // its layer is still on its way
+      Handle(work);
+      Done(work, false);
+    }
+  }
+}
+
+}  // namespace strata
