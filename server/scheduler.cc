@@ -225,6 +225,7 @@ void Scheduler::SetExecutorAliveNow(int executor, bool alive) {
       if (req->executor == executor && !req->in_flight) ForgetExecutor(req.get());
     }
     e.pending_releases.clear();
+    e.release_resends.clear();
   }
 }
 

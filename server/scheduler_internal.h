@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -183,6 +184,8 @@ struct Scheduler::Executor {
   double ahead_margin = 0;
   bool ahead_overdue = false;
   std::vector<TableRelease> pending_releases;
+  // Releases sent again after failed plans, by sequence: how many times (OnStepResult).
+  std::unordered_map<SequenceId, int> release_resends;
 };
 
 }  // namespace strata

@@ -264,6 +264,66 @@ TEST_F(PlannerTest, AStepThatFailedForADeadPoolPreemptsItsRequestsOnce) {
   EXPECT_EQ(Streamed(), (std::vector<int32_t>{12, 12, 12, 12}));
 }
 
+// A release-only plan that fails is sent again, but not for ever; so is the release of an
+// n > 1 sample that finished while its siblings run.
+TEST_F(PlannerTest, ReleasesOfFinishedSequencesSurviveAFailedPlanAFewTimes) {
+  Start(/*async=*/false);
+  Submit({1, 2, 3}, 1);
+  Answer(10);  // done: its release goes in a plan of its own
+  int resent = 0;
+  while (!executor_->held.empty()) {
+    ASSERT_TRUE(Held(0).chunks.empty());
+    ASSERT_EQ(Held(0).releases.size(), 1u);
+    ++resent;
+    Answer(0, absl::UnavailableError("the node failed the plan"));
+    ASSERT_LE(resent, 10) << "sent for ever";
+  }
+  EXPECT_EQ(resent, 4) << "the release and three more tries";
+
+  // Two samples: the first stops at once, the second runs on.
+  GenerateRequest r;
+  r.prompt_tokens = {4, 5, 6};
+  r.max_tokens = 4;
+  r.n = 2;
+  r.ignore_eos = true;
+  r.stop_token_ids = {11};
+  r.sampling.temperature = 0.0f;
+  ASSERT_TRUE(scheduler_->Submit(r, [](const RequestUpdate&) {}).ok());
+  scheduler_->RunPending();
+  // The prefill draws both samples' first tokens: the first sample's is its stop token.
+  ASSERT_EQ(executor_->held.size(), 1u);
+  ASSERT_EQ(Held(0).chunks.size(), 1u);
+  ASSERT_EQ(Held(0).chunks[0].samples.size(), 2u);
+  const SequenceId stops = Held(0).chunks[0].samples[0].request_id;
+  auto answer = [&](absl::Status status) {
+    auto [plan, sink] = std::move(executor_->held.front());
+    executor_->held.pop_front();
+    StepResult result;
+    result.step_id = plan->step_id;
+    result.status = status;
+    for (const SequenceChunk& c : plan->chunks) {
+      for (const SampleTarget& t : c.samples) {
+        if (status.ok()) result.tokens.push_back({t.request_id, t.request_id == stops ? 11 : 12});
+      }
+    }
+    sink(std::move(result));
+    scheduler_->RunPending();
+  };
+  auto released = [&](size_t i) {
+    std::set<SequenceId> ids;
+    for (const TableRelease& x : Held(i).releases) ids.insert(x.request_id);
+    return ids;
+  };
+  answer(absl::OkStatus());
+  ASSERT_EQ(executor_->held.size(), 1u);
+  ASSERT_TRUE(released(0).contains(stops)) << "the stopped sample is released";
+  answer(absl::UnavailableError("the node failed the plan"));
+  ASSERT_EQ(executor_->held.size(), 1u) << "the other sample runs again";
+  EXPECT_TRUE(released(0).contains(stops)) << "the failed plan's release was lost";
+  while (!executor_->held.empty()) answer(absl::OkStatus());
+  EXPECT_EQ(UsedSlots(), 0);
+}
+
 // max_tokens is known in advance: nothing is planned past the last draw.
 TEST_F(PlannerTest, AsynchronousStopsPlanningAheadAtMaxTokens) {
   Start(/*async=*/true);

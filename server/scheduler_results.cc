@@ -16,6 +16,9 @@ namespace {
 
 // A request whose steps fail more often than this (not for a lost node) fails itself.
 constexpr int kMaxStepFailures = 2;
+// A release whose plans keep failing is sent again at most this many times: a node that
+// fails every plan does not get it for ever.
+constexpr int kMaxReleaseResends = 3;
 
 }  // namespace
 
@@ -95,14 +98,20 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
     LOG(ERROR) << "step " << plan.step_id << " on " << ex.impl->name()
                << " failed: " << result.status;
     // Its releases may never have reached the KV side (a node that refuses a plan applies
-    // none of it): this node's next plan carries them again (a release is idempotent), for
-    // the sequences that are gone (ids are never reused). Not covered: a finished sample of
-    // a request still running (n > 1), a preempted request placed on another pool, and the
-    // releases of a plan of releases alone (a node that fails every plan would get them
-    // for ever).
-    if (!plan.chunks.empty()) {
-      for (const TableRelease& r : plan.releases) {
-        if (!sequences_.contains(r.request_id)) ex.pending_releases.push_back(r);
+    // none of it): this node's next plan carries them again (a release is idempotent), at
+    // most kMaxReleaseResends times, for the sequences that will never use that table again:
+    // gone (ids are never reused) or finished (a sample of an n > 1 request still running).
+    // Not covered: a preempted request placed again, possibly through another node, whose
+    // new setup the old release could overtake.
+    for (const TableRelease& r : plan.releases) {
+      auto it = sequences_.find(r.request_id);
+      if (it != sequences_.end() && !it->second->finished) continue;
+      if (++ex.release_resends[r.request_id] <= kMaxReleaseResends) {
+        ex.pending_releases.push_back(r);
+      } else {
+        LOG(WARNING) << "giving up on the release of sequence " << r.request_id.value() << " on "
+                     << ex.impl->name() << " after " << kMaxReleaseResends << " failed plans";
+        ex.release_resends.erase(r.request_id);
       }
     }
     // A node that cannot be reached is out of service at once (before its heartbeats stop),
@@ -168,6 +177,7 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
     }
     return;
   }
+  for (const TableRelease& r : plan.releases) ex.release_resends.erase(r.request_id);
   MarkPoolsDead(result.dead_pools);
   std::unordered_set<Request*> failed_now;
   for (const auto& [id, status] : result.failed) {
