@@ -7,6 +7,22 @@
 #include "common/protocol/step_proto.h"
 
 namespace strata {
+namespace {
+
+// A call that failed as a whole says nothing of any block, so each move gets a code that
+// says "not moved": the call's own where it says so already (its deadline, a cancellation,
+// an unreachable node), else Aborted. Never one that could be taken for bad bytes on disk
+// (INTERNAL, INVALID_ARGUMENT, ...), which would drop a loaded block (LoadCondemnsBlock).
+absl::Status WholeCallFailure(absl::StatusCode code, const std::string& message) {
+  const bool says_not_moved = code == absl::StatusCode::kDeadlineExceeded ||
+                              code == absl::StatusCode::kCancelled ||
+                              code == absl::StatusCode::kUnavailable;
+  return absl::Status(
+      says_not_moved ? code : absl::StatusCode::kAborted,
+      absl::StrCat("KV moves failed as a whole (", absl::StatusCodeToString(code), "): ", message));
+}
+
+}  // namespace
 
 GrpcKvMover::GrpcKvMover(Node node, std::shared_ptr<grpc::Channel> channel,
                          std::shared_ptr<const ClusterAuth> auth, uint64_t epoch, uint64_t tier,
@@ -99,12 +115,12 @@ void GrpcKvMover::Run(Lane* lane) {
     std::vector<absl::Status> out;
     if (!status.ok()) {
       out.assign(moves.size(),
-                 absl::Status(FromGrpcStatus(status).code(),
-                              absl::StrCat("KV moves failed: ", status.error_message())));
+                 WholeCallFailure(FromGrpcStatus(status).code(), status.error_message()));
     } else if (report.status_size() != static_cast<int>(moves.size())) {
       out.assign(moves.size(),
-                 absl::InternalError(absl::StrCat("the node answered ", report.status_size(),
-                                                  " statuses for ", moves.size(), " KV moves")));
+                 WholeCallFailure(absl::StatusCode::kInternal,
+                                  absl::StrCat("the node answered ", report.status_size(),
+                                               " statuses for ", moves.size(), " KV moves")));
     } else {
       for (const control::Status& s : report.status()) out.push_back(FromProto(s));
     }

@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "proto/control.grpc.pb.h"
+#include "server/disk_ledger.h"
 
 namespace strata {
 namespace {
@@ -114,6 +115,57 @@ TEST(GrpcKvMoverTest, LoadsThatWaitedOutTheirDeadlineInTheQueueAreNotSent) {
     EXPECT_EQ(node.deadlines().size(), 2u);
   }
   server->Shutdown();
+}
+
+// Fails every call with INTERNAL, or answers too few statuses.
+class BrokenNode final : public control::MemoryNode::Service {
+ public:
+  explicit BrokenNode(bool short_report) : short_report_(short_report) {}
+  grpc::Status MoveKv(grpc::ServerContext*, const control::KvMoves*,
+                      control::KvMoveReport* report) override {
+    if (!short_report_) return grpc::Status(grpc::StatusCode::INTERNAL, "a node's own bug");
+    report->add_status();
+    return grpc::Status::OK;
+  }
+
+ private:
+  const bool short_report_;
+};
+
+// A call that fails as a whole, or whose report does not match its moves, says nothing of
+// the blocks: no load of it condemns its block on disk.
+TEST(GrpcKvMoverTest, ACallThatFailedAsAWholeCondemnsNoBlock) {
+  for (const bool short_report : {false, true}) {
+    SCOPED_TRACE(short_report ? "a short report" : "INTERNAL");
+    BrokenNode node(short_report);
+    auto auth = ClusterAuth::Insecure();
+    int port = 0;
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", auth->ServerCredentials(), &port);
+    builder.RegisterService(&node);
+    std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+    ASSERT_NE(server, nullptr);
+    {
+      GrpcKvMover mover(GrpcKvMover::Node::kMemory,
+                        auth->CreateChannel(absl::StrCat("127.0.0.1:", port)), auth, 1, 1,
+                        absl::Seconds(10), absl::Seconds(10));
+      std::vector<KvMove> moves = Loads(21);
+      moves.push_back(moves.front());
+      moves.back().extent = 2;
+      Outcome outcome;
+      mover.Submit(moves, outcome.Sink(), /*background=*/false);
+      ASSERT_TRUE(outcome.Wait());
+      ASSERT_EQ(outcome.status.size(), 2u);
+      for (const absl::Status& s : outcome.status) {
+        EXPECT_FALSE(s.ok());
+        EXPECT_FALSE(LoadCondemnsBlock(s)) << s;
+        EXPECT_NE(s.message().find(short_report ? "statuses for 2" : "a node's own bug"),
+                  std::string::npos)
+            << s;
+      }
+    }
+    server->Shutdown();
+  }
 }
 
 }  // namespace
