@@ -1,5 +1,6 @@
 #include "memory_node/kv_disk_host.h"
 
+#include <algorithm>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -93,29 +94,55 @@ absl::StatusOr<std::vector<absl::Status>> KvDiskHost::Move(uint64_t epoch, uint6
     for (size_t i : run) subset.push_back(moves[i]);
     to_run = subset;
   }
+  // Loads go first: a step may wait for them. A batch without loads (saves, drops) runs
+  // kMovesPerTurn moves at a time and lets loads that wait meanwhile go in between (the
+  // scheduler never loads a block it is still saving, nor reuses the slots or extents of
+  // moves in flight, so the order between batches is free).
+  const bool loads = std::any_of(to_run.begin(), to_run.end(),
+                                 [](const KvMove& m) { return m.kind == KvMove::Kind::kLoad; });
+  if (loads) ++loads_waiting_;
   absl::Status refused;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (absl::Now() > deadline) {
-      refused = absl::DeadlineExceededError("KV moves whose caller gave up waiting (not run)");
-    } else if (epoch != epoch_) {
-      refused = absl::FailedPreconditionError(
-          absl::StrCat("KV moves of epoch ", epoch, " for a node of epoch ", epoch_));
-    } else if (tier_ == nullptr) {
-      refused = absl::FailedPreconditionError("this node has no disk tier");
-    } else if (tier != tier_id_) {
-      refused = absl::FailedPreconditionError(
-          "KV moves for a disk tier that a reconfiguration has replaced");
-    } else {
-      const std::vector<absl::Status> done = tier_->Execute(to_run, deadline);
-      for (size_t k = 0; k < run.size(); ++k) out[run[k]] = done[k];
-      return out;
+  size_t first = 0;
+  do {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!loads) turn_cv_.wait(lock, [&] { return loads_waiting_.load() == 0; });
+    refused = RefusedLocked(epoch, tier, deadline);
+    if (refused.ok()) {
+      const size_t count = loads ? to_run.size() : std::min(kMovesPerTurn, to_run.size() - first);
+      const std::vector<absl::Status> done = tier_->Execute(to_run.subspan(first, count), deadline);
+      for (size_t k = 0; k < count; ++k) out[run[first + k]] = done[k];
+      first += count;
     }
+    if (loads) --loads_waiting_;
+    lock.unlock();
+    turn_cv_.notify_all();
+  } while (refused.ok() && first < to_run.size());
+  if (refused.ok()) return out;
+  if (first > 0) {
+    // Refused part-way (its deadline passed, or the tier was replaced): the rest fails.
+    for (size_t k = first; k < run.size(); ++k) out[run[k]] = refused;
+    return out;
   }
   for (const KvMove& m : moves) {
     if (m.kind == KvMove::Kind::kLoad) gate_.Finish(m.ticket, false);
   }
   return refused;
+}
+
+absl::Status KvDiskHost::RefusedLocked(uint64_t epoch, uint64_t tier, absl::Time deadline) const {
+  if (absl::Now() > deadline) {
+    return absl::DeadlineExceededError("KV moves whose caller gave up waiting (not run)");
+  }
+  if (epoch != epoch_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("KV moves of epoch ", epoch, " for a node of epoch ", epoch_));
+  }
+  if (tier_ == nullptr) return absl::FailedPreconditionError("this node has no disk tier");
+  if (tier != tier_id_) {
+    return absl::FailedPreconditionError(
+        "KV moves for a disk tier that a reconfiguration has replaced");
+  }
+  return absl::OkStatus();
 }
 
 std::optional<KvDiskTierStats> KvDiskHost::stats() const {

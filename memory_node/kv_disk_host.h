@@ -5,10 +5,14 @@
 // returned, so moves ordered for a tier that a reconfiguration replaced never run.
 //
 // Thread-safety: every method may be called from any thread. Moves hold the host while they
-// run; Close waits for them, so the store may be freed once Close returns.
+// run; Close waits for them, so the store may be freed once Close returns. A batch with
+// loads (a step may be waiting for them) goes before the rest of a batch of saves or
+// drops, which holds the host kMovesPerTurn moves at a time.
 #ifndef STRATA_MEMORY_NODE_KV_DISK_HOST_H_
 #define STRATA_MEMORY_NODE_KV_DISK_HOST_H_
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -64,12 +68,19 @@ class KvDiskHost {
  private:
   // Drops the open tier, keeping its counters (mu_ and ptr_mu_ held).
   void RetireLocked();
+  // Why moves stamped `epoch` and `tier` may not run now (mu_ held); OK if they may.
+  absl::Status RefusedLocked(uint64_t epoch, uint64_t tier, absl::Time deadline) const;
+
+  // Moves of a batch without loads that run before loads waiting meanwhile go first.
+  static constexpr size_t kMovesPerTurn = 16;
 
   const KvDiskTierOptions options_;
   LoadGate gate_;  // outlives every tier (steps wait on it across configurations)
   // Held by Open, Close and moves (which take long: never under a node's engine lock, so
   // attention goes on meanwhile). ptr_mu_ only guards the pointer, for stats.
   std::mutex mu_;
+  std::condition_variable turn_cv_;    // a batch of loads let go of mu_
+  std::atomic<int> loads_waiting_{0};  // batches with loads waiting for mu_ or running
   mutable std::mutex ptr_mu_;
   std::shared_ptr<KvDiskTier> tier_;
   std::optional<KvDiskTierStats> retired_;  // guarded by ptr_mu_

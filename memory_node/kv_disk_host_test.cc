@@ -5,6 +5,7 @@
 #include "memory_node/kv_disk_host.h"
 
 #include <atomic>
+#include <cstring>
 #include <thread>
 
 #include "absl/time/clock.h"
@@ -150,6 +151,47 @@ TEST_F(KvDiskHostTest, ReopeningNeverRacesAReaderOfItsCounters) {
   stop.store(true);
   reader.join();
   EXPECT_EQ(failed, 0) << first;
+}
+
+// A load (a step may wait for it) does not wait behind a long batch of saves: it runs
+// between two turns of the batch, which then goes on and saves every block.
+TEST_F(KvDiskHostTest, ALoadGoesBeforeTheRestOfALongBatchOfSaves) {
+  KvStoreConfig c;
+  c.num_layers = 4;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  c.num_slots = 64;
+  store_ = testing_env::RandomStore(c, 6);
+  options_.budget_bytes = uint64_t{96} << 20;  // 300 blocks of 256 KiB
+  KvDiskHost host(options_);
+  auto info = host.Open(1, store_.get(), kBlockTokens, "model a");
+  ASSERT_TRUE(info.ok()) << info.status();
+  const KvMove saved = Move(KvMove::Kind::kSave, 0, 7, 0);
+  ASSERT_TRUE(AllOk(host.Move(1, info->tier, {&saved, 1})));
+  constexpr int kSaves = 256;
+  std::vector<KvMove> saves;
+  for (int i = 1; i <= kSaves; ++i) saves.push_back(Move(KvMove::Kind::kSave, i, 100 + i, 16));
+  std::atomic<bool> saves_ok{false};
+  std::thread saver([&] { saves_ok = AllOk(host.Move(1, info->tier, saves)); });
+  // Once the batch has saved its first turn of blocks, a load comes.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (host.stats()->saves < 2 && absl::Now() < deadline) absl::SleepFor(absl::Microseconds(50));
+  const KvMove load = Move(KvMove::Kind::kLoad, 0, 7, 32);
+  EXPECT_TRUE(AllOk(host.Move(1, info->tier, {&load, 1})));
+  const uint64_t saved_by_then = host.stats()->saves - 1;
+  saver.join();
+  EXPECT_LT(saved_by_then, static_cast<uint64_t>(kSaves)) << "the load waited for every save";
+  EXPECT_TRUE(saves_ok.load());
+  EXPECT_EQ(host.stats()->saves, static_cast<uint64_t>(kSaves) + 1);
+  EXPECT_EQ(host.stats()->failed_saves, 0u);
+  // What the load brought is the block saved.
+  const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim;
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    for (const uint16_t* base : {store_->k(layer), store_->v(layer)}) {
+      EXPECT_EQ(std::memcmp(base + 32 * row, base, kBlockTokens * row * sizeof(uint16_t)), 0)
+          << "layer " << layer;
+    }
+  }
 }
 
 TEST_F(KvDiskHostTest, ANodeWithoutADirectoryOpensNoTier) {
