@@ -415,6 +415,42 @@ TEST_F(DiskTierTest, APrefixOnADiskSlowerThanPrefillIsRecomputed) {
   }
 }
 
+// A disk that stays slower than the load deadline: the swap-or-recompute rule learns from the
+// batch that ran out of its deadline, and the next conversation's prefix is recomputed
+// without waiting the deadline out on the disk again.
+TEST_F(DiskTierTest, ALoadThatRanOutOfItsDeadlineTeachesTheRule) {
+  Topology t{1, 1};
+  t.disk_dir = DiskDir("late_rule");
+  t.disk_load_delay = absl::Milliseconds(300);
+  t.disk_load_deadline = absl::Milliseconds(100);
+  t.disk_load_when_faster = true;
+  Deployment d(weights_, t, 160);
+  std::vector<int64_t> failed;
+  for (uint32_t conversation = 0; conversation < 2; ++conversation) {
+    auto first = d.Submit(Turn(Prompt(100, 8500 + conversation)));
+    ASSERT_TRUE(d.Wait({first}));
+    for (int i = 0; i < 3; ++i) {  // take the pool's DRAM
+      auto other = d.Submit(Turn(Prompt(100, 8600 + 10 * conversation + i)));
+      ASSERT_TRUE(d.Wait({other}));
+    }
+    std::vector<int32_t> prompt = Prompt(100, 8500 + conversation);
+    prompt.insert(prompt.end(), first->tokens.begin(), first->tokens.end());
+    auto second = d.Submit(Turn(prompt));
+    ASSERT_TRUE(d.Wait({second}));
+    EXPECT_TRUE(second->error.ok()) << second->error;
+    Deployment fresh(weights_, Topology{1, 1}, 2048);
+    auto reference = fresh.Submit(Turn(prompt));
+    ASSERT_TRUE(fresh.Wait({reference}));
+    EXPECT_EQ(second->tokens, reference->tokens) << "conversation " << conversation;
+    auto last = d.Submit(Turn(Prompt(20, 8700 + conversation)));  // statistics catch up
+    ASSERT_TRUE(d.Wait({last}));
+    failed.push_back(d.scheduler().Stats().disk_failed_loads_total);
+  }
+  EXPECT_GT(failed[0], 0) << "the first conversation's load was not late";
+  EXPECT_EQ(failed[1], failed[0]) << "the second conversation waited on the slow disk again";
+  EXPECT_GE(d.scheduler().Stats().disk_recomputed_blocks_total, 6);
+}
+
 // A disk slower than the load deadline: the loads fail unapplied, and the next turn is
 // recomputed, equal to a fresh run, without an error.
 TEST_F(DiskTierTest, ASlowDiskDegradesToRecomputingAndFailsNothing) {

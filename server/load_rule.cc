@@ -4,8 +4,9 @@
 
 namespace strata {
 
-void LoadRule::ObserveLoad(int blocks, double seconds) {
+void LoadRule::ObserveLoad(int blocks, double seconds, absl::Time now) {
   if (blocks <= 0 || !(seconds >= 0) || !std::isfinite(seconds)) return;
+  last_observed_ = now;
   const double n = blocks;
   w_ = kDecay * w_ + 1;
   n_ = kDecay * n_ + n;
@@ -43,9 +44,11 @@ double PreloadLead(double latency_s, double body_s, double compute_s, int layers
   return (latency_s > 0 ? latency_s : 0) + load_layer + (layers - 1) * behind;
 }
 
-bool LoadRule::Load(int blocks, int block_tokens, const PrefillRate& prefill) const {
+bool LoadRule::Load(int blocks, int block_tokens, const PrefillRate& prefill,
+                    absl::Time now) const {
   const double load = LoadSeconds(blocks);
   if (load < 0 || prefill.rows_per_second() <= 0) return true;
+  if (now - last_observed_ >= kRemeasureAfter) return true;
   return load <= static_cast<double>(blocks) * block_tokens / prefill.rows_per_second();
 }
 

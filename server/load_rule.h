@@ -6,7 +6,9 @@
 // rows (one PrefillRate for the scheduler: every pool's prefixes compute alike). Short
 // prefixes are recomputed when the round trip costs more than their prefill; long ones are
 // loaded when the disk reads faster than the node prefills. Until both sides have been
-// measured, it loads (measuring the disk needs loads).
+// measured, it loads (measuring the disk needs loads), and so it does once the disk's last
+// measure is kRemeasureAfter old: a disk that was slow for a while (a batch that ran out
+// of its deadline counts, at the time it waited) is not given up for good.
 //
 // Thread-safety: none; the scheduler's thread owns it.
 #ifndef STRATA_SERVER_LOAD_RULE_H_
@@ -14,6 +16,8 @@
 
 #include <cstdint>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "server/moving_average.h"
 
 namespace strata {
@@ -32,12 +36,15 @@ class PrefillRate {
 // One pool's disk, as its load batches show it.
 class LoadRule {
  public:
+  static constexpr absl::Duration kRemeasureAfter = absl::Seconds(30);
+
   // A batch of `blocks` loads came back after `seconds` (queueing on the node included).
-  void ObserveLoad(int blocks, double seconds);
+  void ObserveLoad(int blocks, double seconds, absl::Time now = absl::Now());
 
   // Whether to load `blocks` blocks of `block_tokens` tokens rather than recompute them at
-  // `prefill`'s rate.
-  bool Load(int blocks, int block_tokens, const PrefillRate& prefill) const;
+  // `prefill`'s rate (or to measure the disk again).
+  bool Load(int blocks, int block_tokens, const PrefillRate& prefill,
+            absl::Time now = absl::Now()) const;
 
   // The load estimate behind the rule (seconds); negative before any load was measured.
   double LoadSeconds(int blocks) const;
@@ -48,6 +55,7 @@ class LoadRule {
   static constexpr double kDecay = 0.9;  // weight of the older observations, per new one
   // Decayed sums over load batches (n blocks, t seconds): weight, n, n^2, t, n*t.
   double w_ = 0, n_ = 0, nn_ = 0, t_ = 0, nt_ = 0;
+  absl::Time last_observed_ = absl::InfinitePast();
 };
 
 // Layer-wise pre-loading's read-ahead (AttentionStore's rule, docs/architecture.md): a

@@ -58,6 +58,24 @@ TEST(LoadRuleTest, ADiskSlowerThanPrefillIsNeverWorthIt) {
   EXPECT_NEAR(rule.LoadSeconds(1), 0.050, 1e-9);
 }
 
+// A disk measured slow is measured again once its last measure is old: a disk that was slow
+// for a while is not given up for good.
+TEST(LoadRuleTest, ASlowDiskIsMeasuredAgainLater) {
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  LoadRule rule;
+  rule.ObserveLoad(8, 2.0, t0);  // ran out of a 2 s deadline
+  PrefillRate prefill;
+  prefill.Observe(1600, 1.0);
+  EXPECT_FALSE(rule.Load(8, 16, prefill, t0 + absl::Seconds(1)));
+  EXPECT_FALSE(rule.Load(8, 16, prefill, t0 + LoadRule::kRemeasureAfter - absl::Seconds(1)));
+  EXPECT_TRUE(rule.Load(8, 16, prefill, t0 + LoadRule::kRemeasureAfter));
+  // Measured again, fast now: loads.
+  for (int i = 0; i < 40; ++i) {
+    rule.ObserveLoad(8, 0.008, t0 + LoadRule::kRemeasureAfter + absl::Milliseconds(i));
+  }
+  EXPECT_TRUE(rule.Load(8, 16, prefill, t0 + LoadRule::kRemeasureAfter + absl::Seconds(1)));
+}
+
 // The read-ahead rule against a direct simulation of a step that starts `lead` after its
 // load: layer i is in DRAM at latency + (i + 1) t_l; the step waits for it, then computes
 // it for t_c. The lead the rule gives is the least with no wait at all.
