@@ -90,6 +90,26 @@ class DiskTierTest : public InProcessDeploymentTest {
     EXPECT_EQ(o->cached_prompt_tokens, 0);
     return o->tokens;
   }
+  // A conversation's two turns, with three other prompts (seeds from `others`) between
+  // them that take the pool's DRAM, so that the second turn finds its history on disk; its
+  // output must equal a fresh run's.
+  static void SecondTurnAfterDramMoves(Deployment& d, uint32_t seed, uint32_t others) {
+    auto first = d.Submit(Turn(Prompt(100, seed)));
+    ASSERT_TRUE(d.Wait({first}));
+    for (uint32_t i = 0; i < 3; ++i) {
+      auto other = d.Submit(Turn(Prompt(100, others + i)));
+      ASSERT_TRUE(d.Wait({other}));
+    }
+    std::vector<int32_t> prompt = Prompt(100, seed);
+    prompt.insert(prompt.end(), first->tokens.begin(), first->tokens.end());
+    auto second = d.Submit(Turn(prompt));
+    ASSERT_TRUE(d.Wait({second}));
+    EXPECT_TRUE(second->error.ok()) << second->error;
+    Deployment fresh(weights_, Topology{1, 1}, 2048);
+    auto reference = fresh.Submit(Turn(prompt));
+    ASSERT_TRUE(fresh.Wait({reference}));
+    EXPECT_EQ(second->tokens, reference->tokens) << "the conversation of seed " << seed;
+  }
   // Flips a byte in every block's payload in the file (past each extent's 4 KiB header).
   static void FlipEveryBlock(const std::string& blocks) {
     const int fd = open(blocks.c_str(), O_RDWR);
@@ -384,21 +404,7 @@ TEST_F(DiskTierTest, APrefixOnADiskSlowerThanPrefillIsRecomputed) {
     Deployment d(weights_, t, 160);
     SchedulerStats stats;
     for (uint32_t conversation = 0; conversation < 2; ++conversation) {
-      auto first = d.Submit(Turn(Prompt(100, 8000 + conversation)));
-      ASSERT_TRUE(d.Wait({first}));
-      for (int i = 0; i < 3; ++i) {  // take the pool's DRAM
-        auto other = d.Submit(Turn(Prompt(100, 8100 + 10 * conversation + i)));
-        ASSERT_TRUE(d.Wait({other}));
-      }
-      std::vector<int32_t> prompt = Prompt(100, 8000 + conversation);
-      prompt.insert(prompt.end(), first->tokens.begin(), first->tokens.end());
-      auto second = d.Submit(Turn(prompt));
-      ASSERT_TRUE(d.Wait({second}));
-      EXPECT_TRUE(second->error.ok()) << second->error;
-      Deployment fresh(weights_, Topology{1, 1}, 2048);
-      auto reference = fresh.Submit(Turn(prompt));
-      ASSERT_TRUE(fresh.Wait({reference}));
-      EXPECT_EQ(second->tokens, reference->tokens) << "conversation " << conversation;
+      SecondTurnAfterDramMoves(d, 8000 + conversation, 8100 + 10 * conversation);
     }
     auto last = d.Submit(Turn(Prompt(20, 8200)));  // statistics catch up meanwhile
     ASSERT_TRUE(d.Wait({last}));
@@ -427,21 +433,7 @@ TEST_F(DiskTierTest, ALoadThatRanOutOfItsDeadlineTeachesTheRule) {
   Deployment d(weights_, t, 160);
   std::vector<int64_t> failed;
   for (uint32_t conversation = 0; conversation < 2; ++conversation) {
-    auto first = d.Submit(Turn(Prompt(100, 8500 + conversation)));
-    ASSERT_TRUE(d.Wait({first}));
-    for (int i = 0; i < 3; ++i) {  // take the pool's DRAM
-      auto other = d.Submit(Turn(Prompt(100, 8600 + 10 * conversation + i)));
-      ASSERT_TRUE(d.Wait({other}));
-    }
-    std::vector<int32_t> prompt = Prompt(100, 8500 + conversation);
-    prompt.insert(prompt.end(), first->tokens.begin(), first->tokens.end());
-    auto second = d.Submit(Turn(prompt));
-    ASSERT_TRUE(d.Wait({second}));
-    EXPECT_TRUE(second->error.ok()) << second->error;
-    Deployment fresh(weights_, Topology{1, 1}, 2048);
-    auto reference = fresh.Submit(Turn(prompt));
-    ASSERT_TRUE(fresh.Wait({reference}));
-    EXPECT_EQ(second->tokens, reference->tokens) << "conversation " << conversation;
+    SecondTurnAfterDramMoves(d, 8500 + conversation, 8600 + 10 * conversation);
     auto last = d.Submit(Turn(Prompt(20, 8700 + conversation)));  // statistics catch up
     ASSERT_TRUE(d.Wait({last}));
     failed.push_back(d.scheduler().Stats().disk_failed_loads_total);
