@@ -135,6 +135,53 @@ TEST(LoadGateTest, UnknownTicketsAreBoundedAndForgotten) {
   EXPECT_EQ(gate.stats().abandoned, 9u);
 }
 
+// Poll looks without waiting: it says when to look again (the ticket's deadline, or the
+// arrival wait of one whose moves have not come), gives up on a ticket at that time as Wait
+// does, and every change is told to the listener, counted by generation().
+TEST(LoadGateTest, PollLooksWithoutWaitingAndTheListenerHearsEveryChange) {
+  LoadGate gate(/*arrival_wait=*/absl::Milliseconds(30));
+  std::atomic<int> heard{0};
+  gate.SetListener([&] { ++heard; });
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  ASSERT_TRUE(gate.Expect(5, deadline));
+  EXPECT_EQ(heard.load(), 1);
+  const uint64_t five[] = {5};
+  absl::Time wake;
+  absl::StatusOr<bool> ready = gate.Poll(five, 0, &wake);
+  ASSERT_TRUE(ready.ok());
+  EXPECT_FALSE(*ready);
+  EXPECT_EQ(wake, deadline);
+  const uint64_t before = gate.generation();
+  gate.Advance(5, 1);
+  EXPECT_EQ(heard.load(), 2);
+  EXPECT_EQ(gate.generation(), before + 1);
+  EXPECT_TRUE(*gate.Poll(five, 0, &wake));
+  EXPECT_FALSE(*gate.Poll(five, 1, &wake));
+  EXPECT_TRUE(gate.Finish(5, true));
+  EXPECT_EQ(heard.load(), 3);
+  EXPECT_TRUE(*gate.Poll(five, 1, &wake));
+  // A ticket whose moves never come: look again at the end of the arrival wait, then it is
+  // given up on (and its load, should it come, cannot succeed).
+  const uint64_t nine[] = {9};
+  const absl::Time looked = absl::Now();
+  EXPECT_FALSE(*gate.Poll(nine, 0, &wake));
+  EXPECT_GE(wake, looked + absl::Milliseconds(30));
+  EXPECT_LE(wake, absl::Now() + absl::Milliseconds(30));
+  absl::SleepFor(wake - absl::Now());
+  EXPECT_TRUE(*gate.Poll(nine, 0, &wake));
+  EXPECT_EQ(gate.stats().abandoned, 1u);
+  EXPECT_FALSE(gate.Expect(9, absl::Now() + absl::Seconds(10)));
+  // Poll records nothing; its caller records the layer's wait.
+  EXPECT_EQ(gate.stats().ready_layers + gate.stats().waited_layers, 0u);
+  gate.Record(absl::Milliseconds(4));
+  gate.Record(absl::ZeroDuration());
+  EXPECT_EQ(gate.stats().waited_layers, 1u);
+  EXPECT_EQ(gate.stats().ready_layers, 1u);
+  gate.SetListener(nullptr);
+  ASSERT_TRUE(gate.Expect(6, absl::Now() + absl::Seconds(10)));
+  EXPECT_EQ(heard.load(), 3) << "a listener set to none was still told";
+}
+
 TEST(LoadGateTest, TicketZeroIsNoLoad) {
   LoadGate gate;
   const uint64_t tickets[] = {0};
