@@ -34,8 +34,7 @@ absl::StatusOr<std::unique_ptr<MemoryServer>> MemoryServer::Create(MemoryServerO
   // A layer frame parked for its loads (ParkForLoads) goes on once the gate moves.
   MemoryServer* resumer = server.get();
   server->disk_.gate().SetListener([resumer] {
-    if (resumer->parked_count_.load() > 0)
-      resumer->worker_.Post([resumer] { resumer->ResumeParked(); });
+    if (resumer->parked_count_.load() > 0) resumer->PostResume();
   });
   ASSIGN_OR_RETURN(server->transport_, transport::Transport::Create(server->options_.transport));
   server->transport_->SetHandler(transport::kFrameTag, server.get());
@@ -210,22 +209,8 @@ void MemoryServer::Handle(Work& work) {
       }
       departed_.insert(work.peer);
     }
-    // Its frames parked behind a load are let go with it.
-    std::deque<Work> dropped;
-    {
-      std::lock_guard<std::mutex> lock(pending_mu_);
-      if (auto it = parked_.find(work.peer); it != parked_.end()) {
-        dropped = std::move(it->second);
-        parked_.erase(it);
-        parked_count_ -= dropped.size();
-      }
-    }
-    {
-      std::lock_guard<std::mutex> lock(stats_mu_);
-      ++stats_.peers_left;
-      stats_.departed_frames += dropped.size();
-    }
-    for (Work& w : dropped) Done(w, false);
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.peers_left;
     return;
   }
   bool departed;
@@ -255,7 +240,7 @@ void MemoryServer::Handle(Work& work) {
   if (!status.ok()) {
     LOG_FIRST_N(WARNING, 20) << "rejected a data-plane frame from peer " << work.peer << ": "
                              << status.message();
-    {
+    if (!work.over_budget) {
       std::lock_guard<std::mutex> lock(stats_mu_);
       ++stats_.malformed_frames;
     }

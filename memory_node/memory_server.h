@@ -42,6 +42,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -146,6 +147,7 @@ class MemoryServer : public transport::MessageHandler {
     // InfiniteFuture), and the load gate's verdict once it goes on.
     absl::Time parked_since = absl::InfiniteFuture();
     absl::Status gate;
+    bool over_budget = false;  // refused for its peer's budget (counted as such, not malformed)
   };
   struct PeerState {
     bool has_step = false;
@@ -176,6 +178,8 @@ class MemoryServer : public transport::MessageHandler {
   // On the worker: runs each peer's parked frames, in order, up to one that must wait still.
   // Called when the load gate changes, and at the deadline of a parked frame's loads.
   void ResumeParked();
+  // Posts one ResumeParked to the worker, unless one is posted and has not started yet.
+  void PostResume();
   void Handle(Work& work);
   void HandleStep(transport::PeerId peer, const transport::FrameHeader& header,
                   std::span<const uint8_t> payload);
@@ -251,6 +255,11 @@ class MemoryServer : public transport::MessageHandler {
   // that came after it, in order; guarded by pending_mu_ (each counts in pending_).
   std::unordered_map<transport::PeerId, std::deque<Work>> parked_;
   std::atomic<size_t> parked_count_{0};  // frames in parked_, read by the gate's listener
+  std::atomic<bool> resume_posted_{false};
+  absl::Time next_wake_ = absl::InfiniteFuture();  // of the timer armed; guarded by pending_mu_
+  // Layer frames Place refused for their peer's budget, by peer and header, until Deliver
+  // (transport thread only).
+  std::set<std::pair<transport::PeerId, std::string>> refused_for_budget_;
 
   std::mutex pool_mu_;
   std::vector<std::shared_ptr<std::vector<uint8_t>>> free_buffers_;

@@ -58,7 +58,11 @@ std::span<uint8_t> MemoryServer::Place(PeerId peer, std::span<const uint8_t> hea
       header.payload_bytes != payload_bytes || !LayerClaimFits(header, payload_bytes).ok()) {
     return {};  // looked at in Deliver (the transport holds no more than kMaxSmallFrame)
   }
-  if (!Hold(peer, payload_bytes)) return {};  // refused in Deliver
+  if (!Hold(peer, payload_bytes)) {
+    // Refused in Deliver, whether the transport then holds a copy or drops the payload.
+    refused_for_budget_.insert({peer, std::string(header_bytes.begin(), header_bytes.end())});
+    return {};
+  }
   auto buffer = Buffer(payload_bytes);
   std::span<uint8_t> span(buffer->data(), payload_bytes);
   placed_[buffer->data()] = std::move(buffer);
@@ -81,6 +85,7 @@ uint64_t MemoryServer::HeldBudget() const {
 }
 
 bool MemoryServer::Hold(PeerId peer, uint64_t bytes) {
+  if (bytes == 0) return true;
   const uint64_t budget = HeldBudget();
   uint64_t held;
   {
@@ -167,18 +172,21 @@ void MemoryServer::Deliver(PeerId from, std::span<const uint8_t> header,
   } else if (absl::Status claim = UnplacedLayerClaim(header, payload.size(), work.status);
              !claim.ok()) {
     work.status = std::move(claim);
-  } else if (work.status.ok() && payload.size() > kMaxSmallFrame) {
-    work.status = absl::InvalidArgumentError(absl::StrCat("a frame of ", payload.size(),
-                                                          " bytes that was not placed (at most ",
-                                                          kMaxSmallFrame, " bytes are copied)"));
-  } else if (work.status.ok() && !Hold(from, payload.size())) {
+  } else if (refused_for_budget_.erase({from, std::string(header.begin(), header.end())}) > 0 ||
+             (work.status.ok() && payload.size() <= kMaxSmallFrame &&
+              !Hold(from, payload.size()))) {
     {
       std::lock_guard<std::mutex> lock(stats_mu_);
       ++stats_.frames_over_budget;
     }
+    work.over_budget = true;
     work.status = absl::ResourceExhaustedError(
         absl::StrCat("a frame of ", payload.size(), " bytes while this peer's frames hold ",
                      HeldBudget(), " bytes here at most; it is refused, not queued"));
+  } else if (work.status.ok() && payload.size() > kMaxSmallFrame) {
+    work.status = absl::InvalidArgumentError(absl::StrCat("a frame of ", payload.size(),
+                                                          " bytes that was not placed (at most ",
+                                                          kMaxSmallFrame, " bytes are copied)"));
   } else if (work.status.ok()) {
     work.held = payload.size();
     work.payload = Buffer(payload.size());
@@ -220,10 +228,10 @@ void MemoryServer::Finish(Work& work, bool is_inline) {
   {
     std::lock_guard<std::mutex> lock(pending_mu_);
     stopping = stop_ && !is_inline;
-    // Behind a parked frame of its peer it waits there, in order. (A departure goes on at
-    // once: it lets go of them.)
-    const bool departure = work.header.empty() && absl::IsCancelled(work.status);
-    if (auto it = parked_.find(work.peer); !stopping && !departure && it != parked_.end()) {
+    // Behind a parked frame of its peer it waits there, in order; so does the peer's
+    // departure (frames it sent before it left are answered, as they were before parking:
+    // a routed step's answer goes to another replica).
+    if (auto it = parked_.find(work.peer); !stopping && it != parked_.end()) {
       it->second.push_back(std::move(work));
       ++parked_count_;
       if (is_inline) inline_busy_ = false;
@@ -260,8 +268,12 @@ bool MemoryServer::ParkForLoads(Work& work) {
   {
     std::lock_guard<std::mutex> lock(engine_mu_);
     PeerState* found = FindStepLocked(work.peer, header);
-    if (found != nullptr && header.layer < static_cast<uint32_t>(dims_.num_layers)) {
-      for (const PendingLoad& l : found->share.plan.loads) tickets.push_back(l.ticket);
+    // A departed peer's frame is dropped (Handle), not parked.
+    if (found != nullptr && header.layer < static_cast<uint32_t>(dims_.num_layers) &&
+        !departed_.contains(work.peer)) {
+      for (const PendingLoad& l : found->share.plan.loads) {
+        if (l.ticket != 0) tickets.push_back(l.ticket);
+      }
     }
   }
   if (tickets.empty()) return false;
@@ -287,12 +299,34 @@ bool MemoryServer::ParkForLoads(Work& work) {
     ++parked_count_;
   }
   // A change between the look and the parking would have found nothing parked to resume.
-  if (gate.generation() != generation) worker_.Post([this] { ResumeParked(); });
-  if (wake < absl::InfiniteFuture()) worker_.RunAt(wake, [this] { ResumeParked(); });
+  if (gate.generation() != generation) PostResume();
+  // One timer, at the earliest time a parked frame's loads are given up on.
+  bool arm = false;
+  {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    if (wake < next_wake_) {
+      next_wake_ = wake;
+      arm = true;
+    }
+  }
+  if (arm) {
+    worker_.RunAt(wake, [this, wake] {
+      {
+        std::lock_guard<std::mutex> lock(pending_mu_);
+        if (next_wake_ == wake) next_wake_ = absl::InfiniteFuture();
+      }
+      ResumeParked();
+    });
+  }
   return true;
 }
 
+void MemoryServer::PostResume() {
+  if (!resume_posted_.exchange(true)) worker_.Post([this] { ResumeParked(); });
+}
+
 void MemoryServer::ResumeParked() {
+  resume_posted_ = false;  // a change from here on posts another look
   std::vector<PeerId> peers;
   {
     std::unique_lock<std::mutex> lock(pending_mu_);
