@@ -7,6 +7,7 @@ namespace strata {
 void LoadRule::ObserveLoad(int blocks, double seconds, absl::Time now) {
   if (blocks <= 0 || !(seconds >= 0) || !std::isfinite(seconds)) return;
   last_observed_ = now;
+  late_ = false;
   const double n = blocks;
   w_ = kDecay * w_ + 1;
   n_ = kDecay * n_ + n;
@@ -44,11 +45,19 @@ double PreloadLead(double latency_s, double body_s, double compute_s, int layers
   return (latency_s > 0 ? latency_s : 0) + load_layer + (layers - 1) * behind;
 }
 
-bool LoadRule::Load(int blocks, int block_tokens, const PrefillRate& prefill,
-                    absl::Time now) const {
+void LoadRule::ObserveLate(absl::Time now) {
+  last_observed_ = now;
+  late_ = true;
+}
+
+bool LoadRule::Load(int blocks, int block_tokens, const PrefillRate& prefill, absl::Time now) {
+  if (last_observed_ != absl::InfinitePast() && now - last_observed_ >= kRemeasureAfter) {
+    last_observed_ = now;  // this batch measures it; the next look waits for its outcome
+    return true;
+  }
+  if (late_) return false;
   const double load = LoadSeconds(blocks);
   if (load < 0 || prefill.rows_per_second() <= 0) return true;
-  if (now - last_observed_ >= kRemeasureAfter) return true;
   return load <= static_cast<double>(blocks) * block_tokens / prefill.rows_per_second();
 }
 

@@ -6,9 +6,10 @@
 // rows (one PrefillRate for the scheduler: every pool's prefixes compute alike). Short
 // prefixes are recomputed when the round trip costs more than their prefill; long ones are
 // loaded when the disk reads faster than the node prefills. Until both sides have been
-// measured, it loads (measuring the disk needs loads), and so it does once the disk's last
-// measure is kRemeasureAfter old: a disk that was slow for a while (a batch that ran out
-// of its deadline counts, at the time it waited) is not given up for good.
+// measured, it loads (measuring the disk needs loads). A batch that ran out of its deadline
+// says only that the disk is at least that slow: prefixes are then recomputed, whatever
+// their length. Once the disk's last measure is kRemeasureAfter old, one batch is let
+// through to measure it again, so a disk that was slow for a while is not given up for good.
 //
 // Thread-safety: none; the scheduler's thread owns it.
 #ifndef STRATA_SERVER_LOAD_RULE_H_
@@ -40,11 +41,13 @@ class LoadRule {
 
   // A batch of `blocks` loads came back after `seconds` (queueing on the node included).
   void ObserveLoad(int blocks, double seconds, absl::Time now = absl::Now());
+  // A batch of loads ran out of its deadline: the disk is slower than it allows.
+  void ObserveLate(absl::Time now = absl::Now());
 
   // Whether to load `blocks` blocks of `block_tokens` tokens rather than recompute them at
-  // `prefill`'s rate (or to measure the disk again).
-  bool Load(int blocks, int block_tokens, const PrefillRate& prefill,
-            absl::Time now = absl::Now()) const;
+  // `prefill`'s rate. True once per kRemeasureAfter, to measure the disk again, for the
+  // first caller after its last measure went stale.
+  bool Load(int blocks, int block_tokens, const PrefillRate& prefill, absl::Time now = absl::Now());
 
   // The load estimate behind the rule (seconds); negative before any load was measured.
   double LoadSeconds(int blocks) const;
@@ -55,7 +58,8 @@ class LoadRule {
   static constexpr double kDecay = 0.9;  // weight of the older observations, per new one
   // Decayed sums over load batches (n blocks, t seconds): weight, n, n^2, t, n*t.
   double w_ = 0, n_ = 0, nn_ = 0, t_ = 0, nt_ = 0;
-  absl::Time last_observed_ = absl::InfinitePast();
+  absl::Time last_observed_ = absl::InfinitePast();  // a measure, a late batch, or a probe
+  bool late_ = false;  // the last measure was a batch that ran out of its deadline
 };
 
 // Layer-wise pre-loading's read-ahead (AttentionStore's rule, docs/architecture.md): a

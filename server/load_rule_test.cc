@@ -58,22 +58,32 @@ TEST(LoadRuleTest, ADiskSlowerThanPrefillIsNeverWorthIt) {
   EXPECT_NEAR(rule.LoadSeconds(1), 0.050, 1e-9);
 }
 
-// A disk measured slow is measured again once its last measure is old: a disk that was slow
-// for a while is not given up for good.
-TEST(LoadRuleTest, ASlowDiskIsMeasuredAgainLater) {
+// A batch that ran out of its deadline turns loading off whatever the prefix's length; once
+// the last measure is old, one batch (and only one) is let through to measure the disk
+// again, and a fast measure turns loading back on.
+TEST(LoadRuleTest, ALateDiskIsRecomputedThenMeasuredAgainOnce) {
   const absl::Time t0 = absl::FromUnixSeconds(1000);
   LoadRule rule;
-  rule.ObserveLoad(8, 2.0, t0);  // ran out of a 2 s deadline
   PrefillRate prefill;
-  prefill.Observe(1600, 1.0);
-  EXPECT_FALSE(rule.Load(8, 16, prefill, t0 + absl::Seconds(1)));
-  EXPECT_FALSE(rule.Load(8, 16, prefill, t0 + LoadRule::kRemeasureAfter - absl::Seconds(1)));
-  EXPECT_TRUE(rule.Load(8, 16, prefill, t0 + LoadRule::kRemeasureAfter));
-  // Measured again, fast now: loads.
-  for (int i = 0; i < 40; ++i) {
-    rule.ObserveLoad(8, 0.008, t0 + LoadRule::kRemeasureAfter + absl::Milliseconds(i));
+  prefill.Observe(1600, 1.0);  // 10 ms per 16-token block
+  rule.ObserveLoad(8, 0.008, t0);
+  EXPECT_TRUE(rule.Load(8, 16, prefill, t0 + absl::Seconds(1)));
+  rule.ObserveLate(t0 + absl::Seconds(2));
+  for (int n : {1, 8, 1000}) {
+    EXPECT_FALSE(rule.Load(n, 16, prefill, t0 + absl::Seconds(3))) << n << " blocks";
   }
-  EXPECT_TRUE(rule.Load(8, 16, prefill, t0 + LoadRule::kRemeasureAfter + absl::Seconds(1)));
+  const absl::Time stale = t0 + absl::Seconds(2) + LoadRule::kRemeasureAfter;
+  EXPECT_FALSE(rule.Load(8, 16, prefill, stale - absl::Seconds(1)));
+  EXPECT_TRUE(rule.Load(8, 16, prefill, stale)) << "never measured again";
+  EXPECT_FALSE(rule.Load(8, 16, prefill, stale + absl::Milliseconds(1)))
+      << "every request loaded while the one measuring batch was out";
+  rule.ObserveLoad(8, 0.008, stale + absl::Milliseconds(10));
+  EXPECT_TRUE(rule.Load(8, 16, prefill, stale + absl::Milliseconds(20)));
+  // A slow measure stands for kRemeasureAfter too, then one batch measures again.
+  rule.ObserveLoad(8, 8.0, stale + absl::Seconds(1));
+  rule.ObserveLoad(8, 8.0, stale + absl::Seconds(1));
+  EXPECT_FALSE(rule.Load(8, 16, prefill, stale + absl::Seconds(2)));
+  EXPECT_TRUE(rule.Load(8, 16, prefill, stale + absl::Seconds(1) + LoadRule::kRemeasureAfter));
 }
 
 // The read-ahead rule against a direct simulation of a step that starts `lead` after its

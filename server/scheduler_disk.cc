@@ -390,10 +390,9 @@ void Scheduler::OnDiskMoves(PoolIndex pool, uint64_t generation, std::vector<Dis
                             std::vector<absl::Status> status, absl::Duration took) {
   Pool& p = *pools_[pool.value()];
   const bool current = p.alive && p.disk != nullptr && p.generation == generation;
-  // A batch of loads that came back whole: what reading from this disk costs. So does one
-  // that ran out of its deadline whole (the disk is at least that slow): otherwise a disk
-  // that stays slower than the deadline would never be measured, and each new request
-  // would try it and wait the deadline out.
+  // A batch of loads that came back whole: what reading from this disk costs. One that ran
+  // out of its deadline whole says the disk is slower than the deadline allows: otherwise
+  // each new request would try it and wait the deadline out.
   if (current && !ops.empty() && ops.front().move.kind == KvMove::Kind::kLoad &&
       !ops.front().prefetch && status.size() == ops.size()) {
     const bool ok =
@@ -401,9 +400,8 @@ void Scheduler::OnDiskMoves(PoolIndex pool, uint64_t generation, std::vector<Dis
     const bool late = std::all_of(status.begin(), status.end(), [](const absl::Status& s) {
       return absl::IsDeadlineExceeded(s);
     });
-    if (ok || late) {
-      p.load_rule.ObserveLoad(static_cast<int>(ops.size()), absl::ToDoubleSeconds(took));
-    }
+    if (ok) p.load_rule.ObserveLoad(static_cast<int>(ops.size()), absl::ToDoubleSeconds(took));
+    if (late) p.load_rule.ObserveLate();
   }
   const absl::Time now = absl::Now();
   std::map<uint64_t, std::vector<std::pair<DiskOp, absl::Status>>> loads;  // by request
