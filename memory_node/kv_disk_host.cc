@@ -105,7 +105,13 @@ absl::StatusOr<std::vector<absl::Status>> KvDiskHost::Move(uint64_t epoch, uint6
   size_t first = 0;
   do {
     std::unique_lock<std::mutex> lock(mu_);
-    if (!loads) turn_cv_.wait(lock, [&] { return loads_waiting_.load() == 0; });
+    // Loads that keep coming hold a batch without loads back until its own deadline at most.
+    if (!loads && !to_run.empty()) {
+      // (No later than a day: an infinite time point overflows the wait's clock arithmetic.)
+      const absl::Time until = std::min(deadline, absl::Now() + absl::Hours(24));
+      turn_cv_.wait_until(lock, absl::ToChronoTime(until),
+                          [&] { return loads_waiting_.load() == 0; });
+    }
     refused = RefusedLocked(epoch, tier, deadline);
     if (refused.ok()) {
       const size_t count = loads ? to_run.size() : std::min(kMovesPerTurn, to_run.size() - first);

@@ -52,7 +52,9 @@ class KvDiskHost {
   // The scheduler's moves, one status each. FailedPrecondition for another epoch or tier, or
   // while no tier is open; DeadlineExceeded, with nothing run, if `deadline` (the caller's)
   // passed while they waited for the moves ahead: the caller has given up on them and may
-  // have reused their slots and extents.
+  // have reused their slots and extents. A batch without loads runs in turns: if one of
+  // those passes (its deadline, a reconfiguration) between two turns, the moves run keep
+  // their outcomes and the rest get the refusal, each.
   absl::StatusOr<std::vector<absl::Status>> Move(uint64_t epoch, uint64_t tier,
                                                  std::span<const KvMove> moves,
                                                  absl::Time deadline = absl::InfiniteFuture());

@@ -297,6 +297,9 @@ void Scheduler::SetPoolAliveNow(PoolIndex pool, bool alive, int64_t num_slots) {
     p.saving_slots = 0;
     for (auto& e : executors_) {
       auto& rel = e->pending_releases;
+      for (const TableRelease& r : rel) {
+        if (r.pool == pool) e->release_resends.erase(r.request_id);
+      }
       rel.erase(std::remove_if(rel.begin(), rel.end(),
                                [&](const TableRelease& r) { return r.pool == pool; }),
                 rel.end());
