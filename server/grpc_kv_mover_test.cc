@@ -75,19 +75,36 @@ std::vector<KvMove> Loads(uint64_t ticket) {
   return {m};
 }
 
+// `node` served on a free loopback port, and a mover of its moves with these deadlines.
+struct MoverOfNode {
+  MoverOfNode(control::MemoryNode::Service& node, absl::Duration load_deadline,
+              absl::Duration deadline)
+      : auth(ClusterAuth::Insecure()) {
+    int port = 0;
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", auth->ServerCredentials(), &port);
+    builder.RegisterService(&node);
+    server = builder.BuildAndStart();
+    if (server == nullptr) return;
+    mover = std::make_unique<GrpcKvMover>(GrpcKvMover::Node::kMemory,
+                                          auth->CreateChannel(absl::StrCat("127.0.0.1:", port)),
+                                          auth, 1, 1, load_deadline, deadline);
+  }
+  ~MoverOfNode() {
+    mover.reset();
+    if (server != nullptr) server->Shutdown();
+  }
+  std::shared_ptr<const ClusterAuth> auth;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<GrpcKvMover> mover;
+};
+
 TEST(GrpcKvMoverTest, LoadsThatWaitedOutTheirDeadlineInTheQueueAreNotSent) {
   SlowNode node(absl::Milliseconds(400));
-  auto auth = ClusterAuth::Insecure();
-  int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", auth->ServerCredentials(), &port);
-  builder.RegisterService(&node);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
   {
-    GrpcKvMover mover(GrpcKvMover::Node::kMemory,
-                      auth->CreateChannel(absl::StrCat("127.0.0.1:", port)), auth, 1, 1,
-                      /*load_deadline=*/absl::Milliseconds(300), absl::Seconds(60));
+    MoverOfNode served(node, /*load_deadline=*/absl::Milliseconds(300), absl::Seconds(60));
+    ASSERT_NE(served.mover, nullptr);
+    GrpcKvMover& mover = *served.mover;
     // A: sent at once, and slower than its deadline. B: queued behind it meanwhile, and
     // out of time by the time A's call gives up.
     Outcome a, b;
@@ -114,7 +131,6 @@ TEST(GrpcKvMoverTest, LoadsThatWaitedOutTheirDeadlineInTheQueueAreNotSent) {
     EXPECT_EQ(c.status.at(0).code(), absl::StatusCode::kDeadlineExceeded) << "slower than 300 ms";
     EXPECT_EQ(node.deadlines().size(), 2u);
   }
-  server->Shutdown();
 }
 
 // Fails every call with INTERNAL, or answers too few statuses.
@@ -138,17 +154,10 @@ TEST(GrpcKvMoverTest, ACallThatFailedAsAWholeCondemnsNoBlock) {
   for (const bool short_report : {false, true}) {
     SCOPED_TRACE(short_report ? "a short report" : "INTERNAL");
     BrokenNode node(short_report);
-    auto auth = ClusterAuth::Insecure();
-    int port = 0;
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", auth->ServerCredentials(), &port);
-    builder.RegisterService(&node);
-    std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-    ASSERT_NE(server, nullptr);
     {
-      GrpcKvMover mover(GrpcKvMover::Node::kMemory,
-                        auth->CreateChannel(absl::StrCat("127.0.0.1:", port)), auth, 1, 1,
-                        absl::Seconds(10), absl::Seconds(10));
+      MoverOfNode served(node, absl::Seconds(10), absl::Seconds(10));
+      ASSERT_NE(served.mover, nullptr);
+      GrpcKvMover& mover = *served.mover;
       std::vector<KvMove> moves = Loads(21);
       moves.push_back(moves.front());
       moves.back().extent = 2;
@@ -164,7 +173,6 @@ TEST(GrpcKvMoverTest, ACallThatFailedAsAWholeCondemnsNoBlock) {
             << s;
       }
     }
-    server->Shutdown();
   }
 }
 
