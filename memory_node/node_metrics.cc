@@ -29,6 +29,13 @@ void RegisterMemoryNodeMetrics(metrics::MetricsRegistry& registry, const std::st
                                   .Help("Connected compute nodes.")
                                   .Register(r)
                                   .Add(labels);
+  prometheus::Gauge* parked = &prometheus::BuildGauge()
+                                   .Name("strata_memory_node_parked_frames")
+                                   .Help(
+                                       "Frames waiting for a layer that is still loading from "
+                                       "disk, and the frames of their peers behind them.")
+                                   .Register(r)
+                                   .Add(labels);
   prometheus::Counter* attention = counter("strata_memory_node_attention_seconds_total",
                                            "Time spent computing attention.", labels);
   prometheus::Counter* steps =
@@ -76,6 +83,7 @@ void RegisterMemoryNodeMetrics(metrics::MetricsRegistry& registry, const std::st
     kv_used->Set(static_cast<double>(s.kv_positions));
     kv_free->Set(static_cast<double>(std::max<int64_t>(0, s.kv_slots - s.kv_positions)));
     peers->Set(static_cast<double>(s.peers));
+    parked->Set(static_cast<double>(s.parked_frames));
     metrics::SetCounterTo(*attention, s.attention_seconds);
     metrics::SetCounterTo(*steps, static_cast<double>(s.steps));
     metrics::SetCounterTo(*frames, static_cast<double>(s.layer_frames));

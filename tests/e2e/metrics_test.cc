@@ -211,6 +211,10 @@ TEST_F(MetricsTest, SplitMetricsShowTheDataPlane) {
     EXPECT_TRUE(
         m.count(absl::StrCat("strata_pipeline_bubble_ratio{node=\"", node, "\",role=\"memory\"}")));
     EXPECT_EQ(Sum(m, "strata_data_plane_errors_total\\{.*\\}"), 0);
+    // Nothing loads from disk here: nothing waits for it, and the gauge says so.
+    EXPECT_TRUE(m.count(absl::StrCat("strata_memory_node_parked_frames{node=\"", node, "\"}")))
+        << node;
+    EXPECT_EQ(Sum(m, "strata_memory_node_parked_frames\\{.*\\}"), 0) << node;
   }
   // What the compute node sent is what the memory nodes received.
   EXPECT_EQ(memory_received, to_memory);
