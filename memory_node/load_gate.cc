@@ -8,10 +8,12 @@
 #include "absl/time/clock.h"
 
 namespace strata {
-LoadGate::LoadGate(absl::Duration arrival_wait, absl::Duration keep, size_t max_entries)
+LoadGate::LoadGate(absl::Duration arrival_wait, absl::Duration keep, size_t max_entries,
+                   size_t max_per_owner)
     : arrival_wait_(arrival_wait),
       keep_(keep),
       max_entries_(max_entries),
+      max_per_owner_(max_per_owner != 0 ? max_per_owner : std::max<size_t>(1, max_entries / 8)),
       last_prune_(absl::Now()) {}
 
 bool LoadGate::Expect(uint64_t ticket, absl::Time deadline) {
@@ -24,6 +26,7 @@ bool LoadGate::Expect(uint64_t ticket, absl::Time deadline) {
   if (e.abandoned) return false;
   if (!e.arrived) ++stats_.tickets;
   e.arrived = true;
+  DisownLocked(e);
   e.deadline = deadline;
   Changed(lock);
   return true;
@@ -51,18 +54,29 @@ bool LoadGate::Finish(uint64_t ticket, bool ok) {
 }
 
 absl::StatusOr<bool> LoadGate::PollLocked(std::span<const uint64_t> tickets, int layer,
-                                          absl::Time now, absl::Time* wake) {
+                                          absl::Time now, absl::Time* wake, uint64_t owner) {
   bool ready = true;
   *wake = absl::InfiniteFuture();
   for (uint64_t ticket : tickets) {
     if (ticket == 0) continue;
-    if (!entries_.contains(ticket) && entries_.size() >= max_entries_) {
+    const bool known = entries_.contains(ticket);
+    if (!known && entries_.size() >= max_entries_) {
       ++stats_.refused;
       return absl::ResourceExhaustedError(absl::StrCat("layer-wise pre-loading: ticket ", ticket,
                                                        " is unknown and ", entries_.size(),
                                                        " tickets are awaited already"));
     }
+    if (!known && owner != 0 && owned_[owner] >= max_per_owner_) {
+      ++stats_.refused;
+      return absl::ResourceExhaustedError(
+          absl::StrCat("layer-wise pre-loading: ticket ", ticket, " is unknown and this peer's ",
+                       "steps await ", max_per_owner_, " tickets whose moves never came"));
+    }
     Entry& e = entries_[ticket];  // a step may come before its ticket's moves
+    if (!known && owner != 0) {
+      e.owner = owner;
+      ++owned_[owner];
+    }
     if (e.touched == absl::Time()) e.touched = now;
     if (e.finished || e.abandoned || e.ready > layer) continue;
     const absl::Time until = e.arrived ? e.deadline : e.touched + arrival_wait_;
@@ -86,7 +100,7 @@ absl::Status LoadGate::Wait(std::span<const uint64_t> tickets, int layer) {
   for (;;) {
     const absl::Time now = absl::Now();
     absl::Time wake;
-    absl::StatusOr<bool> ready = PollLocked(tickets, layer, now, &wake);
+    absl::StatusOr<bool> ready = PollLocked(tickets, layer, now, &wake, /*owner=*/0);
     if (!ready.ok()) return ready.status();
     if (*ready) break;
     waited = true;
@@ -97,14 +111,14 @@ absl::Status LoadGate::Wait(std::span<const uint64_t> tickets, int layer) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> LoadGate::Poll(std::span<const uint64_t> tickets, int layer,
-                                    absl::Time* wake) {
+absl::StatusOr<bool> LoadGate::Poll(std::span<const uint64_t> tickets, int layer, absl::Time* wake,
+                                    uint64_t owner) {
   *wake = absl::InfiniteFuture();
   if (NoLoads(tickets)) return true;
   const absl::Time now = absl::Now();
   std::lock_guard<std::mutex> lock(mu_);
   PruneLocked(now);
-  return PollLocked(tickets, layer, now, wake);
+  return PollLocked(tickets, layer, now, wake, owner);
 }
 
 void LoadGate::Record(absl::Duration waited) {
@@ -141,10 +155,22 @@ void LoadGate::Changed(std::unique_lock<std::mutex>& lock) {
 void LoadGate::PruneLocked(absl::Time now) {
   if (now - last_prune_ < std::min(keep_, absl::Seconds(1))) return;
   last_prune_ = now;
-  std::erase_if(entries_, [&](const auto& kv) {
-    const Entry& e = kv.second;
-    return (e.finished || e.abandoned) && now - e.touched > keep_;
-  });
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    Entry& e = it->second;
+    if ((e.finished || e.abandoned) && now - e.touched > keep_) {
+      DisownLocked(e);
+      it = entries_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void LoadGate::DisownLocked(Entry& e) {
+  if (e.owner == 0) return;
+  auto it = owned_.find(e.owner);
+  if (it != owned_.end() && --it->second == 0) owned_.erase(it);
+  e.owner = 0;
 }
 
 size_t LoadGate::entries() const {

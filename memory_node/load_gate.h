@@ -13,7 +13,10 @@
 // Tickets come in step descriptors, from compute nodes, before or after their moves. An
 // entry lives while its load runs and `keep` after it is over or abandoned; the gate holds
 // at most `max_entries`, and a step that names an unknown ticket when it is full fails
-// instead of waiting (so descriptors full of made-up tickets cannot grow it).
+// instead of waiting (so descriptors full of made-up tickets cannot grow it). The unknown
+// tickets one owner's looks bring in (a memory node's peer: Poll's `owner`) count against
+// `max_per_owner` until their moves arrive or they are forgotten: past it only that owner's
+// steps fail, and the rest of the gate stays for the others.
 //
 // A caller that must not block (the memory server, which runs every peer's frames on one
 // thread) looks with Poll instead, parks its work, and looks again when the listener is
@@ -52,8 +55,10 @@ class LoadGate {
   // `arrival_wait`: how long a step waits for a ticket whose moves have not arrived.
   // The default is the scheduler's default load deadline (--kv_disk_load_timeout_ms): by
   // then it has given up on those loads anyway.
+  // `max_per_owner` 0: an eighth of `max_entries`.
   explicit LoadGate(absl::Duration arrival_wait = absl::Seconds(2),
-                    absl::Duration keep = absl::Seconds(60), size_t max_entries = size_t{1} << 16);
+                    absl::Duration keep = absl::Seconds(60), size_t max_entries = size_t{1} << 16,
+                    size_t max_per_owner = 0);
 
   // The node has `ticket`'s moves; their caller gives up at `deadline`. False if a step
   // already abandoned the ticket: the moves must then be refused.
@@ -74,7 +79,9 @@ class LoadGate {
   // false if one is still awaited, with `wake` set to when the first of those would be
   // abandoned (look again then, or after the listener is called). ResourceExhausted as Wait.
   // The caller records the layer's wait once it goes on (Record).
-  absl::StatusOr<bool> Poll(std::span<const uint64_t> tickets, int layer, absl::Time* wake);
+  // `owner` (not 0): whose step looks, for `max_per_owner`.
+  absl::StatusOr<bool> Poll(std::span<const uint64_t> tickets, int layer, absl::Time* wake,
+                            uint64_t owner = 0);
   // A layer's wait, for the stats: zero if it found the layer in DRAM.
   void Record(absl::Duration waited);
   // Called after each change a waiter may be waiting for (Expect, Advance, Finish), on the
@@ -95,11 +102,14 @@ class LoadGate {
     bool abandoned = false;
     absl::Time deadline = absl::InfiniteFuture();
     absl::Time touched;
+    uint64_t owner = 0;  // whose look brought it in before its moves (0: none, or arrived)
   };
+  // `e` no longer counts against its owner.
+  void DisownLocked(Entry& e);
   // Entries over for a while go (a step needs a ticket's entry only while its load runs).
   void PruneLocked(absl::Time now);
   absl::StatusOr<bool> PollLocked(std::span<const uint64_t> tickets, int layer, absl::Time now,
-                                  absl::Time* wake);
+                                  absl::Time* wake, uint64_t owner);
   void RecordLocked(absl::Duration waited);
   static bool NoLoads(std::span<const uint64_t> tickets);
   // Wakes the waiters and tells the listener (`lock` holds mu_, and is released).
@@ -108,6 +118,8 @@ class LoadGate {
   const absl::Duration arrival_wait_;
   const absl::Duration keep_;
   const size_t max_entries_;
+  const size_t max_per_owner_;
+  std::unordered_map<uint64_t, size_t> owned_;  // unknown tickets each owner brought in
   mutable std::mutex mu_;
   std::condition_variable changed_;
   std::unordered_map<uint64_t, Entry> entries_;

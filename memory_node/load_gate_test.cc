@@ -135,6 +135,39 @@ TEST(LoadGateTest, UnknownTicketsAreBoundedAndForgotten) {
   EXPECT_EQ(gate.stats().abandoned, 9u);
 }
 
+// One owner's made-up tickets fill only its own share of the gate: past it its steps fail,
+// and another owner's unknown tickets are still waited for. Moves that arrive, and entries
+// forgotten, give the share back.
+TEST(LoadGateTest, OneOwnersUnknownTicketsFillOnlyItsShare) {
+  LoadGate gate(/*arrival_wait=*/absl::Seconds(10), /*keep=*/absl::Milliseconds(20),
+                /*max_entries=*/16, /*max_per_owner=*/4);
+  absl::Time wake;
+  for (uint64_t t = 1; t <= 4; ++t) {
+    const uint64_t ticket[] = {100 + t};
+    ASSERT_TRUE(gate.Poll(ticket, 0, &wake, /*owner=*/1).ok()) << t;
+  }
+  const uint64_t fifth[] = {105};
+  EXPECT_EQ(gate.Poll(fifth, 0, &wake, 1).status().code(), absl::StatusCode::kResourceExhausted);
+  // Another owner, and a look without one (a compute node's own cache), go on.
+  const uint64_t others[] = {201, 202};
+  EXPECT_TRUE(gate.Poll(others, 0, &wake, /*owner=*/2).ok());
+  const uint64_t own[] = {301};
+  EXPECT_TRUE(gate.Poll(own, 0, &wake).ok());
+  // A ticket the owner already looked for is not a new one.
+  const uint64_t again[] = {101};
+  EXPECT_TRUE(gate.Poll(again, 0, &wake, 1).ok());
+  // One of the owner's tickets arrives: its share has room for one more.
+  ASSERT_TRUE(gate.Expect(102, absl::Now() + absl::Seconds(10)));
+  EXPECT_TRUE(gate.Poll(fifth, 0, &wake, 1).ok());
+  const uint64_t sixth[] = {106};
+  EXPECT_FALSE(gate.Poll(sixth, 0, &wake, 1).ok());
+  // Given up on and forgotten, the rest give it back too.
+  for (uint64_t t : {101, 103, 104, 105}) gate.Finish(t, false);
+  absl::SleepFor(absl::Milliseconds(1100));  // past `keep`, and the prune's 1 s step
+  EXPECT_TRUE(gate.Poll(sixth, 0, &wake, 1).ok());
+  EXPECT_EQ(gate.stats().refused, 2u);
+}
+
 // Poll looks without waiting: it says when to look again (the ticket's deadline, or the
 // arrival wait of one whose moves have not come), gives up on a ticket at that time as Wait
 // does, and every change is told to the listener, counted by generation().

@@ -280,7 +280,8 @@ bool MemoryServer::ParkForLoads(Work& work) {
   LoadGate& gate = disk_.gate();
   const uint64_t generation = gate.generation();
   absl::Time wake;
-  absl::StatusOr<bool> ready = gate.Poll(tickets, static_cast<int>(header.layer), &wake);
+  absl::StatusOr<bool> ready =
+      gate.Poll(tickets, static_cast<int>(header.layer), &wake, /*owner=*/work.peer);
   const absl::Time now = absl::Now();
   if (!ready.ok() || *ready) {
     work.gate = ready.status();
