@@ -290,6 +290,7 @@ bool MemoryServer::ParkForLoads(Work& work) {
   }
   work.parked_since = std::min(work.parked_since, now);
   const PeerId peer = work.peer;
+  bool arm = false;  // one timer, at the earliest time a parked frame's loads are given up on
   {
     std::lock_guard<std::mutex> lock(pending_mu_);
     if (stop_) {
@@ -298,18 +299,13 @@ bool MemoryServer::ParkForLoads(Work& work) {
     }
     parked_[peer].push_front(std::move(work));
     ++parked_count_;
-  }
-  // A change between the look and the parking would have found nothing parked to resume.
-  if (gate.generation() != generation) PostResume();
-  // One timer, at the earliest time a parked frame's loads are given up on.
-  bool arm = false;
-  {
-    std::lock_guard<std::mutex> lock(pending_mu_);
     if (wake < next_wake_) {
       next_wake_ = wake;
       arm = true;
     }
   }
+  // A change between the look and the parking would have found nothing parked to resume.
+  if (gate.generation() != generation) PostResume();
   if (arm) {
     worker_.RunAt(wake, [this, wake] {
       {
