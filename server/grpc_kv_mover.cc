@@ -5,18 +5,17 @@
 #include "common/control/grpc_status.h"
 #include "common/protocol/node_config_proto.h"
 #include "common/protocol/step_proto.h"
+#include "server/disk_ledger.h"
 
 namespace strata {
 namespace {
 
 // A call that failed as a whole says nothing of any block, so each move gets a code that
 // says "not moved": the call's own where it says so already (its deadline, a cancellation,
-// an unreachable node), else Aborted. Never one that could be taken for bad bytes on disk
-// (INTERNAL, INVALID_ARGUMENT, ...), which would drop a loaded block (LoadCondemnsBlock).
+// an unreachable node, ...), else Aborted. Never one that could be taken for bad bytes on
+// disk (INTERNAL, INVALID_ARGUMENT, ...), which would drop a loaded block.
 absl::Status WholeCallFailure(absl::StatusCode code, const std::string& message) {
-  const bool says_not_moved = code == absl::StatusCode::kDeadlineExceeded ||
-                              code == absl::StatusCode::kCancelled ||
-                              code == absl::StatusCode::kUnavailable;
+  const bool says_not_moved = !LoadCondemnsBlock(absl::Status(code, message));
   return absl::Status(
       says_not_moved ? code : absl::StatusCode::kAborted,
       absl::StrCat("KV moves failed as a whole (", absl::StatusCodeToString(code), "): ", message));
