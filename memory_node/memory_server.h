@@ -171,6 +171,9 @@ class MemoryServer : public transport::MessageHandler {
   void Finish(Work& work, bool is_inline);
   // Lets `work`'s buffer go and counts it done.
   void Done(Work& work, bool is_inline);
+  // Under pending_mu_: a frame left the caller's hands (finished or parked); an inline one
+  // frees the transport thread for the next. Wakes whoever waits on pending_cv_.
+  void LeftLocked(bool is_inline);
   // Layer-wise pre-loading: a layer frame whose step's loads do not have its layer in DRAM
   // yet is parked (true: `work` is moved into parked_) instead of holding up the thread, so
   // that other peers' frames go on meanwhile; else its gate verdict is set (false).

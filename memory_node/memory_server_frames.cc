@@ -234,15 +234,13 @@ void MemoryServer::Finish(Work& work, bool is_inline) {
     if (auto it = parked_.find(work.peer); !stopping && it != parked_.end()) {
       it->second.push_back(std::move(work));
       ++parked_count_;
-      if (is_inline) inline_busy_ = false;
-      pending_cv_.notify_all();
+      LeftLocked(is_inline);
       return;
     }
   }
   if (!stopping && ParkForLoads(work)) {
     std::lock_guard<std::mutex> lock(pending_mu_);
-    if (is_inline) inline_busy_ = false;
-    pending_cv_.notify_all();
+    LeftLocked(is_inline);
     return;
   }
   if (!stopping) Handle(work);
@@ -254,6 +252,10 @@ void MemoryServer::Done(Work& work, bool is_inline) {
   Unhold(work.peer, work.held);
   std::lock_guard<std::mutex> lock(pending_mu_);
   --pending_;
+  LeftLocked(is_inline);
+}
+
+void MemoryServer::LeftLocked(bool is_inline) {
   if (is_inline) inline_busy_ = false;
   pending_cv_.notify_all();
 }
