@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -192,6 +193,59 @@ TEST_F(KvDiskHostTest, ALoadGoesBeforeTheRestOfALongBatchOfSaves) {
           << "layer " << layer;
     }
   }
+}
+
+// Loads that keep coming hold a batch of saves back only until the batch's own deadline:
+// it then gives up while the loads go on, the saves it had not run failing
+// DeadlineExceeded, and the same saves run in full once the loads stop.
+TEST_F(KvDiskHostTest, SavesHeldBackByLoadsGiveUpAtTheirOwnDeadline) {
+  KvDiskHost host(options_);
+  auto info = host.Open(1, store_.get(), kBlockTokens, "model a");
+  ASSERT_TRUE(info.ok()) << info.status();
+  const KvMove saved = Move(KvMove::Kind::kSave, 0, 7, 0);
+  ASSERT_TRUE(AllOk(host.Move(1, info->tier, {&saved, 1})));
+  // Three threads load the saved block into their own slots, 64 times a batch and batch
+  // after batch, so that one of them always waits for the host, until told to stop (or for
+  // 20 s at most).
+  std::atomic<bool> stop{false};
+  std::atomic<int> loaders_running{3};
+  std::atomic<int> failed_loads{0};
+  std::vector<std::thread> loaders;
+  for (int t = 0; t < 3; ++t) {
+    loaders.emplace_back([&, t] {
+      const std::vector<KvMove> loads(64, Move(KvMove::Kind::kLoad, 0, 7, kBlockTokens * (t + 1)));
+      const absl::Time until = absl::Now() + absl::Seconds(20);
+      while (!stop.load() && absl::Now() < until) {
+        if (!AllOk(host.Move(1, info->tier, loads))) ++failed_loads;
+      }
+      --loaders_running;
+    });
+  }
+  const absl::Time started = absl::Now() + absl::Seconds(10);
+  while (host.stats()->loads < 8 && absl::Now() < started) absl::SleepFor(absl::Milliseconds(1));
+  constexpr int kSaves = 512;  // 32 turns of kMovesPerTurn
+  std::vector<KvMove> saves;
+  for (int i = 1; i <= kSaves; ++i) saves.push_back(Move(KvMove::Kind::kSave, i, 1000 + i, 0));
+  const auto held = host.Move(1, info->tier, saves, absl::Now() + absl::Milliseconds(300));
+  const int running_at_return = loaders_running.load();
+  stop = true;
+  for (std::thread& t : loaders) t.join();
+  EXPECT_GT(running_at_return, 0) << "the saves waited until the loads stopped";
+  int not_run = 0;
+  if (held.ok()) {
+    for (const absl::Status& s : *held) {
+      if (s.ok()) continue;
+      EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+      ++not_run;
+    }
+  } else {
+    EXPECT_TRUE(absl::IsDeadlineExceeded(held.status())) << held.status();
+    not_run = kSaves;
+  }
+  EXPECT_GT(not_run, 0) << "every save ran while the loads kept coming";
+  EXPECT_EQ(failed_loads.load(), 0);
+  EXPECT_TRUE(AllOk(host.Move(1, info->tier, saves)));
+  EXPECT_EQ(host.stats()->failed_saves, 0u);
 }
 
 TEST_F(KvDiskHostTest, ANodeWithoutADirectoryOpensNoTier) {
