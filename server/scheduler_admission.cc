@@ -28,6 +28,12 @@ void Scheduler::Preempt(Request* req) {
     if (seq->finished) continue;
     ReleaseKv(seq.get());
     seq->computed = 0;
+    // Placed again under a new id: the release just queued for the old one (and any copy
+    // of it sent again after a failed plan, OnStepResult) drops nothing of the new table,
+    // even from a plan of another compute node that reaches the pool after the new setup.
+    sequences_.erase(seq->id);
+    seq->id = SequenceId(next_sequence_id_++);
+    sequences_[seq->id] = seq.get();
   }
   Sequence* owner = req->Owner();
   for (auto& seq : req->seqs) {

@@ -18,7 +18,9 @@
 
 namespace strata {
 
-// One of a request's n output sequences. Its id is the request id on the wire.
+// One of a request's n output sequences. Its id is the request id on the wire, and names
+// one placement of its KV: a preempted sequence takes a new one (Preempt), so a release of
+// the old table can never reach the new one, whichever node or plan carries it.
 struct Scheduler::Sequence {
   SequenceId id;
   Request* request = nullptr;

@@ -409,12 +409,17 @@ TEST_F(PlannerTest, AnotherRequestsFailedDrawIsNotChargedToTheRestOfThePlanAhead
   Submit({1, 2, 3, 4, 5}, 24);
   const uint64_t innocent = last_id_;
   ASSERT_FALSE(executor_->held.empty());
-  const SequenceId b = Held(0).chunks.at(0).request_id;
+  // The innocent request's sequence ids: the first, and each it takes when it is recomputed
+  // (a chunk of its prompt from position 0).
+  std::set<SequenceId> b = {Held(0).chunks.at(0).request_id};
   // Answers the oldest plan: every draw succeeds but those of sequences other than b, which
   // fail alone; with `refuse`, the whole plan fails as the node refuses a row ahead.
   auto answer = [&](bool fail_others, bool refuse) {
     auto [plan, sink] = std::move(executor_->held.front());
     executor_->held.pop_front();
+    for (const SequenceChunk& c : plan->chunks) {
+      if (c.start_position == 0 && c.tokens.at(0) == 1) b.insert(c.request_id);
+    }
     StepResult result;
     result.step_id = plan->step_id;
     if (refuse) {
@@ -422,7 +427,7 @@ TEST_F(PlannerTest, AnotherRequestsFailedDrawIsNotChargedToTheRestOfThePlanAhead
     } else {
       for (const SequenceChunk& c : plan->chunks) {
         for (const SampleTarget& t : c.samples) {
-          if (fail_others && t.request_id != b) {
+          if (fail_others && !b.contains(t.request_id)) {
             result.failed.emplace_back(t.request_id, absl::InternalError("grammar state lost"));
           } else {
             result.tokens.push_back({t.request_id, 7});
@@ -519,6 +524,51 @@ TEST_F(PlannerTest, AFullPoolPreemptsTheNewestRequest) {
   EXPECT_EQ(UsedSlots(), 13) << "the newer request's 12 slots came back";
   EXPECT_EQ(scheduler_->Stats().num_waiting, 1);
   EXPECT_EQ(scheduler_->Stats().planner_shortfalls_total, 0);
+}
+
+// A preempted request's release goes in a plan that fails: it is sent again, and the
+// request, placed again, runs under a new sequence id, so that no release (first or sent
+// again, on this node or another) ever names the table it has now.
+TEST_F(PlannerTest, APreemptedRequestsReleaseIsSentAgainAndNeverNamesItsNewTable) {
+  Start(/*async=*/false, /*slots=*/24);
+  Submit({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 10, {}, /*run=*/false);
+  Submit({11, 12, 13, 14, 15, 16, 17, 18, 19, 20}, 10);
+  ASSERT_EQ(executor_->held.size(), 1u);
+  ASSERT_EQ(Held(0).chunks.size(), 2u);
+  const SequenceId newer = Held(0).chunks[1].request_id;
+  std::set<SequenceId> released;  // every id a plan has released so far
+  // Answers the oldest plan (`token` for each draw, or the failure), checking that nothing
+  // it runs has been released before or in it.
+  auto answer = [&](int32_t token, absl::Status status) {
+    for (const TableRelease& r : Held(0).releases) released.insert(r.request_id);
+    for (const SequenceChunk& c : Held(0).chunks) {
+      EXPECT_FALSE(released.contains(c.request_id))
+          << "step " << Held(0).step_id << " runs sequence " << c.request_id.value()
+          << ", whose table a release names";
+    }
+    Answer(token, status);
+  };
+  answer(30, absl::OkStatus());
+  answer(31, absl::OkStatus());  // the pool is full
+  answer(32, absl::OkStatus());  // positions 12 need two more slots
+  ASSERT_EQ(executor_->held.size(), 1u);
+  ASSERT_EQ(Held(0).releases.size(), 1u) << "the newer request is preempted for the older";
+  ASSERT_EQ(Held(0).releases[0].request_id, newer);
+  answer(0, absl::UnavailableError("the node failed the plan"));
+  ASSERT_EQ(executor_->held.size(), 1u);
+  bool sent_again = false;
+  for (const TableRelease& r : Held(0).releases) sent_again = sent_again || r.request_id == newer;
+  EXPECT_TRUE(sent_again) << "the failed plan's release of the preempted request was lost";
+  for (int i = 0; i < 100 && !executor_->held.empty(); ++i) answer(40, absl::OkStatus());
+  EXPECT_TRUE(executor_->held.empty());
+  int finished = 0;
+  for (const RequestUpdate& u : updates_) {
+    if (!u.finished) continue;
+    ++finished;
+    EXPECT_TRUE(u.error.ok()) << u.error;
+  }
+  EXPECT_EQ(finished, 2);
+  EXPECT_EQ(UsedSlots(), 0);
 }
 
 // Two batches in flight: after a step that admits everyone, the decode work is split

@@ -99,13 +99,9 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
                << " failed: " << result.status;
     // Its releases may never have reached the KV side (a node that refuses a plan applies
     // none of it): this node's next plan carries them again (a release is idempotent), at
-    // most kMaxReleaseResends times, for the sequences that will never use that table again:
-    // gone (ids are never reused) or finished (a sample of an n > 1 request still running).
-    // Not covered: a preempted request placed again, possibly through another node, whose
-    // new setup the old release could overtake.
+    // most kMaxReleaseResends times. Each names a table no sequence will use again: its
+    // sequence finished, left, or was preempted and took a new id (Preempt).
     for (const TableRelease& r : plan.releases) {
-      auto it = sequences_.find(r.request_id);
-      if (it != sequences_.end() && !it->second->finished) continue;
       if (++ex.release_resends[r.request_id] <= kMaxReleaseResends) {
         ex.pending_releases.push_back(r);
       } else {
