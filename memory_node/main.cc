@@ -42,6 +42,10 @@ ABSL_FLAG(int64_t, kv_budget_mib, 4096, "KV cache budget, MiB");
 ABSL_FLAG(bool, verify_checksums, true, "Verify the checksum of every data-plane frame");
 ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics port (-1: off, 0: any free port)");
 ABSL_FLAG(bool, prefault_kv, true, "Touch the KV cache when it is allocated");
+ABSL_FLAG(int64_t, max_held_frames_mib, 0,
+          "The most MiB of compute nodes' data-plane frames held here at once, all peers "
+          "together (received, not yet answered); past it a frame is refused and its step "
+          "fails. 0: 4 peers' budgets (each 8 of the largest layer frame, at least 64 MiB)");
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   strata::ApplyMutexDeadlockDetectionFlag();
@@ -66,6 +70,11 @@ int main(int argc, char** argv) {
                              : absl::GetFlag(FLAGS_data_address);
   options.verify_checksums = absl::GetFlag(FLAGS_verify_checksums);
   options.prefault_kv = absl::GetFlag(FLAGS_prefault_kv);
+  if (absl::GetFlag(FLAGS_max_held_frames_mib) < 0) {
+    LOG(ERROR) << "--max_held_frames_mib must be 0 (the default) or more";
+    return 2;
+  }
+  options.max_held_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_held_frames_mib)) << 20;
   // Frames run inline on the transport thread only without an OpenMP team: with one, the
   // transport thread and the worker would each keep a team, and two teams throttle each
   // other's spin (common/base/wait_policy.h).

@@ -82,6 +82,8 @@ struct MemoryServerOptions {
   // configuration allows, and at least the largest other frame. A compute node has a few
   // layer frames in flight here at once (its lanes' mini-batches of one layer).
   uint64_t max_held_bytes_per_peer = 0;
+  // The same over all peers together. 0: kPeersAtBudget peers' budgets.
+  uint64_t max_held_bytes = 0;
 };
 
 struct MemoryServerStats {
@@ -99,10 +101,11 @@ struct MemoryServerStats {
   uint64_t tables = 0;
   uint64_t peers = 0;
   uint64_t peers_left = 0;
-  uint64_t departed_frames = 0;     // delivered after their sender left, dropped
-  uint64_t frames_over_budget = 0;  // refused: their peer held max_held_bytes_per_peer
-  uint64_t held_bytes_peak = 0;     // the most bytes one peer's frames held at once
-  uint64_t parked_frames = 0;       // now: waiting behind a layer frame that waits for loads
+  uint64_t departed_frames = 0;      // delivered after their sender left, dropped
+  uint64_t frames_over_budget = 0;   // refused: their peer's, or all peers', budget was full
+  uint64_t held_bytes_peak = 0;      // the most bytes one peer's frames held at once
+  uint64_t held_bytes_all_peak = 0;  // the most bytes all peers' frames held at once
+  uint64_t parked_frames = 0;        // now: waiting behind a layer frame that waits for loads
 };
 
 class MemoryServer : public transport::MessageHandler {
@@ -204,10 +207,12 @@ class MemoryServer : public transport::MessageHandler {
   // placed for it, so that a claim past the configuration allocates nothing.
   absl::Status LayerClaimFits(const transport::FrameHeader& header, size_t payload_bytes) const;
   uint64_t MaxStepRows() const;  // the configuration's (0: not bounded)
-  // Counts `bytes` more of `peer`'s frames as held, unless that would pass its budget.
+  // Counts `bytes` more of `peer`'s frames as held, unless that would pass its budget or
+  // the budget of all peers' frames.
   bool Hold(transport::PeerId peer, uint64_t bytes);
   void Unhold(transport::PeerId peer, uint64_t bytes);
-  uint64_t HeldBudget() const;  // per peer
+  uint64_t HeldBudget() const;     // per peer
+  uint64_t HeldBudgetAll() const;  // all peers together
   // Deliver: why a layer frame Place gave no buffer is refused for its claim (OK: it is not
   // a layer frame whose claim could be judged, or its claim fits).
   absl::Status UnplacedLayerClaim(std::span<const uint8_t> header, size_t payload_bytes,
@@ -254,6 +259,7 @@ class MemoryServer : public transport::MessageHandler {
   bool stop_ = false;         // guarded by pending_mu_
   // Bytes of each peer's frames received and not yet finished; guarded by pending_mu_.
   std::unordered_map<transport::PeerId, uint64_t> held_;
+  uint64_t held_all_ = 0;  // their sum; guarded by pending_mu_
   // Peers whose layer frame waits for its loads: that frame first, then the peer's frames
   // that came after it, in order; guarded by pending_mu_ (each counts in pending_).
   std::unordered_map<transport::PeerId, std::deque<Work>> parked_;

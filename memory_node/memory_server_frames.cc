@@ -26,6 +26,10 @@ constexpr size_t kMaxRecycled = size_t{64} << 20;
 // compute node's two lanes, two mini-batches each, and the frames of a step it gave up on
 // still queued here, with room to spare.
 constexpr uint64_t kFramesPerPeer = 8;
+// The default budget of all peers' frames together, in peers' budgets: more than a compute
+// node ever holds here in normal running is a fraction of its budget, so this many peers
+// can each fill theirs (a stuck or flooding node) before frames of the others are refused.
+constexpr uint64_t kPeersAtBudget = 4;
 
 }  // namespace
 
@@ -84,21 +88,29 @@ uint64_t MemoryServer::HeldBudget() const {
   return std::max(kFramesPerPeer * largest, kMaxSmallFrame);
 }
 
+uint64_t MemoryServer::HeldBudgetAll() const {
+  if (options_.max_held_bytes != 0) return options_.max_held_bytes;
+  return kPeersAtBudget * HeldBudget();
+}
+
 bool MemoryServer::Hold(PeerId peer, uint64_t bytes) {
   if (bytes == 0) return true;
   const uint64_t budget = HeldBudget();
-  uint64_t held;
+  const uint64_t budget_all = HeldBudgetAll();
+  uint64_t held, held_all;
   {
     std::lock_guard<std::mutex> lock(pending_mu_);
     uint64_t& h = held_[peer];
-    if (h + bytes > budget) {
+    if (h + bytes > budget || held_all_ + bytes > budget_all) {
       if (h == 0) held_.erase(peer);
       return false;
     }
     held = h += bytes;
+    held_all = held_all_ += bytes;
   }
   std::lock_guard<std::mutex> lock(stats_mu_);
   stats_.held_bytes_peak = std::max(stats_.held_bytes_peak, held);
+  stats_.held_bytes_all_peak = std::max(stats_.held_bytes_all_peak, held_all);
   return true;
 }
 
@@ -107,7 +119,9 @@ void MemoryServer::Unhold(PeerId peer, uint64_t bytes) {
   std::lock_guard<std::mutex> lock(pending_mu_);
   auto it = held_.find(peer);
   if (it == held_.end()) return;
-  it->second -= std::min(it->second, bytes);
+  const uint64_t freed = std::min(it->second, bytes);
+  it->second -= freed;
+  held_all_ -= freed;
   if (it->second == 0) held_.erase(it);
 }
 
@@ -180,9 +194,9 @@ void MemoryServer::Deliver(PeerId from, std::span<const uint8_t> header,
       ++stats_.frames_over_budget;
     }
     work.over_budget = true;
-    work.status = absl::ResourceExhaustedError(
-        absl::StrCat("a frame of ", payload.size(), " bytes while this peer's frames hold ",
-                     HeldBudget(), " bytes here at most; it is refused, not queued"));
+    work.status = absl::ResourceExhaustedError(absl::StrCat(
+        "a frame of ", payload.size(), " bytes while this peer's frames hold ", HeldBudget(),
+        " bytes here at most, and all peers' ", HeldBudgetAll(), "; it is refused, not queued"));
   } else if (work.status.ok() && payload.size() > kMaxSmallFrame) {
     work.status = absl::InvalidArgumentError(absl::StrCat("a frame of ", payload.size(),
                                                           " bytes that was not placed (at most ",
