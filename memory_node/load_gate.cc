@@ -157,7 +157,13 @@ void LoadGate::PruneLocked(absl::Time now) {
   last_prune_ = now;
   for (auto it = entries_.begin(); it != entries_.end();) {
     Entry& e = it->second;
-    if ((e.finished || e.abandoned) && now - e.touched > keep_) {
+    // Over, or a ticket whose moves never came that no step looked at again by its arrival
+    // wait: a look that brought it in and then failed on a later ticket of the step (the
+    // gate or its owner's share full) failed the step, which never looks again. Nothing
+    // waits for such a ticket, and moves that came for it now would be past their deadline.
+    const bool over = e.finished || e.abandoned;
+    const bool orphaned = !e.arrived && now - e.touched > arrival_wait_;
+    if ((over || orphaned) && now - e.touched > (over ? keep_ : arrival_wait_ + keep_)) {
       DisownLocked(e);
       it = entries_.erase(it);
     } else {

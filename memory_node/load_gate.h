@@ -11,7 +11,9 @@
 // computed over half-loaded slots is ever kept.
 //
 // Tickets come in step descriptors, from compute nodes, before or after their moves. An
-// entry lives while its load runs and `keep` after it is over or abandoned; the gate holds
+// entry lives while its load runs and `keep` after it is over or abandoned (a ticket whose
+// moves never came and that no step looked at again: `keep` after its arrival wait); the
+// gate holds
 // at most `max_entries`, and a step that names an unknown ticket when it is full fails
 // instead of waiting (so descriptors full of made-up tickets cannot grow it). The unknown
 // tickets one owner's looks bring in (a memory node's peer: Poll's `owner`) count against

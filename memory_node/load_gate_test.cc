@@ -168,6 +168,30 @@ TEST(LoadGateTest, OneOwnersUnknownTicketsFillOnlyItsShare) {
   EXPECT_EQ(gate.stats().refused, 2u);
 }
 
+// An unknown ticket that one look brought in and no step looks at again is forgotten like
+// an abandoned one: it neither stays in the gate for good nor keeps its owner's share. Here
+// a step's look at tickets 103-105 brings in 103 and 104 and fails on 105 (the owner's share
+// is full), so that step fails and never looks again.
+TEST(LoadGateTest, AnUnknownTicketNoStepLooksAtAgainIsForgotten) {
+  LoadGate gate(/*arrival_wait=*/absl::Milliseconds(20), /*keep=*/absl::Milliseconds(30),
+                /*max_entries=*/16, /*max_per_owner=*/4);
+  absl::Time wake;
+  const uint64_t first[] = {101, 102};
+  ASSERT_TRUE(gate.Poll(first, 0, &wake, /*owner=*/1).ok());
+  const uint64_t second[] = {103, 104, 105};
+  EXPECT_EQ(gate.Poll(second, 0, &wake, 1).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(gate.entries(), 4u);
+  EXPECT_EQ(gate.stats().abandoned, 0u) << "no step looked again";
+  absl::SleepFor(absl::Milliseconds(200));  // past the arrival wait and `keep`
+  for (uint64_t t = 1; t <= 4; ++t) {
+    const uint64_t ticket[] = {200 + t};
+    EXPECT_TRUE(gate.Poll(ticket, 0, &wake, 1).ok()) << t;
+  }
+  EXPECT_EQ(gate.entries(), 4u);
+  // Moves that come now for a forgotten ticket find a new entry; no step waits for them.
+  EXPECT_TRUE(gate.Expect(101, absl::Now() + absl::Seconds(10)));
+}
+
 // Poll looks without waiting: it says when to look again (the ticket's deadline, or the
 // arrival wait of one whose moves have not come), gives up on a ticket at that time as Wait
 // does, and every change is told to the listener, counted by generation().
