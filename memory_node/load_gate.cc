@@ -57,21 +57,32 @@ absl::StatusOr<bool> LoadGate::PollLocked(std::span<const uint64_t> tickets, int
                                           absl::Time now, absl::Time* wake, uint64_t owner) {
   bool ready = true;
   *wake = absl::InfiniteFuture();
+  // The look's unknown tickets fit in the gate, and in the owner's share, all of them or it
+  // is refused before any is brought in (a step a refusal fails never looks again).
+  size_t unknown = 0;
+  for (uint64_t ticket : tickets) unknown += ticket != 0 && !entries_.contains(ticket);
+  if (unknown > 0 && entries_.size() + unknown > max_entries_) {
+    ++stats_.refused;
+    return absl::ResourceExhaustedError(absl::StrCat("layer-wise pre-loading: ", unknown,
+                                                     " ticket(s) are unknown and ", entries_.size(),
+                                                     " tickets are awaited already"));
+  }
+  const auto owned = owner != 0 ? owned_.find(owner) : owned_.end();
+  if (unknown > 0 && owned != owned_.end() && owned->second + unknown > max_per_owner_) {
+    ++stats_.refused;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "layer-wise pre-loading: ", unknown, " ticket(s) are unknown and this peer's steps await ",
+        owned->second, " tickets whose moves never came, of ", max_per_owner_, " at most"));
+  }
+  if (owner != 0 && unknown > max_per_owner_) {
+    ++stats_.refused;
+    return absl::ResourceExhaustedError(absl::StrCat("layer-wise pre-loading: a step names ",
+                                                     unknown, " unknown tickets, more than ",
+                                                     max_per_owner_, " a peer's steps may await"));
+  }
   for (uint64_t ticket : tickets) {
     if (ticket == 0) continue;
     const bool known = entries_.contains(ticket);
-    if (!known && entries_.size() >= max_entries_) {
-      ++stats_.refused;
-      return absl::ResourceExhaustedError(absl::StrCat("layer-wise pre-loading: ticket ", ticket,
-                                                       " is unknown and ", entries_.size(),
-                                                       " tickets are awaited already"));
-    }
-    if (!known && owner != 0 && owned_[owner] >= max_per_owner_) {
-      ++stats_.refused;
-      return absl::ResourceExhaustedError(
-          absl::StrCat("layer-wise pre-loading: ticket ", ticket, " is unknown and this peer's ",
-                       "steps await ", max_per_owner_, " tickets whose moves never came"));
-    }
     Entry& e = entries_[ticket];  // a step may come before its ticket's moves
     if (!known && owner != 0) {
       e.owner = owner;

@@ -18,7 +18,8 @@
 // instead of waiting (so descriptors full of made-up tickets cannot grow it). The unknown
 // tickets one owner's looks bring in (a memory node's peer: Poll's `owner`) count against
 // `max_per_owner` until their moves arrive or they are forgotten: past it only that owner's
-// steps fail, and the rest of the gate stays for the others.
+// steps fail, and the rest of the gate stays for the others. A look whose unknown tickets do
+// not all fit is refused whole, before it brings any in.
 //
 // A caller that must not block (the memory server, which runs every peer's frames on one
 // thread) looks with Poll instead, parks its work, and looks again when the listener is

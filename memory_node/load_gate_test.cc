@@ -168,10 +168,9 @@ TEST(LoadGateTest, OneOwnersUnknownTicketsFillOnlyItsShare) {
   EXPECT_EQ(gate.stats().refused, 2u);
 }
 
-// An unknown ticket that one look brought in and no step looks at again is forgotten like
-// an abandoned one: it neither stays in the gate for good nor keeps its owner's share. Here
-// a step's look at tickets 103-105 brings in 103 and 104 and fails on 105 (the owner's share
-// is full), so that step fails and never looks again.
+// A look whose unknown tickets do not all fit the owner's share is refused before it brings
+// any in. An unknown ticket that a look brought in and no step looks at again is forgotten
+// like an abandoned one: it neither stays in the gate for good nor keeps its owner's share.
 TEST(LoadGateTest, AnUnknownTicketNoStepLooksAtAgainIsForgotten) {
   LoadGate gate(/*arrival_wait=*/absl::Milliseconds(20), /*keep=*/absl::Milliseconds(30),
                 /*max_entries=*/16, /*max_per_owner=*/4);
@@ -180,6 +179,9 @@ TEST(LoadGateTest, AnUnknownTicketNoStepLooksAtAgainIsForgotten) {
   ASSERT_TRUE(gate.Poll(first, 0, &wake, /*owner=*/1).ok());
   const uint64_t second[] = {103, 104, 105};
   EXPECT_EQ(gate.Poll(second, 0, &wake, 1).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(gate.entries(), 2u) << "a refused look brought tickets in";
+  const uint64_t two_more[] = {103, 104};
+  EXPECT_TRUE(gate.Poll(two_more, 0, &wake, 1).ok());
   EXPECT_EQ(gate.entries(), 4u);
   EXPECT_EQ(gate.stats().abandoned, 0u) << "no step looked again";
   absl::SleepFor(absl::Milliseconds(200));  // past the arrival wait and `keep`
