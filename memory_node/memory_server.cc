@@ -209,6 +209,7 @@ void MemoryServer::Handle(Work& work) {
       }
       departed_.insert(work.peer);
     }
+    Forget(work.peer);
     std::lock_guard<std::mutex> lock(stats_mu_);
     ++stats_.peers_left;
     return;

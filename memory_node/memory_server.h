@@ -211,6 +211,9 @@ class MemoryServer : public transport::MessageHandler {
   // the budget of all peers' frames.
   bool Hold(transport::PeerId peer, uint64_t bytes);
   void Unhold(transport::PeerId peer, uint64_t bytes);
+  // A departed peer's frames count no more against all peers' budget: those the transport
+  // still delivers are dropped, and one placed but never delivered would count for good.
+  void Forget(transport::PeerId peer);
   uint64_t HeldBudget() const;     // per peer
   uint64_t HeldBudgetAll() const;  // all peers together
   // Deliver: why a layer frame Place gave no buffer is refused for its claim (OK: it is not

@@ -125,6 +125,14 @@ void MemoryServer::Unhold(PeerId peer, uint64_t bytes) {
   if (it->second == 0) held_.erase(it);
 }
 
+void MemoryServer::Forget(PeerId peer) {
+  std::lock_guard<std::mutex> lock(pending_mu_);
+  auto it = held_.find(peer);
+  if (it == held_.end()) return;
+  held_all_ -= std::min(held_all_, it->second);
+  held_.erase(it);
+}
+
 uint64_t MemoryServer::MaxStepRows() const {
   std::lock_guard<std::mutex> lock(limits_mu_);
   return limits_.max_rows;

@@ -195,6 +195,36 @@ TEST_P(MemoryServerTest, AllPeersQueuedFramesHoldABoundedBudgetTogether) {
   EXPECT_EQ(other->Next().header.kind, static_cast<uint16_t>(FrameKind::kLayerResult));
 }
 
+// A peer that leaves gives its share of all peers' budget back, also for frames the
+// transport placed and never delivered (here placed by hand for a peer that then leaves).
+TEST_P(MemoryServerTest, APeerThatLeftHoldsNoneOfAllPeersBudget) {
+  const StepShare share = OneMinibatch(2);
+  const AttentionDims dims{kLayers, kHeads, kKvHeads, kDim};
+  const uint64_t frame = LayoutMinibatches(share, dims)[0].request_bytes();
+  Restart([&](MemoryServerOptions& o) { o.max_held_bytes = 2 * frame + 4096; });
+  constexpr transport::PeerId kGone = 0xDEAD;
+  FrameHeader h = LayerHeader(7, 0, 0, 8);
+  h.payload_bytes = frame;
+  for (int i = 0; i < 2; ++i)
+    ASSERT_FALSE(server_->Place(kGone, transport::AsBytes(h), frame).empty());
+  const auto payload = RandomRows(frame, 9);
+  SendStep(share);
+  client_->Send(LayerHeader(2, 0, 0, 8), payload);
+  Reply refused = client_->Next();
+  ASSERT_EQ(refused.header.kind, static_cast<uint16_t>(FrameKind::kError));
+  EXPECT_TRUE(
+      absl::IsResourceExhausted(transport::ErrorFrameStatus(refused.header, refused.payload)));
+  // The peer leaves (as the transport reports a departure): its frames' bytes go back.
+  server_->Deliver(kGone, {}, {}, absl::CancelledError("peer left"));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (server_->stats().peers_left < 1 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  SendStep(OneMinibatch(3));
+  client_->Send(LayerHeader(3, 0, 0, 8), payload);
+  EXPECT_EQ(client_->Next().header.kind, static_cast<uint16_t>(FrameKind::kLayerResult));
+}
+
 INSTANTIATE_TEST_SUITE_P(InlineOrWorker, MemoryServerTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "FirstFrameInline" : "AllOnWorker";
