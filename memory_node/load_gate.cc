@@ -67,18 +67,13 @@ absl::StatusOr<bool> LoadGate::PollLocked(std::span<const uint64_t> tickets, int
                                                      " ticket(s) are unknown and ", entries_.size(),
                                                      " tickets are awaited already"));
   }
-  const auto owned = owner != 0 ? owned_.find(owner) : owned_.end();
-  if (unknown > 0 && owned != owned_.end() && owned->second + unknown > max_per_owner_) {
+  const auto found = owner != 0 ? owned_.find(owner) : owned_.end();
+  const size_t owned = found != owned_.end() ? found->second : 0;
+  if (unknown > 0 && owner != 0 && owned + unknown > max_per_owner_) {
     ++stats_.refused;
     return absl::ResourceExhaustedError(absl::StrCat(
         "layer-wise pre-loading: ", unknown, " ticket(s) are unknown and this peer's steps await ",
-        owned->second, " tickets whose moves never came, of ", max_per_owner_, " at most"));
-  }
-  if (owner != 0 && unknown > max_per_owner_) {
-    ++stats_.refused;
-    return absl::ResourceExhaustedError(absl::StrCat("layer-wise pre-loading: a step names ",
-                                                     unknown, " unknown tickets, more than ",
-                                                     max_per_owner_, " a peer's steps may await"));
+        owned, " tickets whose moves never came, of ", max_per_owner_, " at most"));
   }
   for (uint64_t ticket : tickets) {
     if (ticket == 0) continue;
@@ -173,8 +168,7 @@ void LoadGate::PruneLocked(absl::Time now) {
     // gate or its owner's share full) failed the step, which never looks again. Nothing
     // waits for such a ticket, and moves that came for it now would be past their deadline.
     const bool over = e.finished || e.abandoned;
-    const bool orphaned = !e.arrived && now - e.touched > arrival_wait_;
-    if ((over || orphaned) && now - e.touched > (over ? keep_ : arrival_wait_ + keep_)) {
+    if ((over || !e.arrived) && now - e.touched > (over ? keep_ : arrival_wait_ + keep_)) {
       DisownLocked(e);
       it = entries_.erase(it);
     } else {

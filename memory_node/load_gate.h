@@ -13,9 +13,8 @@
 // Tickets come in step descriptors, from compute nodes, before or after their moves. An
 // entry lives while its load runs and `keep` after it is over or abandoned (a ticket whose
 // moves never came and that no step looked at again: `keep` after its arrival wait); the
-// gate holds
-// at most `max_entries`, and a step that names an unknown ticket when it is full fails
-// instead of waiting (so descriptors full of made-up tickets cannot grow it). The unknown
+// gate holds at most `max_entries`, and a step that names an unknown ticket when it is full
+// fails instead of waiting (so descriptors full of made-up tickets cannot grow it). The unknown
 // tickets one owner's looks bring in (a memory node's peer: Poll's `owner`) count against
 // `max_per_owner` until their moves arrive or they are forgotten: past it only that owner's
 // steps fail, and the rest of the gate stays for the others. A look whose unknown tickets do
