@@ -214,8 +214,8 @@ class MemoryServer : public transport::MessageHandler {
   // A departed peer's frames count no more against all peers' budget: those the transport
   // still delivers are dropped, and one placed but never delivered would count for good.
   void Forget(transport::PeerId peer);
-  uint64_t HeldBudget() const;     // per peer
-  uint64_t HeldBudgetAll() const;  // all peers together
+  uint64_t HeldBudget() const;                      // per peer
+  uint64_t HeldBudgetAll(uint64_t per_peer) const;  // all peers together, from HeldBudget()
   // Deliver: why a layer frame Place gave no buffer is refused for its claim (OK: it is not
   // a layer frame whose claim could be judged, or its claim fits).
   absl::Status UnplacedLayerClaim(std::span<const uint8_t> header, size_t payload_bytes,

@@ -4,6 +4,7 @@
 // memory_server.cc.
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -88,15 +89,14 @@ uint64_t MemoryServer::HeldBudget() const {
   return std::max(kFramesPerPeer * largest, kMaxSmallFrame);
 }
 
-uint64_t MemoryServer::HeldBudgetAll() const {
-  if (options_.max_held_bytes != 0) return options_.max_held_bytes;
-  return kPeersAtBudget * HeldBudget();
+uint64_t MemoryServer::HeldBudgetAll(uint64_t per_peer) const {
+  return options_.max_held_bytes != 0 ? options_.max_held_bytes : kPeersAtBudget * per_peer;
 }
 
 bool MemoryServer::Hold(PeerId peer, uint64_t bytes) {
   if (bytes == 0) return true;
   const uint64_t budget = HeldBudget();
-  const uint64_t budget_all = HeldBudgetAll();
+  const uint64_t budget_all = HeldBudgetAll(budget);
   uint64_t held, held_all;
   {
     std::lock_guard<std::mutex> lock(pending_mu_);
@@ -125,13 +125,7 @@ void MemoryServer::Unhold(PeerId peer, uint64_t bytes) {
   if (it->second == 0) held_.erase(it);
 }
 
-void MemoryServer::Forget(PeerId peer) {
-  std::lock_guard<std::mutex> lock(pending_mu_);
-  auto it = held_.find(peer);
-  if (it == held_.end()) return;
-  held_all_ -= std::min(held_all_, it->second);
-  held_.erase(it);
-}
+void MemoryServer::Forget(PeerId peer) { Unhold(peer, std::numeric_limits<uint64_t>::max()); }
 
 uint64_t MemoryServer::MaxStepRows() const {
   std::lock_guard<std::mutex> lock(limits_mu_);
@@ -202,9 +196,11 @@ void MemoryServer::Deliver(PeerId from, std::span<const uint8_t> header,
       ++stats_.frames_over_budget;
     }
     work.over_budget = true;
-    work.status = absl::ResourceExhaustedError(absl::StrCat(
-        "a frame of ", payload.size(), " bytes while this peer's frames hold ", HeldBudget(),
-        " bytes here at most, and all peers' ", HeldBudgetAll(), "; it is refused, not queued"));
+    const uint64_t budget = HeldBudget();
+    work.status = absl::ResourceExhaustedError(
+        absl::StrCat("a frame of ", payload.size(), " bytes while this peer's frames hold ", budget,
+                     " bytes here at most, and all peers' ", HeldBudgetAll(budget),
+                     "; it is refused, not queued"));
   } else if (work.status.ok() && payload.size() > kMaxSmallFrame) {
     work.status = absl::InvalidArgumentError(absl::StrCat("a frame of ", payload.size(),
                                                           " bytes that was not placed (at most ",
