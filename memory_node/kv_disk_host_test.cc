@@ -37,6 +37,15 @@ class KvDiskHostTest : public ::testing::Test {
     for (int i = 0; i < kBlockTokens; ++i) m.slots.push_back(first_slot + i);
     return m;
   }
+  // Opens `host`'s tier for epoch 1 (`*ack`) and saves block `key` from slots 0-15 to
+  // extent 0.
+  void OpenWithBlockSaved(KvDiskHost& host, uint64_t key, DiskTierAck* ack) {
+    auto info = host.Open(1, store_.get(), kBlockTokens, "model a");
+    ASSERT_TRUE(info.ok()) << info.status();
+    *ack = *info;
+    const KvMove save = Move(KvMove::Kind::kSave, 0, key, 0);
+    ASSERT_TRUE(AllOk(host.Move(1, ack->tier, {&save, 1})));
+  }
   static bool AllOk(const absl::StatusOr<std::vector<absl::Status>>& out) {
     if (!out.ok()) return false;
     for (const absl::Status& s : *out) {
@@ -165,20 +174,18 @@ TEST_F(KvDiskHostTest, ALoadGoesBeforeTheRestOfALongBatchOfSaves) {
   store_ = testing_env::RandomStore(c, 6);
   options_.budget_bytes = uint64_t{96} << 20;  // 300 blocks of 256 KiB
   KvDiskHost host(options_);
-  auto info = host.Open(1, store_.get(), kBlockTokens, "model a");
-  ASSERT_TRUE(info.ok()) << info.status();
-  const KvMove saved = Move(KvMove::Kind::kSave, 0, 7, 0);
-  ASSERT_TRUE(AllOk(host.Move(1, info->tier, {&saved, 1})));
+  DiskTierAck info;
+  ASSERT_NO_FATAL_FAILURE(OpenWithBlockSaved(host, 7, &info));
   constexpr int kSaves = 256;
   std::vector<KvMove> saves;
   for (int i = 1; i <= kSaves; ++i) saves.push_back(Move(KvMove::Kind::kSave, i, 100 + i, 16));
   std::atomic<bool> saves_ok{false};
-  std::thread saver([&] { saves_ok = AllOk(host.Move(1, info->tier, saves)); });
+  std::thread saver([&] { saves_ok = AllOk(host.Move(1, info.tier, saves)); });
   // Once the batch has saved its first turn of blocks, a load comes.
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   while (host.stats()->saves < 2 && absl::Now() < deadline) absl::SleepFor(absl::Microseconds(50));
   const KvMove load = Move(KvMove::Kind::kLoad, 0, 7, 32);
-  EXPECT_TRUE(AllOk(host.Move(1, info->tier, {&load, 1})));
+  EXPECT_TRUE(AllOk(host.Move(1, info.tier, {&load, 1})));
   const uint64_t saved_by_then = host.stats()->saves - 1;
   saver.join();
   EXPECT_LT(saved_by_then, static_cast<uint64_t>(kSaves)) << "the load waited for every save";
@@ -200,10 +207,8 @@ TEST_F(KvDiskHostTest, ALoadGoesBeforeTheRestOfALongBatchOfSaves) {
 // DeadlineExceeded, and the same saves run in full once the loads stop.
 TEST_F(KvDiskHostTest, SavesHeldBackByLoadsGiveUpAtTheirOwnDeadline) {
   KvDiskHost host(options_);
-  auto info = host.Open(1, store_.get(), kBlockTokens, "model a");
-  ASSERT_TRUE(info.ok()) << info.status();
-  const KvMove saved = Move(KvMove::Kind::kSave, 0, 7, 0);
-  ASSERT_TRUE(AllOk(host.Move(1, info->tier, {&saved, 1})));
+  DiskTierAck info;
+  ASSERT_NO_FATAL_FAILURE(OpenWithBlockSaved(host, 7, &info));
   // Three threads load the saved block into their own slots, 64 times a batch and batch
   // after batch, so that one of them always waits for the host, until told to stop (or for
   // 20 s at most).
@@ -216,7 +221,7 @@ TEST_F(KvDiskHostTest, SavesHeldBackByLoadsGiveUpAtTheirOwnDeadline) {
       const std::vector<KvMove> loads(64, Move(KvMove::Kind::kLoad, 0, 7, kBlockTokens * (t + 1)));
       const absl::Time until = absl::Now() + absl::Seconds(20);
       while (!stop.load() && absl::Now() < until) {
-        if (!AllOk(host.Move(1, info->tier, loads))) ++failed_loads;
+        if (!AllOk(host.Move(1, info.tier, loads))) ++failed_loads;
       }
       --loaders_running;
     });
@@ -226,7 +231,7 @@ TEST_F(KvDiskHostTest, SavesHeldBackByLoadsGiveUpAtTheirOwnDeadline) {
   constexpr int kSaves = 512;  // 32 turns of kMovesPerTurn
   std::vector<KvMove> saves;
   for (int i = 1; i <= kSaves; ++i) saves.push_back(Move(KvMove::Kind::kSave, i, 1000 + i, 0));
-  const auto held = host.Move(1, info->tier, saves, absl::Now() + absl::Milliseconds(300));
+  const auto held = host.Move(1, info.tier, saves, absl::Now() + absl::Milliseconds(300));
   const int running_at_return = loaders_running.load();
   stop = true;
   for (std::thread& t : loaders) t.join();
@@ -244,7 +249,7 @@ TEST_F(KvDiskHostTest, SavesHeldBackByLoadsGiveUpAtTheirOwnDeadline) {
   }
   EXPECT_GT(not_run, 0) << "every save ran while the loads kept coming";
   EXPECT_EQ(failed_loads.load(), 0);
-  EXPECT_TRUE(AllOk(host.Move(1, info->tier, saves)));
+  EXPECT_TRUE(AllOk(host.Move(1, info.tier, saves)));
   EXPECT_EQ(host.stats()->failed_saves, 0u);
 }
 
