@@ -250,7 +250,9 @@ class MemoryServer : public transport::MessageHandler {
   mutable std::mutex limits_mu_;
   FrameLimits limits_;  // guarded by limits_mu_
 
-  // Buffers received but not yet run, by data pointer (transport thread only).
+  // Buffers placed and not yet delivered, by data pointer (transport thread only). Each
+  // leaves in its Deliver, which comes for every placed payload, with an error if its
+  // sender died mid-transfer (Transport's contract, where the transport detects dead peers).
   std::unordered_map<const uint8_t*, std::shared_ptr<std::vector<uint8_t>>> placed_;
 
   // Frames that could not run inline run here, in arrival order.

@@ -117,7 +117,10 @@ class MessageHandler {
   virtual std::span<uint8_t> Place(PeerId from, std::span<const uint8_t> header,
                                    size_t payload_bytes) = 0;
   // The payload is in place. When the receive failed, `status` says why and `payload` is
-  // the span Place returned (or empty), with undefined contents.
+  // the span Place returned (or empty), with undefined contents. Every span Place returns
+  // comes back in exactly one Deliver, also when its sender dies mid-transfer (with an
+  // error), on a transport that detects dead peers: the handler may keep what backs the
+  // span until then.
   virtual void Deliver(PeerId from, std::span<const uint8_t> header,
                        std::span<const uint8_t> payload, absl::Status status) = 0;
 };
