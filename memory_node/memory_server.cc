@@ -190,6 +190,7 @@ MemoryServerStats MemoryServer::stats() const {
   out.kv_positions = kv_positions_.load();
   out.tables = tables_.load();
   out.parked_frames = parked_count_.load();
+  out.inline_frames = inline_frames_.load();
   return out;
 }
 

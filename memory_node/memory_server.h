@@ -106,6 +106,7 @@ struct MemoryServerStats {
   uint64_t held_bytes_peak = 0;      // the most bytes one peer's frames held at once
   uint64_t held_bytes_all_peak = 0;  // the most bytes all peers' frames held at once
   uint64_t parked_frames = 0;        // now: waiting behind a layer frame that waits for loads
+  uint64_t inline_frames = 0;        // run on the transport thread, with nothing ahead of them
 };
 
 class MemoryServer : public transport::MessageHandler {
@@ -268,7 +269,9 @@ class MemoryServer : public transport::MessageHandler {
   // Peers whose layer frame waits for its loads: that frame first, then the peer's frames
   // that came after it, in order; guarded by pending_mu_ (each counts in pending_).
   std::unordered_map<transport::PeerId, std::deque<Work>> parked_;
-  std::atomic<size_t> parked_count_{0};  // frames in parked_, read by the gate's listener
+  // Frames in parked_, read by the gate's listener; changed under pending_mu_.
+  std::atomic<size_t> parked_count_{0};
+  std::atomic<uint64_t> inline_frames_{0};  // MemoryServerStats::inline_frames
   std::atomic<bool> resume_posted_{false};
   absl::Time next_wake_ = absl::InfiniteFuture();  // of the timer armed; guarded by pending_mu_
   // Layer frames Place refused for their peer's budget, by peer and header, until Deliver

@@ -221,11 +221,16 @@ void MemoryServer::Enqueue(Work work) {
   {
     std::lock_guard<std::mutex> lock(pending_mu_);
     if (stop_) return;
-    // Nothing ahead of it: run it here, saving the worker's wake-up.
-    const bool run_inline = options_.run_on_transport_thread && pending_ == 0;
+    // Nothing ahead of it but frames parked for their loads (a frame of their peers queues
+    // behind them in Finish): run it here, saving the worker's wake-up. The worker takes a
+    // parked frame on only while no frame runs here (ResumeParked), and one it took counts
+    // as ahead until it is done.
+    const bool run_inline =
+        options_.run_on_transport_thread && static_cast<size_t>(pending_) == parked_count_.load();
     ++pending_;
     if (run_inline) {
       inline_busy_ = true;
+      ++inline_frames_;
     } else {
       worker_.Post([this, work = std::move(work)]() mutable {
         {
@@ -346,15 +351,18 @@ void MemoryServer::ResumeParked() {
   resume_posted_ = false;  // a change from here on posts another look
   std::vector<PeerId> peers;
   {
-    std::unique_lock<std::mutex> lock(pending_mu_);
-    pending_cv_.wait(lock, [&] { return !inline_busy_; });
+    std::lock_guard<std::mutex> lock(pending_mu_);
     for (const auto& [peer, frames] : parked_) peers.push_back(peer);
   }
   for (PeerId peer : peers) {
     for (;;) {
       Work work;
       {
-        std::lock_guard<std::mutex> lock(pending_mu_);
+        // Frames of other peers run inline while these are parked: one frame at a time on
+        // either thread, as before (attention would serialize on engine_mu_ anyway, with the
+        // worker's team waiting on it).
+        std::unique_lock<std::mutex> lock(pending_mu_);
+        pending_cv_.wait(lock, [&] { return !inline_busy_; });
         auto it = parked_.find(peer);
         if (it == parked_.end()) break;
         if (it->second.empty() || stop_) {

@@ -4,6 +4,8 @@
 // and held frames: memory_server_limits_test.cc.)
 #include "memory_node/memory_server.h"
 
+#include <thread>
+
 #include "memory_node/testing/memory_server_fixture.h"
 
 namespace strata {
@@ -118,12 +120,16 @@ TEST_P(MemoryServerTest, AFrameWaitingForTheDiskHoldsUpNoOtherPeer) {
   client_->Send(LayerHeader(2, 1, 0, 8), layer1);
   // Another compute node, with a step of its own and no loads.
   auto other = std::make_unique<Client>(server_->data_address());
+  const uint64_t inline_before = server_->stats().inline_frames;
   SendStep(OneMinibatch(9), other.get());
   const auto rows = RandomRows(m.request_bytes(), 62);
   other->Send(LayerHeader(9, 0, 0, 8), rows);
   const Reply answered = other->Next();
   ASSERT_EQ(answered.header.kind, static_cast<uint16_t>(FrameKind::kLayerResult))
       << "the other peer waited behind the load";
+  // Where frames may run on the transport thread, its frames did, the parked ones aside:
+  // nothing ran ahead of them.
+  EXPECT_EQ(server_->stats().inline_frames - inline_before, GetParam() ? 2u : 0u);
   EXPECT_FALSE(client_->Any(absl::Milliseconds(50))) << "the waiting peer was answered early";
   // The load brings layer 0, then the rest: the waiting peer's frames are answered in order.
   auto engine = ReferenceEngine();
@@ -179,6 +185,54 @@ TEST_P(MemoryServerTest, AFrameWaitingForTheDiskHoldsUpNoOtherPeer) {
   client_.reset();
   server_.reset();
   EXPECT_LT(absl::Now() - stopping, absl::Seconds(5));
+}
+
+// Parked frames resume on the worker while another peer's frames run on the transport
+// thread (nothing but parked frames is ahead of them). The waiting peer's frames, which now
+// also come in on the transport thread and queue behind its parked one there, still run in
+// order, each with the answer of its own rows.
+TEST_P(MemoryServerTest, ParkedFramesResumeWhileAnotherPeersFramesRun) {
+  constexpr int kParkedSteps = 6, kOtherSteps = 40;
+  const AttentionDims dims{kLayers, kHeads, kKvHeads, kDim};
+  auto engine = ReferenceEngine();
+  // This peer's steps each wait for a load of their own, all behind the first.
+  std::vector<std::vector<uint8_t>> want;
+  for (int i = 0; i < kParkedSteps; ++i) {
+    const uint64_t step = 100 + i;
+    const StepShare share = OneMinibatch(step, /*ticket=*/200 + i);
+    SendStep(share);
+    const MinibatchLayout m = LayoutMinibatches(share, dims)[0];
+    auto prepared = *engine->Prepare(share.plan);
+    for (int layer = 0; layer < kLayers; ++layer) {
+      const auto rows = RandomRows(m.request_bytes(), 500 + 2 * i + layer);
+      client_->Send(LayerHeader(step, layer, 0, 8), rows);
+      want.push_back(Expected(*engine, prepared, layer, m, rows));
+    }
+  }
+  auto other = std::make_unique<Client>(server_->data_address());
+  std::thread traffic([&] {
+    for (int i = 0; i < kOtherSteps; ++i) {
+      const StepShare share = OneMinibatch(300 + i);
+      SendStep(share, other.get());
+      const MinibatchLayout m = LayoutMinibatches(share, dims)[0];
+      for (int layer = 0; layer < kLayers; ++layer) {
+        other->Send(LayerHeader(300 + i, layer, 0, 8), RandomRows(m.request_bytes(), 900 + i));
+        const Reply r = other->Next();
+        ASSERT_EQ(r.header.kind, static_cast<uint16_t>(FrameKind::kLayerResult)) << "step " << i;
+      }
+    }
+  });
+  for (int i = 0; i < kParkedSteps; ++i) {
+    absl::SleepFor(absl::Milliseconds(3));
+    EXPECT_TRUE(server_->load_gate().Finish(200 + i, true));
+  }
+  for (size_t f = 0; f < want.size(); ++f) {
+    const Reply r = client_->Next();
+    ASSERT_EQ(r.header.kind, static_cast<uint16_t>(FrameKind::kLayerResult)) << "frame " << f;
+    EXPECT_EQ(r.header.step_id, 100 + f / kLayers);
+    EXPECT_EQ(r.payload, want[f]) << "frame " << f;
+  }
+  traffic.join();
 }
 
 // The transport may deliver a peer's frames after telling of its departure (a frame held
