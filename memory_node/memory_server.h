@@ -106,7 +106,7 @@ struct MemoryServerStats {
   uint64_t held_bytes_peak = 0;      // the most bytes one peer's frames held at once
   uint64_t held_bytes_all_peak = 0;  // the most bytes all peers' frames held at once
   uint64_t parked_frames = 0;        // now: waiting behind a layer frame that waits for loads
-  uint64_t inline_frames = 0;        // run on the transport thread, with nothing ahead of them
+  uint64_t inline_frames = 0;        // taken on the transport thread (a parked peer's queue there)
 };
 
 class MemoryServer : public transport::MessageHandler {
@@ -168,7 +168,7 @@ class MemoryServer : public transport::MessageHandler {
 
   explicit MemoryServer(MemoryServerOptions options)
       : options_(std::move(options)), disk_(options_.disk) {}
-  // Runs `work` inline (nothing ahead of it) or posts it to the worker loop.
+  // Runs `work` inline (nothing ahead of it but parked frames) or posts it to the worker.
   void Enqueue(Work work);
   // Handles `work` unless the server is stopping, then lets its buffer go and counts it done;
   // or parks it (ParkForLoads), or queues it behind its peer's parked frames.
@@ -260,9 +260,10 @@ class MemoryServer : public transport::MessageHandler {
   EventLoop worker_{"memory-worker"};
   std::mutex pending_mu_;
   std::condition_variable pending_cv_;
-  int pending_ = 0;           // frames handed on and not yet finished; guarded by pending_mu_
-  bool inline_busy_ = false;  // a frame runs on the transport thread; guarded by pending_mu_
-  bool stop_ = false;         // guarded by pending_mu_
+  int pending_ = 0;              // frames handed on and not yet finished; guarded by pending_mu_
+  bool inline_busy_ = false;     // a frame runs on the transport thread; guarded by pending_mu_
+  bool resume_waiting_ = false;  // ResumeParked waits for inline_busy_; guarded by pending_mu_
+  bool stop_ = false;            // guarded by pending_mu_
   // Bytes of each peer's frames received and not yet finished; guarded by pending_mu_.
   std::unordered_map<transport::PeerId, uint64_t> held_;
   uint64_t held_all_ = 0;  // their sum; guarded by pending_mu_

@@ -225,8 +225,10 @@ void MemoryServer::Enqueue(Work work) {
     // behind them in Finish): run it here, saving the worker's wake-up. The worker takes a
     // parked frame on only while no frame runs here (ResumeParked), and one it took counts
     // as ahead until it is done.
-    const bool run_inline =
-        options_.run_on_transport_thread && static_cast<size_t>(pending_) == parked_count_.load();
+    // Not while a frame runs inline already (frames handed on from two threads), nor while
+    // the worker waits to resume a parked one: it would wait behind every later frame.
+    const bool run_inline = options_.run_on_transport_thread && !inline_busy_ && !resume_waiting_ &&
+                            static_cast<size_t>(pending_) == parked_count_.load();
     ++pending_;
     if (run_inline) {
       inline_busy_ = true;
@@ -362,7 +364,9 @@ void MemoryServer::ResumeParked() {
         // either thread, as before (attention would serialize on engine_mu_ anyway, with the
         // worker's team waiting on it).
         std::unique_lock<std::mutex> lock(pending_mu_);
+        resume_waiting_ = true;
         pending_cv_.wait(lock, [&] { return !inline_busy_; });
+        resume_waiting_ = false;
         auto it = parked_.find(peer);
         if (it == parked_.end()) break;
         if (it->second.empty() || stop_) {

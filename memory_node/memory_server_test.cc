@@ -120,6 +120,10 @@ TEST_P(MemoryServerTest, AFrameWaitingForTheDiskHoldsUpNoOtherPeer) {
   client_->Send(LayerHeader(2, 1, 0, 8), layer1);
   // Another compute node, with a step of its own and no loads.
   auto other = std::make_unique<Client>(server_->data_address());
+  const absl::Time parked_by = absl::Now() + absl::Seconds(10);
+  while (server_->stats().parked_frames < 2 && absl::Now() < parked_by) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
   const uint64_t inline_before = server_->stats().inline_frames;
   SendStep(OneMinibatch(9), other.get());
   const auto rows = RandomRows(m.request_bytes(), 62);
