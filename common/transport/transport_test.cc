@@ -409,14 +409,13 @@ TEST_P(TransportTest, APlacedPayloadCutOffByTheSendersDeathIsStillDelivered) {
   ASSERT_TRUE(receiver.WaitFor([](int placed, const auto& delivered) {
     return static_cast<int>(delivered.size()) >= placed;
   })) << "a placed payload was never delivered";
-  // Once: one place, one delivery. In process the send is over before Send returns; over
-  // UCX the sender died at least 0.3 s before its payload could have been all sent.
-  const bool in_process = GetParam().config.backend == transport::Backend::kInproc;
+  // Once: one place, one delivery. Usually with an error over UCX, the sender gone before
+  // its payload is all sent; a slow run (ThreadSanitizer) may see the send finish first, so
+  // the status is not checked.
   absl::SleepFor(absl::Milliseconds(100));  // time for a second delivery, were there one
   EXPECT_TRUE(receiver.WaitFor([&](int placed, const auto& delivered) {
     EXPECT_EQ(placed, 1);
     EXPECT_EQ(delivered.size(), 1u);
-    if (!delivered.empty()) EXPECT_EQ(delivered[0].ok(), in_process) << delivered[0];
     return true;
   }));
 }
