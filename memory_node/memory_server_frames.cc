@@ -222,11 +222,10 @@ void MemoryServer::Enqueue(Work work) {
     std::lock_guard<std::mutex> lock(pending_mu_);
     if (stop_) return;
     // Nothing ahead of it but frames parked for their loads (a frame of their peers queues
-    // behind them in Finish): run it here, saving the worker's wake-up. The worker takes a
-    // parked frame on only while no frame runs here (ResumeParked), and one it took counts
-    // as ahead until it is done.
-    // Not while a frame runs inline already (frames handed on from two threads), nor while
-    // the worker waits to resume a parked one: it would wait behind every later frame.
+    // behind them in Finish): run it here, saving the worker's wake-up. Not while a frame
+    // runs here already (frames handed on from two threads), nor while the worker waits to
+    // resume a parked frame (ResumeParked), which would wait behind every later one; a
+    // frame it took counts as ahead until it is done.
     const bool run_inline = options_.run_on_transport_thread && !inline_busy_ && !resume_waiting_ &&
                             static_cast<size_t>(pending_) == parked_count_.load();
     ++pending_;
@@ -361,8 +360,8 @@ void MemoryServer::ResumeParked() {
       Work work;
       {
         // Frames of other peers run inline while these are parked: one frame at a time on
-        // either thread, as before (attention would serialize on engine_mu_ anyway, with the
-        // worker's team waiting on it).
+        // either thread (attention would serialize on engine_mu_ anyway, with the worker's
+        // team waiting on it). While this waits, new frames go to the worker (Enqueue).
         std::unique_lock<std::mutex> lock(pending_mu_);
         resume_waiting_ = true;
         pending_cv_.wait(lock, [&] { return !inline_busy_; });
