@@ -224,9 +224,38 @@ void Scheduler::SetExecutorAliveNow(int executor, bool alive) {
     for (auto& [id, req] : requests_) {
       if (req->executor == executor && !req->in_flight) ForgetExecutor(req.get());
     }
-    e.pending_releases.clear();
+    // Another node carries the releases queued on it; one that comes back is a new process.
+    HandOnReleases(executor);
     e.release_resends.clear();
   }
+}
+
+void Scheduler::QueueRelease(int executor, const TableRelease& release) {
+  Executor& ex = *executors_[executor];
+  const bool pool_alive =
+      release.pool.value() < pools_.size() && pools_[release.pool.value()]->alive;
+  if (ex.alive && ex.reachable) {
+    ex.pending_releases.push_back(release);
+    return;
+  }
+  // Unreachable but alive, it may come back with the sequence's compute-side state; dead,
+  // it is a new process when it does. Either way another node drops the memory node's table.
+  if (ex.alive) ex.pending_releases.push_back(release);
+  if (!pool_alive) return;
+  for (size_t e = 0; e < executors_.size(); ++e) {
+    Executor& other = *executors_[e];
+    if (static_cast<int>(e) == executor || !other.alive || !other.reachable) continue;
+    if (other.local_pool && *other.local_pool != release.pool) continue;
+    other.pending_releases.push_back(release);
+    return;
+  }
+}
+
+void Scheduler::HandOnReleases(int executor) {
+  Executor& ex = *executors_[executor];
+  std::vector<TableRelease> queued = std::move(ex.pending_releases);
+  ex.pending_releases.clear();
+  for (const TableRelease& r : queued) QueueRelease(executor, r);
 }
 
 PoolIndex Scheduler::AddPool(const std::string& name, int64_t num_slots) {
@@ -538,13 +567,10 @@ void Scheduler::ReleaseKv(Sequence* seq) {
       kv.DropBlock(hash);
     }
     kv.Unref(seq->table);
-    if (seq->setup_sent && req->executor >= 0) {
-      executors_[req->executor]->pending_releases.push_back({seq->id, *req->pool});
-    }
+    if (seq->setup_sent && req->executor >= 0) QueueRelease(req->executor, {seq->id, *req->pool});
   } else if (seq->setup_sent && req->executor >= 0) {
     // The pool is gone; the compute node still drops its cache.
-    executors_[req->executor]->pending_releases.push_back(
-        {seq->id, req->pool.value_or(PoolIndex(0))});
+    QueueRelease(req->executor, {seq->id, req->pool.value_or(PoolIndex(0))});
   }
   seq->table.clear();
   seq->held.clear();

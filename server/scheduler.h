@@ -365,6 +365,13 @@ class Scheduler {
   // is about to load from `pool` at admission (SchedulerStats::admission_loads_*).
   void CountAdmissionLoads(const Request& req, PoolIndex pool, int from, int count);
   void ReleaseKv(Sequence* seq);
+  // Queues a release of a table no sequence will use again on `executor`'s next plan; a
+  // node out of service (dead, or alive but unreachable) keeps a copy for when it is back,
+  // and another live node that reaches the pool carries it now (any node's plan may: the id
+  // is retired, Preempt). A release for a pool that is gone is dropped (its ledger went).
+  void QueueRelease(int executor, const TableRelease& release);
+  // `executor` went out of service: another live node carries the releases queued on it.
+  void HandOnReleases(int executor);
   // Its pool died with its KV: forgets the request's slot tables and cached blocks without
   // touching the pool's (discarded) ledger.
   void ForgetLostKv(Request* req);

@@ -3,6 +3,7 @@
 // window's reserve), and giving a running request's slots back. Building steps is in
 // scheduler_plan.cc.
 #include <algorithm>
+#include <string>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
@@ -24,6 +25,7 @@ void Scheduler::Preempt(Request* req) {
     req->preempt_when_landed = true;
     return;
   }
+  std::string renamed;  // old and new sequence ids, for the log
   for (auto& seq : req->seqs) {
     if (seq->finished) continue;
     ReleaseKv(seq.get());
@@ -32,8 +34,10 @@ void Scheduler::Preempt(Request* req) {
     // of it sent again after a failed plan, OnStepResult) drops nothing of the new table,
     // even from a plan of another compute node that reaches the pool after the new setup.
     sequences_.erase(seq->id);
+    const SequenceId old_id = seq->id;
     seq->id = SequenceId(next_sequence_id_++);
     sequences_[seq->id] = seq.get();
+    absl::StrAppend(&renamed, renamed.empty() ? "" : ", ", old_id.value(), " -> ", seq->id.value());
   }
   Sequence* owner = req->Owner();
   for (auto& seq : req->seqs) {
@@ -46,8 +50,8 @@ void Scheduler::Preempt(Request* req) {
     absl::MutexLock lock(&stats_mu_);
     ++counters_.num_preemptions_total;
   }
-  LOG(INFO) << "preempted request " << req->id << " (" << req->spec.external_id
-            << "); it will be recomputed";
+  LOG(INFO) << "preempted request " << req->id << " (" << req->spec.external_id << "), sequences "
+            << renamed << "; it will be recomputed";
 }
 
 PreemptionFrees Scheduler::PreemptionFreesOf(const Request* req) const {

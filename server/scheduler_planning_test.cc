@@ -1,14 +1,8 @@
-// The planner without threads: the scheduler runs its work on the test's thread
-// (StartManual, RunPending), plans go to an executor that holds them, and the test answers
-// each plan with the tokens it chooses. What is checked is what the planner sends: rows,
-// positions, draws, literal tokens against kLastSampledToken, the ledger's slots, releases,
-// and what reaches the client.
-#include <deque>
-#include <functional>
-#include <memory>
+// The planner without threads (scheduler_planner_fixture.h). What is checked is what the
+// planner sends: rows, positions, draws, literal tokens against kLastSampledToken, the
+// ledger's slots, and what reaches the client. Releases are scheduler_release_test.cc's.
 #include <random>
 #include <set>
-#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -16,117 +10,12 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "server/scheduler.h"
+#include "server/scheduler_planner_fixture.h"
 
 namespace strata {
 namespace {
 
-// A compute node that runs nothing: it keeps each plan until the test answers it.
-class HeldExecutor final : public StepExecutor {
- public:
-  std::string name() const override { return "held"; }
-  void Submit(std::shared_ptr<const StepPlan> plan, StepResultSink sink) override {
-    held.emplace_back(std::move(plan), std::move(sink));
-  }
-  std::deque<std::pair<std::shared_ptr<const StepPlan>, StepResultSink>> held;
-};
-
-class PlannerTest : public ::testing::Test {
- protected:
-  // `replicas` compute nodes share one pool (disaggregated); executor_ is the first.
-  void Start(bool async, int64_t slots = 64, Pipelining pipelining = Pipelining::kOff,
-             int replicas = 1) {
-    SchedulerConfig c;
-    c.max_model_len = 256;
-    c.max_num_batched_tokens = 64;
-    c.max_prefill_tokens = 64;
-    c.prefill_chunk_tokens = 32;
-    c.block_tokens = 16;
-    c.vocab_size = 1000;
-    c.async_scheduling = async;
-    // The loop runs by hand here and never fires a timer that is not yet due: plan ahead
-    // at once rather than on the step-time timer (Scheduler::AheadPlanDue).
-    c.plan_ahead_lead = 1;
-    c.pipelining = pipelining;
-    c.max_plans_in_flight = async || pipelining == Pipelining::kTwo ? 2 : 1;
-    if (configure_) configure_(c);
-    ASSERT_TRUE(Scheduler::ValidateConfig(c).ok());
-    scheduler_ = std::make_unique<Scheduler>(c, nullptr);
-    scheduler_->StartManual();
-    const PoolIndex pool = scheduler_->AddPool(replicas > 1 ? "memory" : "local", slots);
-    for (int i = 0; i < replicas; ++i) {
-      auto executor = std::make_unique<HeldExecutor>();
-      replicas_.push_back(executor.get());
-      if (replicas > 1) {
-        scheduler_->AddExecutor(std::move(executor), std::nullopt);
-      } else {
-        scheduler_->AddExecutor(std::move(executor), pool);
-      }
-    }
-    executor_ = replicas_.front();
-    scheduler_->RunPending();
-  }
-  void TearDown() override {
-    if (scheduler_) scheduler_->Stop();
-  }
-
-  // Queues a request; with `run`, lets the scheduler plan at once.
-  void Submit(std::vector<int32_t> prompt, int max_tokens, std::vector<int32_t> stop_ids = {},
-              bool run = true) {
-    GenerateRequest r;
-    r.prompt_tokens = std::move(prompt);
-    r.max_tokens = max_tokens;
-    r.ignore_eos = true;
-    r.stop_token_ids = std::move(stop_ids);
-    r.sampling.temperature = 0.0f;
-    const absl::StatusOr<uint64_t> id =
-        scheduler_->Submit(r, [this](const RequestUpdate& u) { updates_.push_back(u); });
-    ASSERT_TRUE(id.ok());
-    last_id_ = *id;
-    if (run) scheduler_->RunPending();
-  }
-
-  // Answers the oldest plan: `token` for each sample it asks for (or the failure).
-  void Answer(int32_t token, absl::Status status = absl::OkStatus()) {
-    ASSERT_FALSE(executor_->held.empty()) << "no plan to answer";
-    auto [plan, sink] = std::move(executor_->held.front());
-    executor_->held.pop_front();
-    StepResult result;
-    result.step_id = plan->step_id;
-    result.status = status;
-    if (status.ok()) {
-      for (const SequenceChunk& c : plan->chunks) {
-        for (const SampleTarget& t : c.samples) result.tokens.push_back({t.request_id, token});
-      }
-    }
-    sink(std::move(result));
-    scheduler_->RunPending();
-  }
-
-  const StepPlan& Held(size_t i) { return *executor_->held.at(i).first; }
-  // The sequences a held plan decodes or prefills.
-  std::set<SequenceId> Sequences(size_t i) {
-    std::set<SequenceId> ids;
-    for (const SequenceChunk& c : Held(i).chunks) ids.insert(c.request_id);
-    return ids;
-  }
-  int64_t UsedSlots() { return scheduler_->Stats().pools.at(0).stats.used_slots; }
-  std::vector<int32_t> Streamed() {
-    std::vector<int32_t> tokens;
-    for (const RequestUpdate& u : updates_) {
-      for (const SequenceUpdate& s : u.sequences) {
-        tokens.insert(tokens.end(), s.tokens.begin(), s.tokens.end());
-      }
-    }
-    return tokens;
-  }
-
-  std::function<void(SchedulerConfig&)> configure_;  // Start's last word on the config
-  std::unique_ptr<Scheduler> scheduler_;
-  HeldExecutor* executor_ = nullptr;
-  std::vector<HeldExecutor*> replicas_;
-  std::vector<RequestUpdate> updates_;
-  uint64_t last_id_ = 0;  // of the request Submit queued last
-};
+using planner_testing::PlannerTest;
 
 TEST_F(PlannerTest, SynchronousPlansOneStepAtATimeWithLiteralTokens) {
   Start(/*async=*/false);
@@ -209,37 +98,6 @@ TEST_F(PlannerTest, AsynchronousPlansAheadAndDiscardsTheTokenPastAStop) {
   EXPECT_EQ(Held(0).releases.size(), 1u);
 }
 
-// A plan that fails may carry the release of a request that finished before it; a node
-// that refused the plan applied none of it, so the next plan carries that release again
-// (it used to be lost, and the sequence's KV tables stayed on the node for good).
-TEST_F(PlannerTest, AFailedPlansReleasesAreSentAgain) {
-  Start(/*async=*/false);
-  Submit({1, 2, 3}, 1, {}, /*run=*/false);
-  Submit({4, 5, 6}, 5);
-  ASSERT_EQ(executor_->held.size(), 1u);
-  ASSERT_EQ(Held(0).chunks.size(), 2u);
-  SequenceId done;
-  for (const SequenceChunk& c : Held(0).chunks) {
-    if (c.tokens == std::vector<int32_t>{1, 2, 3}) done = c.request_id;
-  }
-  ASSERT_NE(done, SequenceId());
-  auto releases = [&](size_t i) {
-    std::set<SequenceId> ids;
-    for (const TableRelease& r : Held(i).releases) ids.insert(r.request_id);
-    return ids;
-  };
-  Answer(10);  // the first request is done after one token
-  ASSERT_EQ(executor_->held.size(), 1u);
-  ASSERT_TRUE(releases(0).contains(done)) << "the finished request is released";
-  Answer(0, absl::FailedPreconditionError("the node refused the plan"));
-  ASSERT_EQ(executor_->held.size(), 1u) << "the other request runs again";
-  EXPECT_TRUE(releases(0).contains(done)) << "the refused plan's release was lost";
-  Answer(11);
-  while (!executor_->held.empty()) Answer(12);
-  EXPECT_EQ(UsedSlots(), 0);
-}
-
-// A step that fails whole for a memory node that died moves the requests of that node once:
 // the pool's death preempts them, and the failed step does not preempt them again.
 TEST_F(PlannerTest, AStepThatFailedForADeadPoolPreemptsItsRequestsOnce) {
   Start(/*async=*/false, 64, Pipelining::kOff, /*replicas=*/2);
@@ -264,67 +122,6 @@ TEST_F(PlannerTest, AStepThatFailedForADeadPoolPreemptsItsRequestsOnce) {
   EXPECT_EQ(Streamed(), (std::vector<int32_t>{12, 12, 12, 12}));
 }
 
-// A release-only plan that fails is sent again, but not for ever; so is the release of an
-// n > 1 sample that finished while its siblings run.
-TEST_F(PlannerTest, ReleasesOfFinishedSequencesSurviveAFailedPlanAFewTimes) {
-  Start(/*async=*/false);
-  Submit({1, 2, 3}, 1);
-  Answer(10);  // done: its release goes in a plan of its own
-  int resent = 0;
-  while (!executor_->held.empty()) {
-    ASSERT_TRUE(Held(0).chunks.empty());
-    ASSERT_EQ(Held(0).releases.size(), 1u);
-    ++resent;
-    Answer(0, absl::UnavailableError("the node failed the plan"));
-    ASSERT_LE(resent, 10) << "sent for ever";
-  }
-  EXPECT_EQ(resent, 4) << "the release and three more tries";
-
-  // Two samples: the first stops at once, the second runs on.
-  GenerateRequest r;
-  r.prompt_tokens = {4, 5, 6};
-  r.max_tokens = 4;
-  r.n = 2;
-  r.ignore_eos = true;
-  r.stop_token_ids = {11};
-  r.sampling.temperature = 0.0f;
-  ASSERT_TRUE(scheduler_->Submit(r, [](const RequestUpdate&) {}).ok());
-  scheduler_->RunPending();
-  // The prefill draws both samples' first tokens: the first sample's is its stop token.
-  ASSERT_EQ(executor_->held.size(), 1u);
-  ASSERT_EQ(Held(0).chunks.size(), 1u);
-  ASSERT_EQ(Held(0).chunks[0].samples.size(), 2u);
-  const SequenceId stops = Held(0).chunks[0].samples[0].request_id;
-  auto answer = [&](absl::Status status) {
-    auto [plan, sink] = std::move(executor_->held.front());
-    executor_->held.pop_front();
-    StepResult result;
-    result.step_id = plan->step_id;
-    result.status = status;
-    for (const SequenceChunk& c : plan->chunks) {
-      for (const SampleTarget& t : c.samples) {
-        if (status.ok()) result.tokens.push_back({t.request_id, t.request_id == stops ? 11 : 12});
-      }
-    }
-    sink(std::move(result));
-    scheduler_->RunPending();
-  };
-  auto released = [&](size_t i) {
-    std::set<SequenceId> ids;
-    for (const TableRelease& x : Held(i).releases) ids.insert(x.request_id);
-    return ids;
-  };
-  answer(absl::OkStatus());
-  ASSERT_EQ(executor_->held.size(), 1u);
-  ASSERT_TRUE(released(0).contains(stops)) << "the stopped sample is released";
-  answer(absl::UnavailableError("the node failed the plan"));
-  ASSERT_EQ(executor_->held.size(), 1u) << "the other sample runs again";
-  EXPECT_TRUE(released(0).contains(stops)) << "the failed plan's release was lost";
-  while (!executor_->held.empty()) answer(absl::OkStatus());
-  EXPECT_EQ(UsedSlots(), 0);
-}
-
-// max_tokens is known in advance: nothing is planned past the last draw.
 TEST_F(PlannerTest, AsynchronousStopsPlanningAheadAtMaxTokens) {
   Start(/*async=*/true);
   Submit({7, 8, 9}, 2);
@@ -464,40 +261,6 @@ TEST_F(PlannerTest, AnotherRequestsFailedDrawIsNotChargedToTheRestOfThePlanAhead
   EXPECT_EQ(updates_.back().request_id, innocent);
 }
 
-// A request that finished with a plan still out releases its slots when that plan lands.
-// If its pool died and came back meanwhile, those slots went with the old ledger: the new
-// one's slots, now another request's, must not be released for it.
-TEST_F(PlannerTest, AFinishedRequestsLateReleaseSparesAPoolThatCameBack) {
-  Start(/*async=*/true);
-  Submit({1, 2, 3, 4, 5}, 40, /*stop_ids=*/{11});
-  Answer(10);  // its first token, with a plan ahead of it out
-  ASSERT_EQ(executor_->held.size(), 2u);
-  Answer(11);  // its stop token: finished, with the plan ahead still out
-  ASSERT_EQ(executor_->held.size(), 1u);
-  ASSERT_EQ(Held(0).chunks.size(), 1u) << "the plan ahead holds the finished request";
-  ASSERT_FALSE(updates_.empty());
-  ASSERT_TRUE(updates_.back().finished);
-  scheduler_->SetPoolAlive(PoolIndex(0), false);
-  scheduler_->RunPending();
-  scheduler_->SetPoolAlive(PoolIndex(0), true);
-  scheduler_->RunPending();
-  Submit({21, 22, 23, 24, 25, 26, 27}, 4);
-  const int64_t used = UsedSlots();
-  ASSERT_GE(used, 7) << "the new request holds its prompt's slots";
-  // The finished request's plan lands: nothing of the new ledger is released for it.
-  auto [plan, sink] = std::move(executor_->held.front());
-  executor_->held.pop_front();
-  StepResult result;
-  result.step_id = plan->step_id;
-  for (const SequenceChunk& c : plan->chunks) {
-    for (const SampleTarget& t : c.samples) result.tokens.push_back({t.request_id, 12});
-  }
-  sink(std::move(result));
-  scheduler_->RunPending();
-  EXPECT_GE(UsedSlots(), used);
-}
-
-// When the pool runs out, the planner takes the slots of the lowest-ranked request (FIFO:
 // the newest): it is preempted and released in the same plan, and the older one decodes.
 TEST_F(PlannerTest, AFullPoolPreemptsTheNewestRequest) {
   Start(/*async=*/false, /*slots=*/24);
@@ -526,52 +289,6 @@ TEST_F(PlannerTest, AFullPoolPreemptsTheNewestRequest) {
   EXPECT_EQ(scheduler_->Stats().planner_shortfalls_total, 0);
 }
 
-// A preempted request's release goes in a plan that fails: it is sent again, and the
-// request, placed again, runs under a new sequence id, so that no release (first or sent
-// again, on this node or another) ever names the table it has now.
-TEST_F(PlannerTest, APreemptedRequestsReleaseIsSentAgainAndNeverNamesItsNewTable) {
-  Start(/*async=*/false, /*slots=*/24);
-  Submit({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 10, {}, /*run=*/false);
-  Submit({11, 12, 13, 14, 15, 16, 17, 18, 19, 20}, 10);
-  ASSERT_EQ(executor_->held.size(), 1u);
-  ASSERT_EQ(Held(0).chunks.size(), 2u);
-  const SequenceId newer = Held(0).chunks[1].request_id;
-  std::set<SequenceId> released;  // every id a plan has released so far
-  // Answers the oldest plan (`token` for each draw, or the failure), checking that nothing
-  // it runs has been released before or in it.
-  auto answer = [&](int32_t token, absl::Status status) {
-    for (const TableRelease& r : Held(0).releases) released.insert(r.request_id);
-    for (const SequenceChunk& c : Held(0).chunks) {
-      EXPECT_FALSE(released.contains(c.request_id))
-          << "step " << Held(0).step_id << " runs sequence " << c.request_id.value()
-          << ", whose table a release names";
-    }
-    Answer(token, status);
-  };
-  answer(30, absl::OkStatus());
-  answer(31, absl::OkStatus());  // the pool is full
-  answer(32, absl::OkStatus());  // positions 12 need two more slots
-  ASSERT_EQ(executor_->held.size(), 1u);
-  ASSERT_EQ(Held(0).releases.size(), 1u) << "the newer request is preempted for the older";
-  ASSERT_EQ(Held(0).releases[0].request_id, newer);
-  answer(0, absl::UnavailableError("the node failed the plan"));
-  ASSERT_EQ(executor_->held.size(), 1u);
-  bool sent_again = false;
-  for (const TableRelease& r : Held(0).releases) sent_again = sent_again || r.request_id == newer;
-  EXPECT_TRUE(sent_again) << "the failed plan's release of the preempted request was lost";
-  for (int i = 0; i < 100 && !executor_->held.empty(); ++i) answer(40, absl::OkStatus());
-  EXPECT_TRUE(executor_->held.empty());
-  int finished = 0;
-  for (const RequestUpdate& u : updates_) {
-    if (!u.finished) continue;
-    ++finished;
-    EXPECT_TRUE(u.error.ok()) << u.error;
-  }
-  EXPECT_EQ(finished, 2);
-  EXPECT_EQ(UsedSlots(), 0);
-}
-
-// Two batches in flight: after a step that admits everyone, the decode work is split
 // between two plans of different sequences, half each, and stays split as they land.
 TEST_F(PlannerTest, TwoBatchesSplitEqualDecodeWorkInHalves) {
   Start(/*async=*/false, /*slots=*/256, Pipelining::kTwo);

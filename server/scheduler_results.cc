@@ -97,25 +97,27 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
   if (!result.status.ok()) {
     LOG(ERROR) << "step " << plan.step_id << " on " << ex.impl->name()
                << " failed: " << result.status;
-    // Its releases may never have reached the KV side (a node that refuses a plan applies
-    // none of it): this node's next plan carries them again (a release is idempotent), at
-    // most kMaxReleaseResends times. Each names a table no sequence will use again: its
-    // sequence finished, left, or was preempted and took a new id (Preempt).
+    // A node that cannot be reached is out of service at once (before its heartbeats stop),
+    // and its requests wait for another: losing the node is not their fault. Another node
+    // carries the releases queued on it (HandOnReleases).
+    const bool lost = result.node_unreachable && !ex.impl->Reachable();
+    if (lost && ex.reachable) {
+      ex.reachable = false;
+      LOG(WARNING) << "compute node " << ex.impl->name() << " is unreachable";
+      HandOnReleases(executor);
+    }
+    // Its releases may never have reached the KV side (a failed plan may have reached some
+    // of its memory nodes and not others): the next plan carries them again (a release is
+    // idempotent), at most kMaxReleaseResends times. Each names a table no sequence will use
+    // again: its sequence finished, left, or was preempted and took a new id (Preempt).
     for (const TableRelease& r : plan.releases) {
       if (++ex.release_resends[r.request_id] <= kMaxReleaseResends) {
-        ex.pending_releases.push_back(r);
+        QueueRelease(executor, r);
       } else {
         LOG(WARNING) << "giving up on the release of sequence " << r.request_id.value() << " on "
                      << ex.impl->name() << " after " << kMaxReleaseResends << " failed plans";
         ex.release_resends.erase(r.request_id);
       }
-    }
-    // A node that cannot be reached is out of service at once (before its heartbeats stop),
-    // and its requests wait for another: losing the node is not their fault.
-    const bool lost = result.node_unreachable && !ex.impl->Reachable();
-    if (lost && ex.reachable) {
-      ex.reachable = false;
-      LOG(WARNING) << "compute node " << ex.impl->name() << " is unreachable";
     }
     bool other_node = false;
     for (size_t e = 0; e < executors_.size(); ++e) {
@@ -140,10 +142,8 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
       if (req->pending_finish != FinishReason::kNone) continue;
       if (lost) {
         // Another node takes it; with none left it fails below, with the rest.
-        if (other_node) {
-          ForgetExecutor(req);
-          Preempt(req);
-        }
+        // Preempt queues the releases of its old ids before it forgets the node.
+        if (other_node) Preempt(req);
       } else if (!not_theirs && ++req->step_failures > kMaxStepFailures) {
         // The detail (node names, addresses) is in the log, not in the client's error.
         FailRequest(req, FinishReason::kError,
