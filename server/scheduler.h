@@ -82,6 +82,10 @@ struct SchedulerConfig {
   // the node reports that it still waited for plans ahead, they go out earlier by a margin
   // learnt from those waits (Scheduler::AdjustAheadMargin).
   double plan_ahead_lead = 0.25;
+  // After a failed plan that carried releases, a plan of releases alone waits this long
+  // before it goes again, doubled after each further failure (a plan with rows carries
+  // them at once). Three failed plans give a release up (OnStepResult).
+  absl::Duration release_retry_backoff = absl::Milliseconds(200);
   // kTwo needs max_plans_in_flight >= 2 and synchronous scheduling; kFixed needs one plan
   // in flight per compute node (each replica owns one batch) and synchronous scheduling.
   Pipelining pipelining = Pipelining::kOff;

@@ -188,6 +188,12 @@ struct Scheduler::Executor {
   std::vector<TableRelease> pending_releases;
   // Releases sent again after failed plans, by sequence: how many times (OnStepResult).
   std::unordered_map<SequenceId, int> release_resends;
+  // Failed plans in a row that carried releases; until release_retry_at no plan of
+  // releases alone goes (SchedulerConfig::release_retry_backoff), and the timer that plans
+  // again then.
+  int release_failures = 0;
+  absl::Time release_retry_at = absl::InfinitePast();
+  EventLoop::TimerId release_timer = 0;
 };
 
 }  // namespace strata

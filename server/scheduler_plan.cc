@@ -447,6 +447,17 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
                 absl::ResourceExhaustedError("the request no longer fits in any live KV pool"));
   }
 
+  // Releases alone, soon after a failed plan that carried them: they wait for the backoff
+  // (or for a plan with rows, which takes them at once).
+  if (chunks.empty() && !ex.pending_releases.empty() && absl::Now() < ex.release_retry_at) {
+    if (ex.release_timer == 0) {
+      // The timer's batch runs AfterBatch, which plans the idle compute nodes again.
+      ex.release_timer =
+          loop_.RunAt(ex.release_retry_at, [this, e] { executors_[e]->release_timer = 0; });
+    }
+    return false;
+  }
+
   // Assemble the plan: setups, releases, slot extents and rows.
   plan->step_id = next_step_id_++;
   plan->epoch = config_.epoch;

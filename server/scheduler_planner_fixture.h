@@ -47,6 +47,8 @@ class PlannerTest : public ::testing::Test {
     // The loop runs by hand here and never fires a timer that is not yet due: plan ahead
     // at once rather than on the step-time timer (Scheduler::AheadPlanDue).
     c.plan_ahead_lead = 1;
+    // Likewise a plan of releases alone goes again at once after a failure.
+    c.release_retry_backoff = absl::ZeroDuration();
     c.pipelining = pipelining;
     c.max_plans_in_flight = async || pipelining == Pipelining::kTwo ? 2 : 1;
     if (configure_) configure_(c);

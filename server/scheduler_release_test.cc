@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "server/scheduler.h"
 #include "server/scheduler_planner_fixture.h"
@@ -184,6 +186,46 @@ TEST_F(PlannerTest, APreemptedRequestsReleaseIsSentAgainAndNeverNamesItsNewTable
   EXPECT_TRUE(sent_again) << "the failed plan's release of the preempted request was lost";
   for (int i = 0; i < 100 && !executor_->held.empty(); ++i) answer(40, absl::OkStatus());
   EXPECT_TRUE(executor_->held.empty());
+  EXPECT_EQ(FinishedWithoutError(), 2);
+  EXPECT_EQ(UsedSlots(), 0);
+}
+
+// After a failed plan that carried releases, a plan of releases alone waits out a backoff
+// that doubles with each failure in a row, rather than going again at once; a plan with
+// rows, for a request that arrives meanwhile, carries them at once.
+TEST_F(PlannerTest, AFailedReleaseWaitsOutABackoffUnlessAPlanWithRowsTakesIt) {
+  const absl::Duration backoff = absl::Milliseconds(20);
+  configure_ = [&](SchedulerConfig& c) { c.release_retry_backoff = backoff; };
+  Start(/*async=*/false);
+  Submit({1, 2, 3}, 1);
+  Answer(10);  // done: its release goes in a plan of its own
+  ASSERT_EQ(executor_->held.size(), 1u);
+  ASSERT_TRUE(Held(0).chunks.empty());
+  ASSERT_EQ(Held(0).releases.size(), 1u);
+  const SequenceId done = Held(0).releases[0].request_id;
+  for (int failure = 0; failure < 2; ++failure) {
+    const absl::Time failed = absl::Now();
+    Answer(0, absl::UnavailableError("the node failed the plan"));
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (executor_->held.empty() && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(1));
+      scheduler_->RunPending();  // runs the timers that are due
+    }
+    ASSERT_EQ(executor_->held.size(), 1u) << "the release is not sent again";
+    EXPECT_GE(absl::Now() - failed, backoff * (1 << failure)) << "sent again too soon";
+    ASSERT_TRUE(Held(0).chunks.empty());
+    ASSERT_EQ(Held(0).releases.size(), 1u);
+    EXPECT_EQ(Held(0).releases[0].request_id, done);
+  }
+  Answer(0, absl::UnavailableError("the node failed the plan"));
+  ASSERT_TRUE(executor_->held.empty());
+  Submit({4, 5, 6}, 1);
+  ASSERT_EQ(executor_->held.size(), 1u) << "the new request waits for the backoff";
+  EXPECT_EQ(Held(0).chunks.size(), 1u);
+  ASSERT_EQ(Held(0).releases.size(), 1u) << "the plan with rows does not carry the release";
+  EXPECT_EQ(Held(0).releases[0].request_id, done);
+  Answer(11);
+  while (!executor_->held.empty()) Answer(12);
   EXPECT_EQ(FinishedWithoutError(), 2);
   EXPECT_EQ(UsedSlots(), 0);
 }

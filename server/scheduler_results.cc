@@ -110,6 +110,10 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
     // of its memory nodes and not others): the next plan carries them again (a release is
     // idempotent), at most kMaxReleaseResends times. Each names a table no sequence will use
     // again: its sequence finished, left, or was preempted and took a new id (Preempt).
+    if (!plan.releases.empty()) {
+      ex.release_retry_at =
+          now + config_.release_retry_backoff * (1 << std::min(ex.release_failures++, 10));
+    }
     for (const TableRelease& r : plan.releases) {
       if (++ex.release_resends[r.request_id] <= kMaxReleaseResends) {
         QueueRelease(executor, r);
@@ -174,6 +178,8 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
     return;
   }
   for (const TableRelease& r : plan.releases) ex.release_resends.erase(r.request_id);
+  ex.release_failures = 0;
+  ex.release_retry_at = absl::InfinitePast();
   MarkPoolsDead(result.dead_pools);
   std::unordered_set<Request*> failed_now;
   for (const auto& [id, status] : result.failed) {
