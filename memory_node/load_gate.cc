@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -61,12 +63,6 @@ absl::StatusOr<bool> LoadGate::PollLocked(std::span<const uint64_t> tickets, int
   // is refused before any is brought in (a step a refusal fails never looks again).
   size_t unknown = 0;
   for (uint64_t ticket : tickets) unknown += ticket != 0 && !entries_.contains(ticket);
-  if (unknown > 0 && entries_.size() + unknown > max_entries_) {
-    ++stats_.refused;
-    return absl::ResourceExhaustedError(absl::StrCat("layer-wise pre-loading: ", unknown,
-                                                     " ticket(s) are unknown and ", entries_.size(),
-                                                     " tickets are awaited already"));
-  }
   const auto found = owner != 0 ? owned_.find(owner) : owned_.end();
   const size_t owned = found != owned_.end() ? found->second : 0;
   if (unknown > 0 && owner != 0 && owned + unknown > max_per_owner_) {
@@ -74,6 +70,13 @@ absl::StatusOr<bool> LoadGate::PollLocked(std::span<const uint64_t> tickets, int
     return absl::ResourceExhaustedError(absl::StrCat(
         "layer-wise pre-loading: ", unknown, " ticket(s) are unknown and this peer's steps await ",
         owned, " tickets whose moves never came, of ", max_per_owner_, " at most"));
+  }
+  if (unknown > 0 && entries_.size() + unknown > max_entries_ &&
+      !TakeRoomLocked(owner, owned, unknown)) {
+    ++stats_.refused;
+    return absl::ResourceExhaustedError(absl::StrCat("layer-wise pre-loading: ", unknown,
+                                                     " ticket(s) are unknown and ", entries_.size(),
+                                                     " tickets are awaited already"));
   }
   for (uint64_t ticket : tickets) {
     if (ticket == 0) continue;
@@ -95,6 +98,42 @@ absl::StatusOr<bool> LoadGate::PollLocked(std::span<const uint64_t> tickets, int
     *wake = std::min(*wake, until);
   }
   return ready;
+}
+
+bool LoadGate::TakeRoomLocked(uint64_t owner, size_t owned, size_t unknown) {
+  const size_t after = owned + unknown;  // what the looking owner would hold
+  size_t need = entries_.size() + unknown - max_entries_;
+  size_t above = 0;
+  for (const auto& [o, n] : owned_) above += o != owner && n > after ? n - after : 0;
+  if (above < need) return false;
+  // Each other owner's unknown tickets, oldest last (taken from the back).
+  std::unordered_map<uint64_t, std::vector<std::pair<absl::Time, uint64_t>>> by_owner;
+  for (const auto& [ticket, e] : entries_) {
+    if (e.owner != 0 && e.owner != owner && !e.arrived) {
+      by_owner[e.owner].emplace_back(e.touched, ticket);
+    }
+  }
+  for (auto& [o, list] : by_owner) std::sort(list.rbegin(), list.rend());
+  for (; need > 0; --need) {
+    // One at a time from whoever holds the most now (ties: the lower owner, for the same
+    // outcome on every node).
+    uint64_t most = 0;
+    size_t most_n = 0;
+    for (const auto& [o, n] : owned_) {
+      if (o != owner && (n > most_n || (n == most_n && o < most))) {
+        most = o;
+        most_n = n;
+      }
+    }
+    auto& list = by_owner[most];
+    const uint64_t ticket = list.back().second;
+    list.pop_back();
+    auto it = entries_.find(ticket);
+    DisownLocked(it->second);
+    entries_.erase(it);
+    ++stats_.evicted;
+  }
+  return true;
 }
 
 absl::Status LoadGate::Wait(std::span<const uint64_t> tickets, int layer) {

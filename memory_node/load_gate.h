@@ -17,8 +17,11 @@
 // fails instead of waiting (so descriptors full of made-up tickets cannot grow it). The unknown
 // tickets one owner's looks bring in (a memory node's peer: Poll's `owner`) count against
 // `max_per_owner` until their moves arrive or they are forgotten: past it only that owner's
-// steps fail, and the rest of the gate stays for the others. A look whose unknown tickets do
-// not all fit is refused whole, before it brings any in.
+// steps fail. With the gate full, the room a look's unknown tickets need is taken from the
+// owners holding the most unknown tickets, oldest first, but never from one that holds no
+// more than the looking owner then would, and never a ticket whose moves came: owners that
+// fill the gate between them (each within its share) cannot keep another out. A look whose
+// unknown tickets do not all fit is refused whole, before it brings any in.
 //
 // A caller that must not block (the memory server, which runs every peer's frames on one
 // thread) looks with Poll instead, parks its work, and looks again when the listener is
@@ -48,7 +51,8 @@ struct LoadGateStats {
   uint64_t ready_layers = 0;   // layer waits that found the layer in DRAM (read-ahead hits)
   uint64_t waited_layers = 0;  // layer waits that had to wait for the disk
   uint64_t abandoned = 0;      // tickets a step gave up on
-  uint64_t refused = 0;        // unknown tickets of steps that came while the gate was full
+  uint64_t refused = 0;        // looks refused: unknown tickets past the share or the gate
+  uint64_t evicted = 0;        // unknown tickets taken from the biggest owners for another's
   double wait_seconds = 0;     // attention's time waiting for the disk
 };
 
@@ -110,6 +114,10 @@ class LoadGate {
   void DisownLocked(Entry& e);
   // Entries over for a while go (a step needs a ticket's entry only while its load runs).
   void PruneLocked(absl::Time now);
+  // The gate is full: takes the room for `unknown` new tickets of `owner` (holding `owned`)
+  // from the owners with more unknown tickets, as the header says. False, taking nothing,
+  // where they do not have it.
+  bool TakeRoomLocked(uint64_t owner, size_t owned, size_t unknown);
   absl::StatusOr<bool> PollLocked(std::span<const uint64_t> tickets, int layer, absl::Time now,
                                   absl::Time* wake, uint64_t owner);
   void RecordLocked(absl::Duration waited);

@@ -168,6 +168,52 @@ TEST(LoadGateTest, OneOwnersUnknownTicketsFillOnlyItsShare) {
   EXPECT_EQ(gate.stats().refused, 2u);
 }
 
+// Owners that fill the whole gate between them, each within its share, with tickets whose
+// moves never come, cannot keep another owner out: the room its look needs is taken from
+// the owners holding the most unknown tickets (it used to be refused until theirs were
+// forgotten), never from one that holds no more than the looking owner then would, and
+// never a ticket whose moves came.
+TEST(LoadGateTest, OwnersThatFillTheGateMakeRoomForAnothersTickets) {
+  LoadGate gate(/*arrival_wait=*/absl::Seconds(10), /*keep=*/absl::Seconds(10),
+                /*max_entries=*/16, /*max_per_owner=*/4);
+  absl::Time wake;
+  for (uint64_t owner = 1; owner <= 4; ++owner) {
+    for (uint64_t t = 1; t <= 4; ++t) {
+      const uint64_t ticket[] = {100 * owner + t};
+      ASSERT_TRUE(gate.Poll(ticket, 0, &wake, owner).ok()) << owner << " " << t;
+    }
+  }
+  ASSERT_TRUE(gate.Expect(404, absl::Now() + absl::Seconds(10)));  // owner 4 holds 3 now
+  ASSERT_EQ(gate.entries(), 16u);
+  const uint64_t two[] = {501, 502};
+  EXPECT_TRUE(gate.Poll(two, 0, &wake, /*owner=*/5).ok()) << "kept out of a full gate";
+  EXPECT_EQ(gate.entries(), 16u);
+  EXPECT_EQ(gate.stats().evicted, 2u);
+  // Owners 1-3 held 4: two of them gave one each. Two more would leave owner 5 with 4,
+  // which no other owner holds more than; one more is taken from the owner left with 4.
+  const uint64_t two_more[] = {503, 504};
+  EXPECT_EQ(gate.Poll(two_more, 0, &wake, 5).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(gate.entries(), 16u);
+  const uint64_t one_more[] = {503};
+  EXPECT_TRUE(gate.Poll(one_more, 0, &wake, 5).ok());
+  EXPECT_EQ(gate.stats().evicted, 3u);
+  // Owners 1-4 hold 3 each and owner 5 holds 3: nothing is above what another look of its
+  // would leave it with.
+  const uint64_t fourth[] = {504};
+  EXPECT_FALSE(gate.Poll(fourth, 0, &wake, 5).ok());
+  // Nor for a new owner's three: it would then hold as many as each of the others.
+  const uint64_t three[] = {601, 602, 603};
+  EXPECT_FALSE(gate.Poll(three, 0, &wake, 6).ok());
+  EXPECT_EQ(gate.stats().evicted, 3u);
+  // The ticket whose moves came was never taken: its layer passes at once.
+  gate.Advance(404, 1);
+  const uint64_t arrived[] = {404};
+  absl::StatusOr<bool> ready = gate.Poll(arrived, 0, &wake, 4);
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  EXPECT_TRUE(*ready);
+  EXPECT_EQ(gate.stats().refused, 3u);
+}
+
 // A look whose unknown tickets do not all fit the owner's share is refused before it brings
 // any in. An unknown ticket that a look brought in and no step looks at again is forgotten
 // like an abandoned one: it neither stays in the gate for good nor keeps its owner's share.
