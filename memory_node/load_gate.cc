@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -23,6 +24,7 @@ bool LoadGate::Expect(uint64_t ticket, absl::Time deadline) {
   const absl::Time now = absl::Now();
   std::unique_lock<std::mutex> lock(mu_);
   PruneLocked(now);
+  if (tombstones_.contains(ticket)) return false;
   Entry& e = entries_[ticket];
   e.touched = now;
   if (e.abandoned) return false;
@@ -47,6 +49,7 @@ bool LoadGate::Finish(uint64_t ticket, bool ok) {
   if (ticket == 0) return ok;
   const absl::Time now = absl::Now();
   std::unique_lock<std::mutex> lock(mu_);
+  if (tombstones_.contains(ticket)) return false;
   Entry& e = entries_[ticket];
   e.touched = now;
   e.finished = true;
@@ -62,7 +65,9 @@ absl::StatusOr<bool> LoadGate::PollLocked(std::span<const uint64_t> tickets, int
   // The look's unknown tickets fit in the gate, and in the owner's share, all of them or it
   // is refused before any is brought in (a step a refusal fails never looks again).
   size_t unknown = 0;
-  for (uint64_t ticket : tickets) unknown += ticket != 0 && !entries_.contains(ticket);
+  for (uint64_t ticket : tickets) {
+    unknown += ticket != 0 && !entries_.contains(ticket) && !tombstones_.contains(ticket);
+  }
   const auto found = owner != 0 ? owned_.find(owner) : owned_.end();
   const size_t owned = found != owned_.end() ? found->second : 0;
   if (unknown > 0 && owner != 0 && owned + unknown > max_per_owner_) {
@@ -79,7 +84,7 @@ absl::StatusOr<bool> LoadGate::PollLocked(std::span<const uint64_t> tickets, int
                                                      " tickets are awaited already"));
   }
   for (uint64_t ticket : tickets) {
-    if (ticket == 0) continue;
+    if (ticket == 0 || tombstones_.contains(ticket)) continue;  // given up on
     const bool known = entries_.contains(ticket);
     Entry& e = entries_[ticket];  // a step may come before its ticket's moves
     if (!known && owner != 0) {
@@ -114,24 +119,41 @@ bool LoadGate::TakeRoomLocked(uint64_t owner, size_t owned, size_t unknown) {
     }
   }
   for (auto& [o, list] : by_owner) std::sort(list.rbegin(), list.rend());
-  for (; need > 0; --need) {
+  std::unordered_set<uint64_t> spent;  // owners with nothing left that can be taken
+  while (need > 0) {
     // One at a time from whoever holds the most now (ties: the lower owner, for the same
     // outcome on every node).
     uint64_t most = 0;
     size_t most_n = 0;
     for (const auto& [o, n] : owned_) {
-      if (o != owner && (n > most_n || (n == most_n && o < most))) {
+      if (o == owner || n <= after || spent.contains(o)) continue;
+      if (n > most_n || (n == most_n && o < most)) {
         most = o;
         most_n = n;
       }
     }
+    if (most_n == 0) return false;
     auto& list = by_owner[most];
-    const uint64_t ticket = list.back().second;
-    list.pop_back();
-    auto it = entries_.find(ticket);
-    DisownLocked(it->second);
-    entries_.erase(it);
-    ++stats_.evicted;
+    bool taken = false;
+    while (!list.empty() && !taken) {
+      auto it = entries_.find(list.back().second);
+      list.pop_back();
+      // A ticket a step gave up on must keep refusing its moves (Expect): its mark goes
+      // where there is room for it, or the ticket stays.
+      if (it->second.abandoned) {
+        if (tombstones_.size() >= max_entries_) continue;
+        tombstones_[it->first] = it->second.touched;
+      }
+      DisownLocked(it->second);
+      entries_.erase(it);
+      ++stats_.evicted;
+      taken = true;
+    }
+    if (!taken) {
+      spent.insert(most);
+      continue;
+    }
+    --need;
   }
   return true;
 }
@@ -214,6 +236,7 @@ void LoadGate::PruneLocked(absl::Time now) {
       ++it;
     }
   }
+  std::erase_if(tombstones_, [&](const auto& t) { return now - t.second > keep_; });
 }
 
 void LoadGate::DisownLocked(Entry& e) {

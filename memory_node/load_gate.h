@@ -20,7 +20,8 @@
 // steps fail. With the gate full, the room a look's unknown tickets need is taken from the
 // owners holding the most unknown tickets, oldest first, but never from one that holds no
 // more than the looking owner then would, and never a ticket whose moves came: owners that
-// fill the gate between them (each within its share) cannot keep another out. A look whose
+// fill the gate between them (each within its share) cannot keep another out. A ticket
+// taken after a step gave up on it stays given up on (its moves are still refused). A look whose
 // unknown tickets do not all fit is refused whole, before it brings any in.
 //
 // A caller that must not block (the memory server, which runs every peer's frames on one
@@ -130,6 +131,10 @@ class LoadGate {
   const size_t max_entries_;
   const size_t max_per_owner_;
   std::unordered_map<uint64_t, size_t> owned_;  // unknown tickets each owner brought in
+  // Abandoned tickets taken for another owner's (TakeRoomLocked), with the time their entry
+  // was last touched: still given up on (Expect refuses their moves, Finish fails them)
+  // until forgotten as their entries would have been. At most max_entries.
+  std::unordered_map<uint64_t, absl::Time> tombstones_;
   mutable std::mutex mu_;
   std::condition_variable changed_;
   std::unordered_map<uint64_t, Entry> entries_;

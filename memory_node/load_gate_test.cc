@@ -214,6 +214,30 @@ TEST(LoadGateTest, OwnersThatFillTheGateMakeRoomForAnothersTickets) {
   EXPECT_EQ(gate.stats().refused, 3u);
 }
 
+// A ticket a step gave up on, taken for another owner's, is still given up on: its moves
+// are refused and its load cannot succeed, as when its entry stayed.
+TEST(LoadGateTest, AnAbandonedTicketTakenForAnothersStaysAbandoned) {
+  LoadGate gate(/*arrival_wait=*/absl::Milliseconds(1), /*keep=*/absl::Seconds(10),
+                /*max_entries=*/4, /*max_per_owner=*/4);
+  absl::Time wake;
+  const uint64_t four[] = {101, 102, 103, 104};
+  ASSERT_TRUE(gate.Poll(four, 0, &wake, /*owner=*/1).ok());
+  absl::SleepFor(absl::Milliseconds(5));
+  absl::StatusOr<bool> given_up = gate.Poll(four, 0, &wake, 1);
+  ASSERT_TRUE(given_up.ok() && *given_up);
+  ASSERT_EQ(gate.stats().abandoned, 4u);
+  const uint64_t other[] = {201};
+  ASSERT_TRUE(gate.Poll(other, 0, &wake, /*owner=*/2).ok());
+  ASSERT_EQ(gate.stats().evicted, 1u);
+  // The oldest went (ties: the lowest ticket), and no step waits for it again.
+  absl::StatusOr<bool> again = gate.Poll(four, 0, &wake, 1);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(*again);
+  EXPECT_FALSE(gate.Expect(101, absl::Now() + absl::Seconds(10))) << "its moves are taken";
+  EXPECT_FALSE(gate.Finish(101, true)) << "its load stands";
+  EXPECT_EQ(gate.entries(), 4u);
+}
+
 // A look whose unknown tickets do not all fit the owner's share is refused before it brings
 // any in. An unknown ticket that a look brought in and no step looks at again is forgotten
 // like an abandoned one: it neither stays in the gate for good nor keeps its owner's share.
