@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -111,21 +112,35 @@ bool LoadGate::TakeRoomLocked(uint64_t owner, size_t owned, size_t unknown) {
   size_t above = 0;
   for (const auto& [o, n] : owned_) above += o != owner && n > after ? n - after : 0;
   if (above < need) return false;
-  // Each other owner's unknown tickets, oldest last (taken from the back).
-  std::unordered_map<uint64_t, std::vector<std::pair<absl::Time, uint64_t>>> by_owner;
+  // Each other owner's unknown tickets in the order they go, taken from the back: those a
+  // step gave up on first (they cost only a tombstone, where one that a step still awaits
+  // would make its step wait again or fail), each kind oldest first.
+  struct Candidate {
+    bool awaited;
+    absl::Time touched;
+    uint64_t ticket;
+    bool operator<(const Candidate& o) const {
+      return std::tie(awaited, touched, ticket) < std::tie(o.awaited, o.touched, o.ticket);
+    }
+  };
+  std::unordered_map<uint64_t, std::vector<Candidate>> by_owner;
   for (const auto& [ticket, e] : entries_) {
     if (e.owner != 0 && e.owner != owner && !e.arrived) {
-      by_owner[e.owner].emplace_back(e.touched, ticket);
+      by_owner[e.owner].push_back({!e.abandoned, e.touched, ticket});
     }
   }
   for (auto& [o, list] : by_owner) std::sort(list.rbegin(), list.rend());
+  // Chosen first, taken only if they make all the room: otherwise nothing is taken.
+  std::unordered_map<uint64_t, size_t> left(owned_.begin(), owned_.end());
+  size_t tombstone_room = max_entries_ - std::min(max_entries_, tombstones_.size());
+  std::vector<uint64_t> chosen;
   std::unordered_set<uint64_t> spent;  // owners with nothing left that can be taken
-  while (need > 0) {
+  while (chosen.size() < need) {
     // One at a time from whoever holds the most now (ties: the lower owner, for the same
     // outcome on every node).
     uint64_t most = 0;
     size_t most_n = 0;
-    for (const auto& [o, n] : owned_) {
+    for (const auto& [o, n] : left) {
       if (o == owner || n <= after || spent.contains(o)) continue;
       if (n > most_n || (n == most_n && o < most)) {
         most = o;
@@ -134,26 +149,24 @@ bool LoadGate::TakeRoomLocked(uint64_t owner, size_t owned, size_t unknown) {
     }
     if (most_n == 0) return false;
     auto& list = by_owner[most];
-    bool taken = false;
-    while (!list.empty() && !taken) {
-      auto it = entries_.find(list.back().second);
-      list.pop_back();
-      // A ticket a step gave up on must keep refusing its moves (Expect): its mark goes
-      // where there is room for it, or the ticket stays.
-      if (it->second.abandoned) {
-        if (tombstones_.size() >= max_entries_) continue;
-        tombstones_[it->first] = it->second.touched;
-      }
-      DisownLocked(it->second);
-      entries_.erase(it);
-      ++stats_.evicted;
-      taken = true;
-    }
-    if (!taken) {
+    // A ticket a step gave up on must keep refusing its moves (Expect): it goes only where
+    // its tombstone has room.
+    while (!list.empty() && !list.back().awaited && tombstone_room == 0) list.pop_back();
+    if (list.empty()) {
       spent.insert(most);
       continue;
     }
-    --need;
+    if (!list.back().awaited) --tombstone_room;
+    chosen.push_back(list.back().ticket);
+    list.pop_back();
+    --left[most];
+  }
+  for (uint64_t ticket : chosen) {
+    auto it = entries_.find(ticket);
+    if (it->second.abandoned) tombstones_[ticket] = it->second.touched;
+    DisownLocked(it->second);
+    entries_.erase(it);
+    ++stats_.evicted;
   }
   return true;
 }

@@ -18,7 +18,8 @@
 // tickets one owner's looks bring in (a memory node's peer: Poll's `owner`) count against
 // `max_per_owner` until their moves arrive or they are forgotten: past it only that owner's
 // steps fail. With the gate full, the room a look's unknown tickets need is taken from the
-// owners holding the most unknown tickets, oldest first, but never from one that holds no
+// owners holding the most unknown tickets (those a step gave up on first, each kind oldest
+// first), or none is taken if not all of it can be, but never from one that holds no
 // more than the looking owner then would, and never a ticket whose moves came: owners that
 // fill the gate between them (each within its share) cannot keep another out. A ticket
 // taken after a step gave up on it stays given up on (its moves are still refused). A look whose
@@ -77,8 +78,8 @@ class LoadGate {
   bool Finish(uint64_t ticket, bool ok);
 
   // Waits until every ticket has `layer` in DRAM or is over (or abandoned, at its deadline).
-  // ResourceExhausted, without waiting, if a ticket is unknown and the gate is full: the
-  // step must then fail.
+  // ResourceExhausted, without waiting, if a ticket is unknown, the gate is full and no room
+  // can be taken from other owners (see above): the step must then fail.
   absl::Status Wait(std::span<const uint64_t> tickets, int layer);
 
   // Wait's one look, for a caller that does something else while a load runs: true if

@@ -224,23 +224,29 @@ void Scheduler::SetExecutorAliveNow(int executor, bool alive) {
     for (auto& [id, req] : requests_) {
       if (req->executor == executor && !req->in_flight) ForgetExecutor(req.get());
     }
-    // Another node carries the releases queued on it; one that comes back is a new process.
+    // Another node carries the releases queued on it; one that comes back is a new process,
+    // with no failed plans behind it.
     HandOnReleases(executor);
     e.release_resends.clear();
+    e.release_failures = 0;
+    e.release_retry_at = absl::InfinitePast();
   }
 }
 
 void Scheduler::QueueRelease(int executor, const TableRelease& release) {
-  Executor& ex = *executors_[executor];
+  if (executor >= 0) {
+    Executor& ex = *executors_[executor];
+    if (ex.alive && ex.reachable) {
+      ex.pending_releases.push_back(release);
+      return;
+    }
+    // Unreachable but alive, it may come back with the sequence's compute-side state; dead,
+    // it is a new process when it does. Either way another node drops the memory node's
+    // table.
+    if (ex.alive) ex.pending_releases.push_back(release);
+  }
   const bool pool_alive =
       release.pool.value() < pools_.size() && pools_[release.pool.value()]->alive;
-  if (ex.alive && ex.reachable) {
-    ex.pending_releases.push_back(release);
-    return;
-  }
-  // Unreachable but alive, it may come back with the sequence's compute-side state; dead,
-  // it is a new process when it does. Either way another node drops the memory node's table.
-  if (ex.alive) ex.pending_releases.push_back(release);
   if (!pool_alive) return;
   for (size_t e = 0; e < executors_.size(); ++e) {
     Executor& other = *executors_[e];
@@ -567,7 +573,13 @@ void Scheduler::ReleaseKv(Sequence* seq) {
       kv.DropBlock(hash);
     }
     kv.Unref(seq->table);
-    if (seq->setup_sent && req->executor >= 0) QueueRelease(req->executor, {seq->id, *req->pool});
+    if (seq->setup_sent && req->executor >= 0) {
+      QueueRelease(req->executor, {seq->id, *req->pool});
+    } else if (seq->table_sent > 0) {
+      // Its table reached the pool through a node that was lost or died (ForgetExecutor),
+      // and no node has set it up since: any live node that reaches the pool drops it.
+      QueueRelease(-1, {seq->id, *req->pool});
+    }
   } else if (seq->setup_sent && req->executor >= 0) {
     // The pool is gone; the compute node still drops its cache.
     QueueRelease(req->executor, {seq->id, req->pool.value_or(PoolIndex(0))});

@@ -84,7 +84,8 @@ struct SchedulerConfig {
   double plan_ahead_lead = 0.25;
   // After a failed plan that carried releases, a plan of releases alone waits this long
   // before it goes again, doubled after each further failure (a plan with rows carries
-  // them at once). Three failed plans give a release up (OnStepResult).
+  // them at once). A release goes again after each of up to three failed plans, then is
+  // given up (OnStepResult).
   absl::Duration release_retry_backoff = absl::Milliseconds(200);
   // kTwo needs max_plans_in_flight >= 2 and synchronous scheduling; kFixed needs one plan
   // in flight per compute node (each replica owns one batch) and synchronous scheduling.
@@ -372,7 +373,8 @@ class Scheduler {
   // Queues a release of a table no sequence will use again on `executor`'s next plan; a
   // node out of service (dead, or alive but unreachable) keeps a copy for when it is back,
   // and another live node that reaches the pool carries it now (any node's plan may: the id
-  // is retired, Preempt). A release for a pool that is gone is dropped (its ledger went).
+  // is retired, Preempt). `executor` -1: no node has the sequence set up, and any live node
+  // that reaches the pool carries it. Where the pool is gone it goes only to `executor`.
   void QueueRelease(int executor, const TableRelease& release);
   // `executor` went out of service: another live node carries the releases queued on it.
   void HandOnReleases(int executor);

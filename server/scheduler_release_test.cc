@@ -265,6 +265,38 @@ TEST_F(PlannerTest, APreemptedRequestsReleaseOnALostNodeIsCarriedByAnother) {
   EXPECT_EQ(UsedSlots(), 0);
 }
 
+// A request whose compute node dies between two of its plans keeps its sequence id and its
+// table on the memory node, for the next node to set up again. If it leaves before any node
+// has, its table is still released, by a live node that reaches the pool (no release went,
+// and the table stayed for good).
+TEST_F(PlannerTest, ARequestThatLeavesBetweenNodesIsReleasedByALiveOne) {
+  Start(/*async=*/false, 64, Pipelining::kOff, /*replicas=*/2);
+  Submit({1, 2, 3}, 8);
+  ASSERT_EQ(replicas_[0]->held.size() + replicas_[1]->held.size(), 1u);
+  const int dead_index = replicas_[0]->held.empty() ? 1 : 0;
+  HeldExecutor& dead = *replicas_[dead_index];
+  HeldExecutor& live = *replicas_[1 - dead_index];
+  auto [plan, sink] = std::move(dead.held.front());
+  dead.held.pop_front();
+  ASSERT_EQ(plan->chunks.size(), 1u);
+  const SequenceId id = plan->chunks[0].request_id;
+  // The prefill's result, the node's death and a cancellation, in one batch of events: the
+  // request lands with no plan out, loses its node, and leaves before another plans for it.
+  StepResult result;
+  result.step_id = plan->step_id;
+  for (const SampleTarget& t : plan->chunks[0].samples) result.tokens.push_back({t.request_id, 10});
+  sink(std::move(result));
+  scheduler_->SetExecutorAlive(dead_index, false);
+  scheduler_->Cancel(last_id_);
+  scheduler_->RunPending();
+  ASSERT_EQ(live.held.size(), 1u) << "no plan carries the release";
+  EXPECT_TRUE(live.held.front().first->chunks.empty());
+  EXPECT_TRUE(Released(live).contains(id));
+  AnswerOn(live, 0);
+  EXPECT_TRUE(dead.held.empty());
+  EXPECT_EQ(UsedSlots(), 0);
+}
+
 // A compute node declared dead with a plan out: the plan fails, and neither the release it
 // carried (a request that finished) nor that of the request it preempts is left queued on
 // the dead node, which will never send another plan: the live node carries both.
