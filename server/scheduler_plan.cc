@@ -323,7 +323,10 @@ bool Scheduler::BuildPlan(int e, StepPlan* plan) {
   auto add_chunk = [&](Sequence* seq, int64_t begin, int64_t end, bool ahead = false) {
     chunks.push_back({seq, begin, end, ahead});
     planned.insert(seq->request);
-    seq->request->executor = e;  // requests stick to the compute node that runs them
+    // Requests stick to the compute node that runs them. One taken over from a node that
+    // died has no state on this one: its setups go again (setup_sent is for its node).
+    if (seq->request->executor != e) ForgetExecutor(seq->request);
+    seq->request->executor = e;
   };
   // The planner counted on slots that the ledger does not have: a bug in its bound.
   auto shortfall = [&](const std::string& what) {

@@ -297,6 +297,33 @@ TEST_F(PlannerTest, ARequestThatLeavesBetweenNodesIsReleasedByALiveOne) {
   EXPECT_EQ(UsedSlots(), 0);
 }
 
+// A compute node declared dead whose plan still comes back: the request lands, and the
+// node that takes it over gets its setup (it used to be taken over as set up already, and
+// the new node had no state for it).
+TEST_F(PlannerTest, ARequestTakenOverFromADeadNodeIsSetUpAgain) {
+  Start(/*async=*/false, 64, Pipelining::kOff, /*replicas=*/2);
+  Submit({1, 2, 3}, 4);
+  ASSERT_EQ(replicas_[0]->held.size() + replicas_[1]->held.size(), 1u);
+  const int dead_index = replicas_[0]->held.empty() ? 1 : 0;
+  HeldExecutor& dead = *replicas_[dead_index];
+  HeldExecutor& live = *replicas_[1 - dead_index];
+  ASSERT_EQ(dead.held.front().first->setups.size(), 1u);
+  const SequenceId id = dead.held.front().first->setups[0].request_id;
+  scheduler_->SetExecutorAlive(dead_index, false);
+  scheduler_->RunPending();
+  AnswerOn(dead, 10);
+  ASSERT_EQ(live.held.size(), 1u) << "the request is not taken over";
+  const StepPlan& next = *live.held.front().first;
+  ASSERT_EQ(next.chunks.size(), 1u);
+  EXPECT_EQ(next.chunks[0].request_id, id) << "taken over under its id";
+  bool setup = false;
+  for (const RequestSetup& r : next.setups) setup = setup || r.request_id == id;
+  EXPECT_TRUE(setup) << "the node that takes the request over gets no setup for it";
+  while (!live.held.empty()) AnswerOn(live, 11);
+  EXPECT_EQ(FinishedWithoutError(), 1);
+  EXPECT_EQ(UsedSlots(), 0);
+}
+
 // A compute node declared dead with a plan out: the plan fails, and neither the release it
 // carried (a request that finished) nor that of the request it preempts is left queued on
 // the dead node, which will never send another plan: the live node carries both.
