@@ -230,6 +230,37 @@ TEST_F(PlannerTest, AFailedReleaseWaitsOutABackoffUnlessAPlanWithRowsTakesIt) {
   EXPECT_EQ(UsedSlots(), 0);
 }
 
+// A node declared dead hands the releases it had queued, unsent (waiting out the backoff),
+// to a live node; it comes back as a new process, with no failed plans behind it, and the
+// releases handed to it then go at once, not after the backoff its old self had earned.
+TEST_F(PlannerTest, ANodeThatComesBackHasNoReleaseBackoff) {
+  configure_ = [](SchedulerConfig& c) { c.release_retry_backoff = absl::Seconds(100); };
+  Start(/*async=*/false, 64, Pipelining::kOff, /*replicas=*/2);
+  Submit({1, 2, 3}, 1);
+  ASSERT_EQ(replicas_[0]->held.size() + replicas_[1]->held.size(), 1u);
+  const int first_index = replicas_[0]->held.empty() ? 1 : 0;
+  HeldExecutor& first = *replicas_[first_index];
+  HeldExecutor& second = *replicas_[1 - first_index];
+  AnswerOn(first, 10);  // done: its release goes in a plan of its own
+  ASSERT_EQ(first.held.size(), 1u);
+  const SequenceId done = first.held.front().first->releases.at(0).request_id;
+  AnswerOn(first, 0, absl::UnavailableError("the node failed the plan"));
+  ASSERT_TRUE(first.held.empty()) << "the release waits out the backoff";
+  // The first node dies (the second carries the release) and comes back.
+  scheduler_->SetExecutorAlive(first_index, false);
+  scheduler_->RunPending();
+  ASSERT_EQ(second.held.size(), 1u);
+  ASSERT_TRUE(Released(second).contains(done));
+  scheduler_->SetExecutorAlive(first_index, true);
+  scheduler_->RunPending();
+  // Now the second dies with the release in its plan, which fails: the first carries it.
+  scheduler_->SetExecutorAlive(1 - first_index, false);
+  scheduler_->RunPending();
+  AnswerOn(second, 0, absl::UnavailableError("the node died"));
+  ASSERT_EQ(first.held.size(), 1u) << "the node that came back waits out its old backoff";
+  EXPECT_TRUE(Released(first).contains(done));
+}
+
 // A compute node that the data plane loses while a request decodes on it: the request is
 // preempted and placed on the other node under a new id. The lost node cannot carry the
 // release of the old id, so the other one does (it used to be queued nowhere, and the old
