@@ -80,8 +80,16 @@ struct Share {
 inline Share EvenShare(int n, int i, int parts) { return {n * i / parts, n * (i + 1) / parts}; }
 
 // Into L2 only (prefetcht1): the far prefetch of whole slots, ahead of the per-head one.
-inline void PrefetchLinesL2(const void* p, int bytes) {
+// `t2`: with prefetcht2, which on the Zen 5 these notes are measured on (where prefetcht1
+// seems to fill L1 as prefetcht0 does) read grouped queries' KV 7-13% faster with bf16 and
+// the demo shape's 0-8% slower (docs/benchmarks.md, "the slot prefetch with prefetcht2");
+// on Intel cores both hints stop at L2.
+inline void PrefetchLinesL2(const void* p, int bytes, bool t2 = false) {
   const char* c = static_cast<const char*>(p);
+  if (t2) {
+    for (int b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 1);
+    return;
+  }
   for (int b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 2);
 }
 
@@ -442,6 +450,7 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   const int n = std::min(kTile, row.kv_end - pos0);
   const int32_t* slots = row.slots + pos0;
   const int run_bytes = (h1 - h0) * kDim * 2;
+  const bool t2 = group >= 4;  // grouped queries: the far prefetch with prefetcht2
   thread_local std::vector<float> scores, m, l;  // [heads][kTile]; [heads]
   scores.resize(static_cast<size_t>(heads) * kTile);
   m.resize(heads);
@@ -457,9 +466,9 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   // 4 query heads or more (grouped queries, a prompt chunk's rows in blocks), kLanes / 4
   // slots at a time, their dots reduced kLanes at once (KeyDotsFourHeads).
   auto slot_requests = [&](int j) {
-    if (!cached) PrefetchLinesL2(v_cache + slots[j] * slot_stride + h0 * kDim, run_bytes);
+    if (!cached) PrefetchLinesL2(v_cache + slots[j] * slot_stride + h0 * kDim, run_bytes, t2);
     if (j < after.n && after_bytes > 0) {
-      PrefetchLinesL2(k_cache + after.slots[j] * slot_stride + after_offset, after_bytes);
+      PrefetchLinesL2(k_cache + after.slots[j] * slot_stride + after_offset, after_bytes, t2);
     }
   };
   // This head's keys in the next slots, into L1 now: where a slot's work is long (many
@@ -571,7 +580,7 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   }
   // Keys of the work after this one that q.k had no slot for (this tile is shorter).
   for (int j = n; j < after.n && after_bytes > 0; ++j) {
-    PrefetchLinesL2(k_cache + after.slots[j] * slot_stride + after_offset, after_bytes);
+    PrefetchLinesL2(k_cache + after.slots[j] * slot_stride + after_offset, after_bytes, t2);
   }
   // p.v over the tile's V lines, already requested. Where the sums of all the query heads
   // of a KV head over all its value chunks fit in half the vector registers (kSumRegs:
@@ -592,7 +601,7 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
     auto request = [&] {
       spread.Step([&] {
         PrefetchLinesL2(v_cache + after.slots[at_slot] * slot_stride + after_offset + at_line * 32,
-                        64);
+                        64, t2);
         if (++at_line == lines_per_slot) {
           at_line = 0;
           ++at_slot;
