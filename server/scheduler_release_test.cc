@@ -28,6 +28,12 @@ std::set<SequenceId> Released(const HeldExecutor& node) {
   return ids;
 }
 
+// Two replicas, one plan out: the index of the replica that holds it (the other is 1 - it).
+int HolderOfTheOnlyPlan(const std::vector<HeldExecutor*>& replicas) {
+  EXPECT_EQ(replicas.at(0)->held.size() + replicas.at(1)->held.size(), 1u);
+  return replicas[0]->held.empty() ? 1 : 0;
+}
+
 // A plan that fails may carry the release of a request that finished before it; it may not
 // have reached the memory node, so the next plan carries that release again (it used to be
 // lost, and the sequence's KV tables stayed on the node for good).
@@ -237,8 +243,7 @@ TEST_F(PlannerTest, ANodeThatComesBackHasNoReleaseBackoff) {
   configure_ = [](SchedulerConfig& c) { c.release_retry_backoff = absl::Seconds(100); };
   Start(/*async=*/false, 64, Pipelining::kOff, /*replicas=*/2);
   Submit({1, 2, 3}, 1);
-  ASSERT_EQ(replicas_[0]->held.size() + replicas_[1]->held.size(), 1u);
-  const int first_index = replicas_[0]->held.empty() ? 1 : 0;
+  const int first_index = HolderOfTheOnlyPlan(replicas_);
   HeldExecutor& first = *replicas_[first_index];
   HeldExecutor& second = *replicas_[1 - first_index];
   AnswerOn(first, 10);  // done: its release goes in a plan of its own
@@ -269,9 +274,9 @@ TEST_F(PlannerTest, ANodeThatComesBackHasNoReleaseBackoff) {
 TEST_F(PlannerTest, APreemptedRequestsReleaseOnALostNodeIsCarriedByAnother) {
   Start(/*async=*/false, 64, Pipelining::kOff, /*replicas=*/2);
   Submit({1, 2, 3}, 4);
-  ASSERT_EQ(replicas_[0]->held.size() + replicas_[1]->held.size(), 1u);
-  HeldExecutor& lost = replicas_[0]->held.empty() ? *replicas_[1] : *replicas_[0];
-  HeldExecutor& other = &lost == replicas_[0] ? *replicas_[1] : *replicas_[0];
+  const int lost_index = HolderOfTheOnlyPlan(replicas_);
+  HeldExecutor& lost = *replicas_[lost_index];
+  HeldExecutor& other = *replicas_[1 - lost_index];
   AnswerOn(lost, 10);  // the prefill
   ASSERT_EQ(lost.held.size(), 1u);
   ASSERT_EQ(lost.held.front().first->chunks.size(), 1u);
@@ -303,8 +308,7 @@ TEST_F(PlannerTest, APreemptedRequestsReleaseOnALostNodeIsCarriedByAnother) {
 TEST_F(PlannerTest, ARequestThatLeavesBetweenNodesIsReleasedByALiveOne) {
   Start(/*async=*/false, 64, Pipelining::kOff, /*replicas=*/2);
   Submit({1, 2, 3}, 8);
-  ASSERT_EQ(replicas_[0]->held.size() + replicas_[1]->held.size(), 1u);
-  const int dead_index = replicas_[0]->held.empty() ? 1 : 0;
+  const int dead_index = HolderOfTheOnlyPlan(replicas_);
   HeldExecutor& dead = *replicas_[dead_index];
   HeldExecutor& live = *replicas_[1 - dead_index];
   auto [plan, sink] = std::move(dead.held.front());
@@ -334,8 +338,7 @@ TEST_F(PlannerTest, ARequestThatLeavesBetweenNodesIsReleasedByALiveOne) {
 TEST_F(PlannerTest, ARequestTakenOverFromADeadNodeIsSetUpAgain) {
   Start(/*async=*/false, 64, Pipelining::kOff, /*replicas=*/2);
   Submit({1, 2, 3}, 4);
-  ASSERT_EQ(replicas_[0]->held.size() + replicas_[1]->held.size(), 1u);
-  const int dead_index = replicas_[0]->held.empty() ? 1 : 0;
+  const int dead_index = HolderOfTheOnlyPlan(replicas_);
   HeldExecutor& dead = *replicas_[dead_index];
   HeldExecutor& live = *replicas_[1 - dead_index];
   ASSERT_EQ(dead.held.front().first->setups.size(), 1u);
@@ -362,8 +365,7 @@ TEST_F(PlannerTest, ReleasesQueuedForADeadNodeAreCarriedByALiveOne) {
   Start(/*async=*/false, 64, Pipelining::kOff, /*replicas=*/2);
   Submit({1, 2, 3}, 1, {}, /*run=*/false);
   Submit({4, 5, 6}, 5);
-  ASSERT_EQ(replicas_[0]->held.size() + replicas_[1]->held.size(), 1u);
-  const int dead_index = replicas_[0]->held.empty() ? 1 : 0;
+  const int dead_index = HolderOfTheOnlyPlan(replicas_);
   HeldExecutor& dead = *replicas_[dead_index];
   HeldExecutor& live = *replicas_[1 - dead_index];
   ASSERT_EQ(dead.held.front().first->chunks.size(), 2u) << "both requests in one plan";
