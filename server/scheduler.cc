@@ -228,8 +228,7 @@ void Scheduler::SetExecutorAliveNow(int executor, bool alive) {
     // with no failed plans behind it.
     HandOnReleases(executor);
     e.release_resends.clear();
-    e.release_failures = 0;
-    e.release_retry_at = absl::InfinitePast();
+    e.ClearReleaseBackoff();
   }
 }
 

@@ -194,6 +194,11 @@ struct Scheduler::Executor {
   int release_failures = 0;
   absl::Time release_retry_at = absl::InfinitePast();
   EventLoop::TimerId release_timer = 0;
+  // No failed plans behind it: a plan that worked, or a node that is back.
+  void ClearReleaseBackoff() {
+    release_failures = 0;
+    release_retry_at = absl::InfinitePast();
+  }
 };
 
 }  // namespace strata

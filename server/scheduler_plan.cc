@@ -20,8 +20,7 @@ void Scheduler::ScheduleIdleExecutors() {
     if (!ex.reachable && ex.impl->Reachable()) {
       ex.reachable = true;
       // Its plans failed for being out of reach: its releases go again at once.
-      ex.release_failures = 0;
-      ex.release_retry_at = absl::InfinitePast();
+      ex.ClearReleaseBackoff();
       LOG(INFO) << "compute node " << ex.impl->name() << " is reachable again";
     }
     while (ex.alive && ex.reachable &&

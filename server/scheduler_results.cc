@@ -178,8 +178,7 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
     return;
   }
   for (const TableRelease& r : plan.releases) ex.release_resends.erase(r.request_id);
-  ex.release_failures = 0;
-  ex.release_retry_at = absl::InfinitePast();
+  ex.ClearReleaseBackoff();
   MarkPoolsDead(result.dead_pools);
   std::unordered_set<Request*> failed_now;
   for (const auto& [id, status] : result.failed) {
