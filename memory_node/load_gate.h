@@ -19,10 +19,10 @@
 // `max_per_owner` until their moves arrive or they are forgotten: past it only that owner's
 // steps fail. With the gate full, the room a look's unknown tickets need is taken from the
 // owners holding the most unknown tickets (those a step gave up on first, each kind oldest
-// first), or none is taken if not all of it can be, but never from one that holds no
-// more than the looking owner then would, and never a ticket whose moves came: owners that
-// fill the gate between them (each within its share) cannot keep another out. A ticket
-// taken after a step gave up on it stays given up on (its moves are still refused). A look whose
+// first), never from one that holds no more than the looking owner then would, and never a
+// ticket whose moves came; if not all of it can be taken, none is. So owners that fill the
+// gate between them (each within its share) cannot keep another out. A ticket taken after
+// a step gave up on it stays given up on (its moves are still refused). A look whose
 // unknown tickets do not all fit is refused whole, before it brings any in.
 //
 // A caller that must not block (the memory server, which runs every peer's frames on one

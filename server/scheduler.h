@@ -370,10 +370,10 @@ class Scheduler {
   // is about to load from `pool` at admission (SchedulerStats::admission_loads_*).
   void CountAdmissionLoads(const Request& req, PoolIndex pool, int from, int count);
   void ReleaseKv(Sequence* seq);
-  // Queues a release of a table no sequence will use again on `executor`'s next plan; a
-  // node out of service (dead, or alive but unreachable) keeps a copy for when it is back,
-  // and another live node that reaches the pool carries it now (any node's plan may: the id
-  // is retired, Preempt). `executor` -1: no node has the sequence set up, and any live node
+  // Queues a release of a table no sequence will use again on `executor`'s next plan. For
+  // a node out of service another live node that reaches the pool carries it now (any
+  // node's plan may: the id is retired, Preempt); one alive but unreachable also keeps a
+  // copy for when it is back (a dead one comes back as a new process). `executor` -1: no node has the sequence set up, and any live node
   // that reaches the pool carries it. Where the pool is gone it goes only to `executor`.
   void QueueRelease(int executor, const TableRelease& release);
   // `executor` went out of service: another live node carries the releases queued on it.
