@@ -373,9 +373,9 @@ class Scheduler {
   // Queues a release of a table no sequence will use again on `executor`'s next plan. For
   // a node out of service another live node that reaches the pool carries it now (any
   // node's plan may: the id is retired, Preempt); one alive but unreachable also keeps a
-  // copy for when it is back (a dead one comes back as a new process). `executor` -1: no node has
-  // the sequence set up, and any live node that reaches the pool carries it. Where the pool is gone
-  // it goes only to `executor`.
+  // copy for when it is back (a dead one comes back as a new process). `executor` -1: no
+  // node has the sequence set up, and any live node that reaches the pool carries it. Where
+  // the pool is gone it goes only to `executor`.
   void QueueRelease(int executor, const TableRelease& release);
   // `executor` went out of service: another live node carries the releases queued on it.
   void HandOnReleases(int executor);
