@@ -17,6 +17,8 @@
 // Per layout it prints the mean run of consecutive slots in a table and the share of the
 // full tiles (64 positions, the kernel's unit) that are one run, then the kernel's time
 // per layer (medians of the rounds), its KV read rate, and the time over the free list's.
+// --heads, --kv_heads, --head_dim and --kv_dtype set the attention's shape (default: the
+// demo's, bf16).
 //
 //   bazel build -c opt //server/bench:kv_layout_bench
 //   OMP_NUM_THREADS=2 bazel-bin/server/bench/kv_layout_bench --sequences=32 --ctx=2048
@@ -32,6 +34,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "common/base/enum_names.h"
 #include "common/base/stopwatch.h"
 #include "common/bench/filled_kv.h"
 #include "common/bench/read_probe.h"
@@ -47,6 +50,10 @@ ABSL_FLAG(int, rounds, 5, "Interleaved timing rounds");
 ABSL_FLAG(int, heads, 12, "Query heads (the demo shape)");
 ABSL_FLAG(int, kv_heads, 12, "KV heads");
 ABSL_FLAG(int, head_dim, 64, "Head dimension");
+ABSL_FLAG(int, rotate_mb, 512,
+          "Calls rotate through layers whose attended KV is at least this many MB in all, so "
+          "that every call reads from DRAM as in a real step");
+ABSL_FLAG(std::string, kv_dtype, "bf16", "KV cache element type: bf16 or f16");
 
 namespace strata {
 namespace {
@@ -196,18 +203,24 @@ int Run() {
   p.num_kv_heads = absl::GetFlag(FLAGS_kv_heads);
   p.head_dim = absl::GetFlag(FLAGS_head_dim);
   p.scale = 1.0f / std::sqrt(static_cast<float>(p.head_dim));
+  if (std::string error;
+      !ParseEnumName(absl::GetFlag(FLAGS_kv_dtype), kernels::kKvDTypeNames, &p.kv_dtype, &error)) {
+    std::fprintf(stderr, "--kv_dtype: %s\n", error.c_str());
+    return 2;
+  }
   const int64_t row_elems = static_cast<int64_t>(p.num_kv_heads) * p.head_dim;
-  // Two layers of K and V: each is far beyond the last-level cache at the default sizes, so
-  // every call reads from DRAM.
-  constexpr int kLayers = 2;
-  const FilledKv kv_cache = MakeFilledKv(static_cast<size_t>(kLayers) * 2 * pool_slots * row_elems);
+  int64_t positions = 0;
+  for (const auto& t : layouts[1].tables) positions += static_cast<int64_t>(t.size());
+  const double kv_bytes = 2.0 * positions * row_elems * 2;
+  // Calls rotate through layers of K and V whose attended positions together exceed
+  // --rotate_mb, far beyond the last-level cache, so that every call reads from DRAM.
+  const int layers =
+      std::max(2, static_cast<int>(std::ceil(absl::GetFlag(FLAGS_rotate_mb) * 1e6 / kv_bytes)));
+  const FilledKv kv_cache = MakeFilledKv(static_cast<size_t>(layers) * 2 * pool_slots * row_elems);
   const uint16_t* kv = kv_cache.get();
   std::vector<uint16_t> q(static_cast<size_t>(sequences) * p.num_heads * p.head_dim, 0x3f80);
   std::vector<float> state(static_cast<size_t>(sequences) * p.num_heads * (p.head_dim + 2));
   std::vector<uint16_t> out(q.size());
-  int64_t positions = 0;
-  for (const auto& t : layouts[1].tables) positions += static_cast<int64_t>(t.size());
-  const double kv_bytes = 2.0 * positions * row_elems * 2;
 
   ReadProbe probe;
   std::vector<double> probes;
@@ -222,22 +235,22 @@ int Run() {
       double best = 1e30;
       for (int it = 0; it < 6; ++it) {
         const Stopwatch watch;
-        for (int l = 0; l < kLayers; ++l) {
+        for (int l = 0; l < layers; ++l) {
           const uint16_t* k = kv + static_cast<size_t>(l) * 2 * pool_slots * row_elems;
           kernels::Attention(p, sequences, q.data(), rows.data(), k, k + pool_slots * row_elems,
                              state.data(), out.data());
         }
-        if (it > 0) best = std::min(best, watch.ElapsedSeconds() / kLayers);
+        if (it > 0) best = std::min(best, watch.ElapsedSeconds() / layers);
       }
       layout.seconds.push_back(best);
     }
   }
   std::printf(
       "%d sequences, context %d (%lld positions attended), pool of %lld slots, %lld steps of "
-      "churn; %d/%d heads of %d, bf16; %d threads; read probe median %.1f GB/s\n",
+      "churn; %d/%d heads of %d, %s; %d threads; read probe median %.1f GB/s\n",
       sequences, ctx, static_cast<long long>(positions), static_cast<long long>(pool_slots),
-      static_cast<long long>(steps), p.num_heads, p.num_kv_heads, p.head_dim, omp_get_max_threads(),
-      Median(probes) / 1e9);
+      static_cast<long long>(steps), p.num_heads, p.num_kv_heads, p.head_dim,
+      EnumNameOf(p.kv_dtype, kernels::kKvDTypeNames), omp_get_max_threads(), Median(probes) / 1e9);
   std::printf("%-13s %9s %11s %9s %8s %8s %13s\n", "layout", "mean_run", "whole_tiles", "layer_us",
               "KV_GB/s", "of_probe", "vs_free_list");
   const double lifo_time = Median(layouts[0].seconds);
