@@ -462,15 +462,29 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   // values during p.v, so that its reads spread over all of this tile's work.
   const int64_t after_offset = static_cast<int64_t>(after.h0) * kDim;
   const int after_bytes = after.n > 0 ? (after.h1 - after.h0) * kDim * 2 : 0;
-  // q.k, slot by slot: each slot's requests, then its keys' dots. Where a KV head serves
-  // 4 query heads or more (grouped queries, a prompt chunk's rows in blocks), kLanes / 4
-  // slots at a time, their dots reduced kLanes at once (KeyDotsFourHeads).
-  auto slot_requests = [&](int j) {
-    if (!cached) PrefetchLinesL2(v_cache + slots[j] * slot_stride + h0 * kDim, run_bytes, t2);
-    if (j < after.n && after_bytes > 0) {
-      PrefetchLinesL2(k_cache + after.slots[j] * slot_stride + after_offset, after_bytes, t2);
+  // q.k, slot by slot: each step's requests spread over its keys' dots. Where a KV head
+  // serves 4 query heads or more (grouped queries, a prompt chunk's rows in blocks),
+  // kLanes / 4 slots at a time, their dots reduced kLanes at once (KeyDotsFourHeads).
+  // The far requests of slots [j, j + keys) (each slot's V run of these heads, and the K run
+  // of the work after this one in the same slot), spread over `steps` calls of Request(),
+  // one line a call, instead of issued at once before the step. A burst of a step's
+  // requests (up to 16 slots' runs, hundreds of lines) fills the core's miss buffers and
+  // the dots' own loads wait behind it. Spread, on the Zen 5 of docs/benchmarks.md ("Each
+  // step's slot requests spread over its dots"), KV read 1.25-1.46x faster on slots
+  // scattered in runs of 16 positions and 1.05-1.24x in runs of 64 (the ledger's whole
+  // tiles), except grouped queries with bf16 keys on the ledger's own layout (about even),
+  // and decode at 32 x 2048 took 1.07x the tokens/s.
+  auto slot_requests = [&](int j, int keys, int steps) {
+    static_assert(2 * L <= SpreadLines::kMaxRuns);
+    SpreadLines runs;
+    for (int t = j; t < j + keys; ++t) {
+      if (!cached) runs.Add(v_cache + slots[t] * slot_stride + h0 * kDim, run_bytes);
+      if (t < after.n) runs.Add(k_cache + after.slots[t] * slot_stride + after_offset, after_bytes);
     }
+    runs.Begin(steps);
+    return runs;
   };
+  auto far_request = [t2](const char* line) { PrefetchLinesL2(line, 64, t2); };
   // This head's keys in the next slots, into L1 now: where a slot's work is long (many
   // query heads), the out-of-order window does not reach the next slot's loads by itself
   // and each new line of keys stalls the dots (64 query heads over 8 KV heads: 0.82-0.87x
@@ -485,7 +499,7 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   const bool four_by_four = HasReduceAddAll<Ops>::value && group >= kHeadsAtOnce;
   for (int j = 0; j < n && four_by_four; j += kKeysAtOnce) {
     const int keys = std::min(kKeysAtOnce, n - j);
-    for (int t = 0; t < keys; ++t) slot_requests(j + t);
+    auto requests = slot_requests(j, keys, (h1 - h0) * ((group + kHeadsAtOnce - 1) / kHeadsAtOnce));
     for (int kvh = 0; kvh < h1 - h0; ++kvh) {
       // A short last step repeats its last key: the dots past n are set to -inf below.
       const uint16_t* k[kKeysAtOnce];
@@ -500,6 +514,7 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
       // three heads 4 keys at a time").
       int g0 = 0;
       for (; group - g0 >= kHeadsAtOnce - 1; g0 += kHeadsAtOnce) {
+        requests.Request(far_request);
         const size_t h = static_cast<size_t>(kvh * group + g0);
         if constexpr (HasReduceAddAll<Ops>::value) {
           WithCount<kHeadsAtOnce>(group - g0, [&](auto heads_now) {
@@ -510,6 +525,7 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
         }
       }
       if (g0 >= group) continue;
+      requests.Request(far_request);
       const size_t h = static_cast<size_t>(kvh * group + g0);
       for (int t = 0; t < keys; ++t) {
         WithCount<kHeadsAtOnce>(group - g0, [&](auto heads_now) {
@@ -531,13 +547,14 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
       !four_by_four && HasReduceAddAll<Ops>::value && slots[n - 1] - slots[0] != n - 1;
   for (int j = 0; j < n && lanes_of_keys; j += L) {
     const int keys = std::min(L, n - j);
-    for (int t = 0; t < keys; ++t) slot_requests(j + t);
+    auto requests = slot_requests(j, keys, (h1 - h0) * group);
     for (int kvh = 0; kvh < h1 - h0; ++kvh) {
       const uint16_t* k[L];  // a short last step repeats its last key, as above
       for (int t = 0; t < L; ++t) {
         k[t] = k_cache + slots[j + std::min(t, keys - 1)] * slot_stride + (h0 + kvh) * kDim;
       }
       for (int g = 0; g < group; ++g) {
+        requests.Request(far_request);
         const size_t h = static_cast<size_t>(kvh * group + g);
         if constexpr (HasReduceAddAll<Ops>::value) {
           KeyDotsOneHead<Ops, kKv, kDim>(q + h * kDim, q_bf16 + h * kDim, k, p.scale,
@@ -548,11 +565,12 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   }
   for (int j = 0; j < n && !four_by_four && !lanes_of_keys; ++j) {
     const uint16_t* k_run = k_cache + slots[j] * slot_stride + h0 * kDim;
-    slot_requests(j);
+    auto requests = slot_requests(j, 1, (h1 - h0) * ((group + kHeadsAtOnce - 1) / kHeadsAtOnce));
     for (int kvh = 0; kvh < h1 - h0; ++kvh) {
       const uint16_t* k = k_run + kvh * kDim;
       next_keys_to_l1(kvh, j + 1, j + 2);
       for (int g0 = 0; g0 < group; g0 += kHeadsAtOnce) {
+        requests.Request(far_request);
         const size_t h = static_cast<size_t>(kvh * group + g0);
         float* out = scores.data() + h * kTile + j;
         WithCount<kHeadsAtOnce>(group - g0, [&](auto heads_now) {

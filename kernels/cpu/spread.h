@@ -8,6 +8,7 @@
 #ifndef STRATA_KERNELS_CPU_SPREAD_H_
 #define STRATA_KERNELS_CPU_SPREAD_H_
 
+#include <cassert>
 #include <cstdint>
 
 namespace strata::kernels {
@@ -26,6 +27,44 @@ class Spread {
  private:
   int64_t total_, steps_;
   int64_t owed_ = 0;  // total * steps so far, less `steps_` per request made
+};
+
+// The 64-byte lines of a few runs of memory, requested one at a time over `steps` calls
+// of Request() (Spread), in order: the runs in the order added, each one's lines
+// ascending. For requests whose burst at once would stall the loads around them.
+class SpreadLines {
+ public:
+  static constexpr int kMaxRuns = 32;
+
+  // A run of `bytes` (whole 64-byte lines) at `at`; nothing if bytes is 0. At most
+  // kMaxRuns runs.
+  void Add(const void* at, int bytes) {
+    if (bytes <= 0) return;
+    assert(runs_ < kMaxRuns && bytes % 64 == 0);
+    at_[runs_] = static_cast<const char*>(at);
+    lines_[runs_++] = bytes / 64;
+    total_ += bytes / 64;
+  }
+  // Every line added is requested by the `steps`-th call of Request() (steps > 0).
+  void Begin(int steps) { spread_ = Spread(total_, steps); }
+  // request(line) for each line now due; calls past Begin's `steps` request nothing.
+  template <class F>
+  void Request(F&& request) {
+    spread_.Step([&] {
+      if (run_ == runs_) return;
+      request(at_[run_] + line_ * 64);
+      if (++line_ == lines_[run_]) {
+        line_ = 0;
+        ++run_;
+      }
+    });
+  }
+
+ private:
+  const char* at_[kMaxRuns];
+  int lines_[kMaxRuns];
+  int runs_ = 0, total_ = 0, run_ = 0, line_ = 0;
+  Spread spread_{0, 1};
 };
 
 }  // namespace strata::kernels

@@ -1,6 +1,8 @@
 #include "kernels/cpu/spread.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -20,6 +22,29 @@ TEST(SpreadTest, MakesEachRequestWhenItsShareOfTheStepsIsDone) {
       }
       EXPECT_EQ(made, total);
     }
+  }
+}
+
+// Every line of every run comes once, in order (runs as added, lines ascending), spread
+// as Spread spaces them, and calls past `steps` request nothing.
+TEST(SpreadLinesTest, RequestsEveryLineOnceInOrderOverTheSteps) {
+  alignas(64) static char memory[64 * 64];
+  for (int steps : {1, 3, 8, 40}) {
+    SpreadLines lines;
+    lines.Add(memory + 64 * 10, 3 * 64);
+    lines.Add(memory, 0);  // nothing
+    lines.Add(memory + 64 * 40, 64);
+    lines.Add(memory, 2 * 64);
+    lines.Begin(steps);
+    std::vector<const char*> got;
+    for (int i = 1; i <= steps + 2; ++i) {
+      lines.Request([&](const char* line) { got.push_back(line); });
+      ASSERT_EQ(static_cast<int64_t>(got.size()), std::min(i, steps) * 6 / steps)
+          << "steps " << steps;
+    }
+    const std::vector<const char*> want = {memory + 640,  memory + 704, memory + 768,
+                                           memory + 2560, memory,       memory + 64};
+    EXPECT_EQ(got, want) << "steps " << steps;
   }
 }
 
