@@ -471,9 +471,8 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   // requests (up to 16 slots' runs, hundreds of lines) fills the core's miss buffers and
   // the dots' own loads wait behind it. Spread, on the Zen 5 of docs/benchmarks.md ("Each
   // step's slot requests spread over its dots"), KV read 1.25-1.46x faster on slots
-  // scattered in runs of 16 positions and 1.05-1.24x in runs of 64 (the ledger's whole
-  // tiles), except grouped queries with bf16 keys on the ledger's own layout (about even),
-  // and decode at 32 x 2048 took 1.07x the tokens/s.
+  // scattered in runs of 16 positions and 0.99-1.24x in runs of 64 (the ledger's whole
+  // tiles; on the ledger's own layout grouped queries with bf16 keys came out about even).
   auto slot_requests = [&](int j, int keys, int steps) {
     static_assert(2 * L <= SpreadLines::kMaxRuns);
     SpreadLines runs;
