@@ -362,12 +362,15 @@ inline void ValueSums(const float* sc, const uint16_t* v_base, const int32_t* sl
   }
 }
 
-// Value chunks a pass of ValueSums takes for `heads` query heads: the most, a power of two
-// that divides the head's kChunks, whose sums (heads per chunk) fit in kSumRegs registers.
+// Value chunks a pass of ValueSums takes for `heads` query heads: the most that divide the
+// head's kChunks and whose sums (heads per chunk) fit in kSumRegs registers (head sizes of
+// 64 and 128 take powers of two; 96, 6 chunks on AVX-512, takes 3 for 4 heads).
 constexpr int ValueChunksAtOnce(int chunks, int sum_regs, int heads) {
-  int cc = 1;
-  while (cc * 2 <= chunks && cc * 2 * heads <= sum_regs && chunks % (cc * 2) == 0) cc *= 2;
-  return cc;
+  int best = 1;
+  for (int cc = 2; cc <= chunks; ++cc) {
+    if (chunks % cc == 0 && cc * heads <= sum_regs) best = cc;
+  }
+  return best;
 }
 
 // Passes of ValueSums over `group` query heads of one KV head whose sums do not all fit in
@@ -412,7 +415,7 @@ constexpr int ValueSumPassCount(int chunks, int sum_regs, int group) {
   return passes;
 }
 
-// The tile kernel when the head size is known at compile time (64, 128): tile `tile` of one
+// The tile kernel when the head size is known at compile time (64, 96, 128): tile `tile` of one
 // row for KV heads [h0, h1), the keys read slot by slot. A slot holds every KV head of one
 // position, so each slot's K of those heads is one contiguous run, which DRAM and the
 // hardware prefetchers serve far better than the per-head pieces, strided by the slot, that
@@ -708,6 +711,18 @@ void TileHeads(const AttentionParams& p, const float* q_row_f32, const Attention
                int h0, int h1, const NextKeys& after, bool cached, const uint16_t* k_cache,
                const uint16_t* v_cache, ItemScratch& s, Sink&& sink) {
   if constexpr (kDim > 0) {
+    // MHA rows of head size 96 on a tile whose slots are not one run: slots of 96-element
+    // heads walked kLanes keys a step read 0.68-0.95x as fast as the head-by-head walk, so
+    // they keep it (the same bits; docs/benchmarks.md, "A tile kernel for head size 96").
+    if (kDim == 96 && p.num_heads == p.num_kv_heads) {
+      const int32_t* slots = row.slots + tile * kTile;
+      const int n = std::min(kTile, row.kv_end - tile * kTile);
+      if (slots[n - 1] - slots[0] != n - 1) {
+        TileHeadsByHead<Ops, kKv>(p, q_row_f32, row, tile, h0, h1, after, k_cache, v_cache, s,
+                                  std::forward<Sink>(sink));
+        return;
+      }
+    }
     if (p.num_heads / p.num_kv_heads <= OnePassHeads<Ops, kDim>()) {
       TileHeadsSlotMajor<Ops, kKv, kDim, false>(p, q_row_f32, row, tile, h0, h1, after, cached,
                                                 k_cache, v_cache, s, std::forward<Sink>(sink));

@@ -238,17 +238,15 @@ const std::vector<std::pair<GemmWideKernel, int>> kWideAndThreads = {{GemmWideKe
 
 // The rows of a prompt chunk (one slot table, consecutive positions) are folded in blocks,
 // the tiles every row of a block reads whole for all of them at once. Each row must still
-// get the bits it gets alone: MHA and GQA at head sizes 64 and 128 (and 80, walked row by
-// row), bf16 and f16, a chunk from position 0 and one after a prefix, whole folds and
+// get the bits it gets alone: MHA and GQA at head sizes 64, 96 and 128 (and 80, walked row
+// by row), bf16 and f16, a chunk from position 0 and one after a prefix, whole folds and
 // folds from tile 1, one thread and two. Every row has its own query. Blocks of 4 heads a
 // KV head and more take kLanes / 4 keys at a time (4 on AVX-512, on vdpbf16ps or on FMAs:
 // ForceGemmWideKernel; 2 on AVX2), which single MHA rows never do.
 TEST_P(AttentionIsaTest, PromptChunkRowsGetTheBitsOfEachRowAlone) {
-  const std::vector<Shape> shapes = {{4, 4, 64, KvDType::kBF16},
-                                     {12, 12, 64, KvDType::kF16},
-                                     {8, 2, 128, KvDType::kBF16},
-                                     {32, 4, 128, KvDType::kBF16},
-                                     {16, 2, 80, KvDType::kF16}};
+  const std::vector<Shape> shapes = {{4, 4, 64, KvDType::kBF16},  {12, 12, 64, KvDType::kF16},
+                                     {8, 2, 128, KvDType::kBF16}, {32, 4, 128, KvDType::kBF16},
+                                     {12, 3, 96, KvDType::kBF16}, {16, 2, 80, KvDType::kF16}};
   const int saved_threads = omp_get_max_threads();
   for (const Shape& sh : shapes) {
     for (int start : {0, 70}) {
@@ -320,10 +318,11 @@ TEST_P(AttentionIsaTest, SplitKAndThreadCountDoNotChangeBits) {
   omp_set_num_threads(saved_threads);
 }
 
-// The kernels of head sizes 64 and 128 read the cache slot by slot, several query heads at
+// The kernels of head sizes 64, 96 and 128 read the cache slot by slot, several query heads at
 // once, and widen bf16 values their own way; each head's arithmetic must still be the
 // head-by-head walk's, term for term, so the folded states are bit-identical to it. MHA and
-// GQA, bf16 and f16, contexts that end mid-tile, scattered slots, one thread and two.
+// GQA, bf16 and f16, contexts that end mid-tile, scattered slots and slots in one run a
+// row, one thread and two.
 TEST_P(AttentionIsaTest, HeadSizeKernelsGiveTheBitsOfTheHeadByHeadWalk) {
   const std::vector<Shape> shapes = {{4, 4, 64, KvDType::kBF16},
                                      {8, 2, 64, KvDType::kBF16},
@@ -339,28 +338,46 @@ TEST_P(AttentionIsaTest, HeadSizeKernelsGiveTheBitsOfTheHeadByHeadWalk) {
                                      // 7 and 10), and groups past one pass of heads (32).
                                      {28, 4, 128, KvDType::kBF16},
                                      {20, 2, 128, KvDType::kF16},
-                                     {32, 1, 64, KvDType::kF16}};
+                                     {32, 1, 64, KvDType::kF16},
+                                     // Head size 96: 6 value chunks on AVX-512 (passes of
+                                     // 3 for 4 heads), 12 on AVX2; MHA, GQA, and groups
+                                     // past one pass.
+                                     {6, 6, 96, KvDType::kF16},
+                                     {32, 8, 96, KvDType::kBF16},
+                                     {20, 2, 96, KvDType::kBF16}};
   const int saved_threads = omp_get_max_threads();
   for (const Shape& sh : shapes) {
-    const Problem pr =
-        MakeProblem(sh.heads, sh.kv_heads, sh.dim, {1, 63, 64, 65, 200, 333}, sh.dtype, 11);
-    const size_t n = pr.rows.size();
-    for (const auto& [wide, threads] : kWideAndThreads) {
-      ForceGemmWideKernel(wide);
-      omp_set_num_threads(threads);
-      std::vector<float> kernel(n * sh.heads * (sh.dim + 2)), walk(kernel.size());
-      AttentionStateInit(pr.p, n, kernel.data());
-      AttentionStateInit(pr.p, n, walk.data());
-      ASSERT_EQ(AttentionFold(pr.p, n, pr.q.data(), pr.rows.data(), pr.k.data(), pr.v.data(),
-                              kernel.data()),
-                kAttentionOk);
-      ASSERT_EQ(AttentionFoldByHeadForTest(pr.p, n, pr.q.data(), pr.rows.data(), pr.k.data(),
-                                           pr.v.data(), walk.data()),
-                kAttentionOk);
-      EXPECT_EQ(std::memcmp(kernel.data(), walk.data(), kernel.size() * sizeof(float)), 0)
-          << sh.heads << "/" << sh.kv_heads << " heads of " << sh.dim << ", "
-          << (sh.dtype == KvDType::kBF16 ? "bf16" : "f16") << ", " << threads
-          << " thread(s), wide work on " << GemmWideKernelName(wide);
+    for (const bool runs : {false, true}) {
+      Problem pr =
+          MakeProblem(sh.heads, sh.kv_heads, sh.dim, {1, 63, 64, 65, 200, 333}, sh.dtype, 11);
+      const size_t n = pr.rows.size();
+      // Also each row's slots as one run (the ledger hands out whole tiles), which the kernels
+      // walk one key at a time where scattered tiles take kLanes keys a step.
+      size_t longest = 0;
+      for (const auto& table : pr.slots) longest = std::max(longest, table.size());
+      for (size_t r = 0; r < n && runs; ++r) {
+        for (size_t i = 0; i < pr.slots[r].size(); ++i) {
+          pr.slots[r][i] = static_cast<int32_t>(r * longest + i);
+        }
+      }
+      for (const auto& [wide, threads] : kWideAndThreads) {
+        ForceGemmWideKernel(wide);
+        omp_set_num_threads(threads);
+        std::vector<float> kernel(n * sh.heads * (sh.dim + 2)), walk(kernel.size());
+        AttentionStateInit(pr.p, n, kernel.data());
+        AttentionStateInit(pr.p, n, walk.data());
+        ASSERT_EQ(AttentionFold(pr.p, n, pr.q.data(), pr.rows.data(), pr.k.data(), pr.v.data(),
+                                kernel.data()),
+                  kAttentionOk);
+        ASSERT_EQ(AttentionFoldByHeadForTest(pr.p, n, pr.q.data(), pr.rows.data(), pr.k.data(),
+                                             pr.v.data(), walk.data()),
+                  kAttentionOk);
+        EXPECT_EQ(std::memcmp(kernel.data(), walk.data(), kernel.size() * sizeof(float)), 0)
+            << sh.heads << "/" << sh.kv_heads << " heads of " << sh.dim << ", "
+            << (sh.dtype == KvDType::kBF16 ? "bf16" : "f16") << ", " << threads
+            << " thread(s), wide work on " << GemmWideKernelName(wide)
+            << (runs ? ", slots in runs" : ", scattered slots");
+      }
     }
   }
   ForceGemmWideKernel(GemmWideKernel::kAuto);
