@@ -7,7 +7,9 @@
 // arithmetic rather than by the memory (of_fma then says how near).
 // Calls rotate through layers of KV that together far exceed the last-level cache, so that
 // every call reads from DRAM, as in a real step where the weights stream in between. Slots
-// are scattered in runs of 16 positions by default (--scatter_tokens), as serving leaves them.
+// are scattered in runs of 16 positions by default (--scatter_tokens), the scheduler's block
+// size: harsher than the ledger's own layout after churn, whole tiles of 64 positions
+// (server/bench/kv_layout_bench); --scatter_tokens=64 reads that layout.
 // The KV cache holds bf16 by default; --kv_dtypes=bf16,f16 runs both element types.
 // --prompt times the rows of one prompt chunk instead (a prefill step's attention).
 //
@@ -48,8 +50,9 @@ ABSL_FLAG(std::string, kv_dtypes, "bf16", "KV cache element types to run: bf16, 
 ABSL_FLAG(double, seconds, 2.0, "Approximate time per configuration and instruction set");
 ABSL_FLAG(int, scatter_tokens, 16,
           "Slots come in runs of this many consecutive positions, the runs in random order over "
-          "the whole cache, as the scheduler's blocks (16 tokens) end up after allocation churn; "
-          "0: every row's slots in one contiguous run");
+          "the whole cache: 16, the scheduler's block size, is harsher than the ledger's layout "
+          "after churn (whole tiles of 64 positions; 64 reads that); 0: every row's slots in one "
+          "contiguous run");
 ABSL_FLAG(bool, prompt, false,
           "Rows are one prompt chunk instead: `batch` consecutive positions of one sequence "
           "ending at position ctx, each attending causally to those before it, as a prefill "
