@@ -93,7 +93,7 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
     // takes next. (schedule(dynamic) did not know that row, and each row's first tile
     // started cold: about 1.05x the time at context 128, where rows are 2 tiles long;
     // docs/benchmarks.md, "Attention announces the next row".)
-    // Work items: single rows, and (head sizes 64, 96 and 128) blocks of up to kChunkHeads /
+    // Work items: single rows, and (head sizes 64, 96, 128, 256) blocks of up to kChunkHeads /
     // group consecutive rows of one prompt chunk (SameChunk), whose tiles that every row of the
     // block reads whole are folded for the block at once: its rows' query heads of a KV
     // head are taken as one group, so each key and value of such a tile is loaded once for
@@ -289,8 +289,8 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
 }
 
 // `by_head`: every head size through the head-by-head walk (TileState), which serves the
-// sizes without a kernel of their own; for tests of the claim that the kernels of 64, 96
-// and 128 give its bits. `widened_dots`: FoldImpl's.
+// sizes without a kernel of their own; for tests of the claim that the kernels of 64, 96,
+// 128 and 256 give its bits. `widened_dots`: FoldImpl's.
 template <class Ops>
 int Fold(const AttentionParams& p, int num_rows, const uint16_t* q, const AttentionRow* rows,
          const void* k, const void* v, float* state, bool by_head = false,
@@ -305,6 +305,7 @@ int Fold(const AttentionParams& p, int num_rows, const uint16_t* q, const Attent
   if (!by_head && p.head_dim == 64) return fold(std::integral_constant<int, 64>());
   if (!by_head && p.head_dim == 128) return fold(std::integral_constant<int, 128>());
   if (!by_head && p.head_dim == 96) return fold(std::integral_constant<int, 96>());
+  if (!by_head && p.head_dim == 256) return fold(std::integral_constant<int, 256>());
   return fold(std::integral_constant<int, 0>());
 }
 

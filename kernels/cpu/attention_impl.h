@@ -415,8 +415,8 @@ constexpr int ValueSumPassCount(int chunks, int sum_regs, int group) {
   return passes;
 }
 
-// The tile kernel when the head size is known at compile time (64, 96, 128): tile `tile` of one
-// row for KV heads [h0, h1), the keys read slot by slot. A slot holds every KV head of one
+// The tile kernel when the head size is known at compile time (64, 96, 128, 256): tile `tile` of
+// one row for KV heads [h0, h1), the keys read slot by slot. A slot holds every KV head of one
 // position, so each slot's K of those heads is one contiguous run, which DRAM and the
 // hardware prefetchers serve far better than the per-head pieces, strided by the slot, that
 // a walk head by head reads (docs/benchmarks.md, "Attention slot by slot"). Each slot's V
@@ -711,10 +711,11 @@ void TileHeads(const AttentionParams& p, const float* q_row_f32, const Attention
                int h0, int h1, const NextKeys& after, bool cached, const uint16_t* k_cache,
                const uint16_t* v_cache, ItemScratch& s, Sink&& sink) {
   if constexpr (kDim > 0) {
-    // MHA rows of head size 96 on a tile whose slots are not one run: slots of 96-element
-    // heads walked kLanes keys a step read 0.68-0.95x as fast as the head-by-head walk, so
-    // they keep it (the same bits; docs/benchmarks.md, "A tile kernel for head size 96").
-    if (kDim == 96 && p.num_heads == p.num_kv_heads) {
+    // MHA rows of head size 96 or 256 on a tile whose slots are not one run: slots of such
+    // heads walked kLanes keys a step read 0.68-0.95x (96) and 0.91-1.08x (256) as fast as
+    // the head-by-head walk, so they keep it (the same bits; docs/benchmarks.md, "A tile
+    // kernel for head size 96" and "... for head size 256").
+    if ((kDim == 96 || kDim == 256) && p.num_heads == p.num_kv_heads) {
       const int32_t* slots = row.slots + tile * kTile;
       const int n = std::min(kTile, row.kv_end - tile * kTile);
       if (slots[n - 1] - slots[0] != n - 1) {
@@ -723,13 +724,17 @@ void TileHeads(const AttentionParams& p, const float* q_row_f32, const Attention
         return;
       }
     }
-    if (p.num_heads / p.num_kv_heads <= OnePassHeads<Ops, kDim>()) {
-      TileHeadsSlotMajor<Ops, kKv, kDim, false>(p, q_row_f32, row, tile, h0, h1, after, cached,
-                                                k_cache, v_cache, s, std::forward<Sink>(sink));
-    } else {
-      TileHeadsSlotMajor<Ops, kKv, kDim, true>(p, q_row_f32, row, tile, h0, h1, after, cached,
-                                               k_cache, v_cache, s, std::forward<Sink>(sink));
+    // One pass of p.v holds a head's sums over all its value chunks in registers: not where
+    // they outnumber the registers (256 on AVX2: 32 chunks), which always take passes.
+    if constexpr (kDim / Ops::kLanes <= 2 * ValueSumRegs<Ops>()) {
+      if (p.num_heads / p.num_kv_heads <= OnePassHeads<Ops, kDim>()) {
+        TileHeadsSlotMajor<Ops, kKv, kDim, false>(p, q_row_f32, row, tile, h0, h1, after, cached,
+                                                  k_cache, v_cache, s, std::forward<Sink>(sink));
+        return;
+      }
     }
+    TileHeadsSlotMajor<Ops, kKv, kDim, true>(p, q_row_f32, row, tile, h0, h1, after, cached,
+                                             k_cache, v_cache, s, std::forward<Sink>(sink));
   } else {
     TileHeadsByHead<Ops, kKv>(p, q_row_f32, row, tile, h0, h1, after, k_cache, v_cache, s,
                               std::forward<Sink>(sink));

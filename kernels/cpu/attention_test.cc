@@ -238,15 +238,16 @@ const std::vector<std::pair<GemmWideKernel, int>> kWideAndThreads = {{GemmWideKe
 
 // The rows of a prompt chunk (one slot table, consecutive positions) are folded in blocks,
 // the tiles every row of a block reads whole for all of them at once. Each row must still
-// get the bits it gets alone: MHA and GQA at head sizes 64, 96 and 128 (and 80, walked row
-// by row), bf16 and f16, a chunk from position 0 and one after a prefix, whole folds and
+// get the bits it gets alone: MHA and GQA at head sizes 64, 96, 128 and 256 (and 80,
+// walked row by row), bf16 and f16, a chunk from position 0 and one after a prefix, whole folds and
 // folds from tile 1, one thread and two. Every row has its own query. Blocks of 4 heads a
 // KV head and more take kLanes / 4 keys at a time (4 on AVX-512, on vdpbf16ps or on FMAs:
 // ForceGemmWideKernel; 2 on AVX2), which single MHA rows never do.
 TEST_P(AttentionIsaTest, PromptChunkRowsGetTheBitsOfEachRowAlone) {
   const std::vector<Shape> shapes = {{4, 4, 64, KvDType::kBF16},  {12, 12, 64, KvDType::kF16},
                                      {8, 2, 128, KvDType::kBF16}, {32, 4, 128, KvDType::kBF16},
-                                     {12, 3, 96, KvDType::kBF16}, {16, 2, 80, KvDType::kF16}};
+                                     {12, 3, 96, KvDType::kBF16}, {8, 1, 256, KvDType::kBF16},
+                                     {16, 2, 80, KvDType::kF16}};
   const int saved_threads = omp_get_max_threads();
   for (const Shape& sh : shapes) {
     for (int start : {0, 70}) {
@@ -318,7 +319,7 @@ TEST_P(AttentionIsaTest, SplitKAndThreadCountDoNotChangeBits) {
   omp_set_num_threads(saved_threads);
 }
 
-// The kernels of head sizes 64, 96 and 128 read the cache slot by slot, several query heads at
+// The kernels of head sizes 64, 96, 128 and 256 read the cache slot by slot, several query heads at
 // once, and widen bf16 values their own way; each head's arithmetic must still be the
 // head-by-head walk's, term for term, so the folded states are bit-identical to it. MHA and
 // GQA, bf16 and f16, contexts that end mid-tile, scattered slots and slots in one run a
@@ -344,7 +345,12 @@ TEST_P(AttentionIsaTest, HeadSizeKernelsGiveTheBitsOfTheHeadByHeadWalk) {
                                      // past one pass.
                                      {6, 6, 96, KvDType::kF16},
                                      {32, 8, 96, KvDType::kBF16},
-                                     {20, 2, 96, KvDType::kBF16}};
+                                     {20, 2, 96, KvDType::kBF16},
+                                     // Head size 256: 16 value chunks on AVX-512 (one pass for
+                                     // MHA), 32 on AVX2 (always passes); MQA's group of 8.
+                                     {4, 4, 256, KvDType::kBF16},
+                                     {8, 1, 256, KvDType::kF16},
+                                     {16, 8, 256, KvDType::kBF16}};
   const int saved_threads = omp_get_max_threads();
   for (const Shape& sh : shapes) {
     for (const bool runs : {false, true}) {
