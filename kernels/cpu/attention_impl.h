@@ -79,6 +79,10 @@ struct Share {
 };
 inline Share EvenShare(int n, int i, int parts) { return {n * i / parts, n * (i + 1) / parts}; }
 
+// Whether the n slots of a tile (n >= 1) are one run of consecutive slots, as the ledger
+// hands them out, rather than scattered.
+inline bool SlotsInOneRun(const int32_t* slots, int n) { return slots[n - 1] - slots[0] == n - 1; }
+
 // Into L2 only (prefetcht1): the far prefetch of whole slots, ahead of the per-head one.
 // `t2`: with prefetcht2, which on the Zen 5 these notes are measured on (where prefetcht1
 // seems to fill L1 as prefetcht0 does) read grouped queries' KV 7-13% faster with bf16 and
@@ -487,6 +491,9 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
     return runs;
   };
   auto far_request = [t2](const char* line) { PrefetchLinesL2(line, 64, t2); };
+  // Steps of up to kHeadsAtOnce query heads of one KV head in this work: the calls of
+  // Request() in a step of the four-keys and the one-key walks.
+  const int head_blocks = (h1 - h0) * ((group + kHeadsAtOnce - 1) / kHeadsAtOnce);
   // This head's keys in the next slots, into L1 now: where a slot's work is long (many
   // query heads), the out-of-order window does not reach the next slot's loads by itself
   // and each new line of keys stalls the dots (64 query heads over 8 KV heads: 0.82-0.87x
@@ -501,7 +508,7 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   const bool four_by_four = HasReduceAddAll<Ops>::value && group >= kHeadsAtOnce;
   for (int j = 0; j < n && four_by_four; j += kKeysAtOnce) {
     const int keys = std::min(kKeysAtOnce, n - j);
-    auto requests = slot_requests(j, keys, (h1 - h0) * ((group + kHeadsAtOnce - 1) / kHeadsAtOnce));
+    auto requests = slot_requests(j, keys, head_blocks);
     for (int kvh = 0; kvh < h1 - h0; ++kvh) {
       // A short last step repeats its last key: the dots past n are set to -inf below.
       const uint16_t* k[kKeysAtOnce];
@@ -546,7 +553,7 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   // rows of 2048 on contiguous slots: 0.93x the time with 16 keys a step). No requests into
   // L1 with many keys: they cost more than they saved.
   const bool lanes_of_keys =
-      !four_by_four && HasReduceAddAll<Ops>::value && slots[n - 1] - slots[0] != n - 1;
+      !four_by_four && HasReduceAddAll<Ops>::value && !SlotsInOneRun(slots, n);
   for (int j = 0; j < n && lanes_of_keys; j += L) {
     const int keys = std::min(L, n - j);
     auto requests = slot_requests(j, keys, (h1 - h0) * group);
@@ -567,7 +574,7 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   }
   for (int j = 0; j < n && !four_by_four && !lanes_of_keys; ++j) {
     const uint16_t* k_run = k_cache + slots[j] * slot_stride + h0 * kDim;
-    auto requests = slot_requests(j, 1, (h1 - h0) * ((group + kHeadsAtOnce - 1) / kHeadsAtOnce));
+    auto requests = slot_requests(j, 1, head_blocks);
     for (int kvh = 0; kvh < h1 - h0; ++kvh) {
       const uint16_t* k = k_run + kvh * kDim;
       next_keys_to_l1(kvh, j + 1, j + 2);
@@ -715,14 +722,11 @@ void TileHeads(const AttentionParams& p, const float* q_row_f32, const Attention
     // heads walked kLanes keys a step read 0.68-0.95x (96) and 0.91-1.08x (256) as fast as
     // the head-by-head walk, so they keep it (the same bits; docs/benchmarks.md, "A tile
     // kernel for head size 96" and "... for head size 256").
-    if ((kDim == 96 || kDim == 256) && p.num_heads == p.num_kv_heads) {
-      const int32_t* slots = row.slots + tile * kTile;
-      const int n = std::min(kTile, row.kv_end - tile * kTile);
-      if (slots[n - 1] - slots[0] != n - 1) {
-        TileHeadsByHead<Ops, kKv>(p, q_row_f32, row, tile, h0, h1, after, k_cache, v_cache, s,
-                                  std::forward<Sink>(sink));
-        return;
-      }
+    if ((kDim == 96 || kDim == 256) && p.num_heads == p.num_kv_heads &&
+        !SlotsInOneRun(row.slots + tile * kTile, std::min(kTile, row.kv_end - tile * kTile))) {
+      TileHeadsByHead<Ops, kKv>(p, q_row_f32, row, tile, h0, h1, after, k_cache, v_cache, s,
+                                std::forward<Sink>(sink));
+      return;
     }
     // One pass of p.v holds a head's sums over all its value chunks in registers: not where
     // they outnumber the registers (256 on AVX2: 32 chunks), which always take passes.
