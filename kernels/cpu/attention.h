@@ -77,8 +77,8 @@ int AttentionFold(const AttentionParams& params, int num_rows, const uint16_t* q
                   const AttentionRow* rows, const void* k_cache, const void* v_cache, float* state);
 
 // AttentionFold through the head-by-head walk that serves the head sizes without a kernel
-// of their own, whatever the head size: 64, 96, 128 and 256 have kernels that read the cache slot
-// by slot and must give the walk's bits. For tests.
+// of their own, whatever the head size: 64, 80, 96, 128 and 256 have kernels that read the cache
+// slot by slot and must give the walk's bits. For tests.
 int AttentionFoldByHeadForTest(const AttentionParams& params, int num_rows, const uint16_t* q,
                                const AttentionRow* rows, const void* k_cache, const void* v_cache,
                                float* state);

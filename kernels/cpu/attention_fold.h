@@ -65,7 +65,7 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
   // `n` query elements (whole heads) from `from` into s's queries at element `to` (a
   // head's start): as f32, and as given where q.k runs on bf16 dot products; as f32 in the
   // pair-split order where those run on FMAs (the f32 query serves nothing else then).
-  const bool widened = widened_dots && kBf16Dots<Ops, kKv> && kDim > 0;
+  const bool widened = widened_dots && kBf16Dots<Ops, kKv> && kDim > 0 && kDim % 32 == 0;
   auto load_q_part = [&](const uint16_t* from, size_t n, ItemScratch& s, size_t to) {
     s.widened_dots = widened;
     if (widened) {
@@ -93,7 +93,7 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
     // takes next. (schedule(dynamic) did not know that row, and each row's first tile
     // started cold: about 1.05x the time at context 128, where rows are 2 tiles long;
     // docs/benchmarks.md, "Attention announces the next row".)
-    // Work items: single rows, and (head sizes 64, 96, 128, 256) blocks of up to kChunkHeads /
+    // Work items: single rows, and (head sizes 64, 80, 96, 128, 256) blocks of up to kChunkHeads /
     // group consecutive rows of one prompt chunk (SameChunk), whose tiles that every row of the
     // block reads whole are folded for the block at once: its rows' query heads of a KV
     // head are taken as one group, so each key and value of such a tile is loaded once for
@@ -289,8 +289,8 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
 }
 
 // `by_head`: every head size through the head-by-head walk (TileState), which serves the
-// sizes without a kernel of their own; for tests of the claim that the kernels of 64, 96,
-// 128 and 256 give its bits. `widened_dots`: FoldImpl's.
+// sizes without a kernel of their own; for tests of the claim that the kernels of 64, 80,
+// 96, 128 and 256 give its bits. `widened_dots`: FoldImpl's.
 template <class Ops>
 int Fold(const AttentionParams& p, int num_rows, const uint16_t* q, const AttentionRow* rows,
          const void* k, const void* v, float* state, bool by_head = false,
@@ -304,6 +304,7 @@ int Fold(const AttentionParams& p, int num_rows, const uint16_t* q, const Attent
   };
   if (!by_head && p.head_dim == 64) return fold(std::integral_constant<int, 64>());
   if (!by_head && p.head_dim == 128) return fold(std::integral_constant<int, 128>());
+  if (!by_head && p.head_dim == 80) return fold(std::integral_constant<int, 80>());
   if (!by_head && p.head_dim == 96) return fold(std::integral_constant<int, 96>());
   if (!by_head && p.head_dim == 256) return fold(std::integral_constant<int, 256>());
   return fold(std::integral_constant<int, 0>());

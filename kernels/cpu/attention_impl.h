@@ -132,6 +132,16 @@ inline typename Ops::V DotBf16(const uint16_t* q, const uint16_t* k, int d, type
   return acc;
 }
 
+// Elements [c, c + 32) of a head of kDim as bf16 pairs, in DotBf16's steps: the last 16
+// as half pairs where kDim is not a multiple of 32 (80: 32, 32, 16).
+template <class Ops, int kDim>
+inline auto LoadPairsAt(const uint16_t* p, int c) {
+  if constexpr (kDim % 32 != 0) {
+    if (c + 32 > kDim) return Ops::LoadHalfPairs(p + c);
+  }
+  return Ops::LoadPairs(p + c);
+}
+
 // Computes the softmax state of tile `tile` for the `group` query heads that share one KV
 // head, for a head size known only at run time (TileHeadsSlotMajor serves the others).
 // kv_* point at that KV head inside slot 0; slot s is at + s * slot_stride.
@@ -221,12 +231,12 @@ inline void KeyDots(const float* q, const uint16_t* q_bf16, const uint16_t* k, f
   typename Ops::V dot[G];
   for (int g = 0; g < G; ++g) dot[g] = Ops::Zero();
   if constexpr (kBf16Dots<Ops, kKv>) {
-    // DotBf16's products in its order, each key chunk loaded once for the G heads.
-    static_assert(kDim % 32 == 0);
+    // DotBf16's products in its order (a last 16 as half pairs), each key chunk loaded once
+    // for the G heads.
     for (int c = 0; c < kDim; c += 32) {
-      const auto kc = Ops::LoadPairs(k + c);
+      const auto kc = LoadPairsAt<Ops, kDim>(k, c);
       for (int g = 0; g < G; ++g) {
-        dot[g] = Ops::DotPairs(dot[g], Ops::LoadPairs(q_bf16 + g * kDim + c), kc);
+        dot[g] = Ops::DotPairs(dot[g], LoadPairsAt<Ops, kDim>(q_bf16 + g * kDim, c), kc);
       }
     }
   } else {
@@ -272,8 +282,7 @@ inline void KeyDotsFourHeads(const float* q, const uint16_t* q_bf16, const uint1
   auto at = [](int t, int g) { return simd::ReduceAddAllSource(L, kKeys * g + t); };
   typename Ops::V dot[L];
   for (int i = 0; i < L; ++i) dot[i] = Ops::Zero();
-  if constexpr (kBf16Dots<Ops, kKv>) {
-    static_assert(kDim % 32 == 0);
+  if constexpr (kBf16Dots<Ops, kKv> && kDim % 32 == 0) {
     for (int c = 0; c < kDim && widened; c += 32) {
       typename Ops::V odd[kKeys], even[kKeys];
       for (int t = 0; t < kKeys; ++t) Ops::WidenPairs(k[t] + c, &odd[t], &even[t]);
@@ -285,11 +294,14 @@ inline void KeyDotsFourHeads(const float* q, const uint16_t* q_bf16, const uint1
         }
       }
     }
+  }
+  if constexpr (kBf16Dots<Ops, kKv>) {
+    // (Never widened where the head size is not a multiple of 32: FoldImpl.)
     for (int c = 0; c < kDim && !widened; c += 32) {
       typename Ops::Pairs kc[kKeys];
-      for (int t = 0; t < kKeys; ++t) kc[t] = Ops::LoadPairs(k[t] + c);
+      for (int t = 0; t < kKeys; ++t) kc[t] = LoadPairsAt<Ops, kDim>(k[t], c);
       for (int g = 0; g < H; ++g) {
-        const auto qg = Ops::LoadPairs(q_bf16 + g * kDim + c);
+        const auto qg = LoadPairsAt<Ops, kDim>(q_bf16 + g * kDim, c);
         for (int t = 0; t < kKeys; ++t) dot[at(t, g)] = Ops::DotPairs(dot[at(t, g)], qg, kc[t]);
       }
     }
@@ -321,9 +333,9 @@ inline void KeyDotsOneHead(const float* q, const uint16_t* q_bf16, const uint16_
   auto at = [](int t) { return simd::ReduceAddAllSource(L, t); };
   if constexpr (kBf16Dots<Ops, kKv>) {
     for (int c = 0; c < kDim; c += 32) {
-      const auto qc = Ops::LoadPairs(q_bf16 + c);
+      const auto qc = LoadPairsAt<Ops, kDim>(q_bf16, c);
       for (int t = 0; t < L; ++t) {
-        dot[at(t)] = Ops::DotPairs(dot[at(t)], qc, Ops::LoadPairs(k[t] + c));
+        dot[at(t)] = Ops::DotPairs(dot[at(t)], qc, LoadPairsAt<Ops, kDim>(k[t], c));
       }
     }
   } else {
@@ -366,15 +378,15 @@ inline void ValueSums(const float* sc, const uint16_t* v_base, const int32_t* sl
   }
 }
 
-// Value chunks a pass of ValueSums takes for `heads` query heads: the most that divide the
-// head's kChunks and whose sums (heads per chunk) fit in kSumRegs registers (head sizes of
-// 64 and 128 take powers of two; 96, 6 chunks on AVX-512, takes 3 for 4 heads).
+// Value chunks a pass of ValueSums takes for `heads` query heads: as few passes as keep
+// their sums (heads per chunk) in kSumRegs registers, as even as they come, the last pass
+// the rest (head sizes of 64 and 128 take powers of two for powers of two of heads; 96,
+// 6 chunks on AVX-512, takes 3 and 3 for 4 heads; 80, 5 chunks, 3 and 2). Each chunk's sums
+// are its own, so how the chunks are cut into passes leaves the bits alone.
 constexpr int ValueChunksAtOnce(int chunks, int sum_regs, int heads) {
-  int best = 1;
-  for (int cc = 2; cc <= chunks; ++cc) {
-    if (chunks % cc == 0 && cc * heads <= sum_regs) best = cc;
-  }
-  return best;
+  const int most = sum_regs / heads > 1 ? sum_regs / heads : 1;
+  const int passes = (chunks + most - 1) / most;
+  return (chunks + passes - 1) / passes;
 }
 
 // Passes of ValueSums over `group` query heads of one KV head whose sums do not all fit in
@@ -389,10 +401,15 @@ void ValueSumPasses(const float* sc, const uint16_t* v_base, const int32_t* slot
     WithCount<kSumRegs>(group - g0, [&](auto heads_now) {
       constexpr int G = decltype(heads_now)::value;
       constexpr int CC = ValueChunksAtOnce(kChunks, kSumRegs, G);
-      for (int c0 = 0; c0 < kChunks; c0 += CC) {
-        ValueSums<Ops, kKv, kDim, G, CC>(sc + static_cast<size_t>(g0) * kTile, v_base, slots, n,
-                                         slot_stride, c0, acc + static_cast<size_t>(g0) * kDim,
-                                         step);
+      constexpr int kRest = kChunks % CC;
+      const float* sc_g = sc + static_cast<size_t>(g0) * kTile;
+      float* acc_g = acc + static_cast<size_t>(g0) * kDim;
+      for (int c0 = 0; c0 + CC <= kChunks; c0 += CC) {
+        ValueSums<Ops, kKv, kDim, G, CC>(sc_g, v_base, slots, n, slot_stride, c0, acc_g, step);
+      }
+      if constexpr (kRest > 0) {
+        ValueSums<Ops, kKv, kDim, G, kRest>(sc_g, v_base, slots, n, slot_stride, kChunks - kRest,
+                                            acc_g, step);
       }
     });
   }
@@ -414,13 +431,14 @@ constexpr int ValueSumPassCount(int chunks, int sum_regs, int group) {
   int passes = 0;
   for (int g0 = 0; g0 < group; g0 += sum_regs) {
     const int heads = group - g0 < sum_regs ? group - g0 : sum_regs;
-    passes += chunks / ValueChunksAtOnce(chunks, sum_regs, heads);
+    const int at_once = ValueChunksAtOnce(chunks, sum_regs, heads);
+    passes += (chunks + at_once - 1) / at_once;
   }
   return passes;
 }
 
-// The tile kernel when the head size is known at compile time (64, 96, 128, 256): tile `tile` of
-// one row for KV heads [h0, h1), the keys read slot by slot. A slot holds every KV head of one
+// The tile kernel when the head size is known at compile time (64, 80, 96, 128, 256): tile `tile`
+// of one row for KV heads [h0, h1), the keys read slot by slot. A slot holds every KV head of one
 // position, so each slot's K of those heads is one contiguous run, which DRAM and the
 // hardware prefetchers serve far better than the per-head pieces, strided by the slot, that
 // a walk head by head reads (docs/benchmarks.md, "Attention slot by slot"). Each slot's V
@@ -445,7 +463,6 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
                         const uint16_t* k_cache, const uint16_t* v_cache, ItemScratch& s,
                         Sink&& sink) {
   static_assert(kDim > 0);
-  static_assert(kDim * 2 % 64 == 0, "p.v's requests count whole 64-byte lines per head");
   constexpr int L = Ops::kLanes;
   constexpr int kChunks = kDim / L;
   constexpr int kHeadsAtOnce = 4;  // query heads of one KV head whose dots stay in registers
@@ -456,7 +473,11 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   const int pos0 = tile * kTile;
   const int n = std::min(kTile, row.kv_end - pos0);
   const int32_t* slots = row.slots + pos0;
-  const int run_bytes = (h1 - h0) * kDim * 2;
+  // A KV head of 80 is 2.5 lines, so a run of heads after an odd number of them starts
+  // mid-line (32 bytes in, on a cache whose slots start on lines): its requests, which go
+  // a line at a time from its start, reach 32 bytes past its end to take its last line.
+  constexpr int kMidLine = kDim * 2 % 64 == 0 ? 0 : 32;
+  const int run_bytes = (h1 - h0) * kDim * 2 + kMidLine;
   const bool t2 = group >= 4;  // grouped queries: the far prefetch with prefetcht2
   thread_local std::vector<float> scores, m, l;  // [heads][kTile]; [heads]
   scores.resize(static_cast<size_t>(heads) * kTile);
@@ -468,7 +489,7 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   // The work after this one: its keys are requested during q.k, slot for slot, and its
   // values during p.v, so that its reads spread over all of this tile's work.
   const int64_t after_offset = static_cast<int64_t>(after.h0) * kDim;
-  const int after_bytes = after.n > 0 ? (after.h1 - after.h0) * kDim * 2 : 0;
+  const int after_bytes = after.n > 0 ? (after.h1 - after.h0) * kDim * 2 + kMidLine : 0;
   // q.k, slot by slot: each step's requests spread over its keys' dots. Where a KV head
   // serves 4 query heads or more (grouped queries, a prompt chunk's rows in blocks),
   // kLanes / 4 slots at a time, their dots reduced kLanes at once (KeyDotsFourHeads).
@@ -620,7 +641,7 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   constexpr int kSumRegs = ValueSumRegs<Ops>();
   constexpr int kOnePassHeads = OnePassHeads<Ops, kDim>();
   const int passes = kPasses ? ValueSumPassCount(kChunks, kSumRegs, group) : 1;
-  const int lines_per_slot = after_bytes / 64;
+  const int lines_per_slot = (after_bytes + 63) / 64;
   for (int kvh = 0; kvh < h1 - h0; ++kvh) {
     const auto [j0, j1] = EvenShare(after.n, kvh, h1 - h0);
     Spread spread(static_cast<int64_t>(j1 - j0) * lines_per_slot, static_cast<int64_t>(passes) * n);
@@ -718,11 +739,11 @@ void TileHeads(const AttentionParams& p, const float* q_row_f32, const Attention
                int h0, int h1, const NextKeys& after, bool cached, const uint16_t* k_cache,
                const uint16_t* v_cache, ItemScratch& s, Sink&& sink) {
   if constexpr (kDim > 0) {
-    // MHA rows of head size 96 or 256 on a tile whose slots are not one run: slots of such
-    // heads walked kLanes keys a step read 0.68-0.95x (96) and 0.91-1.08x (256) as fast as
-    // the head-by-head walk, so they keep it (the same bits; docs/benchmarks.md, "A tile
-    // kernel for head size 96" and "... for head size 256").
-    if ((kDim == 96 || kDim == 256) && p.num_heads == p.num_kv_heads &&
+    // MHA rows of head size 80, 96 or 256 on a tile whose slots are not one run: slots of
+    // such heads walked kLanes keys a step read 0.87-0.99x (80), 0.68-0.95x (96) and
+    // 0.91-1.08x (256) as fast as the head-by-head walk, so they keep it (the same bits;
+    // docs/benchmarks.md, "A tile kernel for head size 80", "... 96" and "... 256").
+    if ((kDim == 80 || kDim == 96 || kDim == 256) && p.num_heads == p.num_kv_heads &&
         !SlotsInOneRun(row.slots + tile * kTile, std::min(kTile, row.kv_end - tile * kTile))) {
       TileHeadsByHead<Ops, kKv>(p, q_row_f32, row, tile, h0, h1, after, k_cache, v_cache, s,
                                 std::forward<Sink>(sink));

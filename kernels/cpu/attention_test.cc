@@ -238,8 +238,8 @@ const std::vector<std::pair<GemmWideKernel, int>> kWideAndThreads = {{GemmWideKe
 
 // The rows of a prompt chunk (one slot table, consecutive positions) are folded in blocks,
 // the tiles every row of a block reads whole for all of them at once. Each row must still
-// get the bits it gets alone: MHA and GQA at head sizes 64, 96, 128 and 256 (and 80,
-// walked row by row), bf16 and f16, a chunk from position 0 and one after a prefix, whole folds and
+// get the bits it gets alone: MHA and GQA at head sizes 64, 80, 96, 128 and 256, bf16 and
+// f16, a chunk from position 0 and one after a prefix, whole folds and
 // folds from tile 1, one thread and two. Every row has its own query. Blocks of 4 heads a
 // KV head and more take kLanes / 4 keys at a time (4 on AVX-512, on vdpbf16ps or on FMAs:
 // ForceGemmWideKernel; 2 on AVX2), which single MHA rows never do.
@@ -319,8 +319,8 @@ TEST_P(AttentionIsaTest, SplitKAndThreadCountDoNotChangeBits) {
   omp_set_num_threads(saved_threads);
 }
 
-// The kernels of head sizes 64, 96, 128 and 256 read the cache slot by slot, several query heads at
-// once, and widen bf16 values their own way; each head's arithmetic must still be the
+// The kernels of head sizes 64, 80, 96, 128 and 256 read the cache slot by slot, several query
+// heads at once, and widen bf16 values their own way; each head's arithmetic must still be the
 // head-by-head walk's, term for term, so the folded states are bit-identical to it. MHA and
 // GQA, bf16 and f16, contexts that end mid-tile, scattered slots and slots in one run a
 // row, one thread and two.
@@ -350,7 +350,16 @@ TEST_P(AttentionIsaTest, HeadSizeKernelsGiveTheBitsOfTheHeadByHeadWalk) {
                                      // MHA), 32 on AVX2 (always passes); MQA's group of 8.
                                      {4, 4, 256, KvDType::kBF16},
                                      {8, 1, 256, KvDType::kF16},
-                                     {16, 8, 256, KvDType::kBF16}};
+                                     {16, 8, 256, KvDType::kBF16},
+                                     // Head size 80: 2.5 bf16 pairs of 32 (q.k's last 16 as
+                                     // half pairs), 5 value chunks on AVX-512 (passes of 3
+                                     // and 2 for 4 heads), 10 on AVX2; runs that start
+                                     // mid-line. MHA, GQA, MQA past one pass.
+                                     {4, 4, 80, KvDType::kBF16},
+                                     {5, 5, 80, KvDType::kF16},
+                                     {16, 4, 80, KvDType::kBF16},
+                                     {6, 2, 80, KvDType::kF16},
+                                     {12, 1, 80, KvDType::kBF16}};
   const int saved_threads = omp_get_max_threads();
   for (const Shape& sh : shapes) {
     for (const bool runs : {false, true}) {

@@ -36,14 +36,15 @@ class SpreadLines {
  public:
   static constexpr int kMaxRuns = 32;
 
-  // A run of `bytes` (whole 64-byte lines) at `at`; nothing if bytes is 0. At most
-  // kMaxRuns runs.
+  // A run of `bytes` at `at`: the lines at `at` and every 64 bytes after it, as many as
+  // cover `bytes` (a part line counts whole); nothing if bytes is 0. At most kMaxRuns runs.
   void Add(const void* at, int bytes) {
     if (bytes <= 0) return;
-    assert(runs_ < kMaxRuns && bytes % 64 == 0);
+    assert(runs_ < kMaxRuns);
+    const int lines = (bytes + 63) / 64;
     at_[runs_] = static_cast<const char*>(at);
-    lines_[runs_++] = bytes / 64;
-    total_ += bytes / 64;
+    lines_[runs_++] = lines;
+    total_ += lines;
   }
   // Every line added is requested by the `steps`-th call of Request() (steps > 0).
   void Begin(int steps) { spread_ = Spread(total_, steps); }

@@ -26,7 +26,8 @@ TEST(SpreadTest, MakesEachRequestWhenItsShareOfTheStepsIsDone) {
 }
 
 // Every line of every run comes once, in order (runs as added, lines ascending), spread
-// as Spread spaces them, and calls past `steps` request nothing.
+// as Spread spaces them, and calls past `steps` request nothing. A run whose length is not
+// whole lines takes its part line too.
 TEST(SpreadLinesTest, RequestsEveryLineOnceInOrderOverTheSteps) {
   alignas(64) static char memory[64 * 64];
   for (int steps : {1, 3, 8, 40}) {
@@ -35,15 +36,17 @@ TEST(SpreadLinesTest, RequestsEveryLineOnceInOrderOverTheSteps) {
     lines.Add(memory, 0);  // nothing
     lines.Add(memory + 64 * 40, 64);
     lines.Add(memory, 2 * 64);
+    lines.Add(memory + 64 * 50 + 32, 160);  // a part line counts whole: 3 lines
     lines.Begin(steps);
     std::vector<const char*> got;
     for (int i = 1; i <= steps + 2; ++i) {
       lines.Request([&](const char* line) { got.push_back(line); });
-      ASSERT_EQ(static_cast<int64_t>(got.size()), std::min(i, steps) * 6 / steps)
+      ASSERT_EQ(static_cast<int64_t>(got.size()), std::min(i, steps) * 9 / steps)
           << "steps " << steps;
     }
-    const std::vector<const char*> want = {memory + 640,  memory + 704, memory + 768,
-                                           memory + 2560, memory,       memory + 64};
+    const std::vector<const char*> want = {memory + 640,  memory + 704,  memory + 768,
+                                           memory + 2560, memory,        memory + 64,
+                                           memory + 3232, memory + 3296, memory + 3360};
     EXPECT_EQ(got, want) << "steps " << steps;
   }
 }
