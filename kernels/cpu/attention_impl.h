@@ -646,7 +646,10 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
     const auto [j0, j1] = EvenShare(after.n, kvh, h1 - h0);
     Spread spread(static_cast<int64_t>(j1 - j0) * lines_per_slot, static_cast<int64_t>(passes) * n);
     int at_slot = j0, at_line = 0;  // the next line to request
-    auto request = [&] {
+    // Inlined into ValueSums, always: a call there, once a slot, spills every sum held in
+    // registers around it (GCC left it out of line for bf16 values on AVX-512 and for head
+    // size 80; docs/benchmarks.md, "p.v's request inlined").
+    auto request = [&]() __attribute__((always_inline)) {
       spread.Step([&] {
         PrefetchLinesL2(v_cache + after.slots[at_slot] * slot_stride + after_offset + at_line * 32,
                         64, t2);
