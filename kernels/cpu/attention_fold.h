@@ -65,7 +65,7 @@ int FoldImpl(const AttentionParams& p, int num_rows, const uint16_t* q, const At
   // `n` query elements (whole heads) from `from` into s's queries at element `to` (a
   // head's start): as f32, and as given where q.k runs on bf16 dot products; as f32 in the
   // pair-split order where those run on FMAs (the f32 query serves nothing else then).
-  const bool widened = widened_dots && kBf16Dots<Ops, kKv> && kDim > 0 && kDim % 32 == 0;
+  const bool widened = widened_dots && kBf16Dots<Ops, kKv> && kWidenable<kDim>;
   auto load_q_part = [&](const uint16_t* from, size_t n, ItemScratch& s, size_t to) {
     s.widened_dots = widened;
     if (widened) {

@@ -132,6 +132,13 @@ inline typename Ops::V DotBf16(const uint16_t* q, const uint16_t* k, int d, type
   return acc;
 }
 
+// Whether q.k of a head of kDim elements can take the f32 FMAs over widened pairs
+// (KeyDotsFourHeads' `widened`, with the query in SplitQueryIndex's order): only a tile
+// kernel's head size that is whole steps of 32 (80 is not). FoldImpl lays the query out
+// that way only where this holds.
+template <int kDim>
+inline constexpr bool kWidenable = kDim > 0 && kDim % 32 == 0;
+
 // Elements [c, c + 32) of a head of kDim as bf16 pairs, in DotBf16's steps: the last 16
 // as half pairs where kDim is not a multiple of 32 (80: 32, 32, 16).
 template <class Ops, int kDim>
@@ -282,7 +289,7 @@ inline void KeyDotsFourHeads(const float* q, const uint16_t* q_bf16, const uint1
   auto at = [](int t, int g) { return simd::ReduceAddAllSource(L, kKeys * g + t); };
   typename Ops::V dot[L];
   for (int i = 0; i < L; ++i) dot[i] = Ops::Zero();
-  if constexpr (kBf16Dots<Ops, kKv> && kDim % 32 == 0) {
+  if constexpr (kBf16Dots<Ops, kKv> && kWidenable<kDim>) {
     for (int c = 0; c < kDim && widened; c += 32) {
       typename Ops::V odd[kKeys], even[kKeys];
       for (int t = 0; t < kKeys; ++t) Ops::WidenPairs(k[t] + c, &odd[t], &even[t]);
@@ -296,7 +303,7 @@ inline void KeyDotsFourHeads(const float* q, const uint16_t* q_bf16, const uint1
     }
   }
   if constexpr (kBf16Dots<Ops, kKv>) {
-    // (Never widened where the head size is not a multiple of 32: FoldImpl.)
+    // (Never widened where !kWidenable: FoldImpl.)
     for (int c = 0; c < kDim && !widened; c += 32) {
       typename Ops::Pairs kc[kKeys];
       for (int t = 0; t < kKeys; ++t) kc[t] = LoadPairsAt<Ops, kDim>(k[t], c);
