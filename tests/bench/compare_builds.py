@@ -141,11 +141,22 @@ def stream_event_times(port, body, path="/v1/completions"):
     return times
 
 
+def token_event_times(times, max_tokens):
+    """The arrival times of a completion's tokens among its events (`times`, from
+    stream_event_times), for a completion that runs to `max_tokens` (ignore_eos). llama-server
+    ends a stream with one more event, empty, that carries the finish reason; strata sends
+    the finish reason with the last token. So the tokens are the first `max_tokens` events,
+    and an event after them is not counted as one."""
+    if not max_tokens <= len(times) <= max_tokens + 1:
+        raise RuntimeError(f"{len(times)} events for {max_tokens} tokens")
+    return times[:max_tokens]
+
+
 def stream_tokens_per_second(port, model, max_tokens):
-    """Decode tokens/s of one streamed completion, from its first event to its last."""
-    times = stream_event_times(port, {
+    """Decode tokens/s of one streamed completion, from its first token to its last."""
+    times = token_event_times(stream_event_times(port, {
         "model": model, "prompt": "The history of the", "max_tokens": max_tokens,
-        "temperature": 0, "ignore_eos": True, "stream": True})
+        "temperature": 0, "ignore_eos": True, "stream": True}), max_tokens)
     if len(times) < 2:
         raise RuntimeError(f"only {len(times)} events")
     return (len(times) - 1) / (times[-1] - times[0])

@@ -141,7 +141,8 @@ def throughput(port, model, clients, max_tokens=128):
                 "stream": True}
         if model:
             body["model"] = model
-        counts[i] = len(compare_builds.stream_event_times(port, body))
+        counts[i] = len(compare_builds.token_event_times(
+            compare_builds.stream_event_times(port, body), max_tokens))
 
     start = time.monotonic()
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
