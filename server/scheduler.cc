@@ -260,6 +260,8 @@ void Scheduler::HandOnReleases(int executor) {
   Executor& ex = *executors_[executor];
   std::vector<TableRelease> queued = std::move(ex.pending_releases);
   ex.pending_releases.clear();
+  queued.insert(queued.end(), ex.parked_releases.begin(), ex.parked_releases.end());
+  ex.parked_releases.clear();
   for (const TableRelease& r : queued) QueueRelease(executor, r);
 }
 
@@ -330,13 +332,14 @@ void Scheduler::SetPoolAliveNow(PoolIndex pool, bool alive, int64_t num_slots) {
     p.moves.clear();
     p.saving_slots = 0;
     for (auto& e : executors_) {
-      auto& rel = e->pending_releases;
-      for (const TableRelease& r : rel) {
-        if (r.pool == pool) e->release_resends.erase(r.request_id);
+      for (auto* rel : {&e->pending_releases, &e->parked_releases}) {
+        for (const TableRelease& r : *rel) {
+          if (r.pool == pool) e->release_resends.erase(r.request_id);
+        }
+        rel->erase(std::remove_if(rel->begin(), rel->end(),
+                                  [&](const TableRelease& r) { return r.pool == pool; }),
+                   rel->end());
       }
-      rel.erase(std::remove_if(rel.begin(), rel.end(),
-                               [&](const TableRelease& r) { return r.pool == pool; }),
-                rel.end());
     }
     bool any_alive = false;
     for (const auto& other : pools_) any_alive = any_alive || other->alive;

@@ -188,16 +188,24 @@ struct Scheduler::Executor {
   std::vector<TableRelease> pending_releases;
   // Releases sent again after failed plans, by sequence: how many times (OnStepResult).
   std::unordered_map<SequenceId, int> release_resends;
+  // Releases whose plans failed kMaxReleaseResends times: no plan carries them until one of
+  // this node's plans lands or it is reachable again (ClearReleaseBackoff), so that a node
+  // that fails every plan is not sent them for ever and none is lost. Another node takes
+  // them if this one is lost (HandOnReleases); a pool that dies takes its own with it.
+  std::vector<TableRelease> parked_releases;
   // Failed plans in a row that carried releases; until release_retry_at no plan of
   // releases alone goes (SchedulerConfig::release_retry_backoff), and the timer that plans
   // again then.
   int release_failures = 0;
   absl::Time release_retry_at = absl::InfinitePast();
   EventLoop::TimerId release_timer = 0;
-  // No failed plans behind it: a plan that worked, or a node that is back.
+  // No failed plans behind it: a plan that worked, or a node that is back. The releases
+  // parked after failed plans go on its next plan.
   void ClearReleaseBackoff() {
     release_failures = 0;
     release_retry_at = absl::InfinitePast();
+    pending_releases.insert(pending_releases.end(), parked_releases.begin(), parked_releases.end());
+    parked_releases.clear();
   }
 };
 

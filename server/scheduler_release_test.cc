@@ -64,12 +64,17 @@ TEST_F(PlannerTest, AFailedPlansReleasesAreSentAgain) {
   EXPECT_EQ(UsedSlots(), 0);
 }
 
-// A release-only plan that fails is sent again, but not for ever; so is the release of an
-// n > 1 sample that finished while its siblings run.
-TEST_F(PlannerTest, ReleasesOfFinishedSequencesSurviveAFailedPlanAFewTimes) {
+// A release-only plan that fails is sent again, but not for ever: after three more tries the
+// release waits, and goes with the node's next plan once one of its plans has landed (it
+// used to be given up, and the memory node kept the table). So is the release of an n > 1
+// sample that finished while its siblings run.
+TEST_F(PlannerTest, ReleasesOfFinishedSequencesSurviveFailedPlansUntilOneLands) {
   Start(/*async=*/false);
   Submit({1, 2, 3}, 1);
   Answer(10);  // done: its release goes in a plan of its own
+  ASSERT_EQ(executor_->held.size(), 1u);
+  ASSERT_EQ(Held(0).releases.size(), 1u);
+  const SequenceId finished = Held(0).releases[0].request_id;
   int resent = 0;
   while (!executor_->held.empty()) {
     ASSERT_TRUE(Held(0).chunks.empty());
@@ -79,6 +84,15 @@ TEST_F(PlannerTest, ReleasesOfFinishedSequencesSurviveAFailedPlanAFewTimes) {
     ASSERT_LE(resent, 10) << "sent for ever";
   }
   EXPECT_EQ(resent, 4) << "the release and three more tries";
+  // The node works again: its first plan that lands brings the parked release back.
+  Submit({7, 8, 9}, 2);
+  ASSERT_EQ(executor_->held.size(), 1u);
+  EXPECT_FALSE(Released(*executor_).contains(finished)) << "sent before a plan landed";
+  Answer(10);
+  ASSERT_EQ(executor_->held.size(), 1u);
+  EXPECT_TRUE(Released(*executor_).contains(finished)) << "the release was lost";
+  while (!executor_->held.empty()) Answer(12);
+  EXPECT_EQ(UsedSlots(), 0);
 
   // Two samples: the first stops at once, the second runs on.
   GenerateRequest r;
@@ -122,6 +136,30 @@ TEST_F(PlannerTest, ReleasesOfFinishedSequencesSurviveAFailedPlanAFewTimes) {
   EXPECT_TRUE(released(0).contains(stops)) << "the failed plan's release was lost";
   while (!executor_->held.empty()) answer(absl::OkStatus());
   EXPECT_EQ(UsedSlots(), 0);
+}
+
+// A release parked after failed plans names a table of its pool's old ledger once the pool
+// has died: it is dropped with the pool, and no plan of the pool that came back carries it.
+TEST_F(PlannerTest, AParkedReleaseGoesWithItsPool) {
+  Start(/*async=*/false);
+  Submit({1, 2, 3}, 1);
+  Answer(10);
+  ASSERT_EQ(executor_->held.size(), 1u);
+  ASSERT_EQ(Held(0).releases.size(), 1u);
+  const SequenceId finished = Held(0).releases[0].request_id;
+  while (!executor_->held.empty()) Answer(0, absl::UnavailableError("the node failed the plan"));
+  scheduler_->SetPoolAlive(PoolIndex(0), false);
+  scheduler_->RunPending();
+  scheduler_->SetPoolAlive(PoolIndex(0), true);
+  scheduler_->RunPending();
+  Submit({7, 8, 9}, 3);
+  bool released = false;
+  for (int steps = 0; !executor_->held.empty() && steps < 10; ++steps) {
+    released = released || Released(*executor_).contains(finished);
+    Answer(12);
+  }
+  EXPECT_TRUE(executor_->held.empty());
+  EXPECT_FALSE(released) << "a dead pool's table was released on the pool that came back";
 }
 
 // A request that finished with a plan still out releases its slots when that plan lands.

@@ -16,8 +16,9 @@ namespace {
 
 // A request whose steps fail more often than this (not for a lost node) fails itself.
 constexpr int kMaxStepFailures = 2;
-// A release whose plans keep failing is sent again at most this many times: a node that
-// fails every plan does not get it for ever.
+// A release whose plans keep failing is sent again at most this many times in a row, then
+// parked until one of the node's plans lands (Executor::parked_releases): a node that fails
+// every plan does not get it for ever.
 constexpr int kMaxReleaseResends = 3;
 
 }  // namespace
@@ -108,8 +109,9 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
     }
     // Its releases may never have reached the KV side (a failed plan may have reached some
     // of its memory nodes and not others): the next plan carries them again (a release is
-    // idempotent), at most kMaxReleaseResends times. Each names a table no sequence will use
-    // again: its sequence finished, left, or was preempted and took a new id (Preempt).
+    // idempotent), kMaxReleaseResends times, then after the next plan that lands. Each names
+    // a table no sequence will use again: its sequence finished, left, or was preempted and
+    // took a new id (Preempt).
     if (!plan.releases.empty()) {
       ex.release_retry_at =
           now + config_.release_retry_backoff * (1 << std::min(ex.release_failures++, 10));
@@ -118,9 +120,11 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
       if (++ex.release_resends[r.request_id] <= kMaxReleaseResends) {
         QueueRelease(executor, r);
       } else {
-        LOG(WARNING) << "giving up on the release of sequence " << r.request_id.value() << " on "
-                     << ex.impl->name() << " after " << kMaxReleaseResends << " failed plans";
+        LOG(WARNING) << "the release of sequence " << r.request_id.value() << " on "
+                     << ex.impl->name() << " failed " << kMaxReleaseResends + 1
+                     << " plans; it waits for one that lands";
         ex.release_resends.erase(r.request_id);
+        ex.parked_releases.push_back(r);
       }
     }
     bool other_node = false;
