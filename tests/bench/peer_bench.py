@@ -17,7 +17,10 @@ then runs, in --rounds rounds whose order alternates:
            timing, both servers answer the same prompt with 16 greedy tokens, and the
            script prints how many agree (a check that the GGUF is the same model: bf16
            rounding differs between the two, so the tail may diverge).
-Without --llama_dir it runs strata alone and says that the peer was skipped.
+Without --llama_dir it runs strata alone and says that the peer was skipped. It prints the
+medians over the rounds and their ratios, then, for tg and served, each round's own ratio
+(the two engines' runs of a round are close in time; the machine's phase moves between
+rounds).
 
   /usr/bin/python3 tests/bench/peer_bench.py --bin_dir="$(bazel info bazel-bin)" \\
       --llama_dir=/path/to/llama.cpp/build [--rounds=3] [--parts=tg,batched,served,pp]
@@ -316,6 +319,21 @@ def main():
         for n in (1, args.clients):
             row(f"served, {n} client(s)", median(("served", n, "strata")),
                 median(("served", n, "llama.cpp")))
+    # The two engines' runs of one round are minutes apart at most, the rounds further: each
+    # round's own ratio shows how far the machine's phase moved the figures above.
+    paired = [(f"decode batch 1, ctx {args.tg_depth}", ("tg", "strata"), ("tg", "llama.cpp"))]
+    paired += [(f"served, {n} client(s)", ("served", n, "strata"), ("served", n, "llama.cpp"))
+               for n in (1, args.clients)]
+    lines = []
+    for label, ours, theirs in paired:
+        ratios = [a / b for a, b in zip(results.get(ours, []), results.get(theirs, [])) if b > 0]
+        if ratios:
+            lines.append(f"  {label}: {statistics.median(ratios):.3f} [{min(ratios):.3f}, "
+                         f"{max(ratios):.3f}] ({', '.join(f'{r:.3f}' for r in ratios)})")
+    if lines:
+        print("\neach round's own strata/llama ratio: median [lowest, highest] (by round)")
+        print("\n".join(lines))
+    if "served" in parts:
         if peer and ("greedy", "strata") in results and ("greedy", "llama.cpp") in results:
             a, b = results[("greedy", "strata")], results[("greedy", "llama.cpp")]
             agree = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
