@@ -120,15 +120,22 @@ struct HasBf16Dot<Ops, std::void_t<decltype(Ops::kBf16Dot)>> : std::true_type {}
 template <class Ops, KvDType kKv>
 inline constexpr bool kBf16Dots = (kKv == KvDType::kBF16) && HasBf16Dot<Ops>::value;
 
-// acc + q.k over `d` elements (a multiple of 16) on bf16 dot products: 32 at a time, then
-// the last 16 if d is not a multiple of 32.
+// Elements [c, c + 32) of a head of `d` elements (a multiple of 16) as bf16 pairs, in the
+// steps of q.k's bf16 dot products: 32 at a time, the last 16 as half pairs where d is not
+// a multiple of 32 (80: 32, 32, 16).
+template <class Ops>
+inline auto LoadPairsAt(const uint16_t* p, int c, int d) {
+  return c + 32 > d ? Ops::LoadHalfPairs(p + c) : Ops::LoadPairs(p + c);
+}
+
+// acc + q.k over `d` elements on bf16 dot products, in LoadPairsAt's steps.
 template <class Ops>
 inline typename Ops::V DotBf16(const uint16_t* q, const uint16_t* k, int d, typename Ops::V acc) {
   int c = 0;
   for (; c + 32 <= d; c += 32) {
     acc = Ops::DotPairs(acc, Ops::LoadPairs(q + c), Ops::LoadPairs(k + c));
   }
-  if (c < d) acc = Ops::DotPairs(acc, Ops::LoadHalfPairs(q + c), Ops::LoadHalfPairs(k + c));
+  if (c < d) acc = Ops::DotPairs(acc, LoadPairsAt<Ops>(q, c, d), LoadPairsAt<Ops>(k, c, d));
   return acc;
 }
 
@@ -139,13 +146,11 @@ inline typename Ops::V DotBf16(const uint16_t* q, const uint16_t* k, int d, type
 template <int kDim>
 inline constexpr bool kWidenable = kDim > 0 && kDim % 32 == 0;
 
-// Elements [c, c + 32) of a head of kDim as bf16 pairs, in DotBf16's steps: the last 16
-// as half pairs where kDim is not a multiple of 32 (80: 32, 32, 16).
+// The same for a head size known at compile time: whole steps only where kDim is a
+// multiple of 32.
 template <class Ops, int kDim>
 inline auto LoadPairsAt(const uint16_t* p, int c) {
-  if constexpr (kDim % 32 != 0) {
-    if (c + 32 > kDim) return Ops::LoadHalfPairs(p + c);
-  }
+  if constexpr (kDim % 32 != 0) return LoadPairsAt<Ops>(p, c, kDim);
   return Ops::LoadPairs(p + c);
 }
 
