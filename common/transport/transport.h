@@ -18,10 +18,11 @@
 //     Connections are made through UCX's socket-address listener ("host:port").
 //   - "inproc": queues between transports of one process, for tests. Addresses are names.
 //
-// Peer failure: with ErrorMode::kPeer a dead peer (closed connection) is reported through
-// the peer handler and every send to it fails. UCX's shared-memory transports cannot
-// detect a dead peer; endpoints that must survive one run over tcp (README.md, "Data
-// plane"). A hung peer is never detected by the transport: callers put deadlines on every
+// Peer failure: a dead peer (its process exited, however it died) or one that disconnected
+// is reported through the peer handler, and every send to it fails. UCX finds it on the
+// connection where it can (error mode kPeer over tcp or verbs); over shared memory, which
+// cannot, the connection's liveness socket finds it (ucx_bootstrap.h), on every transport
+// alike. A hung peer is never detected by the transport: callers put deadlines on every
 // wait.
 //
 // Thread-safety: all public methods may be called from any thread.
@@ -48,8 +49,8 @@ namespace strata::transport {
 enum class Backend { kUcx, kInproc };
 inline constexpr EnumName<Backend> kBackendNames[] = {{Backend::kUcx, "ucx"},
                                                       {Backend::kInproc, "inproc"}};
-// UCX's peer-failure handling: kPeer detects dead peers (needs tcp or IB); kNone allows
-// shared memory, which cannot.
+// UCX's own peer-failure handling: kPeer (tcp or IB); kNone allows shared memory, whose
+// dead peers the liveness sockets find instead.
 enum class ErrorMode { kPeer, kNone };
 inline constexpr EnumName<ErrorMode> kErrorModeNames[] = {{ErrorMode::kPeer, "peer"},
                                                           {ErrorMode::kNone, "none"}};

@@ -12,7 +12,8 @@ ABSL_FLAG(int64_t, ucx_eager_max_bytes, -1,
           "--ucx_tls names shared memory, else UCX's choice; 0: UCX's choice)");
 ABSL_FLAG(strata::transport::ErrorMode, transport_error_mode,
           strata::transport::TransportConfig().error_mode,
-          "peer: detect dead peers (tcp, InfiniBand); none: allows UCX shared memory");
+          "peer: UCX detects dead peers (tcp, InfiniBand); none: allows UCX shared memory, "
+          "whose dead peers each connection's liveness socket finds");
 ABSL_FLAG(std::string, step_channel_ucx_tls, "tcp",
           "UCX transports of the step channel between the scheduler and compute nodes; it "
           "needs one that detects dead peers (tcp, or rc on InfiniBand)");

@@ -3,8 +3,9 @@
 //   --transport=ucx|inproc          backend
 //   --ucx_tls=tcp                   UCX transports (UCX_TLS; empty: the environment's)
 //   --ucx_net_devices=lo            UCX network devices (UCX_NET_DEVICES)
-//   --transport_error_mode=peer     "peer" detects dead peers (needs tcp or IB), "none"
-//                                   allows shared memory
+//   --transport_error_mode=peer     "peer": UCX detects dead peers (needs tcp or IB);
+//                                   "none" allows shared memory (the liveness sockets
+//                                   find its dead peers, ucx_bootstrap.h)
 //   --step_channel_ucx_tls=tcp      UCX transports of the step channel between the
 //                                   scheduler and a compute node (it must detect a dead
 //                                   peer, so never shared memory)

@@ -3,9 +3,11 @@
 #ifndef STRATA_COMMON_TRANSPORT_TRANSPORT_TESTING_H_
 #define STRATA_COMMON_TRANSPORT_TRANSPORT_TESTING_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/transport/transport.h"
 
@@ -72,6 +75,46 @@ class Recorder : public MessageHandler {
   }
 };
 
+// Places every payload in a buffer of its own, and counts places and deliveries: for the
+// tests of the promise that every span Place hands out comes back in exactly one Deliver,
+// also when the sender dies with its payload under way.
+class PlacingCounter : public MessageHandler {
+ public:
+  std::span<uint8_t> Place(PeerId, std::span<const uint8_t>, size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    buffers_.emplace_back(bytes);
+    ++placed_;
+    cv_.notify_all();
+    return {buffers_.back().data(), bytes};
+  }
+  void Deliver(PeerId, std::span<const uint8_t>, std::span<const uint8_t> payload,
+               absl::Status) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    bool ours = false;
+    for (const auto& b : buffers_) ours = ours || (b.data() == payload.data() && !b.empty());
+    misplaced_ += ours ? 0 : 1;
+    ++delivered_;
+    cv_.notify_all();
+  }
+  // Waits (20 s at most) until `pred(places, deliveries)` holds; returns whether it did.
+  template <class Pred>
+  bool WaitFor(Pred pred) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(20), [&] { return pred(placed_, delivered_); });
+  }
+  // Deliveries of a span that no Place of this handler gave out.
+  int misplaced() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return misplaced_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::vector<uint8_t>> buffers_;
+  int placed_ = 0, delivered_ = 0, misplaced_ = 0;
+};
+
 struct PeerEvents {
   std::mutex mu;
   std::condition_variable cv;
@@ -94,6 +137,25 @@ struct PeerEvents {
 
 // The key both ends of a test hold.
 inline const std::string kTestKey = "0123456789abcdef0123456789abcdef";
+
+// A transport of `config` listening on a free loopback port, with `handler` for `tag`, its
+// peer events recorded in `events`; `*address` is where it listens.
+inline absl::StatusOr<std::unique_ptr<Transport>> ListeningTransport(const TransportConfig& config,
+                                                                     Tag tag,
+                                                                     MessageHandler* handler,
+                                                                     PeerEvents* events,
+                                                                     std::string* address) {
+  auto transport = Transport::Create(config);
+  if (!transport.ok()) return transport.status();
+  (*transport)->SetHandler(tag, handler);
+  (*transport)->SetPeerHandler([events](PeerId id, PeerEvent event, const absl::Status&) {
+    events->Add(id, event);
+  });
+  auto listening = (*transport)->Listen("127.0.0.1:0");
+  if (!listening.ok()) return listening.status();
+  *address = *listening;
+  return transport;
+}
 
 // `n` bytes drawn from a generator seeded with `seed`.
 inline std::vector<uint8_t> Bytes(size_t n, uint32_t seed) {

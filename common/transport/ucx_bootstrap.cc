@@ -1,6 +1,8 @@
 #include "common/transport/ucx_bootstrap.h"
 
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <unistd.h>
 
@@ -158,6 +160,15 @@ void SetSocketTimeouts(int fd, absl::Duration timeout) {
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
+void KeepAsLivenessSocket(int fd) {
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  const int on = 1, idle_s = 60, interval_s = 10, probes = 6;
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
+}
+
 absl::StatusOr<Bootstrapped> ServerBootstrap(int fd, const std::string& ours,
                                              const std::string& key, absl::Duration budget) {
   const BootstrapDeadline deadline(budget);
@@ -205,7 +216,12 @@ absl::StatusOr<Bootstrapped> BootstrapClient(const sockaddr_storage& addr, sockl
   fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
   SetSocketTimeouts(fd, timeout);
   absl::StatusOr<Bootstrapped> theirs = ClientBootstrap(fd, ours, key, timeout);
-  close(fd);
+  if (!theirs.ok()) {
+    close(fd);
+    return theirs;
+  }
+  KeepAsLivenessSocket(fd);
+  theirs->socket = fd;
   return theirs;
 }
 

@@ -15,6 +15,12 @@
 // Each side checks the other's MAC before it sends its address, and the MACs cover the
 // addresses, so a man in the middle can neither learn nor swap them. Both sides then hold
 // HMAC(K, "session" Nc Ns), a secret of this connection alone (Transport::PeerSecret).
+//
+// The socket stays open for as long as the connection lasts, with nothing more sent on it:
+// the liveness socket. When either process exits, however it dies, its kernel closes the
+// socket and the other side reads its end. That is how a dead peer is found over UCX
+// transports that cannot find one themselves (shared memory, error mode none), and how a
+// Disconnect reaches the other side over any of them (UcxTransport::OnLivenessEvent).
 #ifndef STRATA_COMMON_TRANSPORT_UCX_BOOTSTRAP_H_
 #define STRATA_COMMON_TRANSPORT_UCX_BOOTSTRAP_H_
 
@@ -35,7 +41,13 @@ void SetSocketTimeouts(int fd, absl::Duration timeout);
 struct Bootstrapped {
   std::string address;
   std::string secret;
+  int socket = -1;  // BootstrapClient: the liveness socket, the caller's to close
 };
+
+// Turns the bootstrap's socket into the connection's liveness socket: non-blocking, with
+// TCP keepalive (a peer whose host is gone, or a path that dropped the connection, is
+// found within about two minutes, and idle connections stay known to middleboxes).
+void KeepAsLivenessSocket(int fd);
 
 // The server's side on an accepted socket: the client's worker address once the client
 // proved that it holds `key`; UNAUTHENTICATED when it did not, DEADLINE_EXCEEDED when its
@@ -44,7 +56,8 @@ absl::StatusOr<Bootstrapped> ServerBootstrap(int fd, const std::string& ours,
                                              const std::string& key, absl::Duration budget);
 
 // Connects to `addr` (with a deadline), runs the client's side: the server's worker
-// address; UNAUTHENTICATED when the server does not hold `key`.
+// address, and the socket, kept as the liveness socket; UNAUTHENTICATED when the server
+// does not hold `key`.
 absl::StatusOr<Bootstrapped> BootstrapClient(const sockaddr_storage& addr, socklen_t length,
                                              const std::string& ours, const std::string& key,
                                              absl::Duration timeout);

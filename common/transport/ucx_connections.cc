@@ -60,6 +60,12 @@ void UcxTransport::ClosePeer(PeerId id, const absl::Status& why) {
     peer->connect_waiter->Set(why);
     peer->connect_waiter.reset();
   }
+  if (peer->liveness >= 0) {
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, peer->liveness, nullptr);
+    close(peer->liveness);  // the other side reads its end: a Disconnect reaches it
+    by_liveness_.erase(peer->liveness);
+    peer->liveness = -1;
+  }
   for (auto& [key, rkey] : peer->rkeys) ucp_rkey_destroy(rkey);
   peer->rkeys.clear();
   if (peer->ep != nullptr) {
@@ -72,6 +78,47 @@ void UcxTransport::ClosePeer(PeerId id, const absl::Status& why) {
     peer->ep = nullptr;
   }
   if (was_ready && peer_handler_) peer_handler_(id, PeerEvent::kDisconnected, why);
+}
+
+void UcxTransport::WatchLiveness(PeerId id, int fd) {
+  epoll_event event{};
+  event.events = EPOLLIN | EPOLLRDHUP;
+  event.data.fd = fd;
+  if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event) != 0) {
+    // The connection still works; only a dead peer would go unnoticed but for deadlines.
+    LOG(WARNING) << "data-plane peer " << id
+                 << ": cannot watch its liveness socket: " << std::strerror(errno);
+    close(fd);
+    return;
+  }
+  peers_[id].liveness = fd;
+  by_liveness_[fd] = id;
+}
+
+void UcxTransport::OnLivenessEvent(int fd) {
+  auto it = by_liveness_.find(fd);
+  if (it == by_liveness_.end()) return;
+  const PeerId id = it->second;
+  char bytes[256];
+  while (true) {
+    const ssize_t n = recv(fd, bytes, sizeof(bytes), 0);
+    if (n > 0) {
+      LOG_FIRST_N(WARNING, 10) << "data-plane peer " << id << " sent " << n
+                               << " bytes on its liveness socket; dropped";
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;  // still open
+    break;                                                           // its end (0), or a reset
+  }
+  // Messages it sent before it went wait in the worker (a shared-memory FIFO, a socket's
+  // buffer): they go to their handlers before the peer is reported gone.
+  while (ucp_worker_progress(worker_) != 0) {
+  }
+  ClosePeer(id,
+            absl::UnavailableError(absl::StrCat("data-plane peer ", id,
+                                                " closed its connection (its process exited, or it "
+                                                "disconnected)")));
 }
 
 void UcxTransport::SetPeerSecret(PeerId id, std::string secret) {
@@ -149,8 +196,8 @@ void UcxTransport::AcceptBootstrap() {
     SetSocketTimeouts(fd, absl::Seconds(1));
     absl::StatusOr<Bootstrapped> theirs =
         ServerBootstrap(fd, worker_address_, config_.auth_key, absl::Seconds(1));
-    close(fd);
     if (!theirs.ok()) {
+      close(fd);
       if (absl::IsUnauthenticated(theirs.status())) ++ProcessAuthRefusals().data_plane;
       LOG_FIRST_N(WARNING, 10) << "refused a data-plane connection: " << theirs.status().message();
       continue;
@@ -161,6 +208,7 @@ void UcxTransport::AcceptBootstrap() {
     params.address = reinterpret_cast<const ucp_address_t*>(theirs->address.data());
     auto ep = CreateEndpoint(params, id);
     if (!ep.ok()) {
+      close(fd);
       LOG(WARNING) << "refused a data-plane connection: " << ep.status().message();
       peers_.erase(id);
       continue;
@@ -168,6 +216,8 @@ void UcxTransport::AcceptBootstrap() {
     SetPeerSecret(id, std::move(theirs->secret));
     peers_[id].ep = *ep;
     by_endpoint_[*ep] = id;
+    KeepAsLivenessSocket(fd);
+    WatchLiveness(id, fd);
   }
 }
 
@@ -206,6 +256,7 @@ absl::StatusOr<PeerId> UcxTransport::Connect(const std::string& address) {
         params.address = reinterpret_cast<const ucp_address_t*>(theirs.address.data());
         auto ep = CreateEndpoint(params, id);
         if (!ep.ok()) {
+          close(theirs.socket);
           peers_.erase(id);
           waiter->Set(ep.status());
           return;
@@ -214,6 +265,7 @@ absl::StatusOr<PeerId> UcxTransport::Connect(const std::string& address) {
         peer.ep = *ep;
         by_endpoint_[*ep] = id;
         peer.connect_waiter = waiter;
+        WatchLiveness(id, theirs.socket);
         auto ctx = std::make_unique<SendContext>();
         ctx->self = this;
         ctx->peer = id;
@@ -228,6 +280,7 @@ absl::StatusOr<PeerId> UcxTransport::Connect(const std::string& address) {
         };
         StartSend(std::move(ctx), 0);
       })) {
+    close(theirs->socket);
     waiter->Set(ShuttingDown());
   }
   auto result = waiter->Wait(config_.connect_timeout);

@@ -105,8 +105,9 @@ class UcxTransport final : public Transport, private EventLoop::Poller {
   struct Peer {
     PeerId id = 0;
     ucp_ep_h ep = nullptr;
-    bool ready = false;                                              // handshake complete
-    bool closed = false;                                             // failed or disconnected
+    bool ready = false;   // handshake complete
+    bool closed = false;  // failed or disconnected
+    int liveness = -1;    // the bootstrap's socket, kept open (ucx_bootstrap.h); -1: none
     std::shared_ptr<Waiter<absl::StatusOr<PeerId>>> connect_waiter;  // client side
     std::unordered_map<std::string, ucp_rkey_h> rkeys;
     uint64_t next_arrival = 0;
@@ -154,6 +155,13 @@ class UcxTransport final : public Transport, private EventLoop::Poller {
   void SetPeerSecret(PeerId id, std::string secret);
   absl::StatusOr<ucp_ep_h> CreateEndpoint(ucp_ep_params_t params, PeerId id);
   void ClosePeer(PeerId id, const absl::Status& why);
+  // Watches the peer's liveness socket (taking it over): its end read means the peer's
+  // process exited or it disconnected (OnLivenessEvent).
+  void WatchLiveness(PeerId id, int fd);
+  // The liveness socket `fd` is readable: the peer closed it, unless bytes came (a peer
+  // never sends any, and they are dropped). What the peer sent before it went is delivered
+  // first (the worker is progressed until idle), then the peer is closed.
+  void OnLivenessEvent(int fd);
   // Starts a send on the worker (held by the caller). True if it is over already (sent in
   // place, or failed); false if it is pending on the worker.
   bool StartSend(std::unique_ptr<SendContext> ctx, Tag tag);
@@ -195,6 +203,7 @@ class UcxTransport final : public Transport, private EventLoop::Poller {
   // Transport-thread state.
   std::unordered_map<PeerId, Peer> peers_;
   std::unordered_map<ucp_ep_h, PeerId> by_endpoint_;
+  std::unordered_map<int, PeerId> by_liveness_;  // liveness sockets
   std::unordered_map<PeerId, std::unique_ptr<ErrorArg>> error_args_;
   PeerId next_peer_ = 1;
   int listen_fd_ = -1;             // bootstrap listener

@@ -138,7 +138,8 @@ absl::Status UcxTransport::Init() {
     eager_max_bytes_ = shared_memory ? size_t{256} << 10 : 0;
   }
   capabilities_.backend = EnumNameOf(Backend::kUcx, kBackendNames);
-  capabilities_.detects_dead_peers = config_.error_mode == ErrorMode::kPeer;
+  // UCX's error mode peer, or else every connection's liveness socket (ucx_bootstrap.h).
+  capabilities_.detects_dead_peers = true;
   capabilities_.one_sided_put = true;
   capabilities_.device_memory = (context_attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
   capabilities_.details = absl::StrCat(
@@ -209,7 +210,11 @@ void UcxTransport::Wait(absl::Time deadline) {
   worker_lock_.lock();
   slept_to_bound_ = n == 0 && timeout_ms == 1000;
   for (int i = 0; i < n; ++i) {
-    if (events[i].data.fd == listen_fd_ && listen_fd_ >= 0) AcceptBootstrap();
+    if (events[i].data.fd == listen_fd_ && listen_fd_ >= 0) {
+      AcceptBootstrap();
+    } else if (by_liveness_.count(events[i].data.fd) != 0) {
+      OnLivenessEvent(events[i].data.fd);
+    }
   }
 }
 

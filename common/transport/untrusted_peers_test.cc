@@ -33,15 +33,9 @@ class BootstrapAuthTest : public ::testing::Test {
     return c;
   }
   void SetUp() override {
-    auto server = Transport::Create(Config(kTestKey));
+    auto server = ListeningTransport(Config(kTestKey), kFrameTag, &rx_, &events_, &address_);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
-    server_->SetHandler(kFrameTag, &rx_);
-    server_->SetPeerHandler(
-        [this](PeerId id, PeerEvent event, const absl::Status&) { events_.Add(id, event); });
-    auto address = server_->Listen("127.0.0.1:0");
-    ASSERT_TRUE(address.ok()) << address.status();
-    address_ = *address;
   }
   void TearDown() override { server_.reset(); }
   int Connected() {
