@@ -124,6 +124,9 @@ ABSL_FLAG(int64_t, max_stream_buffer_bytes, 4 << 20,
           "Unread stream bytes queued for a slow client before its stream is cut");
 ABSL_FLAG(int64_t, drain_timeout_s, 30, "Seconds to let streams finish on SIGTERM");
 ABSL_FLAG(int64_t, step_timeout_s, 60, "Seconds before a compute node's step counts as hung");
+ABSL_FLAG(int64_t, heartbeat_timeout_ms,
+          absl::ToInt64Milliseconds(strata::ServerOptions().heartbeat_timeout),
+          "A node that sends no heartbeat for this long is dead (nodes send one every 500 ms)");
 ABSL_FLAG(bool, shutdown_nodes_on_exit, false, "Ask registered nodes to exit when stopping");
 
 int main(int argc, char** argv) {
@@ -172,6 +175,7 @@ int main(int argc, char** argv) {
   o.cluster_auth = strata::ClusterAuthOptionsFromFlags();
   o.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
   o.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
+  o.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   o.disk_load_timeout =
       absl::Milliseconds(std::max<int64_t>(1, absl::GetFlag(FLAGS_kv_disk_load_timeout_ms)));
   o.scheduler.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);

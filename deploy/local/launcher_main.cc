@@ -57,9 +57,9 @@ ABSL_FLAG(std::string, kv_disk_dir, "",
           "compute node, gets its own subdirectory (memory-0, compute-0, ...) of this "
           "directory (empty: no disk tier)");
 ABSL_FLAG(double, kv_disk_budget_gib, 16, "The disk tier's budget per KV pool, GiB");
-ABSL_FLAG(std::string, data_plane, "tcp",
-          "tcp: UCX over loopback TCP, which detects dead peers; sm: UCX shared memory, "
-          "faster, for benchmarks (a dead peer is found by deadlines only)");
+ABSL_FLAG(std::string, data_plane, "sm",
+          "sm: UCX shared memory (dead peers found by each connection's liveness socket); "
+          "tcp: UCX over loopback TCP (dead peers found by UCX)");
 // 0 or "": the compute node's own default (compute_node --helpfull).
 ABSL_FLAG(int, attention_minibatches, 0, "Mini-batches per memory node and layer");
 ABSL_FLAG(std::string, prefill_attention, "", "split or memory (see compute_node)");
