@@ -15,8 +15,8 @@ ABSL_FLAG(strata::transport::ErrorMode, transport_error_mode,
           "peer: UCX detects dead peers (tcp, InfiniBand); none: allows UCX shared memory, "
           "whose dead peers each connection's liveness socket finds");
 ABSL_FLAG(std::string, step_channel_ucx_tls, "tcp",
-          "UCX transports of the step channel between the scheduler and compute nodes; it "
-          "needs one that detects dead peers (tcp, or rc on InfiniBand)");
+          "UCX transports of the step channel between the scheduler and compute nodes (e.g. "
+          "tcp, rc on InfiniBand, or sm,self,tcp on one host)");
 
 namespace strata::transport {
 
@@ -35,10 +35,16 @@ TransportConfig TransportConfigFromFlags() {
 
 TransportConfig StepChannelConfigFromFlags() {
   TransportConfig config = TransportConfigFromFlags();
-  config.error_mode = ErrorMode::kPeer;
   if (!absl::GetFlag(FLAGS_step_channel_ucx_tls).empty()) {
     config.ucx_options["TLS"] = absl::GetFlag(FLAGS_step_channel_ucx_tls);
   }
+  // A dead compute node must fail its plans at once: UCX finds it itself over tcp or verbs
+  // (error mode peer); over shared memory, which needs error mode none, the connection's
+  // liveness socket does.
+  auto tls = config.ucx_options.find("TLS");
+  config.error_mode = tls != config.ucx_options.end() && UcxTlsNamesSharedMemory(tls->second)
+                          ? ErrorMode::kNone
+                          : ErrorMode::kPeer;
   return config;
 }
 

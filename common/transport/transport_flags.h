@@ -7,8 +7,8 @@
 //                                   "none" allows shared memory (the liveness sockets
 //                                   find its dead peers, ucx_bootstrap.h)
 //   --step_channel_ucx_tls=tcp      UCX transports of the step channel between the
-//                                   scheduler and a compute node (it must detect a dead
-//                                   peer, so never shared memory)
+//                                   scheduler and a compute node (error mode none where
+//                                   they name shared memory, else peer)
 #ifndef STRATA_COMMON_TRANSPORT_TRANSPORT_FLAGS_H_
 #define STRATA_COMMON_TRANSPORT_TRANSPORT_FLAGS_H_
 
@@ -17,8 +17,8 @@
 namespace strata::transport {
 
 TransportConfig TransportConfigFromFlags();
-// The step channel's (compute_node/step_channel.h): the flags' transport, with dead peers
-// detected and --step_channel_ucx_tls's transports.
+// The step channel's (compute_node/step_channel.h): the flags' transport with
+// --step_channel_ucx_tls's transports, and the error mode those need.
 TransportConfig StepChannelConfigFromFlags();
 
 }  // namespace strata::transport

@@ -131,11 +131,7 @@ absl::Status UcxTransport::Init() {
   };
   eager_max_bytes_ = static_cast<size_t>(std::max<int64_t>(0, config_.eager_max_bytes));
   if (config_.eager_max_bytes < 0) {
-    bool shared_memory = false;
-    for (absl::string_view tl : absl::StrSplit(option("TLS"), ',')) {
-      shared_memory = shared_memory || tl == "sm" || tl == "shm" || tl == "posix" || tl == "sysv";
-    }
-    eager_max_bytes_ = shared_memory ? size_t{256} << 10 : 0;
+    eager_max_bytes_ = UcxTlsNamesSharedMemory(option("TLS")) ? size_t{256} << 10 : 0;
   }
   capabilities_.backend = EnumNameOf(Backend::kUcx, kBackendNames);
   // UCX's error mode peer, or else every connection's liveness socket (ucx_bootstrap.h).
