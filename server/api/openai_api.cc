@@ -297,10 +297,11 @@ void OpenAiApi::Completions(const http::Request& request,
     active_streams_.fetch_add(1);
   }
   std::weak_ptr<GenerationJob> weak = job;
+  // The stream stops counting in on_done, which runs once whatever ends it (a client that
+  // went away included: its requests are cancelled here and end with 499).
   responder->OnClose([this, weak] {
     auto j = weak.lock();
     if (!j) return;
-    if (j->stream) active_streams_.fetch_sub(1);
     for (uint64_t id : j->request_ids) scheduler_->Cancel(id);
   });
   if (job->stream) {

@@ -85,5 +85,48 @@ TEST(DrainTest, SigtermFinishesStreamsAndRefusesNewWork) {
   (*d)->Stop();
 }
 
+// A stream whose client went away stops counting once: after it, SIGTERM finds nothing to
+// drain and the server exits at once, not after the drain's 30 s deadline (a completions
+// stream used to be uncounted twice, by its close and by its end, and the drain then
+// waited for a count of -1 to come back to 0).
+TEST(DrainTest, AStreamItsClientLeftDoesNotHoldTheDrain) {
+  auto d = Deployment::Start({});
+  ASSERT_TRUE(d.ok()) << d.status();
+  const int port = (*d)->http_port();
+  const pid_t server = (*d)->Pid("server");
+  const std::string model =
+      json::parse(HttpRequest(port, "GET", "/v1/models").body)["data"][0]["id"];
+  for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+    json body = {{"model", model}, {"max_tokens", 1500}, {"ignore_eos", true}, {"stream", true}};
+    if (std::string(path) == "/v1/completions") {
+      body["prompt"] = "A long story";
+    } else {
+      body["messages"] = json::array({{{"role", "user"}, {"content", "A long story"}}});
+    }
+    int chunks = 0;
+    // The client leaves after a few chunks.
+    HttpRequest(port, "POST", path, body.dump(), {},
+                [&](const std::string&) { return ++chunks < 3; });
+    EXPECT_GE(chunks, 3) << path;
+  }
+  // Its requests are cancelled.
+  bool idle = false;
+  for (int i = 0; i < 200 && !idle; ++i) {
+    const std::string metrics = HttpRequest(port, "GET", "/metrics").body;
+    idle = metrics.find("strata_num_requests_running{model_name=\"" + model + "\"} 0") !=
+           std::string::npos;
+    if (!idle) absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(idle) << "the abandoned streams' requests were never cancelled";
+  ASSERT_EQ(kill(server, SIGTERM), 0);
+  bool exited = false;
+  for (int i = 0; i < 200 && !exited; ++i) {
+    exited = kill(server, 0) != 0;
+    if (!exited) absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_TRUE(exited) << "the drain waited for streams that had ended";
+  (*d)->Stop();
+}
+
 }  // namespace
 }  // namespace strata::testing
