@@ -29,8 +29,9 @@ struct StepEngine::Lane {
   int layer = 0;  // the layer whose attention is out
   bool forward_done = false;
   absl::Status status;
-  // Sequences of the plan that cannot follow their grammar (they fail alone).
-  std::vector<std::pair<SequenceId, absl::Status>> grammar_failed;
+  // Sequences of the plan that fail alone: one that cannot follow its grammar (its rows
+  // run), and one whose row asks for a token this node has not sampled (its row does not).
+  std::vector<std::pair<SequenceId, absl::Status>> failed_alone;
   // Rotational pipelining: this replica's part of the plan (rotation.h).
   bool rotated = false;
   RotationRole role;
@@ -163,7 +164,8 @@ std::optional<StepResult> StepEngine::Prepare(Lane& lane, const StepPlan& plan) 
   tokens.clear();
   lane.last_rows.clear();
   lane.sampled_chunks.clear();
-  lane.grammar_failed.clear();
+  lane.failed_alone.clear();
+  std::vector<const SequenceChunk*> kept;  // the chunks whose rows run
   for (const SequenceChunk* c : chunks) {
     if (!requests_.count(c->request_id)) {
       result.status = absl::InvalidArgumentError(
@@ -189,23 +191,28 @@ std::optional<StepResult> StepEngine::Prepare(Lane& lane, const StepPlan& plan) 
                        " beyond the context of ", options_.max_positions));
       return std::move(result);
     }
+    // A row ahead whose token was never sampled here: the row before it failed (its memory
+    // node died, or the whole step failed). That sequence alone fails; the others' rows run,
+    // and their KV stays where it is.
+    if (c->tokens.size() == 1 && c->tokens[0] == kLastSampledToken &&
+        requests_.at(c->request_id).last_sampled_position != c->start_position) {
+      lane.failed_alone.emplace_back(
+          c->request_id, absl::FailedPreconditionError(absl::StrCat(
+                             "request ", c->request_id, " asks for the token sampled for position ",
+                             c->start_position, ", which this node has not sampled")));
+      continue;
+    }
+    kept.push_back(c);
     for (size_t i = 0; i < c->tokens.size(); ++i) {
       int32_t t = c->tokens[i];
       if (t == kLastSampledToken) {
-        const RequestCache& cache = requests_.at(c->request_id);
         if (c->tokens.size() != 1) {
           result.status = absl::InvalidArgumentError(
               absl::StrCat("request ", c->request_id,
                            ": the last sampled token stands only in a one-row chunk"));
           return std::move(result);
         }
-        if (cache.last_sampled_position != c->start_position) {
-          result.status = absl::FailedPreconditionError(
-              absl::StrCat("request ", c->request_id, " asks for the token sampled for position ",
-                           c->start_position, ", which this node has not sampled"));
-          return std::move(result);
-        }
-        t = cache.last_sampled;
+        t = requests_.at(c->request_id).last_sampled;
       }
       if (t < 0 || t >= config.vocab_size) {
         result.status = absl::InvalidArgumentError(
@@ -222,6 +229,11 @@ std::optional<StepResult> StepEngine::Prepare(Lane& lane, const StepPlan& plan) 
       lane.sampled_chunks.push_back(c);
     }
   }
+  // A refused sequence takes no slots either.
+  for (const auto& [id, why] : lane.failed_alone) {
+    std::erase_if(kv.assignments, [&](const SlotAssignment& a) { return a.request_id == id; });
+  }
+  chunks.swap(kept);
   const int64_t m = static_cast<int64_t>(tokens.size());
   if (m > options_.max_batch_rows) {
     result.status = absl::InvalidArgumentError(
@@ -247,7 +259,7 @@ std::optional<StepResult> StepEngine::Prepare(Lane& lane, const StepPlan& plan) 
       }
     }
     if (!cache.grammar_error.ok())
-      lane.grammar_failed.emplace_back(c->request_id, cache.grammar_error);
+      lane.failed_alone.emplace_back(c->request_id, cache.grammar_error);
     if (!cache.sampling.uses_penalties()) continue;
     for (size_t i = 0; i < c->tokens.size(); ++i) {
       if (c->start_position + static_cast<int32_t>(i) < cache.prompt_len) {
@@ -328,8 +340,8 @@ StepResult StepEngine::Finish(int index) {
   result.timing.bytes_received = outcome.bytes_received;
   result.dead_pools = outcome.dead_pools;
   result.failed = outcome.failed;
-  result.failed.insert(result.failed.end(), lane.grammar_failed.begin(), lane.grammar_failed.end());
-  lane.grammar_failed.clear();
+  result.failed.insert(result.failed.end(), lane.failed_alone.begin(), lane.failed_alone.end());
+  lane.failed_alone.clear();
   if (lane.rotated) lane.role.exchange->Retire(lane.role.batch, result.step_id);
   if (!lane.status.ok()) {
     result.status = std::move(lane.status);

@@ -1,6 +1,7 @@
 // The step engine's "last sampled token" input (asynchronous scheduling): a decode row that
 // names kLastSampledToken computes exactly what the same row with the literal token does,
-// and the engine refuses it wherever it has no token sampled for that position.
+// and the engine refuses it wherever it has no token sampled for that position: that
+// sequence alone fails, and the plan's other rows run as they would without it.
 #include "compute_node/step_engine.h"
 
 #include <random>
@@ -47,10 +48,9 @@ class StepEngineTest : public ::testing::Test {
   // position `position` holding `token`. Seeded sampling with penalties, so that both the
   // row's logits and the penalty counts must see the same token.
   static StepPlan Plan(uint64_t step, const std::vector<int32_t>& prompt, int32_t position,
-                       int32_t token, int64_t output_position) {
+                       int32_t token, int64_t output_position, SequenceId id = SequenceId(1)) {
     StepPlan plan;
     plan.step_id = step;
-    const SequenceId id(1);
     SequenceChunk chunk;
     chunk.request_id = id;
     chunk.pool = PoolIndex(0);
@@ -79,6 +79,24 @@ class StepEngineTest : public ::testing::Test {
     chunk.samples.push_back({id, 0, output_position, {}});
     plan.chunks.push_back(chunk);
     return plan;
+  }
+
+  // `a` with `b`'s setups, chunks and assignments added.
+  static StepPlan Merge(StepPlan a, const StepPlan& b) {
+    a.setups.insert(a.setups.end(), b.setups.begin(), b.setups.end());
+    a.chunks.insert(a.chunks.end(), b.chunks.begin(), b.chunks.end());
+    a.assignments.insert(a.assignments.end(), b.assignments.begin(), b.assignments.end());
+    return a;
+  }
+
+  // The step went through with sequence `id` refused alone: no token for it.
+  static void ExpectRefusedAlone(const StepResult& r, SequenceId id) {
+    EXPECT_TRUE(r.status.ok()) << r.status;
+    ASSERT_EQ(r.failed.size(), 1u);
+    EXPECT_EQ(r.failed[0].first, id);
+    EXPECT_EQ(r.failed[0].second.code(), absl::StatusCode::kFailedPrecondition)
+        << r.failed[0].second;
+    for (const SampledToken& t : r.tokens) EXPECT_NE(t.request_id, id);
   }
 
   static ModelWeights* weights_;
@@ -118,7 +136,7 @@ TEST_F(StepEngineTest, LastSampledTokenIsRefusedWhereThereIsNone) {
   ASSERT_TRUE(r.status.ok()) << r.status;
   // The token of position n exists; position n + 1's does not yet (a step skipped or lost).
   r = node.engine->Execute(Plan(1, prompt, n + 1, kLastSampledToken, 1));
-  EXPECT_EQ(r.status.code(), absl::StatusCode::kFailedPrecondition) << r.status;
+  ExpectRefusedAlone(r, SequenceId(1));
   // Nor does it stand in a chunk of several rows.
   StepPlan two = Plan(1, prompt, n, kLastSampledToken, 1);
   two.chunks[0].tokens.push_back(5);
@@ -129,7 +147,7 @@ TEST_F(StepEngineTest, LastSampledTokenIsRefusedWhereThereIsNone) {
   r = node.engine->Execute(Plan(1, prompt, n, kLastSampledToken, 1));
   EXPECT_TRUE(r.status.ok()) << r.status;
   r = node.engine->Execute(Plan(2, prompt, n, kLastSampledToken, 1));
-  EXPECT_EQ(r.status.code(), absl::StatusCode::kFailedPrecondition) << r.status;
+  ExpectRefusedAlone(r, SequenceId(1));
   // A released and re-admitted sequence starts with none.
   StepPlan release;
   release.step_id = 3;
@@ -141,7 +159,43 @@ TEST_F(StepEngineTest, LastSampledTokenIsRefusedWhereThereIsNone) {
   again.assignments.clear();
   ASSERT_TRUE(node.engine->Execute(again).status.ok());
   r = node.engine->Execute(Plan(5, prompt, n + 1, kLastSampledToken, 2));
-  EXPECT_EQ(r.status.code(), absl::StatusCode::kFailedPrecondition) << r.status;
+  ExpectRefusedAlone(r, SequenceId(1));
+}
+
+// A plan ahead can hold the row of a sequence whose previous row failed (its memory node
+// died) beside rows that are fine. Only that sequence fails: the others sample exactly what
+// they sample in a plan without it, and the refused one takes no slots (its token is still
+// to come at the position it asked for).
+TEST_F(StepEngineTest, ARefusedRowFailsItsSequenceAloneAndTheOthersRun) {
+  const std::vector<int32_t> first = Prompt(21), second = Prompt(34);
+  const int32_t n1 = static_cast<int32_t>(first.size()), n2 = static_cast<int32_t>(second.size());
+  const SequenceId one(1), two(2);
+  Node both(weights_), alone(weights_);
+  StepPlan start = Merge(Plan(0, first, 0, 0, 0, one), Plan(0, second, 0, 0, 0, two));
+  // Sequence 2's slots follow sequence 1's in the pool.
+  for (int32_t& slot : start.assignments[1].slots) slot += 64;
+  ASSERT_TRUE(both.engine->Execute(start).status.ok());
+  ASSERT_TRUE(alone.engine->Execute(start).status.ok());
+  StepPlan ahead_one = Plan(1, first, n1, kLastSampledToken, 1, one);
+  StepPlan ahead_two = Plan(1, second, n2 + 1, kLastSampledToken, 1, two);  // never sampled
+  ahead_two.assignments[0].slots = {64 + n2 + 1};
+  StepResult mixed = both.engine->Execute(Merge(ahead_one, ahead_two));
+  StepResult reference = alone.engine->Execute(ahead_one);
+  ExpectRefusedAlone(mixed, two);
+  ASSERT_TRUE(reference.status.ok()) << reference.status;
+  ASSERT_EQ(mixed.tokens.size(), 1u);
+  ASSERT_EQ(reference.tokens.size(), 1u);
+  EXPECT_EQ(mixed.tokens[0].request_id, one);
+  EXPECT_EQ(mixed.tokens[0].token, reference.tokens[0].token);
+  EXPECT_EQ(mixed.tokens[0].logprob, reference.tokens[0].logprob);
+  // Sequence 2's own next row still finds its token.
+  StepPlan next_two = Plan(2, second, n2, kLastSampledToken, 1, two);
+  next_two.assignments[0].slots = {64 + n2};
+  const StepResult later = both.engine->Execute(next_two);
+  ASSERT_TRUE(later.status.ok()) << later.status;
+  EXPECT_TRUE(later.failed.empty());
+  ASSERT_EQ(later.tokens.size(), 1u);
+  EXPECT_EQ(later.tokens[0].request_id, two);
 }
 
 // A chunk samples for its own sequence or its n > 1 children, never for another set-up

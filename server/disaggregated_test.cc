@@ -3,6 +3,8 @@
 // loopback TCP). Greedy outputs must be bit-identical to co-located attention for every
 // topology, policy and mini-batching, and a memory node that dies mid-generation only
 // moves its requests.
+#include <set>
+
 #include "server/in_process_deployment.h"
 
 namespace strata {
@@ -281,22 +283,45 @@ TEST_F(DisaggregatedTest, ADeadMemoryNodeOnlyMovesItsRequests) {
     std::mutex mu;
     std::condition_variable cv;
     int steps = 0;
-    d.observer_.on_step = [&](const StepPlan&, const StepResult&, absl::Duration) {
+    std::set<SequenceId> on_dead_pool;  // every sequence a plan ran on pool 1 before it died
+    bool killed = false;
+    // Asynchronous: a plan back held rows ahead (naming the token the plan before samples)
+    // on both pools, as the plans in flight then do.
+    bool ahead_on_both = false;
+    d.observer_.on_step = [&](const StepPlan& plan, const StepResult&, absl::Duration) {
       std::lock_guard<std::mutex> lock(mu);
       ++steps;
+      bool ahead[2] = {false, false};
+      for (const SequenceChunk& c : plan.chunks) {
+        if (!killed && c.pool == PoolIndex(1)) on_dead_pool.insert(c.request_id);
+        if (c.tokens == std::vector<int32_t>{kLastSampledToken} && c.pool.value() < 2) {
+          ahead[c.pool.value()] = true;
+        }
+      }
+      ahead_on_both = ahead_on_both || (ahead[0] && ahead[1]);
       cv.notify_all();
     };
     d.scheduler().SetObserver(d.observer_);
     std::vector<std::shared_ptr<Outcome>> outcomes;
     for (const auto& r : requests) outcomes.push_back(d.Submit(r));
+    int64_t preempted_before = 0;
     {
       std::unique_lock<std::mutex> lock(mu);
       ASSERT_TRUE(cv.wait_for(lock, absl::ToChronoNanoseconds(absl::Seconds(60)),
-                              [&] { return steps >= 6; }));
+                              [&] { return steps >= 6 && (!t.async || ahead_on_both); }));
+      killed = true;
+      preempted_before = d.scheduler().Stats().num_preemptions_total;
     }
     // Memory node 1 goes away mid-generation (its transport closes with it).
     d.memory()[1].reset();
     ASSERT_TRUE(d.Wait(outcomes));
+    // Only its own requests were moved (recomputed elsewhere): a plan ahead holding rows of
+    // both pools refuses the dead pool's rows alone, not the others' (whose KV used to be
+    // recomputed too). A rotated step fails whole, and moves every request it held.
+    if (!t.rotational) {
+      EXPECT_LE(d.scheduler().Stats().num_preemptions_total - preempted_before,
+                static_cast<int64_t>(on_dead_pool.size()));
+    }
     // Its requests were re-prefilled on memory node 0: every output is still exact.
     for (size_t i = 0; i < outcomes.size(); ++i) {
       EXPECT_TRUE(outcomes[i]->error.ok()) << "request " << i << ": " << outcomes[i]->error;

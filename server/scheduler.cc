@@ -696,7 +696,6 @@ void Scheduler::Land(Request* req) {
     ReleaseKv(seq.get());
   }
   if (req->in_flight > 0) return;
-  req->row_ahead_lost = false;
   if (req->preempt_when_landed) {
     req->preempt_when_landed = false;
     if (req->state == Request::State::kRunning) Preempt(req);

@@ -67,9 +67,6 @@ struct Scheduler::Request {
   // Set while in flight; acted on when the step returns.
   FinishReason pending_finish = FinishReason::kNone;
   int step_failures = 0;
-  // Its draw failed alone while a plan with its row ahead was out: the node refuses that
-  // plan (it has no token to feed), which is then no fault of the plan's other requests.
-  bool row_ahead_lost = false;
   FinishReason last_finish = FinishReason::kStop;
   absl::Time submitted, admitted = absl::InfinitePast(), first_token = absl::InfinitePast();
   EventLoop::TimerId deadline_timer = 0;  // the request's timeout; 0: none, or it has fired

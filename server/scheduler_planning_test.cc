@@ -198,23 +198,25 @@ TEST_F(PlannerTest, ACancelOrTimeoutDuringAFailedStepStillEndsTheRequest) {
 
 // With asynchronous scheduling, a request whose draw fails alone (a lost grammar state, its
 // memory node's attention lost) has a row ahead in the plan already out, which the node
-// then refuses whole: it has no token to feed. The other requests of that plan are
-// recomputed, but the failure is not theirs and must not count toward the failures that
-// end a request: one innocent request outlives three such events and finishes cleanly.
-TEST_F(PlannerTest, AnotherRequestsFailedDrawIsNotChargedToTheRestOfThePlanAhead) {
-  // Each recomputation then starts at position 0 with the prompt's first token, which is how
-  // the test knows the innocent request's new ids (a cached prefix would start it later).
+// refuses alone: it has no token to feed (StepEngine, compute_node/step_engine.cc). The
+// plan's other rows run: an innocent request in both plans is neither recomputed nor charged
+// with a failure, through three such events, and finishes cleanly under its first id.
+TEST_F(PlannerTest, AnotherRequestsFailedDrawLeavesTheRestOfThePlanAheadRunning) {
+  // A recomputation would start at position 0 with the prompt's first token, which is how
+  // the test would see the innocent request take a new id (a cached prefix would start it
+  // later).
   configure_ = [](SchedulerConfig& c) { c.enable_prefix_caching = false; };
   Start(/*async=*/true);
   Submit({1, 2, 3, 4, 5}, 24);
   const uint64_t innocent = last_id_;
   ASSERT_FALSE(executor_->held.empty());
-  // The innocent request's sequence ids: the first, and each it takes when it is recomputed
-  // (a chunk of its prompt from position 0).
+  // The innocent request's sequence ids: the first, and any it takes when recomputed (a
+  // chunk of its prompt from position 0).
   std::set<SequenceId> b = {Held(0).chunks.at(0).request_id};
   // Answers the oldest plan: every draw succeeds but those of sequences other than b, which
-  // fail alone; with `refuse`, the whole plan fails as the node refuses a row ahead.
-  auto answer = [&](bool fail_others, bool refuse) {
+  // fail alone; with `refuse_others`, the node refuses the others' rows ahead alone, as it
+  // does where the row before failed.
+  auto answer = [&](bool fail_others, bool refuse_others) {
     auto [plan, sink] = std::move(executor_->held.front());
     executor_->held.pop_front();
     for (const SequenceChunk& c : plan->chunks) {
@@ -222,16 +224,17 @@ TEST_F(PlannerTest, AnotherRequestsFailedDrawIsNotChargedToTheRestOfThePlanAhead
     }
     StepResult result;
     result.step_id = plan->step_id;
-    if (refuse) {
-      result.status = absl::FailedPreconditionError("no token sampled for that position");
-    } else {
-      for (const SequenceChunk& c : plan->chunks) {
-        for (const SampleTarget& t : c.samples) {
-          if (fail_others && !b.contains(t.request_id)) {
-            result.failed.emplace_back(t.request_id, absl::InternalError("grammar state lost"));
-          } else {
-            result.tokens.push_back({t.request_id, 7});
-          }
+    for (const SequenceChunk& c : plan->chunks) {
+      if (refuse_others && !b.contains(c.request_id)) {
+        result.failed.emplace_back(
+            c.request_id, absl::FailedPreconditionError("no token sampled for that position"));
+        continue;
+      }
+      for (const SampleTarget& t : c.samples) {
+        if (fail_others && !b.contains(t.request_id)) {
+          result.failed.emplace_back(t.request_id, absl::InternalError("grammar state lost"));
+        } else {
+          result.tokens.push_back({t.request_id, 7});
         }
       }
     }
@@ -251,8 +254,8 @@ TEST_F(PlannerTest, AnotherRequestsFailedDrawIsNotChargedToTheRestOfThePlanAhead
         answer(false, false);
         continue;
       }
-      answer(/*fail_others=*/true, false);  // the other request's draw fails alone
-      answer(false, /*refuse=*/true);       // its row ahead: the node refuses the plan
+      answer(/*fail_others=*/true, false);    // the other request's draw fails alone
+      answer(false, /*refuse_others=*/true);  // its row ahead is refused alone
       failed = true;
     }
     ASSERT_TRUE(failed) << "no two plans in flight held both requests";
@@ -262,6 +265,7 @@ TEST_F(PlannerTest, AnotherRequestsFailedDrawIsNotChargedToTheRestOfThePlanAhead
   EXPECT_TRUE(updates_.back().finished);
   EXPECT_TRUE(updates_.back().error.ok()) << updates_.back().error;
   EXPECT_EQ(updates_.back().request_id, innocent);
+  EXPECT_EQ(b.size(), 1u) << "the innocent request was recomputed";
 }
 
 // the newest): it is preempted and released in the same plan, and the older one decodes.

@@ -132,15 +132,13 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
       other_node = other_node || (static_cast<int>(e) != executor && executors_[e]->alive &&
                                   executors_[e]->reachable);
     }
-    // Refused for the row ahead of a request whose draw failed alone in the plan before: the
-    // others are recomputed, but the failure does not count toward kMaxStepFailures. Nor
-    // does a step that failed whole for a memory node that died (rotational pipelining
-    // fails a rotated step at once): its pools are marked dead first, so that the requests
-    // move, as after a step that failed only their rows.
+    // A step that failed whole for a memory node that died (rotational pipelining fails a
+    // rotated step at once) does not count toward kMaxStepFailures: its pools are marked
+    // dead first, so that the requests move, as after a step that failed only their rows.
+    // (A row ahead of a request whose row failed before is refused alone by the node, in
+    // result.failed below: the plan's other rows run.)
     MarkPoolsDead(result.dead_pools);
-    const bool not_theirs = !result.dead_pools.empty() ||
-                            std::any_of(involved.begin(), involved.end(),
-                                        [](const Request* r) { return r->row_ahead_lost; });
+    const bool not_theirs = !result.dead_pools.empty();
     for (Request* req : involved) {
       // Finished already (a stop seen before this plan came back), moved already (its pool
       // died above), or a failure that an earlier plan's explains: this plan's rows depended
@@ -190,8 +188,8 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
     if (it == by_id.end()) continue;
     Request* req = it->second->request;
     if (failed_now.insert(req).second) {
-      if (req->in_flight > 0) req->row_ahead_lost = true;
-      // Already moved when its pool was declared dead above.
+      // Already moved when its pool was declared dead above, or ended when its row before
+      // this one failed (this row, ahead of it, was refused alone).
       if (req->state != Request::State::kRunning || req->preempt_when_landed) continue;
       const bool pool_dead =
           req->pool && std::find(result.dead_pools.begin(), result.dead_pools.end(), *req->pool) !=
