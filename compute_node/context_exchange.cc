@@ -82,12 +82,8 @@ absl::StatusOr<PeerId> ContextExchange::PeerFor(const std::string& address) {
   return *peer;
 }
 
-absl::Status ContextExchange::Send(const std::string& to, uint64_t step_id, int slice, int batch,
-                                   const float* x, int64_t m) {
-  ASSIGN_OR_RETURN(const PeerId peer, PeerFor(to));
-  auto body = std::make_shared<std::vector<float>>(x, x + m * options_.hidden);
-  const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(body->data()),
-                                       body->size() * sizeof(float));
+FrameHeader ContextExchange::HeaderOf(uint64_t step_id, int slice, int batch,
+                                      std::span<const uint8_t> body) {
   FrameHeader h;
   h.kind = static_cast<uint16_t>(FrameKind::kContext);
   h.step_id = step_id;
@@ -95,22 +91,51 @@ absl::Status ContextExchange::Send(const std::string& to, uint64_t step_id, int 
     std::lock_guard<std::mutex> lock(mu_);
     h.epoch = epoch_;
     ++stats_.sent;
-    stats_.bytes_sent += sizeof(h) + bytes.size();
+    stats_.bytes_sent += sizeof(h) + body.size();
   }
   h.layer = static_cast<uint32_t>(slice);
   h.minibatch = static_cast<uint32_t>(batch);
-  h.rows = static_cast<uint32_t>(m);
+  h.rows = static_cast<uint32_t>(body.size() / sizeof(float) / options_.hidden);
   h.dtype = static_cast<uint16_t>(transport::FrameDType::kF32);
-  h.payload_bytes = bytes.size();
-  h.checksum = transport::PayloadChecksum(bytes);
+  h.payload_bytes = body.size();
+  h.checksum = transport::PayloadChecksum(body);
+  return h;
+}
+
+absl::Status ContextExchange::Send(const std::string& to, uint64_t step_id, int slice, int batch,
+                                   const float* x, int64_t m) {
+  ASSIGN_OR_RETURN(const PeerId peer, PeerFor(to));
+  auto body = std::make_shared<std::vector<float>>(x, x + m * options_.hidden);
+  const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(body->data()),
+                                       body->size() * sizeof(float));
+  const FrameHeader h = HeaderOf(step_id, slice, batch, bytes);
   transport_->Send(peer, transport::kFrameTag, transport::AsBytes(h), {bytes},
                    [body](absl::Status) {});
+  return absl::OkStatus();
+}
+
+absl::Status ContextExchange::SendFailure(const std::string& to, uint64_t step_id, int slice,
+                                          int batch, const absl::Status& why) {
+  ASSIGN_OR_RETURN(const PeerId peer, PeerFor(to));
+  auto text = std::make_shared<std::string>();
+  const FrameHeader h =
+      transport::ErrorFrameHeader(HeaderOf(step_id, slice, batch, {}), why, text.get());
+  const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(text->data()),
+                                       text->size());
+  transport_->Send(peer, transport::kFrameTag, transport::AsBytes(h), {bytes},
+                   [text](absl::Status) {});
   return absl::OkStatus();
 }
 
 bool ContextExchange::Arrived(int batch, uint64_t step_id, int slice) const {
   std::lock_guard<std::mutex> lock(mu_);
   return held_.count({batch, step_id, slice}) > 0;
+}
+
+bool ContextExchange::FailureArrived(int batch, uint64_t step_id, int slice) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = held_.find({batch, step_id, slice});
+  return it != held_.end() && !it->second.failed.ok();
 }
 
 absl::Status ContextExchange::Take(int batch, uint64_t step_id, int slice, float* x, int64_t m) {
@@ -121,6 +146,7 @@ absl::Status ContextExchange::Take(int batch, uint64_t step_id, int slice, float
   }
   Held held = std::move(it->second);
   held_.erase(it);
+  if (!held.failed.ok()) return held.failed;
   if (held.rows != static_cast<uint64_t>(m)) {
     return absl::DataLossError(absl::StrCat("the context of slice ", slice, " of step ", step_id,
                                             " has ", held.rows, " rows; the plan has ", m));
@@ -153,12 +179,19 @@ void ContextExchange::Deliver(PeerId from, std::span<const uint8_t> header_bytes
   FrameHeader h;
   absl::Status why = transport::ParseFrameHeader(header_bytes, &h);
   if (why.ok()) why = status;
-  if (why.ok() && h.kind != static_cast<uint16_t>(FrameKind::kContext)) {
+  // A failure in place of a context: its text, of at most kMaxErrorText bytes.
+  const bool failure = why.ok() && h.kind == static_cast<uint16_t>(FrameKind::kError);
+  if (why.ok() && !failure && h.kind != static_cast<uint16_t>(FrameKind::kContext)) {
     why = absl::InvalidArgumentError(
         absl::StrCat("a ", transport::FrameKindName(h.kind), " frame at a context exchange"));
   }
-  if (why.ok() && (h.dtype != static_cast<uint16_t>(transport::FrameDType::kF32) ||
-                   h.payload_bytes != static_cast<uint64_t>(h.rows) * options_.hidden * 4)) {
+  if (why.ok() && failure && h.payload_bytes > transport::kMaxErrorText) {
+    why = absl::InvalidArgumentError(
+        absl::StrCat("a failure of ", h.payload_bytes, " bytes at a context exchange"));
+  }
+  if (why.ok() && !failure &&
+      (h.dtype != static_cast<uint16_t>(transport::FrameDType::kF32) ||
+       h.payload_bytes != static_cast<uint64_t>(h.rows) * options_.hidden * 4)) {
     why = absl::InvalidArgumentError(absl::StrCat("a context of ", h.rows, " rows in ",
                                                   h.payload_bytes, " bytes of dtype ", h.dtype));
   }
@@ -191,10 +224,14 @@ void ContextExchange::Deliver(PeerId from, std::span<const uint8_t> header_bytes
       held_.erase(oldest);
     }
     Held& held = held_[{static_cast<int>(h.minibatch), h.step_id, static_cast<int>(h.layer)}];
-    held.rows = h.rows;
     held.arrival = ++arrivals_;
-    held.x.resize(static_cast<size_t>(h.rows) * options_.hidden);
-    if (!payload.empty()) std::memcpy(held.x.data(), payload.data(), payload.size());
+    if (failure) {
+      held.failed = transport::ErrorFrameStatus(h, payload);
+    } else {
+      held.rows = h.rows;
+      held.x.resize(static_cast<size_t>(h.rows) * options_.hidden);
+      if (!payload.empty()) std::memcpy(held.x.data(), payload.data(), payload.size());
+    }
     ++stats_.received;
     notify = true;
   }

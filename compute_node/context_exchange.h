@@ -8,8 +8,9 @@
 //
 // A context travels as a kContext frame on the data plane (common/transport/frame.h): the
 // same 64-byte header, checksum and epoch as every frame; `layer` is the slice that
-// continues and `minibatch` the batch slot. Each replica listens on its own transport and
-// connects to the others on first use.
+// continues and `minibatch` the batch slot. A replica that gives up a step sends a kError
+// frame with the same fields in place of the context it owes (SendFailure). Each replica listens on
+// its own transport and connects to the others on first use.
 //
 // The receiver checks every frame before keeping it: header, kind, epoch, size against the
 // rows it claims, checksum. A malformed frame, or a stale one (of a step this replica has
@@ -71,9 +72,17 @@ class ContextExchange : public transport::MessageHandler {
   // step `step_id` in batch slot `batch`. The rows are copied.
   absl::Status Send(const std::string& to, uint64_t step_id, int slice, int batch, const float* x,
                     int64_t m);
+  // Tells the replica at `to` that the context of `slice` of step `step_id` in batch slot
+  // `batch` will not come, and why (`why`, not OK): a kError frame in place of the kContext
+  // frame, so that the replica gives up at once rather than at its hand-off deadline.
+  absl::Status SendFailure(const std::string& to, uint64_t step_id, int slice, int batch,
+                           const absl::Status& why);
+  // A context, or a failure in its place, has come.
   bool Arrived(int batch, uint64_t step_id, int slice) const;
+  // A failure has come in place of that context.
+  bool FailureArrived(int batch, uint64_t step_id, int slice) const;
   // Moves the context into x (m rows): NotFound if it has not come, DataLoss if it has
-  // another number of rows.
+  // another number of rows, and the sender's status where a failure came in its place.
   absl::Status Take(int batch, uint64_t step_id, int slice, float* x, int64_t m);
   // This replica is done with batch slot `batch` up to `step_id`: what is held of those
   // steps goes, and what comes of them later is stale.
@@ -88,11 +97,15 @@ class ContextExchange : public transport::MessageHandler {
  private:
   explicit ContextExchange(ContextExchangeOptions options) : options_(std::move(options)) {}
   absl::StatusOr<transport::PeerId> PeerFor(const std::string& address);
+  // The kContext header of `body` (rows of floats), counted as sent.
+  transport::FrameHeader HeaderOf(uint64_t step_id, int slice, int batch,
+                                  std::span<const uint8_t> body);
 
   using Key = std::tuple<int, uint64_t, int>;  // batch, step, slice
   struct Held {
     uint32_t rows = 0;
     std::vector<float> x;
+    absl::Status failed;   // a failure came in place of the context
     uint64_t arrival = 0;  // order of arrival, for dropping the oldest
   };
 

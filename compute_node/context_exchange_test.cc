@@ -1,5 +1,6 @@
 // The context exchange of rotational pipelining over the in-process transport: a context
-// sent by one replica arrives bit for bit at the other; a malformed frame (bad checksum,
+// sent by one replica arrives bit for bit at the other, and so does a failure sent in its
+// place; a malformed frame (bad checksum,
 // wrong size, wrong kind or dtype) is rejected and counted, a stale one (another epoch, or a
 // step already finished with) is dropped and counted, and neither is ever taken for a
 // context; the exchange keeps working after each.
@@ -71,6 +72,52 @@ TEST(ContextExchangeTest, ContextArrivesBitForBit) {
   EXPECT_TRUE(absl::IsNotFound(b->Take(1, 42, 3, got.data(), 5)));  // taken once
   EXPECT_EQ(b->stats().received, 2u);
   EXPECT_EQ(b->stats().rejected, 0u);
+}
+
+// A replica that gives up a step sends a failure in place of the context it owed: the
+// receiver holds it as that context's arrival, and taking it gives the sender's status, so
+// that the receiving replica gives up at once and passes it on. A forged failure with more
+// text than an error frame carries is rejected like any malformed frame.
+TEST(ContextExchangeTest, AFailureComesInPlaceOfAContext) {
+  std::atomic<int> arrivals{0};
+  auto a = Make(&arrivals), b = Make(&arrivals);
+  const absl::Status why = absl::UnavailableError("memory node of pool 1 is dead or hung");
+  ASSERT_TRUE(a->SendFailure(b->address(), 42, 3, 1, why).ok());
+  ASSERT_TRUE(Eventually([&] { return b->Arrived(1, 42, 3); }));
+  EXPECT_TRUE(b->FailureArrived(1, 42, 3));
+  EXPECT_FALSE(b->FailureArrived(1, 42, 2));
+  std::vector<float> got(5 * kHidden, 0.0f);
+  EXPECT_EQ(b->Take(1, 42, 3, got.data(), 5), why);
+  EXPECT_FALSE(b->Arrived(1, 42, 3));  // taken once
+  // A context still arrives as a context.
+  const std::vector<float> x = Rows(5, 1);
+  ASSERT_TRUE(a->Send(b->address(), 43, 3, 1, x.data(), 5).ok());
+  ASSERT_TRUE(Eventually([&] { return b->Arrived(1, 43, 3); }));
+  EXPECT_FALSE(b->FailureArrived(1, 43, 3));
+  ASSERT_TRUE(b->Take(1, 43, 3, got.data(), 5).ok());
+  EXPECT_EQ(got, x);
+
+  auto raw = transport::Transport::Create({transport::Backend::kInproc});
+  ASSERT_TRUE(raw.ok());
+  auto peer = (*raw)->Connect(b->address());
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  auto text = std::make_shared<std::string>(transport::kMaxErrorText + 1, 'x');
+  FrameHeader h;
+  h.kind = static_cast<uint16_t>(FrameKind::kError);
+  h.step_id = 44;
+  h.epoch = kEpoch;
+  h.layer = 3;
+  h.minibatch = 1;
+  h.flags = static_cast<uint16_t>(absl::StatusCode::kUnavailable);
+  const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(text->data()),
+                                       text->size());
+  h.payload_bytes = bytes.size();
+  h.checksum = transport::PayloadChecksum(bytes);
+  (*raw)->Send(*peer, transport::kFrameTag, transport::AsBytes(h), {bytes},
+               [text](absl::Status) {});
+  ASSERT_TRUE(Eventually([&] { return b->stats().rejected == 1; })) << b->stats().rejected;
+  EXPECT_FALSE(b->Arrived(1, 44, 3));
+  (*raw)->Disconnect(*peer);
 }
 
 TEST(ContextExchangeTest, MalformedAndStaleFramesAreRejectedAndCounted) {

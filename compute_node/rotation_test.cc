@@ -65,11 +65,15 @@ struct MemoryPools {
   }
 };
 
-RemoteAttentionOptions LaneOptions(uint64_t endpoint, std::function<void()> on_settled) {
+// The layer and hand-off deadline of the tests' lanes and replicas.
+constexpr absl::Duration kDeadline = absl::Seconds(2);
+
+RemoteAttentionOptions LaneOptions(uint64_t endpoint, std::function<void()> on_settled,
+                                   absl::Duration deadline = kDeadline) {
   RemoteAttentionOptions o;
   o.transport.backend = transport::Backend::kInproc;
   o.prefill_policy = PrefillPolicy::kMemory;
-  o.layer_timeout = absl::Seconds(2);
+  o.layer_timeout = deadline;
   o.endpoint = endpoint;
   o.on_settled = std::move(on_settled);
   return o;
@@ -87,7 +91,8 @@ struct Replica {
   PlanQueue queue;
   std::thread driver;
 
-  Replica(const ModelRunner& runner, const MemoryPools& pools, int batches) {
+  Replica(const ModelRunner& runner, const MemoryPools& pools, int batches,
+          absl::Duration deadline = kDeadline) {
     ContextExchangeOptions o;
     o.transport.backend = transport::Backend::kInproc;
     o.listen_address = absl::StrCat("rotation-test-replica-", ++instance);
@@ -102,7 +107,8 @@ struct Replica {
     for (int j = 0; j < batches; ++j) {
       auto lane = RemoteAttention::Create(
           runner.config(),
-          LaneOptions(RotationEndpoint(exchange->address(), j), [this] { wakeup.Notify(); }));
+          LaneOptions(
+              RotationEndpoint(exchange->address(), j), [this] { wakeup.Notify(); }, deadline));
       EXPECT_TRUE(lane.ok()) << lane.status();
       (*lane)->SetMemoryNodes(kEpoch, pools.addresses);
       (*lane)->ConnectAll();
@@ -114,7 +120,7 @@ struct Replica {
     RotationDriverOptions d;
     d.exchange = exchange.get();
     d.wakeup = &wakeup;
-    d.handoff_timeout = absl::Seconds(2);
+    d.handoff_timeout = deadline;
     d.stop = &killed;
     d.epoch = &epoch;
     d.cached_epoch = &cached_epoch;
@@ -456,6 +462,50 @@ TEST_F(RotationTest, APlanOfAnotherEpochIsRefusedAndChangesNothing) {
   const StepResult fresh = Broadcast(all, 0, next, layers);
   EXPECT_EQ(fresh.status.code(), absl::StatusCode::kInvalidArgument) << fresh.status;
   EXPECT_TRUE(absl::StrContains(fresh.status.message(), "before its setup")) << fresh.status;
+  for (auto& r : replicas) r->Stop();
+}
+
+// A memory node dies mid-rotation. The replica whose slice finds it dead gives up the step
+// and tells the replica of the next slice in place of the context it owed, which does the
+// same in turn: every replica's lane fails with the memory node's error at once, where
+// they used to wait for their hand-off deadline one after another. The deadlines here are
+// a minute, far past the test's bound.
+TEST_F(RotationTest, ADeadMemoryNodeFailsTheRotatedStepOnEveryReplicaWithoutWaiting) {
+  const int batches = 4;
+  ModelRunner runner(weights_, kMaxPositions);
+  MemoryPools pools(runner.config());
+  std::vector<std::unique_ptr<Replica>> replicas;
+  for (int r = 0; r < 3; ++r) {
+    replicas.push_back(std::make_unique<Replica>(runner, pools, batches, absl::Seconds(60)));
+  }
+  std::vector<Replica*> three;
+  for (auto& r : replicas) three.push_back(r.get());
+  const int layers = static_cast<int>(runner.config().num_layers);
+  std::atomic<uint64_t> ids{1};
+  auto b = MakeBatches(batches, 11);
+  std::atomic<int> plans{0};
+  absl::Mutex kill_mu;
+  std::vector<absl::Status> errors, replica_errors;
+  const absl::Time start = absl::Now();
+  Drive(
+      b,
+      [&](int batch, StepPlan plan) {
+        if (batch == 1 && ++plans == 3) {
+          return Broadcast(three, batch, plan, layers, &replica_errors, [&] {
+            absl::MutexLock lock(&kill_mu);
+            pools.servers[1].reset();  // its connections close with it
+          });
+        }
+        return Broadcast(three, batch, plan, layers, &replica_errors);
+      },
+      true, ids, &errors);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "a replica waited for its deadline";
+  int failed = 0;
+  for (const absl::Status& e : errors) failed += !e.ok();
+  EXPECT_GT(failed, 0) << "no batch met the dead memory node";
+  for (const absl::Status& e : replica_errors) {
+    EXPECT_FALSE(absl::StrContains(e.message(), "did not hand over")) << e;
+  }
   for (auto& r : replicas) r->Stop();
 }
 

@@ -288,7 +288,10 @@ void StepEngine::StartForward(Lane& lane) {
 
 void StepEngine::EndForward(Lane& lane, absl::Status status) {
   // A rotated lane that gives up may still have answers registered into its buffers.
-  if (!status.ok() && lane.rotated) lane.attention->Abandon();
+  if (!status.ok() && lane.rotated) {
+    lane.attention->Abandon();
+    PassFailureOn(lane, status);
+  }
   lane.status = std::move(status);
   lane.forward_done = true;
 }
@@ -536,13 +539,27 @@ void StepEngine::HandOff(Lane& lane, int k) {
   lane.deadline = absl::Now() + role.handoff_timeout;
 }
 
+void StepEngine::PassFailureOn(const Lane& lane, const absl::Status& why) {
+  const int k = lane.next_slice + 1;
+  if (k > static_cast<int>(runner_->config().num_layers)) return;  // nobody waits for it
+  const RotationRole& role = lane.role;
+  const absl::Status sent = role.exchange->SendFailure(role.replicas[role.ReplicaOf(k)],
+                                                       lane.result.step_id, k, role.batch, why);
+  LOG_IF(WARNING, !sent.ok()) << "step " << lane.result.step_id << ": could not tell the replica "
+                              << "of slice " << k << " that this one gave up: " << sent;
+}
+
 bool StepEngine::RotationReady(int index) const {
   const Lane& lane = *lanes_.at(index);
   if (!lane.busy || !lane.rotated) return false;
   if (lane.forward_done) return true;
   if (absl::Now() >= lane.deadline) return true;
+  const ContextExchange& exchange = *lane.role.exchange;
+  const int batch = lane.role.batch;
+  // A failure in place of the context: the answers still out will not be needed.
+  if (exchange.FailureArrived(batch, lane.result.step_id, lane.next_slice)) return true;
   return lane.attention->LayerSettled() &&
-         lane.role.exchange->Arrived(lane.role.batch, lane.result.step_id, lane.next_slice);
+         exchange.Arrived(batch, lane.result.step_id, lane.next_slice);
 }
 
 absl::Time StepEngine::RotationDeadline(int index) const {

@@ -148,6 +148,11 @@ class StepEngine : public LaneEngine {
   void HandOff(Lane& lane, int k);
   // Fails the lane's plan, with what the attention side says of the step.
   void EndForward(Lane& lane, absl::Status status);
+  // A rotated lane that gives up, with `why`, tells the replica of the slice after the one
+  // it was at (lane.next_slice): that replica would otherwise wait for the context until
+  // its hand-off deadline, then the one after it, and so on around the rotation. Each
+  // passes the failure on as it gives up in turn.
+  void PassFailureOn(const Lane& lane, const absl::Status& why);
 
   struct RequestCache {
     SamplingParams sampling;
