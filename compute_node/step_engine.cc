@@ -230,8 +230,9 @@ std::optional<StepResult> StepEngine::Prepare(Lane& lane, const StepPlan& plan) 
     }
   }
   // A refused sequence takes no slots either.
-  for (const auto& [id, why] : lane.failed_alone) {
-    std::erase_if(kv.assignments, [&](const SlotAssignment& a) { return a.request_id == id; });
+  for (const auto& refused : lane.failed_alone) {
+    std::erase_if(kv.assignments,
+                  [&](const SlotAssignment& a) { return a.request_id == refused.first; });
   }
   chunks.swap(kept);
   const int64_t m = static_cast<int64_t>(tokens.size());

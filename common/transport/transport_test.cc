@@ -90,6 +90,9 @@ class TransportTest : public ::testing::TestWithParam<Backend> {
     ASSERT_TRUE(peer.ok()) << peer.status();
     to_server_ = *peer;
     ASSERT_TRUE(server_events_.WaitFor(PeerEvent::kConnected));
+    // Under its lock: a disconnect may be recorded at any time (the liveness sockets report
+    // it over every transport).
+    std::lock_guard<std::mutex> lock(server_events_.mu);
     server_peer_ = server_events_.events[0].first;
   }
 
