@@ -10,6 +10,7 @@
 #include "common/base/shutdown.h"
 #include "common/control/cluster_flags.h"
 #include "common/transport/transport_flags.h"
+#include "server/control_plane.h"
 #include "server/server_app.h"
 
 // Scheduler defaults come from SchedulerConfig, declared once there.
@@ -164,6 +165,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.data_plane_steps = absl::GetFlag(FLAGS_step_channel) == "data_plane";
+  // At least two of the nodes' heartbeats: one late heartbeat must not kill a node.
+  o.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  if (const absl::Duration least = 2 * strata::ControlPlaneOptions().heartbeat_interval;
+      o.heartbeat_timeout < least) {
+    LOG(ERROR) << "--heartbeat_timeout_ms must be at least " << absl::ToInt64Milliseconds(least)
+               << " (nodes send a heartbeat every "
+               << absl::FormatDuration(strata::ControlPlaneOptions().heartbeat_interval) << ")";
+    return 2;
+  }
   o.step_transport = strata::transport::StepChannelConfigFromFlags();
   auto api_key = strata::ApiKeyFromFlags(absl::GetFlag(FLAGS_api_key),
                                          absl::GetFlag(FLAGS_api_key_file), "STRATA_API_KEY");
@@ -175,7 +185,6 @@ int main(int argc, char** argv) {
   o.cluster_auth = strata::ClusterAuthOptionsFromFlags();
   o.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
   o.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
-  o.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   o.disk_load_timeout =
       absl::Milliseconds(std::max<int64_t>(1, absl::GetFlag(FLAGS_kv_disk_load_timeout_ms)));
   o.scheduler.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);

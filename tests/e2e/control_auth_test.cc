@@ -284,6 +284,8 @@ TEST(ControlAuthTest, ProcessesRefuseToStartWithoutAUsableSecret) {
        "/nonexistent/model/config.json"},
       {{compute, "--model=/nonexistent/model"}, "/nonexistent/model/config.json"},
       {{server, model_flag, "--port=0", "--control_port=0", "--policy=bogus"}, "bogus"},
+      {{server, model_flag, "--port=0", "--control_port=0", "--heartbeat_timeout_ms=600"},
+       "--heartbeat_timeout_ms must be at least 1000"},
   };
   for (const auto& [argv, want] : cases) {
     const auto [status, output] =
