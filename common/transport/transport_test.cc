@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <mutex>
@@ -336,6 +337,42 @@ TEST_P(TransportTest, SendToUnknownPeerFails) {
   const absl::Status status =
       SendAndWait(*client_, to_server_ + 1000, kFrameTag, header, {}, absl::Seconds(20));
   EXPECT_FALSE(status.ok());
+}
+
+// Each connection holds a socket of its own for as long as it lasts (UCX's liveness socket,
+// ucx_bootstrap.h): connections that come and go leave none behind, on either side.
+TEST_P(TransportTest, ConnectionsThatComeAndGoLeaveNoFileDescriptors) {
+  auto open_fds = [] {
+    return std::distance(std::filesystem::directory_iterator("/proc/self/fd"),
+                         std::filesystem::directory_iterator());
+  };
+  MakePair();
+  const uint8_t header[4] = {};
+  ASSERT_TRUE(SendAndWait(*client_, to_server_, kFrameTag, header, {}, absl::Seconds(20)).ok());
+  const auto before = open_fds();
+  for (int i = 0; i < 20; ++i) {
+    auto peer = client_->Connect(server_address_);
+    ASSERT_TRUE(peer.ok()) << peer.status();
+    ASSERT_TRUE(SendAndWait(*client_, *peer, kFrameTag, header, {}, absl::Seconds(20)).ok());
+    client_->Disconnect(*peer);
+  }
+  // The server closes its ends once it reads the client's: a Disconnect reaches it.
+  ASSERT_TRUE(server_events_.WaitFor(PeerEvent::kDisconnected));
+  bool settled = false;
+  for (int i = 0; i < 200 && !settled; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(server_events_.mu);
+      int gone = 0;
+      for (const auto& [id, event] : server_events_.events)
+        gone += event == PeerEvent::kDisconnected;
+      settled = gone == 20;
+    }
+    if (!settled) absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(settled) << "the server did not hear of every disconnect";
+  EXPECT_LE(open_fds(), before) << "connections left file descriptors open";
+  // The first connection still works.
+  EXPECT_TRUE(SendAndWait(*client_, to_server_, kFrameTag, header, {}, absl::Seconds(20)).ok());
 }
 
 TEST_P(TransportTest, DeadPeerIsReported) {
