@@ -18,13 +18,39 @@ namespace {
 
 using json = nlohmann::json;
 
-TEST(DrainTest, SigtermFinishesStreamsAndRefusesNewWork) {
-  auto d = Deployment::Start({});
-  ASSERT_TRUE(d.ok()) << d.status();
-  const int port = (*d)->http_port();
-  const pid_t server = (*d)->Pid("server");
-  const std::string model =
-      json::parse(HttpRequest(port, "GET", "/v1/models").body)["data"][0]["id"];
+// The embedded default, its HTTP port, the server's pid and the served model's name.
+class DrainTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto d = Deployment::Start({});
+    ASSERT_TRUE(d.ok()) << d.status();
+    d_ = std::move(*d);
+    port_ = d_->http_port();
+    server_ = d_->Pid("server");
+    model_ = json::parse(HttpRequest(port_, "GET", "/v1/models").body)["data"][0]["id"];
+  }
+  void TearDown() override {
+    if (d_) d_->Stop();
+  }
+  // Whether the server exits within 10 s (the drain's own deadline is 30 s).
+  bool ServerExits() {
+    for (int i = 0; i < 200; ++i) {
+      if (kill(server_, 0) != 0) return true;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return false;
+  }
+
+  std::unique_ptr<Deployment> d_;
+  int port_ = 0;
+  pid_t server_ = -1;
+  std::string model_;
+};
+
+TEST_F(DrainTest, SigtermFinishesStreamsAndRefusesNewWork) {
+  const int port = port_;
+  const pid_t server = server_;
+  const std::string& model = model_;
   ASSERT_EQ(HttpRequest(port, "GET", "/ready").status, 200);
 
   std::atomic<bool> first_chunk{false};
@@ -76,26 +102,16 @@ TEST(DrainTest, SigtermFinishesStreamsAndRefusesNewWork) {
   EXPECT_GT(tokens, 100);
 
   // Then the server exits on its own.
-  bool exited = false;
-  for (int i = 0; i < 200 && !exited; ++i) {
-    exited = kill(server, 0) != 0;
-    if (!exited) absl::SleepFor(absl::Milliseconds(50));
-  }
-  EXPECT_TRUE(exited) << "the server did not exit after draining";
-  (*d)->Stop();
+  EXPECT_TRUE(ServerExits()) << "the server did not exit after draining";
 }
 
 // A stream whose client went away stops counting once: after it, SIGTERM finds nothing to
 // drain and the server exits at once, not after the drain's 30 s deadline (a completions
 // stream used to be uncounted twice, by its close and by its end, and the drain then
 // waited for a count of -1 to come back to 0).
-TEST(DrainTest, AStreamItsClientLeftDoesNotHoldTheDrain) {
-  auto d = Deployment::Start({});
-  ASSERT_TRUE(d.ok()) << d.status();
-  const int port = (*d)->http_port();
-  const pid_t server = (*d)->Pid("server");
-  const std::string model =
-      json::parse(HttpRequest(port, "GET", "/v1/models").body)["data"][0]["id"];
+TEST_F(DrainTest, AStreamItsClientLeftDoesNotHoldTheDrain) {
+  const int port = port_;
+  const std::string& model = model_;
   for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
     json body = {{"model", model}, {"max_tokens", 1500}, {"ignore_eos", true}, {"stream", true}};
     if (std::string(path) == "/v1/completions") {
@@ -118,14 +134,8 @@ TEST(DrainTest, AStreamItsClientLeftDoesNotHoldTheDrain) {
     if (!idle) absl::SleepFor(absl::Milliseconds(50));
   }
   ASSERT_TRUE(idle) << "the abandoned streams' requests were never cancelled";
-  ASSERT_EQ(kill(server, SIGTERM), 0);
-  bool exited = false;
-  for (int i = 0; i < 200 && !exited; ++i) {
-    exited = kill(server, 0) != 0;
-    if (!exited) absl::SleepFor(absl::Milliseconds(50));
-  }
-  EXPECT_TRUE(exited) << "the drain waited for streams that had ended";
-  (*d)->Stop();
+  ASSERT_EQ(kill(server_, SIGTERM), 0);
+  EXPECT_TRUE(ServerExits()) << "the drain waited for streams that had ended";
 }
 
 }  // namespace
