@@ -237,8 +237,10 @@ TEST(OffloadTest, KilledMemoryNodeOverSharedMemoryIsFoundOnItsConnection) {
       << "the dead memory node was found by a deadline, not on its connection";
 }
 
-TEST(OffloadTest, HungMemoryNodeIsFoundByDeadlineAndComesBack) {
-  auto d = Deployment::Start(Offloaded(2));
+// Stops memory-0 (SIGSTOP) mid-generation: every stream completes with a healthy
+// deployment's outputs, and once woken it registers again and serves.
+void HangAMemoryNodeAndWakeIt(const DeploymentOptions& o) {
+  auto d = Deployment::Start(o);
   ASSERT_TRUE(d.ok()) << d.status();
   const int port = (*d)->http_port();
   const auto prompts = Prompts();
@@ -270,6 +272,19 @@ TEST(OffloadTest, HungMemoryNodeIsFoundByDeadlineAndComesBack) {
   EXPECT_EQ(std::vector<std::string>(reference[1].tokens.begin(), reference[1].tokens.begin() + 10),
             after.tokens);
   EXPECT_EQ((*d)->Stop(), 0);
+}
+
+TEST(OffloadTest, HungMemoryNodeIsFoundByDeadlineAndComesBack) {
+  HangAMemoryNodeAndWakeIt(Offloaded(2));
+}
+
+// The same over shared memory, the embedded default's data plane: a stopped process keeps
+// its connections open (its liveness sockets say nothing), so the layer deadline finds it,
+// as over tcp.
+TEST(OffloadTest, HungMemoryNodeOverSharedMemoryIsFoundByDeadlineAndComesBack) {
+  DeploymentOptions o = Offloaded(2);
+  o.launcher_args = {"--data_plane=sm", "--attention_timeout_ms=2500", "--memory_threads=1"};
+  HangAMemoryNodeAndWakeIt(o);
 }
 
 TEST(OffloadTest, ComputeNodeThatLeavesStopsAdmissionUntilItReturns) {
