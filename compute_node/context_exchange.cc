@@ -40,6 +40,10 @@ absl::StatusOr<std::unique_ptr<ContextExchange>> ContextExchange::Create(
           for (auto it = self->peers_.begin(); it != self->peers_.end();) {
             it = it->second == peer ? self->peers_.erase(it) : std::next(it);
           }
+          if (auto it = self->inbound_.find(peer); it != self->inbound_.end()) {
+            self->departed_.insert(it->second);
+            self->inbound_.erase(it);
+          }
         }
         LOG(WARNING) << "context exchange: peer " << peer << " left: " << why.message();
         if (self->options_.on_arrival) self->options_.on_arrival();
@@ -77,6 +81,17 @@ absl::StatusOr<PeerId> ContextExchange::PeerFor(const std::string& address) {
     return absl::UnavailableError(absl::StrCat("cannot reach the compute replica at ", address,
                                                ": ", peer.status().message()));
   }
+  // The other side learns who this is: once this connection closes, what this replica owed
+  // it will not come (Departed).
+  auto text = std::make_shared<std::string>(address_);
+  const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(text->data()),
+                                       text->size());
+  FrameHeader hello;
+  hello.kind = static_cast<uint16_t>(FrameKind::kHello);
+  hello.payload_bytes = bytes.size();
+  hello.checksum = transport::PayloadChecksum(bytes);
+  transport_->Send(*peer, transport::kFrameTag, transport::AsBytes(hello), {bytes},
+                   [text](absl::Status) {});
   std::lock_guard<std::mutex> lock(mu_);
   peers_[address] = *peer;
   return *peer;
@@ -132,6 +147,11 @@ bool ContextExchange::Arrived(int batch, uint64_t step_id, int slice) const {
   return held_.count({batch, step_id, slice}) > 0;
 }
 
+bool ContextExchange::Departed(const std::string& address) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return departed_.contains(address);
+}
+
 bool ContextExchange::FailureArrived(int batch, uint64_t step_id, int slice) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = held_.find({batch, step_id, slice});
@@ -179,6 +199,24 @@ void ContextExchange::Deliver(PeerId from, std::span<const uint8_t> header_bytes
   FrameHeader h;
   absl::Status why = transport::ParseFrameHeader(header_bytes, &h);
   if (why.ok()) why = status;
+  // The address the replica at the other end listens at, of at most kMaxHelloBytes.
+  if (why.ok() && h.kind == static_cast<uint16_t>(FrameKind::kHello)) {
+    if (h.payload_bytes > kMaxHelloBytes) {
+      why = absl::InvalidArgumentError(
+          absl::StrCat("a hello of ", h.payload_bytes, " bytes at a context exchange"));
+    }
+    if (why.ok()) why = transport::CheckFramePayload(h, payload, options_.verify_checksums);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!why.ok()) {
+      ++stats_.rejected;
+      LOG_FIRST_N(WARNING, 20) << "rejected a hello from peer " << from << ": " << why.message();
+      return;
+    }
+    const std::string address(payload.begin(), payload.end());
+    inbound_[from] = address;
+    departed_.erase(address);  // a replica back at the same address
+    return;
+  }
   // A failure in place of a context: its text, of at most kMaxErrorText bytes.
   const bool failure = why.ok() && h.kind == static_cast<uint16_t>(FrameKind::kError);
   if (why.ok() && !failure && h.kind != static_cast<uint16_t>(FrameKind::kContext)) {

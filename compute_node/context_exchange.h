@@ -9,7 +9,10 @@
 // A context travels as a kContext frame on the data plane (common/transport/frame.h): the
 // same 64-byte header, checksum and epoch as every frame; `layer` is the slice that
 // continues and `minibatch` the batch slot. A replica that gives up a step sends a kError
-// frame with the same fields in place of the context it owes (SendFailure). Each replica listens on
+// frame with the same fields in place of the context it owes (SendFailure). A replica's
+// first frame on a connection it makes is a kHello carrying the address it listens at, so
+// that the other side knows whose contexts will not come once that connection closes
+// (Departed). Each replica listens on
 // its own transport and connects to the others on first use.
 //
 // The receiver checks every frame before keeping it: header, kind, epoch, size against the
@@ -27,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -62,6 +66,7 @@ uint64_t RotationEndpoint(const std::string& address, int batch);
 class ContextExchange : public transport::MessageHandler {
  public:
   static constexpr size_t kMaxHeld = 64;
+  static constexpr size_t kMaxHelloBytes = 1024;  // a listen address
 
   static absl::StatusOr<std::unique_ptr<ContextExchange>> Create(ContextExchangeOptions options);
   ~ContextExchange() override;
@@ -81,6 +86,9 @@ class ContextExchange : public transport::MessageHandler {
   bool Arrived(int batch, uint64_t step_id, int slice) const;
   // A failure has come in place of that context.
   bool FailureArrived(int batch, uint64_t step_id, int slice) const;
+  // The replica listening at `address` connected to this one and has gone since (its
+  // connection closed: its process ended, or it disconnected). What it owed will not come.
+  bool Departed(const std::string& address) const;
   // Moves the context into x (m rows): NotFound if it has not come, DataLoss if it has
   // another number of rows, and the sender's status where a failure came in its place.
   absl::Status Take(int batch, uint64_t step_id, int slice, float* x, int64_t m);
@@ -116,7 +124,10 @@ class ContextExchange : public transport::MessageHandler {
   std::mutex connect_mu_;  // serializes connecting
   mutable std::mutex mu_;
   uint64_t epoch_ = 0;
-  std::unordered_map<std::string, transport::PeerId> peers_;
+  std::unordered_map<std::string, transport::PeerId> peers_;  // connections made here
+  // Connections made to here, by the address their replica listens at (its kHello).
+  std::unordered_map<transport::PeerId, std::string> inbound_;
+  std::set<std::string> departed_;
   std::map<Key, Held> held_;
   std::unordered_map<int, uint64_t> retired_;  // batch -> last step finished with
   ContextExchangeStats stats_;

@@ -120,6 +120,44 @@ TEST(ContextExchangeTest, AFailureComesInPlaceOfAContext) {
   (*raw)->Disconnect(*peer);
 }
 
+// A replica that connected to this one introduces itself with the address it listens at;
+// once its connection closes, that address has departed, and a replica back at it (a new
+// hello) has not. A hello longer than an address is rejected.
+TEST(ContextExchangeTest, AReplicaThatConnectedAndWentHasDeparted) {
+  std::atomic<int> arrivals{0};
+  auto a = Make(&arrivals), b = Make(&arrivals);
+  const std::string a_address = a->address();
+  const std::vector<float> x = Rows(2, 3);
+  ASSERT_TRUE(a->Send(b->address(), 7, 1, 0, x.data(), 2).ok());
+  ASSERT_TRUE(Eventually([&] { return b->Arrived(0, 7, 1); }));
+  EXPECT_FALSE(b->Departed(a_address));
+  a.reset();  // its process ends: its connections close
+  ASSERT_TRUE(Eventually([&] { return b->Departed(a_address); }));
+  EXPECT_FALSE(b->Departed(b->address()));
+
+  auto raw = transport::Transport::Create({transport::Backend::kInproc});
+  ASSERT_TRUE(raw.ok());
+  auto peer = (*raw)->Connect(b->address());
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  auto hello = [&](const std::string& text) {
+    auto keep = std::make_shared<std::string>(text);
+    const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(keep->data()),
+                                         keep->size());
+    FrameHeader h;
+    h.kind = static_cast<uint16_t>(FrameKind::kHello);
+    h.payload_bytes = bytes.size();
+    h.checksum = transport::PayloadChecksum(bytes);
+    (*raw)->Send(*peer, transport::kFrameTag, transport::AsBytes(h), {bytes},
+                 [keep](absl::Status) {});
+  };
+  hello(std::string(ContextExchange::kMaxHelloBytes + 1, 'x'));
+  ASSERT_TRUE(Eventually([&] { return b->stats().rejected == 1; })) << b->stats().rejected;
+  hello(a_address);  // back at the same address
+  ASSERT_TRUE(Eventually([&] { return !b->Departed(a_address); }));
+  (*raw)->Disconnect(*peer);
+  ASSERT_TRUE(Eventually([&] { return b->Departed(a_address); }));
+}
+
 TEST(ContextExchangeTest, MalformedAndStaleFramesAreRejectedAndCounted) {
   std::atomic<int> arrivals{0};
   auto b = Make(&arrivals);

@@ -557,8 +557,13 @@ bool StepEngine::RotationReady(int index) const {
   if (absl::Now() >= lane.deadline) return true;
   const ContextExchange& exchange = *lane.role.exchange;
   const int batch = lane.role.batch;
-  // A failure in place of the context: the answers still out will not be needed.
+  // A failure in place of the context, or the replica that owes it gone: the answers still
+  // out will not be needed.
   if (exchange.FailureArrived(batch, lane.result.step_id, lane.next_slice)) return true;
+  if (!exchange.Arrived(batch, lane.result.step_id, lane.next_slice) &&
+      exchange.Departed(lane.role.replicas[lane.role.ReplicaOf(lane.next_slice - 1)])) {
+    return true;
+  }
   return lane.attention->LayerSettled() &&
          exchange.Arrived(batch, lane.result.step_id, lane.next_slice);
 }
@@ -581,10 +586,15 @@ bool StepEngine::AdvanceRotated(int index) {
   BatchBuffers& b = lane.buffers;
   absl::Status status = role.exchange->Take(role.batch, lane.result.step_id, k, b.x.data(), lane.m);
   if (absl::IsNotFound(status)) {
-    status = absl::DeadlineExceededError(absl::StrCat(
-        "step ", lane.result.step_id, ": the replica at ", role.replicas[role.ReplicaOf(k - 1)],
-        " did not hand over slice ", k, " of batch ", role.batch, " within ",
-        absl::FormatDuration(role.handoff_timeout)));
+    const std::string& from = role.replicas[role.ReplicaOf(k - 1)];
+    status = role.exchange->Departed(from)
+                 ? absl::UnavailableError(absl::StrCat(
+                       "step ", lane.result.step_id, ": the replica at ", from,
+                       " is gone: it will not hand over slice ", k, " of batch ", role.batch))
+                 : absl::DeadlineExceededError(
+                       absl::StrCat("step ", lane.result.step_id, ": the replica at ", from,
+                                    " did not hand over slice ", k, " of batch ", role.batch,
+                                    " within ", absl::FormatDuration(role.handoff_timeout)));
   }
   if (status.ok()) status = lane.attention->WaitLayer(k - 1, b, lane.m);
   // A memory node that failed its share fails the whole rotated step: the replicas after

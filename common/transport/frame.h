@@ -15,7 +15,8 @@
 //   kError        UTF-8 text: why the step (or one layer message) failed; the header's
 //                 `flags` carry its absl::StatusCode (ErrorFrameStatus reads both)
 //   kHello        none: names the connection's endpoint (`reserved`), so that a memory
-//                 node can route answers of a rotated step to it (rotational pipelining)
+//                 node can route answers of a rotated step to it (rotational pipelining);
+//                 at a context exchange, the address the sending replica listens at
 //   kContext      f32 residual-stream rows of a batch ([rows][hidden]), handed from the
 //                 compute replica that ran one slice of the layers to the one that runs the
 //                 next (`layer`: the slice that continues; `minibatch`: the batch slot)
