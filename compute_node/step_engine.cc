@@ -192,14 +192,16 @@ std::optional<StepResult> StepEngine::Prepare(Lane& lane, const StepPlan& plan) 
       return std::move(result);
     }
     // A row ahead whose token was never sampled here: the row before it failed (its memory
-    // node died, or the whole step failed). That sequence alone fails; the others' rows run,
-    // and their KV stays where it is.
+    // node died, or the whole step failed). That sequence alone fails, taking no slots; the
+    // others' rows run, and their KV stays where it is.
     if (c->tokens.size() == 1 && c->tokens[0] == kLastSampledToken &&
         requests_.at(c->request_id).last_sampled_position != c->start_position) {
       lane.failed_alone.emplace_back(
           c->request_id, absl::FailedPreconditionError(absl::StrCat(
                              "request ", c->request_id, " asks for the token sampled for position ",
                              c->start_position, ", which this node has not sampled")));
+      std::erase_if(kv.assignments,
+                    [&](const SlotAssignment& a) { return a.request_id == c->request_id; });
       continue;
     }
     kept.push_back(c);
@@ -228,11 +230,6 @@ std::optional<StepResult> StepEngine::Prepare(Lane& lane, const StepPlan& plan) 
       lane.last_rows.push_back(static_cast<int32_t>(tokens.size()) - 1);
       lane.sampled_chunks.push_back(c);
     }
-  }
-  // A refused sequence takes no slots either.
-  for (const auto& refused : lane.failed_alone) {
-    std::erase_if(kv.assignments,
-                  [&](const SlotAssignment& a) { return a.request_id == refused.first; });
   }
   chunks.swap(kept);
   const int64_t m = static_cast<int64_t>(tokens.size());
