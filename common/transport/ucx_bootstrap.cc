@@ -220,7 +220,6 @@ absl::StatusOr<Bootstrapped> BootstrapClient(const sockaddr_storage& addr, sockl
     close(fd);
     return theirs;
   }
-  KeepAsLivenessSocket(fd);
   theirs->socket = fd;
   return theirs;
 }

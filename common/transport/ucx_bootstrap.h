@@ -56,7 +56,7 @@ absl::StatusOr<Bootstrapped> ServerBootstrap(int fd, const std::string& ours,
                                              const std::string& key, absl::Duration budget);
 
 // Connects to `addr` (with a deadline), runs the client's side: the server's worker
-// address, and the socket, kept as the liveness socket; UNAUTHENTICATED when the server
+// address, and the socket, to keep as the liveness socket; UNAUTHENTICATED when the server
 // does not hold `key`.
 absl::StatusOr<Bootstrapped> BootstrapClient(const sockaddr_storage& addr, socklen_t length,
                                              const std::string& ours, const std::string& key,

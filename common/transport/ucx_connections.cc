@@ -81,6 +81,7 @@ void UcxTransport::ClosePeer(PeerId id, const absl::Status& why) {
 }
 
 void UcxTransport::WatchLiveness(PeerId id, int fd) {
+  KeepAsLivenessSocket(fd);
   epoll_event event{};
   event.events = EPOLLIN | EPOLLRDHUP;
   event.data.fd = fd;
@@ -216,7 +217,6 @@ void UcxTransport::AcceptBootstrap() {
     SetPeerSecret(id, std::move(theirs->secret));
     peers_[id].ep = *ep;
     by_endpoint_[*ep] = id;
-    KeepAsLivenessSocket(fd);
     WatchLiveness(id, fd);
   }
 }

@@ -155,8 +155,8 @@ class UcxTransport final : public Transport, private EventLoop::Poller {
   void SetPeerSecret(PeerId id, std::string secret);
   absl::StatusOr<ucp_ep_h> CreateEndpoint(ucp_ep_params_t params, PeerId id);
   void ClosePeer(PeerId id, const absl::Status& why);
-  // Watches the peer's liveness socket (taking it over): its end read means the peer's
-  // process exited or it disconnected (OnLivenessEvent).
+  // Watches the peer's liveness socket (taking it over, KeepAsLivenessSocket): its end read
+  // means the peer's process exited or it disconnected (OnLivenessEvent).
   void WatchLiveness(PeerId id, int fd);
   // The liveness socket `fd` is readable: the peer closed it, unless bytes came (a peer
   // never sends any, and they are dropped). What the peer sent before it went is delivered
