@@ -83,15 +83,9 @@ absl::StatusOr<PeerId> ContextExchange::PeerFor(const std::string& address) {
   }
   // The other side learns who this is: once this connection closes, what this replica owed
   // it will not come (Departed).
-  auto text = std::make_shared<std::string>(address_);
-  const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(text->data()),
-                                       text->size());
   FrameHeader hello;
   hello.kind = static_cast<uint16_t>(FrameKind::kHello);
-  hello.payload_bytes = bytes.size();
-  hello.checksum = transport::PayloadChecksum(bytes);
-  transport_->Send(*peer, transport::kFrameTag, transport::AsBytes(hello), {bytes},
-                   [text](absl::Status) {});
+  SendText(*peer, hello, std::make_shared<const std::string>(address_));
   std::lock_guard<std::mutex> lock(mu_);
   peers_[address] = *peer;
   return *peer;
@@ -135,11 +129,18 @@ absl::Status ContextExchange::SendFailure(const std::string& to, uint64_t step_i
   auto text = std::make_shared<std::string>();
   const FrameHeader h =
       transport::ErrorFrameHeader(HeaderOf(step_id, slice, batch, {}), why, text.get());
+  SendText(peer, h, std::move(text));
+  return absl::OkStatus();
+}
+
+void ContextExchange::SendText(PeerId peer, FrameHeader h,
+                               std::shared_ptr<const std::string> text) {
   const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(text->data()),
                                        text->size());
+  h.payload_bytes = bytes.size();
+  h.checksum = transport::PayloadChecksum(bytes);
   transport_->Send(peer, transport::kFrameTag, transport::AsBytes(h), {bytes},
-                   [text](absl::Status) {});
-  return absl::OkStatus();
+                   [text = std::move(text)](absl::Status) {});
 }
 
 bool ContextExchange::Arrived(int batch, uint64_t step_id, int slice) const {

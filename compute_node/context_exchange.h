@@ -105,6 +105,10 @@ class ContextExchange : public transport::MessageHandler {
  private:
   explicit ContextExchange(ContextExchangeOptions options) : options_(std::move(options)) {}
   absl::StatusOr<transport::PeerId> PeerFor(const std::string& address);
+  // Sends `h` with `text` as its payload (its size and checksum set from it), kept until
+  // the transport is done with it.
+  void SendText(transport::PeerId peer, transport::FrameHeader h,
+                std::shared_ptr<const std::string> text);
   // The kContext header of `body` (rows of floats), counted as sent.
   transport::FrameHeader HeaderOf(uint64_t step_id, int slice, int batch,
                                   std::span<const uint8_t> body);
