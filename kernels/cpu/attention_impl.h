@@ -68,9 +68,10 @@ struct NextKeys {
   int h0 = 0, h1 = 0;  // the KV heads that work reads: [h0, h1)
 };
 
+// The lines that hold [p, p + bytes) (LinesHolding), into L1.
 inline void PrefetchLines(const void* p, int bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int b = 0; b < bytes; b += 64) __builtin_prefetch(c + b);
+  const char* c = LineOf(p);
+  for (int i = 0, lines = LinesHolding(p, bytes); i < lines; ++i) __builtin_prefetch(c + 64 * i);
 }
 
 // The i-th of `parts` near-equal shares of [0, n): [n * i / parts, n * (i + 1) / parts).
@@ -78,6 +79,17 @@ struct Share {
   int begin, end;
 };
 inline Share EvenShare(int n, int i, int parts) { return {n * i / parts, n * (i + 1) / parts}; }
+
+// Tile `tile` of a row: its slots, and how many positions it holds (1 to kTile; the last
+// tile of a row may be short).
+struct TileSlots {
+  const int32_t* slots;
+  int n;
+};
+inline TileSlots SlotsOfTile(const AttentionRow& row, int tile) {
+  const int pos0 = tile * kTile;
+  return {row.slots + pos0, std::min(kTile, row.kv_end - pos0)};
+}
 
 // Whether the n slots of a tile (n >= 1) are one run of consecutive slots, as the ledger
 // hands them out, rather than scattered.
@@ -88,13 +100,19 @@ inline bool SlotsInOneRun(const int32_t* slots, int n) { return slots[n - 1] - s
 // seems to fill L1 as prefetcht0 does) read grouped queries' KV 7-13% faster with bf16 and
 // the demo shape's 0-8% slower (docs/benchmarks.md, "the slot prefetch with prefetcht2");
 // on Intel cores both hints stop at L2.
-inline void PrefetchLinesL2(const void* p, int bytes, bool t2 = false) {
-  const char* c = static_cast<const char*>(p);
+inline void PrefetchLineL2(const char* line, bool t2) {
   if (t2) {
-    for (int b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 1);
-    return;
+    __builtin_prefetch(line, 0, 1);
+  } else {
+    __builtin_prefetch(line, 0, 2);
   }
-  for (int b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 2);
+}
+// The lines that hold [p, p + bytes) (LinesHolding). The kernels' requests of one line
+// spread over their loops take PrefetchLineL2: this one's count of lines, inlined there,
+// took their KV rate to 0.3-0.45 of what it was on grouped queries (attention_bench).
+inline void PrefetchLinesL2(const void* p, int bytes, bool t2 = false) {
+  const char* c = LineOf(p);
+  for (int i = 0, lines = LinesHolding(p, bytes); i < lines; ++i) PrefetchLineL2(c + 64 * i, t2);
 }
 
 template <class Ops>
@@ -163,9 +181,7 @@ void TileState(int d, int group, float scale, const AttentionRow& row, int tile,
                int64_t slot_stride, const NextKeys& next, ItemScratch& s) {
   constexpr int L = Ops::kLanes;
   const int chunks = d / L;
-  const int pos0 = tile * kTile;
-  const int n = std::min(kTile, row.kv_end - pos0);
-  const int32_t* slots = row.slots + pos0;
+  const auto [slots, n] = SlotsOfTile(row, tile);
 
   for (int g = 0; g < group; ++g) {
     const float* q = q_f32 + static_cast<size_t>(g) * d;
@@ -235,10 +251,11 @@ inline void MergeInto(int d, float* state, float tile_m, float tile_l, const flo
 // q.k of one key for G query heads (their queries kDim elements apart, as f32 in `q` and as
 // given in `q_bf16`) at once, the dots in registers: out[g * kTile] = scale * (q_g . k).
 // Each dot is TileState's: fused products over ascending chunks (bf16 dot products where
-// kBf16Dots), then one reduction.
+// kBf16Dots), then one reduction. Inlined, always: GCC left the instances for 2 and 3
+// heads (a group's last heads) out of line, a call per key.
 template <class Ops, KvDType kKv, int kDim, int G>
-inline void KeyDots(const float* q, const uint16_t* q_bf16, const uint16_t* k, float scale,
-                    float* out) {
+__attribute__((always_inline)) inline void KeyDots(const float* q, const uint16_t* q_bf16,
+                                                   const uint16_t* k, float scale, float* out) {
   constexpr int L = Ops::kLanes;
   typename Ops::V dot[G];
   for (int g = 0; g < G; ++g) dot[g] = Ops::Zero();
@@ -283,10 +300,12 @@ inline size_t SplitQueryIndex(size_t i) {
 // (Ops::WidenPairs) over the queries in the pair-split order, each key chunk widened once
 // for the heads, where vdpbf16ps issues at half the FMAs' FLOP rate: the same lanes,
 // products and roundings as vdpbf16ps, so the same bits, and 16 independent chains keep
-// both FMA units busy ("q.k on FMAs, 4 keys at a time").
+// both FMA units busy ("q.k on FMAs, 4 keys at a time"). Inlined, always: GCC left the
+// instances for 2 and 3 heads out of line.
 template <class Ops, KvDType kKv, int kDim, int H = 4>
-inline void KeyDotsFourHeads(const float* q, const uint16_t* q_bf16, const uint16_t* const* k,
-                             float scale, bool widened, float* out) {
+__attribute__((always_inline)) inline void KeyDotsFourHeads(const float* q, const uint16_t* q_bf16,
+                                                            const uint16_t* const* k, float scale,
+                                                            bool widened, float* out) {
   static_assert(H >= 1 && H <= 4);
   constexpr int L = Ops::kLanes;
   constexpr int kKeys = L / 4;
@@ -401,6 +420,13 @@ constexpr int ValueChunksAtOnce(int chunks, int sum_regs, int heads) {
   return (chunks + passes - 1) / passes;
 }
 
+// Passes of ValueSums over `heads` query heads (at most sum_regs) of one KV head: the chunks
+// ValueChunksAtOnce at a time, the last pass the rest.
+constexpr int ValueChunkPasses(int chunks, int sum_regs, int heads) {
+  const int at_once = ValueChunksAtOnce(chunks, sum_regs, heads);
+  return (chunks + at_once - 1) / at_once;
+}
+
 // Passes of ValueSums over `group` query heads of one KV head whose sums do not all fit in
 // kSumRegs registers at once: up to kSumRegs heads a pass, each pass over as many value
 // chunks as keep their sums there, so that each chunk of a slot's values is widened once
@@ -413,16 +439,15 @@ void ValueSumPasses(const float* sc, const uint16_t* v_base, const int32_t* slot
     WithCount<kSumRegs>(group - g0, [&](auto heads_now) {
       constexpr int G = decltype(heads_now)::value;
       constexpr int CC = ValueChunksAtOnce(kChunks, kSumRegs, G);
-      constexpr int kRest = kChunks % CC;
+      constexpr int kLast = ValueChunkPasses(kChunks, kSumRegs, G) - 1;  // the last pass
       const float* sc_g = sc + static_cast<size_t>(g0) * kTile;
       float* acc_g = acc + static_cast<size_t>(g0) * kDim;
-      for (int c0 = 0; c0 + CC <= kChunks; c0 += CC) {
-        ValueSums<Ops, kKv, kDim, G, CC>(sc_g, v_base, slots, n, slot_stride, c0, acc_g, step);
+      for (int pass = 0; pass < kLast; ++pass) {
+        ValueSums<Ops, kKv, kDim, G, CC>(sc_g, v_base, slots, n, slot_stride, pass * CC, acc_g,
+                                         step);
       }
-      if constexpr (kRest > 0) {
-        ValueSums<Ops, kKv, kDim, G, kRest>(sc_g, v_base, slots, n, slot_stride, kChunks - kRest,
-                                            acc_g, step);
-      }
+      ValueSums<Ops, kKv, kDim, G, kChunks - kLast * CC>(sc_g, v_base, slots, n, slot_stride,
+                                                         kLast * CC, acc_g, step);
     });
   }
 }
@@ -442,15 +467,14 @@ constexpr int OnePassHeads() {
 constexpr int ValueSumPassCount(int chunks, int sum_regs, int group) {
   int passes = 0;
   for (int g0 = 0; g0 < group; g0 += sum_regs) {
-    const int heads = group - g0 < sum_regs ? group - g0 : sum_regs;
-    const int at_once = ValueChunksAtOnce(chunks, sum_regs, heads);
-    passes += (chunks + at_once - 1) / at_once;
+    passes += ValueChunkPasses(chunks, sum_regs, std::min(group - g0, sum_regs));
   }
   return passes;
 }
 
-// The tile kernel when the head size is known at compile time (64, 80, 96, 128, 256): tile `tile`
-// of one row for KV heads [h0, h1), the keys read slot by slot. A slot holds every KV head of one
+// The tile kernel when the head size is known at compile time (64, 80, 96, 128, 256): a tile
+// of one row (`tile`; `one_run`: its slots are one run, SlotsInOneRun) for KV heads [h0, h1),
+// the keys read slot by slot. A slot holds every KV head of one
 // position, so each slot's K of those heads is one contiguous run, which DRAM and the
 // hardware prefetchers serve far better than the per-head pieces, strided by the slot, that
 // a walk head by head reads (docs/benchmarks.md, "Attention slot by slot"). Each slot's V
@@ -470,8 +494,8 @@ constexpr int ValueSumPassCount(int chunks, int sum_regs, int group) {
 // passes (ValueSumPasses); a template parameter so that the one-pass code (MHA, small
 // groups) is compiled without the passes beside it, which slowed it.
 template <class Ops, KvDType kKv, int kDim, bool kPasses, class Sink>
-void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const AttentionRow& row,
-                        int tile, int h0, int h1, const NextKeys& after, bool cached,
+void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, TileSlots tile,
+                        bool one_run, int h0, int h1, const NextKeys& after, bool cached,
                         const uint16_t* k_cache, const uint16_t* v_cache, ItemScratch& s,
                         Sink&& sink) {
   static_assert(kDim > 0);
@@ -482,14 +506,9 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   const int group = p.num_heads / p.num_kv_heads;
   const int64_t slot_stride = static_cast<int64_t>(p.num_kv_heads) * kDim;
   const int heads = (h1 - h0) * group;  // query heads of this work
-  const int pos0 = tile * kTile;
-  const int n = std::min(kTile, row.kv_end - pos0);
-  const int32_t* slots = row.slots + pos0;
-  // A KV head of 80 is 2.5 lines, so a run of heads after an odd number of them starts
-  // mid-line (32 bytes in, on a cache whose slots start on lines): its requests, which go
-  // a line at a time from its start, reach 32 bytes past its end to take its last line.
-  constexpr int kMidLine = kDim * 2 % 64 == 0 ? 0 : 32;
-  const int run_bytes = (h1 - h0) * kDim * 2 + kMidLine;
+  const int32_t* const slots = tile.slots;
+  const int n = tile.n;
+  const int run_bytes = (h1 - h0) * kDim * 2;
   const bool t2 = group >= 4;  // grouped queries: the far prefetch with prefetcht2
   thread_local std::vector<float> scores, m, l;  // [heads][kTile]; [heads]
   scores.resize(static_cast<size_t>(heads) * kTile);
@@ -501,7 +520,7 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   // The work after this one: its keys are requested during q.k, slot for slot, and its
   // values during p.v, so that its reads spread over all of this tile's work.
   const int64_t after_offset = static_cast<int64_t>(after.h0) * kDim;
-  const int after_bytes = after.n > 0 ? (after.h1 - after.h0) * kDim * 2 + kMidLine : 0;
+  const int after_bytes = after.n > 0 ? (after.h1 - after.h0) * kDim * 2 : 0;
   // q.k, slot by slot: each step's requests spread over its keys' dots. Where a KV head
   // serves 4 query heads or more (grouped queries, a prompt chunk's rows in blocks),
   // kLanes / 4 slots at a time, their dots reduced kLanes at once (KeyDotsFourHeads).
@@ -523,7 +542,7 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
     runs.Begin(steps);
     return runs;
   };
-  auto far_request = [t2](const char* line) { PrefetchLinesL2(line, 64, t2); };
+  auto far_request = [t2](const char* line) { PrefetchLineL2(line, t2); };
   // Steps of up to kHeadsAtOnce query heads of one KV head in this work: the calls of
   // Request() in a step of the four-keys and the one-key walks.
   const int head_blocks = (h1 - h0) * ((group + kHeadsAtOnce - 1) / kHeadsAtOnce);
@@ -585,8 +604,7 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   // lines, which the one-key walk with its requests into L1 serves better (on AVX-512, 32
   // rows of 2048 on contiguous slots: 0.93x the time with 16 keys a step). No requests into
   // L1 with many keys: they cost more than they saved.
-  const bool lanes_of_keys =
-      !four_by_four && HasReduceAddAll<Ops>::value && !SlotsInOneRun(slots, n);
+  const bool lanes_of_keys = !four_by_four && HasReduceAddAll<Ops>::value && !one_run;
   for (int j = 0; j < n && lanes_of_keys; j += L) {
     const int keys = std::min(L, n - j);
     auto requests = slot_requests(j, keys, (h1 - h0) * group);
@@ -653,22 +671,29 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
   constexpr int kSumRegs = ValueSumRegs<Ops>();
   constexpr int kOnePassHeads = OnePassHeads<Ops, kDim>();
   const int passes = kPasses ? ValueSumPassCount(kChunks, kSumRegs, group) : 1;
-  const int lines_per_slot = (after_bytes + 63) / 64;
+  // The V run of the work after this one in its slot j.
+  auto after_values = [&](int j) { return v_cache + after.slots[j] * slot_stride + after_offset; };
   for (int kvh = 0; kvh < h1 - h0; ++kvh) {
     const auto [j0, j1] = EvenShare(after.n, kvh, h1 - h0);
-    Spread spread(static_cast<int64_t>(j1 - j0) * lines_per_slot, static_cast<int64_t>(passes) * n);
-    int at_slot = j0, at_line = 0;  // the next line to request
+    int64_t lines = 0;
+    for (int j = j0; j < j1 && after_bytes > 0; ++j) {
+      lines += LinesHolding(after_values(j), after_bytes);
+    }
+    Spread spread(lines, static_cast<int64_t>(passes) * n);
+    int at_slot = j0, left = 0;  // the next slot, and the lines left to request of the one before
+    const char* line = nullptr;  // the next line to request
     // Inlined into ValueSums, always: a call there, once a slot, spills every sum held in
     // registers around it (GCC left it out of line for bf16 values on AVX-512 and for head
     // size 80; docs/benchmarks.md, "p.v's request inlined").
     auto request = [&]() __attribute__((always_inline)) {
       spread.Step([&] {
-        PrefetchLinesL2(v_cache + after.slots[at_slot] * slot_stride + after_offset + at_line * 32,
-                        64, t2);
-        if (++at_line == lines_per_slot) {
-          at_line = 0;
-          ++at_slot;
+        if (left == 0) {
+          line = LineOf(after_values(at_slot));
+          left = LinesHolding(after_values(at_slot++), after_bytes);
         }
+        PrefetchLineL2(line, t2);
+        line += 64;
+        --left;
       });
     };
     const uint16_t* v_base = v_cache + (h0 + kvh) * kDim;
@@ -695,8 +720,8 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, const 
 // head h0).
 inline NextKeys TileKeys(const AttentionParams& p, const AttentionRow& row, int tile, int h0,
                          int h1, const uint16_t* k_cache) {
-  const int pos0 = tile * kTile;
-  return {row.slots + pos0, std::min(kTile, row.kv_end - pos0), k_cache + h0 * p.head_dim, h0, h1};
+  const TileSlots t = SlotsOfTile(row, tile);
+  return {t.slots, t.n, k_cache + h0 * p.head_dim, h0, h1};
 }
 
 // Where a thread starts on keys no earlier work announced, the K lines of the heads after
@@ -705,10 +730,9 @@ inline NextKeys TileKeys(const AttentionParams& p, const AttentionRow& row, int 
 inline void PrefetchTileStart(const AttentionParams& p, const AttentionRow& row, int tile, int h0,
                               int h1, const uint16_t* k_cache) {
   const int64_t slot_stride = static_cast<int64_t>(p.num_kv_heads) * p.head_dim;
-  const int pos0 = tile * kTile;
-  const int n = std::min(kTile, row.kv_end - pos0);
+  const auto [slots, n] = SlotsOfTile(row, tile);
   for (int j = 0; j < n; ++j) {
-    PrefetchLines(k_cache + row.slots[pos0 + j] * slot_stride + (h0 + 1) * p.head_dim,
+    PrefetchLines(k_cache + slots[j] * slot_stride + (h0 + 1) * p.head_dim,
                   (h1 - h0 - 1) * p.head_dim * 2);
   }
 }
@@ -754,12 +778,13 @@ void TileHeads(const AttentionParams& p, const float* q_row_f32, const Attention
                int h0, int h1, const NextKeys& after, bool cached, const uint16_t* k_cache,
                const uint16_t* v_cache, ItemScratch& s, Sink&& sink) {
   if constexpr (kDim > 0) {
+    const TileSlots slots = SlotsOfTile(row, tile);
+    const bool one_run = SlotsInOneRun(slots.slots, slots.n);
     // MHA rows of head size 80, 96 or 256 on a tile whose slots are not one run: slots of
     // such heads walked kLanes keys a step read 0.87-0.99x (80), 0.68-0.95x (96) and
     // 0.91-1.08x (256) as fast as the head-by-head walk, so they keep it (the same bits;
     // docs/benchmarks.md, "A tile kernel for head size 80", "... 96" and "... 256").
-    if ((kDim == 80 || kDim == 96 || kDim == 256) && p.num_heads == p.num_kv_heads &&
-        !SlotsInOneRun(row.slots + tile * kTile, std::min(kTile, row.kv_end - tile * kTile))) {
+    if ((kDim == 80 || kDim == 96 || kDim == 256) && p.num_heads == p.num_kv_heads && !one_run) {
       TileHeadsByHead<Ops, kKv>(p, q_row_f32, row, tile, h0, h1, after, k_cache, v_cache, s,
                                 std::forward<Sink>(sink));
       return;
@@ -768,12 +793,13 @@ void TileHeads(const AttentionParams& p, const float* q_row_f32, const Attention
     // they outnumber the registers (256 on AVX2: 32 chunks), which always take passes.
     if constexpr (kDim / Ops::kLanes <= 2 * ValueSumRegs<Ops>()) {
       if (p.num_heads / p.num_kv_heads <= OnePassHeads<Ops, kDim>()) {
-        TileHeadsSlotMajor<Ops, kKv, kDim, false>(p, q_row_f32, row, tile, h0, h1, after, cached,
-                                                  k_cache, v_cache, s, std::forward<Sink>(sink));
+        TileHeadsSlotMajor<Ops, kKv, kDim, false>(p, q_row_f32, slots, one_run, h0, h1, after,
+                                                  cached, k_cache, v_cache, s,
+                                                  std::forward<Sink>(sink));
         return;
       }
     }
-    TileHeadsSlotMajor<Ops, kKv, kDim, true>(p, q_row_f32, row, tile, h0, h1, after, cached,
+    TileHeadsSlotMajor<Ops, kKv, kDim, true>(p, q_row_f32, slots, one_run, h0, h1, after, cached,
                                              k_cache, v_cache, s, std::forward<Sink>(sink));
   } else {
     TileHeadsByHead<Ops, kKv>(p, q_row_f32, row, tile, h0, h1, after, k_cache, v_cache, s,

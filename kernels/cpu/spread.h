@@ -29,6 +29,16 @@ class Spread {
   int64_t owed_ = 0;  // total * steps so far, less `steps_` per request made
 };
 
+// The 64-byte line that holds `at`, and how many lines hold [at, at + bytes) (0 when bytes
+// <= 0): a run that starts part of the way into a line ends that much further along.
+inline const char* LineOf(const void* at) {
+  return reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(at) & ~uintptr_t{63});
+}
+inline int LinesHolding(const void* at, int bytes) {
+  if (bytes <= 0) return 0;
+  return static_cast<int>(((reinterpret_cast<uintptr_t>(at) & 63) + bytes + 63) / 64);
+}
+
 // The 64-byte lines of a few runs of memory, requested one at a time over `steps` calls
 // of Request() (Spread), in order: the runs in the order added, each one's lines
 // ascending. For requests whose burst at once would stall the loads around them.
@@ -36,13 +46,13 @@ class SpreadLines {
  public:
   static constexpr int kMaxRuns = 32;
 
-  // A run of `bytes` at `at`: the lines at `at` and every 64 bytes after it, as many as
-  // cover `bytes` (a part line counts whole); nothing if bytes is 0. At most kMaxRuns runs.
+  // A run of `bytes` at `at`: the lines that hold it (LinesHolding; part lines at either
+  // end count whole); nothing if bytes is 0. At most kMaxRuns runs.
   void Add(const void* at, int bytes) {
     if (bytes <= 0) return;
     assert(runs_ < kMaxRuns);
-    const int lines = (bytes + 63) / 64;
-    at_[runs_] = static_cast<const char*>(at);
+    const int lines = LinesHolding(at, bytes);
+    at_[runs_] = LineOf(at);
     lines_[runs_++] = lines;
     total_ += lines;
   }
