@@ -524,8 +524,8 @@ void StepEngine::HandOff(Lane& lane, int k) {
         lane.attention->SendLayerTo(k, lane.buffers, lane.m, role.EndpointOf(k + 1));
     if (status.ok()) status = lane.attention->RoutedStepStatus();
     if (status.ok()) {
-      status = role.exchange->Send(role.replicas[role.ReplicaOf(k + 1)], lane.result.step_id, k + 1,
-                                   role.batch, lane.buffers.x.data(), lane.m);
+      status = role.exchange->Send(role.AddressOf(k + 1), lane.result.step_id, k + 1, role.batch,
+                                   lane.buffers.x.data(), lane.m);
     }
     if (!status.ok()) return EndForward(lane, std::move(status));
     lane.next_slice = k + role.num_replicas();
@@ -541,8 +541,8 @@ void StepEngine::PassFailureOn(const Lane& lane, const absl::Status& why) {
   const int k = lane.next_slice + 1;
   if (k > static_cast<int>(runner_->config().num_layers)) return;  // nobody waits for it
   const RotationRole& role = lane.role;
-  const absl::Status sent = role.exchange->SendFailure(role.replicas[role.ReplicaOf(k)],
-                                                       lane.result.step_id, k, role.batch, why);
+  const absl::Status sent =
+      role.exchange->SendFailure(role.AddressOf(k), lane.result.step_id, k, role.batch, why);
   LOG_IF(WARNING, !sent.ok()) << "step " << lane.result.step_id << ": could not tell the replica "
                               << "of slice " << k << " that this one gave up: " << sent;
 }
@@ -558,7 +558,7 @@ bool StepEngine::RotationReady(int index) const {
   // out will not be needed.
   if (exchange.FailureArrived(batch, lane.result.step_id, lane.next_slice)) return true;
   if (!exchange.Arrived(batch, lane.result.step_id, lane.next_slice) &&
-      exchange.Departed(lane.role.replicas[lane.role.ReplicaOf(lane.next_slice - 1)])) {
+      exchange.Departed(lane.role.AddressOf(lane.next_slice - 1))) {
     return true;
   }
   return lane.attention->LayerSettled() &&
@@ -583,7 +583,7 @@ bool StepEngine::AdvanceRotated(int index) {
   BatchBuffers& b = lane.buffers;
   absl::Status status = role.exchange->Take(role.batch, lane.result.step_id, k, b.x.data(), lane.m);
   if (absl::IsNotFound(status)) {
-    const std::string& from = role.replicas[role.ReplicaOf(k - 1)];
+    const std::string& from = role.AddressOf(k - 1);
     status = role.exchange->Departed(from)
                  ? absl::UnavailableError(absl::StrCat(
                        "step ", lane.result.step_id, ": the replica at ", from,

@@ -93,9 +93,9 @@ struct RotationRole {
   absl::Duration handoff_timeout = absl::Seconds(10);  // for each slice's inputs
   int num_replicas() const { return static_cast<int>(replicas.size()); }
   int ReplicaOf(int slice) const { return (batch + slice) % num_replicas(); }
-  uint64_t EndpointOf(int slice) const {
-    return RotationEndpoint(replicas[ReplicaOf(slice)], batch);
-  }
+  // The context-exchange address of the replica that runs `slice`.
+  const std::string& AddressOf(int slice) const { return replicas[ReplicaOf(slice)]; }
+  uint64_t EndpointOf(int slice) const { return RotationEndpoint(AddressOf(slice), batch); }
 };
 
 class StepEngine : public LaneEngine {
