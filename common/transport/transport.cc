@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace strata::transport {
 
@@ -25,6 +26,13 @@ std::array<TransportFactory, std::size(kBackendNames)>& Factories() {
 }
 
 }  // namespace
+
+bool UcxTlsNamesSharedMemory(absl::string_view tls) {
+  for (absl::string_view tl : absl::StrSplit(tls, ',')) {
+    if (tl == "sm" || tl == "shm" || tl == "posix" || tl == "sysv") return true;
+  }
+  return false;
+}
 
 bool RegisterTransportBackend(Backend backend, TransportFactory factory) {
   Factories()[static_cast<size_t>(backend)] = factory;

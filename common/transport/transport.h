@@ -41,7 +41,6 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/base/enum_names.h"
@@ -67,12 +66,7 @@ inline std::string AbslUnparseFlag(ErrorMode m) { return EnumNameOf(m, kErrorMod
 
 // Whether a UCX_TLS list names one of UCX's shared-memory transports (sm, shm, posix,
 // sysv), which need error mode kNone.
-inline bool UcxTlsNamesSharedMemory(absl::string_view tls) {
-  for (absl::string_view tl : absl::StrSplit(tls, ',')) {
-    if (tl == "sm" || tl == "shm" || tl == "posix" || tl == "sysv") return true;
-  }
-  return false;
-}
+bool UcxTlsNamesSharedMemory(absl::string_view tls);
 
 // A connection to one peer, local to one transport.
 using PeerId = uint64_t;
