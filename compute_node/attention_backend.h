@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -66,8 +67,12 @@ class AttentionBackend {
     return absl::UnimplementedError("this attention backend cannot route answers");
   }
   virtual bool LayerSettled() const { return true; }
-  // Why the routed step cannot go on (a memory node failed its share); OK otherwise.
-  virtual absl::Status RoutedStepStatus() const { return absl::OkStatus(); }
+  // The pools whose memory nodes failed their share of the routed step: their rows go on
+  // with zero attention, and their requests are among EndStep's failed.
+  virtual std::vector<PoolIndex> FailedPools() const { return {}; }
+  // Fails the shares of `pools`, whose memory nodes failed the step on a replica before
+  // this one (`why`): no answers of theirs are expected any more.
+  virtual void FailPools(std::span<const PoolIndex> /*pools*/, const absl::Status& /*why*/) {}
   // Gives up the step in flight: no answer lands in the batch's buffers afterwards.
   virtual void Abandon() {}
 };

@@ -91,8 +91,8 @@ absl::StatusOr<PeerId> ContextExchange::PeerFor(const std::string& address) {
   return *peer;
 }
 
-FrameHeader ContextExchange::HeaderOf(uint64_t step_id, int slice, int batch,
-                                      std::span<const uint8_t> body) {
+FrameHeader ContextExchange::HeaderOf(uint64_t step_id, int slice, int batch, int64_t rows,
+                                      size_t failed_pools, std::span<const uint8_t> body) {
   FrameHeader h;
   h.kind = static_cast<uint16_t>(FrameKind::kContext);
   h.step_id = step_id;
@@ -104,7 +104,8 @@ FrameHeader ContextExchange::HeaderOf(uint64_t step_id, int slice, int batch,
   }
   h.layer = static_cast<uint32_t>(slice);
   h.minibatch = static_cast<uint32_t>(batch);
-  h.rows = static_cast<uint32_t>(body.size() / sizeof(float) / options_.hidden);
+  h.rows = static_cast<uint32_t>(rows);
+  h.flags = static_cast<uint16_t>(failed_pools);
   h.dtype = static_cast<uint16_t>(transport::FrameDType::kF32);
   h.payload_bytes = body.size();
   h.checksum = transport::PayloadChecksum(body);
@@ -112,12 +113,23 @@ FrameHeader ContextExchange::HeaderOf(uint64_t step_id, int slice, int batch,
 }
 
 absl::Status ContextExchange::Send(const std::string& to, uint64_t step_id, int slice, int batch,
-                                   const float* x, int64_t m) {
+                                   const float* x, int64_t m,
+                                   std::span<const PoolIndex> failed_pools) {
+  if (failed_pools.size() > kMaxFailedPools) {
+    return absl::InvalidArgumentError(absl::StrCat("a context naming ", failed_pools.size(),
+                                                   " failed pools; at most ", kMaxFailedPools));
+  }
   ASSIGN_OR_RETURN(const PeerId peer, PeerFor(to));
-  auto body = std::make_shared<std::vector<float>>(x, x + m * options_.hidden);
+  static_assert(sizeof(float) == sizeof(uint32_t));
+  auto body = std::make_shared<std::vector<float>>(m * options_.hidden + failed_pools.size());
+  std::memcpy(body->data(), x, m * options_.hidden * sizeof(float));
+  for (size_t i = 0; i < failed_pools.size(); ++i) {
+    const uint32_t pool = failed_pools[i].value();
+    std::memcpy(body->data() + m * options_.hidden + i, &pool, sizeof(pool));
+  }
   const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(body->data()),
                                        body->size() * sizeof(float));
-  const FrameHeader h = HeaderOf(step_id, slice, batch, bytes);
+  const FrameHeader h = HeaderOf(step_id, slice, batch, m, failed_pools.size(), bytes);
   transport_->Send(peer, transport::kFrameTag, transport::AsBytes(h), {bytes},
                    [body](absl::Status) {});
   return absl::OkStatus();
@@ -128,7 +140,7 @@ absl::Status ContextExchange::SendFailure(const std::string& to, uint64_t step_i
   ASSIGN_OR_RETURN(const PeerId peer, PeerFor(to));
   auto text = std::make_shared<std::string>();
   const FrameHeader h =
-      transport::ErrorFrameHeader(HeaderOf(step_id, slice, batch, {}), why, text.get());
+      transport::ErrorFrameHeader(HeaderOf(step_id, slice, batch, 0, 0, {}), why, text.get());
   SendText(peer, h, std::move(text));
   return absl::OkStatus();
 }
@@ -159,7 +171,14 @@ bool ContextExchange::FailureArrived(int batch, uint64_t step_id, int slice) con
   return it != held_.end() && !it->second.failed.ok();
 }
 
-absl::Status ContextExchange::Take(int batch, uint64_t step_id, int slice, float* x, int64_t m) {
+bool ContextExchange::ArrivedWithFailedPools(int batch, uint64_t step_id, int slice) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = held_.find({batch, step_id, slice});
+  return it != held_.end() && !it->second.failed_pools.empty();
+}
+
+absl::Status ContextExchange::Take(int batch, uint64_t step_id, int slice, float* x, int64_t m,
+                                   std::vector<PoolIndex>* failed_pools) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = held_.find({batch, step_id, slice});
   if (it == held_.end()) {
@@ -173,6 +192,7 @@ absl::Status ContextExchange::Take(int batch, uint64_t step_id, int slice, float
                                             " has ", held.rows, " rows; the plan has ", m));
   }
   std::memcpy(x, held.x.data(), held.x.size() * sizeof(float));
+  *failed_pools = std::move(held.failed_pools);
   return absl::OkStatus();
 }
 
@@ -228,11 +248,14 @@ void ContextExchange::Deliver(PeerId from, std::span<const uint8_t> header_bytes
     why = absl::InvalidArgumentError(
         absl::StrCat("a failure of ", h.payload_bytes, " bytes at a context exchange"));
   }
+  // Rows of floats, then `flags` pool ids.
+  const uint64_t row_bytes = static_cast<uint64_t>(h.rows) * options_.hidden * 4;
   if (why.ok() && !failure &&
-      (h.dtype != static_cast<uint16_t>(transport::FrameDType::kF32) ||
-       h.payload_bytes != static_cast<uint64_t>(h.rows) * options_.hidden * 4)) {
-    why = absl::InvalidArgumentError(absl::StrCat("a context of ", h.rows, " rows in ",
-                                                  h.payload_bytes, " bytes of dtype ", h.dtype));
+      (h.dtype != static_cast<uint16_t>(transport::FrameDType::kF32) || h.flags > kMaxFailedPools ||
+       h.payload_bytes != row_bytes + uint64_t{h.flags} * 4)) {
+    why = absl::InvalidArgumentError(absl::StrCat("a context of ", h.rows, " rows and ", h.flags,
+                                                  " failed pools in ", h.payload_bytes,
+                                                  " bytes of dtype ", h.dtype));
   }
   if (why.ok()) why = transport::CheckFramePayload(h, payload, options_.verify_checksums);
   bool notify = false;
@@ -269,7 +292,12 @@ void ContextExchange::Deliver(PeerId from, std::span<const uint8_t> header_bytes
     } else {
       held.rows = h.rows;
       held.x.resize(static_cast<size_t>(h.rows) * options_.hidden);
-      if (!payload.empty()) std::memcpy(held.x.data(), payload.data(), payload.size());
+      if (row_bytes > 0) std::memcpy(held.x.data(), payload.data(), row_bytes);
+      for (uint16_t i = 0; i < h.flags; ++i) {
+        uint32_t pool;
+        std::memcpy(&pool, payload.data() + row_bytes + 4 * i, sizeof(pool));
+        held.failed_pools.push_back(PoolIndex(pool));
+      }
     }
     ++stats_.received;
     notify = true;

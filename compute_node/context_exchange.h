@@ -8,12 +8,14 @@
 //
 // A context travels as a kContext frame on the data plane (common/transport/frame.h): the
 // same 64-byte header, checksum and epoch as every frame; `layer` is the slice that
-// continues and `minibatch` the batch slot. A replica that gives up a step sends a kError
-// frame with the same fields in place of the context it owes (SendFailure). A replica's
-// first frame on a connection it makes is a kHello carrying the address it listens at, so
-// that the other side knows whose contexts will not come once that connection closes
-// (Departed). Each replica listens on
-// its own transport and connects to the others on first use.
+// continues and `minibatch` the batch slot. After the rows come the pools whose memory
+// nodes have failed the step so far (`flags` of them, uint32 each): their rows go on with
+// zero attention and fail alone, and the replicas after expect no answers from them. A replica that
+// gives up a step sends a kError frame with the same fields in place of the context it owes
+// (SendFailure). A replica's first frame on a connection it makes is a kHello carrying the address
+// it listens at, so that the other side knows whose contexts will not come once that connection
+// closes (Departed). Each replica listens on its own transport and connects to the others on first
+// use.
 //
 // The receiver checks every frame before keeping it: header, kind, epoch, size against the
 // rows it claims, checksum. A malformed frame, or a stale one (of a step this replica has
@@ -37,6 +39,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/protocol/step_plan.h"
 #include "common/transport/frame.h"
 #include "common/transport/transport.h"
 
@@ -66,7 +69,8 @@ uint64_t RotationEndpoint(const std::string& address, int batch);
 class ContextExchange : public transport::MessageHandler {
  public:
   static constexpr size_t kMaxHeld = 64;
-  static constexpr size_t kMaxHelloBytes = 1024;  // a listen address
+  static constexpr size_t kMaxHelloBytes = 1024;   // a listen address
+  static constexpr size_t kMaxFailedPools = 1024;  // pools a context names as failed
 
   static absl::StatusOr<std::unique_ptr<ContextExchange>> Create(ContextExchangeOptions options);
   ~ContextExchange() override;
@@ -74,9 +78,10 @@ class ContextExchange : public transport::MessageHandler {
   const std::string& address() const { return address_; }
   void SetEpoch(uint64_t epoch);
   // Sends rows [0, m) of `x` to the replica listening at `to`, as the context of `slice` of
-  // step `step_id` in batch slot `batch`. The rows are copied.
+  // step `step_id` in batch slot `batch`, with the pools whose memory nodes have failed the
+  // step (at most kMaxFailedPools). The rows are copied.
   absl::Status Send(const std::string& to, uint64_t step_id, int slice, int batch, const float* x,
-                    int64_t m);
+                    int64_t m, std::span<const PoolIndex> failed_pools = {});
   // Tells the replica at `to` that the context of `slice` of step `step_id` in batch slot
   // `batch` will not come, and why (`why`, not OK): a kError frame in place of the kContext
   // frame, so that the replica gives up at once rather than at its hand-off deadline.
@@ -86,12 +91,16 @@ class ContextExchange : public transport::MessageHandler {
   bool Arrived(int batch, uint64_t step_id, int slice) const;
   // A failure has come in place of that context.
   bool FailureArrived(int batch, uint64_t step_id, int slice) const;
+  // That context has come and names pools whose memory nodes failed the step.
+  bool ArrivedWithFailedPools(int batch, uint64_t step_id, int slice) const;
   // The replica listening at `address` connected to this one and has gone since (its
   // connection closed: its process ended, or it disconnected). What it owed will not come.
   bool Departed(const std::string& address) const;
-  // Moves the context into x (m rows): NotFound if it has not come, DataLoss if it has
-  // another number of rows, and the sender's status where a failure came in its place.
-  absl::Status Take(int batch, uint64_t step_id, int slice, float* x, int64_t m);
+  // Moves the context into x (m rows) and the pools it names as failed into
+  // `failed_pools`: NotFound if it has not come, DataLoss if it has another number of rows,
+  // and the sender's status where a failure came in its place.
+  absl::Status Take(int batch, uint64_t step_id, int slice, float* x, int64_t m,
+                    std::vector<PoolIndex>* failed_pools);
   // This replica is done with batch slot `batch` up to `step_id`: what is held of those
   // steps goes, and what comes of them later is stale.
   void Retire(int batch, uint64_t step_id);
@@ -109,14 +118,16 @@ class ContextExchange : public transport::MessageHandler {
   // the transport is done with it.
   void SendText(transport::PeerId peer, transport::FrameHeader h,
                 std::shared_ptr<const std::string> text);
-  // The kContext header of `body` (rows of floats), counted as sent.
-  transport::FrameHeader HeaderOf(uint64_t step_id, int slice, int batch,
-                                  std::span<const uint8_t> body);
+  // The kContext header of `body` (`rows` rows of floats, then `failed_pools` pool ids),
+  // counted as sent.
+  transport::FrameHeader HeaderOf(uint64_t step_id, int slice, int batch, int64_t rows,
+                                  size_t failed_pools, std::span<const uint8_t> body);
 
   using Key = std::tuple<int, uint64_t, int>;  // batch, step, slice
   struct Held {
     uint32_t rows = 0;
     std::vector<float> x;
+    std::vector<PoolIndex> failed_pools;
     absl::Status failed;   // a failure came in place of the context
     uint64_t arrival = 0;  // order of arrival, for dropping the oldest
   };

@@ -64,13 +64,45 @@ TEST(ContextExchangeTest, ContextArrivesBitForBit) {
   EXPECT_FALSE(b->Arrived(1, 42, 2));
   EXPECT_FALSE(b->Arrived(0, 42, 3));
   std::vector<float> got(5 * kHidden, 0.0f);
-  EXPECT_TRUE(absl::IsDataLoss(b->Take(1, 42, 3, got.data(), 4)));  // not the plan's rows
+  std::vector<PoolIndex> pools;
+  EXPECT_TRUE(absl::IsDataLoss(b->Take(1, 42, 3, got.data(), 4, &pools)));  // not the plan's rows
   ASSERT_TRUE(a->Send(b->address(), 42, 3, 1, x.data(), 5).ok());
   ASSERT_TRUE(Eventually([&] { return b->Arrived(1, 42, 3); }));
-  ASSERT_TRUE(b->Take(1, 42, 3, got.data(), 5).ok());
+  ASSERT_TRUE(b->Take(1, 42, 3, got.data(), 5, &pools).ok());
   EXPECT_EQ(got, x);
-  EXPECT_TRUE(absl::IsNotFound(b->Take(1, 42, 3, got.data(), 5)));  // taken once
+  EXPECT_TRUE(absl::IsNotFound(b->Take(1, 42, 3, got.data(), 5, &pools)));  // taken once
   EXPECT_EQ(b->stats().received, 2u);
+  EXPECT_EQ(b->stats().rejected, 0u);
+}
+
+// A context names the pools whose memory nodes failed the step so far, after its rows: the
+// receiver sees that before taking it (its replica stops waiting for their answers) and
+// takes the same pools with rows that are still bit for bit. A context without failed pools
+// says so.
+TEST(ContextExchangeTest, AContextNamesTheFailedPools) {
+  std::atomic<int> arrivals{0};
+  auto a = Make(&arrivals), b = Make(&arrivals);
+  const std::vector<float> x = Rows(4, 5);
+  const std::vector<PoolIndex> failed = {PoolIndex(3), PoolIndex(0)};
+  ASSERT_TRUE(a->Send(b->address(), 7, 2, 1, x.data(), 4, failed).ok());
+  ASSERT_TRUE(Eventually([&] { return b->Arrived(1, 7, 2); }));
+  EXPECT_TRUE(b->ArrivedWithFailedPools(1, 7, 2));
+  EXPECT_FALSE(b->FailureArrived(1, 7, 2));
+  std::vector<float> got(4 * kHidden, 0.0f);
+  std::vector<PoolIndex> pools;
+  ASSERT_TRUE(b->Take(1, 7, 2, got.data(), 4, &pools).ok());
+  EXPECT_EQ(got, x);
+  EXPECT_EQ(pools, failed);
+
+  ASSERT_TRUE(a->Send(b->address(), 8, 2, 1, x.data(), 4).ok());
+  ASSERT_TRUE(Eventually([&] { return b->Arrived(1, 8, 2); }));
+  EXPECT_FALSE(b->ArrivedWithFailedPools(1, 8, 2));
+  ASSERT_TRUE(b->Take(1, 8, 2, got.data(), 4, &pools).ok());
+  EXPECT_EQ(got, x);
+  EXPECT_TRUE(pools.empty());
+  // More than a context may name is refused at the sender.
+  const std::vector<PoolIndex> too_many(ContextExchange::kMaxFailedPools + 1, PoolIndex(1));
+  EXPECT_TRUE(absl::IsInvalidArgument(a->Send(b->address(), 9, 2, 1, x.data(), 4, too_many)));
   EXPECT_EQ(b->stats().rejected, 0u);
 }
 
@@ -87,14 +119,15 @@ TEST(ContextExchangeTest, AFailureComesInPlaceOfAContext) {
   EXPECT_TRUE(b->FailureArrived(1, 42, 3));
   EXPECT_FALSE(b->FailureArrived(1, 42, 2));
   std::vector<float> got(5 * kHidden, 0.0f);
-  EXPECT_EQ(b->Take(1, 42, 3, got.data(), 5), why);
+  std::vector<PoolIndex> pools;
+  EXPECT_EQ(b->Take(1, 42, 3, got.data(), 5, &pools), why);
   EXPECT_FALSE(b->Arrived(1, 42, 3));  // taken once
   // A context still arrives as a context.
   const std::vector<float> x = Rows(5, 1);
   ASSERT_TRUE(a->Send(b->address(), 43, 3, 1, x.data(), 5).ok());
   ASSERT_TRUE(Eventually([&] { return b->Arrived(1, 43, 3); }));
   EXPECT_FALSE(b->FailureArrived(1, 43, 3));
-  ASSERT_TRUE(b->Take(1, 43, 3, got.data(), 5).ok());
+  ASSERT_TRUE(b->Take(1, 43, 3, got.data(), 5, &pools).ok());
   EXPECT_EQ(got, x);
 
   auto raw = transport::Transport::Create({transport::Backend::kInproc});
@@ -200,7 +233,19 @@ TEST(ContextExchangeTest, MalformedAndStaleFramesAreRejectedAndCounted) {
   FrameHeader bad_dtype = good(10);
   bad_dtype.dtype = static_cast<uint16_t>(transport::FrameDType::kBF16);
   send(bad_dtype, x);
-  ASSERT_TRUE(Eventually([&] { return b->stats().rejected == 4; })) << b->stats().rejected;
+  FrameHeader bad_pools = good(10);
+  bad_pools.flags = 1;  // names a failed pool, but the payload holds the rows alone
+  send(bad_pools, x);
+  // No rows and one pool more than a context may name, in a payload of the size claimed.
+  FrameHeader too_many_pools = good(10);
+  too_many_pools.rows = 0;
+  too_many_pools.flags = static_cast<uint16_t>(ContextExchange::kMaxFailedPools + 1);
+  std::vector<float> pool_words(ContextExchange::kMaxFailedPools + 1, 0.0f);
+  too_many_pools.payload_bytes = pool_words.size() * sizeof(float);
+  too_many_pools.checksum = transport::PayloadChecksum(std::span<const uint8_t>(
+      reinterpret_cast<const uint8_t*>(pool_words.data()), too_many_pools.payload_bytes));
+  send(too_many_pools, pool_words);
+  ASSERT_TRUE(Eventually([&] { return b->stats().rejected == 6; })) << b->stats().rejected;
   EXPECT_FALSE(b->Arrived(0, 10, 1));
 
   FrameHeader old_epoch = good(10);
@@ -216,7 +261,8 @@ TEST(ContextExchangeTest, MalformedAndStaleFramesAreRejectedAndCounted) {
   send(good(11), x);
   ASSERT_TRUE(Eventually([&] { return b->Arrived(0, 11, 1); }));
   std::vector<float> got(x.size());
-  ASSERT_TRUE(b->Take(0, 11, 1, got.data(), 3).ok());
+  std::vector<PoolIndex> pools;
+  ASSERT_TRUE(b->Take(0, 11, 1, got.data(), 3, &pools).ok());
   EXPECT_EQ(got, x);
   EXPECT_EQ(b->stats().received, 1u);
   (*raw)->Disconnect(*peer);

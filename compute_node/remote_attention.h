@@ -168,9 +168,10 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
   bool LayerSettled() const override;
   // Connects to every memory node now (a routed answer needs this lane's hello there first).
   void ConnectAll();
-  // The first failure of a memory node's share in this step (a rotated step cannot go on
-  // without it: the next replica would wait for answers that never come).
-  absl::Status RoutedStepStatus() const override;
+  // The pools whose shares failed in this step, which the context handed on names, so that
+  // the replicas after this one expect no answers from them.
+  std::vector<PoolIndex> FailedPools() const override;
+  void FailPools(std::span<const PoolIndex> pools, const absl::Status& why) override;
   void Abandon() override { AbandonStep(); }
 
   // transport::MessageHandler (the transport thread).

@@ -179,14 +179,23 @@ absl::Status RemoteAttention::WaitLayer(int layer, BatchBuffers& b, int64_t m) {
   return absl::OkStatus();
 }
 
-absl::Status RemoteAttention::RoutedStepStatus() const {
+std::vector<PoolIndex> RemoteAttention::FailedPools() const {
+  std::vector<PoolIndex> pools;
   for (const Share& share : shares_) {
-    if (share.failed && !share.share.plan.rows.empty()) {
-      return absl::UnavailableError(
-          absl::StrCat("memory node of pool ", share.pool, " failed: ", share.why.ToString()));
+    if (share.failed && !share.share.plan.rows.empty()) pools.push_back(share.pool);
+  }
+  return pools;
+}
+
+void RemoteAttention::FailPools(std::span<const PoolIndex> pools, const absl::Status& why) {
+  for (Share& share : shares_) {
+    if (!share.share.plan.rows.empty() &&
+        std::find(pools.begin(), pools.end(), share.pool) != pools.end()) {
+      FailShare(share, why, /*dead=*/false);
     }
   }
-  return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(mu_);
+  std::erase_if(expected_, [&](const Expected& e) { return shares_[e.share].failed; });
 }
 
 void RemoteAttention::AbandonStep() {

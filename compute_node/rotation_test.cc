@@ -11,6 +11,7 @@
 #include <future>
 #include <map>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -243,21 +244,34 @@ std::vector<std::vector<Sequence>> MakeBatches(int batches, uint32_t seed) {
 using RunPlan = std::function<StepResult(int batch, StepPlan plan)>;
 
 // Every batch on its own thread: kSteps steps from `from_step` on, with a re-prefill first.
-// Returns each sequence's tokens, and the first error of each batch (OK: none).
+// Returns each sequence's tokens, and the first error of each batch (OK: none). A sequence
+// that fails alone (result.failed: its memory node died) leaves its batch, as the scheduler
+// moves it elsewhere; it is added to `failed` and the rest of the batch goes on.
+using Failures = std::vector<std::pair<SequenceId, absl::Status>>;
 std::map<uint64_t, std::vector<int32_t>> Drive(std::vector<std::vector<Sequence>>& batches,
                                                const RunPlan& run, bool greedy,
                                                std::atomic<uint64_t>& step_ids,
-                                               std::vector<absl::Status>* errors) {
+                                               std::vector<absl::Status>* errors,
+                                               Failures* failed = nullptr) {
   errors->assign(batches.size(), absl::OkStatus());
+  absl::Mutex failed_mu;
   std::vector<std::thread> threads;
   for (size_t j = 0; j < batches.size(); ++j) {
     threads.emplace_back([&, j] {
-      for (int step = 0; step < kSteps; ++step) {
+      for (int step = 0; step < kSteps && !batches[j].empty(); ++step) {
         StepResult r =
             run(static_cast<int>(j), MakePlan(step_ids++, batches[j], step == 0, greedy));
         if (!r.status.ok()) {
           (*errors)[j] = r.status;
           return;
+        }
+        for (const auto& [id, why] : r.failed) {
+          EXPECT_NE(failed, nullptr) << "sequence " << id.value() << " failed: " << why;
+          if (failed != nullptr) {
+            absl::MutexLock lock(&failed_mu);
+            failed->emplace_back(id, why);
+          }
+          std::erase_if(batches[j], [id = id](const Sequence& s) { return s.id == id; });
         }
         EXPECT_EQ(r.tokens.size(), batches[j].size());
         for (const SampledToken& t : r.tokens) {
@@ -308,13 +322,19 @@ class RotationTest : public ::testing::TestWithParam<std::tuple<int, bool>> {
     return out;
   }
 
+  // Defined below, with the tests that use it.
+  using FaultyShare = std::function<std::function<void()>(StepPlan& plan, MemoryPools& pools)>;
+  static Failures RunWithAFaultyShare(const FaultyShare& fault);
+
   static ModelWeights* weights_;
 };
 
 ModelWeights* RotationTest::weights_ = nullptr;
 
 // Broadcasts a plan to `replicas` (each copy naming its receiver) and returns the result
-// of the replica that samples, with the others' failures folded in.
+// of the replica that samples, with the others' failures folded in: their errors, and the
+// sequences that failed alone on any of them (whose tokens are then dropped), as the
+// scheduler's RotationGroup combines them.
 StepResult Broadcast(std::vector<Replica*> replicas, int batch, const StepPlan& plan, int layers,
                      std::vector<absl::Status>* every_error = nullptr,
                      const std::function<void()>& after_submit = {}) {
@@ -335,6 +355,7 @@ StepResult Broadcast(std::vector<Replica*> replicas, int batch, const StepPlan& 
   }
   const size_t sampler = (batch + layers) % replicas.size();
   StepResult out;
+  Failures failed;
   for (size_t i = 0; i < results.size(); ++i) {
     StepResult r = results[i].get();
     EXPECT_EQ(r.step_id, plan.step_id);
@@ -346,6 +367,7 @@ StepResult Broadcast(std::vector<Replica*> replicas, int batch, const StepPlan& 
     if (i != sampler) {
       EXPECT_TRUE(r.tokens.empty() || !r.status.ok()) << "replica " << i << " sampled";
     }
+    for (auto& failure : r.failed) failed.push_back(std::move(failure));
     if (i == sampler) {
       absl::Status keep = out.status;
       out = std::move(r);
@@ -354,6 +376,16 @@ StepResult Broadcast(std::vector<Replica*> replicas, int batch, const StepPlan& 
       out.status = r.status;
     }
   }
+  out.failed.clear();
+  for (auto& [id, why] : failed) {
+    const bool known = std::any_of(out.failed.begin(), out.failed.end(),
+                                   [id = id](const auto& f) { return f.first == id; });
+    if (!known) out.failed.emplace_back(id, std::move(why));
+  }
+  std::erase_if(out.tokens, [&](const SampledToken& t) {
+    return std::any_of(out.failed.begin(), out.failed.end(),
+                       [&](const auto& f) { return f.first == t.request_id; });
+  });
   return out;
 }
 
@@ -465,13 +497,15 @@ TEST_F(RotationTest, APlanOfAnotherEpochIsRefusedAndChangesNothing) {
   for (auto& r : replicas) r->Stop();
 }
 
-// A memory node dies mid-rotation. The replica whose slice finds it dead gives up the step
-// and tells the replica of the next slice in place of the context it owed, which does the
-// same in turn: every replica's lane fails with the memory node's error at once, where
-// they used to wait for their hand-off deadline one after another. The deadlines here are
-// a minute, far past the test's bound.
-TEST_F(RotationTest, ADeadMemoryNodeFailsTheRotatedStepOnEveryReplicaWithoutWaiting) {
+// A fault in a memory node's share of batch 1's third step, on 4 batches and 3 replicas
+// whose deadlines are a minute, far past the bound checked here: no batch may fail whole, no
+// replica give up a step, and nobody wait for a deadline. `fault` may change that plan
+// (before it goes to the replicas) and returns what to do once it has reached every replica
+// but the last (or nothing). Returns the sequences that failed alone, each once; every
+// other sequence must run all its steps, bit-identical to pipelining off.
+Failures RotationTest::RunWithAFaultyShare(const FaultyShare& fault) {
   const int batches = 4;
+  const auto expected = Reference(batches, /*greedy=*/true);
   ModelRunner runner(weights_, kMaxPositions);
   MemoryPools pools(runner.config());
   std::vector<std::unique_ptr<Replica>> replicas;
@@ -484,29 +518,80 @@ TEST_F(RotationTest, ADeadMemoryNodeFailsTheRotatedStepOnEveryReplicaWithoutWait
   std::atomic<uint64_t> ids{1};
   auto b = MakeBatches(batches, 11);
   std::atomic<int> plans{0};
-  absl::Mutex kill_mu;
   std::vector<absl::Status> errors, replica_errors;
+  Failures failed;
   const absl::Time start = absl::Now();
-  Drive(
+  const auto got = Drive(
       b,
       [&](int batch, StepPlan plan) {
-        if (batch == 1 && ++plans == 3) {
-          return Broadcast(three, batch, plan, layers, &replica_errors, [&] {
-            absl::MutexLock lock(&kill_mu);
-            pools.servers[1].reset();  // its connections close with it
-          });
-        }
-        return Broadcast(three, batch, plan, layers, &replica_errors);
+        std::function<void()> after_submit;
+        if (batch == 1 && ++plans == 3) after_submit = fault(plan, pools);
+        return Broadcast(three, batch, plan, layers, &replica_errors, after_submit);
       },
-      true, ids, &errors);
+      true, ids, &errors, &failed);
   EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "a replica waited for its deadline";
-  int failed = 0;
-  for (const absl::Status& e : errors) failed += !e.ok();
-  EXPECT_GT(failed, 0) << "no batch met the dead memory node";
-  for (const absl::Status& e : replica_errors) {
-    EXPECT_FALSE(absl::StrContains(e.message(), "did not hand over")) << e;
+  for (const absl::Status& e : errors) EXPECT_TRUE(e.ok()) << "a batch failed whole: " << e;
+  for (const absl::Status& e : replica_errors) ADD_FAILURE() << "a replica gave up a step: " << e;
+  std::set<SequenceId> once;
+  for (const auto& [id, why] : failed) {
+    EXPECT_TRUE(once.insert(id).second) << "sequence " << id.value() << " failed twice";
   }
+  for (const auto& [id, tokens] : expected) {
+    if (once.count(SequenceId(id))) continue;
+    EXPECT_EQ(got.at(id), tokens) << "sequence " << id;
+  }
+  EXPECT_LT(once.size(), expected.size());
   for (auto& r : replicas) r->Stop();
+  return failed;
+}
+
+// A memory node dies mid-rotation. Its sequences fail alone: the replica whose slice finds
+// it dead zeroes their rows and names its pool in the context it hands on, so that the
+// replicas after it expect no answers from it; the batch's other sequences go on in the
+// same step, bit-identical to pipelining off, and no step fails whole. (Rotated steps used
+// to fail whole, every sequence of the batch then recomputed.)
+TEST_F(RotationTest, ADeadMemoryNodeFailsOnlyItsSequencesAndTheRotatedStepGoesOn) {
+  absl::Mutex kill_mu;
+  const Failures failed = RunWithAFaultyShare([&](StepPlan&, MemoryPools& pools) {
+    return [&] {
+      absl::MutexLock lock(&kill_mu);
+      pools.servers[1].reset();  // its connections close with it
+    };
+  });
+  // Only the dead pool's sequences failed, saying which pool; batch 1's all did.
+  std::set<uint64_t> failed_ids;
+  for (const auto& [id, why] : failed) {
+    failed_ids.insert(id.value());
+    EXPECT_EQ(id.value() % kPools, 1u) << "sequence " << id.value() << " of a live pool failed";
+    EXPECT_TRUE(absl::IsUnavailable(why)) << why;
+    EXPECT_TRUE(absl::StrContains(why.message(), "pool 1")) << why;
+  }
+  for (uint64_t id = 1 + kSeqsPerBatch; id <= 2 * kSeqsPerBatch; ++id) {
+    if (id % kPools == 1) {
+      EXPECT_TRUE(failed_ids.count(id)) << "sequence " << id << " of batch 1";
+    }
+  }
+}
+
+// A memory node that refuses its share of a rotated step (a slot outside its store) stays
+// up, and answers the layers' frames with its error, to the replica of the first slice that
+// waits for it. That replica names the pool in the context it hands on; the replicas after
+// it expect nothing of the pool for that step (it is sent nothing more, so without the name
+// they would wait for their deadline). Only the sequence whose share was refused fails.
+TEST_F(RotationTest, AMemoryNodeThatRefusesItsShareFailsOnlyItsSequences) {
+  // Batch 1 holds sequences 4, 5 and 6; 5 is the one on pool 1.
+  const SequenceId refused(5);
+  ASSERT_EQ(MakeBatches(4, 11)[1][1].id, refused);
+  ASSERT_EQ(MakeBatches(4, 11)[1][1].pool, PoolIndex(1));
+  const Failures failed = RunWithAFaultyShare([&](StepPlan& plan, MemoryPools&) {
+    for (SlotAssignment& a : plan.assignments) {
+      if (a.request_id == refused) a.slots = {int32_t{1} << 20};
+    }
+    return std::function<void()>();
+  });
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_EQ(failed[0].first, refused);
+  EXPECT_TRUE(absl::StrContains(failed[0].second.message(), "pool 1")) << failed[0].second;
 }
 
 // A replica dies while every batch is mid-rotation: the batches in flight fail at once

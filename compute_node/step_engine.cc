@@ -520,12 +520,13 @@ void StepEngine::HandOff(Lane& lane, int k) {
   const int layers = static_cast<int>(runner_->config().num_layers);
   if (k >= 0) {
     // Layer k's answers and the residual rows go to the replica of slice k + 1.
+    // Pools whose memory nodes failed the step get no frames (SendLayerTo) and are named in
+    // the context, so that the replica after this one expects no answers from them.
     absl::Status status =
         lane.attention->SendLayerTo(k, lane.buffers, lane.m, role.EndpointOf(k + 1));
-    if (status.ok()) status = lane.attention->RoutedStepStatus();
     if (status.ok()) {
       status = role.exchange->Send(role.AddressOf(k + 1), lane.result.step_id, k + 1, role.batch,
-                                   lane.buffers.x.data(), lane.m);
+                                   lane.buffers.x.data(), lane.m, lane.attention->FailedPools());
     }
     if (!status.ok()) return EndForward(lane, std::move(status));
     lane.next_slice = k + role.num_replicas();
@@ -557,6 +558,9 @@ bool StepEngine::RotationReady(int index) const {
   // A failure in place of the context, or the replica that owes it gone: the answers still
   // out will not be needed.
   if (exchange.FailureArrived(batch, lane.result.step_id, lane.next_slice)) return true;
+  // A context that names failed pools: their answers will not come (AdvanceRotated stops
+  // expecting them, then waits for the others').
+  if (exchange.ArrivedWithFailedPools(batch, lane.result.step_id, lane.next_slice)) return true;
   if (!exchange.Arrived(batch, lane.result.step_id, lane.next_slice) &&
       exchange.Departed(lane.role.AddressOf(lane.next_slice - 1))) {
     return true;
@@ -581,7 +585,9 @@ bool StepEngine::AdvanceRotated(int index) {
   TraceSpan span(options_.trace, index,
                  options_.trace ? absl::StrCat("step ", lane.result.step_id, " slice ", k) : "");
   BatchBuffers& b = lane.buffers;
-  absl::Status status = role.exchange->Take(role.batch, lane.result.step_id, k, b.x.data(), lane.m);
+  std::vector<PoolIndex> failed_pools;
+  absl::Status status =
+      role.exchange->Take(role.batch, lane.result.step_id, k, b.x.data(), lane.m, &failed_pools);
   if (absl::IsNotFound(status)) {
     const std::string& from = role.AddressOf(k - 1);
     status = role.exchange->Departed(from)
@@ -593,10 +599,16 @@ bool StepEngine::AdvanceRotated(int index) {
                                     " did not hand over slice ", k, " of batch ", role.batch,
                                     " within ", absl::FormatDuration(role.handoff_timeout)));
   }
+  // Memory nodes that failed the step on a replica before this one: their rows go on with
+  // zero attention and fail alone (in the result's failed), as where this replica finds a
+  // memory node failed itself (WaitLayer); the rest of the step goes on.
+  if (status.ok() && !failed_pools.empty()) {
+    lane.attention->FailPools(
+        failed_pools,
+        absl::UnavailableError(absl::StrCat("the memory node failed the step on the replica at ",
+                                            role.AddressOf(k - 1), " or before it")));
+  }
   if (status.ok()) status = lane.attention->WaitLayer(k - 1, b, lane.m);
-  // A memory node that failed its share fails the whole rotated step: the replicas after
-  // this one would wait for its answers in vain.
-  if (status.ok()) status = lane.attention->RoutedStepStatus();
   if (!status.ok()) {
     EndForward(lane, std::move(status));
   } else {

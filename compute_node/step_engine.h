@@ -35,7 +35,9 @@
 // residual rows to the next slice's replica (context_exchange.h) and routes its layer's
 // attention answers there; the replica of slice L samples, the others answer with no tokens.
 // Every replica applies every plan's setups, releases and rows, so each holds the sampling
-// state of every sequence and any of them can sample.
+// state of every sequence and any of them can sample. A memory node that fails its share
+// fails its rows alone here too: the context handed on names its pool, and the replicas
+// after stop expecting its answers.
 //
 // Thread-safety: one thread at a time calls Execute and the lane methods.
 #ifndef STRATA_COMPUTE_NODE_STEP_ENGINE_H_
@@ -121,8 +123,8 @@ class StepEngine : public LaneEngine {
   // backend must route (RemoteAttention with an endpoint). Answered at once when the plan
   // cannot start, or when none of its slices is this replica's.
   std::optional<StepResult> BeginRotated(int lane, const StepPlan& plan, const RotationRole& role);
-  // Whether the lane's next slice has its inputs (the context and the attention answers),
-  // or their deadline has passed.
+  // Whether the lane's next slice has its inputs (the context and the attention answers,
+  // but those of pools the context names as failed), or their deadline has passed.
   bool RotationReady(int lane) const;
   absl::Time RotationDeadline(int lane) const;
   // Runs the lane's next slice; true once this replica's share is over (or failed): then

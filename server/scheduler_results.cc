@@ -132,9 +132,9 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
       other_node = other_node || (static_cast<int>(e) != executor && executors_[e]->alive &&
                                   executors_[e]->reachable);
     }
-    // A step that failed whole for a memory node that died (rotational pipelining fails a
-    // rotated step at once) does not count toward kMaxStepFailures: its pools are marked
-    // dead first, so that the requests move, as after a step that failed only their rows.
+    // A step that failed whole for a memory node that died does not count toward
+    // kMaxStepFailures: its pools are marked dead first, so that the requests move, as
+    // after a step that failed only their rows.
     // (A row ahead of a request whose row failed before is refused alone by the node, in
     // result.failed below: the plan's other rows run.)
     MarkPoolsDead(result.dead_pools);

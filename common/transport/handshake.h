@@ -17,8 +17,9 @@ inline constexpr uint32_t kHandshakeMagic = 0x53545248;  // "STRH"
 // Bumped whenever the framing of data-plane messages changes (common/transport/frame.h)
 // or how a connection is kept. 2: the bootstrap's socket stays open as the connection's
 // liveness socket (ucx_bootstrap.h), and a rotated step's replica may send a kError frame
-// in place of a context.
-inline constexpr uint32_t kDataPlaneVersion = 2;
+// in place of a context. 3: a context frame names the pools whose memory nodes failed the
+// step after its rows (compute_node/context_exchange.h).
+inline constexpr uint32_t kDataPlaneVersion = 3;
 
 struct Handshake {
   enum Kind : uint32_t { kHello = 1, kAccept = 2, kRefuse = 3 };
