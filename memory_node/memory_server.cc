@@ -227,8 +227,8 @@ void MemoryServer::Handle(Work& work) {
     ++stats_.departed_frames;
     return;
   }
-  FrameHeader header;
-  absl::Status status = transport::ParseFrameHeader(work.header, &header);
+  FrameHeader header = work.frame;
+  absl::Status status = work.parsed;
   if (status.ok()) status = work.status;
   const std::span<const uint8_t> payload =
       work.payload ? std::span<const uint8_t>(*work.payload) : std::span<const uint8_t>();

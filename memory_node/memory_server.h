@@ -144,6 +144,10 @@ class MemoryServer : public transport::MessageHandler {
   struct Work {
     transport::PeerId peer = 0;
     std::vector<uint8_t> header;
+    // The header as parsed once, on arrival (Deliver), and what is wrong with it; a peer's
+    // departure has none.
+    transport::FrameHeader frame;
+    absl::Status parsed = absl::InvalidArgumentError("no frame header");
     std::shared_ptr<std::vector<uint8_t>> payload;
     absl::Status status;
     uint64_t held = 0;  // bytes counted against the peer's budget until it is finished
@@ -219,8 +223,7 @@ class MemoryServer : public transport::MessageHandler {
   uint64_t HeldBudgetAll(uint64_t per_peer) const;  // all peers together, from HeldBudget()
   // Deliver: why a layer frame Place gave no buffer is refused for its claim (OK: it is not
   // a layer frame whose claim could be judged, or its claim fits).
-  absl::Status UnplacedLayerClaim(std::span<const uint8_t> header, size_t payload_bytes,
-                                  const absl::Status& received) const;
+  absl::Status UnplacedLayerClaim(const Work& work, size_t payload_bytes) const;
 
   MemoryServerOptions options_;
   std::unique_ptr<transport::Transport> transport_;

@@ -159,16 +159,13 @@ absl::Status MemoryServer::LayerClaimFits(const FrameHeader& header, size_t payl
   return absl::OkStatus();
 }
 
-absl::Status MemoryServer::UnplacedLayerClaim(std::span<const uint8_t> header_bytes,
-                                              size_t payload_bytes,
-                                              const absl::Status& received) const {
+absl::Status MemoryServer::UnplacedLayerClaim(const Work& work, size_t payload_bytes) const {
   // Refused by Place, and here before a copy is made; the claim is also the better reason
   // when the transport dropped the payload. (A header that disagrees with the payload it
   // came with is reported as such in Handle.)
-  FrameHeader header;
-  if (!transport::ParseFrameHeader(header_bytes, &header).ok() ||
-      header.kind != static_cast<uint16_t>(FrameKind::kLayer) ||
-      (header.payload_bytes != payload_bytes && received.ok())) {
+  const FrameHeader& header = work.frame;
+  if (!work.parsed.ok() || header.kind != static_cast<uint16_t>(FrameKind::kLayer) ||
+      (header.payload_bytes != payload_bytes && work.status.ok())) {
     return absl::OkStatus();
   }
   return LayerClaimFits(header, header.payload_bytes);
@@ -179,14 +176,14 @@ void MemoryServer::Deliver(PeerId from, std::span<const uint8_t> header,
   Work work;
   work.peer = from;
   work.header.assign(header.begin(), header.end());
+  work.parsed = transport::ParseFrameHeader(header, &work.frame);
   work.status = std::move(status);
   auto it = placed_.find(payload.data());
   if (it != placed_.end() && payload.data() != nullptr) {
     work.payload = std::move(it->second);
     work.held = payload.size();  // counted by Place
     placed_.erase(it);
-  } else if (absl::Status claim = UnplacedLayerClaim(header, payload.size(), work.status);
-             !claim.ok()) {
+  } else if (absl::Status claim = UnplacedLayerClaim(work, payload.size()); !claim.ok()) {
     work.status = std::move(claim);
   } else if (refused_for_budget_.erase({from, std::string(header.begin(), header.end())}) > 0 ||
              (work.status.ok() && payload.size() <= kMaxSmallFrame &&
@@ -285,8 +282,8 @@ void MemoryServer::LeftLocked(bool is_inline) {
 }
 
 bool MemoryServer::ParkForLoads(Work& work) {
-  FrameHeader header;
-  if (!work.status.ok() || !transport::ParseFrameHeader(work.header, &header).ok() ||
+  const FrameHeader& header = work.frame;
+  if (!work.status.ok() || !work.parsed.ok() ||
       header.kind != static_cast<uint16_t>(FrameKind::kLayer)) {
     return false;
   }
