@@ -688,8 +688,9 @@ void TileHeadsSlotMajor(const AttentionParams& p, const float* q_row_f32, TileSl
     auto request = [&]() __attribute__((always_inline)) {
       spread.Step([&] {
         if (left == 0) {
-          line = LineOf(after_values(at_slot));
-          left = LinesHolding(after_values(at_slot++), after_bytes);
+          const uint16_t* run = after_values(at_slot++);
+          line = LineOf(run);
+          left = LinesHolding(run, after_bytes);
         }
         PrefetchLineL2(line, t2);
         line += 64;
