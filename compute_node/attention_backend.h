@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "common/protocol/step_plan.h"
 #include "compute_node/model_runner.h"
 #include "memory_node/attention_engine.h"
@@ -67,6 +68,13 @@ class AttentionBackend {
     return absl::UnimplementedError("this attention backend cannot route answers");
   }
   virtual bool LayerSettled() const { return true; }
+  // When the wait for the expected layer gives up on the answers still out (LayerSettled
+  // turns true then); InfiniteFuture when no layer is expected.
+  virtual absl::Time LayerDeadline() const { return absl::InfiniteFuture(); }
+  // The context of the expected layer came at `when`: the answers routed here left the
+  // replica before with it, so their wait's deadline counts from then at the latest (a
+  // replica before may have waited a whole deadline itself for a hung memory node).
+  virtual void ContextArrivedAt(absl::Time /*when*/) {}
   // The pools whose memory nodes failed their share of the routed step: their rows go on
   // with zero attention, and their requests are among EndStep's failed.
   virtual std::vector<PoolIndex> FailedPools() const { return {}; }

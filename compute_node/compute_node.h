@@ -54,7 +54,8 @@ struct ComputeNodeOptions {
   // its own data-plane connections; see step_pipeline.h). Co-located mode runs one.
   int lanes = 1;
   // Rotational pipelining: batch slots (n; 0: off), where the context exchange listens, and
-  // how long a slice waits for its context and attention before failing its batch.
+  // how long a slice waits for its context before failing its batch (main sets it to
+  // HandoffTimeout of the attention timeout).
   int rotation_batches = 0;
   std::string context_address = "127.0.0.1:0";
   absl::Duration handoff_timeout = absl::Seconds(10);

@@ -178,7 +178,7 @@ bool ContextExchange::ArrivedWithFailedPools(int batch, uint64_t step_id, int sl
 }
 
 absl::Status ContextExchange::Take(int batch, uint64_t step_id, int slice, float* x, int64_t m,
-                                   std::vector<PoolIndex>* failed_pools) {
+                                   Taken* taken) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = held_.find({batch, step_id, slice});
   if (it == held_.end()) {
@@ -192,7 +192,8 @@ absl::Status ContextExchange::Take(int batch, uint64_t step_id, int slice, float
                                             " has ", held.rows, " rows; the plan has ", m));
   }
   std::memcpy(x, held.x.data(), held.x.size() * sizeof(float));
-  *failed_pools = std::move(held.failed_pools);
+  taken->failed_pools = std::move(held.failed_pools);
+  taken->arrived = held.arrived;
   return absl::OkStatus();
 }
 
@@ -287,6 +288,7 @@ void ContextExchange::Deliver(PeerId from, std::span<const uint8_t> header_bytes
     }
     Held& held = held_[{static_cast<int>(h.minibatch), h.step_id, static_cast<int>(h.layer)}];
     held.arrival = ++arrivals_;
+    held.arrived = absl::Now();
     if (failure) {
       held.failed = transport::ErrorFrameStatus(h, payload);
     } else {

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/protocol/step_plan.h"
 #include "common/transport/frame.h"
 #include "common/transport/transport.h"
@@ -96,11 +97,15 @@ class ContextExchange : public transport::MessageHandler {
   // The replica listening at `address` connected to this one and has gone since (its
   // connection closed: its process ended, or it disconnected). What it owed will not come.
   bool Departed(const std::string& address) const;
-  // Moves the context into x (m rows) and the pools it names as failed into
-  // `failed_pools`: NotFound if it has not come, DataLoss if it has another number of rows,
-  // and the sender's status where a failure came in its place.
-  absl::Status Take(int batch, uint64_t step_id, int slice, float* x, int64_t m,
-                    std::vector<PoolIndex>* failed_pools);
+  // What comes with a context besides its rows.
+  struct Taken {
+    std::vector<PoolIndex> failed_pools;  // whose memory nodes failed the step so far
+    absl::Time arrived;                   // when it came
+  };
+  // Moves the context into x (m rows), and what came with it into `taken`: NotFound if it
+  // has not come, DataLoss if it has another number of rows, and the sender's status where
+  // a failure came in its place.
+  absl::Status Take(int batch, uint64_t step_id, int slice, float* x, int64_t m, Taken* taken);
   // This replica is done with batch slot `batch` up to `step_id`: what is held of those
   // steps goes, and what comes of them later is stale.
   void Retire(int batch, uint64_t step_id);
@@ -128,6 +133,7 @@ class ContextExchange : public transport::MessageHandler {
     uint32_t rows = 0;
     std::vector<float> x;
     std::vector<PoolIndex> failed_pools;
+    absl::Time arrived;
     absl::Status failed;   // a failure came in place of the context
     uint64_t arrival = 0;  // order of arrival, for dropping the oldest
   };

@@ -64,13 +64,13 @@ TEST(ContextExchangeTest, ContextArrivesBitForBit) {
   EXPECT_FALSE(b->Arrived(1, 42, 2));
   EXPECT_FALSE(b->Arrived(0, 42, 3));
   std::vector<float> got(5 * kHidden, 0.0f);
-  std::vector<PoolIndex> pools;
-  EXPECT_TRUE(absl::IsDataLoss(b->Take(1, 42, 3, got.data(), 4, &pools)));  // not the plan's rows
+  ContextExchange::Taken taken;
+  EXPECT_TRUE(absl::IsDataLoss(b->Take(1, 42, 3, got.data(), 4, &taken)));  // not the plan's rows
   ASSERT_TRUE(a->Send(b->address(), 42, 3, 1, x.data(), 5).ok());
   ASSERT_TRUE(Eventually([&] { return b->Arrived(1, 42, 3); }));
-  ASSERT_TRUE(b->Take(1, 42, 3, got.data(), 5, &pools).ok());
+  ASSERT_TRUE(b->Take(1, 42, 3, got.data(), 5, &taken).ok());
   EXPECT_EQ(got, x);
-  EXPECT_TRUE(absl::IsNotFound(b->Take(1, 42, 3, got.data(), 5, &pools)));  // taken once
+  EXPECT_TRUE(absl::IsNotFound(b->Take(1, 42, 3, got.data(), 5, &taken)));  // taken once
   EXPECT_EQ(b->stats().received, 2u);
   EXPECT_EQ(b->stats().rejected, 0u);
 }
@@ -89,17 +89,17 @@ TEST(ContextExchangeTest, AContextNamesTheFailedPools) {
   EXPECT_TRUE(b->ArrivedWithFailedPools(1, 7, 2));
   EXPECT_FALSE(b->FailureArrived(1, 7, 2));
   std::vector<float> got(4 * kHidden, 0.0f);
-  std::vector<PoolIndex> pools;
-  ASSERT_TRUE(b->Take(1, 7, 2, got.data(), 4, &pools).ok());
+  ContextExchange::Taken taken;
+  ASSERT_TRUE(b->Take(1, 7, 2, got.data(), 4, &taken).ok());
   EXPECT_EQ(got, x);
-  EXPECT_EQ(pools, failed);
+  EXPECT_EQ(taken.failed_pools, failed);
 
   ASSERT_TRUE(a->Send(b->address(), 8, 2, 1, x.data(), 4).ok());
   ASSERT_TRUE(Eventually([&] { return b->Arrived(1, 8, 2); }));
   EXPECT_FALSE(b->ArrivedWithFailedPools(1, 8, 2));
-  ASSERT_TRUE(b->Take(1, 8, 2, got.data(), 4, &pools).ok());
+  ASSERT_TRUE(b->Take(1, 8, 2, got.data(), 4, &taken).ok());
   EXPECT_EQ(got, x);
-  EXPECT_TRUE(pools.empty());
+  EXPECT_TRUE(taken.failed_pools.empty());
   // More than a context may name is refused at the sender.
   const std::vector<PoolIndex> too_many(ContextExchange::kMaxFailedPools + 1, PoolIndex(1));
   EXPECT_TRUE(absl::IsInvalidArgument(a->Send(b->address(), 9, 2, 1, x.data(), 4, too_many)));
@@ -119,15 +119,15 @@ TEST(ContextExchangeTest, AFailureComesInPlaceOfAContext) {
   EXPECT_TRUE(b->FailureArrived(1, 42, 3));
   EXPECT_FALSE(b->FailureArrived(1, 42, 2));
   std::vector<float> got(5 * kHidden, 0.0f);
-  std::vector<PoolIndex> pools;
-  EXPECT_EQ(b->Take(1, 42, 3, got.data(), 5, &pools), why);
+  ContextExchange::Taken taken;
+  EXPECT_EQ(b->Take(1, 42, 3, got.data(), 5, &taken), why);
   EXPECT_FALSE(b->Arrived(1, 42, 3));  // taken once
   // A context still arrives as a context.
   const std::vector<float> x = Rows(5, 1);
   ASSERT_TRUE(a->Send(b->address(), 43, 3, 1, x.data(), 5).ok());
   ASSERT_TRUE(Eventually([&] { return b->Arrived(1, 43, 3); }));
   EXPECT_FALSE(b->FailureArrived(1, 43, 3));
-  ASSERT_TRUE(b->Take(1, 43, 3, got.data(), 5, &pools).ok());
+  ASSERT_TRUE(b->Take(1, 43, 3, got.data(), 5, &taken).ok());
   EXPECT_EQ(got, x);
 
   auto raw = transport::Transport::Create({transport::Backend::kInproc});
@@ -261,8 +261,8 @@ TEST(ContextExchangeTest, MalformedAndStaleFramesAreRejectedAndCounted) {
   send(good(11), x);
   ASSERT_TRUE(Eventually([&] { return b->Arrived(0, 11, 1); }));
   std::vector<float> got(x.size());
-  std::vector<PoolIndex> pools;
-  ASSERT_TRUE(b->Take(0, 11, 1, got.data(), 3, &pools).ok());
+  ContextExchange::Taken taken;
+  ASSERT_TRUE(b->Take(0, 11, 1, got.data(), 3, &taken).ok());
   EXPECT_EQ(got, x);
   EXPECT_EQ(b->stats().received, 1u);
   (*raw)->Disconnect(*peer);

@@ -27,6 +27,7 @@
 #include "compute_node/compute_node.h"
 #include "compute_node/linear.h"
 #include "compute_node/node_metrics.h"
+#include "compute_node/rotation.h"
 #include "compute_node/service.h"
 #include "compute_node/step_channel.h"
 #include "kernels/cpu/fingerprint.h"
@@ -60,7 +61,8 @@ ABSL_FLAG(strata::PrefillPolicy, prefill_attention, strata::RemoteAttentionOptio
           "cached prefix on the memory node) or memory (all on the memory node)");
 ABSL_FLAG(int64_t, attention_timeout_ms,
           absl::ToInt64Milliseconds(strata::RemoteAttentionOptions().layer_timeout),
-          "Disaggregated mode: how long a layer waits for a memory node before declaring it hung");
+          "Disaggregated mode: how long a layer waits for a memory node before declaring it hung "
+          "(rotational pipelining: a slice waits twice that for its context)");
 ABSL_FLAG(int64_t, attention_answer_spin_us,
           absl::ToInt64Microseconds(strata::RemoteAttentionOptions().answer_spin),
           "Disaggregated mode: how long the step thread polls the data plane for a layer's "
@@ -147,7 +149,7 @@ int main(int argc, char** argv) {
   options.remote.prefill_policy = absl::GetFlag(FLAGS_prefill_attention);
   options.remote.layer_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_attention_timeout_ms));
   options.remote.answer_spin = absl::Microseconds(absl::GetFlag(FLAGS_attention_answer_spin_us));
-  options.handoff_timeout = options.remote.layer_timeout;
+  options.handoff_timeout = strata::HandoffTimeout(options.remote.layer_timeout);
   options.remote.verify_checksums = absl::GetFlag(FLAGS_verify_checksums);
   auto registry = std::make_shared<strata::metrics::MetricsRegistry>();
   strata::ComputeNodeMetrics node_metrics(registry, absl::GetFlag(FLAGS_name));

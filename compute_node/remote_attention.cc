@@ -443,7 +443,10 @@ absl::Status RemoteAttention::SendLayerTo(int layer, BatchBuffers& b, int64_t m,
   FailSharesWithErrors();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (reply_to == 0) ExpectLocked(layer);
+    if (reply_to == 0) {
+      ExpectLocked(layer);
+      expected_deadline_ = absl::Now() + options_.layer_timeout;
+    }
     for (size_t s = 0; s < shares_.size(); ++s) {
       Share& share = shares_[s];
       if (share.failed || share.share.plan.rows.empty()) continue;

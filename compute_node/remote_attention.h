@@ -164,8 +164,11 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
   // Expects the answers of `layer`, sent by another replica, into b.attn; the deadline
   // counts from here. WaitLayer then completes it.
   absl::Status ExpectLayer(int layer, BatchBuffers& b, int64_t m) override;
-  // Whether every answer of the expected layer is in (or its peer is dead).
+  // Whether every answer of the expected layer is in (or its peer is dead), or its deadline
+  // (LayerDeadline) has passed.
   bool LayerSettled() const override;
+  absl::Time LayerDeadline() const override;
+  void ContextArrivedAt(absl::Time when) override;
   // Connects to every memory node now (a routed answer needs this lane's hello there first).
   void ConnectAll();
   // The pools whose shares failed in this step, which the context handed on names, so that
@@ -266,6 +269,10 @@ class RemoteAttention : public AttentionBackend, public transport::MessageHandle
   std::condition_variable cv_;
   int layer_ = -1;
   std::vector<Expected> expected_;
+  // When the wait for the layer in flight gives up on answers still out (InfiniteFuture
+  // once it is over): a layer timeout after its first send, or after ExpectLayer, or after
+  // its context came (ContextArrivedAt).
+  absl::Time expected_deadline_ = absl::InfiniteFuture();
   // The buffers Place gave the transport, by address, until it delivers their frames (a
   // peer that dies mid-transfer may leave its buffer here for good).
   std::unordered_map<const uint8_t*, std::shared_ptr<std::vector<uint8_t>>> placed_;

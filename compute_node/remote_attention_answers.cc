@@ -46,6 +46,7 @@ absl::Status RemoteAttention::ExpectLayer(int layer, BatchBuffers& b, int64_t m)
   expecting_routed_ = true;
   std::lock_guard<std::mutex> lock(mu_);
   layer_watch_.Reset();
+  expected_deadline_ = absl::Now() + options_.layer_timeout;
   ExpectLocked(layer);
   // Answers that came before this lane knew the step.
   std::vector<Early> replay;
@@ -64,7 +65,7 @@ absl::Status RemoteAttention::ExpectLayer(int layer, BatchBuffers& b, int64_t m)
 
 bool RemoteAttention::LayerSettled() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return LayerSettledLocked() || layer_watch_.Elapsed() >= options_.layer_timeout;
+  return LayerSettledLocked() || absl::Now() >= expected_deadline_;
 }
 
 thread_local const RemoteAttention* RemoteAttention::polling_ = nullptr;
@@ -78,9 +79,12 @@ absl::Status RemoteAttention::WaitLayer(int layer, BatchBuffers& b, int64_t m) {
   std::vector<Expected> answers;
   // The deadline counts from the layer's first send: with two batches in flight the other
   // lane's stage ran in between.
-  auto left = [&] {
-    return std::max(absl::ZeroDuration(), options_.layer_timeout - layer_watch_.Elapsed());
-  };
+  absl::Time until;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    until = expected_deadline_;
+  }
+  auto left = [&] { return std::max(absl::ZeroDuration(), until - absl::Now()); };
   if (options_.answer_spin > absl::ZeroDuration()) {
     // Answers due within microseconds: taken off the worker here, without the two wake-ups
     // (the transport thread's, then this thread's) that sleeping would cost.
@@ -99,6 +103,7 @@ absl::Status RemoteAttention::WaitLayer(int layer, BatchBuffers& b, int64_t m) {
     answers = std::move(expected_);
     expected_.clear();
     layer_ = -1;
+    expected_deadline_ = absl::InfiniteFuture();
   }
   outcome_.wait_us += wait_watch.ElapsedMicros();
   if (options_.on_layer_round_trip) {
@@ -202,6 +207,17 @@ void RemoteAttention::AbandonStep() {
   std::lock_guard<std::mutex> lock(mu_);
   expected_.clear();
   layer_ = -1;
+  expected_deadline_ = absl::InfiniteFuture();
+}
+
+void RemoteAttention::ContextArrivedAt(absl::Time when) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (layer_ >= 0) expected_deadline_ = std::max(expected_deadline_, when + options_.layer_timeout);
+}
+
+absl::Time RemoteAttention::LayerDeadline() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return expected_deadline_;
 }
 
 bool RemoteAttention::LayerSettledLocked() const {

@@ -46,6 +46,12 @@ class Wakeup {
   bool pending_ = false;
 };
 
+// The deadline on a slice's context, given the memory nodes' per-layer deadline: twice it.
+// The replica before may itself wait one layer deadline for a hung memory node, whose rows
+// it then fails alone and hands the context on (StepEngine::AdvanceRotated); a deadline of
+// one layer would expire meanwhile and fail the whole step.
+inline absl::Duration HandoffTimeout(absl::Duration layer_timeout) { return 2 * layer_timeout; }
+
 struct RotationDriverOptions {
   ContextExchange* exchange = nullptr;
   Wakeup* wakeup = nullptr;

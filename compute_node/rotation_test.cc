@@ -121,7 +121,7 @@ struct Replica {
     RotationDriverOptions d;
     d.exchange = exchange.get();
     d.wakeup = &wakeup;
-    d.handoff_timeout = deadline;
+    d.handoff_timeout = HandoffTimeout(deadline);
     d.stop = &killed;
     d.epoch = &epoch;
     d.cached_epoch = &cached_epoch;
@@ -592,6 +592,55 @@ TEST_F(RotationTest, AMemoryNodeThatRefusesItsShareFailsOnlyItsSequences) {
   ASSERT_EQ(failed.size(), 1u);
   EXPECT_EQ(failed[0].first, refused);
   EXPECT_TRUE(absl::StrContains(failed[0].second.message(), "pool 1")) << failed[0].second;
+}
+
+// A memory node that hangs (it takes frames and answers none) under rotational pipelining:
+// the replica whose slice waits for its answers gives up on them at the layer deadline,
+// fails its rows alone and names its pool in the context it hands on. The replicas after
+// stop expecting it, and their deadline on that context (HandoffTimeout: twice the layer's)
+// outlasts the wait, so the step goes on for the batch's other sequences. Only the sequence
+// placed there fails; every other one matches pipelining off.
+TEST_F(RotationTest, AHungMemoryNodeFailsOnlyItsSequencesAtTheLayerDeadline) {
+  const int batches = 3;
+  const auto expected = Reference(batches, /*greedy=*/true);
+  ModelRunner runner(weights_, kMaxPositions);
+  MemoryPools pools(runner.config());
+  // A third pool, whose node takes the frames and answers none.
+  auto hung = transport::Transport::Create({transport::Backend::kInproc});
+  ASSERT_TRUE(hung.ok()) << hung.status();
+  auto hung_address = (*hung)->Listen(absl::StrCat("rotation-test-hung-", ++instance));
+  ASSERT_TRUE(hung_address.ok()) << hung_address.status();
+  pools.addresses.push_back({PoolIndex(2), "memory-hung", *hung_address});
+  const absl::Duration deadline = absl::Milliseconds(300);
+  std::vector<std::unique_ptr<Replica>> replicas;
+  for (int r = 0; r < batches - 1; ++r) {
+    replicas.push_back(std::make_unique<Replica>(runner, pools, batches, deadline));
+  }
+  std::vector<Replica*> all;
+  for (auto& r : replicas) all.push_back(r.get());
+  const int layers = static_cast<int>(runner.config().num_layers);
+  std::atomic<uint64_t> ids{1};
+  auto b = MakeBatches(batches, 11);
+  const SequenceId placed_there = b[1][1].id;
+  b[1][1].pool = PoolIndex(2);
+  std::vector<absl::Status> errors, replica_errors;
+  Failures failed;
+  const auto got = Drive(
+      b,
+      [&](int batch, StepPlan plan) {
+        return Broadcast(all, batch, plan, layers, &replica_errors);
+      },
+      true, ids, &errors, &failed);
+  for (const absl::Status& e : errors) EXPECT_TRUE(e.ok()) << "a batch failed whole: " << e;
+  for (const absl::Status& e : replica_errors) ADD_FAILURE() << "a replica gave up a step: " << e;
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_EQ(failed[0].first, placed_there);
+  EXPECT_TRUE(absl::StrContains(failed[0].second.message(), "pool 2")) << failed[0].second;
+  for (const auto& [id, tokens] : expected) {
+    if (id == placed_there.value()) continue;
+    EXPECT_EQ(got.at(id), tokens) << "sequence " << id;
+  }
+  for (auto& r : replicas) r->Stop();
 }
 
 // A replica dies while every batch is mid-rotation: the batches in flight fail at once

@@ -571,7 +571,12 @@ bool StepEngine::RotationReady(int index) const {
 
 absl::Time StepEngine::RotationDeadline(int index) const {
   const Lane& lane = *lanes_.at(index);
-  return lane.busy && lane.rotated && !lane.forward_done ? lane.deadline : absl::InfiniteFuture();
+  if (!lane.busy || !lane.rotated || lane.forward_done) return absl::InfiniteFuture();
+  // The layer's own deadline may come first: the answers a hung memory node owes are given
+  // up at it, while the context may take until the hand-off deadline. Once it has passed,
+  // the context's arrival wakes the driver (ContextExchangeOptions::on_arrival).
+  const absl::Time layer = lane.attention->LayerDeadline();
+  return layer > absl::Now() ? std::min(lane.deadline, layer) : lane.deadline;
 }
 
 bool StepEngine::AdvanceRotated(int index) {
@@ -585,9 +590,10 @@ bool StepEngine::AdvanceRotated(int index) {
   TraceSpan span(options_.trace, index,
                  options_.trace ? absl::StrCat("step ", lane.result.step_id, " slice ", k) : "");
   BatchBuffers& b = lane.buffers;
-  std::vector<PoolIndex> failed_pools;
+  ContextExchange::Taken taken;
   absl::Status status =
-      role.exchange->Take(role.batch, lane.result.step_id, k, b.x.data(), lane.m, &failed_pools);
+      role.exchange->Take(role.batch, lane.result.step_id, k, b.x.data(), lane.m, &taken);
+  if (status.ok()) lane.attention->ContextArrivedAt(taken.arrived);
   if (absl::IsNotFound(status)) {
     const std::string& from = role.AddressOf(k - 1);
     status = role.exchange->Departed(from)
@@ -602,9 +608,9 @@ bool StepEngine::AdvanceRotated(int index) {
   // Memory nodes that failed the step on a replica before this one: their rows go on with
   // zero attention and fail alone (in the result's failed), as where this replica finds a
   // memory node failed itself (WaitLayer); the rest of the step goes on.
-  if (status.ok() && !failed_pools.empty()) {
+  if (status.ok() && !taken.failed_pools.empty()) {
     lane.attention->FailPools(
-        failed_pools,
+        taken.failed_pools,
         absl::UnavailableError(absl::StrCat("the memory node failed the step on the replica at ",
                                             role.AddressOf(k - 1), " or before it")));
   }
