@@ -155,11 +155,62 @@ TEST(FaultTest, AComputeNodeDyingWithTwoPlansInFlightLosesNothing) {
   }
 }
 
-// Two batches in flight on the compute node (--pipelining=two), two memory nodes, and one
-// memory node is killed (SIGKILL) or hangs (SIGSTOP) mid-generation. Nothing hangs and
-// nothing is lost: every request completes with exactly the greedy output of an undisturbed
-// run (its KV is recomputed on the live node), or, while the hung node is still counted
-// alive, fails cleanly with 503.
+// kLoadClients greedy completions of `max_tokens` at once on a deployment of `options` (two
+// memory nodes), and `settle` later memory-1 is killed (SIGKILL) or hangs (SIGSTOP) while
+// they run. Nothing hangs and nothing is lost: every request completes with exactly the
+// greedy output of an undisturbed run (its KV is recomputed on the live node), or, while the
+// hung node is still counted alive, fails cleanly with 503; all within `bound`. Returns the
+// requests preempted meanwhile.
+constexpr int kLoadClients = 8;
+double FailAMemoryNodeUnderLoad(const DeploymentOptions& options, int signal, int max_tokens,
+                                absl::Duration settle, absl::Duration bound) {
+  auto d = Deployment::Start(options);
+  EXPECT_TRUE(d.ok()) << d.status();
+  if (!d.ok()) return 0;
+  const std::string body = absl::StrCat(R"({"model":"tiny","prompt":"Once upon","max_tokens":)",
+                                        max_tokens, R"(,"temperature":0,"ignore_eos":true})");
+  const HttpResponse reference = HttpRequest((*d)->http_port(), "POST", "/v1/completions", body);
+  EXPECT_EQ(reference.status, 200) << reference.body;
+  if (reference.status != 200) return 0;
+  const std::string text = nlohmann::json::parse(reference.body)["choices"][0]["text"];
+  const absl::Time start = absl::Now();
+  ConcurrentRequests clients((*d)->http_port(), body, kLoadClients);
+  absl::SleepFor(settle);
+  const HttpResponse metrics = HttpRequest((*d)->http_port(), "GET", "/metrics");
+  EXPECT_EQ(metrics.body.find(R"(strata_num_requests_running{model_name="tiny"} 0)"),
+            std::string::npos)
+      << "nothing was running when the memory node failed";
+  EXPECT_NE(metrics.body.find(R"(strata_num_requests_running{model_name="tiny"})"),
+            std::string::npos);
+  const pid_t victim = (*d)->Pid("memory-1");
+  EXPECT_EQ(kill(victim, signal), 0);
+  const std::vector<HttpResponse> responses = clients.Wait();
+  const absl::Duration took = absl::Now() - start;
+  if (signal == SIGSTOP) kill(victim, SIGCONT);
+  int completed = 0;
+  for (int i = 0; i < kLoadClients; ++i) {
+    const HttpResponse& r = responses[i];
+    if (signal == SIGKILL) {
+      EXPECT_EQ(r.status, 200) << "client " << i << ": " << r.body;
+    } else {
+      EXPECT_TRUE(r.status == 200 || r.status == 503)
+          << "client " << i << ": " << r.status << " " << r.body;
+    }
+    if (r.status != 200) continue;
+    ++completed;
+    EXPECT_EQ(nlohmann::json::parse(r.body)["choices"][0]["text"], text) << "client " << i;
+  }
+  EXPECT_GT(completed, 0);
+  EXPECT_LT(took, bound) << "requests took " << absl::FormatDuration(took);
+  const double preempted =
+      MetricSum((*d)->http_port(), "strata_num_preemptions_total", "model_name=\"tiny\"");
+  (*d)->Stop();
+  return preempted;
+}
+
+// Two batches in flight on the compute node (--pipelining=two), and one memory node is
+// killed or hangs mid-generation (FailAMemoryNodeUnderLoad). Long enough to be running
+// 300 ms in (400 tokens were not, on a Zen 5).
 TEST(FaultTest, AMemoryNodeFailingUnderTwoBatchesInFlightLosesNothing) {
   for (int signal : {SIGKILL, SIGSTOP}) {
     SCOPED_TRACE(signal == SIGKILL ? "SIGKILL" : "SIGSTOP");
@@ -167,54 +218,16 @@ TEST(FaultTest, AMemoryNodeFailingUnderTwoBatchesInFlightLosesNothing) {
     options.server_args = {"--served_model_name=tiny", "--max_num_seqs=4"};
     options.memory_nodes = 2;
     options.launcher_args = {"--pipelining=two", "--attention_timeout_ms=60000"};
-    auto d = Deployment::Start(options);
-    ASSERT_TRUE(d.ok()) << d.status();
-    // Long enough to be running 300 ms in (400 tokens were not, on a Zen 5).
-    const std::string body = R"({"model":"tiny","prompt":"Once upon","max_tokens":1500,)"
-                             R"("temperature":0,"ignore_eos":true})";
-    const HttpResponse reference = HttpRequest((*d)->http_port(), "POST", "/v1/completions", body);
-    ASSERT_EQ(reference.status, 200) << reference.body;
-    const std::string text = nlohmann::json::parse(reference.body)["choices"][0]["text"];
-    constexpr int kClients = 8;
-    const absl::Time start = absl::Now();
-    ConcurrentRequests clients((*d)->http_port(), body, kClients);
-    absl::SleepFor(absl::Milliseconds(300));  // both lanes are running
-    const HttpResponse metrics = HttpRequest((*d)->http_port(), "GET", "/metrics");
-    EXPECT_EQ(metrics.body.find(R"(strata_num_requests_running{model_name="tiny"} 0)"),
-              std::string::npos)
-        << "nothing was running when the memory node failed";
-    EXPECT_NE(metrics.body.find(R"(strata_num_requests_running{model_name="tiny"})"),
-              std::string::npos);
-    const pid_t victim = (*d)->Pid("memory-1");
-    ASSERT_EQ(kill(victim, signal), 0);
-    const std::vector<HttpResponse> responses = clients.Wait();
-    const absl::Duration took = absl::Now() - start;
-    if (signal == SIGSTOP) kill(victim, SIGCONT);
-    int completed = 0;
-    for (int i = 0; i < kClients; ++i) {
-      const HttpResponse& r = responses[i];
-      if (signal == SIGKILL) {
-        EXPECT_EQ(r.status, 200) << "client " << i << ": " << r.body;
-      } else {
-        EXPECT_TRUE(r.status == 200 || r.status == 503)
-            << "client " << i << ": " << r.status << " " << r.body;
-      }
-      if (r.status != 200) continue;
-      ++completed;
-      EXPECT_EQ(nlohmann::json::parse(r.body)["choices"][0]["text"], text) << "client " << i;
-    }
-    EXPECT_GT(completed, 0);
-    EXPECT_LT(took, absl::Seconds(40)) << "requests took " << absl::FormatDuration(took);
-    (*d)->Stop();
+    FailAMemoryNodeUnderLoad(options, signal, 1500, absl::Milliseconds(300), absl::Seconds(40));
   }
 }
 
 // Rotational pipelining across processes (3 compute replicas, 2 memory nodes), and one
-// memory node is killed (SIGKILL) or hangs (SIGSTOP) mid-generation. Its rows fail alone in
-// each rotated step, named in the contexts the replicas hand each other over UCX, and the
-// other pool's requests go on. Nothing hangs and nothing is lost: every request completes
-// with exactly the greedy output of an undisturbed run (its KV recomputed on the live node),
-// or, while the hung node is still counted alive, fails cleanly with 503.
+// memory node is killed or hangs mid-generation (FailAMemoryNodeUnderLoad). Its rows fail
+// alone in each rotated step, named in the contexts the replicas hand each other over UCX,
+// and the other node's requests go on: only the failed node's are moved. Placement spreads
+// the clients over both nodes, and a whole rotated step failing (as it used to) moved the
+// live node's too, every client of the batches that held one of the failed node's.
 TEST(FaultTest, AMemoryNodeFailingUnderRotationLosesNothing) {
   for (int signal : {SIGKILL, SIGSTOP}) {
     SCOPED_TRACE(signal == SIGKILL ? "SIGKILL" : "SIGSTOP");
@@ -223,44 +236,9 @@ TEST(FaultTest, AMemoryNodeFailingUnderRotationLosesNothing) {
     options.compute_nodes = 3;
     options.memory_nodes = 2;
     options.launcher_args = {"--pipelining=rotational", "--attention_timeout_ms=4000"};
-    auto d = Deployment::Start(options);
-    ASSERT_TRUE(d.ok()) << d.status();
-    const std::string body = R"({"model":"tiny","prompt":"Once upon","max_tokens":600,)"
-                             R"("temperature":0,"ignore_eos":true})";
-    const HttpResponse reference = HttpRequest((*d)->http_port(), "POST", "/v1/completions", body);
-    ASSERT_EQ(reference.status, 200) << reference.body;
-    const std::string text = nlohmann::json::parse(reference.body)["choices"][0]["text"];
-    constexpr int kClients = 8;
-    const absl::Time start = absl::Now();
-    ConcurrentRequests clients((*d)->http_port(), body, kClients);
-    absl::SleepFor(absl::Milliseconds(400));  // batches are rotating
-    const pid_t victim = (*d)->Pid("memory-1");
-    ASSERT_EQ(kill(victim, signal), 0);
-    const std::vector<HttpResponse> responses = clients.Wait();
-    const absl::Duration took = absl::Now() - start;
-    if (signal == SIGSTOP) kill(victim, SIGCONT);
-    int completed = 0;
-    for (int i = 0; i < kClients; ++i) {
-      const HttpResponse& r = responses[i];
-      if (signal == SIGKILL) {
-        EXPECT_EQ(r.status, 200) << "client " << i << ": " << r.body;
-      } else {
-        EXPECT_TRUE(r.status == 200 || r.status == 503)
-            << "client " << i << ": " << r.status << " " << r.body;
-      }
-      if (r.status != 200) continue;
-      ++completed;
-      EXPECT_EQ(nlohmann::json::parse(r.body)["choices"][0]["text"], text) << "client " << i;
-    }
-    EXPECT_GT(completed, 0);
-    EXPECT_LT(took, absl::Seconds(90)) << "requests took " << absl::FormatDuration(took);
-    // Only the failed node's requests were moved: placement spreads the clients over both
-    // nodes, and a whole rotated step failing (as it used to) moved the live node's too,
-    // every client of the batches that held one of the failed node's.
     const double preempted =
-        MetricSum((*d)->http_port(), "strata_num_preemptions_total", "model_name=\"tiny\"");
-    EXPECT_LT(preempted, kClients) << "the live node's requests were moved too";
-    (*d)->Stop();
+        FailAMemoryNodeUnderLoad(options, signal, 600, absl::Milliseconds(400), absl::Seconds(90));
+    EXPECT_LT(preempted, kLoadClients) << "the live node's requests were moved too";
   }
 }
 
