@@ -389,14 +389,23 @@ StepResult Broadcast(std::vector<Replica*> replicas, int batch, const StepPlan& 
   return out;
 }
 
-// The n - 1 replicas of a rotation of `batches` batches.
+// The n - 1 replicas of a rotation of `batches` batches, with `deadline` as their layer
+// deadline (and HandoffTimeout of it as their hand-off deadline).
 std::vector<std::unique_ptr<Replica>> MakeReplicas(const ModelRunner& runner,
-                                                   const MemoryPools& pools, int batches) {
+                                                   const MemoryPools& pools, int batches,
+                                                   absl::Duration deadline = kDeadline) {
   std::vector<std::unique_ptr<Replica>> replicas;
   for (int r = 0; r < batches - 1; ++r) {
-    replicas.push_back(std::make_unique<Replica>(runner, pools, batches));
+    replicas.push_back(std::make_unique<Replica>(runner, pools, batches, deadline));
   }
   return replicas;
+}
+
+// The replicas as Broadcast takes them.
+std::vector<Replica*> Pointers(const std::vector<std::unique_ptr<Replica>>& replicas) {
+  std::vector<Replica*> out;
+  for (const auto& r : replicas) out.push_back(r.get());
+  return out;
 }
 
 TEST_P(RotationTest, BitIdenticalToPipeliningOff) {
@@ -406,8 +415,7 @@ TEST_P(RotationTest, BitIdenticalToPipeliningOff) {
   ModelRunner runner(weights_, kMaxPositions);
   MemoryPools pools(runner.config());
   std::vector<std::unique_ptr<Replica>> replicas = MakeReplicas(runner, pools, batches);
-  std::vector<Replica*> all;
-  for (auto& r : replicas) all.push_back(r.get());
+  const std::vector<Replica*> all = Pointers(replicas);
   std::atomic<uint64_t> ids{1};
   std::vector<absl::Status> errors;
   auto b = MakeBatches(batches, 11);
@@ -454,8 +462,7 @@ TEST_F(RotationTest, APlanOfAnotherEpochIsRefusedAndChangesNothing) {
   ModelRunner runner(weights_, kMaxPositions);
   MemoryPools pools(runner.config());
   std::vector<std::unique_ptr<Replica>> replicas = MakeReplicas(runner, pools, batches);
-  std::vector<Replica*> all;
-  for (auto& r : replicas) all.push_back(r.get());
+  const std::vector<Replica*> all = Pointers(replicas);
   const int layers = static_cast<int>(runner.config().num_layers);
   std::atomic<uint64_t> ids{1};
   std::vector<absl::Status> errors, foreign_errors;
@@ -508,12 +515,9 @@ Failures RotationTest::RunWithAFaultyShare(const FaultyShare& fault) {
   const auto expected = Reference(batches, /*greedy=*/true);
   ModelRunner runner(weights_, kMaxPositions);
   MemoryPools pools(runner.config());
-  std::vector<std::unique_ptr<Replica>> replicas;
-  for (int r = 0; r < 3; ++r) {
-    replicas.push_back(std::make_unique<Replica>(runner, pools, batches, absl::Seconds(60)));
-  }
-  std::vector<Replica*> three;
-  for (auto& r : replicas) three.push_back(r.get());
+  std::vector<std::unique_ptr<Replica>> replicas =
+      MakeReplicas(runner, pools, batches, absl::Seconds(60));
+  const std::vector<Replica*> three = Pointers(replicas);
   const int layers = static_cast<int>(runner.config().num_layers);
   std::atomic<uint64_t> ids{1};
   auto b = MakeBatches(batches, 11);
@@ -611,13 +615,9 @@ TEST_F(RotationTest, AHungMemoryNodeFailsOnlyItsSequencesAtTheLayerDeadline) {
   auto hung_address = (*hung)->Listen(absl::StrCat("rotation-test-hung-", ++instance));
   ASSERT_TRUE(hung_address.ok()) << hung_address.status();
   pools.addresses.push_back({PoolIndex(2), "memory-hung", *hung_address});
-  const absl::Duration deadline = absl::Milliseconds(300);
-  std::vector<std::unique_ptr<Replica>> replicas;
-  for (int r = 0; r < batches - 1; ++r) {
-    replicas.push_back(std::make_unique<Replica>(runner, pools, batches, deadline));
-  }
-  std::vector<Replica*> all;
-  for (auto& r : replicas) all.push_back(r.get());
+  std::vector<std::unique_ptr<Replica>> replicas =
+      MakeReplicas(runner, pools, batches, absl::Milliseconds(300));
+  const std::vector<Replica*> all = Pointers(replicas);
   const int layers = static_cast<int>(runner.config().num_layers);
   std::atomic<uint64_t> ids{1};
   auto b = MakeBatches(batches, 11);
@@ -654,10 +654,8 @@ TEST_F(RotationTest, DeadReplicaFailsItsBatchesAndTheSurvivorsGoOn) {
   const auto expected = Reference(batches, /*greedy=*/true);
   ModelRunner runner(weights_, kMaxPositions);
   MemoryPools pools(runner.config());
-  std::vector<std::unique_ptr<Replica>> replicas;
-  for (int r = 0; r < 3; ++r) {
-    replicas.push_back(std::make_unique<Replica>(runner, pools, batches, absl::Seconds(60)));
-  }
+  std::vector<std::unique_ptr<Replica>> replicas =
+      MakeReplicas(runner, pools, batches, absl::Seconds(60));
   const int layers = static_cast<int>(runner.config().num_layers);
   std::atomic<uint64_t> ids{1};
   auto b = MakeBatches(batches, 11);
@@ -671,8 +669,7 @@ TEST_F(RotationTest, DeadReplicaFailsItsBatchesAndTheSurvivorsGoOn) {
   Drive(
       b,
       [&](int batch, StepPlan plan) {
-        std::vector<Replica*> three;
-        for (auto& r : replicas) three.push_back(r.get());
+        const std::vector<Replica*> three = Pointers(replicas);
         if (batch == 2 && ++plans == 2) {
           // Batch 2's steps start on replica 2 (slice 0 runs on replica batch mod 3): it dies
           // once its second step has reached the others, so that they wait for a context it
