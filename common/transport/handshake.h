@@ -19,7 +19,15 @@ inline constexpr uint32_t kHandshakeMagic = 0x53545248;  // "STRH"
 // liveness socket (ucx_bootstrap.h), and a rotated step's replica may send a kError frame
 // in place of a context. 3: a context frame names the pools whose memory nodes failed the
 // step after its rows (compute_node/context_exchange.h).
-inline constexpr uint32_t kDataPlaneVersion = 3;
+inline constexpr uint32_t kCurrentDataPlaneVersion = 3;
+// What this build speaks: the current version, except in the test build of a node of the
+// version before (//common/transport:transport_peer_previous, for the tests of nodes of two
+// builds meeting), whose handshake is otherwise the same.
+#ifdef STRATA_PREVIOUS_DATA_PLANE_VERSION
+inline constexpr uint32_t kDataPlaneVersion = kCurrentDataPlaneVersion - 1;
+#else
+inline constexpr uint32_t kDataPlaneVersion = kCurrentDataPlaneVersion;
+#endif
 
 struct Handshake {
   enum Kind : uint32_t { kHello = 1, kAccept = 2, kRefuse = 3 };

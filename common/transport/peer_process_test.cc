@@ -2,6 +2,7 @@
 // with error mode peer and over shared memory with error mode none, where only the
 // connection's liveness socket can find it (ucx_bootstrap.h): the peer handler hears of it,
 // sends to it fail, and a payload it was sending into a placed buffer is delivered once.
+// And a peer of another build, one data-plane version before, is refused either way.
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -13,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/transport/frame.h"
+#include "common/transport/handshake.h"
 #include "common/transport/transport.h"
 #include "common/transport/transport_testing.h"
 #include "gtest/gtest.h"
@@ -27,33 +29,35 @@ struct Tls {
   ErrorMode mode;
 };
 
-// The transport_peer binary (transport_peer_main.cc) connected to `address`: its pid, and
-// its stdout.
+// A transport_peer binary (transport_peer_main.cc; `binary`, transport_peer or
+// transport_peer_previous) run with `args`: its pid, and its stdout.
 class PeerProcess {
  public:
-  PeerProcess(const std::string& address, const std::string& tls, const std::string& mode,
-              size_t bytes) {
+  PeerProcess(const std::string& binary, std::vector<std::string> args) {
     const char* srcdir = std::getenv("TEST_SRCDIR");
-    const std::string binary =
-        std::string(srcdir != nullptr ? srcdir : ".") + "/strata/common/transport/transport_peer";
+    const std::string path =
+        std::string(srcdir != nullptr ? srcdir : ".") + "/strata/common/transport/" + binary;
     int fds[2];
     if (pipe(fds) != 0) return;
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
     posix_spawn_file_actions_addclose(&actions, fds[0]);
-    const std::string size = absl::StrCat(bytes);
-    std::vector<char*> argv = {
-        const_cast<char*>(binary.c_str()), const_cast<char*>(address.c_str()),
-        const_cast<char*>(tls.c_str()),    const_cast<char*>(mode.c_str()),
-        const_cast<char*>(size.c_str()),   nullptr};
-    if (posix_spawn(&pid_, binary.c_str(), &actions, nullptr, argv.data(), environ) != 0) {
+    args.insert(args.begin(), path);
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid_, path.c_str(), &actions, nullptr, argv.data(), environ) != 0) {
       pid_ = -1;
     }
     posix_spawn_file_actions_destroy(&actions);
     close(fds[1]);
     out_ = fdopen(fds[0], "r");
   }
+  // This build's peer connected to `address`, idle or sending `bytes`.
+  PeerProcess(const std::string& address, const std::string& tls, const std::string& mode,
+              size_t bytes)
+      : PeerProcess("transport_peer", {address, tls, mode, absl::StrCat(bytes)}) {}
   ~PeerProcess() {
     Kill();
     if (out_ != nullptr) fclose(out_);
@@ -66,6 +70,14 @@ class PeerProcess {
       if (line + "\n" == buffer) return true;
     }
     return false;
+  }
+  // The next line it prints, without its newline ("" once it exited).
+  std::string NextLine() {
+    char buffer[256];
+    if (fgets(buffer, sizeof(buffer), out_) == nullptr) return "";
+    std::string line = buffer;
+    if (!line.empty() && line.back() == '\n') line.pop_back();
+    return line;
   }
   void Kill() {
     if (pid_ <= 0) return;
@@ -135,6 +147,56 @@ TEST_P(PeerProcessTest, APayloadCutOffByTheSendersDeathIsDeliveredOnce) {
     return true;
   }));
   EXPECT_EQ(receiver_.misplaced(), 0) << "a placed payload delivered elsewhere";
+}
+
+// Nodes of two builds, this one and one of the data-plane version before
+// (transport_peer_previous), refuse each other at the handshake whichever side connects, and
+// each side's error names the other's version. The refusing node goes on serving a peer of
+// its own build.
+TEST_P(PeerProcessTest, NodesOfTwoDataPlaneVersionsRefuseEachOther) {
+  const std::string tls = GetParam().name;
+  {
+    PeerProcess previous("transport_peer_previous", {address_, tls, "idle"});
+    ASSERT_TRUE(previous.started());
+    const std::string said = previous.NextLine();
+    EXPECT_EQ(said.rfind("failed: ", 0), 0u) << said;
+    EXPECT_NE(said.find(absl::StrCat("the peer refused this node (it speaks data-plane version ",
+                                     kDataPlaneVersion, ")")),
+              std::string::npos)
+        << said;
+  }
+  PeerProcess current(address_, tls, "idle", 0);
+  ASSERT_TRUE(current.Said("connected"));
+  const PeerId id = ConnectedPeer();
+  {
+    std::lock_guard<std::mutex> lock(events_.mu);
+    int connected = 0;
+    for (const auto& [peer, event] : events_.events) connected += event == PeerEvent::kConnected;
+    EXPECT_EQ(connected, 1) << "the peer of the version before was taken as connected";
+  }
+  const uint8_t header[4] = {};
+  EXPECT_TRUE(SendAndWait(*server_, id, kFrameTag, header, {}, absl::Seconds(5)).ok());
+
+  // This node connecting to a node of the version before.
+  PeerProcess listener("transport_peer_previous", {"listen", tls});
+  ASSERT_TRUE(listener.started());
+  const std::string listening = listener.NextLine();
+  ASSERT_EQ(listening.rfind("listening ", 0), 0u) << listening;
+  TransportConfig config;
+  config.ucx_options = {{"TLS", tls}, {"NET_DEVICES", "lo"}};
+  config.error_mode = GetParam().mode;
+  config.auth_key = kTestKey;
+  config.connect_timeout = absl::Seconds(20);
+  auto client = Transport::Create(config);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto peer = (*client)->Connect(listening.substr(std::string("listening ").size()));
+  ASSERT_FALSE(peer.ok());
+  EXPECT_EQ(peer.status().code(), absl::StatusCode::kFailedPrecondition) << peer.status();
+  EXPECT_NE(
+      peer.status().message().find(absl::StrCat(
+          "the peer refused this node (it speaks data-plane version ", kDataPlaneVersion - 1, ")")),
+      std::string::npos)
+      << peer.status();
 }
 
 INSTANTIATE_TEST_SUITE_P(Ucx, PeerProcessTest,

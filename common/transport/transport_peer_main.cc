@@ -1,12 +1,15 @@
-// A data-plane peer in a process of its own, for the tests that kill one
-// (peer_process_test.cc): it connects to a listening transport and then either idles or
-// sends one payload, and never exits by itself.
+// A data-plane peer in a process of its own, for the tests that kill one or that meet a
+// node of another build (peer_process_test.cc): it connects to a listening transport and
+// then either idles or sends one payload, or it listens itself; it never exits by itself
+// once connected or listening.
 //
 //   transport_peer ADDRESS TLS idle|send [BYTES]
+//   transport_peer listen TLS
 //
 // TLS is UCX's transport list (tcp: error mode peer; anything with sm: error mode none).
-// It prints "connected" once the handshake is done and, with send, "sending" once the send
-// has started, each on a line of its own.
+// It prints "connected" once the handshake is done, or "failed: WHY" and exits 1 where
+// connecting failed; with send, "sending" once the send has started; with listen,
+// "listening ADDRESS". Each on a line of its own.
 #include <unistd.h>
 
 #include <cstdio>
@@ -20,11 +23,12 @@
 
 int main(int argc, char** argv) {
   using namespace strata::transport;
-  if (argc < 4) {
-    std::fprintf(stderr, "usage: transport_peer ADDRESS TLS idle|send [BYTES]\n");
+  const bool listening = argc > 1 && std::string(argv[1]) == "listen";
+  if (argc < (listening ? 3 : 4)) {
+    std::fprintf(stderr, "usage: transport_peer ADDRESS TLS idle|send [BYTES] | listen TLS\n");
     return 2;
   }
-  const std::string tls = argv[2], mode = argv[3];
+  const std::string tls = argv[2], mode = listening ? "" : argv[3];
   TransportConfig config;
   config.ucx_options = {{"TLS", tls}, {"NET_DEVICES", "lo"}};
   config.error_mode = tls.find("sm") != std::string::npos ? ErrorMode::kNone : ErrorMode::kPeer;
@@ -34,9 +38,19 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", std::string(transport.status().message()).c_str());
     return 1;
   }
+  if (listening) {
+    auto address = (*transport)->Listen("127.0.0.1:0");
+    if (!address.ok()) {
+      std::printf("failed: %s\n", std::string(address.status().message()).c_str());
+      return 1;
+    }
+    std::printf("listening %s\n", address->c_str());
+    std::fflush(stdout);
+    while (true) pause();
+  }
   auto peer = (*transport)->Connect(argv[1]);
   if (!peer.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(peer.status().message()).c_str());
+    std::printf("failed: %s\n", std::string(peer.status().message()).c_str());
     return 1;
   }
   std::printf("connected\n");
