@@ -229,6 +229,27 @@ TEST(ControlAuthTest, EveryInternalCallWithoutTheSecretIsRefused) {
         << s.error_message();
   }
 
+  // With the secret, a node of the control protocol's version before (another build) is
+  // refused, and told both versions.
+  {
+    control::RegisterRequest request;
+    control::NodeInfo* node = request.mutable_node();
+    node->set_name("compute-9");
+    node->set_role(control::ROLE_COMPUTE);
+    node->set_protocol_version(strata::kProtocolVersion - 1);
+    grpc::ClientContext c;
+    TestClusterAuth()->Attach(&c);
+    control::RegisterResponse response;
+    const grpc::Status s =
+        control::Scheduler::NewStub(Channel(scheduler))->Register(&c, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+    EXPECT_NE(s.error_message().find(
+                  absl::StrCat("speaks protocol version ", strata::kProtocolVersion - 1,
+                               "; this scheduler speaks ", strata::kProtocolVersion)),
+              std::string::npos)
+        << s.error_message();
+  }
+
   // Refusals are counted in every process, and the deployment still serves.
   EXPECT_GE(Refused((*d)->MetricsPort("server")), 2 * 2 + 20);
   EXPECT_GE(Refused((*d)->MetricsPort("compute-0")), 2 * 5 + 2);
