@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import re
+import selectors
 import signal
 import socket
 import statistics
@@ -100,6 +101,48 @@ def run_offload(bin_dir):
 EVENT = b"data: {"
 
 
+class _EventStream:
+    """One streamed request on a bare socket and what has come back on it: the status line
+    (checked), then the arrival time of each server-sent event that carries a JSON object.
+    Events that arrive in one read share its time; an event split across two reads is
+    counted in the second (`tail` is too short to hold a whole marker)."""
+
+    def __init__(self, port, body, path):
+        payload = json.dumps(body).encode()
+        request = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                   f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+                   "Connection: close\r\n\r\n").encode() + payload
+        self.path = path
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=600)
+        self.sock.sendall(request)
+        self.head = b""  # what came until the status line was whole; None after
+        self.tail = b""
+        self.times = []
+
+    def feed(self, data):
+        """One read's bytes (b"": the server closed). False once the stream has ended;
+        raises unless the status is 200."""
+        if self.head is not None:
+            if not data:
+                raise RuntimeError("the connection closed before a status line")
+            self.head += data
+            if b"\r\n" not in self.head:
+                return True
+            status = self.head.split(b"\r\n", 1)[0]
+            if status.split()[1:2] != [b"200"]:
+                raise RuntimeError(f"{self.path}: {status.decode(errors='replace')}")
+            data, self.head = self.head, None
+        if not data:
+            return False
+        seen = self.tail + data
+        count = seen.count(EVENT)
+        if count:
+            now = time.monotonic()
+            self.times.extend([now] * count)
+        self.tail = seen[-(len(EVENT) - 1):]
+        return True
+
+
 def stream_event_times(port, body, path="/v1/completions"):
     """POSTs `body` (a dict, with "stream": true) to `path` on 127.0.0.1:`port` and returns
     the arrival time of each server-sent event that carries a JSON object.
@@ -109,36 +152,40 @@ def stream_event_times(port, body, path="/v1/completions"):
     per token is taken from the server it measures. (urllib's line-by-line reads over the
     chunked encoding cost 0.06-0.07 ms per token, a quarter of what strata's serving threads
     cost; docs/benchmarks.md, "A stream's chunks written on the scheduler's thread".)
-    Events that arrive in one read share its time. Raises unless the status is 200."""
-    payload = json.dumps(body).encode()
-    request = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-               f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-               "Connection: close\r\n\r\n").encode() + payload
-    times = []
-    with socket.create_connection(("127.0.0.1", port), timeout=600) as sock:
-        sock.sendall(request)
-        head = b""
-        while b"\r\n" not in head:
-            data = sock.recv(65536)
-            if not data:
-                raise RuntimeError("the connection closed before a status line")
-            head += data
-        status = head.split(b"\r\n", 1)[0]
-        if status.split()[1:2] != [b"200"]:
-            raise RuntimeError(f"{path}: {status.decode(errors='replace')}")
-        tail = b""
-        data = head
-        while data:
-            # An event split across two reads is counted in the second: `tail` is too
-            # short to hold a whole marker.
-            seen = tail + data
-            count = seen.count(EVENT)
-            if count:
-                now = time.monotonic()
-                times.extend([now] * count)
-            tail = seen[-(len(EVENT) - 1):]
-            data = sock.recv(65536)
-    return times
+    Raises unless the status is 200."""
+    stream = _EventStream(port, body, path)
+    with stream.sock:
+        while stream.feed(stream.sock.recv(65536)):
+            pass
+    return stream.times
+
+
+def streams_event_times(port, bodies, path="/v1/completions"):
+    """stream_event_times for several requests at once, all read on the calling thread
+    through one selector: a thread per stream cost the client 2-3 times the CPU per token
+    at 16 streams (0.027-0.045 ms against 0.011-0.013), taken from the server it measures
+    (docs/benchmarks.md, "Sixteen streams read on one thread"). Returns each request's event
+    times, in the order of `bodies`; raises unless every status is 200, or when no stream
+    moves for 600 s."""
+    streams = [_EventStream(port, body, path) for body in bodies]
+    try:
+        with selectors.DefaultSelector() as selector:
+            for stream in streams:
+                stream.sock.setblocking(False)
+                selector.register(stream.sock, selectors.EVENT_READ, stream)
+            open_streams = len(streams)
+            while open_streams:
+                ready = selector.select(timeout=600)
+                if not ready:
+                    raise RuntimeError(f"{open_streams} stream(s) silent for 600 s")
+                for key, _ in ready:
+                    if not key.data.feed(key.fileobj.recv(65536)):
+                        selector.unregister(key.fileobj)
+                        open_streams -= 1
+    finally:
+        for stream in streams:
+            stream.sock.close()
+    return [stream.times for stream in streams]
 
 
 def token_event_times(times, max_tokens):

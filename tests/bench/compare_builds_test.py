@@ -1,5 +1,6 @@
-"""The benchmarks' streamed-completion client (compare_builds.stream_event_times) and the
-token count over it (token_event_times), against a local HTTP server that streams
+"""The benchmarks' streamed-completion clients (compare_builds.stream_event_times, and
+streams_event_times for several streams at once) and the token count over them
+(token_event_times), against a local HTTP server that streams
 server-sent events the way each engine ends a stream: strata with the finish reason on the
 last token's event, llama-server with one more event after the tokens. The server writes
 in pieces of 7 bytes, so that event markers are split across the client's reads."""
@@ -88,6 +89,18 @@ class StreamedTokensTest(unittest.TestCase):
     def test_a_refused_request_raises(self):
         with self.assertRaises(RuntimeError):
             compare_builds.stream_event_times(self.port, {"fail": True})
+
+    def test_streams_read_together_keep_each_its_own_events(self):
+        bodies = [{"tokens": n, "closing_event": n % 2 == 0} for n in (3, 12, 7, 20, 1)]
+        streams = compare_builds.streams_event_times(self.port, bodies)
+        self.assertEqual([len(t) for t in streams], [3, 13, 7, 21, 1])
+        for times in streams:
+            self.assertTrue(all(a <= b for a, b in zip(times, times[1:])))
+
+    def test_streams_read_together_raise_for_a_refused_one(self):
+        with self.assertRaises(RuntimeError):
+            compare_builds.streams_event_times(
+                self.port, [{"tokens": 5, "closing_event": False}, {"fail": True}])
 
 
 if __name__ == "__main__":
