@@ -196,9 +196,12 @@ class Transport {
   // progress) it checks done() once.
   virtual bool ProgressUntil(absl::FunctionRef<bool()> done, absl::Time deadline) { return done(); }
 
-  // Times the transport's thread, asleep waiting for traffic, was not woken by traffic that
-  // came and found it only when its safety bound on the sleep ran out (UCX: one second).
-  // Each is a message that waited that long for nothing; anything but 0 is a bug.
+  // Times the transport's thread, asleep waiting for traffic while another thread used the
+  // transport (a send it started itself, its own progress), was not woken by the work that
+  // left and found it only when its safety bound on the sleep ran out (UCX: one second).
+  // Each is a message that waited that long for nothing; anything but 0 is a bug. (Work
+  // that the transport's own timers start, found at the bound, is not one: UCX runs its
+  // keepalive rounds on the first progress after their interval.)
   virtual int64_t LostWakeups() const { return 0; }
 };
 

@@ -3,13 +3,14 @@
 // then either idles or sends one payload, or it listens itself; it never exits by itself
 // once connected or listening.
 //
-//   transport_peer ADDRESS TLS idle|send [BYTES]
-//   transport_peer listen TLS
+//   transport_peer ADDRESS TLS idle [SECONDS] | send [BYTES]
+//   transport_peer listen TLS [SECONDS]
 //
 // TLS is UCX's transport list (tcp: error mode peer; anything with sm: error mode none).
 // It prints "connected" once the handshake is done, or "failed: WHY" and exits 1 where
 // connecting failed; with send, "sending" once the send has started; with listen,
-// "listening ADDRESS". Each on a line of its own.
+// "listening ADDRESS"; idle or listening with SECONDS, "lost wake-ups N" (LostWakeups) after
+// that long. Each on a line of its own.
 #include <unistd.h>
 
 #include <cstdio>
@@ -21,11 +22,27 @@
 #include "common/transport/transport.h"
 #include "common/transport/transport_testing.h"
 
+namespace {
+
+// Idles for good; after `report_s` seconds (0: never), prints the transport's lost wake-ups.
+[[noreturn]] void Idle(const strata::transport::Transport& transport, int report_s) {
+  if (report_s > 0) {
+    sleep(report_s);
+    std::printf("lost wake-ups %lld\n", static_cast<long long>(transport.LostWakeups()));
+    std::fflush(stdout);
+  }
+  while (true) pause();
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace strata::transport;
   const bool listening = argc > 1 && std::string(argv[1]) == "listen";
   if (argc < (listening ? 3 : 4)) {
-    std::fprintf(stderr, "usage: transport_peer ADDRESS TLS idle|send [BYTES] | listen TLS\n");
+    std::fprintf(stderr,
+                 "usage: transport_peer ADDRESS TLS idle [SECONDS] | send [BYTES]\n"
+                 "       transport_peer listen TLS [SECONDS]\n");
     return 2;
   }
   const std::string tls = argv[2], mode = listening ? "" : argv[3];
@@ -46,7 +63,7 @@ int main(int argc, char** argv) {
     }
     std::printf("listening %s\n", address->c_str());
     std::fflush(stdout);
-    while (true) pause();
+    Idle(**transport, argc > 3 ? std::atoi(argv[3]) : 0);
   }
   auto peer = (*transport)->Connect(argv[1]);
   if (!peer.ok()) {
@@ -62,6 +79,7 @@ int main(int argc, char** argv) {
     (*transport)->Send(*peer, kFrameTag + 1, header, {payload}, [](absl::Status) {});
     std::printf("sending\n");
     std::fflush(stdout);
+    while (true) pause();
   }
-  while (true) pause();
+  Idle(**transport, argc > 4 ? std::atoi(argv[4]) : 0);
 }

@@ -185,10 +185,15 @@ class UcxTransport final : public Transport, private EventLoop::Poller {
   size_t eager_max_bytes_ = 0;  // TransportConfig::eager_max_bytes, resolved
   EventLoop loop_{"ucx-transport"};
   bool started_ = false;  // the loop runs
-  // Wait slept until its safety bound (transport thread); what Progress then finds was
-  // lost by the wake-up (LostWakeups).
+  // Wait slept until its safety bound while another thread used the worker (transport
+  // thread); what Progress then finds was lost by the wake-up (LostWakeups). Work found
+  // after a sleep to the bound without such a use is UCX's own: its keepalive rounds run
+  // on the first progress after their interval, which no event announces.
   bool slept_to_bound_ = false;
   std::atomic<int64_t> lost_wakeups_{0};
+  // Uses of the worker by threads other than the transport thread: sends they started
+  // themselves (Send), and ProgressUntil's progress.
+  std::atomic<uint64_t> outside_uses_{0};
 
   // Held by the transport thread except while it sleeps, and by a thread that starts a
   // send itself: UCX's worker is used by one thread at a time. Guards the peer maps.

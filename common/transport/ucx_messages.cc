@@ -159,6 +159,7 @@ void UcxTransport::Send(PeerId peer, Tag tag, std::span<const uint8_t> header,
   {
     std::unique_lock<std::mutex> worker_lock(worker_mu_, std::try_to_lock);
     if (worker_lock.owns_lock() && loop_.NothingPosted()) {
+      outside_uses_.fetch_add(1);
       const bool over = StartSend(std::move(ctx), tag);
       worker_lock.unlock();
       if (!over) Wake();

@@ -200,11 +200,12 @@ void UcxTransport::Wait(absl::Time deadline) {
                              ? 1000
                              : static_cast<int>(std::max<int64_t>(
                                    0, absl::ToInt64Milliseconds(left + absl::Milliseconds(1))));
+  const uint64_t outside_uses = outside_uses_.load();
   worker_lock_.unlock();
   epoll_event events[4];
   const int n = epoll_wait(epoll_fd_, events, 4, timeout_ms);
   worker_lock_.lock();
-  slept_to_bound_ = n == 0 && timeout_ms == 1000;
+  slept_to_bound_ = n == 0 && timeout_ms == 1000 && outside_uses_.load() != outside_uses;
   for (int i = 0; i < n; ++i) {
     if (events[i].data.fd == listen_fd_ && listen_fd_ >= 0) {
       AcceptBootstrap();
@@ -234,6 +235,7 @@ bool UcxTransport::ProgressUntil(absl::FunctionRef<bool()> done, absl::Time dead
     if (loop_.NothingPosted()) {
       std::unique_lock<std::mutex> worker_lock(worker_mu_, std::try_to_lock);
       if (worker_lock.owns_lock()) {
+        outside_uses_.fetch_add(1);
         progressing_ = this;
         while (ucp_worker_progress(worker_) != 0) progressed = true;
         progressing_ = nullptr;
