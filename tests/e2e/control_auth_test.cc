@@ -58,6 +58,16 @@ double Refused(int metrics_port) {
   return at == std::string::npos ? -1 : std::stod(r.body.substr(at + key.size()));
 }
 
+// Register(node) on the scheduler at `port`, with the deployment's secret.
+grpc::Status RegisterWithTheSecret(int port, const control::NodeInfo& node) {
+  control::RegisterRequest request;
+  *request.mutable_node() = node;
+  grpc::ClientContext c;
+  TestClusterAuth()->Attach(&c);
+  control::RegisterResponse response;
+  return control::Scheduler::NewStub(Channel(port))->Register(&c, request, &response);
+}
+
 int Generate(int http_port) {
   return HttpRequest(http_port, "POST", "/v1/completions",
                      R"({"model":"tiny","prompt":"Hello there","max_tokens":4})")
@@ -141,16 +151,12 @@ TEST(ControlAuthTest, EveryInternalCallWithoutTheSecretIsRefused) {
 
   // Even with the secret, a live node's name cannot be taken over.
   {
-    control::RegisterRequest request;
-    request.mutable_node()->set_name("memory-0");
-    request.mutable_node()->set_role(control::ROLE_MEMORY);
-    request.mutable_node()->set_protocol_version(strata::kProtocolVersion);
-    request.mutable_node()->set_cpu_isa("whatever");
-    grpc::ClientContext c;
-    TestClusterAuth()->Attach(&c);
-    control::RegisterResponse response;
-    const grpc::Status s =
-        control::Scheduler::NewStub(Channel(scheduler))->Register(&c, request, &response);
+    control::NodeInfo node;
+    node.set_name("memory-0");
+    node.set_role(control::ROLE_MEMORY);
+    node.set_protocol_version(strata::kProtocolVersion);
+    node.set_cpu_isa("whatever");
+    const grpc::Status s = RegisterWithTheSecret(scheduler, node);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS) << s.error_message();
   }
 
@@ -206,18 +212,13 @@ TEST(ControlAuthTest, EveryInternalCallWithoutTheSecretIsRefused) {
   // whose attention fingerprint differs, and one on another path. (The real nodes reported
   // theirs when they registered above, and agreed.)
   for (const bool other_path : {false, true}) {
-    control::RegisterRequest request;
-    control::NodeInfo* node = request.mutable_node();
-    node->set_name("memory-9");
-    node->set_role(control::ROLE_MEMORY);
-    node->set_protocol_version(strata::kProtocolVersion);
-    node->set_cpu_isa(other_path ? "another-path" : kernels::CpuIsaName(kernels::ActiveCpuIsa()));
-    node->set_attention_fingerprint("0123456789abcdef");
-    grpc::ClientContext c;
-    TestClusterAuth()->Attach(&c);
-    control::RegisterResponse response;
-    const grpc::Status s =
-        control::Scheduler::NewStub(Channel(scheduler))->Register(&c, request, &response);
+    control::NodeInfo node;
+    node.set_name("memory-9");
+    node.set_role(control::ROLE_MEMORY);
+    node.set_protocol_version(strata::kProtocolVersion);
+    node.set_cpu_isa(other_path ? "another-path" : kernels::CpuIsaName(kernels::ActiveCpuIsa()));
+    node.set_attention_fingerprint("0123456789abcdef");
+    const grpc::Status s = RegisterWithTheSecret(scheduler, node);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
     EXPECT_NE(s.error_message().find(other_path ? "mixed kernel paths"
                                                 : "attention kernels compute different results"),
@@ -232,16 +233,11 @@ TEST(ControlAuthTest, EveryInternalCallWithoutTheSecretIsRefused) {
   // With the secret, a node of the control protocol's version before (another build) is
   // refused, and told both versions.
   {
-    control::RegisterRequest request;
-    control::NodeInfo* node = request.mutable_node();
-    node->set_name("compute-9");
-    node->set_role(control::ROLE_COMPUTE);
-    node->set_protocol_version(strata::kProtocolVersion - 1);
-    grpc::ClientContext c;
-    TestClusterAuth()->Attach(&c);
-    control::RegisterResponse response;
-    const grpc::Status s =
-        control::Scheduler::NewStub(Channel(scheduler))->Register(&c, request, &response);
+    control::NodeInfo node;
+    node.set_name("compute-9");
+    node.set_role(control::ROLE_COMPUTE);
+    node.set_protocol_version(strata::kProtocolVersion - 1);
+    const grpc::Status s = RegisterWithTheSecret(scheduler, node);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
     EXPECT_NE(s.error_message().find(
                   absl::StrCat("speaks protocol version ", strata::kProtocolVersion - 1,
