@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/transport/frame.h"
 #include "common/transport/handshake.h"
@@ -82,6 +83,13 @@ class PeerProcess {
     if (!line.empty() && line.back() == '\n') line.pop_back();
     return line;
   }
+  // The address it listens on, from its "listening ADDRESS" line ("" if it printed
+  // something else).
+  std::string ListeningAddress() {
+    const std::string line = NextLine();
+    const std::string prefix = "listening ";
+    return line.rfind(prefix, 0) == 0 ? line.substr(prefix.size()) : "";
+  }
   void Kill() {
     if (pid_ <= 0) return;
     kill(pid_, SIGKILL);
@@ -96,11 +104,16 @@ class PeerProcess {
 
 class PeerProcessTest : public ::testing::TestWithParam<Tls> {
  protected:
-  void SetUp() override {
+  // A transport of this build over the parameter's UCX transports.
+  static TransportConfig Config() {
     TransportConfig config;
     config.ucx_options = {{"TLS", GetParam().name}, {"NET_DEVICES", "lo"}};
     config.error_mode = GetParam().mode;
     config.auth_key = kTestKey;
+    return config;
+  }
+  void SetUp() override {
+    const TransportConfig config = Config();
     auto server = ListeningTransport(config, kFrameTag + 1, &receiver_, &events_, &address_);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -183,16 +196,13 @@ TEST_P(PeerProcessTest, NodesOfTwoDataPlaneVersionsRefuseEachOther) {
   // This node connecting to a node of the version before.
   PeerProcess listener("transport_peer_previous", {"listen", tls});
   ASSERT_TRUE(listener.started());
-  const std::string listening = listener.NextLine();
-  ASSERT_EQ(listening.rfind("listening ", 0), 0u) << listening;
-  TransportConfig config;
-  config.ucx_options = {{"TLS", tls}, {"NET_DEVICES", "lo"}};
-  config.error_mode = GetParam().mode;
-  config.auth_key = kTestKey;
+  const std::string address = listener.ListeningAddress();
+  ASSERT_FALSE(address.empty());
+  TransportConfig config = Config();
   config.connect_timeout = absl::Seconds(20);
   auto client = Transport::Create(config);
   ASSERT_TRUE(client.ok()) << client.status();
-  auto peer = (*client)->Connect(listening.substr(std::string("listening ").size()));
+  auto peer = (*client)->Connect(address);
   ASSERT_FALSE(peer.ok());
   EXPECT_EQ(peer.status().code(), absl::StatusCode::kFailedPrecondition) << peer.status();
   EXPECT_NE(
@@ -203,8 +213,8 @@ TEST_P(PeerProcessTest, NodesOfTwoDataPlaneVersionsRefuseEachOther) {
 }
 
 // UCX runs its keepalive rounds (tcp, error mode peer) on the first progress after their
-// interval. Its timer wakes an armed worker, but in some processes (about one in six
-// here: UCX compares the timer with a clock of its own) the progress the timer brings
+// interval. Its timer wakes an armed worker, but in some processes (2 or 3 of these 12 in a
+// run: UCX compares the timer with a clock of its own) the progress the timer brings
 // comes a moment early, the round is not due yet, and the thread sleeps until the
 // one-second bound on its sleep, where it finds the round's work. Nothing of ours waited
 // for it: no lost wake-up (LostWakeups counts only sleeps during which another thread used
@@ -213,20 +223,18 @@ TEST_P(PeerProcessTest, NodesOfTwoDataPlaneVersionsRefuseEachOther) {
 TEST(IdlePeersTest, KeepaliveRoundsAreNoLostWakeUps) {
   const std::string idle_s = "15";
   std::vector<std::unique_ptr<PeerProcess>> peers;
+  absl::Cleanup unset = [] { unsetenv("UCX_KEEPALIVE_INTERVAL"); };
   // Intervals of 2 to 7 s (the race's odds differ with the interval), one pair each.
   for (int interval = 2; interval <= 7; ++interval) {
     setenv("UCX_KEEPALIVE_INTERVAL", absl::StrCat(interval, "s").c_str(), 1);  // spawned here
     peers.push_back(std::make_unique<PeerProcess>(
         "transport_peer", std::vector<std::string>{"listen", "tcp", idle_s}));
-    const std::string listening = peers.back()->NextLine();
-    ASSERT_EQ(listening.rfind("listening ", 0), 0u) << listening;
+    const std::string address = peers.back()->ListeningAddress();
+    ASSERT_FALSE(address.empty());
     peers.push_back(std::make_unique<PeerProcess>(
-        "transport_peer",
-        std::vector<std::string>{listening.substr(std::string("listening ").size()), "tcp", "idle",
-                                 idle_s}));
+        "transport_peer", std::vector<std::string>{address, "tcp", "idle", idle_s}));
     ASSERT_EQ(peers.back()->NextLine(), "connected");
   }
-  unsetenv("UCX_KEEPALIVE_INTERVAL");
   for (size_t i = 0; i < peers.size(); ++i) {
     EXPECT_EQ(peers[i]->NextLine(), "lost wake-ups 0")
         << (i % 2 == 0 ? "listening" : "connecting") << " process, keepalive interval " << 2 + i / 2
