@@ -15,7 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/transport/frame.h"
 #include "common/transport/handshake.h"
@@ -34,10 +33,12 @@ struct Tls {
 };
 
 // A transport_peer binary (transport_peer_main.cc; `binary`, transport_peer or
-// transport_peer_previous) run with `args`: its pid, and its stdout.
+// transport_peer_previous) run with `args`, and `env` (NAME=VALUE) added to this process's
+// environment: its pid, and its stdout.
 class PeerProcess {
  public:
-  PeerProcess(const std::string& binary, std::vector<std::string> args) {
+  PeerProcess(const std::string& binary, std::vector<std::string> args,
+              std::vector<std::string> env = {}) {
     const char* srcdir = std::getenv("TEST_SRCDIR");
     const std::string path =
         std::string(srcdir != nullptr ? srcdir : ".") + "/strata/common/transport/" + binary;
@@ -51,7 +52,11 @@ class PeerProcess {
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    if (posix_spawn(&pid_, path.c_str(), &actions, nullptr, argv.data(), environ) != 0) {
+    std::vector<char*> envp;  // `env` first: the first of two entries of a name is the one read
+    for (std::string& e : env) envp.push_back(e.data());
+    for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+    envp.push_back(nullptr);
+    if (posix_spawn(&pid_, path.c_str(), &actions, nullptr, argv.data(), envp.data()) != 0) {
       pid_ = -1;
     }
     posix_spawn_file_actions_destroy(&actions);
@@ -223,16 +228,15 @@ TEST_P(PeerProcessTest, NodesOfTwoDataPlaneVersionsRefuseEachOther) {
 TEST(IdlePeersTest, KeepaliveRoundsAreNoLostWakeUps) {
   const std::string idle_s = "15";
   std::vector<std::unique_ptr<PeerProcess>> peers;
-  absl::Cleanup unset = [] { unsetenv("UCX_KEEPALIVE_INTERVAL"); };
   // Intervals of 2 to 7 s (the race's odds differ with the interval), one pair each.
   for (int interval = 2; interval <= 7; ++interval) {
-    setenv("UCX_KEEPALIVE_INTERVAL", absl::StrCat(interval, "s").c_str(), 1);  // spawned here
+    const std::vector<std::string> env = {absl::StrCat("UCX_KEEPALIVE_INTERVAL=", interval, "s")};
     peers.push_back(std::make_unique<PeerProcess>(
-        "transport_peer", std::vector<std::string>{"listen", "tcp", idle_s}));
+        "transport_peer", std::vector<std::string>{"listen", "tcp", idle_s}, env));
     const std::string address = peers.back()->ListeningAddress();
     ASSERT_FALSE(address.empty());
     peers.push_back(std::make_unique<PeerProcess>(
-        "transport_peer", std::vector<std::string>{address, "tcp", "idle", idle_s}));
+        "transport_peer", std::vector<std::string>{address, "tcp", "idle", idle_s}, env));
     ASSERT_EQ(peers.back()->NextLine(), "connected");
   }
   for (size_t i = 0; i < peers.size(); ++i) {
