@@ -10,6 +10,7 @@
 #include "common/base/logging.h"
 #include "common/control/grpc_status.h"
 #include "common/control/version.h"
+#include "common/transport/handshake.h"
 #include "server/data_plane_executor.h"
 #include "server/grpc_executor.h"
 #include "server/grpc_kv_mover.h"
@@ -140,6 +141,14 @@ grpc::Status ControlPlane::Register(grpc::ServerContext* context,
     return Refuse(absl::StrCat("node ", info.name(), " speaks protocol version ",
                                info.protocol_version(), "; this scheduler speaks ",
                                kProtocolVersion, " (", kBuildVersion, ")"));
+  }
+  // The data plane's version: a node of another would register and then fail every
+  // connection to it (the handshake refuses it), so it is refused here, where the node
+  // learns why and exits.
+  if (info.data_plane_version() != 0 && info.data_plane_version() != transport::kDataPlaneVersion) {
+    return Refuse(absl::StrCat("node ", info.name(), " speaks data-plane version ",
+                               info.data_plane_version(), "; this scheduler speaks ",
+                               transport::kDataPlaneVersion, " (", kBuildVersion, ")"));
   }
   if (info.role() != control::ROLE_COMPUTE && info.role() != control::ROLE_MEMORY) {
     return Refuse(absl::StrCat("node ", info.name(), " has no role"));

@@ -9,6 +9,7 @@
 #include "common/base/shutdown.h"
 #include "common/control/node_agent.h"
 #include "common/control/version.h"
+#include "common/transport/handshake.h"
 
 namespace strata {
 
@@ -18,6 +19,7 @@ control::NodeInfo MakeNodeInfo(control::NodeRole role, const std::string& name,
   info.set_role(role);
   info.set_name(name);
   info.set_protocol_version(kProtocolVersion);
+  info.set_data_plane_version(transport::kDataPlaneVersion);
   info.set_build_version(kBuildVersion);
   info.set_cpu_isa(cpu_isa);
   return info;

@@ -6,7 +6,9 @@
 
 namespace strata {
 
-// The control and data plane protocol; a node with another version is refused.
+// The control protocol (proto/control.proto); a node with another version is refused. The
+// data plane has a version of its own (kDataPlaneVersion, common/transport/handshake.h),
+// which nodes report at registration too.
 inline constexpr uint32_t kProtocolVersion = 3;
 inline constexpr char kBuildVersion[] = "strata 0.1.0";
 

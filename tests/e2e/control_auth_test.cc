@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/control/version.h"
+#include "common/transport/handshake.h"
 #include "common/transport/transport.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/isa.h"
@@ -230,20 +231,24 @@ TEST(ControlAuthTest, EveryInternalCallWithoutTheSecretIsRefused) {
         << s.error_message();
   }
 
-  // With the secret, a node of the control protocol's version before (another build) is
-  // refused, and told both versions.
-  {
+  // With the secret, a node of another build is refused at registration and told both
+  // versions: one of the control protocol's version before, and one whose control protocol
+  // is this one's but whose data plane is of the version before (it used to register, and
+  // every data-plane connection to it to be refused).
+  for (const bool data_plane : {false, true}) {
     control::NodeInfo node;
-    node.set_name("compute-9");
+    node.set_name(data_plane ? "compute-8" : "compute-9");
     node.set_role(control::ROLE_COMPUTE);
-    node.set_protocol_version(strata::kProtocolVersion - 1);
+    node.set_protocol_version(data_plane ? strata::kProtocolVersion : strata::kProtocolVersion - 1);
+    if (data_plane) node.set_data_plane_version(transport::kDataPlaneVersion - 1);
+    const std::string want =
+        data_plane ? absl::StrCat("speaks data-plane version ", transport::kDataPlaneVersion - 1,
+                                  "; this scheduler speaks ", transport::kDataPlaneVersion)
+                   : absl::StrCat("speaks protocol version ", strata::kProtocolVersion - 1,
+                                  "; this scheduler speaks ", strata::kProtocolVersion);
     const grpc::Status s = RegisterWithTheSecret(scheduler, node);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
-    EXPECT_NE(s.error_message().find(
-                  absl::StrCat("speaks protocol version ", strata::kProtocolVersion - 1,
-                               "; this scheduler speaks ", strata::kProtocolVersion)),
-              std::string::npos)
-        << s.error_message();
+    EXPECT_NE(s.error_message().find(want), std::string::npos) << s.error_message();
   }
 
   // Refusals are counted in every process, and the deployment still serves.
