@@ -8,7 +8,6 @@
 #include "absl/time/clock.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
-#include "common/base/thread_name.h"
 #include "common/protocol/step_frame.h"
 #include "common/protocol/step_proto.h"
 #include "common/transport/frame.h"
@@ -40,10 +39,6 @@ absl::StatusOr<std::unique_ptr<DataPlaneExecutor>> DataPlaneExecutor::Create(
                     /*unreachable=*/true);
       });
   executor->connector_.Start();
-  executor->watchdog_ = std::thread([self] {
-    SetCurrentThreadName("exec-watchdog");
-    self->Watchdog();
-  });
   return executor;
 }
 
@@ -52,9 +47,7 @@ DataPlaneExecutor::~DataPlaneExecutor() {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
-  watchdog_cv_.notify_all();
-  if (watchdog_.joinable()) watchdog_.join();  // not started if Create failed
-  connector_.Stop();
+  connector_.Stop();  // drops a deadline's look not yet due
   // Closing the connection reports it broken: what was sent on it fails, in order.
   transport_.reset();
   // A sink may submit again meanwhile (stop_ keeps it in waiting_): until nothing is left.
@@ -140,7 +133,10 @@ void DataPlaneExecutor::SendLocked(PeerId peer, std::shared_ptr<const StepPlan> 
       ConnectSoonLocked();
       return;
     }
-    if (sent_.empty()) deadline_at_ = absl::Now() + options_.step_deadline;
+    if (sent_.empty()) {
+      deadline_at_ = absl::Now() + options_.step_deadline;
+      WatchDeadlineLocked();
+    }
     sent_.push_back({step_id, std::move(sink)});
     ++stats_.sent;
     seal = seal_;
@@ -226,21 +222,28 @@ void DataPlaneExecutor::Break(PeerId peer, const absl::Status& error, bool unrea
   connector_.Post([this, peer] { transport_->Disconnect(peer); });
 }
 
-void DataPlaneExecutor::Watchdog() {
+void DataPlaneExecutor::WatchDeadlineLocked() {
+  if (stop_ || deadline_at_ == absl::InfiniteFuture() || check_at_ <= deadline_at_) return;
+  check_at_ = deadline_at_;
+  connector_.RunAt(deadline_at_, [this] { CheckDeadline(); });
+}
+
+void DataPlaneExecutor::CheckDeadline() {
   std::unique_lock<std::mutex> lock(mu_);
-  while (!stop_) {
-    watchdog_cv_.wait_for(lock, std::chrono::milliseconds(100));
-    if (!peer_ || absl::Now() <= deadline_at_) continue;
-    const PeerId peer = *peer_;
-    const absl::Time missed = deadline_at_;
-    lock.unlock();
-    Break(peer,
-          absl::DeadlineExceededError(absl::StrCat("compute node ", options_.name,
-                                                   " did not finish a step within ",
-                                                   absl::FormatDuration(options_.step_deadline))),
-          /*unreachable=*/false, missed);
-    lock.lock();
+  check_at_ = absl::InfiniteFuture();
+  if (stop_ || !peer_) return;
+  if (absl::Now() <= deadline_at_) {  // answered meanwhile, or nothing in flight
+    WatchDeadlineLocked();
+    return;
   }
+  const PeerId peer = *peer_;
+  const absl::Time missed = deadline_at_;
+  lock.unlock();
+  Break(peer,
+        absl::DeadlineExceededError(absl::StrCat("compute node ", options_.name,
+                                                 " did not finish a step within ",
+                                                 absl::FormatDuration(options_.step_deadline))),
+        /*unreachable=*/false, missed);
 }
 
 std::span<uint8_t> DataPlaneExecutor::Place(PeerId, std::span<const uint8_t>, size_t) {
@@ -277,6 +280,7 @@ void DataPlaneExecutor::Deliver(PeerId from, std::span<const uint8_t> header,
         sent_.pop_front();
         deadline_at_ =
             sent_.empty() ? absl::InfiniteFuture() : absl::Now() + options_.step_deadline;
+        WatchDeadlineLocked();
         ++stats_.answered;
       } else {
         result = absl::DataLossError(absl::StrCat(

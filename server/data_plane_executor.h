@@ -26,13 +26,11 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <condition_variable>
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -107,7 +105,13 @@ class DataPlaneExecutor : public StepExecutor, public transport::MessageHandler 
   // oldest plan's deadline is no longer that one (a result came meanwhile).
   void Break(transport::PeerId peer, const absl::Status& error, bool unreachable,
              std::optional<absl::Time> if_deadline = std::nullopt);
-  void Watchdog();
+  // The oldest plan's deadline is looked at on the connector thread when it is due, by a
+  // timer, not by a thread that looks every so often: schedules that unless a look is due
+  // by then already (a result that came since only moves the deadline later). Holds mu_.
+  void WatchDeadlineLocked();
+  // Connector thread, at a deadline: breaks the connection if the oldest plan missed it,
+  // else watches the deadline it has now.
+  void CheckDeadline();
 
   DataPlaneExecutorOptions options_;
   std::unique_ptr<transport::Transport> transport_;
@@ -119,7 +123,6 @@ class DataPlaneExecutor : public StepExecutor, public transport::MessageHandler 
   std::mutex send_mu_;      // keeps the order of sends and of their records in sent_
   std::mutex complete_mu_;  // keeps the order in which sinks run
   mutable std::mutex mu_;
-  std::condition_variable watchdog_cv_;    // with mu_
   std::optional<transport::PeerId> peer_;  // the open connection
   std::shared_ptr<FrameSeal> seal_;        // peer_'s frames' seal (step_frame.h)
   bool connecting_ = false;
@@ -131,8 +134,8 @@ class DataPlaneExecutor : public StepExecutor, public transport::MessageHandler 
   std::deque<Waiting> waiting_;  // submitted while not connected, oldest first
   std::deque<Sent> sent_;        // sent on peer_, unanswered, oldest first
   absl::Time deadline_at_ = absl::InfiniteFuture();
+  absl::Time check_at_ = absl::InfiniteFuture();  // the next look at deadline_at_ scheduled
   DataPlaneExecutorStats stats_;
-  std::thread watchdog_;
 };
 
 }  // namespace strata
