@@ -76,13 +76,22 @@ void GrpcExecutor::Submit(std::shared_ptr<const StepPlan> plan, StepResultSink s
 void GrpcExecutor::Watchdog() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
-    watchdog_cv_.wait_for(lock, absl::ToChronoNanoseconds(absl::Milliseconds(100)));
-    if (context_ != nullptr && absl::Now() > step_deadline_at_) {
+    // Asleep until the oldest plan's deadline, or until one is set: a result that came
+    // meanwhile moved it later, and the wait goes on to the new one.
+    if (step_deadline_at_ == absl::InfiniteFuture()) {
+      watchdog_cv_.wait(lock);
+      continue;
+    }
+    if (const absl::Time now = absl::Now(); now <= step_deadline_at_) {
+      watchdog_cv_.wait_for(lock, absl::ToChronoNanoseconds(step_deadline_at_ - now));
+      continue;
+    }
+    if (context_ != nullptr) {
       LOG(ERROR) << "compute node " << name_ << " did not finish a step within "
                  << absl::FormatDuration(step_deadline_) << "; cancelling its stream";
       context_->TryCancel();
-      step_deadline_at_ = absl::InfiniteFuture();
     }
+    step_deadline_at_ = absl::InfiniteFuture();
   }
 }
 
@@ -100,7 +109,10 @@ void GrpcExecutor::WriteLoop() {
     }
     auto [plan, sink] = std::move(queue_.front());
     queue_.pop_front();
-    if (sent_.empty()) step_deadline_at_ = absl::Now() + step_deadline_;
+    if (sent_.empty()) {
+      step_deadline_at_ = absl::Now() + step_deadline_;
+      watchdog_cv_.notify_one();  // it slept with no deadline to watch
+    }
     sent_.push_back({plan->step_id, std::move(sink)});
     writing_ = true;
     auto* stream = stream_.get();

@@ -63,7 +63,8 @@ class GrpcExecutor : public StepExecutor {
   std::mutex mu_;
   // One per waiter, so that a step wakes only the thread it concerns: the writer (a plan
   // queued, the stream mended, stop), the reader (a plan written, a write over, stop) and
-  // the watchdog (stop; otherwise it looks every 100 ms).
+  // the watchdog (stop, or a deadline set where none was; otherwise it sleeps until the
+  // deadline it watches).
   std::condition_variable writer_cv_, reader_cv_, watchdog_cv_;
   std::deque<std::pair<std::shared_ptr<const StepPlan>, StepResultSink>> queue_;  // not written
   struct Sent {

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "proto/control.grpc.pb.h"
 #include "server/disk_ledger.h"
+#include "server/testing/loopback_grpc.h"
 
 namespace strata {
 namespace {
@@ -80,15 +81,12 @@ struct MoverOfNode {
   MoverOfNode(control::MemoryNode::Service& node, absl::Duration load_deadline,
               absl::Duration deadline)
       : auth(ClusterAuth::Insecure()) {
-    int port = 0;
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", auth->ServerCredentials(), &port);
-    builder.RegisterService(&node);
-    server = builder.BuildAndStart();
+    testing::LoopbackServer served = testing::ServeOnLoopback(node, *auth);
+    server = std::move(served.server);
     if (server == nullptr) return;
     mover = std::make_unique<GrpcKvMover>(GrpcKvMover::Node::kMemory,
-                                          auth->CreateChannel(absl::StrCat("127.0.0.1:", port)),
-                                          auth, 1, 1, load_deadline, deadline);
+                                          auth->CreateChannel(served.address), auth, 1, 1,
+                                          load_deadline, deadline);
   }
   ~MoverOfNode() {
     mover.reset();

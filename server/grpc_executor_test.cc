@@ -1,0 +1,132 @@
+// GrpcExecutor's step deadline, against a real gRPC server standing in for a compute node's
+// RunSteps stream: a node that stops answering has its stream cancelled at the oldest plan's
+// deadline and every plan sent on it fails, while a node whose every step is quicker than
+// the deadline is never taken for hung, however long its steps run in all (each result
+// moves the deadline on).
+#include "server/grpc_executor.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/control/cluster_auth.h"
+#include "gtest/gtest.h"
+#include "proto/control.grpc.pb.h"
+#include "server/testing/loopback_grpc.h"
+
+namespace strata {
+namespace {
+
+// Answers each plan after `delay`, up to `answers` of them; then reads on without
+// answering, until the stream ends.
+class Node final : public control::ComputeNode::Service {
+ public:
+  Node(absl::Duration delay, int answers) : delay_(delay), answers_(answers) {}
+  grpc::Status RunSteps(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<control::StepResult, control::StepPlan>* stream) override {
+    control::StepPlan plan;
+    int answered = 0;
+    while (stream->Read(&plan)) {
+      if (answered == answers_) continue;  // hung: the plan is never answered
+      absl::SleepFor(delay_);
+      control::StepResult result;
+      result.set_step_id(plan.step_id());
+      if (!stream->Write(result)) break;
+      ++answered;
+    }
+    return context->IsCancelled() ? grpc::Status::CANCELLED : grpc::Status::OK;
+  }
+
+ private:
+  const absl::Duration delay_;
+  const int answers_;
+};
+
+struct Results {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<StepResult> got;
+  StepResultSink Sink() {
+    return [this](StepResult r) {
+      std::lock_guard<std::mutex> lock(mu);
+      got.push_back(std::move(r));
+      cv.notify_all();
+    };
+  }
+  bool WaitFor(size_t n, absl::Duration timeout) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] { return got.size() >= n; });
+  }
+};
+
+std::shared_ptr<const StepPlan> Plan(uint64_t step_id) {
+  auto plan = std::make_shared<StepPlan>();
+  plan->step_id = step_id;
+  return plan;
+}
+
+// `node` served on a free loopback port, and an executor of it with `deadline`.
+struct Served {
+  Served(Node& node, absl::Duration deadline) : auth(ClusterAuth::Insecure()) {
+    testing::LoopbackServer served = testing::ServeOnLoopback(node, *auth);
+    server = std::move(served.server);
+    if (server == nullptr) return;
+    executor = std::make_unique<GrpcExecutor>("compute-0", auth->CreateChannel(served.address),
+                                              deadline, auth);
+  }
+  ~Served() {
+    executor.reset();
+    if (server != nullptr) server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  }
+  std::shared_ptr<const ClusterAuth> auth;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<GrpcExecutor> executor;
+};
+
+TEST(GrpcExecutorTest, AStepPastItsDeadlineFailsEveryPlanOnTheStream) {
+  Node node(absl::Milliseconds(10), /*answers=*/1);
+  Served served(node, /*deadline=*/absl::Milliseconds(300));
+  ASSERT_NE(served.executor, nullptr);
+  Results results;
+  served.executor->Submit(Plan(1), results.Sink());
+  ASSERT_TRUE(results.WaitFor(1, absl::Seconds(10)));
+  served.executor->Submit(Plan(2), results.Sink());
+  served.executor->Submit(Plan(3), results.Sink());
+  // 300 ms, and the cancellation's trip: far less than this.
+  ASSERT_TRUE(results.WaitFor(3, absl::Seconds(10))) << "the deadline never fired";
+  std::lock_guard<std::mutex> lock(results.mu);
+  EXPECT_TRUE(results.got[0].status.ok()) << results.got[0].status;
+  EXPECT_EQ(results.got[0].step_id, 1u);
+  for (int i : {1, 2}) {
+    EXPECT_FALSE(results.got[i].status.ok()) << "step " << results.got[i].step_id;
+    EXPECT_EQ(results.got[i].step_id, static_cast<uint64_t>(i + 1));
+  }
+}
+
+TEST(GrpcExecutorTest, StepsEachWithinTheDeadlineAreNeverTakenForHung) {
+  // Six steps of 150 ms each, two in flight at a time: the oldest is answered within its
+  // 400 ms every time, though they take about a second in all.
+  Node node(absl::Milliseconds(150), /*answers=*/1000);
+  Served served(node, /*deadline=*/absl::Milliseconds(400));
+  ASSERT_NE(served.executor, nullptr);
+  Results results;
+  served.executor->Submit(Plan(1), results.Sink());
+  for (uint64_t step = 2; step <= 6; ++step) {
+    served.executor->Submit(Plan(step), results.Sink());
+    ASSERT_TRUE(results.WaitFor(step - 1, absl::Seconds(10)));
+  }
+  ASSERT_TRUE(results.WaitFor(6, absl::Seconds(10)));
+  std::lock_guard<std::mutex> lock(results.mu);
+  for (const StepResult& r : results.got)
+    EXPECT_TRUE(r.status.ok()) << r.step_id << ": " << r.status;
+}
+
+}  // namespace
+}  // namespace strata
