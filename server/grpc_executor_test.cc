@@ -111,18 +111,19 @@ TEST(GrpcExecutorTest, AStepPastItsDeadlineFailsEveryPlanOnTheStream) {
 }
 
 TEST(GrpcExecutorTest, StepsEachWithinTheDeadlineAreNeverTakenForHung) {
-  // Six steps of 150 ms each, two in flight at a time: the oldest is answered within its
-  // 400 ms every time, though they take about a second in all.
-  Node node(absl::Milliseconds(150), /*answers=*/1000);
-  Served served(node, /*deadline=*/absl::Milliseconds(400));
+  // Twelve steps of 100 ms each, two in flight at a time: the oldest is answered about
+  // 100 ms into its 500 ms every time, though they take over twice the deadline in all.
+  constexpr uint64_t kSteps = 12;
+  Node node(absl::Milliseconds(100), /*answers=*/1000);
+  Served served(node, /*deadline=*/absl::Milliseconds(500));
   ASSERT_NE(served.executor, nullptr);
   Results results;
   served.executor->Submit(Plan(1), results.Sink());
-  for (uint64_t step = 2; step <= 6; ++step) {
+  for (uint64_t step = 2; step <= kSteps; ++step) {
     served.executor->Submit(Plan(step), results.Sink());
     ASSERT_TRUE(results.WaitFor(step - 1, absl::Seconds(10)));
   }
-  ASSERT_TRUE(results.WaitFor(6, absl::Seconds(10)));
+  ASSERT_TRUE(results.WaitFor(kSteps, absl::Seconds(10)));
   std::lock_guard<std::mutex> lock(results.mu);
   for (const StepResult& r : results.got)
     EXPECT_TRUE(r.status.ok()) << r.step_id << ": " << r.status;
