@@ -24,6 +24,7 @@
 #include "compute_node/step_channel.h"
 #include "gtest/gtest.h"
 #include "proto/control.pb.h"
+#include "server/testing/step_results.h"
 
 namespace strata {
 namespace {
@@ -160,31 +161,7 @@ std::shared_ptr<const StepPlan> Plan(uint64_t step_id, int chunks) {
   return plan;
 }
 
-// Collects results in the order their sinks ran.
-class Results {
- public:
-  StepResultSink Sink() {
-    return [this](StepResult r) {
-      std::lock_guard<std::mutex> lock(mu_);
-      results_.push_back(std::move(r));
-      cv_.notify_all();
-    };
-  }
-  bool WaitFor(size_t n, absl::Duration timeout = absl::Seconds(20)) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
-                        [&] { return results_.size() >= n; });
-  }
-  std::vector<StepResult> Take() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return results_;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<StepResult> results_;
-};
+using Results = testing::StepResults;
 
 class DataPlaneExecutorTest : public ::testing::TestWithParam<Carrier> {
  protected:

@@ -7,18 +7,16 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <atomic>
-#include <condition_variable>
-#include <mutex>
+#include <memory>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/control/cluster_auth.h"
 #include "gtest/gtest.h"
 #include "proto/control.grpc.pb.h"
 #include "server/testing/loopback_grpc.h"
+#include "server/testing/step_results.h"
 
 namespace strata {
 namespace {
@@ -49,22 +47,7 @@ class Node final : public control::ComputeNode::Service {
   const int answers_;
 };
 
-struct Results {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<StepResult> got;
-  StepResultSink Sink() {
-    return [this](StepResult r) {
-      std::lock_guard<std::mutex> lock(mu);
-      got.push_back(std::move(r));
-      cv.notify_all();
-    };
-  }
-  bool WaitFor(size_t n, absl::Duration timeout) {
-    std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] { return got.size() >= n; });
-  }
-};
+using Results = testing::StepResults;
 
 std::shared_ptr<const StepPlan> Plan(uint64_t step_id) {
   auto plan = std::make_shared<StepPlan>();
@@ -101,12 +84,12 @@ TEST(GrpcExecutorTest, AStepPastItsDeadlineFailsEveryPlanOnTheStream) {
   served.executor->Submit(Plan(3), results.Sink());
   // 300 ms, and the cancellation's trip: far less than this.
   ASSERT_TRUE(results.WaitFor(3, absl::Seconds(10))) << "the deadline never fired";
-  std::lock_guard<std::mutex> lock(results.mu);
-  EXPECT_TRUE(results.got[0].status.ok()) << results.got[0].status;
-  EXPECT_EQ(results.got[0].step_id, 1u);
+  const std::vector<StepResult> got = results.Take();
+  EXPECT_TRUE(got[0].status.ok()) << got[0].status;
+  EXPECT_EQ(got[0].step_id, 1u);
   for (int i : {1, 2}) {
-    EXPECT_FALSE(results.got[i].status.ok()) << "step " << results.got[i].step_id;
-    EXPECT_EQ(results.got[i].step_id, static_cast<uint64_t>(i + 1));
+    EXPECT_FALSE(got[i].status.ok()) << "step " << got[i].step_id;
+    EXPECT_EQ(got[i].step_id, static_cast<uint64_t>(i + 1));
   }
 }
 
@@ -124,8 +107,7 @@ TEST(GrpcExecutorTest, StepsEachWithinTheDeadlineAreNeverTakenForHung) {
     ASSERT_TRUE(results.WaitFor(step - 1, absl::Seconds(10)));
   }
   ASSERT_TRUE(results.WaitFor(kSteps, absl::Seconds(10)));
-  std::lock_guard<std::mutex> lock(results.mu);
-  for (const StepResult& r : results.got)
+  for (const StepResult& r : results.Take())
     EXPECT_TRUE(r.status.ok()) << r.step_id << ": " << r.status;
 }
 
