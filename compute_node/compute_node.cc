@@ -128,6 +128,15 @@ absl::StatusOr<ComputeConfigAck> ComputeNode::Configure(const ComputeConfig& con
           "rotational pipelining needs memory nodes; this scheduler runs co-located attention");
     }
     exchange_->SetEpoch(config.epoch);
+    // Replicas declared dead: lanes waiting for their contexts give up now, not at the
+    // hand-off deadline (a hung replica's connections stay open).
+    // (This node itself, back after a hang, is on the list until it joins again; nothing
+    // of its own comes to it through the exchange.)
+    for (const DepartedReplica& d : config.departed_replicas) {
+      if (d.context_address != exchange_->address()) {
+        exchange_->Depart(d.context_address, d.through_step);
+      }
+    }
     rotated_epoch_.store(config.epoch);  // plans of another epoch are refused from now on
     for (auto& lane : rotated_lanes_) {
       lane->SetMemoryNodes(config.epoch, config.memory_nodes);

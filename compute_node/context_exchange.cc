@@ -60,6 +60,8 @@ void ContextExchange::SetEpoch(uint64_t epoch) {
   if (epoch != epoch_) {
     held_.clear();
     retired_.clear();
+    departed_through_.clear();  // the previous scheduler's step ids
+    departure_order_.clear();
   }
   epoch_ = epoch;
 }
@@ -160,9 +162,32 @@ bool ContextExchange::Arrived(int batch, uint64_t step_id, int slice) const {
   return held_.count({batch, step_id, slice}) > 0;
 }
 
-bool ContextExchange::Departed(const std::string& address) const {
+bool ContextExchange::Departed(const std::string& address, uint64_t step_id) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return departed_.contains(address);
+  if (departed_.contains(address)) return true;
+  auto it = departed_through_.find(address);
+  return it != departed_through_.end() && step_id <= it->second;
+}
+
+void ContextExchange::Depart(const std::string& address, uint64_t through_step) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto [it, added] = departed_through_.try_emplace(address, through_step);
+    if (added) {
+      departure_order_.push_back(address);
+      if (departure_order_.size() > kMaxDepartures) {
+        departed_through_.erase(departure_order_.front());
+        departure_order_.pop_front();
+      }
+    } else if (through_step > it->second) {
+      it->second = through_step;
+    } else {
+      return;  // known already (the scheduler sends its whole list with each configuration)
+    }
+  }
+  LOG(WARNING) << "context exchange: the scheduler declared the replica at " << address
+               << " dead; its contexts of steps up to " << through_step << " will not come";
+  if (options_.on_arrival) options_.on_arrival();
 }
 
 bool ContextExchange::FailureArrived(int batch, uint64_t step_id, int slice) const {

@@ -28,6 +28,7 @@
 #define STRATA_COMPUTE_NODE_CONTEXT_EXCHANGE_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -72,6 +73,7 @@ class ContextExchange : public transport::MessageHandler {
   static constexpr size_t kMaxHeld = 64;
   static constexpr size_t kMaxHelloBytes = 1024;   // a listen address
   static constexpr size_t kMaxFailedPools = 1024;  // pools a context names as failed
+  static constexpr size_t kMaxDepartures = 64;     // replicas Depart remembers
 
   static absl::StatusOr<std::unique_ptr<ContextExchange>> Create(ContextExchangeOptions options);
   ~ContextExchange() override;
@@ -94,9 +96,16 @@ class ContextExchange : public transport::MessageHandler {
   bool FailureArrived(int batch, uint64_t step_id, int slice) const;
   // That context has come and names pools whose memory nodes failed the step.
   bool ArrivedWithFailedPools(int batch, uint64_t step_id, int slice) const;
-  // The replica listening at `address` connected to this one and has gone since (its
-  // connection closed: its process ended, or it disconnected). What it owed will not come.
-  bool Departed(const std::string& address) const;
+  // What the replica listening at `address` owes of step `step_id` will not come: it
+  // connected to this one and has gone since (its connection closed: its process ended, or
+  // it disconnected), or the scheduler declared it dead after it was sent that step (Depart).
+  bool Departed(const std::string& address, uint64_t step_id) const;
+  // The scheduler declared the replica at `address` dead (ComputeConfig::departed_replicas):
+  // a hung replica keeps its connections open, so nothing else tells this one. The contexts
+  // it owes of steps up to `through_step` will not come; later steps, should it come back at
+  // the same address, are not affected. At most kMaxDepartures addresses are kept (the
+  // oldest go first); a new epoch forgets them. Wakes the driver (on_arrival).
+  void Depart(const std::string& address, uint64_t through_step);
   // What comes with a context besides its rows.
   struct Taken {
     std::vector<PoolIndex> failed_pools;  // whose memory nodes failed the step so far
@@ -149,6 +158,9 @@ class ContextExchange : public transport::MessageHandler {
   // Connections made to here, by the address their replica listens at (its kHello).
   std::unordered_map<transport::PeerId, std::string> inbound_;
   std::set<std::string> departed_;
+  // Depart's: the last step each departed replica was sent, and the order they came in.
+  std::unordered_map<std::string, uint64_t> departed_through_;
+  std::deque<std::string> departure_order_;
   std::map<Key, Held> held_;
   std::unordered_map<int, uint64_t> retired_;  // batch -> last step finished with
   ContextExchangeStats stats_;

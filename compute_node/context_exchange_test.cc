@@ -163,10 +163,10 @@ TEST(ContextExchangeTest, AReplicaThatConnectedAndWentHasDeparted) {
   const std::vector<float> x = Rows(2, 3);
   ASSERT_TRUE(a->Send(b->address(), 7, 1, 0, x.data(), 2).ok());
   ASSERT_TRUE(Eventually([&] { return b->Arrived(0, 7, 1); }));
-  EXPECT_FALSE(b->Departed(a_address));
+  EXPECT_FALSE(b->Departed(a_address, 7));
   a.reset();  // its process ends: its connections close
-  ASSERT_TRUE(Eventually([&] { return b->Departed(a_address); }));
-  EXPECT_FALSE(b->Departed(b->address()));
+  ASSERT_TRUE(Eventually([&] { return b->Departed(a_address, 7); }));
+  EXPECT_FALSE(b->Departed(b->address(), 7));
 
   auto raw = transport::Transport::Create({transport::Backend::kInproc});
   ASSERT_TRUE(raw.ok());
@@ -186,9 +186,42 @@ TEST(ContextExchangeTest, AReplicaThatConnectedAndWentHasDeparted) {
   hello(std::string(ContextExchange::kMaxHelloBytes + 1, 'x'));
   ASSERT_TRUE(Eventually([&] { return b->stats().rejected == 1; })) << b->stats().rejected;
   hello(a_address);  // back at the same address
-  ASSERT_TRUE(Eventually([&] { return !b->Departed(a_address); }));
+  ASSERT_TRUE(Eventually([&] { return !b->Departed(a_address, 7); }));
   (*raw)->Disconnect(*peer);
-  ASSERT_TRUE(Eventually([&] { return b->Departed(a_address); }));
+  ASSERT_TRUE(Eventually([&] { return b->Departed(a_address, 7); }));
+}
+
+// A replica the scheduler declared dead (a hung one: its connection stays open) has
+// departed for the steps it was sent, and for no later one; the declaration wakes the
+// driver, and a new epoch (another scheduler's step ids) forgets it.
+TEST(ContextExchangeTest, AReplicaTheSchedulerDeclaredDeadHasDepartedForItsSteps) {
+  std::atomic<int> a_arrivals{0}, arrivals{0};
+  auto a = Make(&a_arrivals), b = Make(&arrivals);
+  const std::string a_address = a->address();
+  const std::vector<float> x = Rows(2, 3);
+  ASSERT_TRUE(a->Send(b->address(), 7, 1, 0, x.data(), 2).ok());  // it connected
+  ASSERT_TRUE(Eventually([&] { return b->Arrived(0, 7, 1) && arrivals.load() == 1; }));
+  const int before = arrivals.load();
+  b->Depart(a_address, 9);
+  EXPECT_EQ(arrivals.load(), before + 1) << "the driver was not woken";
+  EXPECT_TRUE(b->Departed(a_address, 8));
+  EXPECT_TRUE(b->Departed(a_address, 9));
+  EXPECT_FALSE(b->Departed(a_address, 10)) << "a step sent after the declaration";
+  EXPECT_FALSE(b->Departed(b->address(), 9));
+  b->Depart(a_address, 4);  // an older declaration does not shorten it, nor wake anyone
+  EXPECT_TRUE(b->Departed(a_address, 9));
+  EXPECT_EQ(arrivals.load(), before + 1);
+  b->Depart(a_address, 12);
+  EXPECT_TRUE(b->Departed(a_address, 12));
+  b->SetEpoch(kEpoch + 1);
+  EXPECT_FALSE(b->Departed(a_address, 1)) << "another scheduler's steps";
+  // The oldest declarations go beyond kMaxDepartures.
+  for (size_t i = 0; i <= ContextExchange::kMaxDepartures; ++i) {
+    b->Depart(absl::StrCat("replica-", i), 5);
+  }
+  EXPECT_FALSE(b->Departed("replica-0", 5));
+  EXPECT_TRUE(b->Departed("replica-1", 5));
+  EXPECT_TRUE(b->Departed(absl::StrCat("replica-", ContextExchange::kMaxDepartures), 5));
 }
 
 TEST(ContextExchangeTest, MalformedAndStaleFramesAreRejectedAndCounted) {

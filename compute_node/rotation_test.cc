@@ -144,6 +144,17 @@ struct Replica {
     }
     queue.Push(std::move(plan));
   }
+  // Stops, as a process does on SIGSTOP: it runs nothing more and answers nothing (its plans
+  // are answered Cancelled here, as its executor fails them once the scheduler removes it),
+  // and its connections stay open.
+  void Hang() {
+    {
+      absl::MutexLock lock(&kill_mu);
+      killed = true;
+    }
+    wakeup.Notify();
+    driver.join();
+  }
   // Dies at once, as a process would: plans in flight are dropped, connections close.
   void Kill() {
     {
@@ -649,21 +660,33 @@ TEST_F(RotationTest, AHungMemoryNodeFailsOnlyItsSequencesAtTheLayerDeadline) {
 // that waits for the dead one's context learns that it is gone from its connection's end,
 // not from its hand-off deadline: the deadlines here are a minute, far past the test's
 // bound.
-TEST_F(RotationTest, DeadReplicaFailsItsBatchesAndTheSurvivorsGoOn) {
+// How replica 2 of three is lost mid-rotation.
+enum class Loss {
+  kDies,   // its process ends: its connections close
+  kHangs,  // it stops (SIGSTOP): its connections stay open, and the scheduler declares it
+           // dead (its heartbeats lapse) and tells the others (ContextExchange::Depart)
+};
+
+// Replica 2 is lost at batch 2's second step, with plans of other batches in flight. Every
+// batch stops with an error naming it, and no survivor waits for its hand-off deadline (two
+// minutes here): a lane that needs the lost replica's context learns that it will not come
+// (its connection closed, or the declaration); a dead one cannot be handed a context. Then
+// the two survivors run every sequence again, to the tokens of pipelining off.
+void LoseAReplica(ModelWeights* weights, const std::map<uint64_t, std::vector<int32_t>>& expected,
+                  Loss loss) {
   const int batches = 4;
-  const auto expected = Reference(batches, /*greedy=*/true);
-  ModelRunner runner(weights_, kMaxPositions);
+  ModelRunner runner(weights, kMaxPositions);
   MemoryPools pools(runner.config());
   std::vector<std::unique_ptr<Replica>> replicas =
       MakeReplicas(runner, pools, batches, absl::Seconds(60));
   const int layers = static_cast<int>(runner.config().num_layers);
   std::atomic<uint64_t> ids{1};
   auto b = MakeBatches(batches, 11);
-  const std::string dead_address = replicas[2]->exchange->address();
-  // Replica 2 dies at batch 2's second step, with plans of other batches in flight.
+  const std::string lost_address = replicas[2]->exchange->address();
   std::atomic<int> plans{0};
-  std::atomic<bool> dead{false};
-  absl::Mutex kill_mu;
+  std::atomic<bool> lost{false};
+  absl::Mutex lose_mu;
+  std::thread declare;  // the control plane, once the hung replica's heartbeats lapse
   std::vector<absl::Status> errors, replica_errors;
   const absl::Time start = absl::Now();
   Drive(
@@ -671,17 +694,30 @@ TEST_F(RotationTest, DeadReplicaFailsItsBatchesAndTheSurvivorsGoOn) {
       [&](int batch, StepPlan plan) {
         const std::vector<Replica*> three = Pointers(replicas);
         if (batch == 2 && ++plans == 2) {
-          // Batch 2's steps start on replica 2 (slice 0 runs on replica batch mod 3): it dies
-          // once its second step has reached the others, so that they wait for a context it
-          // never hands over.
+          // Batch 2's steps start on replica 2 (slice 0 runs on replica batch mod 3): it is
+          // lost once its second step has reached the others, so that they wait for a
+          // context it never hands over.
           return Broadcast(three, batch, plan, layers, &replica_errors, [&] {
-            absl::MutexLock lock(&kill_mu);
-            replicas[2]->Kill();
-            dead = true;
+            absl::MutexLock lock(&lose_mu);
+            if (loss == Loss::kDies) {
+              replicas[2]->Kill();
+            } else {
+              replicas[2]->Hang();
+            }
+            lost = true;
+            if (loss == Loss::kHangs) {
+              // Every step sent to it so far has an id below `ids`: plans built from now on
+              // do not go to it (`lost`).
+              const uint64_t through = ids.load() - 1;
+              declare = std::thread([&, through] {
+                absl::SleepFor(absl::Milliseconds(300));
+                for (int r = 0; r < 2; ++r) replicas[r]->exchange->Depart(lost_address, through);
+              });
+            }
           });
         }
-        if (dead) {
-          // What the group sees: the dead replica's stream is gone.
+        if (lost) {
+          // What the group sees: the lost replica's stream is gone, or it was removed.
           StepResult r;
           r.step_id = plan.step_id;
           r.status = absl::UnavailableError("compute replica lost");
@@ -690,25 +726,26 @@ TEST_F(RotationTest, DeadReplicaFailsItsBatchesAndTheSurvivorsGoOn) {
         return Broadcast(three, batch, plan, layers, &replica_errors);
       },
       true, ids, &errors);
+  if (declare.joinable()) declare.join();
   EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "a batch hung";
   int failed = 0, named = 0;
   for (const absl::Status& e : errors) {
     failed += !e.ok();
-    named += absl::StrContains(e.message(), dead_address) ||
+    named += absl::StrContains(e.message(), lost_address) ||
              absl::StrContains(e.message(), "going away");
   }
-  EXPECT_EQ(failed, batches) << "every batch was stopped by the dead replica";
+  EXPECT_EQ(failed, batches) << "every batch was stopped by the lost replica";
   EXPECT_GT(named, 0) << "no error says which replica failed";
-  // The survivors' lanes that needed the dead replica failed naming it: one waiting for its
-  // context finds it gone, one handing a context to it cannot reach it; none waited for
-  // its deadline.
+  // The survivors' lanes that needed the lost replica failed naming it: one waiting for its
+  // context finds it gone, one handing a context to a dead one cannot reach it; none waited
+  // for its deadline.
   int named_by_survivors = 0;
   for (const absl::Status& e : replica_errors) {
     LOG(INFO) << "replica error: " << e;
     EXPECT_FALSE(absl::StrContains(e.message(), "did not hand over")) << e;
-    named_by_survivors += absl::StrContains(e.message(), dead_address) && absl::IsUnavailable(e) &&
+    named_by_survivors += absl::StrContains(e.message(), lost_address) && absl::IsUnavailable(e) &&
                           (absl::StrContains(e.message(), "is gone") ||
-                           absl::StrContains(e.message(), "cannot reach"));
+                           (loss == Loss::kDies && absl::StrContains(e.message(), "cannot reach")));
   }
   EXPECT_GT(named_by_survivors, 0) << "no survivor said which replica it lost";
   // The two survivors: every sequence again from the prompt (its history so far is what the
@@ -723,6 +760,17 @@ TEST_F(RotationTest, DeadReplicaFailsItsBatchesAndTheSurvivorsGoOn) {
   for (const auto& [id, tokens] : expected) EXPECT_EQ(got.at(id), tokens) << "sequence " << id;
   replicas[0]->Stop();
   replicas[1]->Stop();
+}
+
+TEST_F(RotationTest, DeadReplicaFailsItsBatchesAndTheSurvivorsGoOn) {
+  LoseAReplica(weights_, Reference(4, /*greedy=*/true), Loss::kDies);
+}
+
+// A replica that hangs keeps its connections to the others open: they learn that its
+// contexts will not come from the scheduler's declaration (ComputeConfig's departed
+// replicas), not at their hand-off deadline.
+TEST_F(RotationTest, HungReplicaIsGivenUpWhenTheSchedulerDeclaresItDead) {
+  LoseAReplica(weights_, Reference(4, /*greedy=*/true), Loss::kHangs);
 }
 
 }  // namespace

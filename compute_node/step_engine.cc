@@ -562,7 +562,7 @@ bool StepEngine::RotationReady(int index) const {
   // expecting them, then waits for the others').
   if (exchange.ArrivedWithFailedPools(batch, lane.result.step_id, lane.next_slice)) return true;
   if (!exchange.Arrived(batch, lane.result.step_id, lane.next_slice) &&
-      exchange.Departed(lane.role.AddressOf(lane.next_slice - 1))) {
+      exchange.Departed(lane.role.AddressOf(lane.next_slice - 1), lane.result.step_id)) {
     return true;
   }
   return lane.attention->LayerSettled() &&
@@ -596,7 +596,7 @@ bool StepEngine::AdvanceRotated(int index) {
   if (status.ok()) lane.attention->ContextArrivedAt(taken.arrived);
   if (absl::IsNotFound(status)) {
     const std::string& from = role.AddressOf(k - 1);
-    status = role.exchange->Departed(from)
+    status = role.exchange->Departed(from, lane.result.step_id)
                  ? absl::UnavailableError(absl::StrCat(
                        "step ", lane.result.step_id, ": the replica at ", from,
                        " is gone: it will not hand over slice ", k, " of batch ", role.batch))

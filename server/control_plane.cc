@@ -96,8 +96,7 @@ void ControlPlane::OnPoolDeath(PoolIndex pool) {
       if (node.view.info.role() == control::ROLE_MEMORY && node.pool == pool && node.view.alive) {
         // The node may still answer heartbeats (a hang that passed); it must register again
         // and come back empty.
-        MarkDead(node, "a compute node found it dead or hung during a step");
-        changed = true;
+        changed |= MarkDead(node, "a compute node found it dead or hung during a step");
       }
     }
   }
@@ -238,17 +237,21 @@ grpc::Status ControlPlane::Heartbeat(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-void ControlPlane::MarkDead(Node& node, const std::string& why) {
-  if (!node.view.alive) return;
+bool ControlPlane::MarkDead(Node& node, const std::string& why) {
+  if (!node.view.alive) return false;
   node.view.alive = false;
   LOG(WARNING) << "node " << node.view.info.name() << " is dead: " << why;
   if (node.executor >= 0) scheduler_->SetExecutorAlive(node.executor, false);
+  const bool left_rotation = node.in_rotation;
   if (node.in_rotation) {
+    // The other replicas learn it from their next configuration (Departures), which the
+    // caller sends: one that hung still holds its connections to them.
     node.in_rotation = false;
     ReleaseLater(options_.rotation->RemoveReplica(node.view.info.name()));
     scheduler_->RefreshExecutorAlive(options_.rotation_executor, RotationAlive(options_.rotation));
   }
   if (node.pool) scheduler_->SetPoolAlive(*node.pool, false);
+  return left_rotation || node.view.info.role() == control::ROLE_MEMORY;
 }
 
 void ControlPlane::ReleaseLater(std::shared_ptr<StepExecutor> executor) {
@@ -266,7 +269,7 @@ void ControlPlane::CheckHeartbeats() {
   if (heartbeat_timer_ != 0) monitor_loop_.Cancel(heartbeat_timer_);
   heartbeat_timer_ = 0;
   absl::Time next = absl::InfiniteFuture();
-  bool memory_changed = false;
+  bool compute_config_changed = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return;
@@ -274,15 +277,15 @@ void ControlPlane::CheckHeartbeats() {
     for (auto& [id, node] : nodes_) {
       if (!node.view.alive) continue;
       if (now - node.view.last_seen > options_.heartbeat_timeout) {
-        MarkDead(node, absl::StrCat("no heartbeat for ",
-                                    absl::FormatDuration(now - node.view.last_seen)));
-        memory_changed |= node.view.info.role() == control::ROLE_MEMORY;
+        compute_config_changed |= MarkDead(
+            node,
+            absl::StrCat("no heartbeat for ", absl::FormatDuration(now - node.view.last_seen)));
       } else {
         next = std::min(next, node.view.last_seen + options_.heartbeat_timeout);
       }
     }
   }
-  if (memory_changed) RequestReconfigure();
+  if (compute_config_changed) RequestReconfigure();
   if (next != absl::InfiniteFuture()) {
     // Just past the earliest deadline; heartbeats that arrive meanwhile move it on.
     heartbeat_timer_ =
@@ -407,6 +410,13 @@ control::ComputeConfig ControlPlane::ComputeConfigLocked() const {
       m->set_data_address(other.view.info.data_address());
     }
   }
+  if (options_.rotation != nullptr) {
+    for (const DepartedReplica& d : options_.rotation->Departures()) {
+      control::DepartedReplica* out = config.add_departed_replicas();
+      out->set_context_address(d.context_address);
+      out->set_through_step(d.through_step);
+    }
+  }
   return config;
 }
 
@@ -497,8 +507,9 @@ void ControlPlane::ReconfigureComputeNodes() {
     }
   }
   // Each compute node must learn the new list: a node that misses it keeps waiting on a
-  // memory node that is gone. Retried with backoff until it takes, the node dies, or the
-  // control plane stops; every attempt sends the newest list.
+  // memory node that is gone, or (rotational pipelining) on a replica that hung. Retried with
+  // backoff until it takes, the node dies, or the control plane stops; every attempt sends the
+  // newest list.
   for (const auto& [id, channel] : targets) {
     auto stub = control::ComputeNode::NewStub(channel);
     absl::Duration backoff = absl::Milliseconds(100);

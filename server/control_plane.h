@@ -122,7 +122,9 @@ class ControlPlane final : public control::Scheduler::Service {
   void ConfigureCompute(uint64_t id);
   void ConfigureMemory(uint64_t id);
   void ReconfigureComputeNodes();
-  void MarkDead(Node& node, const std::string& why);
+  // True if what compute nodes are configured with changed (a memory node's pool or a
+  // rotation replica left): the caller then has them reconfigured (RequestReconfigure).
+  bool MarkDead(Node& node, const std::string& why);
   // Lets go of an executor that left the rotation on release_loop_, outside this plane's
   // lock and clear of configurations (a Configure call may take minutes); the group's
   // retire function (set in the constructor) has it destroyed there too, wherever its last

@@ -31,6 +31,10 @@ std::shared_ptr<StepExecutor> RotationGroup::AddReplica(const std::string& name,
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = replicas_.find(name); it != replicas_.end()) replaced = it->second.executor;
   replicas_[name] = {name, context_address, Retiring(std::move(executor)), false, active};
+  // Back at an address that departed: its steps from now on are not given up (the replicas
+  // count departures by step, and the list sent from now on no longer names it).
+  std::erase_if(departures_,
+                [&](const DepartedReplica& d) { return d.context_address == context_address; });
   LOG(INFO) << "rotation: replica " << name << " joins (contexts at " << context_address << "); "
             << replicas_.size() << " replica(s) for " << batches_ << " batches";
   return replaced;
@@ -51,9 +55,21 @@ std::shared_ptr<StepExecutor> RotationGroup::RemoveReplica(const std::string& na
   auto it = replicas_.find(name);
   if (it == replicas_.end()) return nullptr;
   std::shared_ptr<StepExecutor> removed = std::move(it->second.executor);
+  if (it->second.last_step != 0) {
+    std::erase_if(departures_, [&](const DepartedReplica& d) {
+      return d.context_address == it->second.address;
+    });
+    departures_.push_back({it->second.address, it->second.last_step});
+    if (departures_.size() > kMaxDepartures) departures_.pop_front();
+  }
   replicas_.erase(it);
   LOG(WARNING) << "rotation: replica " << name << " leaves; " << replicas_.size() << " left";
   return removed;
+}
+
+std::vector<DepartedReplica> RotationGroup::Departures() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {departures_.begin(), departures_.end()};
 }
 
 void RotationGroup::SetRetire(Retire retire) {
@@ -158,6 +174,7 @@ void RotationGroup::Submit(std::shared_ptr<const StepPlan> plan, StepResultSink 
       slot_busy_[p->slot] = true;
       p->sampler = static_cast<size_t>((p->slot + num_layers_) % static_cast<int>(members.size()));
       p->results.resize(members.size());
+      for (const Replica& r : members) replicas_.at(r.name).last_step = p->plan->step_id;
     }
   }
   if (rejoin) {

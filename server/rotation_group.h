@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "common/protocol/node_config.h"
 #include "server/step_executor.h"
 
 namespace strata {
@@ -67,6 +68,12 @@ class RotationGroup : public StepExecutor {
   // again at once.
   void SetRejoinHandler(std::function<void(const std::string&)> handler);
   std::shared_ptr<StepExecutor> RemoveReplica(const std::string& name);
+  // Replicas removed after plans were sent to them, with the last step each was sent (the
+  // newest kMaxDepartures): the control plane tells the other replicas (ComputeConfig), so
+  // that a lane waiting for a context from one that hung gives up then, not at its
+  // hand-off deadline. A replica that joins again under its address leaves the list.
+  static constexpr size_t kMaxDepartures = 16;
+  std::vector<DepartedReplica> Departures() const;
   // Where a replica's executor is destroyed once nothing holds it any more (the group, the
   // caller it left to, or a Submit or Reachable in progress that copied it, on whichever
   // thread lets it go last): `retire` takes it, or gives it back if it cannot (it is then
@@ -89,6 +96,7 @@ class RotationGroup : public StepExecutor {
     // again (before the control plane has declared it dead).
     bool unreachable = false;
     bool active = true;
+    uint64_t last_step = 0;  // the last plan sent to it (0: none)
   };
   struct Pending {
     std::shared_ptr<const StepPlan> plan;  // without the rotation
@@ -121,6 +129,7 @@ class RotationGroup : public StepExecutor {
   std::map<std::string, Replica> replicas_;  // by name, so ordered alike for every plan
   std::vector<bool> slot_busy_;
   std::deque<std::shared_ptr<Pending>> pending_;
+  std::deque<DepartedReplica> departures_;  // oldest first
   bool delivering_ = false;
   std::function<void(const std::string&)> rejoin_;
   const std::shared_ptr<RetireCell> retire_cell_ = std::make_shared<RetireCell>();

@@ -249,6 +249,50 @@ TEST(RotationGroupTest, RemovingAReplicaThatFailsItsPlansOnTheWayOutDoesNotDeadl
   EXPECT_EQ(results.size(), 2u);
 }
 
+// A replica removed after plans reached it is listed with the last step it was sent, for the
+// control plane to tell the others (a hung one keeps its connections to them open); one
+// that was never sent a plan owes nothing and is not listed; one back at the same address
+// leaves the list; the list keeps the newest kMaxDepartures.
+TEST(RotationGroupTest, RemovedReplicasAreListedWithTheLastStepTheyWereSent) {
+  Results results;  // outlives the group, whose replicas answer into it at the end
+  RotationGroup group(/*batches=*/3, kLayers);
+  auto a = std::make_shared<ScriptedReplica>("a");
+  auto b = std::make_shared<ScriptedReplica>("b");
+  group.AddReplica("a", "addr-a", a);
+  group.AddReplica("b", "addr-b", b);
+  group.Submit(Plan(5), results.Sink());
+  group.Submit(Plan(6), results.Sink());
+  group.AddReplica("c", "addr-c", std::make_shared<ScriptedReplica>("c"));  // after both
+  EXPECT_TRUE(group.Departures().empty());
+  group.RemoveReplica("c");
+  EXPECT_TRUE(group.Departures().empty()) << "c was sent no plan";
+  group.RemoveReplica("b");
+  std::vector<DepartedReplica> left = group.Departures();
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_EQ(left[0].context_address, "addr-b");
+  EXPECT_EQ(left[0].through_step, 6u);
+  for (ScriptedReplica* r : {a.get(), b.get()}) {
+    r->Answer(Tokens({5}));
+    r->Answer(Tokens({6}));
+  }
+  ASSERT_EQ(results.size(), 2u);
+  // b back at its address: its later steps are not given up.
+  group.AddReplica("b", "addr-b", std::make_shared<ScriptedReplica>("b"));
+  EXPECT_TRUE(group.Departures().empty());
+  for (size_t i = 0; i <= RotationGroup::kMaxDepartures; ++i) {
+    const std::string name = "r" + std::to_string(i);
+    group.AddReplica(name, "addr-" + name, std::make_shared<ScriptedReplica>(name));
+  }
+  group.Submit(Plan(7), results.Sink());
+  for (size_t i = 0; i <= RotationGroup::kMaxDepartures; ++i) {
+    group.RemoveReplica("r" + std::to_string(i));
+  }
+  left = group.Departures();
+  ASSERT_EQ(left.size(), RotationGroup::kMaxDepartures);
+  EXPECT_EQ(left.front().context_address, "addr-r1") << "the oldest goes first";
+  EXPECT_EQ(left.back().through_step, 7u);
+}
+
 // A replica's executor that left the group goes to the retire function from wherever its
 // last copy is let go (the caller RemoveReplica returned it to, a thread of its own here),
 // never before; one still in the group when the group is destroyed is destroyed there.

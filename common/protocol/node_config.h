@@ -81,6 +81,13 @@ struct MemoryNodeAddress {
   std::string data_address;
 };
 
+// A rotation replica the scheduler declared dead (proto DepartedReplica): the contexts it
+// owes of steps up to `through_step` will not come.
+struct DepartedReplica {
+  std::string context_address;
+  uint64_t through_step = 0;
+};
+
 // Scheduler -> compute node: where attention runs. Co-located mode has no memory nodes; in
 // disaggregated mode the list holds the live memory nodes (possibly none for a while).
 struct ComputeConfig {
@@ -88,6 +95,7 @@ struct ComputeConfig {
   std::vector<MemoryNodeAddress> memory_nodes;
   bool disaggregated = false;
   int32_t disk_block_tokens = 0;  // co-located mode: the disk tier's block; 0: none
+  std::vector<DepartedReplica> departed_replicas;  // rotational pipelining
 };
 
 struct ComputeConfigAck {

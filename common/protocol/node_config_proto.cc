@@ -113,6 +113,9 @@ ComputeConfig FromProto(const control::ComputeConfig& in) {
   for (const control::MemoryNodeAddress& m : in.memory_nodes()) {
     out.memory_nodes.push_back({PoolIndex(m.pool_index()), m.name(), m.data_address()});
   }
+  for (const control::DepartedReplica& d : in.departed_replicas()) {
+    out.departed_replicas.push_back({d.context_address(), d.through_step()});
+  }
   return out;
 }
 

@@ -155,8 +155,10 @@ TEST(NodeConfigProtoTest, ComputeConfigFromProtoKeepsEveryMemoryNode) {
   control::ComputeConfig in;
   FillScalars(&in, 300);
   for (int i = 0; i < 3; ++i) FillScalars(in.add_memory_nodes(), 400 + 10 * i);
+  for (int i = 0; i < 2; ++i) FillScalars(in.add_departed_replicas(), 500 + 10 * i);
   EXPECT_TRUE(UnsetFields(in).empty());
   EXPECT_TRUE(UnsetFields(in.memory_nodes(0)).empty());
+  EXPECT_TRUE(UnsetFields(in.departed_replicas(0)).empty());
   const ComputeConfig out = FromProto(in);
   EXPECT_EQ(out.epoch, in.epoch());
   EXPECT_EQ(out.disaggregated, in.disaggregated());
@@ -166,6 +168,11 @@ TEST(NodeConfigProtoTest, ComputeConfigFromProtoKeepsEveryMemoryNode) {
     EXPECT_EQ(out.memory_nodes[i].pool, PoolIndex(in.memory_nodes(i).pool_index()));
     EXPECT_EQ(out.memory_nodes[i].name, in.memory_nodes(i).name());
     EXPECT_EQ(out.memory_nodes[i].data_address, in.memory_nodes(i).data_address());
+  }
+  ASSERT_EQ(out.departed_replicas.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(out.departed_replicas[i].context_address, in.departed_replicas(i).context_address());
+    EXPECT_EQ(out.departed_replicas[i].through_step, in.departed_replicas(i).through_step());
   }
 }
 

@@ -242,14 +242,17 @@ TEST(FaultTest, AMemoryNodeFailingUnderRotationLosesNothing) {
   }
 }
 
-// With restarts on (the launcher's default), a node that dies comes back by itself.
 // Rotational pipelining across processes: 4 batches rotate over 3 compute replicas that
 // share 2 memory nodes (contexts move between the compute processes over UCX). Greedy text
 // equals a deployment without pipelining, and plans travel over the replicas' step
-// channels. Then one replica is killed (SIGKILL) mid-generation: nothing hangs and nothing
-// is lost; every request completes with exactly the undisturbed text, its batch recomputed
-// on the two replicas left.
-TEST(FaultTest, AComputeReplicaDyingMidRotationLosesNothing) {
+// channels. Then one replica is killed (SIGKILL) or hangs (SIGSTOP) mid-generation:
+// nothing hangs and nothing is lost; every request completes with exactly the undisturbed
+// text, its batch recomputed on the two replicas left. A hung replica keeps its
+// connections open: the others give up the contexts it owes when the scheduler declares
+// it dead (3 s of missed heartbeats) and says so in their configuration, not at their
+// hand-off deadline (twice the attention timeout: two minutes here, past the clients'
+// timeout).
+TEST(FaultTest, AComputeReplicaDyingOrHangingMidRotationLosesNothing) {
   const std::string body = R"({"model":"tiny","prompt":"Once upon","max_tokens":300,)"
                            R"("temperature":0,"ignore_eos":true})";
   std::string reference;
@@ -264,40 +267,48 @@ TEST(FaultTest, AComputeReplicaDyingMidRotationLosesNothing) {
     reference = nlohmann::json::parse(r.body)["choices"][0]["text"];
     (*d)->Stop();
   }
-  DeploymentOptions options;
-  options.server_args = {"--served_model_name=tiny", "--max_num_seqs=8"};
-  options.compute_nodes = 3;
-  options.memory_nodes = 2;
-  options.launcher_args = {"--pipelining=rotational", "--attention_timeout_ms=4000"};
-  auto d = Deployment::Start(options);
-  ASSERT_TRUE(d.ok()) << d.status();
-  const HttpResponse single = HttpRequest((*d)->http_port(), "POST", "/v1/completions", body);
-  ASSERT_EQ(single.status, 200) << single.body;
-  EXPECT_EQ(nlohmann::json::parse(single.body)["choices"][0]["text"], reference)
-      << "rotation changed the greedy output";
-  // The replicas take their plans over their step channels, not gRPC.
-  double plans = 0;
-  for (const std::string node : {"compute-0", "compute-1", "compute-2"}) {
-    plans +=
-        MetricSum((*d)->MetricsPort(node), "strata_step_channel_frames_total", "kind=\"plan\"");
+  for (int signal : {SIGKILL, SIGSTOP}) {
+    SCOPED_TRACE(signal == SIGKILL ? "SIGKILL" : "SIGSTOP");
+    DeploymentOptions options;
+    options.server_args = {"--served_model_name=tiny", "--max_num_seqs=8"};
+    options.compute_nodes = 3;
+    options.memory_nodes = 2;
+    options.launcher_args = {"--pipelining=rotational", signal == SIGKILL
+                                                            ? "--attention_timeout_ms=4000"
+                                                            : "--attention_timeout_ms=60000"};
+    auto d = Deployment::Start(options);
+    ASSERT_TRUE(d.ok()) << d.status();
+    const HttpResponse single = HttpRequest((*d)->http_port(), "POST", "/v1/completions", body);
+    ASSERT_EQ(single.status, 200) << single.body;
+    EXPECT_EQ(nlohmann::json::parse(single.body)["choices"][0]["text"], reference)
+        << "rotation changed the greedy output";
+    // The replicas take their plans over their step channels, not gRPC.
+    double plans = 0;
+    for (const std::string node : {"compute-0", "compute-1", "compute-2"}) {
+      plans +=
+          MetricSum((*d)->MetricsPort(node), "strata_step_channel_frames_total", "kind=\"plan\"");
+    }
+    EXPECT_GT(plans, 0) << "no plan came over a replica's step channel";
+    constexpr int kClients = 8;
+    const absl::Time start = absl::Now();
+    ConcurrentRequests clients((*d)->http_port(), body, kClients);
+    absl::SleepFor(absl::Milliseconds(400));  // batches are rotating
+    const pid_t victim = (*d)->Pid("compute-2");
+    ASSERT_EQ(kill(victim, signal), 0);
+    const std::vector<HttpResponse> responses = clients.Wait();
+    const absl::Duration took = absl::Now() - start;
+    if (signal == SIGSTOP) kill(victim, SIGCONT);
+    for (int i = 0; i < kClients; ++i) {
+      const HttpResponse& r = responses[i];
+      ASSERT_EQ(r.status, 200) << "client " << i << ": " << r.body;
+      EXPECT_EQ(nlohmann::json::parse(r.body)["choices"][0]["text"], reference) << "client " << i;
+    }
+    EXPECT_LT(took, absl::Seconds(90)) << "requests took " << absl::FormatDuration(took);
+    (*d)->Stop();
   }
-  EXPECT_GT(plans, 0) << "no plan came over a replica's step channel";
-  constexpr int kClients = 8;
-  const absl::Time start = absl::Now();
-  ConcurrentRequests clients((*d)->http_port(), body, kClients);
-  absl::SleepFor(absl::Milliseconds(400));  // batches are rotating
-  ASSERT_EQ(kill((*d)->Pid("compute-2"), SIGKILL), 0);
-  const std::vector<HttpResponse> responses = clients.Wait();
-  const absl::Duration took = absl::Now() - start;
-  for (int i = 0; i < kClients; ++i) {
-    const HttpResponse& r = responses[i];
-    ASSERT_EQ(r.status, 200) << "client " << i << ": " << r.body;
-    EXPECT_EQ(nlohmann::json::parse(r.body)["choices"][0]["text"], reference) << "client " << i;
-  }
-  EXPECT_LT(took, absl::Seconds(90)) << "requests took " << absl::FormatDuration(took);
-  (*d)->Stop();
 }
 
+// With restarts on (the launcher's default), a node that dies comes back by itself.
 TEST(FaultTest, TheLauncherRestartsANodeThatDied) {
   DeploymentOptions options;
   options.server_args = {"--served_model_name=tiny"};
