@@ -222,6 +222,15 @@ void DataPlaneExecutor::Break(PeerId peer, const absl::Status& error, bool unrea
   connector_.Post([this, peer] { transport_->Disconnect(peer); });
 }
 
+void DataPlaneExecutor::Abandon(const absl::Status& why) {
+  std::optional<PeerId> peer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    peer = peer_;
+  }
+  if (peer) Break(*peer, why, /*unreachable=*/true);
+}
+
 void DataPlaneExecutor::WatchDeadlineLocked() {
   if (stop_ || deadline_at_ == absl::InfiniteFuture() || check_at_ <= deadline_at_) return;
   check_at_ = deadline_at_;

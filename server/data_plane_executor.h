@@ -72,6 +72,9 @@ class DataPlaneExecutor : public StepExecutor, public transport::MessageHandler 
   // The node's control channel is up and its step channel has not failed since it last
   // connected; while it has, each call tries a connection in the background.
   bool Reachable() override;
+  // Plans still waiting for a connection are not among those failed: they go out, or fail,
+  // with it.
+  void Abandon(const absl::Status& why) override;
   DataPlaneExecutorStats stats() const;
   // Connects now, on the calling thread, unless connected or connecting already: whether
   // the node's step channel can be reached (the control plane falls back to gRPC if not).

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/protocol/step_frame.h"
@@ -408,6 +409,39 @@ TEST_P(DataPlaneExecutorTest, AHungNodeMissesItsDeadlineAndTheNextPlanRunsOnANew
   EXPECT_EQ(got[2].step_id, 3u);
   EXPECT_EQ(executor->stats().connects, 2u);
   EXPECT_EQ(node.channel().stats().sessions, 2u);
+}
+
+// A hung node's plans fail as soon as the control plane declares it dead (Abandon), long
+// before their step deadline, as a lost node's: the node unreachable. The next plan goes
+// over a new connection.
+TEST_P(DataPlaneExecutorTest, AnAbandonedNodesPlansFailAtOnceAsUnreachable) {
+  Node node(GetParam().config, ListenAddress());
+  auto executor = Executor(node.channel().address(), absl::Seconds(60));
+  ASSERT_NE(executor, nullptr);
+  Results results;
+  node.set_hold(true);
+  executor->Submit(Plan(1, 1), results.Sink());
+  executor->Submit(Plan(2, 1), results.Sink());
+  // Both reached the node, which holds them.
+  for (const absl::Time until = absl::Now() + absl::Seconds(10);
+       node.channel().stats().plans < 2 && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(node.channel().stats().plans, 2u);
+  executor->Abandon(absl::UnavailableError("compute node compute-0 was declared dead"));
+  ASSERT_TRUE(results.WaitFor(2, absl::Seconds(10))) << "the plans waited for their deadline";
+  auto got = results.Take();
+  for (const StepResult& r : got) {
+    EXPECT_TRUE(absl::IsUnavailable(r.status)) << r.status;
+    EXPECT_TRUE(absl::StrContains(r.status.message(), "declared dead")) << r.status;
+    EXPECT_TRUE(r.node_unreachable);
+  }
+  node.set_hold(false);
+  executor->Submit(Plan(3, 2), results.Sink());
+  ASSERT_TRUE(results.WaitFor(3));
+  got = results.Take();
+  ASSERT_TRUE(got[2].status.ok()) << got[2].status;
+  EXPECT_EQ(executor->stats().connects, 2u);
 }
 
 // A raw client of the node's channel: sends frames as given, collects the result frames

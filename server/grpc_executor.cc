@@ -1,5 +1,7 @@
 #include "server/grpc_executor.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -95,6 +97,13 @@ void GrpcExecutor::Watchdog() {
   }
 }
 
+void GrpcExecutor::Abandon(const absl::Status& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (context_ == nullptr || sent_.empty()) return;
+  abandoned_ = why;
+  context_->TryCancel();
+}
+
 void GrpcExecutor::WriteLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
@@ -162,15 +171,19 @@ void GrpcExecutor::CloseBrokenStream(std::unique_lock<std::mutex>& lock) {
   std::deque<Sent> failed;
   failed.swap(sent_);
   step_deadline_at_ = absl::InfiniteFuture();
+  const absl::Status abandoned = std::exchange(abandoned_, absl::OkStatus());
   lock.unlock();
-  // The stream's own code (Unavailable, DeadlineExceeded, ...) is the steps'.
+  // The stream's own code (Unavailable, DeadlineExceeded, ...) is the steps', unless the
+  // stream was abandoned (Abandon).
   const grpc::Status status = stream->Finish();
   const absl::Status error =
-      status.ok()
+      !abandoned.ok() ? abandoned
+      : status.ok()
           ? absl::UnavailableError(absl::StrCat("compute node ", name_, " failed: stream closed"))
           : absl::Status(FromGrpcStatus(status).code(),
                          absl::StrCat("compute node ", name_, " failed: ", status.error_message()));
-  const bool unreachable = status.ok() || status.error_code() == grpc::StatusCode::UNAVAILABLE;
+  const bool unreachable =
+      !abandoned.ok() || status.ok() || status.error_code() == grpc::StatusCode::UNAVAILABLE;
   for (Sent& s : failed) s.sink(FailedStep(s.step_id, error, unreachable));
   lock.lock();
   broken_ = false;

@@ -45,6 +45,8 @@ class GrpcExecutor : public StepExecutor {
   std::string name() const override { return name_; }
   void Submit(std::shared_ptr<const StepPlan> plan, StepResultSink sink) override;
   bool Reachable() override;
+  // Cancels the open stream: its plans fail with `why`.
+  void Abandon(const absl::Status& why) override;
 
  private:
   void WriteLoop();
@@ -79,6 +81,7 @@ class GrpcExecutor : public StepExecutor {
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<control::StepPlan, control::StepResult>> stream_;
   absl::Time step_deadline_at_ = absl::InfiniteFuture();
+  absl::Status abandoned_;  // Abandon's reason, for the stream it cancelled
   std::thread writer_, reader_, watchdog_;
 };
 

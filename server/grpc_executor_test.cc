@@ -93,6 +93,29 @@ TEST(GrpcExecutorTest, AStepPastItsDeadlineFailsEveryPlanOnTheStream) {
   }
 }
 
+// A hung node's plans fail as soon as the control plane declares it dead (Abandon), long
+// before their step deadline, with the reason given, the node unreachable.
+TEST(GrpcExecutorTest, AnAbandonedNodesPlansFailAtOnceAsUnreachable) {
+  Node node(absl::Milliseconds(10), /*answers=*/1);
+  Served served(node, /*deadline=*/absl::Seconds(60));
+  ASSERT_NE(served.executor, nullptr);
+  Results results;
+  served.executor->Submit(Plan(1), results.Sink());
+  ASSERT_TRUE(results.WaitFor(1, absl::Seconds(10)));
+  served.executor->Submit(Plan(2), results.Sink());
+  served.executor->Submit(Plan(3), results.Sink());
+  absl::SleepFor(absl::Milliseconds(200));  // both written; the node holds them
+  served.executor->Abandon(absl::UnavailableError("compute node compute-0 was declared dead"));
+  ASSERT_TRUE(results.WaitFor(3, absl::Seconds(10))) << "the plans waited for their deadline";
+  const std::vector<StepResult> got = results.Take();
+  EXPECT_TRUE(got[0].status.ok()) << got[0].status;
+  for (int i : {1, 2}) {
+    EXPECT_TRUE(absl::IsUnavailable(got[i].status)) << got[i].status;
+    EXPECT_NE(got[i].status.message().find("declared dead"), std::string::npos) << got[i].status;
+    EXPECT_TRUE(got[i].node_unreachable);
+  }
+}
+
 TEST(GrpcExecutorTest, StepsEachWithinTheDeadlineAreNeverTakenForHung) {
   // Twelve steps of 100 ms each, two in flight at a time: the oldest is answered about
   // 100 ms into its 500 ms every time, though they take over twice the deadline in all.

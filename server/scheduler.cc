@@ -218,6 +218,10 @@ void Scheduler::SetExecutorAliveNow(int executor, bool alive) {
     e.alive = alive;
     LOG(WARNING) << "compute node " << e.impl->name() << (alive ? " is back" : " is gone");
     if (alive) return;
+    // Its plans in flight fail now, not at their step deadline (a hung node's connection
+    // stays open); their requests move to another node (OnStepResult: the node is lost).
+    e.impl->Abandon(absl::UnavailableError(
+        absl::StrCat("compute node ", e.impl->name(), " was declared dead")));
     // Its requests move to another executor (disaggregated) or lose their pool
     // (co-located: the pool was the node's own cache).
     if (e.local_pool) SetPoolAliveNow(*e.local_pool, false, -1);

@@ -100,8 +100,9 @@ void Scheduler::OnStepResult(int executor, const StepPlan& plan, StepResult resu
                << " failed: " << result.status;
     // A node that cannot be reached is out of service at once (before its heartbeats stop),
     // and its requests wait for another: losing the node is not their fault. Another node
-    // carries the releases queued on it (HandOnReleases).
-    const bool lost = result.node_unreachable && !ex.impl->Reachable();
+    // carries the releases queued on it (HandOnReleases). So is one declared dead, whose
+    // connection may still look fine (a hung node's).
+    const bool lost = (result.node_unreachable && !ex.impl->Reachable()) || !ex.alive;
     if (lost && ex.reachable) {
       ex.reachable = false;
       LOG(WARNING) << "compute node " << ex.impl->name() << " is unreachable";

@@ -40,6 +40,11 @@ class StepExecutor {
   // if need be). The scheduler stops counting a node whose steps failed as unreachable
   // until this turns true again. Thread-safe.
   virtual bool Reachable() { return true; }
+  // The control plane declared the node dead (its heartbeats stopped): every plan it holds
+  // fails now with `why`, the node unreachable, as if its connection had broken, rather
+  // than at its step deadline. A hung node (SIGSTOP) keeps its connections open, so
+  // nothing else ends those plans before then. Later plans connect again. Thread-safe.
+  virtual void Abandon(const absl::Status& why) {}
 };
 
 }  // namespace strata
