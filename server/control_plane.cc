@@ -241,6 +241,7 @@ bool ControlPlane::MarkDead(Node& node, const std::string& why) {
   if (!node.view.alive) return false;
   node.view.alive = false;
   LOG(WARNING) << "node " << node.view.info.name() << " is dead: " << why;
+  if (node.configuring != nullptr) node.configuring->TryCancel();  // the loop goes on
   if (node.executor >= 0) scheduler_->SetExecutorAlive(node.executor, false);
   const bool left_rotation = node.in_rotation;
   if (node.in_rotation) {
@@ -309,6 +310,14 @@ void ControlPlane::ConfigureNode(uint64_t id) {
   }
 }
 
+bool ControlPlane::SetConfiguring(uint64_t id, grpc::ClientContext* context) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = nodes_.find(id);
+  if (it == nodes_.end()) return false;
+  it->second.configuring = context;
+  return context == nullptr || it->second.view.alive;
+}
+
 void ControlPlane::ConfigureCompute(uint64_t id) {
   control::NodeInfo info;
   control::ComputeConfig config;
@@ -353,7 +362,9 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
   // Allocating and touching a large local KV cache takes a while.
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
   control::ComputeConfigAck ack;
+  if (!SetConfiguring(id, &context)) return;  // declared dead meanwhile
   const grpc::Status status = stub->Configure(&context, config, &ack);
+  SetConfiguring(id, nullptr);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = nodes_.find(id);
   if (it == nodes_.end()) return;
@@ -459,7 +470,9 @@ void ControlPlane::ConfigureMemory(uint64_t id) {
   // Allocating and touching gigabytes of KV cache takes a while (about 3 s per GiB here).
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(600)));
   control::MemoryConfigAck ack;
+  if (!SetConfiguring(id, &context)) return;  // declared dead meanwhile
   const grpc::Status status = stub->Configure(&context, config, &ack);
+  SetConfiguring(id, nullptr);
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = nodes_.find(id);
@@ -526,7 +539,9 @@ void ControlPlane::ReconfigureComputeNodes() {
       options_.auth->Attach(&context);
       context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
       control::ComputeConfigAck ack;
+      if (!SetConfiguring(id, &context)) break;  // declared dead meanwhile
       const grpc::Status status = stub->Configure(&context, config, &ack);
+      SetConfiguring(id, nullptr);
       if (status.ok()) break;
       LOG(WARNING) << "could not tell compute node " << name << " about the memory nodes (attempt "
                    << attempt << "): " << status.error_message() << "; retrying in "

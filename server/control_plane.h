@@ -18,7 +18,8 @@
 // Thread-safety: gRPC handlers and two event loops (common/base/event_loop.h) share state
 // under a mutex. The configure loop runs configurations one at a time (they block on RPCs);
 // the monitor loop sleeps until the next heartbeat deadline, so a long configuration never
-// delays finding a dead node.
+// delays finding a dead node, and a node declared dead has its Configure call cancelled, so
+// one that hangs while it configures holds the others up only until then.
 #ifndef STRATA_SERVER_CONTROL_PLANE_H_
 #define STRATA_SERVER_CONTROL_PLANE_H_
 
@@ -111,9 +112,16 @@ class ControlPlane final : public control::Scheduler::Service {
     std::optional<PoolIndex> pool;  // memory nodes, and co-located compute nodes
     std::shared_ptr<grpc::Channel> channel;
     std::string session_token;  // what its heartbeats must present
+    // Its Configure call in progress (on the configure loop), which MarkDead cancels: a
+    // node that hangs while it configures would hold every other node's configuration
+    // up to the call's deadline (minutes).
+    grpc::ClientContext* configuring = nullptr;
   };
   // On configure_loop_: configure a node that registered (blocking RPCs, one at a time).
   void ConfigureNode(uint64_t id);
+  // The Configure call of node `id` is about to start with `context` (null: it is over).
+  // False if the node is gone or dead: the call must not start.
+  bool SetConfiguring(uint64_t id, grpc::ClientContext* context);
   // Coalesces requests to send compute nodes the new list of memory nodes.
   void RequestReconfigure();
   // On monitor_loop_: marks nodes dead whose heartbeat is overdue, then sleeps until the
