@@ -654,12 +654,6 @@ TEST_F(RotationTest, AHungMemoryNodeFailsOnlyItsSequencesAtTheLayerDeadline) {
   for (auto& r : replicas) r->Stop();
 }
 
-// A replica dies while every batch is mid-rotation: the batches in flight fail at once
-// with an error naming it, none hangs, and the two survivors then run every sequence again
-// from its tokens (setups with the history), bit-identical to pipelining off. A survivor
-// that waits for the dead one's context learns that it is gone from its connection's end,
-// not from its hand-off deadline: the deadlines here are a minute, far past the test's
-// bound.
 // How replica 2 of three is lost mid-rotation.
 enum class Loss {
   kDies,   // its process ends: its connections close
@@ -762,6 +756,12 @@ void LoseAReplica(ModelWeights* weights, const std::map<uint64_t, std::vector<in
   replicas[1]->Stop();
 }
 
+// A replica dies while every batch is mid-rotation: the batches in flight fail at once
+// with an error naming it, none hangs, and the two survivors then run every sequence again
+// from its tokens (setups with the history), bit-identical to pipelining off. A survivor
+// that waits for the dead one's context learns that it is gone from its connection's end,
+// not from its hand-off deadline: the deadlines here are a minute, far past the test's
+// bound.
 TEST_F(RotationTest, DeadReplicaFailsItsBatchesAndTheSurvivorsGoOn) {
   LoseAReplica(weights_, Reference(4, /*greedy=*/true), Loss::kDies);
 }
