@@ -33,8 +33,7 @@ std::shared_ptr<StepExecutor> RotationGroup::AddReplica(const std::string& name,
   replicas_[name] = {name, context_address, Retiring(std::move(executor)), false, active};
   // Back at an address that departed: its steps from now on are not given up (the replicas
   // count departures by step, and the list sent from now on no longer names it).
-  std::erase_if(departures_,
-                [&](const DepartedReplica& d) { return d.context_address == context_address; });
+  ForgetDepartureLocked(context_address);
   LOG(INFO) << "rotation: replica " << name << " joins (contexts at " << context_address << "); "
             << replicas_.size() << " replica(s) for " << batches_ << " batches";
   return replaced;
@@ -56,15 +55,18 @@ std::shared_ptr<StepExecutor> RotationGroup::RemoveReplica(const std::string& na
   if (it == replicas_.end()) return nullptr;
   std::shared_ptr<StepExecutor> removed = std::move(it->second.executor);
   if (it->second.last_step != 0) {
-    std::erase_if(departures_, [&](const DepartedReplica& d) {
-      return d.context_address == it->second.address;
-    });
+    ForgetDepartureLocked(it->second.address);
     departures_.push_back({it->second.address, it->second.last_step});
     if (departures_.size() > kMaxDepartures) departures_.pop_front();
   }
   replicas_.erase(it);
   LOG(WARNING) << "rotation: replica " << name << " leaves; " << replicas_.size() << " left";
   return removed;
+}
+
+void RotationGroup::ForgetDepartureLocked(const std::string& address) {
+  std::erase_if(departures_,
+                [&](const DepartedReplica& d) { return d.context_address == address; });
 }
 
 std::vector<DepartedReplica> RotationGroup::Departures() const {

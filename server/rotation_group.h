@@ -120,6 +120,8 @@ class RotationGroup : public StepExecutor {
 
   // Folds the answers of `p` into its result (mu_ held).
   void CombineLocked(Pending& p);
+  // Drops the departure of the replica at `address`, if listed (mu_ held).
+  void ForgetDepartureLocked(const std::string& address);
   // Hands on finished plans at the front, in submission order (takes mu_).
   void Deliver();
 
