@@ -113,44 +113,49 @@ TEST(FaultTest, AHungMemoryNodeStallsStepsOnlyUntilItIsDeclaredDead) {
 }
 
 // One of two compute nodes hangs (SIGSTOP) mid-generation, with two plans in flight on
-// each: its steps stall only until the scheduler declares it dead (3 s of missed
-// heartbeats), not until their step deadline (60 s): their requests are recomputed on the
-// other node, with exactly the greedy text of an undisturbed run.
+// each, co-located (each node's KV in its own cache) and with two memory nodes: its steps
+// stall only until the scheduler declares it dead (3 s of missed heartbeats), not until
+// their step deadline (60 s): their requests are recomputed on the other node, with exactly
+// the greedy text of an undisturbed run.
 TEST(FaultTest, AHungComputeNodeStallsItsStepsOnlyUntilItIsDeclaredDead) {
-  DeploymentOptions options;
-  // At most 2 sequences per step, so that the 8 requests spread over both nodes.
-  options.server_args = {"--served_model_name=tiny", "--max_plans_in_flight=2", "--max_num_seqs=2"};
-  options.compute_nodes = 2;
-  options.memory_nodes = 2;
-  auto d = Deployment::Start(options);
-  ASSERT_TRUE(d.ok()) << d.status();
-  const std::string body = R"({"model":"tiny","prompt":"Once upon","max_tokens":1500,)"
-                           R"("temperature":0,"ignore_eos":true})";
-  const HttpResponse reference = HttpRequest((*d)->http_port(), "POST", "/v1/completions", body);
-  ASSERT_EQ(reference.status, 200) << reference.body;
-  const std::string text = nlohmann::json::parse(reference.body)["choices"][0]["text"];
-  constexpr int kClients = 8;
-  const absl::Time start = absl::Now();
-  ConcurrentRequests clients((*d)->http_port(), body, kClients);
-  absl::SleepFor(absl::Milliseconds(400));  // both nodes run steps
-  const double before =
-      MetricSum((*d)->MetricsPort("compute-1"), "strata_compute_node_steps_total", "");
-  absl::SleepFor(absl::Milliseconds(100));
-  ASSERT_GT(MetricSum((*d)->MetricsPort("compute-1"), "strata_compute_node_steps_total", ""),
-            before)
-      << "compute-1 ran no step";
-  const pid_t hung = (*d)->Pid("compute-1");
-  ASSERT_EQ(kill(hung, SIGSTOP), 0);
-  const std::vector<HttpResponse> responses = clients.Wait();
-  const absl::Duration took = absl::Now() - start;
-  kill(hung, SIGCONT);
-  for (int i = 0; i < kClients; ++i) {
-    const HttpResponse& r = responses[i];
-    ASSERT_EQ(r.status, 200) << "client " << i << ": " << r.body;
-    EXPECT_EQ(nlohmann::json::parse(r.body)["choices"][0]["text"], text) << "client " << i;
+  for (int memory_nodes : {0, 2}) {
+    SCOPED_TRACE(absl::StrCat(memory_nodes, " memory nodes"));
+    DeploymentOptions options;
+    // At most 2 sequences per step, so that the 8 requests spread over both nodes.
+    options.server_args = {"--served_model_name=tiny", "--max_plans_in_flight=2",
+                           "--max_num_seqs=2"};
+    options.compute_nodes = 2;
+    options.memory_nodes = memory_nodes;
+    auto d = Deployment::Start(options);
+    ASSERT_TRUE(d.ok()) << d.status();
+    const std::string body = R"({"model":"tiny","prompt":"Once upon","max_tokens":1500,)"
+                             R"("temperature":0,"ignore_eos":true})";
+    const HttpResponse reference = HttpRequest((*d)->http_port(), "POST", "/v1/completions", body);
+    ASSERT_EQ(reference.status, 200) << reference.body;
+    const std::string text = nlohmann::json::parse(reference.body)["choices"][0]["text"];
+    constexpr int kClients = 8;
+    const absl::Time start = absl::Now();
+    ConcurrentRequests clients((*d)->http_port(), body, kClients);
+    absl::SleepFor(absl::Milliseconds(400));  // both nodes run steps
+    const double before =
+        MetricSum((*d)->MetricsPort("compute-1"), "strata_compute_node_steps_total", "");
+    absl::SleepFor(absl::Milliseconds(100));
+    ASSERT_GT(MetricSum((*d)->MetricsPort("compute-1"), "strata_compute_node_steps_total", ""),
+              before)
+        << "compute-1 ran no step";
+    const pid_t hung = (*d)->Pid("compute-1");
+    ASSERT_EQ(kill(hung, SIGSTOP), 0);
+    const std::vector<HttpResponse> responses = clients.Wait();
+    const absl::Duration took = absl::Now() - start;
+    kill(hung, SIGCONT);
+    for (int i = 0; i < kClients; ++i) {
+      const HttpResponse& r = responses[i];
+      ASSERT_EQ(r.status, 200) << "client " << i << ": " << r.body;
+      EXPECT_EQ(nlohmann::json::parse(r.body)["choices"][0]["text"], text) << "client " << i;
+    }
+    EXPECT_LT(took, absl::Seconds(40)) << "requests took " << absl::FormatDuration(took);
+    (*d)->Stop();
   }
-  EXPECT_LT(took, absl::Seconds(40)) << "requests took " << absl::FormatDuration(took);
-  (*d)->Stop();
 }
 
 // Two plans in flight on the only compute node, and it dies (SIGKILL) mid-generation, in
