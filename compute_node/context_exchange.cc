@@ -121,6 +121,7 @@ absl::Status ContextExchange::Send(const std::string& to, uint64_t step_id, int 
     return absl::InvalidArgumentError(absl::StrCat("a context naming ", failed_pools.size(),
                                                    " failed pools; at most ", kMaxFailedPools));
   }
+  RETURN_IF_ERROR(CheckNotDeclaredDead(to, step_id));
   ASSIGN_OR_RETURN(const PeerId peer, PeerFor(to));
   static_assert(sizeof(float) == sizeof(uint32_t));
   auto body = std::make_shared<std::vector<float>>(m * options_.hidden + failed_pools.size());
@@ -139,6 +140,7 @@ absl::Status ContextExchange::Send(const std::string& to, uint64_t step_id, int 
 
 absl::Status ContextExchange::SendFailure(const std::string& to, uint64_t step_id, int slice,
                                           int batch, const absl::Status& why) {
+  RETURN_IF_ERROR(CheckNotDeclaredDead(to, step_id));
   ASSIGN_OR_RETURN(const PeerId peer, PeerFor(to));
   auto text = std::make_shared<std::string>();
   const FrameHeader h =
@@ -164,9 +166,19 @@ bool ContextExchange::Arrived(int batch, uint64_t step_id, int slice) const {
 
 bool ContextExchange::Departed(const std::string& address, uint64_t step_id) const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (departed_.contains(address)) return true;
+  return departed_.contains(address) || DeclaredDeadLocked(address, step_id);
+}
+
+bool ContextExchange::DeclaredDeadLocked(const std::string& address, uint64_t step_id) const {
   auto it = departed_through_.find(address);
   return it != departed_through_.end() && step_id <= it->second;
+}
+
+absl::Status ContextExchange::CheckNotDeclaredDead(const std::string& to, uint64_t step_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!DeclaredDeadLocked(to, step_id)) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("cannot reach the compute replica at ", to, ": the scheduler declared it dead"));
 }
 
 void ContextExchange::Depart(const std::string& address, uint64_t through_step) {

@@ -82,12 +82,16 @@ class ContextExchange : public transport::MessageHandler {
   void SetEpoch(uint64_t epoch);
   // Sends rows [0, m) of `x` to the replica listening at `to`, as the context of `slice` of
   // step `step_id` in batch slot `batch`, with the pools whose memory nodes have failed the
-  // step (at most kMaxFailedPools). The rows are copied.
+  // step (at most kMaxFailedPools). The rows are copied. Unavailable at once, without a
+  // connection attempt, where the scheduler declared that replica dead for the step
+  // (Depart): connecting to a hung replica would hold the caller until the connect
+  // timeout.
   absl::Status Send(const std::string& to, uint64_t step_id, int slice, int batch, const float* x,
                     int64_t m, std::span<const PoolIndex> failed_pools = {});
   // Tells the replica at `to` that the context of `slice` of step `step_id` in batch slot
   // `batch` will not come, and why (`why`, not OK): a kError frame in place of the kContext
-  // frame, so that the replica gives up at once rather than at its hand-off deadline.
+  // frame, so that the replica gives up at once rather than at its hand-off deadline. Refused
+  // as Send is, to a replica declared dead.
   absl::Status SendFailure(const std::string& to, uint64_t step_id, int slice, int batch,
                            const absl::Status& why);
   // A context, or a failure in its place, has come.
@@ -127,6 +131,10 @@ class ContextExchange : public transport::MessageHandler {
 
  private:
   explicit ContextExchange(ContextExchangeOptions options) : options_(std::move(options)) {}
+  // Depart's part of Departed (mu_ held).
+  bool DeclaredDeadLocked(const std::string& address, uint64_t step_id) const;
+  // Unavailable if the scheduler declared the replica at `to` dead for step `step_id`.
+  absl::Status CheckNotDeclaredDead(const std::string& to, uint64_t step_id) const;
   absl::StatusOr<transport::PeerId> PeerFor(const std::string& address);
   // Sends `h` with `text` as its payload (its size and checksum set from it), kept until
   // the transport is done with it.

@@ -208,6 +208,14 @@ TEST(ContextExchangeTest, AReplicaTheSchedulerDeclaredDeadHasDepartedForItsSteps
   EXPECT_TRUE(b->Departed(a_address, 9));
   EXPECT_FALSE(b->Departed(a_address, 10)) << "a step sent after the declaration";
   EXPECT_FALSE(b->Departed(b->address(), 9));
+  // Nothing more goes to it for those steps, not even a connection attempt (one to a hung
+  // replica would wait for the connect timeout); later steps' contexts do.
+  const absl::Status refused = b->Send(a_address, 9, 1, 0, x.data(), 2);
+  EXPECT_TRUE(absl::IsUnavailable(refused)) << refused;
+  EXPECT_TRUE(absl::IsUnavailable(b->SendFailure(a_address, 8, 1, 0, absl::AbortedError("x"))));
+  ASSERT_TRUE(b->Send(a_address, 10, 1, 0, x.data(), 2).ok());
+  ASSERT_TRUE(Eventually([&] { return a->Arrived(0, 10, 1); }));
+  EXPECT_FALSE(a->Arrived(0, 9, 1));
   b->Depart(a_address, 4);  // an older declaration does not shorten it, nor wake anyone
   EXPECT_TRUE(b->Departed(a_address, 9));
   EXPECT_EQ(arrivals.load(), before + 1);

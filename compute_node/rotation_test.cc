@@ -773,5 +773,52 @@ TEST_F(RotationTest, HungReplicaIsGivenUpWhenTheSchedulerDeclaresItDead) {
   LoseAReplica(weights_, Reference(4, /*greedy=*/true), Loss::kHangs);
 }
 
+// A replica that hangs right after it handed its context over, with its layer frames still
+// queued on it (UCX had not sent them when the process stopped): the next replica has the
+// context but not the answers those frames asked the memory nodes for. Once the scheduler
+// declares the hung replica dead, that lane gives up at once, not at the layer deadline (a
+// minute here).
+TEST_F(RotationTest, AContextFromAReplicaDeclaredDeadIsNotWaitedOnForItsAnswers) {
+  const int batches = 4;
+  ModelRunner runner(weights_, kMaxPositions);
+  MemoryPools pools(runner.config());
+  std::vector<std::unique_ptr<Replica>> replicas =
+      MakeReplicas(runner, pools, batches, absl::Seconds(60));
+  const int layers = static_cast<int>(runner.config().num_layers);
+  auto b = MakeBatches(batches, 11);
+  // Batch 2's slice 0 runs on replica 2 (batch mod 3), which hangs before the plan: the test
+  // hands its context of slice 1 to replica 0 in its place, and sends no layer frame.
+  replicas[2]->Hang();
+  const StepPlan plan = MakePlan(1, b[2], /*prefill=*/true, /*greedy=*/true);
+  int64_t rows = 0;
+  for (const SequenceChunk& c : plan.chunks) rows += static_cast<int64_t>(c.tokens.size());
+  const std::vector<float> x(rows * runner.config().hidden_size, 0.5f);
+  const std::string hung = replicas[2]->address;
+  std::thread declare;
+  std::vector<absl::Status> replica_errors;
+  const absl::Time start = absl::Now();
+  const StepResult r = Broadcast(Pointers(replicas), 2, plan, layers, &replica_errors, [&] {
+    ASSERT_TRUE(
+        replicas[2]->exchange->Send(replicas[0]->address, plan.step_id, 1, 2, x.data(), rows).ok());
+    declare = std::thread([&] {
+      absl::SleepFor(absl::Milliseconds(300));  // the context is there
+      for (int i = 0; i < 2; ++i) replicas[i]->exchange->Depart(hung, plan.step_id);
+    });
+  });
+  declare.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "a lane waited for the layer deadline";
+  EXPECT_FALSE(r.status.ok());
+  bool gave_up = false;
+  for (const absl::Status& e : replica_errors) {
+    LOG(INFO) << "replica error: " << e;
+    EXPECT_FALSE(absl::StrContains(e.message(), "no answer for layer")) << e;
+    gave_up = gave_up || (absl::StrContains(e.message(), hung) &&
+                          absl::StrContains(e.message(), "answers of layer 0"));
+  }
+  EXPECT_TRUE(gave_up) << "no replica gave up the answers the hung one had asked for";
+  replicas[0]->Stop();
+  replicas[1]->Stop();
+}
+
 }  // namespace
 }  // namespace strata

@@ -561,8 +561,10 @@ bool StepEngine::RotationReady(int index) const {
   // A context that names failed pools: their answers will not come (AdvanceRotated stops
   // expecting them, then waits for the others').
   if (exchange.ArrivedWithFailedPools(batch, lane.result.step_id, lane.next_slice)) return true;
-  if (!exchange.Arrived(batch, lane.result.step_id, lane.next_slice) &&
-      exchange.Departed(lane.role.AddressOf(lane.next_slice - 1), lane.result.step_id)) {
+  // The replica before is gone: its context, or the answers its layer frames asked the
+  // memory nodes for, may never come (one that hung may have handed the context over with
+  // its frames still queued on it). AdvanceRotated goes on only with both.
+  if (exchange.Departed(lane.role.AddressOf(lane.next_slice - 1), lane.result.step_id)) {
     return true;
   }
   return lane.attention->LayerSettled() &&
@@ -594,8 +596,8 @@ bool StepEngine::AdvanceRotated(int index) {
   absl::Status status =
       role.exchange->Take(role.batch, lane.result.step_id, k, b.x.data(), lane.m, &taken);
   if (status.ok()) lane.attention->ContextArrivedAt(taken.arrived);
+  const std::string& from = role.AddressOf(k - 1);
   if (absl::IsNotFound(status)) {
-    const std::string& from = role.AddressOf(k - 1);
     status = role.exchange->Departed(from, lane.result.step_id)
                  ? absl::UnavailableError(absl::StrCat(
                        "step ", lane.result.step_id, ": the replica at ", from,
@@ -605,6 +607,15 @@ bool StepEngine::AdvanceRotated(int index) {
                                     " did not hand over slice ", k, " of batch ", role.batch,
                                     " within ", absl::FormatDuration(role.handoff_timeout)));
   }
+  // Its context came, but the replica is gone with answers still out: they may never come
+  // (its layer frames may not have left it), and waiting for them would hold the driver
+  // until the layer deadline.
+  if (status.ok() && !lane.attention->LayerSettled() &&
+      role.exchange->Departed(from, lane.result.step_id)) {
+    status = absl::UnavailableError(absl::StrCat("step ", lane.result.step_id, ": the replica at ",
+                                                 from, " is gone: the answers of layer ", k - 1,
+                                                 " that it asked for may not come"));
+  }
   // Memory nodes that failed the step on a replica before this one: their rows go on with
   // zero attention and fail alone (in the result's failed), as where this replica finds a
   // memory node failed itself (WaitLayer); the rest of the step goes on.
@@ -612,7 +623,7 @@ bool StepEngine::AdvanceRotated(int index) {
     lane.attention->FailPools(
         taken.failed_pools,
         absl::UnavailableError(absl::StrCat("the memory node failed the step on the replica at ",
-                                            role.AddressOf(k - 1), " or before it")));
+                                            from, " or before it")));
   }
   if (status.ok()) status = lane.attention->WaitLayer(k - 1, b, lane.m);
   if (!status.ok()) {
