@@ -176,14 +176,15 @@ void GrpcExecutor::CloseBrokenStream(std::unique_lock<std::mutex>& lock) {
   // The stream's own code (Unavailable, DeadlineExceeded, ...) is the steps', unless the
   // stream was abandoned (Abandon).
   const grpc::Status status = stream->Finish();
-  const absl::Status error =
-      !abandoned.ok() ? abandoned
-      : status.ok()
-          ? absl::UnavailableError(absl::StrCat("compute node ", name_, " failed: stream closed"))
-          : absl::Status(FromGrpcStatus(status).code(),
+  absl::Status error = abandoned;
+  bool unreachable = true;
+  if (error.ok() && status.ok()) {
+    error = absl::UnavailableError(absl::StrCat("compute node ", name_, " failed: stream closed"));
+  } else if (error.ok()) {
+    error = absl::Status(FromGrpcStatus(status).code(),
                          absl::StrCat("compute node ", name_, " failed: ", status.error_message()));
-  const bool unreachable =
-      !abandoned.ok() || status.ok() || status.error_code() == grpc::StatusCode::UNAVAILABLE;
+    unreachable = status.error_code() == grpc::StatusCode::UNAVAILABLE;
+  }
   for (Sent& s : failed) s.sink(FailedStep(s.step_id, error, unreachable));
   lock.lock();
   broken_ = false;
