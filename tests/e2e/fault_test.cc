@@ -297,7 +297,7 @@ TEST(FaultTest, AMemoryNodeFailingUnderRotationLosesNothing) {
 // connections open: the others give up the contexts it owes when the scheduler declares
 // it dead (3 s of missed heartbeats) and says so in their configuration, not at their
 // hand-off deadline (twice the attention timeout: two minutes here, past the clients'
-// timeout).
+// timeout). Once it is back (SIGCONT) it rejoins at its old address and takes part again.
 TEST(FaultTest, AComputeReplicaDyingOrHangingMidRotationLosesNothing) {
   const std::string body = R"({"model":"tiny","prompt":"Once upon","max_tokens":300,)"
                            R"("temperature":0,"ignore_eos":true})";
@@ -350,6 +350,23 @@ TEST(FaultTest, AComputeReplicaDyingOrHangingMidRotationLosesNothing) {
       EXPECT_EQ(nlohmann::json::parse(r.body)["choices"][0]["text"], reference) << "client " << i;
     }
     EXPECT_LT(took, absl::Seconds(90)) << "requests took " << absl::FormatDuration(took);
+    if (signal == SIGSTOP) {
+      // Back, the hung replica registers again (its heartbeats are refused) and rejoins the
+      // rotation at its old address: the others gave up only the steps it had been sent,
+      // so it takes contexts again, and the text stays the same.
+      absl::SleepFor(absl::Seconds(1));  // what waited in its sockets is in
+      const int port = (*d)->MetricsPort("compute-2");
+      const double contexts = MetricSum(port, "strata_context_frames_total", "kind=\"received\"");
+      bool rejoined = false;
+      for (const absl::Time until = absl::Now() + absl::Seconds(60);
+           !rejoined && absl::Now() < until;) {
+        const HttpResponse r = HttpRequest((*d)->http_port(), "POST", "/v1/completions", body);
+        ASSERT_EQ(r.status, 200) << r.body;
+        EXPECT_EQ(nlohmann::json::parse(r.body)["choices"][0]["text"], reference);
+        rejoined = MetricSum(port, "strata_context_frames_total", "kind=\"received\"") > contexts;
+      }
+      EXPECT_TRUE(rejoined) << "the replica that hung took no context after it came back";
+    }
     (*d)->Stop();
   }
 }
