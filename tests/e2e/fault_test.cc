@@ -116,7 +116,7 @@ TEST(FaultTest, AHungMemoryNodeStallsStepsOnlyUntilItIsDeclaredDead) {
 // each, co-located (each node's KV in its own cache) and with two memory nodes: its steps
 // stall only until the scheduler declares it dead (3 s of missed heartbeats), not until
 // their step deadline (60 s): their requests are recomputed on the other node, with exactly
-// the greedy text of an undisturbed run.
+// the greedy text of an undisturbed run. Once it is back (SIGCONT) it serves again.
 TEST(FaultTest, AHungComputeNodeStallsItsStepsOnlyUntilItIsDeclaredDead) {
   for (int memory_nodes : {0, 2}) {
     SCOPED_TRACE(absl::StrCat(memory_nodes, " memory nodes"));
@@ -154,6 +154,21 @@ TEST(FaultTest, AHungComputeNodeStallsItsStepsOnlyUntilItIsDeclaredDead) {
       EXPECT_EQ(nlohmann::json::parse(r.body)["choices"][0]["text"], text) << "client " << i;
     }
     EXPECT_LT(took, absl::Seconds(40)) << "requests took " << absl::FormatDuration(took);
+    // Back, it registers again (its heartbeats are refused), gets a new step channel and
+    // runs steps again, with the same text.
+    absl::SleepFor(absl::Seconds(1));  // what waited in its sockets is in
+    const int port = (*d)->MetricsPort("compute-1");
+    const double steps = MetricSum(port, "strata_compute_node_steps_total", "");
+    bool back = false;
+    for (const absl::Time until = absl::Now() + absl::Seconds(60); !back && absl::Now() < until;) {
+      ConcurrentRequests again((*d)->http_port(), body, 4);
+      for (const HttpResponse& r : again.Wait()) {
+        ASSERT_EQ(r.status, 200) << r.body;
+        EXPECT_EQ(nlohmann::json::parse(r.body)["choices"][0]["text"], text);
+      }
+      back = MetricSum(port, "strata_compute_node_steps_total", "") > steps;
+    }
+    EXPECT_TRUE(back) << "the compute node that hung ran no step after it came back";
     (*d)->Stop();
   }
 }
