@@ -7,6 +7,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -32,6 +33,7 @@ class Node final : public control::ComputeNode::Service {
     control::StepPlan plan;
     int answered = 0;
     while (stream->Read(&plan)) {
+      ++read_;
       if (answered == answers_) continue;  // hung: the plan is never answered
       absl::SleepFor(delay_);
       control::StepResult result;
@@ -41,10 +43,12 @@ class Node final : public control::ComputeNode::Service {
     }
     return context->IsCancelled() ? grpc::Status::CANCELLED : grpc::Status::OK;
   }
+  int read() const { return read_.load(); }
 
  private:
   const absl::Duration delay_;
   const int answers_;
+  std::atomic<int> read_{0};  // plans read
 };
 
 using Results = testing::StepResults;
@@ -73,15 +77,26 @@ struct Served {
   std::unique_ptr<GrpcExecutor> executor;
 };
 
+// Plan 1, answered, then plans 2 and 3, which `node` (answering one plan only) has read
+// and holds.
+void OneAnsweredThenTwoHeld(const Node& node, Served& served, Results& results) {
+  served.executor->Submit(Plan(1), results.Sink());
+  ASSERT_TRUE(results.WaitFor(1, absl::Seconds(10)));
+  served.executor->Submit(Plan(2), results.Sink());
+  served.executor->Submit(Plan(3), results.Sink());
+  for (const absl::Time until = absl::Now() + absl::Seconds(10);
+       node.read() < 3 && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(node.read(), 3);
+}
+
 TEST(GrpcExecutorTest, AStepPastItsDeadlineFailsEveryPlanOnTheStream) {
   Node node(absl::Milliseconds(10), /*answers=*/1);
   Served served(node, /*deadline=*/absl::Milliseconds(300));
   ASSERT_NE(served.executor, nullptr);
   Results results;
-  served.executor->Submit(Plan(1), results.Sink());
-  ASSERT_TRUE(results.WaitFor(1, absl::Seconds(10)));
-  served.executor->Submit(Plan(2), results.Sink());
-  served.executor->Submit(Plan(3), results.Sink());
+  ASSERT_NO_FATAL_FAILURE(OneAnsweredThenTwoHeld(node, served, results));
   // 300 ms, and the cancellation's trip: far less than this.
   ASSERT_TRUE(results.WaitFor(3, absl::Seconds(10))) << "the deadline never fired";
   const std::vector<StepResult> got = results.Take();
@@ -100,11 +115,7 @@ TEST(GrpcExecutorTest, AnAbandonedNodesPlansFailAtOnceAsUnreachable) {
   Served served(node, /*deadline=*/absl::Seconds(60));
   ASSERT_NE(served.executor, nullptr);
   Results results;
-  served.executor->Submit(Plan(1), results.Sink());
-  ASSERT_TRUE(results.WaitFor(1, absl::Seconds(10)));
-  served.executor->Submit(Plan(2), results.Sink());
-  served.executor->Submit(Plan(3), results.Sink());
-  absl::SleepFor(absl::Milliseconds(200));  // both written; the node holds them
+  ASSERT_NO_FATAL_FAILURE(OneAnsweredThenTwoHeld(node, served, results));
   served.executor->Abandon(absl::UnavailableError("compute node compute-0 was declared dead"));
   ASSERT_TRUE(results.WaitFor(3, absl::Seconds(10))) << "the plans waited for their deadline";
   const std::vector<StepResult> got = results.Take();
