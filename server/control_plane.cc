@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "common/base/crypto.h"
 #include "common/base/logging.h"
+#include "common/base/thread_name.h"
 #include "common/control/grpc_status.h"
 #include "common/control/version.h"
 #include "common/transport/handshake.h"
@@ -83,7 +84,7 @@ ControlPlane::ControlPlane(Scheduler* scheduler, ControlPlaneOptions options)
           return std::move(*held);  // the loop has stopped: the caller destroys it
         });
   }
-  configure_loop_.Start();
+  broadcast_loop_.Start();
   monitor_loop_.Start();
   release_loop_.Start();
 }
@@ -105,7 +106,7 @@ void ControlPlane::OnPoolDeath(PoolIndex pool) {
 
 void ControlPlane::RequestReconfigure() {
   if (reconfigure_pending_.exchange(true)) return;  // one is queued and sends the newest list
-  configure_loop_.Post([this] {
+  broadcast_loop_.Post([this] {
     reconfigure_pending_.store(false);
     ReconfigureComputeNodes();
   });
@@ -114,15 +115,21 @@ void ControlPlane::RequestReconfigure() {
 ControlPlane::~ControlPlane() { Stop(); }
 
 void ControlPlane::Stop() {
+  std::list<Configuration> configurations;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return;
     stop_ = true;
+    for (auto& [id, node] : nodes_) {
+      if (node.configuring != nullptr) node.configuring->TryCancel();
+    }
+    configurations = std::move(configurations_);
   }
   cv_.notify_all();
-  // Configurations still queued see stop_ and return at once.
+  // Calls in progress were cancelled, and none starts after stop_.
+  for (Configuration& c : configurations) c.thread.join();
   monitor_loop_.Stop();
-  configure_loop_.Stop();
+  broadcast_loop_.Stop();
   // No executor is handed to this plane after this (it waits for a hand-over in progress).
   if (options_.rotation != nullptr) options_.rotation->SetRetire(nullptr);
   release_loop_.Stop();  // after the configurations, which may hand it executors
@@ -210,7 +217,7 @@ grpc::Status ControlPlane::Register(grpc::ServerContext* context,
   response->set_session_token(node.session_token);
   const uint64_t id = node.view.id;
   nodes_.emplace(id, std::move(node));
-  configure_loop_.Post([this, id] { ConfigureNode(id); });
+  if (!stop_) StartConfigurationLocked(id);
   monitor_loop_.Post([this] { CheckHeartbeats(); });  // its deadline may be the next one
   response->set_node_id(id);
   response->set_epoch(options_.epoch);
@@ -252,6 +259,8 @@ bool ControlPlane::MarkDead(Node& node, const std::string& why) {
     scheduler_->RefreshExecutorAlive(options_.rotation_executor, RotationAlive(options_.rotation));
   }
   if (node.pool) scheduler_->SetPoolAlive(*node.pool, false);
+  // Pools that waited only for this node to hear of them.
+  if (node.view.info.role() == control::ROLE_COMPUTE) AnnounceKnownPoolsLocked();
   return left_rotation || node.view.info.role() == control::ROLE_MEMORY;
 }
 
@@ -294,6 +303,24 @@ void ControlPlane::CheckHeartbeats() {
   }
 }
 
+void ControlPlane::StartConfigurationLocked(uint64_t id) {
+  for (auto it = configurations_.begin(); it != configurations_.end();) {
+    if (it->done) {
+      it->thread.join();  // it has set `done` and is on its way out
+      it = configurations_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  Configuration& c = configurations_.emplace_back();
+  c.thread = std::thread([this, id, &c] {
+    SetCurrentThreadName("ctl-configure");
+    ConfigureNode(id);
+    std::lock_guard<std::mutex> lock(mu_);
+    c.done = true;
+  });
+}
+
 void ControlPlane::ConfigureNode(uint64_t id) {
   bool compute;
   {
@@ -314,17 +341,19 @@ bool ControlPlane::SetConfiguring(uint64_t id, grpc::ClientContext* context) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = nodes_.find(id);
   if (it == nodes_.end()) return false;
+  if (context != nullptr && (stop_ || !it->second.view.alive)) return false;
   it->second.configuring = context;
-  return context == nullptr || it->second.view.alive;
+  return true;
 }
 
 void ControlPlane::ConfigureCompute(uint64_t id) {
   control::NodeInfo info;
   control::ComputeConfig config;
+  std::set<uint64_t> sent_memory_ids;
   {
     std::lock_guard<std::mutex> lock(mu_);
     info = nodes_.at(id).view.info;
-    config = ComputeConfigLocked();
+    config = ComputeConfigLocked(&sent_memory_ids);
   }
   const std::shared_ptr<grpc::Channel> channel =
       ComputeNodeChannel(info.control_address(), *options_.auth);
@@ -398,13 +427,20 @@ void ControlPlane::ConfigureCompute(uint64_t id) {
     node.executor = scheduler_->AddExecutor(std::move(executor), local_pool);
   }
   node.view.configured = true;
+  node.knows = sent_memory_ids;
+  // A memory node configured (or a replica gone) during the call is not in the list it was
+  // sent; from now on, a change reaches this node through the broadcast.
+  if (ComputeConfigLocked().SerializeAsString() != config.SerializeAsString()) {
+    RequestReconfigure();
+  }
+  AnnounceKnownPoolsLocked();
   LOG(INFO) << "compute node " << info.name() << " is ready, its steps over " << carrier
             << (local_pool
                     ? absl::StrCat(" (co-located, ", ack.local_kv_slots(), " KV slots", disk, ")")
                     : "");
 }
 
-control::ComputeConfig ControlPlane::ComputeConfigLocked() const {
+control::ComputeConfig ControlPlane::ComputeConfigLocked(std::set<uint64_t>* memory_ids) const {
   control::ComputeConfig config;
   config.set_epoch(options_.epoch);
   config.set_disaggregated(options_.expected_memory_nodes > 0);
@@ -413,8 +449,8 @@ control::ComputeConfig ControlPlane::ComputeConfigLocked() const {
     config.set_disk_block_tokens(static_cast<uint32_t>(scheduler_->config().block_tokens));
   }
   for (const auto& [other_id, other] : nodes_) {
-    if (other.view.info.role() == control::ROLE_MEMORY && other.view.alive &&
-        other.view.configured && other.pool) {
+    if (other.view.info.role() == control::ROLE_MEMORY && other.view.alive && other.kv_ready) {
+      if (memory_ids != nullptr) memory_ids->insert(other_id);
       auto* m = config.add_memory_nodes();
       m->set_pool_index(other.pool->value());
       m->set_name(other.view.info.name());
@@ -442,10 +478,15 @@ void ControlPlane::ConfigureMemory(uint64_t id) {
     const int64_t per_token = 2LL * m.num_layers() * m.num_kv_heads() * m.head_dim() * 2;
     const int64_t slots =
         per_token > 0 ? static_cast<int64_t>(info.kv_budget_bytes()) / per_token : 0;
-    auto known = pool_of_name_.find(info.name());
-    if (known != pool_of_name_.end()) pool = known->second;
+    if (slots > 0) {
+      auto known = pool_of_name_.find(info.name());
+      if (known == pool_of_name_.end()) {
+        known = pool_of_name_.emplace(info.name(), scheduler_->ReservePool(info.name())).first;
+      }
+      pool = known->second;
+      config.set_pool_index(pool->value());
+    }
     config.set_epoch(options_.epoch);
-    config.set_pool_index(pool ? pool->value() : static_cast<uint32_t>(pool_of_name_.size()));
     *config.mutable_model() = m;
     config.set_num_slots(slots);
     config.set_max_step_rows(static_cast<uint64_t>(scheduler_->config().max_num_batched_tokens));
@@ -484,25 +525,40 @@ void ControlPlane::ConfigureMemory(uint64_t id) {
     }
     if (!node.view.alive) return;  // died while configuring
     node.channel = channel;
-    if (!pool) {
-      // Pools are only added here, one at a time, so the index the node was given is the
-      // one the scheduler hands out.
-      pool = scheduler_->AddPool(info.name(), static_cast<int64_t>(ack.num_slots()));
-      CHECK_EQ(pool->value(), config.pool_index()) << "pool indices diverged";
-      pool_of_name_[info.name()] = *pool;
-    } else {
-      scheduler_->SetPoolAlive(*pool, true, static_cast<int64_t>(ack.num_slots()));
-    }
     node.pool = pool;
+    node.ack = ack;
+    node.kv_ready = true;
+    AnnounceKnownPoolsLocked();  // with no compute node yet, at once
+  }
+  RequestReconfigure();
+}
+
+void ControlPlane::AnnounceKnownPoolsLocked() {
+  for (auto& [id, node] : nodes_) {
+    if (node.view.info.role() != control::ROLE_MEMORY || !node.view.alive || !node.kv_ready ||
+        node.announced) {
+      continue;
+    }
+    bool known = true;
+    for (const auto& [other_id, other] : nodes_) {
+      if (other.view.info.role() == control::ROLE_COMPUTE && other.view.alive &&
+          !other.knows.contains(id)) {
+        known = false;
+        break;
+      }
+    }
+    if (!known) continue;
+    node.announced = true;
     node.view.configured = true;
-    const std::string disk =
-        AttachDiskTier(scheduler_, *pool, GrpcKvMover::Node::kMemory, channel, options_, ack);
-    LOG(INFO) << "memory node " << info.name() << " is ready: pool " << *pool << ", "
-              << ack.num_slots() << " KV slots (" << ack.kv_bytes() / (1 << 20)
+    scheduler_->SetPoolAlive(*node.pool, true, static_cast<int64_t>(node.ack.num_slots()));
+    const std::string disk = AttachDiskTier(scheduler_, *node.pool, GrpcKvMover::Node::kMemory,
+                                            node.channel, options_, node.ack);
+    const control::NodeInfo& info = node.view.info;
+    LOG(INFO) << "memory node " << info.name() << " is ready: pool " << *node.pool << ", "
+              << node.ack.num_slots() << " KV slots (" << node.ack.kv_bytes() / (1 << 20)
               << " MiB), data plane at " << info.data_address() << " over " << info.transport()
               << disk;
   }
-  ReconfigureComputeNodes();
 }
 
 void ControlPlane::ReconfigureComputeNodes() {
@@ -523,6 +579,7 @@ void ControlPlane::ReconfigureComputeNodes() {
   // memory node that is gone, or (rotational pipelining) on a replica that hung. Retried with
   // backoff until it takes, the node dies, or the control plane stops; every attempt sends the
   // newest list.
+  std::set<uint64_t> memory_ids;
   for (const auto& [id, channel] : targets) {
     auto stub = control::ComputeNode::NewStub(channel);
     absl::Duration backoff = absl::Milliseconds(100);
@@ -533,7 +590,8 @@ void ControlPlane::ReconfigureComputeNodes() {
         auto it = nodes_.find(id);
         if (stop_ || it == nodes_.end() || !it->second.view.alive) break;
         name = it->second.view.info.name();
-        config = ComputeConfigLocked();
+        memory_ids.clear();
+        config = ComputeConfigLocked(&memory_ids);
       }
       grpc::ClientContext context;
       options_.auth->Attach(&context);
@@ -542,7 +600,13 @@ void ControlPlane::ReconfigureComputeNodes() {
       if (!SetConfiguring(id, &context)) break;  // declared dead meanwhile
       const grpc::Status status = stub->Configure(&context, config, &ack);
       SetConfiguring(id, nullptr);
-      if (status.ok()) break;
+      if (status.ok()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = nodes_.find(id);
+        if (it != nodes_.end()) it->second.knows = memory_ids;
+        AnnounceKnownPoolsLocked();
+        break;
+      }
       LOG(WARNING) << "could not tell compute node " << name << " about the memory nodes (attempt "
                    << attempt << "): " << status.error_message() << "; retrying in "
                    << absl::FormatDuration(backoff);

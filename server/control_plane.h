@@ -3,9 +3,12 @@
 //
 // Register validates a node (protocol version, model shape, kernel path and the
 // fingerprints of its kernels' results: kernel_agreement.h) and refuses a
-// mismatch with FAILED_PRECONDITION and a reason. The configure loop then configures it: a
+// mismatch with FAILED_PRECONDITION and a reason. A thread of its own then configures it: a
 // compute node gets the memory-node list (none in co-located mode, where its own KV cache
-// becomes a pool), a memory node gets the model shape and its slot count. A node whose
+// becomes a pool), a memory node gets the model shape and its slot count. A memory node's
+// pool comes alive in the scheduler (and the node counts as configured) only once every
+// live compute node has taken a list that names it, so no plan places KV on a pool its
+// compute node has not heard of. A node whose
 // heartbeats stop for `heartbeat_timeout` is declared dead: its executor or pool is taken
 // out of the scheduler (requests move elsewhere). A dead node that comes back registers
 // again and is re-admitted, empty. A registration under the name of a node that is still
@@ -15,11 +18,14 @@
 // Every call in both directions carries options.auth's credentials; Register and Heartbeat
 // refuse calls without them (UNAUTHENTICATED).
 //
-// Thread-safety: gRPC handlers and two event loops (common/base/event_loop.h) share state
-// under a mutex. The configure loop runs configurations one at a time (they block on RPCs);
-// the monitor loop sleeps until the next heartbeat deadline, so a long configuration never
-// delays finding a dead node, and a node declared dead has its Configure call cancelled, so
-// one that hangs while it configures holds the others up only until then.
+// Thread-safety: gRPC handlers, the configuration threads and three event loops
+// (common/base/event_loop.h) share state under a mutex. Each node is configured on a thread
+// of its own (the calls block, and a memory node's takes minutes where its KV cache is large:
+// about 3 s per GiB is touched), so nodes configure at the same time and a slow one holds up
+// no other; a node declared dead, or the plane stopping, cancels its Configure call. The
+// broadcast loop tells the configured compute nodes of every change to the memory nodes (or
+// the rotation's departures), one broadcast at a time; the monitor loop sleeps until the
+// next heartbeat deadline, so a long configuration never delays finding a dead node.
 #ifndef STRATA_SERVER_CONTROL_PLANE_H_
 #define STRATA_SERVER_CONTROL_PLANE_H_
 
@@ -28,11 +34,14 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -110,17 +119,35 @@ class ControlPlane final : public control::Scheduler::Service {
     int executor = -1;              // compute nodes
     bool in_rotation = false;       // compute nodes under rotational pipelining
     std::optional<PoolIndex> pool;  // memory nodes, and co-located compute nodes
+    // Memory nodes: the node took its configuration (`ack`), so compute nodes are sent its
+    // address; and, once every live compute node has taken a list with it, its pool was
+    // announced to the scheduler (alive, with the ack's slots and disk tier) and the node
+    // counts as configured (view.configured).
+    bool kv_ready = false;
+    bool announced = false;
+    control::MemoryConfigAck ack;
+    // Compute nodes: the memory nodes (ids) in the last list the node took.
+    std::set<uint64_t> knows;
     std::shared_ptr<grpc::Channel> channel;
     std::string session_token;  // what its heartbeats must present
-    // Its Configure call in progress (on the configure loop), which MarkDead cancels: a
-    // node that hangs while it configures would hold every other node's configuration
-    // up to the call's deadline (minutes).
+    // Its Configure call in progress (on its configuration thread, or the broadcast loop), which
+    // MarkDead and Stop cancel: a node that hangs while it configures would otherwise keep its call
+    // open up to the deadline (minutes).
     grpc::ClientContext* configuring = nullptr;
   };
-  // On configure_loop_: configure a node that registered (blocking RPCs, one at a time).
+  // A thread that configures one node (ConfigureNode); `done` once it has nothing left to do
+  // (guarded by mu_).
+  struct Configuration {
+    std::thread thread;
+    bool done = false;
+  };
+  // Under mu_: starts node `id`'s configuration on a thread of its own, and joins those
+  // that finished.
+  void StartConfigurationLocked(uint64_t id);
+  // On a configuration thread: configure a node that registered (blocking RPCs).
   void ConfigureNode(uint64_t id);
   // The Configure call of node `id` is about to start with `context` (null: it is over).
-  // False if the node is gone or dead: the call must not start.
+  // False if the node is gone or dead, or the plane is stopping: the call must not start.
   bool SetConfiguring(uint64_t id, grpc::ClientContext* context);
   // Coalesces requests to send compute nodes the new list of memory nodes.
   void RequestReconfigure();
@@ -141,7 +168,13 @@ class ControlPlane final : public control::Scheduler::Service {
   // thread (under this plane's lock where MarkDead calls this).
   void ReleaseLater(std::shared_ptr<StepExecutor> executor);
   void OnPoolDeath(PoolIndex pool);
-  control::ComputeConfig ComputeConfigLocked() const;
+  // What compute nodes are configured with now; `memory_ids` (may be null) gets the ids of
+  // the memory nodes it names.
+  control::ComputeConfig ComputeConfigLocked(std::set<uint64_t>* memory_ids = nullptr) const;
+  // Announces to the scheduler each memory node's pool that every live compute node knows
+  // (has taken a list with it), and no sooner: a plan that placed KV on a pool its compute
+  // node has not heard of would fail the step, and that pool's node would be taken for dead.
+  void AnnounceKnownPoolsLocked();
 
   Scheduler* scheduler_;
   ControlPlaneOptions options_;
@@ -152,9 +185,13 @@ class ControlPlane final : public control::Scheduler::Service {
   uint64_t next_id_ = 1;
   std::atomic<bool> reconfigure_pending_{false};
   mutable std::atomic<bool> ever_ready_{false};
-  std::map<std::string, PoolIndex> pool_of_name_;  // memory nodes keep their pool across restarts
+  // Memory nodes keep their pool across restarts. A name's pool is reserved in the scheduler
+  // when its node is first configured: nodes configure at the same time, and each must be
+  // told its index before its call.
+  std::map<std::string, PoolIndex> pool_of_name_;
+  std::list<Configuration> configurations_;  // guarded by mu_
   bool stop_ = false;  // guarded by mu_; cv_ wakes a retry's back-off when it turns true
-  EventLoop configure_loop_{"ctl-configure"};  // thread names keep 15 bytes
+  EventLoop broadcast_loop_{"ctl-broadcast"};  // thread names keep 15 bytes
   EventLoop monitor_loop_{"control-monitor"};
   EventLoop release_loop_{"ctl-release"};   // ReleaseLater
   EventLoop::TimerId heartbeat_timer_ = 0;  // monitor_loop_ only

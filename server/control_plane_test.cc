@@ -4,13 +4,16 @@
 // not on the thread that let it go, which may be the scheduler's; and once the plane has
 // stopped, the function is cleared and the executor is destroyed where its last copy goes.
 // (The function's refused post, for a release loop that stopped while the function was
-// still set, cannot happen through Stop, which clears the function first.) And a node that
-// hangs while it is configured holds up no other node's configuration past its heartbeat
-// deadline.
+// still set, cannot happen through Stop, which clears the function first.) And how nodes
+// are configured: each on a thread of its own, so a node that hangs or takes minutes while it
+// is configured holds up no other; a compute node configured while a memory node arrived
+// is told of it afterwards; and a memory node's pool comes alive in the scheduler only once
+// every compute node knows of it. The nodes are stand-in control services on loopback.
 #include "server/control_plane.h"
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -19,6 +22,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/time/clock.h"
 #include "common/control/cluster_auth.h"
@@ -89,20 +93,23 @@ TEST(ControlPlaneRetireTest, AnExecutorThatLeftIsDestroyedOnTheReleaseThreadUnti
   EXPECT_EQ(DestroyedOn(*group, "replica-c"), here);
 }
 
-// A memory node's control service standing in for a node: its Configure answers at once,
-// or (`hang`) never, as a node stopped (SIGSTOP) while it allocates its KV cache would,
-// until the call is cancelled.
+// A memory node's control service standing in for a node. Its Configure answers at once
+// (kAnswer); or never (kHang), as a node stopped (SIGSTOP) while it allocates its KV cache
+// would, until the call is cancelled; or (kHold) once the test lets it, as a node that takes
+// minutes to touch a large KV cache would. It records the pool index each call gave it.
 class MemoryNodeStandIn final : public control::MemoryNode::Service {
  public:
-  explicit MemoryNodeStandIn(bool hang) : hang_(hang) {}
+  enum class Mode { kAnswer, kHang, kHold };
+  explicit MemoryNodeStandIn(Mode mode) : mode_(mode) {}
   grpc::Status Configure(grpc::ServerContext* context, const control::MemoryConfig* config,
                          control::MemoryConfigAck* ack) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++calls_;
+      pool_index_ = config->pool_index();
     }
     cv_.notify_all();
-    if (hang_) {
+    if (mode_ == Mode::kHang) {
       const absl::Time until = absl::Now() + absl::Seconds(60);
       while (!context->IsCancelled() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
       {
@@ -111,6 +118,19 @@ class MemoryNodeStandIn final : public control::MemoryNode::Service {
       }
       cv_.notify_all();
       return grpc::Status::CANCELLED;
+    }
+    if (mode_ == Mode::kHold) {
+      std::unique_lock<std::mutex> lock(mu_);
+      const absl::Time until = absl::Now() + absl::Seconds(60);
+      while (!released_ && !context->IsCancelled() && absl::Now() < until) {
+        cv_.wait_for(lock, std::chrono::milliseconds(5));
+      }
+      if (!released_) {
+        cancelled_ = context->IsCancelled();
+        lock.unlock();
+        cv_.notify_all();
+        return grpc::Status::CANCELLED;
+      }
     }
     ack->set_num_slots(config->num_slots());
     ack->set_kv_bytes(1);
@@ -126,25 +146,111 @@ class MemoryNodeStandIn final : public control::MemoryNode::Service {
     std::unique_lock<std::mutex> lock(mu_);
     return cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] { return cancelled_; });
   }
+  // A held call answers now.
+  void Release() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      released_ = true;
+    }
+    cv_.notify_all();
+  }
+  // The pool index of the last call (-1 before any).
+  int64_t pool_index() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return pool_index_;
+  }
 
  private:
-  const bool hang_;
+  const Mode mode_;
   std::mutex mu_;
   std::condition_variable cv_;
   int calls_ = 0;
   bool cancelled_ = false;
+  bool released_ = false;
+  int64_t pool_index_ = -1;
 };
 
-// Registers a memory node named `name` whose control service is at `address`.
-control::RegisterResponse RegisterMemoryNode(ControlPlane& plane, const std::string& name,
-                                             const std::string& address) {
+// A compute node's control service standing in for a node: its Configure answers at once,
+// but for call number `hold_call` (from 1; 0: none), which answers once the test lets it
+// (or the caller cancels it); it records the memory nodes each call named.
+class ComputeNodeStandIn final : public control::ComputeNode::Service {
+ public:
+  explicit ComputeNodeStandIn(int hold_call = 0) : hold_call_(hold_call) {}
+  grpc::Status Configure(grpc::ServerContext* context, const control::ComputeConfig* config,
+                         control::ComputeConfigAck*) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    std::vector<std::string> names;
+    for (const auto& m : config->memory_nodes()) names.push_back(m.name());
+    calls_.push_back(std::move(names));
+    cv_.notify_all();
+    if (static_cast<int>(calls_.size()) == hold_call_) {
+      const absl::Time until = absl::Now() + absl::Seconds(60);
+      while (!released_ && !context->IsCancelled() && absl::Now() < until) {
+        cv_.wait_for(lock, std::chrono::milliseconds(5));
+      }
+      if (!released_) return grpc::Status::CANCELLED;
+    }
+    return grpc::Status::OK;
+  }
+  // Waits until a call has named exactly `names` (in the order given), up to `timeout`.
+  bool Named(const std::vector<std::string>& names, absl::Duration timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] {
+      return std::find(calls_.begin(), calls_.end(), names) != calls_.end();
+    });
+  }
+  // The held call answers now.
+  void Release() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      released_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  const int hold_call_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::vector<std::string>> calls_;
+  bool released_ = false;
+};
+
+// A stand-in control service served on loopback until this goes.
+class OnLoopback {
+ public:
+  explicit OnLoopback(grpc::Service& service)
+      : served_(testing::ServeOnLoopback(service, *ClusterAuth::Insecure())) {}
+  ~OnLoopback() {
+    if (up()) served_.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  }
+  bool up() const { return served_.server != nullptr; }
+  const std::string& address() const { return served_.address; }
+
+ private:
+  testing::LoopbackServer served_;
+};
+
+// The model shape the tests' plane serves and their nodes load.
+control::ModelShape TestModel() {
+  control::ModelShape model;
+  model.set_num_layers(2);
+  model.set_num_kv_heads(2);
+  model.set_head_dim(16);
+  return model;
+}
+
+// Registers a node named `name` in `role` whose control service is at `address`.
+control::RegisterResponse RegisterNode(ControlPlane& plane, const std::string& name,
+                                       control::NodeRole role, const std::string& address) {
   control::RegisterRequest request;
   control::NodeInfo* info = request.mutable_node();
   info->set_name(name);
-  info->set_role(control::ROLE_MEMORY);
+  info->set_role(role);
   info->set_protocol_version(kProtocolVersion);
   info->set_control_address(address);
   info->set_kv_budget_bytes(64 << 20);
+  *info->mutable_model() = TestModel();
   control::RegisterResponse response;
   grpc::ServerContext context;
   const grpc::Status status = plane.Register(&context, &request, &response);
@@ -152,51 +258,229 @@ control::RegisterResponse RegisterMemoryNode(ControlPlane& plane, const std::str
   return response;
 }
 
-// Nodes are configured one at a time, and a memory node's configuration may take minutes
-// (its KV cache is touched page by page), so the call has a deadline of ten minutes. A node
-// that hangs during it is declared dead when its heartbeats lapse, and its call is
-// cancelled then: the nodes after it are configured at once, not ten minutes later.
-TEST(ControlPlaneConfigureTest, ANodeThatHangsWhileItConfiguresHoldsUpNoOther) {
-  Scheduler scheduler(SchedulerConfig{}, nullptr);
+control::RegisterResponse RegisterMemoryNode(ControlPlane& plane, const std::string& name,
+                                             const std::string& address) {
+  return RegisterNode(plane, name, control::ROLE_MEMORY, address);
+}
+
+// Sends the heartbeats of the nodes added, every 100 ms, until it is destroyed.
+class Heartbeats {
+ public:
+  explicit Heartbeats(ControlPlane* plane)
+      : plane_(plane), thread_([this] {
+          while (!stop_.load()) {
+            std::vector<control::RegisterResponse> nodes;
+            {
+              std::lock_guard<std::mutex> lock(mu_);
+              nodes = nodes_;
+            }
+            for (const control::RegisterResponse& node : nodes) {
+              control::HeartbeatRequest request;
+              request.set_node_id(node.node_id());
+              request.set_epoch(node.epoch());
+              request.set_session_token(node.session_token());
+              control::HeartbeatResponse response;
+              grpc::ServerContext context;
+              plane_->Heartbeat(&context, &request, &response);
+            }
+            absl::SleepFor(absl::Milliseconds(100));
+          }
+        }) {}
+  ~Heartbeats() {
+    stop_.store(true);
+    thread_.join();
+  }
+  void Add(const control::RegisterResponse& node) {
+    std::lock_guard<std::mutex> lock(mu_);
+    nodes_.push_back(node);
+  }
+
+ private:
+  ControlPlane* const plane_;
+  std::mutex mu_;
+  std::vector<control::RegisterResponse> nodes_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// Whether the node named `name` is configured, waiting up to `timeout` for it.
+bool Configured(const ControlPlane& plane, const std::string& name, absl::Duration timeout) {
+  const absl::Time until = absl::Now() + timeout;
+  do {
+    for (const NodeView& node : plane.Nodes()) {
+      if (node.info.name() == name && node.alive && node.configured) return true;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  } while (absl::Now() < until);
+  return false;
+}
+
+ControlPlaneOptions TwoMemoryNodes() {
   ControlPlaneOptions options;
   options.auth = ClusterAuth::Insecure();
   options.expected_memory_nodes = 2;
   options.heartbeat_timeout = absl::Seconds(1);
-  options.model.set_num_layers(2);
-  options.model.set_num_kv_heads(2);
-  options.model.set_head_dim(16);
-  ControlPlane plane(&scheduler, std::move(options));
-  MemoryNodeStandIn hung(/*hang=*/true), good(/*hang=*/false);
-  testing::LoopbackServer hung_server = testing::ServeOnLoopback(hung, *ClusterAuth::Insecure());
-  testing::LoopbackServer good_server = testing::ServeOnLoopback(good, *ClusterAuth::Insecure());
-  ASSERT_NE(hung_server.server, nullptr);
-  ASSERT_NE(good_server.server, nullptr);
-  RegisterMemoryNode(plane, "memory-hung", hung_server.address);
+  options.model = TestModel();
+  return options;
+}
+
+// A memory node's configuration may take minutes (its KV cache is touched page by page), so
+// the call has a deadline of ten minutes. A node that hangs during it holds up no other
+// node's configuration, and it is declared dead when its heartbeats lapse: its call is
+// cancelled then, not left open for ten minutes.
+TEST(ControlPlaneConfigureTest, ANodeThatHangsWhileItConfiguresHoldsUpNoOther) {
+  Scheduler scheduler(SchedulerConfig{}, nullptr);
+  ControlPlane plane(&scheduler, TwoMemoryNodes());
+  MemoryNodeStandIn hung(MemoryNodeStandIn::Mode::kHang), good(MemoryNodeStandIn::Mode::kAnswer);
+  OnLoopback hung_server(hung);
+  OnLoopback good_server(good);
+  ASSERT_TRUE(hung_server.up());
+  ASSERT_TRUE(good_server.up());
+  RegisterMemoryNode(plane, "memory-hung", hung_server.address());
   ASSERT_TRUE(hung.Called(absl::Seconds(10)));
   // The good node sends its heartbeats; the hung one sends none.
   const control::RegisterResponse good_node =
-      RegisterMemoryNode(plane, "memory-good", good_server.address);
-  std::atomic<bool> stop{false};
-  std::thread heartbeats([&] {
-    while (!stop.load()) {
-      control::HeartbeatRequest request;
-      request.set_node_id(good_node.node_id());
-      request.set_epoch(good_node.epoch());
-      request.set_session_token(good_node.session_token());
-      control::HeartbeatResponse response;
-      grpc::ServerContext context;
-      plane.Heartbeat(&context, &request, &response);
-      absl::SleepFor(absl::Milliseconds(100));
-    }
-  });
-  EXPECT_TRUE(good.Called(absl::Seconds(20)))
-      << "the good node was not configured while the hung one's call was open";
-  stop.store(true);
-  heartbeats.join();
+      RegisterMemoryNode(plane, "memory-good", good_server.address());
+  {
+    Heartbeats heartbeats(&plane);
+    heartbeats.Add(good_node);
+    EXPECT_TRUE(good.Called(absl::Seconds(20)))
+        << "the good node was not configured while the hung one's call was open";
+  }
   EXPECT_TRUE(hung.Cancelled(absl::Seconds(10))) << "the hung node's call was not cancelled";
   plane.Stop();
-  hung_server.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
-  good_server.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+}
+
+// A memory node that takes long to configure (a large KV cache touched page by page: about
+// 3 s per GiB) but is alive holds up no other node: a memory node registered after it is
+// configured, and the compute nodes are told of it, while its call is still open. Each
+// gets a pool index of its own, in the order they registered, whichever finishes first.
+// Stopping the plane cancels a call still open.
+TEST(ControlPlaneConfigureTest, ASlowNodesConfigurationHoldsUpNoOther) {
+  Scheduler scheduler(SchedulerConfig{}, nullptr);
+  scheduler.Start();  // its pools are read below
+  ControlPlane plane(&scheduler, TwoMemoryNodes());
+  MemoryNodeStandIn slow(MemoryNodeStandIn::Mode::kHold), quick(MemoryNodeStandIn::Mode::kAnswer),
+      last(MemoryNodeStandIn::Mode::kHold);
+  ComputeNodeStandIn compute;
+  OnLoopback slow_server(slow);
+  OnLoopback quick_server(quick);
+  OnLoopback last_server(last);
+  OnLoopback compute_server(compute);
+  ASSERT_TRUE(slow_server.up());
+  ASSERT_TRUE(quick_server.up());
+  ASSERT_TRUE(last_server.up());
+  ASSERT_TRUE(compute_server.up());
+  {
+    Heartbeats heartbeats(&plane);
+    heartbeats.Add(RegisterMemoryNode(plane, "memory-slow", slow_server.address()));
+    ASSERT_TRUE(slow.Called(absl::Seconds(10)));
+    heartbeats.Add(
+        RegisterNode(plane, "compute-0", control::ROLE_COMPUTE, compute_server.address()));
+    EXPECT_TRUE(Configured(plane, "compute-0", absl::Seconds(10)))
+        << "the compute node was not configured while a memory node's call was open";
+    heartbeats.Add(RegisterMemoryNode(plane, "memory-quick", quick_server.address()));
+    EXPECT_TRUE(Configured(plane, "memory-quick", absl::Seconds(10)))
+        << "a memory node was not configured while another's call was open";
+    EXPECT_TRUE(compute.Named({"memory-quick"}, absl::Seconds(10)))
+        << "the compute node was not told of the memory node configured meanwhile";
+    EXPECT_FALSE(Configured(plane, "memory-slow", absl::ZeroDuration()));
+
+    slow.Release();
+    EXPECT_TRUE(Configured(plane, "memory-slow", absl::Seconds(10)));
+    EXPECT_TRUE(compute.Named({"memory-slow", "memory-quick"}, absl::Seconds(10)));
+    EXPECT_EQ(slow.pool_index(), 0);
+    EXPECT_EQ(quick.pool_index(), 1);
+    // The scheduler's pools are the ones the nodes were given, both alive.
+    std::vector<PoolStatus> pools;
+    for (absl::Time until = absl::Now() + absl::Seconds(10); absl::Now() < until;) {
+      pools = scheduler.Stats().pools;
+      if (pools.size() == 2 && pools[0].alive && pools[1].alive) break;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    ASSERT_EQ(pools.size(), 2u);
+    EXPECT_EQ(pools[0].name, "memory-slow");
+    EXPECT_EQ(pools[1].name, "memory-quick");
+    EXPECT_TRUE(pools[0].alive);
+    EXPECT_TRUE(pools[1].alive);
+
+    heartbeats.Add(RegisterMemoryNode(plane, "memory-last", last_server.address()));
+    ASSERT_TRUE(last.Called(absl::Seconds(10)));
+    plane.Stop();
+    EXPECT_TRUE(last.Cancelled(absl::Seconds(10))) << "Stop left the open call running";
+  }
+}
+
+// A compute node is sent the memory nodes configured when its configuration starts; one
+// configured while its call is open is not in that list, and the broadcast of the change
+// passes it by (it is not configured yet). It is told once its own call is over.
+TEST(ControlPlaneConfigureTest, AComputeNodeLearnsOfAMemoryNodeConfiguredDuringItsOwnCall) {
+  Scheduler scheduler(SchedulerConfig{}, nullptr);
+  ControlPlane plane(&scheduler, TwoMemoryNodes());
+  ComputeNodeStandIn compute(/*hold_call=*/1);
+  MemoryNodeStandIn memory(MemoryNodeStandIn::Mode::kAnswer);
+  OnLoopback compute_server(compute);
+  OnLoopback memory_server(memory);
+  ASSERT_TRUE(compute_server.up());
+  ASSERT_TRUE(memory_server.up());
+  {
+    Heartbeats heartbeats(&plane);
+    heartbeats.Add(
+        RegisterNode(plane, "compute-0", control::ROLE_COMPUTE, compute_server.address()));
+    ASSERT_TRUE(compute.Named({}, absl::Seconds(10)));  // its first call, held
+    heartbeats.Add(RegisterMemoryNode(plane, "memory-0", memory_server.address()));
+    ASSERT_TRUE(memory.Called(absl::Seconds(10)));
+    absl::SleepFor(absl::Milliseconds(200));  // time for its call to be over
+    compute.Release();
+    EXPECT_TRUE(Configured(plane, "compute-0", absl::Seconds(10)));
+    EXPECT_TRUE(compute.Named({"memory-0"}, absl::Seconds(10)))
+        << "the compute node was never told of the memory node configured during its call";
+    EXPECT_TRUE(Configured(plane, "memory-0", absl::Seconds(10)));
+    plane.Stop();
+  }
+}
+
+// The scheduler places KV only on pools every compute node has heard of: a plan that
+// named a pool its compute node does not know would fail the step, and that pool's memory
+// node would be taken for dead. So a memory node that took its configuration while the
+// compute node's call telling it so is still open is not ready, nor its pool alive, until
+// that call is over.
+TEST(ControlPlaneConfigureTest, AMemoryNodesPoolIsAliveOnlyOnceEveryComputeNodeKnowsIt) {
+  Scheduler scheduler(SchedulerConfig{}, nullptr);
+  scheduler.Start();  // its pools are read below
+  ControlPlane plane(&scheduler, TwoMemoryNodes());
+  ComputeNodeStandIn compute(/*hold_call=*/2);  // the first call after its own
+  MemoryNodeStandIn memory(MemoryNodeStandIn::Mode::kAnswer);
+  OnLoopback compute_server(compute);
+  OnLoopback memory_server(memory);
+  ASSERT_TRUE(compute_server.up());
+  ASSERT_TRUE(memory_server.up());
+  // Whether the scheduler's pool 0 is alive.
+  auto pool_alive = [&] {
+    const std::vector<PoolStatus> pools = scheduler.Stats().pools;
+    return !pools.empty() && pools[0].alive;
+  };
+  {
+    Heartbeats heartbeats(&plane);
+    heartbeats.Add(
+        RegisterNode(plane, "compute-0", control::ROLE_COMPUTE, compute_server.address()));
+    ASSERT_TRUE(Configured(plane, "compute-0", absl::Seconds(10)));
+    heartbeats.Add(RegisterMemoryNode(plane, "memory-0", memory_server.address()));
+    ASSERT_TRUE(memory.Called(absl::Seconds(10)));
+    ASSERT_TRUE(compute.Named({"memory-0"}, absl::Seconds(10)));  // the held call
+    absl::SleepFor(absl::Milliseconds(200));                      // time to go wrong
+    EXPECT_FALSE(Configured(plane, "memory-0", absl::ZeroDuration()));
+    EXPECT_FALSE(pool_alive()) << "the pool is alive before the compute node knows of it";
+    compute.Release();
+    EXPECT_TRUE(Configured(plane, "memory-0", absl::Seconds(10)));
+    bool alive = false;
+    for (absl::Time until = absl::Now() + absl::Seconds(10); !alive && absl::Now() < until;) {
+      alive = pool_alive();
+      if (!alive) absl::SleepFor(absl::Milliseconds(10));
+    }
+    EXPECT_TRUE(alive) << "the pool did not come alive once the compute node knew of it";
+    plane.Stop();
+  }
 }
 
 }  // namespace

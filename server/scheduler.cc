@@ -270,16 +270,24 @@ void Scheduler::HandOnReleases(int executor) {
 }
 
 PoolIndex Scheduler::AddPool(const std::string& name, int64_t num_slots) {
+  return NewPool(name, num_slots, /*alive=*/true);
+}
+
+PoolIndex Scheduler::ReservePool(const std::string& name) {
+  return NewPool(name, 0, /*alive=*/false);
+}
+
+PoolIndex Scheduler::NewPool(const std::string& name, int64_t num_slots, bool alive) {
   PoolIndex index;
   {
     absl::MutexLock lock(&mu_);
     index = PoolIndex(num_pools_++);
     largest_pool_slots_ = std::max(largest_pool_slots_, num_slots);
   }
-  Post([this, index, name, num_slots] {
+  Post([this, index, name, num_slots, alive] {
     auto p = std::make_unique<Pool>();
     p->name = name;
-    p->alive = true;
+    p->alive = alive;
     p->num_slots = num_slots;
     p->kv = std::make_unique<KvPool>(index, num_slots, config_.block_tokens, config_.kv_eviction);
     pools_.push_back(std::move(p));
@@ -288,6 +296,11 @@ PoolIndex Scheduler::AddPool(const std::string& name, int64_t num_slots) {
 }
 
 void Scheduler::SetPoolAlive(PoolIndex pool, bool alive, int64_t num_slots) {
+  if (alive && num_slots > 0) {
+    // Submit checks requests against it from now on.
+    absl::MutexLock lock(&mu_);
+    largest_pool_slots_ = std::max(largest_pool_slots_, num_slots);
+  }
   Post([this, pool, alive, num_slots] { SetPoolAliveNow(pool, alive, num_slots); });
 }
 
@@ -313,7 +326,7 @@ void Scheduler::SetPoolAliveNow(PoolIndex pool, bool alive, int64_t num_slots) {
       p.kv = std::make_unique<KvPool>(pool, p.num_slots, config_.block_tokens, config_.kv_eviction);
       ++p.kv_epoch;
       p.prefetching.clear();
-      LOG(INFO) << "KV pool " << p.name << " is back with " << p.num_slots << " slots";
+      LOG(INFO) << "KV pool " << p.name << " is up with " << p.num_slots << " slots";
       return;
     }
     if (!p.alive) return;

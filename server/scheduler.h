@@ -287,6 +287,10 @@ class Scheduler {
   // answers out of order).
   void RefreshExecutorAlive(int executor, std::function<bool()> alive);
   PoolIndex AddPool(const std::string& name, int64_t num_slots);
+  // The index of a pool that comes alive later (SetPoolAlive with its slots), dead and empty
+  // until then: a memory node's, which must know its index before it is configured, while
+  // other nodes configure at the same time.
+  PoolIndex ReservePool(const std::string& name);
   // Gives a live pool a disk tier of `extents` blocks, empty, whose moves `mover` carries
   // (the memory node's tier was just opened empty). It goes when the pool dies.
   void SetPoolDisk(PoolIndex pool, int64_t extents, std::shared_ptr<KvMover> mover);
@@ -314,6 +318,7 @@ class Scheduler {
   struct Executor;
 
   void Post(EventLoop::Closure fn);
+  PoolIndex NewPool(const std::string& name, int64_t num_slots, bool alive);
   void SetPoolAliveNow(PoolIndex pool, bool alive, int64_t num_slots);
   // A step result's dead pools: each still alive is marked dead (its requests move).
   void MarkPoolsDead(const std::vector<PoolIndex>& dead);
