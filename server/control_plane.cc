@@ -564,10 +564,8 @@ void ControlPlane::AnnounceKnownPoolsLocked() {
 void ControlPlane::ReconfigureComputeNodes() {
   if (options_.expected_memory_nodes == 0) return;
   std::vector<std::pair<uint64_t, std::shared_ptr<grpc::Channel>>> targets;
-  control::ComputeConfig config;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    config = ComputeConfigLocked();
     for (const auto& [id, node] : nodes_) {
       if (node.view.info.role() == control::ROLE_COMPUTE && node.view.alive &&
           node.view.configured && node.channel) {
@@ -575,47 +573,63 @@ void ControlPlane::ReconfigureComputeNodes() {
       }
     }
   }
-  // Each compute node must learn the new list: a node that misses it keeps waiting on a
-  // memory node that is gone, or (rotational pipelining) on a replica that hung. Retried with
-  // backoff until it takes, the node dies, or the control plane stops; every attempt sends the
-  // newest list.
-  std::set<uint64_t> memory_ids;
-  for (const auto& [id, channel] : targets) {
-    auto stub = control::ComputeNode::NewStub(channel);
-    absl::Duration backoff = absl::Milliseconds(100);
-    for (int attempt = 1;; ++attempt) {
-      std::string name;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        auto it = nodes_.find(id);
-        if (stop_ || it == nodes_.end() || !it->second.view.alive) break;
-        name = it->second.view.info.name();
-        memory_ids.clear();
-        config = ComputeConfigLocked(&memory_ids);
-      }
-      grpc::ClientContext context;
-      options_.auth->Attach(&context);
-      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-      control::ComputeConfigAck ack;
-      if (!SetConfiguring(id, &context)) break;  // declared dead meanwhile
-      const grpc::Status status = stub->Configure(&context, config, &ack);
-      SetConfiguring(id, nullptr);
-      if (status.ok()) {
-        std::lock_guard<std::mutex> lock(mu_);
-        auto it = nodes_.find(id);
-        if (it != nodes_.end()) it->second.knows = memory_ids;
-        AnnounceKnownPoolsLocked();
-        break;
-      }
-      LOG(WARNING) << "could not tell compute node " << name << " about the memory nodes (attempt "
-                   << attempt << "): " << status.error_message() << "; retrying in "
-                   << absl::FormatDuration(backoff);
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, absl::ToChronoMilliseconds(backoff), [&] { return stop_; });
-      backoff = std::min(2 * backoff, absl::Seconds(2));
+  // Each node on a thread of its own: one that hangs, until it is declared dead, or retries
+  // holds up no other node's news (a memory node gone, which its steps wait on otherwise).
+  if (targets.size() == 1) {
+    TellComputeNode(targets[0].first, targets[0].second);
+  } else {
+    std::vector<std::thread> tellers;
+    for (const auto& [id, channel] : targets) {
+      tellers.emplace_back([this, id = id, channel = channel] {
+        SetCurrentThreadName("ctl-broadcast");
+        TellComputeNode(id, channel);
+      });
     }
+    for (std::thread& t : tellers) t.join();
   }
-  LOG(INFO) << "compute nodes now use " << config.memory_nodes_size() << " memory node(s)";
+  std::lock_guard<std::mutex> lock(mu_);
+  LOG(INFO) << "compute nodes now use " << ComputeConfigLocked().memory_nodes_size()
+            << " memory node(s)";
+}
+
+void ControlPlane::TellComputeNode(uint64_t id, std::shared_ptr<grpc::Channel> channel) {
+  // A node that misses the new list keeps waiting on a memory node that is gone, or
+  // (rotational pipelining) on a replica that hung. Retried with backoff until it takes, the
+  // node dies, or the control plane stops; every attempt sends the newest list.
+  auto stub = control::ComputeNode::NewStub(channel);
+  absl::Duration backoff = absl::Milliseconds(100);
+  for (int attempt = 1;; ++attempt) {
+    std::string name;
+    control::ComputeConfig config;
+    std::set<uint64_t> memory_ids;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = nodes_.find(id);
+      if (stop_ || it == nodes_.end() || !it->second.view.alive) return;
+      name = it->second.view.info.name();
+      config = ComputeConfigLocked(&memory_ids);
+    }
+    grpc::ClientContext context;
+    options_.auth->Attach(&context);
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    control::ComputeConfigAck ack;
+    if (!SetConfiguring(id, &context)) return;  // declared dead meanwhile
+    const grpc::Status status = stub->Configure(&context, config, &ack);
+    SetConfiguring(id, nullptr);
+    if (status.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = nodes_.find(id);
+      if (it != nodes_.end()) it->second.knows = memory_ids;
+      AnnounceKnownPoolsLocked();
+      return;
+    }
+    LOG(WARNING) << "could not tell compute node " << name << " about the memory nodes (attempt "
+                 << attempt << "): " << status.error_message() << "; retrying in "
+                 << absl::FormatDuration(backoff);
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, absl::ToChronoMilliseconds(backoff), [&] { return stop_; });
+    backoff = std::min(2 * backoff, absl::Seconds(2));
+  }
 }
 
 bool ControlPlane::Ready() const {

@@ -24,7 +24,8 @@
 // about 3 s per GiB is touched), so nodes configure at the same time and a slow one holds up
 // no other; a node declared dead, or the plane stopping, cancels its Configure call. The
 // broadcast loop tells the configured compute nodes of every change to the memory nodes (or
-// the rotation's departures), one broadcast at a time; the monitor loop sleeps until the
+// the rotation's departures), one broadcast at a time, each node on a thread of its own (one
+// that hangs delays no other's news); the monitor loop sleeps until the
 // next heartbeat deadline, so a long configuration never delays finding a dead node.
 #ifndef STRATA_SERVER_CONTROL_PLANE_H_
 #define STRATA_SERVER_CONTROL_PLANE_H_
@@ -156,7 +157,11 @@ class ControlPlane final : public control::Scheduler::Service {
   void CheckHeartbeats();
   void ConfigureCompute(uint64_t id);
   void ConfigureMemory(uint64_t id);
+  // On broadcast_loop_: sends every configured compute node the current list, each on a
+  // thread of its own.
   void ReconfigureComputeNodes();
+  // Sends compute node `id` the current list until it takes it, it dies, or the plane stops.
+  void TellComputeNode(uint64_t id, std::shared_ptr<grpc::Channel> channel);
   // True if what compute nodes are configured with changed (a memory node's pool or a
   // rotation replica left): the caller then has them reconfigured (RequestReconfigure).
   bool MarkDead(Node& node, const std::string& why);

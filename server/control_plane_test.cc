@@ -496,5 +496,39 @@ TEST(ControlPlaneConfigureTest, AMemoryNodesPoolIsAliveOnlyOnceEveryComputeNodeK
   }
 }
 
+// The compute nodes are told of a change each on its own: one that hangs (its call is open
+// until it is declared dead) delays no other node's news, such as a memory node that died,
+// which the other's steps would wait on.
+TEST(ControlPlaneConfigureTest, AHungComputeNodeDelaysNoOtherComputeNodesNews) {
+  Scheduler scheduler(SchedulerConfig{}, nullptr);
+  ControlPlaneOptions options = TwoMemoryNodes();
+  options.heartbeat_timeout = absl::Seconds(10);  // the hung node stays alive for the test
+  ControlPlane plane(&scheduler, std::move(options));
+  ComputeNodeStandIn hung(/*hold_call=*/2), good;
+  MemoryNodeStandIn memory(MemoryNodeStandIn::Mode::kAnswer);
+  OnLoopback hung_server(hung);
+  OnLoopback good_server(good);
+  OnLoopback memory_server(memory);
+  ASSERT_TRUE(hung_server.up());
+  ASSERT_TRUE(good_server.up());
+  ASSERT_TRUE(memory_server.up());
+  {
+    Heartbeats heartbeats(&plane);
+    // The hung node first: a broadcast that went node by node would reach it first.
+    RegisterNode(plane, "compute-hung", control::ROLE_COMPUTE, hung_server.address());
+    ASSERT_TRUE(Configured(plane, "compute-hung", absl::Seconds(10)));
+    heartbeats.Add(
+        RegisterNode(plane, "compute-good", control::ROLE_COMPUTE, good_server.address()));
+    ASSERT_TRUE(Configured(plane, "compute-good", absl::Seconds(10)));
+    heartbeats.Add(RegisterMemoryNode(plane, "memory-0", memory_server.address()));
+    ASSERT_TRUE(hung.Named({"memory-0"}, absl::Seconds(10)));  // its call, held
+    EXPECT_TRUE(good.Named({"memory-0"}, absl::Seconds(3)))
+        << "the good compute node was not told while the hung one's call was open";
+    EXPECT_TRUE(Configured(plane, "compute-hung", absl::ZeroDuration()))
+        << "the hung node was declared dead too soon for the test to mean anything";
+    plane.Stop();
+  }
+}
+
 }  // namespace
 }  // namespace strata
