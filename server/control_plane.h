@@ -25,8 +25,8 @@
 // no other; a node declared dead, or the plane stopping, cancels its Configure call. The
 // broadcast loop tells the configured compute nodes of every change to the memory nodes (or
 // the rotation's departures), one broadcast at a time, each node on a thread of its own (one
-// that hangs delays no other's news); the monitor loop sleeps until the
-// next heartbeat deadline, so a long configuration never delays finding a dead node.
+// that hangs delays no other's news); the monitor loop sleeps until the next heartbeat
+// deadline, so a long configuration never delays finding a dead node.
 #ifndef STRATA_SERVER_CONTROL_PLANE_H_
 #define STRATA_SERVER_CONTROL_PLANE_H_
 
@@ -131,9 +131,9 @@ class ControlPlane final : public control::Scheduler::Service {
     std::set<uint64_t> knows;
     std::shared_ptr<grpc::Channel> channel;
     std::string session_token;  // what its heartbeats must present
-    // Its Configure call in progress (on its configuration thread, or the broadcast loop), which
-    // MarkDead and Stop cancel: a node that hangs while it configures would otherwise keep its call
-    // open up to the deadline (minutes).
+    // Its Configure call in progress (on its configuration thread, or a broadcast's), which
+    // MarkDead and Stop cancel: a node that hangs while it configures would otherwise keep
+    // its call open up to the deadline (minutes).
     grpc::ClientContext* configuring = nullptr;
   };
   // A thread that configures one node (ConfigureNode); `done` once it has nothing left to do
