@@ -645,11 +645,13 @@ bool ControlPlane::Ready() const {
 }
 
 std::string ControlPlane::Missing() const {
-  int compute = 0, memory = 0;
+  int compute = 0, memory = 0, unannounced = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [id, node] : nodes_) {
-      if (!node.view.alive || !node.view.configured) continue;
+      if (!node.view.alive) continue;
+      unannounced += node.kv_ready && !node.announced;
+      if (!node.view.configured) continue;
       compute += node.view.info.role() == control::ROLE_COMPUTE;
       memory += node.view.info.role() == control::ROLE_MEMORY;
     }
@@ -661,8 +663,12 @@ std::string ControlPlane::Missing() const {
                                    options_.expected_compute_nodes, " ready)"));
   }
   if (options_.expected_memory_nodes > 0 && memory < options_.expected_memory_nodes) {
-    missing.push_back(
-        absl::StrCat("memory nodes (", memory, " of ", options_.expected_memory_nodes, " ready)"));
+    missing.push_back(absl::StrCat(
+        "memory nodes (", memory, " of ", options_.expected_memory_nodes, " ready",
+        unannounced > 0
+            ? absl::StrCat("; ", unannounced, " configured but not yet known to every compute node")
+            : "",
+        ")"));
   }
   bool pool = false;
   for (const PoolStatus& p : stats.pools) pool = pool || p.alive;

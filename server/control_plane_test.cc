@@ -483,6 +483,10 @@ TEST(ControlPlaneConfigureTest, AMemoryNodesPoolIsAliveOnlyOnceEveryComputeNodeK
     EXPECT_FALSE(Configured(plane, "memory-0", absl::ZeroDuration()));
     if (kReadsSchedulerStats) {
       EXPECT_FALSE(pool_alive()) << "the pool is alive before the compute node knows of it";
+      // /health says what it waits for.
+      EXPECT_NE(plane.Missing().find("1 configured but not yet known to every compute node"),
+                std::string::npos)
+          << plane.Missing();
     }
     compute.Release();
     EXPECT_TRUE(Configured(plane, "memory-0", absl::Seconds(10)));
