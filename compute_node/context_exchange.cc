@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
+#include "common/base/thread_name.h"
 
 namespace strata {
 namespace {
@@ -53,7 +54,18 @@ absl::StatusOr<std::unique_ptr<ContextExchange>> ContextExchange::Create(
   return exchange;
 }
 
-ContextExchange::~ContextExchange() { transport_.reset(); }
+ContextExchange::~ContextExchange() {
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    threads = std::move(connect_threads_);
+  }
+  connect_cv_.notify_all();
+  // An attempt at a hung replica ends at the connect timeout.
+  for (std::thread& t : threads) t.join();
+  transport_.reset();
+}
 
 void ContextExchange::SetEpoch(uint64_t epoch) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -66,31 +78,56 @@ void ContextExchange::SetEpoch(uint64_t epoch) {
   epoch_ = epoch;
 }
 
-absl::StatusOr<PeerId> ContextExchange::PeerFor(const std::string& address) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = peers_.find(address);
-    if (it != peers_.end()) return it->second;
+absl::StatusOr<PeerId> ContextExchange::PeerFor(const std::string& address, uint64_t step_id) {
+  std::unique_lock<std::mutex> lock(mu_);
+  std::shared_ptr<Attempt> attempt;  // the one this call waits for
+  for (;;) {
+    if (auto it = peers_.find(address); it != peers_.end()) return it->second;
+    if (attempt != nullptr && attempt->done) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot reach the compute replica at ", address, ": ",
+                       attempt->status.ok() ? "its connection closed" : attempt->status.message()));
+    }
+    if (DeclaredDeadLocked(address, step_id)) {
+      return absl::UnavailableError(absl::StrCat("cannot reach the compute replica at ", address,
+                                                 ": the scheduler declared it dead"));
+    }
+    if (stopping_) return absl::UnavailableError("the context exchange is stopping");
+    if (attempt == nullptr) {
+      std::shared_ptr<Attempt>& slot = connecting_[address];
+      if (slot == nullptr) {
+        slot = std::make_shared<Attempt>();
+        connect_threads_.emplace_back([this, address, a = slot] {
+          SetCurrentThreadName("ctx-connect");
+          ConnectTo(address, a);
+        });
+      }
+      attempt = slot;
+      continue;
+    }
+    connect_cv_.wait(lock);
   }
-  std::lock_guard<std::mutex> connect_lock(connect_mu_);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = peers_.find(address);
-    if (it != peers_.end()) return it->second;
-  }
+}
+
+void ContextExchange::ConnectTo(const std::string& address, std::shared_ptr<Attempt> attempt) {
   auto peer = transport_->Connect(address);
-  if (!peer.ok()) {
-    return absl::UnavailableError(absl::StrCat("cannot reach the compute replica at ", address,
-                                               ": ", peer.status().message()));
+  if (peer.ok()) {
+    // The other side learns who this is: once this connection closes, what this replica
+    // owed it will not come (Departed).
+    FrameHeader hello;
+    hello.kind = static_cast<uint16_t>(FrameKind::kHello);
+    SendText(*peer, hello, std::make_shared<const std::string>(address_));
   }
-  // The other side learns who this is: once this connection closes, what this replica owed
-  // it will not come (Departed).
-  FrameHeader hello;
-  hello.kind = static_cast<uint16_t>(FrameKind::kHello);
-  SendText(*peer, hello, std::make_shared<const std::string>(address_));
-  std::lock_guard<std::mutex> lock(mu_);
-  peers_[address] = *peer;
-  return *peer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (peer.ok()) peers_[address] = *peer;
+    attempt->done = true;
+    attempt->status = peer.status();
+    if (auto it = connecting_.find(address); it != connecting_.end() && it->second == attempt) {
+      connecting_.erase(it);
+    }
+  }
+  connect_cv_.notify_all();
 }
 
 FrameHeader ContextExchange::HeaderOf(uint64_t step_id, int slice, int batch, int64_t rows,
@@ -122,7 +159,7 @@ absl::Status ContextExchange::Send(const std::string& to, uint64_t step_id, int 
                                                    " failed pools; at most ", kMaxFailedPools));
   }
   RETURN_IF_ERROR(CheckNotDeclaredDead(to, step_id));
-  ASSIGN_OR_RETURN(const PeerId peer, PeerFor(to));
+  ASSIGN_OR_RETURN(const PeerId peer, PeerFor(to, step_id));
   static_assert(sizeof(float) == sizeof(uint32_t));
   auto body = std::make_shared<std::vector<float>>(m * options_.hidden + failed_pools.size());
   std::memcpy(body->data(), x, m * options_.hidden * sizeof(float));
@@ -141,7 +178,7 @@ absl::Status ContextExchange::Send(const std::string& to, uint64_t step_id, int 
 absl::Status ContextExchange::SendFailure(const std::string& to, uint64_t step_id, int slice,
                                           int batch, const absl::Status& why) {
   RETURN_IF_ERROR(CheckNotDeclaredDead(to, step_id));
-  ASSIGN_OR_RETURN(const PeerId peer, PeerFor(to));
+  ASSIGN_OR_RETURN(const PeerId peer, PeerFor(to, step_id));
   auto text = std::make_shared<std::string>();
   const FrameHeader h =
       transport::ErrorFrameHeader(HeaderOf(step_id, slice, batch, 0, 0, {}), why, text.get());
@@ -197,6 +234,7 @@ void ContextExchange::Depart(const std::string& address, uint64_t through_step) 
       return;  // known already (the scheduler sends its whole list with each configuration)
     }
   }
+  connect_cv_.notify_all();  // a caller waiting to connect to it gives up
   LOG(WARNING) << "context exchange: the scheduler declared the replica at " << address
                << " dead; its contexts of steps up to " << through_step << " will not come";
   if (options_.on_arrival) options_.on_arrival();

@@ -27,6 +27,7 @@
 #ifndef STRATA_COMPUTE_NODE_CONTEXT_EXCHANGE_H_
 #define STRATA_COMPUTE_NODE_CONTEXT_EXCHANGE_H_
 
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -35,6 +36,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
@@ -135,7 +137,17 @@ class ContextExchange : public transport::MessageHandler {
   bool DeclaredDeadLocked(const std::string& address, uint64_t step_id) const;
   // Unavailable if the scheduler declared the replica at `to` dead for step `step_id`.
   absl::Status CheckNotDeclaredDead(const std::string& to, uint64_t step_id) const;
-  absl::StatusOr<transport::PeerId> PeerFor(const std::string& address);
+  // The connection to the replica at `address`, made now if there is none, for a frame of
+  // step `step_id`. The attempt runs on a thread of its own, and the caller stops waiting
+  // for it (Unavailable) once the scheduler declares that replica dead for the step: a hung
+  // replica holds an attempt until the connect timeout.
+  absl::StatusOr<transport::PeerId> PeerFor(const std::string& address, uint64_t step_id);
+  struct Attempt {
+    bool done = false;  // guarded by mu_, as is status
+    absl::Status status;
+  };
+  // On a connecting thread: connects to `address` and says hello, then ends `attempt`.
+  void ConnectTo(const std::string& address, std::shared_ptr<Attempt> attempt);
   // Sends `h` with `text` as its payload (its size and checksum set from it), kept until
   // the transport is done with it.
   void SendText(transport::PeerId peer, transport::FrameHeader h,
@@ -159,10 +171,16 @@ class ContextExchange : public transport::MessageHandler {
   std::unique_ptr<transport::Transport> transport_;
   std::string address_;
 
-  std::mutex connect_mu_;  // serializes connecting
   mutable std::mutex mu_;
   uint64_t epoch_ = 0;
   std::unordered_map<std::string, transport::PeerId> peers_;  // connections made here
+  // Connection attempts in progress, by address (one at a time per address), their threads
+  // (joined by the destructor), and what wakes their callers: an attempt ended, or a
+  // replica was declared dead.
+  std::unordered_map<std::string, std::shared_ptr<Attempt>> connecting_;
+  std::vector<std::thread> connect_threads_;
+  std::condition_variable connect_cv_;
+  bool stopping_ = false;
   // Connections made to here, by the address their replica listens at (its kHello).
   std::unordered_map<transport::PeerId, std::string> inbound_;
   std::set<std::string> departed_;

@@ -6,7 +6,14 @@
 // context; the exchange keeps working after each.
 #include "compute_node/context_exchange.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <chrono>
+#include <future>
 #include <random>
 #include <thread>
 
@@ -316,6 +323,58 @@ TEST(ContextExchangeTest, UnreachableReplicaIsAClearError) {
   absl::Status s = a->Send("no-such-replica", 1, 1, 0, x.data(), 1);
   EXPECT_TRUE(absl::IsUnavailable(s)) << s;
   EXPECT_NE(s.message().find("no-such-replica"), std::string::npos) << s;
+}
+
+// A replica that hung before this one ever connected to it: its listening socket takes the
+// connection (the kernel answers for it) but nothing answers the handshake, so the attempt
+// lasts until the connect timeout. A caller waiting for it gives up when the scheduler
+// declares that replica dead for the caller's step, not at the timeout; the attempt goes on
+// without it, and a later step's frame waits for that same attempt.
+TEST(ContextExchangeTest, ACallerConnectingToAHungReplicaGivesUpWhenItIsDeclaredDead) {
+  // The hung replica: a socket that listens and never answers.
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(listener, 8), 0);
+  socklen_t length = sizeof(addr);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &length), 0);
+  const std::string hung = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+
+  std::atomic<int> arrivals{0};
+  ContextExchangeOptions o;
+  o.transport.ucx_options = {{"TLS", "tcp"}, {"NET_DEVICES", "lo"}};
+  o.transport.connect_timeout = absl::Seconds(20);
+  o.hidden = kHidden;
+  o.on_arrival = [&arrivals] { ++arrivals; };
+  auto made = ContextExchange::Create(o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  std::unique_ptr<ContextExchange> b = std::move(*made);
+  b->SetEpoch(kEpoch);
+  const std::vector<float> x = Rows(1, 3);
+  std::promise<absl::Status> sent, later;
+  std::thread sender([&] { sent.set_value(b->Send(hung, 5, 1, 0, x.data(), 1)); });
+  std::thread later_sender([&] { later.set_value(b->Send(hung, 6, 1, 0, x.data(), 1)); });
+  absl::SleepFor(absl::Milliseconds(300));  // both wait for the attempt
+  b->Depart(hung, 5);
+  std::future<absl::Status> outcome = sent.get_future();
+  const bool gave_up = outcome.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  EXPECT_TRUE(gave_up) << "the caller waited for the connect timeout";
+  if (gave_up) {
+    const absl::Status status = outcome.get();
+    EXPECT_TRUE(absl::IsUnavailable(status)) << status;
+    EXPECT_NE(status.message().find("declared it dead"), std::string::npos) << status;
+  }
+  // Step 6 was sent after the declaration: it still waits for the attempt, which fails
+  // once the socket closes.
+  std::future<absl::Status> later_outcome = later.get_future();
+  EXPECT_EQ(later_outcome.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
+  close(listener);
+  sender.join();
+  later_sender.join();
+  EXPECT_TRUE(absl::IsUnavailable(later_outcome.get()));
 }
 
 TEST(ContextExchangeTest, EndpointsDifferByReplicaAndSlot) {
