@@ -55,7 +55,7 @@ absl::StatusOr<std::unique_ptr<ContextExchange>> ContextExchange::Create(
 }
 
 ContextExchange::~ContextExchange() {
-  std::vector<std::thread> threads;
+  std::list<ConnectThread> threads;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
@@ -63,7 +63,7 @@ ContextExchange::~ContextExchange() {
   }
   connect_cv_.notify_all();
   // An attempt at a hung replica ends at the connect timeout.
-  for (std::thread& t : threads) t.join();
+  for (ConnectThread& t : threads) t.thread.join();
   transport_.reset();
 }
 
@@ -96,11 +96,20 @@ absl::StatusOr<PeerId> ContextExchange::PeerFor(const std::string& address, uint
     if (attempt == nullptr) {
       std::shared_ptr<Attempt>& slot = connecting_[address];
       if (slot == nullptr) {
+        for (auto it = connect_threads_.begin(); it != connect_threads_.end();) {
+          if (it->attempt->done) {
+            it->thread.join();  // done, and on its way out
+            it = connect_threads_.erase(it);
+          } else {
+            ++it;
+          }
+        }
         slot = std::make_shared<Attempt>();
-        connect_threads_.emplace_back([this, address, a = slot] {
-          SetCurrentThreadName("ctx-connect");
-          ConnectTo(address, a);
-        });
+        connect_threads_.push_back({std::thread([this, address, a = slot] {
+                                      SetCurrentThreadName("ctx-connect");
+                                      ConnectTo(address, a);
+                                    }),
+                                    slot});
       }
       attempt = slot;
       continue;

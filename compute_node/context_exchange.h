@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -175,10 +176,14 @@ class ContextExchange : public transport::MessageHandler {
   uint64_t epoch_ = 0;
   std::unordered_map<std::string, transport::PeerId> peers_;  // connections made here
   // Connection attempts in progress, by address (one at a time per address), their threads
-  // (joined by the destructor), and what wakes their callers: an attempt ended, or a
-  // replica was declared dead.
+  // (joined once their attempt is done, when the next one starts, or by the destructor), and
+  // what wakes their callers: an attempt ended, or a replica was declared dead.
   std::unordered_map<std::string, std::shared_ptr<Attempt>> connecting_;
-  std::vector<std::thread> connect_threads_;
+  struct ConnectThread {
+    std::thread thread;
+    std::shared_ptr<const Attempt> attempt;
+  };
+  std::list<ConnectThread> connect_threads_;
   std::condition_variable connect_cv_;
   bool stopping_ = false;
   // Connections made to here, by the address their replica listens at (its kHello).
