@@ -41,6 +41,14 @@ void ActivateAfterSetups(Scheduler* scheduler, int index, std::weak_ptr<Rotation
   });
 }
 
+// A Configure call's error that asking again would get again (the node cannot take the
+// configuration), as opposed to one of reaching it (unavailable, a deadline, cancelled).
+bool Refusal(grpc::StatusCode code) {
+  return code == grpc::StatusCode::FAILED_PRECONDITION ||
+         code == grpc::StatusCode::INVALID_ARGUMENT || code == grpc::StatusCode::UNIMPLEMENTED ||
+         code == grpc::StatusCode::PERMISSION_DENIED || code == grpc::StatusCode::UNAUTHENTICATED;
+}
+
 grpc::Status Refuse(const std::string& why) {
   LOG(ERROR) << "refused a node: " << why;
   return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, why);
@@ -621,6 +629,21 @@ void ControlPlane::TellComputeNode(uint64_t id, std::shared_ptr<grpc::Channel> c
       auto it = nodes_.find(id);
       if (it != nodes_.end()) it->second.knows = memory_ids;
       AnnounceKnownPoolsLocked();
+      return;
+    }
+    if (Refusal(status.error_code())) {
+      // Asking again gets the same answer, and while it lives no memory node it has not
+      // heard of is announced: it is taken out.
+      bool changed = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = nodes_.find(id);
+        if (it != nodes_.end()) {
+          changed =
+              MarkDead(it->second, "it refused the memory-node list: " + status.error_message());
+        }
+      }
+      if (changed) RequestReconfigure();
       return;
     }
     LOG(WARNING) << "could not tell compute node " << name << " about the memory nodes (attempt "

@@ -172,10 +172,12 @@ class MemoryNodeStandIn final : public control::MemoryNode::Service {
 
 // A compute node's control service standing in for a node: its Configure answers at once,
 // but for call number `hold_call` (from 1; 0: none), which answers once the test lets it
-// (or the caller cancels it); it records the memory nodes each call named.
+// (or the caller cancels it), and calls from number `refuse_from` on (0: none), which it
+// refuses (FAILED_PRECONDITION); it records the memory nodes each call named.
 class ComputeNodeStandIn final : public control::ComputeNode::Service {
  public:
-  explicit ComputeNodeStandIn(int hold_call = 0) : hold_call_(hold_call) {}
+  explicit ComputeNodeStandIn(int hold_call = 0, int refuse_from = 0)
+      : hold_call_(hold_call), refuse_from_(refuse_from) {}
   grpc::Status Configure(grpc::ServerContext* context, const control::ComputeConfig* config,
                          control::ComputeConfigAck*) override {
     std::unique_lock<std::mutex> lock(mu_);
@@ -189,6 +191,9 @@ class ComputeNodeStandIn final : public control::ComputeNode::Service {
         cv_.wait_for(lock, std::chrono::milliseconds(5));
       }
       if (!released_) return grpc::Status::CANCELLED;
+    }
+    if (refuse_from_ > 0 && static_cast<int>(calls_.size()) >= refuse_from_) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "not this configuration");
     }
     return grpc::Status::OK;
   }
@@ -210,6 +215,7 @@ class ComputeNodeStandIn final : public control::ComputeNode::Service {
 
  private:
   const int hold_call_;
+  const int refuse_from_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::vector<std::string>> calls_;
@@ -530,6 +536,43 @@ TEST(ControlPlaneConfigureTest, AHungComputeNodeDelaysNoOtherComputeNodesNews) {
         << "the good compute node was not told while the hung one's call was open";
     EXPECT_TRUE(Configured(plane, "compute-hung", absl::ZeroDuration()))
         << "the hung node was declared dead too soon for the test to mean anything";
+    plane.Stop();
+  }
+}
+
+// A compute node that refuses the memory-node list (an error asking again would get again)
+// is taken out rather than asked forever: while it lived, no memory node it had not heard
+// of would be announced. The memory node then is, to the compute node that took the list.
+TEST(ControlPlaneConfigureTest, AComputeNodeThatRefusesTheMemoryNodeListIsTakenOut) {
+  Scheduler scheduler(SchedulerConfig{}, nullptr);
+  ControlPlaneOptions options = TwoMemoryNodes();
+  options.heartbeat_timeout = absl::Seconds(30);  // only the refusal takes it out
+  ControlPlane plane(&scheduler, std::move(options));
+  ComputeNodeStandIn refusing(/*hold_call=*/0, /*refuse_from=*/2), good;
+  MemoryNodeStandIn memory(MemoryNodeStandIn::Mode::kAnswer);
+  OnLoopback refusing_server(refusing);
+  OnLoopback good_server(good);
+  OnLoopback memory_server(memory);
+  ASSERT_TRUE(refusing_server.up());
+  ASSERT_TRUE(good_server.up());
+  ASSERT_TRUE(memory_server.up());
+  {
+    Heartbeats heartbeats(&plane);
+    heartbeats.Add(
+        RegisterNode(plane, "compute-refusing", control::ROLE_COMPUTE, refusing_server.address()));
+    heartbeats.Add(
+        RegisterNode(plane, "compute-good", control::ROLE_COMPUTE, good_server.address()));
+    ASSERT_TRUE(Configured(plane, "compute-refusing", absl::Seconds(10)));
+    ASSERT_TRUE(Configured(plane, "compute-good", absl::Seconds(10)));
+    heartbeats.Add(RegisterMemoryNode(plane, "memory-0", memory_server.address()));
+    EXPECT_TRUE(Configured(plane, "memory-0", absl::Seconds(10)))
+        << "the memory node waited for the compute node that refuses its list";
+    EXPECT_TRUE(good.Named({"memory-0"}, absl::Seconds(10)));
+    bool refusing_alive = true;
+    for (const NodeView& node : plane.Nodes()) {
+      if (node.info.name() == "compute-refusing") refusing_alive = node.alive;
+    }
+    EXPECT_FALSE(refusing_alive);
     plane.Stop();
   }
 }
