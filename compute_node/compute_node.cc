@@ -26,6 +26,10 @@ absl::StatusOr<std::unique_ptr<ComputeNode>> ComputeNode::Create(
                                                    options.rotation_batches));
   }
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
+  if (options.kv_cache_dtype != DType::kBF16 && options.kv_cache_dtype != DType::kF16) {
+    return absl::InvalidArgumentError("the KV cache is bf16 or f16");
+  }
+  config.kv_cache_dtype = options.kv_cache_dtype;
   const absl::Time start = absl::Now();
   ASSIGN_OR_RETURN(node->weights_, ModelWeights::Load(options.model_dir, config));
   node->max_model_len_ =
@@ -373,7 +377,7 @@ ModelShape ComputeNode::shape() const {
   s.num_heads = c.num_heads;
   s.num_kv_heads = c.num_kv_heads;
   s.head_dim = c.head_dim;
-  s.kv_dtype = "bf16";
+  s.kv_dtype = c.kv_cache_dtype == DType::kF16 ? "f16" : "bf16";
   s.vocab_size = c.vocab_size;
   s.max_position_embeddings = max_model_len_;
   return s;

@@ -46,6 +46,9 @@ struct ComputeNodeOptions {
   int64_t max_batch_rows = 2048;              // rows per step
   int64_t local_kv_budget_bytes = 1LL << 30;  // co-located mode
   bool prefault_kv = true;
+  // The KV cache's element type, kBF16 or kF16 (ModelConfig::kv_cache_dtype): the scheduler
+  // refuses a node whose type is not its own.
+  DType kv_cache_dtype = DType::kBF16;
   // Co-located mode: a disk tier under the local KV cache (dir empty: none), opened empty at
   // each configuration that asks for one (ComputeConfig::disk_block_tokens).
   KvDiskTierOptions disk;

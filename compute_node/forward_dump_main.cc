@@ -25,6 +25,7 @@ ABSL_FLAG(std::string, prompt_tokens, "", "Comma-separated prompt token ids");
 ABSL_FLAG(int, decode_steps, 8, "Greedy decode steps");
 ABSL_FLAG(int, chunk, 0, "Prefill chunk size in tokens (0: the whole prompt at once)");
 ABSL_FLAG(uint32_t, seed, 1, "Seed of the random prompt");
+ABSL_FLAG(std::string, kv_cache_dtype, "bf16", "The KV cache's element type: bf16 or f16");
 
 namespace strata {
 namespace {
@@ -51,6 +52,9 @@ int Run() {
   const std::string dir = absl::GetFlag(FLAGS_model);
   auto config = LoadModelConfig(dir);
   if (!config.ok()) return Fail(std::string(config.status().message()));
+  const std::string kv = absl::GetFlag(FLAGS_kv_cache_dtype);
+  if (kv != "bf16" && kv != "f16") return Fail("--kv_cache_dtype: bf16 or f16");
+  config->kv_cache_dtype = kv == "f16" ? DType::kF16 : DType::kBF16;
   auto weights = ModelWeights::Load(dir, *config);
   if (!weights.ok()) return Fail(std::string(weights.status().message()));
 

@@ -51,6 +51,8 @@ ABSL_FLAG(std::string, gemm, "",
           "matmul wherever the CPU has AVX-512). Sets STRATA_GEMM; empty: STRATA_GEMM as "
           "given, else auto");
 ABSL_FLAG(bool, prefault_kv, true, "Touch the KV cache at start-up");
+ABSL_FLAG(std::string, kv_cache_dtype, "bf16",
+          "The KV cache's element type: bf16 or f16 (the scheduler's --kv_cache_dtype must match)");
 // Defaults come from the options structs, declared once there.
 ABSL_FLAG(int, attention_minibatches, strata::RemoteAttentionOptions().minibatches,
           "Disaggregated mode: mini-batches per memory node and layer (1: no overlap)");
@@ -135,6 +137,12 @@ int main(int argc, char** argv) {
   options.max_batch_rows = absl::GetFlag(FLAGS_max_batch_rows);
   options.local_kv_budget_bytes = absl::GetFlag(FLAGS_kv_budget_mib) << 20;
   options.prefault_kv = absl::GetFlag(FLAGS_prefault_kv);
+  if (const std::string kv = absl::GetFlag(FLAGS_kv_cache_dtype); kv == "f16" || kv == "bf16") {
+    options.kv_cache_dtype = kv == "f16" ? strata::DType::kF16 : strata::DType::kBF16;
+  } else {
+    LOG(ERROR) << "--kv_cache_dtype: \"" << kv << "\"; bf16 or f16";
+    return 2;
+  }
   // Co-located mode's disk tier (unused when the scheduler has memory nodes).
   auto disk = strata::KvDiskOptionsFromFlags();
   if (!disk.ok()) {

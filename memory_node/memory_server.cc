@@ -83,8 +83,9 @@ absl::StatusOr<MemoryConfigAck> MemoryServer::Configure(const MemoryConfig& conf
         absl::StrCat("unusable model shape: ", m.num_layers, " layers, ", m.num_heads, " heads, ",
                      m.num_kv_heads, " KV heads, head dim ", m.head_dim));
   }
-  if (m.kv_dtype != "bf16") {
-    return absl::InvalidArgumentError(absl::StrCat("KV dtype \"", m.kv_dtype, "\""));
+  if (m.kv_dtype != "bf16" && m.kv_dtype != "f16") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV dtype \"", m.kv_dtype, "\"; this node stores bf16 or f16"));
   }
   if (config.num_slots == 0) return absl::InvalidArgumentError("no KV slots");
   // Bounds that keep every size below in range (a configuration past them would wrap a
@@ -97,7 +98,7 @@ absl::StatusOr<MemoryConfigAck> MemoryServer::Configure(const MemoryConfig& conf
   store.num_layers = static_cast<int>(m.num_layers);
   store.num_kv_heads = static_cast<int>(m.num_kv_heads);
   store.head_dim = static_cast<int>(m.head_dim);
-  store.dtype = kernels::KvDType::kBF16;
+  store.dtype = m.kv_dtype == "f16" ? kernels::KvDType::kF16 : kernels::KvDType::kBF16;
   store.num_slots = static_cast<int64_t>(config.num_slots);
   store.prefault = options_.prefault_kv;
   RETURN_IF_ERROR(KvStoreBytes(store).status());
@@ -108,6 +109,7 @@ absl::StatusOr<MemoryConfigAck> MemoryServer::Configure(const MemoryConfig& conf
                           dims_.num_heads == static_cast<int>(m.num_heads) &&
                           dims_.num_kv_heads == static_cast<int>(m.num_kv_heads) &&
                           dims_.head_dim == static_cast<int>(m.head_dim) &&
+                          engine_->store().config().dtype == store.dtype &&
                           engine_->store().num_slots() == static_cast<int64_t>(config.num_slots);
   peers_.clear();  // steps in flight belong to the previous configuration
   routed_.clear();
@@ -132,6 +134,9 @@ absl::StatusOr<MemoryConfigAck> MemoryServer::Configure(const MemoryConfig& conf
               << config.num_slots << " KV slots (" << engine_->store().total_bytes() / (1 << 20)
               << " MiB) for " << m.name << " in " << absl::FormatDuration(absl::Now() - start);
   }
+  kv_frame_dtype_.store(static_cast<uint16_t>(store.dtype == kernels::KvDType::kF16
+                                                  ? transport::FrameDType::kF16
+                                                  : transport::FrameDType::kBF16));
   MemoryConfigAck ack;
   ack.num_slots = engine_->store().num_slots();
   ack.kv_bytes = engine_->store().total_bytes();
@@ -399,9 +404,9 @@ void MemoryServer::HandleLayer(PeerId peer, const FrameHeader& header,
         error = absl::InvalidArgumentError(absl::StrCat("mini-batch ", header.minibatch, " has ",
                                                         header.rows, " rows; the descriptor says ",
                                                         m->end - m->begin));
-      } else if (header.dtype != static_cast<uint16_t>(transport::FrameDType::kBF16)) {
-        error = absl::InvalidArgumentError(
-            absl::StrCat("rows of dtype ", header.dtype, "; this node stores bf16"));
+      } else if (header.dtype != kv_frame_dtype_.load()) {
+        error = absl::InvalidArgumentError(absl::StrCat(
+            "rows of dtype ", header.dtype, "; this node stores dtype ", kv_frame_dtype_.load()));
       } else if (payload.size() != m->request_bytes()) {
         error = absl::InvalidArgumentError(absl::StrCat("layer frame of ", payload.size(),
                                                         " bytes; mini-batch ", header.minibatch,

@@ -236,6 +236,8 @@ class MemoryServer : public transport::MessageHandler {
   mutable std::mutex engine_mu_;
   std::unique_ptr<AttentionEngine> engine_;
   AttentionDims dims_;
+  // The frame dtype of the k and v rows this node takes: its store's (bf16 or f16).
+  std::atomic<uint16_t> kv_frame_dtype_{0};
   uint64_t epoch_ = 0;
   PoolIndex pool_;
   std::unordered_map<transport::PeerId, PeerState> peers_;

@@ -42,6 +42,59 @@ TEST_P(MemoryServerTest, AnswersLayersWithTheEngineResult) {
   EXPECT_EQ(stats.malformed_frames, 0u);
 }
 
+// Configured with an f16 KV cache (the scheduler's --kv_cache_dtype=f16), the node takes
+// layer frames whose k and v rows are f16 (q stays bf16) and answers with what an engine on
+// an f16 store computes from the same rows; a frame of bf16 rows is refused, as an f16 one
+// is by a bf16 node: its bits would be read as the other type.
+TEST_P(MemoryServerTest, AnF16CacheTakesF16RowsAndAnswersWithTheEngineResult) {
+  MemoryConfig config = Config();
+  config.model.kv_dtype = "f16";
+  ASSERT_TRUE(server_->Configure(config).ok());
+  const int n = 21;
+  const StepShare share = Share(1, n);
+  SendStep(share);
+  const AttentionDims dims{kLayers, kHeads, kKvHeads, kDim};
+  const auto layouts = LayoutMinibatches(share, dims);
+  AttentionEngineConfig reference_config;
+  reference_config.store = {kLayers, kKvHeads, kDim, kernels::KvDType::kF16, 1000, false};
+  reference_config.num_heads = kHeads;
+  auto engine = *AttentionEngine::Create(reference_config);
+  auto prepared = *engine->Prepare(share.plan);
+  for (int layer = 0; layer < kLayers; ++layer) {
+    for (size_t j = 0; j < layouts.size(); ++j) {
+      const MinibatchLayout& m = layouts[j];
+      // q in bf16, then k and v in f16.
+      std::vector<uint8_t> payload = RandomRows(m.request_bytes(), 100 * layer + j);
+      std::mt19937 rng(7 + layer);
+      std::normal_distribution<float> normal;
+      auto* kv = reinterpret_cast<uint16_t*>(payload.data() + m.q_bytes);
+      for (size_t i = 0; i < 2 * m.kv_bytes / 2; ++i) kv[i] = FloatToF16(normal(rng));
+      FrameHeader h = LayerHeader(1, layer, j, m.end - m.begin);
+      h.dtype = static_cast<uint16_t>(transport::FrameDType::kF16);
+      client_->Send(h, payload);
+      const Reply reply = client_->Next();
+      ASSERT_EQ(reply.header.kind, static_cast<uint16_t>(FrameKind::kLayerResult));
+      EXPECT_EQ(reply.payload, Expected(*engine, prepared, layer, m, payload))
+          << "layer " << layer << " mini-batch " << j;
+    }
+  }
+  // bf16 rows at an f16 node, and f16 rows at a bf16 node.
+  for (const char* kv_dtype : {"f16", "bf16"}) {
+    config.model.kv_dtype = kv_dtype;
+    ASSERT_TRUE(server_->Configure(config).ok());
+    SendStep(Share(2, n));
+    const MinibatchLayout& m = layouts[0];
+    FrameHeader h = LayerHeader(2, 0, 0, m.end - m.begin);
+    h.dtype = static_cast<uint16_t>(std::string(kv_dtype) == "f16" ? transport::FrameDType::kBF16
+                                                                   : transport::FrameDType::kF16);
+    client_->Send(h, RandomRows(m.request_bytes(), 3));
+    const Reply r = client_->Next();
+    EXPECT_EQ(r.header.kind, static_cast<uint16_t>(FrameKind::kError)) << kv_dtype;
+    const absl::Status status = transport::ErrorFrameStatus(r.header, r.payload);
+    EXPECT_NE(status.message().find("rows of dtype"), std::string::npos) << status;
+  }
+}
+
 // Frames sent without waiting queue behind the one that runs and are answered in the
 // order they came, each with the engine's result.
 TEST_P(MemoryServerTest, FramesSentBackToBackAreAnsweredInOrder) {

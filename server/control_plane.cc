@@ -184,6 +184,15 @@ grpc::Status ControlPlane::Register(grpc::ServerContext* context,
                                  " layers, ", want.num_heads(), " heads, vocabulary ",
                                  want.vocab_size(), ")"));
     }
+    // Unsaid (a node of an older build, a plane's options without it): bf16, the only one
+    // there was.
+    auto or_bf16 = [](const std::string& kv) { return kv.empty() ? std::string("bf16") : kv; };
+    if (or_bf16(m.kv_dtype()) != or_bf16(want.kv_dtype())) {
+      return Refuse(absl::StrCat("compute node ", info.name(), " keeps its KV cache in ",
+                                 or_bf16(m.kv_dtype()), "; this scheduler's is ",
+                                 or_bf16(want.kv_dtype()),
+                                 " (start both with the same --kv_cache_dtype)"));
+    }
   }
   std::lock_guard<std::mutex> lock(mu_);
   // A node that comes back under the same name replaces its dead record; a live one keeps

@@ -577,5 +577,33 @@ TEST(ControlPlaneConfigureTest, AComputeNodeThatRefusesTheMemoryNodeListIsTakenO
   }
 }
 
+// The KV cache's type is the deployment's: a compute node started with another
+// (--kv_cache_dtype) is refused at registration, with both types named, as one that loaded
+// another model is.
+TEST(ControlPlaneRegisterTest, AComputeNodeWithAnotherKvCacheTypeIsRefused) {
+  Scheduler scheduler(SchedulerConfig{}, nullptr);
+  ControlPlaneOptions options = TwoMemoryNodes();
+  options.model.set_kv_dtype("f16");
+  ControlPlane plane(&scheduler, std::move(options));
+  for (const char* kv : {"bf16", ""}) {  // "": a node of a build before the flag, bf16
+    control::RegisterRequest request;
+    control::NodeInfo* info = request.mutable_node();
+    info->set_name("compute-0");
+    info->set_role(control::ROLE_COMPUTE);
+    info->set_protocol_version(kProtocolVersion);
+    info->set_control_address("127.0.0.1:1");
+    *info->mutable_model() = TestModel();
+    info->mutable_model()->set_kv_dtype(kv);
+    control::RegisterResponse response;
+    grpc::ServerContext context;
+    const grpc::Status status = plane.Register(&context, &request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << kv;
+    EXPECT_NE(status.error_message().find("keeps its KV cache in bf16; this scheduler's is f16"),
+              std::string::npos)
+        << status.error_message();
+  }
+  plane.Stop();
+}
+
 }  // namespace
 }  // namespace strata

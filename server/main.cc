@@ -29,6 +29,9 @@ ABSL_FLAG(std::string, grpc_host, "127.0.0.1", "gRPC API listen address");
 ABSL_FLAG(int, compute_nodes, 1, "Compute nodes to wait for before /health is 200");
 ABSL_FLAG(int, memory_nodes, 0, "Memory nodes to wait for (0: co-located attention)");
 ABSL_FLAG(int64_t, max_model_len, 0, "Context length (0: the model's)");
+ABSL_FLAG(std::string, kv_cache_dtype, "bf16",
+          "The KV cache's element type on every node: bf16 or f16 (compute nodes must be "
+          "started with the same --kv_cache_dtype)");
 ABSL_FLAG(int64_t, max_num_seqs, strata::SchedulerConfig().max_num_seqs, "Sequences per step");
 ABSL_FLAG(int, max_plans_in_flight, 0,
           "Step plans a compute node holds at once (0: 2 with asynchronous scheduling or "
@@ -151,6 +154,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.max_model_len = absl::GetFlag(FLAGS_max_model_len);
+  o.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
+  if (o.kv_cache_dtype != "bf16" && o.kv_cache_dtype != "f16") {
+    LOG(ERROR) << "--kv_cache_dtype must be bf16 or f16";
+    return 2;
+  }
   o.control_host = absl::GetFlag(FLAGS_control_host);
   o.control_port = absl::GetFlag(FLAGS_control_port);
   o.port_file = absl::GetFlag(FLAGS_port_file);

@@ -90,7 +90,7 @@ absl::StatusOr<std::unique_ptr<ServerApp>> ServerApp::Start(ServerOptions option
   cp.model.set_num_kv_heads(model.num_kv_heads);
   cp.model.set_head_dim(model.head_dim);
   cp.model.set_vocab_size(model.vocab_size);
-  cp.model.set_kv_dtype("bf16");
+  cp.model.set_kv_dtype(options.kv_cache_dtype);
   cp.model.set_max_position_embeddings(max_model_len);
   cp.model.set_name(options.served_model_name);
   cp.expected_compute_nodes = options.expected_compute_nodes;

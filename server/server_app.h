@@ -29,6 +29,9 @@ struct ServerOptions {
   std::string served_model_name;  // default: the model directory's name
   std::string tool_call_parser;   // hermes, llama3 or mistral; empty: from the chat template
   int64_t max_model_len = 0;      // 0: the model's
+  // The KV cache's element type, "bf16" or "f16", on every node: memory nodes are configured
+  // with it, and compute nodes started with another are refused.
+  std::string kv_cache_dtype = "bf16";
   std::string control_host = "127.0.0.1";
   int control_port = 50050;  // 0: any free port
   std::string grpc_host = "127.0.0.1";

@@ -42,6 +42,9 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool qkv_bias = false;       // Qwen2 always; Llama when "attention_bias" is true.
   DType dtype = DType::kBF16;  // torch_dtype
+  // The KV cache's element type, kBF16 or kF16: how this deployment serves the model (the
+  // compute node's --kv_cache_dtype), not read from config.json.
+  DType kv_cache_dtype = DType::kBF16;
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;
   // Mistral v0.1 declares a sliding window; strata caps the context at it instead.

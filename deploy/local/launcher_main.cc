@@ -52,6 +52,8 @@ ABSL_FLAG(int64_t, omp_spin_count, -1,
           "sleeps (-1: from the core layout; here every process shares the cores)");
 ABSL_FLAG(int64_t, kv_budget_mib, 1024, "KV cache per compute node in co-located mode, MiB");
 ABSL_FLAG(int64_t, memory_kv_budget_mib, 1024, "KV cache per memory node, MiB");
+ABSL_FLAG(std::string, kv_cache_dtype, "bf16",
+          "The KV cache's element type, bf16 or f16: given to the server and every compute node");
 ABSL_FLAG(std::string, kv_disk_dir, "",
           "The disk tier under each KV pool: every memory node, or in co-located mode every "
           "compute node, gets its own subdirectory (memory-0, compute-0, ...) of this "
@@ -319,7 +321,8 @@ int Run() {
       absl::StrCat("--compute_nodes=", absl::GetFlag(FLAGS_compute_nodes)),
       absl::StrCat("--memory_nodes=", memory_nodes),
       absl::StrCat("--grpc_port=", absl::GetFlag(FLAGS_grpc_port)),
-      "--grpc_host=" + absl::GetFlag(FLAGS_host)};
+      "--grpc_host=" + absl::GetFlag(FLAGS_host),
+      "--kv_cache_dtype=" + absl::GetFlag(FLAGS_kv_cache_dtype)};
   server_argv.insert(server_argv.end(), auth_args.begin(), auth_args.end());
   server_argv.insert(server_argv.end(), process_args.begin(), process_args.end());
   if (!absl::GetFlag(FLAGS_served_model_name).empty()) {
@@ -424,7 +427,8 @@ int Run() {
         name,
         {bin + "/compute_node/compute_node", "--model=" + model, "--scheduler=" + scheduler,
          "--name=" + name, absl::StrCat("--threads=", threads),
-         absl::StrCat("--kv_budget_mib=", absl::GetFlag(FLAGS_kv_budget_mib))},
+         absl::StrCat("--kv_budget_mib=", absl::GetFlag(FLAGS_kv_budget_mib)),
+         "--kv_cache_dtype=" + absl::GetFlag(FLAGS_kv_cache_dtype)},
         OpenMpEnvironment(threads, CoreShare::kShared, spin_count)};
     if (partition) spec.argv.push_back("--cpus=" + compute_cpu_list);
     if (!absl::GetFlag(FLAGS_gemm).empty()) {

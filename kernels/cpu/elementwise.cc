@@ -26,6 +26,10 @@ void ConvertToBf16Scalar(int64_t n, const float* in, uint16_t* out) {
   elementwise_internal::ConvertToBf16<simd::ScalarOps>(n, in, out);
 }
 
+void ConvertToF16Scalar(int64_t n, const float* in, uint16_t* out) {
+  elementwise_internal::ConvertToF16<simd::ScalarOps>(n, in, out);
+}
+
 double ExpShiftedScalar(int64_t n, const float* x, float shift, float scale, float* out) {
   return elementwise_internal::ExpShifted<simd::ScalarOps>(n, x, shift, scale, out);
 }
@@ -65,6 +69,10 @@ void ApplyRope(int rows, int num_heads, int head_dim, int64_t row_stride, const 
 
 void ConvertToBf16(int64_t n, const float* in, uint16_t* out) {
   STRATA_DISPATCH(ConvertToBf16, n, in, out);
+}
+
+void ConvertToF16(int64_t n, const float* in, uint16_t* out) {
+  STRATA_DISPATCH(ConvertToF16, n, in, out);
 }
 
 double ExpShifted(int64_t n, const float* x, float shift, float scale, float* out) {

@@ -46,6 +46,10 @@ int64_t Argmax(int64_t n, const float* x);
 //   in: [n] f32, out: [n] bf16
 void ConvertToBf16(int64_t n, const float* in, uint16_t* out);
 
+// out[i] = f16(in[i]), round to nearest even, overflow to infinity: FloatToF16's bits.
+//   in: [n] f32, out: [n] f16
+void ConvertToF16(int64_t n, const float* in, uint16_t* out);
+
 }  // namespace strata::kernels
 
 #endif  // STRATA_KERNELS_CPU_ELEMENTWISE_H_

@@ -158,13 +158,25 @@ int64_t Argmax(int64_t n, const float* x) {
   return first + ArgmaxFromANumber<Ops>(n - first, x + first);
 }
 
-template <class Ops>
-void ConvertToBf16(int64_t n, const float* in, uint16_t* out) {
+// out[i] = in[i] in a 16-bit type: whole vectors by kStore, the tail by kScalar (the same
+// rounding).
+template <class Ops, void (*kStore)(uint16_t*, typename Ops::V), uint16_t (*kScalar)(float)>
+void ConvertTo16(int64_t n, const float* in, uint16_t* out) {
   constexpr int L = Ops::kLanes;
   const int64_t vec_end = n / L * L;
 #pragma omp parallel for schedule(static) if (n >= 65536)
-  for (int64_t i = 0; i < vec_end; i += L) Ops::StoreBf16(out + i, Ops::Load(in + i));
-  for (int64_t i = vec_end; i < n; ++i) out[i] = FloatToBf16(in[i]);
+  for (int64_t i = 0; i < vec_end; i += L) kStore(out + i, Ops::Load(in + i));
+  for (int64_t i = vec_end; i < n; ++i) out[i] = kScalar(in[i]);
+}
+
+template <class Ops>
+void ConvertToBf16(int64_t n, const float* in, uint16_t* out) {
+  ConvertTo16<Ops, &Ops::StoreBf16, &FloatToBf16>(n, in, out);
+}
+
+template <class Ops>
+void ConvertToF16(int64_t n, const float* in, uint16_t* out) {
+  ConvertTo16<Ops, &Ops::StoreF16, &FloatToF16>(n, in, out);
 }
 
 }  // namespace strata::kernels::elementwise_internal

@@ -127,6 +127,36 @@ TEST_P(ElementwiseTest, ConvertToBf16IsExactRoundToNearestEven) {
   for (size_t i = 1; i < x.size(); ++i) ASSERT_EQ(out[i], FloatToBf16(x[i])) << i;
 }
 
+// Against the scalar FloatToF16 (common/base/bfloat16.h), on normal values, ties, values
+// that round to subnormals or to zero, overflow, infinities and NaNs, at a length that
+// leaves a tail for every vector width.
+TEST_P(ElementwiseTest, ConvertToF16IsExactRoundToNearestEven) {
+  std::vector<float> x = Normal(100003, 1e3f);
+  const std::vector<float> edges = {std::numeric_limits<float>::quiet_NaN(),
+                                    -std::numeric_limits<float>::quiet_NaN(),
+                                    std::numeric_limits<float>::infinity(),
+                                    -std::numeric_limits<float>::infinity(),
+                                    1.0f + 1.0f / 2048,  // tie: rounds to even
+                                    1.0f + 3.0f / 2048,  // tie: rounds up to even
+                                    65504.0f,
+                                    65519.0f,
+                                    65520.0f,
+                                    -1e6f,
+                                    6.1e-5f,
+                                    3.0e-6f,
+                                    5.96e-8f,
+                                    2.98e-8f,
+                                    2.9802322e-8f,
+                                    1e-9f,
+                                    -0.0f,
+                                    0.0f};
+  std::copy(edges.begin(), edges.end(), x.begin());
+  for (size_t i = edges.size(); i < 3000; ++i) x[i] = x[i] * 1e-9f;  // subnormal results
+  std::vector<uint16_t> out(x.size());
+  ConvertToF16(x.size(), x.data(), out.data());
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(out[i], FloatToF16(x[i])) << i << " " << x[i];
+}
+
 TEST_P(ElementwiseTest, ExpShiftedMatchesLibm) {
   std::vector<float> x = Normal(1003, 20.0f);
   x[0] = -std::numeric_limits<float>::infinity();

@@ -21,6 +21,7 @@ namespace strata::kernels::isa_internal {
   void ApplyRope##suffix(int rows, int num_heads, int head_dim, int64_t row_stride,               \
                          const int32_t* positions, const float* cos, const float* sin, float* x); \
   void ConvertToBf16##suffix(int64_t n, const float* in, uint16_t* out);                          \
+  void ConvertToF16##suffix(int64_t n, const float* in, uint16_t* out);                           \
   double ExpShifted##suffix(int64_t n, const float* x, float shift, float scale, float* out);     \
   int64_t Argmax##suffix(int64_t n, const float* x);
 

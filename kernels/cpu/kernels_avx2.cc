@@ -38,6 +38,10 @@ void ConvertToBf16Avx2(int64_t n, const float* in, uint16_t* out) {
   elementwise_internal::ConvertToBf16<Ops>(n, in, out);
 }
 
+void ConvertToF16Avx2(int64_t n, const float* in, uint16_t* out) {
+  elementwise_internal::ConvertToF16<Ops>(n, in, out);
+}
+
 double ExpShiftedAvx2(int64_t n, const float* x, float shift, float scale, float* out) {
   return elementwise_internal::ExpShifted<Ops>(n, x, shift, scale, out);
 }

@@ -2,7 +2,7 @@
 // Ops type and is instantiated once per instruction set; the AVX2/AVX-512 traits exist only
 // in translation units compiled with those instruction sets enabled.
 //
-// Ops provides: kLanes, V, Zero, Set1, Load, Store, LoadKv<KvDType>, StoreBf16, Add, Sub,
+// Ops provides: kLanes, V, Zero, Set1, Load, Store, LoadKv<KvDType>, StoreBf16, StoreF16, Add, Sub,
 // Mul, Fma, Max, Min, ReduceAdd, ReduceMax, Exp. Exp(-inf) is exactly 0 and Exp(0) exactly
 // 1 on every path. The vector paths also provide ReduceAddAll: the ReduceAdd of kLanes
 // vectors at once, bit for bit, lane l holding the sum of v[ReduceAddAllSource(kLanes, l)].
@@ -52,6 +52,7 @@ struct ScalarOps {
   static V Load(const float* p) { return *p; }
   static void Store(float* p, V v) { *p = v; }
   static void StoreBf16(uint16_t* p, V v) { *p = FloatToBf16(v); }
+  static void StoreF16(uint16_t* p, V v) { *p = FloatToF16(v); }
   template <KvDType kKv>
   static V LoadKv(const uint16_t* p) {
     return kKv == KvDType::kBF16 ? Bf16ToFloat(*p) : F16ToFloat(*p);
@@ -89,6 +90,20 @@ struct Avx512Ops {
     rounded = _mm512_mask_or_epi32(rounded, nan, bits, _mm512_set1_epi32(0x400000));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                         _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+  }
+  // Round to nearest even (F16C); NaNs as FloatToF16 writes them, so that every path gives
+  // the same bits.
+  static void StoreF16(uint16_t* p, V v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    if (nan != 0) {
+      alignas(64) float lanes[16];
+      _mm512_store_ps(lanes, v);
+      for (int i = 0; i < 16; ++i) {
+        if ((nan >> i) & 1) p[i] = FloatToF16(lanes[i]);
+      }
+    }
   }
   template <KvDType kKv>
   static V LoadKv(const uint16_t* p) {
@@ -190,6 +205,18 @@ struct Avx2Ops {
     alignas(32) float lanes[8];
     _mm256_store_ps(lanes, v);
     for (int i = 0; i < 8; ++i) p[i] = FloatToBf16(lanes[i]);
+  }
+  static void StoreF16(uint16_t* p, V v) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const int nan = _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    if (nan != 0) {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, v);
+      for (int i = 0; i < 8; ++i) {
+        if ((nan >> i) & 1) p[i] = FloatToF16(lanes[i]);
+      }
+    }
   }
   template <KvDType kKv>
   static V LoadKv(const uint16_t* p) {

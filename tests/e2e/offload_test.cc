@@ -1,8 +1,8 @@
 // Attention offloading across processes on loopback: the launcher starts the server, a
 // compute node and memory nodes talking UCX over TCP. Greedy outputs equal co-located
-// ones; a memory node killed (SIGKILL) or hung (SIGSTOP) mid-generation only moves its
-// requests, and a hung one that wakes up comes back; a compute node that disappears stops
-// admission until it registers again.
+// ones, with a bf16 or an f16 KV cache; a memory node killed (SIGKILL) or hung (SIGSTOP)
+// mid-generation only moves its requests, and a hung one that wakes up comes back; a compute node
+// that disappears stops admission until it registers again.
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -189,6 +189,33 @@ TEST(OffloadTest, OutputsEqualCoLocatedAcrossProcesses) {
     ASSERT_EQ(got[i].status, 200) << got[i].error;
     EXPECT_EQ(got[i].tokens, reference[i].tokens) << "prompt " << i;
     EXPECT_EQ(got[i].text, reference[i].text) << "prompt " << i;
+  }
+  EXPECT_EQ((*d)->Stop(), 0);
+}
+
+// With an f16 KV cache (--kv_cache_dtype=f16 on the launcher: the server and every
+// compute node), the memory nodes keep it and the outputs still equal co-located ones,
+// bit for bit. (Its numbers against the numpy reference: //compute_node:reference_test_*_f16_kv.)
+TEST(OffloadTest, AnF16KvCacheGivesTheSameOutputsAcrossProcesses) {
+  const auto prompts = Prompts();
+  std::vector<Completion> reference;
+  {
+    DeploymentOptions o = Offloaded(0);
+    o.launcher_args.push_back("--kv_cache_dtype=f16");
+    auto d = Deployment::Start(o);
+    ASSERT_TRUE(d.ok()) << d.status();
+    reference = CompleteAll((*d)->http_port(), prompts, 12);
+    EXPECT_EQ((*d)->Stop(), 0);
+  }
+  DeploymentOptions o = Offloaded(2);
+  o.launcher_args.push_back("--kv_cache_dtype=f16");
+  auto d = Deployment::Start(o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  const auto got = CompleteAll((*d)->http_port(), prompts, 12);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(reference[i].status, 200) << reference[i].error;
+    ASSERT_EQ(got[i].status, 200) << got[i].error;
+    EXPECT_EQ(got[i].tokens, reference[i].tokens) << "prompt " << i;
   }
   EXPECT_EQ((*d)->Stop(), 0);
 }

@@ -8,6 +8,7 @@ the same tokens, and compares the log-softmax at each recorded position:
   - max |delta| <= 0.05 over the reference's top-10 tokens;
   - ||delta|| / ||ref|| <= 1e-2 over the whole vocabulary.
 Usage: compare_forward.py FORWARD_DUMP MODEL_DIR WORK_DIR [forward_dump flags...]
+(--kv_cache_dtype=f16 among them rounds the reference's KV cache to f16 as well.)
 Prints one line per position and exits non-zero on any violation.
 """
 import json
@@ -28,7 +29,11 @@ def main():
     with open(prefix + ".json") as f:
         meta = json.load(f)
     got = np.load(prefix + ".npy").astype(np.float64)
-    ref_all = ReferenceModel(model_dir).log_softmax(meta["tokens"])
+    kv_dtype = "bf16"
+    for flag in extra:
+        if flag.startswith("--kv_cache_dtype="):
+            kv_dtype = flag.split("=", 1)[1]
+    ref_all = ReferenceModel(model_dir, kv_dtype).log_softmax(meta["tokens"])
     ok = True
     worst_max = worst_rel = 0.0
     for i, pos in enumerate(meta["positions"]):
@@ -49,6 +54,17 @@ def main():
         if not top1_ok or max_delta > 0.05 or rel > 1e-2:
             ok = False
     print(f"worst: max|d| {worst_max:.2e} (limit 5e-2), rel {worst_rel:.2e} (limit 1e-2)")
+    if kv_dtype != "bf16":
+        # The KV cache's type must show: strata is nearer the reference that rounds K and V
+        # as it was asked to than the one that rounds them to bf16.
+        other = ReferenceModel(model_dir, "bf16").log_softmax(meta["tokens"])
+        rows = meta["positions"]
+        own = float(np.linalg.norm(got - ref_all[rows]))
+        bf16 = float(np.linalg.norm(got - other[rows]))
+        print(f"distance to the {kv_dtype}-KV reference {own:.3e}, to the bf16-KV one {bf16:.3e}")
+        if not own < bf16:
+            print(f"BAD: nearer the bf16-KV reference than the {kv_dtype}-KV one")
+            ok = False
     return 0 if ok else 1
 
 

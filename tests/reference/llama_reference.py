@@ -7,9 +7,11 @@ from strata's C++. It models serving the checkpoint in bfloat16: weight matrices
 (projections, embeddings, head) are rounded to bf16, f16 and f32 checkpoints included,
 while norm weights and biases keep their stored precision; and values are rounded to bf16
 where a bf16 engine stores them: every matmul input, q/k/v after RoPE (the KV cache) and
-the attention output. Everything else is float64.
+the attention output; with kv_dtype="f16", k and v (the KV cache) are rounded to IEEE
+binary16 instead. Everything else is float64.
 
-Usage as a library: ReferenceModel(model_dir).log_softmax(tokens) -> [len(tokens), vocab].
+Usage as a library: ReferenceModel(model_dir[, kv_dtype]).log_softmax(tokens) ->
+[len(tokens), vocab].
 """
 import json
 import math
@@ -25,6 +27,11 @@ def bf16_round(x):
     u = f.view(np.uint32).astype(np.uint64)
     u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
     return u.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def f16_round(x):
+    """Round to the nearest IEEE binary16 (ties to even, overflow to infinity), as float64."""
+    return np.asarray(x, dtype=np.float32).astype(np.float16).astype(np.float64)
 
 
 def safetensors_files(model_dir):
@@ -107,7 +114,10 @@ def inverse_frequencies(cfg, head_dim):
 
 
 class ReferenceModel:
-    def __init__(self, model_dir):
+    def __init__(self, model_dir, kv_dtype="bf16"):
+        if kv_dtype not in ("bf16", "f16"):
+            raise ValueError(f"KV dtype {kv_dtype}: bf16 or f16")
+        self.kv_round = f16_round if kv_dtype == "f16" else bf16_round
         with open(os.path.join(model_dir, "config.json")) as f:
             self.cfg = json.load(f)
         c = self.cfg
@@ -152,8 +162,8 @@ class ReferenceModel:
             k = self.linear(h, p + "self_attn.k_proj.weight", p + "self_attn.k_proj.bias")
             v = self.linear(h, p + "self_attn.v_proj.weight", p + "self_attn.v_proj.bias")
             q = bf16_round(self.rope(q.reshape(n, self.heads, self.head_dim), positions))
-            k = bf16_round(self.rope(k.reshape(n, self.kv_heads, self.head_dim), positions))
-            v = bf16_round(v.reshape(n, self.kv_heads, self.head_dim))
+            k = self.kv_round(self.rope(k.reshape(n, self.kv_heads, self.head_dim), positions))
+            v = self.kv_round(v.reshape(n, self.kv_heads, self.head_dim))
             out = np.empty((n, self.heads, self.head_dim))
             for head in range(self.heads):
                 kv = head // group
