@@ -6,7 +6,7 @@
 
 namespace strata::bench {
 
-absl::StatusOr<BenchModel> LoadBenchModel(const std::string& flag) {
+absl::StatusOr<BenchModel> LoadBenchModel(const std::string& flag, DType kv_cache_dtype) {
   BenchModel model;
   absl::StatusOr<std::string> dir = BenchModelDir(flag);
   if (!dir.ok()) return dir.status();
@@ -14,6 +14,7 @@ absl::StatusOr<BenchModel> LoadBenchModel(const std::string& flag) {
   absl::StatusOr<ModelConfig> config = LoadModelConfig(model.dir);
   if (!config.ok()) return config.status();
   model.config = *config;
+  model.config.kv_cache_dtype = kv_cache_dtype;
   auto weights = ModelWeights::Load(model.dir, model.config);
   if (!weights.ok()) return weights.status();
   model.weights = std::move(*weights);

@@ -19,7 +19,9 @@ struct BenchModel {
 };
 
 // `flag`'s model (BenchModelDir), or why it could not be loaded.
-absl::StatusOr<BenchModel> LoadBenchModel(const std::string& flag);
+// `kv_cache_dtype`: the KV cache's element type the bench serves with (bf16 or f16).
+absl::StatusOr<BenchModel> LoadBenchModel(const std::string& flag,
+                                          DType kv_cache_dtype = DType::kBF16);
 
 }  // namespace strata::bench
 

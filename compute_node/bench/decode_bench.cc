@@ -38,6 +38,7 @@ ABSL_FLAG(std::string, batches, "1,8,32,64", "Batch sizes");
 ABSL_FLAG(std::string, contexts, "256,2048", "Context lengths");
 ABSL_FLAG(int, iters, 8, "Timed steps per round");
 ABSL_FLAG(int, rounds, 5, "Interleaved rounds (full, GEMM-only, probe) per configuration");
+ABSL_FLAG(std::string, kv_cache_dtype, "bf16", "The KV cache's element type: bf16 or f16");
 
 namespace strata {
 namespace {
@@ -45,7 +46,13 @@ namespace {
 using bench::NoAttention;
 
 int Run() {
-  absl::StatusOr<bench::BenchModel> model = bench::LoadBenchModel(absl::GetFlag(FLAGS_model));
+  const std::string kv = absl::GetFlag(FLAGS_kv_cache_dtype);
+  if (kv != "bf16" && kv != "f16") {
+    std::fprintf(stderr, "--kv_cache_dtype: bf16 or f16\n");
+    return 1;
+  }
+  absl::StatusOr<bench::BenchModel> model =
+      bench::LoadBenchModel(absl::GetFlag(FLAGS_model), kv == "f16" ? DType::kF16 : DType::kBF16);
   if (!model.ok()) {
     std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
     return 1;

@@ -13,11 +13,13 @@ absl::StatusOr<std::unique_ptr<LocalAttention>> FilledLocalAttention(const Model
   KvStore& store = const_cast<KvStore&>((*local)->engine().store());
   std::mt19937 rng(1);
   const int64_t n = batch * positions * store.row_elements();
+  // In the cache's own type.
+  const auto to_kv = config.kv_cache_dtype == DType::kF16 ? FloatToF16 : FloatToBf16;
   for (int l = 0; l < config.num_layers; ++l) {
     for (int64_t i = 0; i < n; ++i) {
       const float x = static_cast<float>(static_cast<int32_t>(rng() % 2001) - 1000) / 1000.0f;
-      store.k(l)[i] = FloatToBf16(x);
-      store.v(l)[i] = FloatToBf16(-x);
+      store.k(l)[i] = to_kv(x);
+      store.v(l)[i] = to_kv(-x);
     }
   }
   StepKvPlan setup;

@@ -24,7 +24,10 @@ rounds).
 
   /usr/bin/python3 tests/bench/peer_bench.py --bin_dir="$(bazel info bazel-bin)" \\
       --llama_dir=/path/to/llama.cpp/build [--rounds=3] [--parts=tg,batched,served,pp]
-      [--threads=2]
+      [--threads=2] [--kv_cache_dtype=f16]
+
+--kv_cache_dtype=f16 runs strata with an f16 KV cache, the type llama.cpp's cache has by
+default (strata's default is bf16; both take 2 bytes an element).
 """
 import argparse
 import contextlib
@@ -57,11 +60,16 @@ def gguf_of(model):
     return out
 
 
+# strata's KV cache type (--kv_cache_dtype): decode_bench's and the served deployment's.
+KV_CACHE_DTYPE = ["bf16"]
+
+
 def decode_bench(bin_dir, model, batches, contexts):
     out = subprocess.run(
         [f"{bin_dir}/compute_node/bench/decode_bench", f"--model={model}",
          f"--batches={','.join(map(str, batches))}",
-         f"--contexts={','.join(map(str, contexts))}", "--rounds=3"],
+         f"--contexts={','.join(map(str, contexts))}", "--rounds=3",
+         f"--kv_cache_dtype={KV_CACHE_DTYPE[0]}"],
         env=compare_builds.ENV, capture_output=True, text=True, check=True, cwd="/tmp").stdout
     rows = compare_builds.table_rows(out, 2)
     for b in batches:
@@ -190,12 +198,16 @@ def main():
                         help="threads of both in tg and batched (decode_bench's OpenMP team, "
                              "llama.cpp's -t); the served part runs at 2 only (the launcher's "
                              "layout) and is skipped otherwise; the issue's figures use 2")
+    parser.add_argument("--kv_cache_dtype", default="bf16", choices=["bf16", "f16"],
+                        help="strata's KV cache type, in decode_bench and the served "
+                             "deployment (llama.cpp's cache is f16 unless told otherwise)")
     parser.add_argument("--gemm", default="",
                         help="strata's GEMM (STRATA_GEMM for decode_bench and the compute "
                              "nodes): auto, own or onednn; empty: the default")
     args = parser.parse_args()
     THREADS = args.threads
     compare_builds.ENV["OMP_NUM_THREADS"] = str(THREADS)
+    KV_CACHE_DTYPE[0] = args.kv_cache_dtype
     if args.gemm:
         os.environ["STRATA_GEMM"] = args.gemm
         compare_builds.ENV["STRATA_GEMM"] = args.gemm
@@ -254,7 +266,9 @@ def main():
                 env = {k: v for k, v in os.environ.items()
                        if k not in ("OMP_NUM_THREADS", "GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
                 server = (compare_builds.launch(args.bin_dir, args.memory_nodes,
-                                                [f"--threads={THREADS}"], env=env)
+                                                [f"--threads={THREADS}",
+                                                 f"--kv_cache_dtype={args.kv_cache_dtype}"],
+                                                env=env)
                           if kind == "strata" else
                           llama_server(args.llama_dir, gguf, args.clients))
                 with server as (port, name, _):
