@@ -16,8 +16,7 @@ absl::StatusOr<std::unique_ptr<LocalAttention>> LocalAttention::Create(const Mod
   config.store.head_dim = static_cast<int>(c.head_dim);
   config.store.num_slots = num_slots;
   config.store.prefault = prefault;
-  config.store.dtype =
-      c.kv_cache_dtype == DType::kF16 ? kernels::KvDType::kF16 : kernels::KvDType::kBF16;
+  config.store.dtype = KvCacheType(c);
   config.num_heads = static_cast<int>(c.num_heads);
   auto local = std::make_unique<LocalAttention>();
   ASSIGN_OR_RETURN(local->engine_, AttentionEngine::Create(config));

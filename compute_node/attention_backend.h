@@ -85,6 +85,11 @@ class AttentionBackend {
   virtual void Abandon() {}
 };
 
+// The attention kernels' type of the model's KV cache (ModelConfig::kv_cache_dtype).
+inline kernels::KvDType KvCacheType(const ModelConfig& c) {
+  return c.kv_cache_dtype == DType::kF16 ? kernels::KvDType::kF16 : kernels::KvDType::kBF16;
+}
+
 // Co-located mode: the memory node's AttentionEngine, in process.
 class LocalAttention : public AttentionBackend {
  public:

@@ -374,8 +374,7 @@ void RemoteAttention::RunLocal(const std::vector<const LocalRow*>& rows, BatchBu
   p.num_kv_heads = dims_.num_kv_heads;
   p.head_dim = dims_.head_dim;
   p.scale = 1.0f / std::sqrt(static_cast<float>(dims_.head_dim));  // as AttentionEngine
-  p.kv_dtype =
-      config_.kv_cache_dtype == DType::kF16 ? kernels::KvDType::kF16 : kernels::KvDType::kBF16;
+  p.kv_dtype = KvCacheType(config_);
   const size_t q_row = static_cast<size_t>(p.num_heads) * p.head_dim;
   const size_t state_row = static_cast<size_t>(p.num_heads) * (p.head_dim + 2);
   std::vector<uint16_t> q(n * q_row), out(n * q_row);
@@ -477,7 +476,7 @@ absl::Status RemoteAttention::SendLayerTo(int layer, BatchBuffers& b, int64_t m,
         h.minibatch = static_cast<uint32_t>(j);
         h.rows = static_cast<uint32_t>(r1 - r0);
         // The type of the rows' k and v (the KV cache's); q and the answers are bf16.
-        h.dtype = static_cast<uint16_t>(config_.kv_cache_dtype == DType::kF16
+        h.dtype = static_cast<uint16_t>(KvCacheType(config_) == kernels::KvDType::kF16
                                             ? transport::FrameDType::kF16
                                             : transport::FrameDType::kBF16);
         h.payload_bytes = mb.request_bytes();
