@@ -28,27 +28,7 @@
 namespace strata {
 namespace {
 
-using rotation_testing::Broadcast;
-using rotation_testing::Drive;
-using rotation_testing::Failures;
-using rotation_testing::instance;
-using rotation_testing::kDeadline;
-using rotation_testing::kEpoch;
-using rotation_testing::kMaxPositions;
-using rotation_testing::kPools;
-using rotation_testing::kPromptLen;
-using rotation_testing::kSeqsPerBatch;
-using rotation_testing::kSteps;
-using rotation_testing::LaneOptions;
-using rotation_testing::MakeBatches;
-using rotation_testing::MakePlan;
-using rotation_testing::MakeReplicas;
-using rotation_testing::MemoryPools;
-using rotation_testing::Pointers;
-using rotation_testing::Replica;
-using rotation_testing::RotationFixture;
-using rotation_testing::RunPlan;
-using rotation_testing::Sequence;
+using namespace rotation_testing;  // NOLINT: the harness's replicas, memory nodes and plans
 
 class RotationTest : public RotationFixture {
  protected:
