@@ -283,6 +283,18 @@ TEST(FaultTest, AMemoryNodeFailingUnderTwoBatchesInFlightLosesNothing) {
   }
 }
 
+// Rotational pipelining across processes: 3 compute replicas and 2 memory nodes, at most 8
+// sequences, each memory node's answer due within `attention_timeout_ms`.
+DeploymentOptions Rotational(int attention_timeout_ms) {
+  DeploymentOptions options;
+  options.server_args = {"--served_model_name=tiny", "--max_num_seqs=8"};
+  options.compute_nodes = 3;
+  options.memory_nodes = 2;
+  options.launcher_args = {"--pipelining=rotational",
+                           absl::StrCat("--attention_timeout_ms=", attention_timeout_ms)};
+  return options;
+}
+
 // Rotational pipelining across processes (3 compute replicas, 2 memory nodes), and one
 // memory node is killed or hangs mid-generation (FailAMemoryNodeUnderLoad). Its rows fail
 // alone in each rotated step, named in the contexts the replicas hand each other over UCX,
@@ -292,11 +304,7 @@ TEST(FaultTest, AMemoryNodeFailingUnderTwoBatchesInFlightLosesNothing) {
 TEST(FaultTest, AMemoryNodeFailingUnderRotationLosesNothing) {
   for (int signal : {SIGKILL, SIGSTOP}) {
     SCOPED_TRACE(signal == SIGKILL ? "SIGKILL" : "SIGSTOP");
-    DeploymentOptions options;
-    options.server_args = {"--served_model_name=tiny", "--max_num_seqs=8"};
-    options.compute_nodes = 3;
-    options.memory_nodes = 2;
-    options.launcher_args = {"--pipelining=rotational", "--attention_timeout_ms=4000"};
+    const DeploymentOptions options = Rotational(/*attention_timeout_ms=*/4000);
     const double preempted =
         FailAMemoryNodeUnderLoad(options, signal, 600, absl::Milliseconds(400), absl::Seconds(90));
     EXPECT_LT(preempted, kLoadClients) << "the live node's requests were moved too";
@@ -330,13 +338,7 @@ TEST(FaultTest, AComputeReplicaDyingOrHangingMidRotationLosesNothing) {
   }
   for (int signal : {SIGKILL, SIGSTOP}) {
     SCOPED_TRACE(signal == SIGKILL ? "SIGKILL" : "SIGSTOP");
-    DeploymentOptions options;
-    options.server_args = {"--served_model_name=tiny", "--max_num_seqs=8"};
-    options.compute_nodes = 3;
-    options.memory_nodes = 2;
-    options.launcher_args = {"--pipelining=rotational", signal == SIGKILL
-                                                            ? "--attention_timeout_ms=4000"
-                                                            : "--attention_timeout_ms=60000"};
+    const DeploymentOptions options = Rotational(signal == SIGKILL ? 4000 : 60000);
     auto d = Deployment::Start(options);
     ASSERT_TRUE(d.ok()) << d.status();
     const HttpResponse single = HttpRequest((*d)->http_port(), "POST", "/v1/completions", body);
