@@ -1,11 +1,22 @@
 #include "compute_node/attention_backend.h"
 
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/enum_names.h"
 #include "common/base/status_macros.h"
 
 namespace strata {
+
+absl::StatusOr<DType> ParseKvCacheType(absl::string_view name) {
+  kernels::KvDType kv;
+  std::string error;
+  if (!ParseEnumName(name, kernels::kKvDTypeNames, &kv, &error)) {
+    return absl::InvalidArgumentError(absl::StrCat("KV cache type: ", error));
+  }
+  return kv == kernels::KvDType::kF16 ? DType::kF16 : DType::kBF16;
+}
 
 absl::StatusOr<std::unique_ptr<LocalAttention>> LocalAttention::Create(const ModelConfig& c,
                                                                        int64_t num_slots,

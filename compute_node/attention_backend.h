@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/protocol/step_plan.h"
 #include "compute_node/model_runner.h"
@@ -89,6 +91,10 @@ class AttentionBackend {
 inline kernels::KvDType KvCacheType(const ModelConfig& c) {
   return c.kv_cache_dtype == DType::kF16 ? kernels::KvDType::kF16 : kernels::KvDType::kBF16;
 }
+
+// The KV cache type named `name` (kernels::kKvDTypeNames: "bf16" or "f16") as a
+// ModelConfig::kv_cache_dtype, or InvalidArgument naming the choices.
+absl::StatusOr<DType> ParseKvCacheType(absl::string_view name);
 
 // Co-located mode: the memory node's AttentionEngine, in process.
 class LocalAttention : public AttentionBackend {

@@ -377,7 +377,7 @@ ModelShape ComputeNode::shape() const {
   s.num_heads = c.num_heads;
   s.num_kv_heads = c.num_kv_heads;
   s.head_dim = c.head_dim;
-  s.kv_dtype = c.kv_cache_dtype == DType::kF16 ? "f16" : "bf16";
+  s.kv_dtype = EnumNameOf(KvCacheType(c), kernels::kKvDTypeNames);
   s.vocab_size = c.vocab_size;
   s.max_position_embeddings = max_model_len_;
   return s;

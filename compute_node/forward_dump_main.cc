@@ -52,9 +52,9 @@ int Run() {
   const std::string dir = absl::GetFlag(FLAGS_model);
   auto config = LoadModelConfig(dir);
   if (!config.ok()) return Fail(std::string(config.status().message()));
-  const std::string kv = absl::GetFlag(FLAGS_kv_cache_dtype);
-  if (kv != "bf16" && kv != "f16") return Fail("--kv_cache_dtype: bf16 or f16");
-  config->kv_cache_dtype = kv == "f16" ? DType::kF16 : DType::kBF16;
+  auto kv = ParseKvCacheType(absl::GetFlag(FLAGS_kv_cache_dtype));
+  if (!kv.ok()) return Fail(std::string(kv.status().message()));
+  config->kv_cache_dtype = *kv;
   auto weights = ModelWeights::Load(dir, *config);
   if (!weights.ok()) return Fail(std::string(weights.status().message()));
 

@@ -24,6 +24,7 @@
 #include "common/protocol/node_config_proto.h"
 #include "common/protocol/pipelining.h"
 #include "common/transport/transport_flags.h"
+#include "compute_node/attention_backend.h"
 #include "compute_node/compute_node.h"
 #include "compute_node/linear.h"
 #include "compute_node/node_metrics.h"
@@ -137,10 +138,10 @@ int main(int argc, char** argv) {
   options.max_batch_rows = absl::GetFlag(FLAGS_max_batch_rows);
   options.local_kv_budget_bytes = absl::GetFlag(FLAGS_kv_budget_mib) << 20;
   options.prefault_kv = absl::GetFlag(FLAGS_prefault_kv);
-  if (const std::string kv = absl::GetFlag(FLAGS_kv_cache_dtype); kv == "f16" || kv == "bf16") {
-    options.kv_cache_dtype = kv == "f16" ? strata::DType::kF16 : strata::DType::kBF16;
+  if (auto kv = strata::ParseKvCacheType(absl::GetFlag(FLAGS_kv_cache_dtype)); kv.ok()) {
+    options.kv_cache_dtype = *kv;
   } else {
-    LOG(ERROR) << "--kv_cache_dtype: \"" << kv << "\"; bf16 or f16";
+    LOG(ERROR) << "--kv_cache_dtype: " << kv.status().message();
     return 2;
   }
   // Co-located mode's disk tier (unused when the scheduler has memory nodes).

@@ -83,9 +83,9 @@ absl::StatusOr<MemoryConfigAck> MemoryServer::Configure(const MemoryConfig& conf
         absl::StrCat("unusable model shape: ", m.num_layers, " layers, ", m.num_heads, " heads, ",
                      m.num_kv_heads, " KV heads, head dim ", m.head_dim));
   }
-  if (m.kv_dtype != "bf16" && m.kv_dtype != "f16") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV dtype \"", m.kv_dtype, "\"; this node stores bf16 or f16"));
+  kernels::KvDType kv_dtype;
+  if (std::string error; !ParseEnumName(m.kv_dtype, kernels::kKvDTypeNames, &kv_dtype, &error)) {
+    return absl::InvalidArgumentError(absl::StrCat("KV dtype: ", error));
   }
   if (config.num_slots == 0) return absl::InvalidArgumentError("no KV slots");
   // Bounds that keep every size below in range (a configuration past them would wrap a
@@ -98,7 +98,7 @@ absl::StatusOr<MemoryConfigAck> MemoryServer::Configure(const MemoryConfig& conf
   store.num_layers = static_cast<int>(m.num_layers);
   store.num_kv_heads = static_cast<int>(m.num_kv_heads);
   store.head_dim = static_cast<int>(m.head_dim);
-  store.dtype = m.kv_dtype == "f16" ? kernels::KvDType::kF16 : kernels::KvDType::kBF16;
+  store.dtype = kv_dtype;
   store.num_slots = static_cast<int64_t>(config.num_slots);
   store.prefault = options_.prefault_kv;
   RETURN_IF_ERROR(KvStoreBytes(store).status());

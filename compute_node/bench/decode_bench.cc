@@ -46,13 +46,12 @@ namespace {
 using bench::NoAttention;
 
 int Run() {
-  const std::string kv = absl::GetFlag(FLAGS_kv_cache_dtype);
-  if (kv != "bf16" && kv != "f16") {
-    std::fprintf(stderr, "--kv_cache_dtype: bf16 or f16\n");
+  const absl::StatusOr<DType> kv = ParseKvCacheType(absl::GetFlag(FLAGS_kv_cache_dtype));
+  if (!kv.ok()) {
+    std::fprintf(stderr, "--kv_cache_dtype: %s\n", std::string(kv.status().message()).c_str());
     return 1;
   }
-  absl::StatusOr<bench::BenchModel> model =
-      bench::LoadBenchModel(absl::GetFlag(FLAGS_model), kv == "f16" ? DType::kF16 : DType::kBF16);
+  absl::StatusOr<bench::BenchModel> model = bench::LoadBenchModel(absl::GetFlag(FLAGS_model), *kv);
   if (!model.ok()) {
     std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
     return 1;
