@@ -613,7 +613,10 @@ void ControlPlane::TellComputeNode(uint64_t id, std::shared_ptr<grpc::Channel> c
   // A node that misses the new list keeps waiting on a memory node that is gone, or
   // (rotational pipelining) on a replica that hung. Retried with backoff until it takes, the
   // node dies, or the control plane stops; every attempt sends the newest list.
+  // One that heartbeats but never takes it would hold back every new memory node's pool for
+  // as long as it lives: after options_.list_deadline it is taken out instead.
   auto stub = control::ComputeNode::NewStub(channel);
+  const absl::Time give_up = absl::Now() + options_.list_deadline;
   absl::Duration backoff = absl::Milliseconds(100);
   for (int attempt = 1;; ++attempt) {
     std::string name;
@@ -628,7 +631,7 @@ void ControlPlane::TellComputeNode(uint64_t id, std::shared_ptr<grpc::Channel> c
     }
     grpc::ClientContext context;
     options_.auth->Attach(&context);
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    context.set_deadline(absl::ToChronoTime(std::min(absl::Now() + absl::Seconds(5), give_up)));
     control::ComputeConfigAck ack;
     if (!SetConfiguring(id, &context)) return;  // declared dead meanwhile
     const grpc::Status status = stub->Configure(&context, config, &ack);
@@ -640,17 +643,19 @@ void ControlPlane::TellComputeNode(uint64_t id, std::shared_ptr<grpc::Channel> c
       AnnounceKnownPoolsLocked();
       return;
     }
-    if (Refusal(status.error_code())) {
-      // Asking again gets the same answer, and while it lives no memory node it has not
-      // heard of is announced: it is taken out.
+    // Asking again gets the same answer (a refusal), or the time is up: it is taken out.
+    const bool refused = Refusal(status.error_code());
+    if (refused || absl::Now() >= give_up) {
+      const std::string why =
+          refused ? "it refused the memory-node list: " + status.error_message()
+                  : absl::StrCat("it did not take the memory-node list in ",
+                                 absl::FormatDuration(options_.list_deadline), " (", attempt,
+                                 " attempts; the last: ", status.error_message(), ")");
       bool changed = false;
       {
         std::lock_guard<std::mutex> lock(mu_);
         auto it = nodes_.find(id);
-        if (it != nodes_.end()) {
-          changed =
-              MarkDead(it->second, "it refused the memory-node list: " + status.error_message());
-        }
+        if (it != nodes_.end()) changed = MarkDead(it->second, why);
       }
       if (changed) RequestReconfigure();
       return;

@@ -63,6 +63,11 @@ struct ControlPlaneOptions {
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   absl::Duration heartbeat_timeout = absl::Seconds(3);
   absl::Duration step_deadline = absl::Seconds(60);
+  // How long a live compute node may take to take a new memory-node list, its attempts
+  // together (each at most 5 s, retried with backoff): one that heartbeats but never
+  // answers, or keeps failing, is then taken out (it registers again), because while it
+  // lives no memory node it has not heard of is announced.
+  absl::Duration list_deadline = absl::Seconds(30);
   // Disk tiers: how long a batch of loads may take before its requests recompute instead
   // (saves and drops, which nobody waits for, take step_deadline).
   absl::Duration disk_load_deadline = absl::Seconds(2);
@@ -160,7 +165,8 @@ class ControlPlane final : public control::Scheduler::Service {
   // On broadcast_loop_: sends every configured compute node the current list, each on a
   // thread of its own.
   void ReconfigureComputeNodes();
-  // Sends compute node `id` the current list until it takes it, it dies, or the plane stops.
+  // Sends compute node `id` the current list until it takes it, it dies, the plane stops, or
+  // options.list_deadline passes (it is then declared dead).
   void TellComputeNode(uint64_t id, std::shared_ptr<grpc::Channel> channel);
   // True if what compute nodes are configured with changed (a memory node's pool or a
   // rotation replica left): the caller then has them reconfigured (RequestReconfigure).

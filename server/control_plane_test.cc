@@ -171,13 +171,14 @@ class MemoryNodeStandIn final : public control::MemoryNode::Service {
 };
 
 // A compute node's control service standing in for a node: its Configure answers at once,
-// but for call number `hold_call` (from 1; 0: none), which answers once the test lets it
-// (or the caller cancels it), and calls from number `refuse_from` on (0: none), which it
-// refuses (FAILED_PRECONDITION); it records the memory nodes each call named.
+// but for call number `hold_call` (from 1; 0: none) and every call from number `hold_from`
+// on (0: none), which answer once the test lets them (or the caller cancels them), and calls
+// from number `refuse_from` on (0: none), which it refuses (FAILED_PRECONDITION); it records
+// the memory nodes each call named.
 class ComputeNodeStandIn final : public control::ComputeNode::Service {
  public:
-  explicit ComputeNodeStandIn(int hold_call = 0, int refuse_from = 0)
-      : hold_call_(hold_call), refuse_from_(refuse_from) {}
+  explicit ComputeNodeStandIn(int hold_call = 0, int refuse_from = 0, int hold_from = 0)
+      : hold_call_(hold_call), refuse_from_(refuse_from), hold_from_(hold_from) {}
   grpc::Status Configure(grpc::ServerContext* context, const control::ComputeConfig* config,
                          control::ComputeConfigAck*) override {
     std::unique_lock<std::mutex> lock(mu_);
@@ -185,14 +186,15 @@ class ComputeNodeStandIn final : public control::ComputeNode::Service {
     for (const auto& m : config->memory_nodes()) names.push_back(m.name());
     calls_.push_back(std::move(names));
     cv_.notify_all();
-    if (static_cast<int>(calls_.size()) == hold_call_) {
+    const int call = static_cast<int>(calls_.size());
+    if (call == hold_call_ || (hold_from_ > 0 && call >= hold_from_)) {
       const absl::Time until = absl::Now() + absl::Seconds(60);
       while (!released_ && !context->IsCancelled() && absl::Now() < until) {
         cv_.wait_for(lock, std::chrono::milliseconds(5));
       }
       if (!released_) return grpc::Status::CANCELLED;
     }
-    if (refuse_from_ > 0 && static_cast<int>(calls_.size()) >= refuse_from_) {
+    if (refuse_from_ > 0 && call >= refuse_from_) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "not this configuration");
     }
     return grpc::Status::OK;
@@ -216,6 +218,7 @@ class ComputeNodeStandIn final : public control::ComputeNode::Service {
  private:
   const int hold_call_;
   const int refuse_from_;
+  const int hold_from_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::vector<std::string>> calls_;
@@ -573,6 +576,49 @@ TEST(ControlPlaneConfigureTest, AComputeNodeThatRefusesTheMemoryNodeListIsTakenO
       if (node.info.name() == "compute-refusing") refusing_alive = node.alive;
     }
     EXPECT_FALSE(refusing_alive);
+    plane.Stop();
+  }
+}
+
+// A compute node that heartbeats but never answers the memory-node list (every call from
+// its second on hangs until the plane cancels it) is taken out after list_deadline rather
+// than asked for as long as it lives, which held back the new memory node's pool all that
+// time. The memory node then is announced, to the compute node that took the list.
+TEST(ControlPlaneConfigureTest, AComputeNodeThatNeverTakesTheMemoryNodeListIsTakenOut) {
+  Scheduler scheduler(SchedulerConfig{}, nullptr);
+  ControlPlaneOptions options = TwoMemoryNodes();
+  options.heartbeat_timeout = absl::Seconds(60);  // it heartbeats; only the bound takes it out
+  options.list_deadline = absl::Seconds(2);
+  ControlPlane plane(&scheduler, std::move(options));
+  ComputeNodeStandIn silent(/*hold_call=*/0, /*refuse_from=*/0, /*hold_from=*/2), good;
+  MemoryNodeStandIn memory(MemoryNodeStandIn::Mode::kAnswer);
+  OnLoopback silent_server(silent);
+  OnLoopback good_server(good);
+  OnLoopback memory_server(memory);
+  ASSERT_TRUE(silent_server.up());
+  ASSERT_TRUE(good_server.up());
+  ASSERT_TRUE(memory_server.up());
+  {
+    Heartbeats heartbeats(&plane);
+    heartbeats.Add(
+        RegisterNode(plane, "compute-silent", control::ROLE_COMPUTE, silent_server.address()));
+    heartbeats.Add(
+        RegisterNode(plane, "compute-good", control::ROLE_COMPUTE, good_server.address()));
+    ASSERT_TRUE(Configured(plane, "compute-silent", absl::Seconds(10)));
+    ASSERT_TRUE(Configured(plane, "compute-good", absl::Seconds(10)));
+    const absl::Time registered = absl::Now();
+    heartbeats.Add(RegisterMemoryNode(plane, "memory-0", memory_server.address()));
+    ASSERT_TRUE(silent.Named({"memory-0"}, absl::Seconds(10)));  // its call, hanging
+    EXPECT_TRUE(good.Named({"memory-0"}, absl::Seconds(10)));
+    EXPECT_TRUE(Configured(plane, "memory-0", absl::Seconds(15)))
+        << "the memory node waited for the compute node that never takes its list";
+    EXPECT_GE(absl::Now() - registered, absl::Seconds(2))
+        << "announced before the silent node was taken out";
+    bool silent_alive = true;
+    for (const NodeView& node : plane.Nodes()) {
+      if (node.info.name() == "compute-silent") silent_alive = node.alive;
+    }
+    EXPECT_FALSE(silent_alive);
     plane.Stop();
   }
 }
