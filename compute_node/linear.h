@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/base/huge_pages.h"
 #include "common/model/safetensors.h"
 #include "dnnl.hpp"
 
@@ -68,7 +69,7 @@ class Linear {
   size_t weight_bytes_ = 0;
   // Unless oneDNN runs: the weight packed for kernels::GemmBf16, and the bias.
   bool own_gemm_ = false;
-  std::vector<uint16_t> packed_;
+  std::vector<uint16_t, StreamingAllocator<uint16_t>> packed_;
   std::vector<float> bias_values_;
   dnnl::memory::desc weight_desc_;  // repacked layout
   dnnl::memory weight_;

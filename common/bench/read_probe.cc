@@ -8,12 +8,14 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/base/huge_pages.h"
 #include "common/base/stopwatch.h"
 
 namespace strata {
 
 ReadProbe::ReadProbe(size_t bytes) : bytes_(bytes / 4096 * 4096) {
-  buffer_ = static_cast<char*>(std::aligned_alloc(4096, bytes_));
+  // On huge pages, as the weights and the KV cache it is the bound of (huge_pages.h).
+  buffer_ = static_cast<char*>(AllocateForStreaming(bytes_));
 #pragma omp parallel for schedule(static)
   for (size_t i = 0; i < bytes_; i += 4096) std::memset(buffer_ + i, 1, 4096);
 }

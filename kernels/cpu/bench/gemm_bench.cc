@@ -15,6 +15,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "common/base/huge_pages.h"
 #include "common/base/stopwatch.h"
 #include "common/bench/int_list.h"
 #include "kernels/cpu/gemm.h"
@@ -30,9 +31,12 @@ ABSL_FLAG(int, rounds, 5, "Passes over every layer's weights per configuration; 
 namespace strata::kernels {
 namespace {
 
+// Packed as the compute node holds its weights (compute_node/linear.h: on huge pages).
+using Packed = std::vector<uint16_t, StreamingAllocator<uint16_t>>;
+
 struct Weight {
   int64_t n, k;
-  std::vector<uint16_t> packed;
+  Packed packed;
 };
 
 int Run() {
@@ -48,7 +52,7 @@ int Run() {
     for (const auto& [n, k] : shapes) {
       std::vector<uint16_t> w(n * k);
       for (auto& v : w) v = static_cast<uint16_t>(0x3c00 + rng() % 0x0400);  // bf16 in [2^-7, 2^-6)
-      Weight packed{n, k, std::vector<uint16_t>(PackedGemmWeightSize(n, k))};
+      Weight packed{n, k, Packed(PackedGemmWeightSize(n, k))};
       PackGemmWeight(w.data(), n, k, packed.packed.data());
       bytes += n * k * 2;
       flops_per_row += 2 * n * k;
