@@ -6,7 +6,7 @@
 // measured on), only advised memory gets huge pages; the rest is mapped in 4 KiB pages, and
 // a stream of them costs a TLB miss and a page walk every 4 KiB, on which the hardware
 // prefetchers also stop. With its weights on huge pages the demo model's batch-1 decode
-// step took 0.86-0.96 of its time, and the read probe read 10-15% more (docs/benchmarks.md,
+// step took 0.85-0.96 of its time, and the read probe read 10-15% more (docs/benchmarks.md,
 // "Weights and the read probe on huge pages"). Under "always" nothing changes; under "never"
 // the advice is ignored.
 //
