@@ -10,8 +10,9 @@
 // "Weights and the read probe on huge pages"). Under "always" nothing changes; under "never"
 // the advice is ignored.
 //
-// Arrays under half a huge page keep the ordinary allocator: rounding them up would waste
-// more than they use.
+// Only whole huge pages are advised: an array's last partial one, and an array under one
+// huge page, stay on 4 KiB pages, so that no array takes more memory than it uses (a huge
+// page is made resident whole, by its first touch).
 #ifndef STRATA_COMMON_BASE_HUGE_PAGES_H_
 #define STRATA_COMMON_BASE_HUGE_PAGES_H_
 
@@ -25,13 +26,13 @@ namespace strata {
 
 inline constexpr size_t kHugePageBytes = size_t{2} << 20;
 
-// `bytes` of memory, advised for huge pages where it is at least half of one (rounded up to
-// whole huge pages then); for std::free. Null if the allocation fails.
+// `bytes` of memory, 2 MiB-aligned with its whole huge pages advised where it holds one or
+// more, else 64-byte aligned; for std::free. Null if the allocation fails.
 inline void* AllocateForStreaming(size_t bytes) {
-  if (bytes < kHugePageBytes / 2) return std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-  const size_t rounded = (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
-  void* p = std::aligned_alloc(kHugePageBytes, rounded);
-  if (p != nullptr) madvise(p, rounded, MADV_HUGEPAGE);
+  void* p = nullptr;
+  if (bytes < kHugePageBytes) return posix_memalign(&p, 64, bytes) == 0 ? p : nullptr;
+  if (posix_memalign(&p, kHugePageBytes, bytes) != 0) return nullptr;
+  madvise(p, bytes / kHugePageBytes * kHugePageBytes, MADV_HUGEPAGE);
   return p;
 }
 

@@ -42,7 +42,7 @@ TEST(HugePagesTest, LargeArraysAreAlignedToAHugePageAndAdvised) {
   void* p = AllocateForStreaming(3 * kHugePageBytes + 100);
   ASSERT_NE(p, nullptr);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % kHugePageBytes, 0u);
-  static_cast<char*>(p)[4 * kHugePageBytes - 1] = 1;  // rounded up to whole huge pages
+  static_cast<char*>(p)[3 * kHugePageBytes + 99] = 1;
   const std::string setting = ThpSetting();
   if (setting == "madvise" || setting == "always") {
     // Under "madvise" only the advice makes the mapping eligible.
@@ -51,12 +51,12 @@ TEST(HugePagesTest, LargeArraysAreAlignedToAHugePageAndAdvised) {
   std::free(p);
 }
 
-TEST(HugePagesTest, SmallArraysKeepTheOrdinaryAllocator) {
+TEST(HugePagesTest, ArraysUnderAHugePageKeepTheOrdinaryAllocator) {
   void* p = AllocateForStreaming(1000);
   ASSERT_NE(p, nullptr);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
-  // Not a huge page's worth of memory for a thousand bytes: malloc's own heap, which is
-  // not 2 MiB-aligned for every such allocation.
+  // Not a huge page of memory for a thousand bytes: malloc's own heap, which is not 2
+  // MiB-aligned for every such allocation.
   std::vector<void*> more;
   bool all_huge_aligned = reinterpret_cast<uintptr_t>(p) % kHugePageBytes == 0;
   for (int i = 0; i < 4; ++i) {
