@@ -87,7 +87,7 @@ int64_t RowsCapacity(int64_t m) {
 
 absl::StatusOr<std::unique_ptr<Linear>> Linear::Create(
     const std::vector<const TensorView*>& parts, const std::vector<const TensorView*>& bias_parts,
-    int64_t in_features) {
+    int64_t in_features, StreamingArena* arena) {
   auto linear = std::unique_ptr<Linear>(new Linear);
   linear->in_ = in_features;
   for (const TensorView* part : parts) {
@@ -113,9 +113,21 @@ absl::StatusOr<std::unique_ptr<Linear>> Linear::Create(
   linear->has_bias_ = !bias.empty();
   if (!UseOneDnnBf16()) {
     linear->own_gemm_ = true;
-    linear->packed_.resize(kernels::PackedGemmWeightSize(out, in));
-    kernels::PackGemmWeight(plain.data(), out, in, linear->packed_.data());
-    linear->weight_bytes_ = linear->packed_.size() * sizeof(uint16_t);
+    const int64_t elements = kernels::PackedGemmWeightSize(out, in);
+    uint16_t* packed = nullptr;
+    if (arena != nullptr) {
+      packed = static_cast<uint16_t*>(arena->Allocate(elements * sizeof(uint16_t)));
+      if (packed == nullptr) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("no memory for a ", out, " x ", in, " linear layer's weight"));
+      }
+    } else {
+      linear->own_packed_.resize(elements);
+      packed = linear->own_packed_.data();
+    }
+    kernels::PackGemmWeight(plain.data(), out, in, packed);
+    linear->packed_ = packed;
+    linear->weight_bytes_ = elements * sizeof(uint16_t);
     linear->bias_values_ = std::move(bias);
     return linear;
   }
@@ -209,7 +221,7 @@ const Linear::Primitives& Linear::PrimitivesFor(int64_t bucket_m) const {
 void Linear::Forward(int64_t m, const uint16_t* x, float* y, bool accumulate) const {
   if (m <= 0) return;
   if (own_gemm_) {
-    kernels::GemmBf16(m, out_, in_, x, packed_.data(), has_bias_ ? bias_values_.data() : nullptr,
+    kernels::GemmBf16(m, out_, in_, x, packed_, has_bias_ ? bias_values_.data() : nullptr,
                       accumulate, y);
     return;
   }

@@ -37,9 +37,11 @@ class Linear {
  public:
   // `parts` are [out_i, in_features] weights stacked along out; `bias_parts`, if not
   // empty, are their [out_i] biases in the same order.
+  // The packed weight goes into `arena` if given (which must outlive the layer), else into
+  // memory of the layer's own (both on huge pages: common/base/huge_pages.h).
   static absl::StatusOr<std::unique_ptr<Linear>> Create(
       const std::vector<const TensorView*>& parts, const std::vector<const TensorView*>& bias_parts,
-      int64_t in_features);
+      int64_t in_features, StreamingArena* arena = nullptr);
 
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
@@ -69,7 +71,8 @@ class Linear {
   size_t weight_bytes_ = 0;
   // Unless oneDNN runs: the weight packed for kernels::GemmBf16, and the bias.
   bool own_gemm_ = false;
-  std::vector<uint16_t, StreamingAllocator<uint16_t>> packed_;
+  const uint16_t* packed_ = nullptr;  // in the arena, or in own_packed_
+  std::vector<uint16_t, StreamingAllocator<uint16_t>> own_packed_;
   std::vector<float> bias_values_;
   dnnl::memory::desc weight_desc_;  // repacked layout
   dnnl::memory weight_;

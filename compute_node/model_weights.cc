@@ -79,10 +79,10 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::stri
     }
     layer.input_norm = ToFloatVector(*in_norm);
     layer.post_norm = ToFloatVector(*post_norm);
-    ASSIGN_OR_RETURN(layer.qkv, Linear::Create({q, k, v}, biases, h));
-    ASSIGN_OR_RETURN(layer.o, Linear::Create({o}, {}, c.q_size()));
-    ASSIGN_OR_RETURN(layer.gate_up, Linear::Create({gate, up}, {}, h));
-    ASSIGN_OR_RETURN(layer.down, Linear::Create({down}, {}, c.intermediate_size));
+    ASSIGN_OR_RETURN(layer.qkv, Linear::Create({q, k, v}, biases, h, w->arena.get()));
+    ASSIGN_OR_RETURN(layer.o, Linear::Create({o}, {}, c.q_size(), w->arena.get()));
+    ASSIGN_OR_RETURN(layer.gate_up, Linear::Create({gate, up}, {}, h, w->arena.get()));
+    ASSIGN_OR_RETURN(layer.down, Linear::Create({down}, {}, c.intermediate_size, w->arena.get()));
     w->layers.push_back(std::move(layer));
   }
   ASSIGN_OR_RETURN(const TensorView* final_norm, archive->Get("model.norm.weight", {h}));
@@ -91,7 +91,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::Load(const std::stri
   if (!c.tie_word_embeddings) {
     ASSIGN_OR_RETURN(head, archive->Get("lm_head.weight", {c.vocab_size, h}));
   }
-  ASSIGN_OR_RETURN(w->lm_head, Linear::Create({head}, {}, h));
+  ASSIGN_OR_RETURN(w->lm_head, Linear::Create({head}, {}, h, w->arena.get()));
   return w;
 }
 

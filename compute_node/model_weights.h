@@ -27,6 +27,8 @@ struct LayerWeights {
 
 struct ModelWeights {
   ModelConfig config;
+  // The linear layers' packed weights, one after another on huge pages.
+  std::unique_ptr<StreamingArena> arena = std::make_unique<StreamingArena>();
   std::vector<uint16_t> embedding;  // [vocab][hidden] bf16
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;    // [hidden]

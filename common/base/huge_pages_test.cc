@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -75,6 +76,39 @@ TEST(HugePagesTest, AVectorKeepsItsValues) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data()) % kHugePageBytes, 0u);
   for (size_t i = 0; i < kHugePageBytes; ++i) ASSERT_EQ(v[i], static_cast<uint16_t>(i * 7)) << i;
   EXPECT_EQ(v.back(), 5);
+}
+
+// An arena's arrays follow one another, 64-byte aligned, in advised chunks of whole huge
+// pages; an array larger than a chunk gets one of its own, and the next starts a new one.
+TEST(HugePagesTest, AnArenaPlacesArraysOneAfterAnotherInAdvisedChunks) {
+  StreamingArena arena(kHugePageBytes);  // chunks of one huge page
+  auto* a = static_cast<char*>(arena.Allocate(1000));
+  auto* b = static_cast<char*>(arena.Allocate(100));
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % kHugePageBytes, 0u);
+  EXPECT_EQ(b, a + 1024);  // 1000 rounded up to 64 bytes
+  EXPECT_EQ(arena.chunks(), 1u);
+  auto* big = static_cast<char*>(arena.Allocate(3 * kHugePageBytes + 5));
+  ASSERT_NE(big, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(big) % kHugePageBytes, 0u);
+  EXPECT_EQ(arena.chunks(), 2u);
+  auto* after = static_cast<char*>(arena.Allocate(kHugePageBytes / 2));
+  EXPECT_EQ(after, big + 3 * kHugePageBytes + 64);  // the big chunk's last huge page
+  EXPECT_EQ(arena.chunks(), 2u);
+  std::memset(a, 1, 1000);
+  std::memset(b, 2, 100);
+  std::memset(big, 3, 3 * kHugePageBytes + 5);
+  EXPECT_EQ(a[999], 1);
+  EXPECT_EQ(b[0], 2);
+  const std::string setting = ThpSetting();
+  if (setting == "madvise" || setting == "always") {
+    EXPECT_EQ(ThpEligible(a), 1) << "THP setting " << setting;
+    EXPECT_EQ(ThpEligible(big + 3 * kHugePageBytes), 1) << "THP setting " << setting;
+  }
+  auto* next = static_cast<char*>(arena.Allocate(kHugePageBytes));
+  ASSERT_NE(next, nullptr);
+  EXPECT_EQ(arena.chunks(), 3u);  // what was left of the big one's last page was too small
 }
 
 }  // namespace
