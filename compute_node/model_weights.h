@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/base/huge_pages.h"
 #include "common/model/model_config.h"
 #include "compute_node/linear.h"
 

@@ -62,8 +62,8 @@ struct StreamingAllocator {
 
 // Arrays placed one after another, 64-byte aligned, in chunks of whole huge pages that are
 // all advised: for arrays allocated once and kept as long as the arena (a model's weights).
-// Memory is given back only when the arena goes. A chunk's end that no array reached is
-// never touched, so it is not resident.
+// Memory is given back only when the arena goes. A chunk's end beyond the huge page where
+// its last array ends is never touched, so it is not resident.
 //
 // Thread-safety: not thread-safe.
 class StreamingArena {
