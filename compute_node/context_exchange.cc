@@ -62,7 +62,8 @@ ContextExchange::~ContextExchange() {
     threads = std::move(connect_threads_);
   }
   connect_cv_.notify_all();
-  // An attempt at a hung replica ends at the connect timeout.
+  // An attempt at a hung replica would last until the connect timeout: cut short.
+  if (transport_ != nullptr) transport_->AbortConnects();
   for (ConnectThread& t : threads) t.thread.join();
   transport_.reset();
 }

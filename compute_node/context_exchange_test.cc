@@ -6,11 +6,6 @@
 // context; the exchange keeps working after each.
 #include "compute_node/context_exchange.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <chrono>
 #include <future>
@@ -19,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/transport/transport_testing.h"
 #include "gtest/gtest.h"
 
 namespace strata {
@@ -331,17 +327,9 @@ TEST(ContextExchangeTest, UnreachableReplicaIsAClearError) {
 // declares that replica dead for the caller's step, not at the timeout; the attempt goes on
 // without it, and a later step's frame waits for that same attempt.
 TEST(ContextExchangeTest, ACallerConnectingToAHungReplicaGivesUpWhenItIsDeclaredDead) {
-  // The hung replica: a socket that listens and never answers.
-  const int listener = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(listener, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(listener, 8), 0);
-  socklen_t length = sizeof(addr);
-  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &length), 0);
-  const std::string hung = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+  transport::HungListener listener;  // the hung replica
+  const std::string hung = listener.address();
+  ASSERT_FALSE(hung.empty());
 
   std::atomic<int> arrivals{0};
   ContextExchangeOptions o;
@@ -371,10 +359,39 @@ TEST(ContextExchangeTest, ACallerConnectingToAHungReplicaGivesUpWhenItIsDeclared
   // once the socket closes.
   std::future<absl::Status> later_outcome = later.get_future();
   EXPECT_EQ(later_outcome.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
-  close(listener);
+  listener.Close();
   sender.join();
   later_sender.join();
   EXPECT_TRUE(absl::IsUnavailable(later_outcome.get()));
+}
+
+// Destroying the exchange while its attempt at a hung replica is under way (the caller
+// that waited for it gave up when the replica was declared dead) cuts the attempt short
+// instead of waiting for the connect timeout.
+TEST(ContextExchangeTest, DestroyingTheExchangeCutsAnAttemptAtAHungReplicaShort) {
+  transport::HungListener listener;
+  const std::string hung = listener.address();
+  ASSERT_FALSE(hung.empty());
+
+  ContextExchangeOptions o;
+  o.transport.ucx_options = {{"TLS", "tcp"}, {"NET_DEVICES", "lo"}};
+  o.transport.connect_timeout = absl::Seconds(30);
+  o.hidden = kHidden;
+  auto made = ContextExchange::Create(o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  std::unique_ptr<ContextExchange> b = std::move(*made);
+  b->SetEpoch(kEpoch);
+  const std::vector<float> x = Rows(1, 3);
+  std::promise<absl::Status> sent;
+  std::thread sender([&] { sent.set_value(b->Send(hung, 5, 1, 0, x.data(), 1)); });
+  absl::SleepFor(absl::Milliseconds(300));  // the attempt is under way
+  b->Depart(hung, 5);
+  sender.join();
+  EXPECT_TRUE(absl::IsUnavailable(sent.get_future().get()));
+  const absl::Time start = absl::Now();
+  b.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10))
+      << "the exchange waited for its attempt's connect timeout (30 s)";
 }
 
 TEST(ContextExchangeTest, EndpointsDifferByReplicaAndSlot) {

@@ -159,6 +159,10 @@ class Transport {
   virtual absl::StatusOr<std::string> Listen(const std::string& address) = 0;
   // Connects to a listening transport and completes a version handshake.
   virtual absl::StatusOr<PeerId> Connect(const std::string& address) = 0;
+  // Makes every Connect in progress return at once (CANCELLED), and every later one fail:
+  // for an owner about to destroy the transport while threads of its own still connect,
+  // one of them perhaps to a peer that accepted the connection and hung.
+  virtual void AbortConnects() {}
   // Closes the connection and returns once it is closed: pending sends complete with an
   // error and no payload of the peer lands in a placed buffer afterwards. Not for handlers.
   virtual void Disconnect(PeerId peer) = 0;

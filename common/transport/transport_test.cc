@@ -1,10 +1,5 @@
 #include "common/transport/transport.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -438,6 +433,39 @@ TEST_P(TransportTest, ConnectToNobodyFails) {
       GetParam().config.backend == transport::Backend::kInproc ? "nobody-here" : "127.0.0.1:1";
   auto peer = (*client)->Connect(address);
   EXPECT_FALSE(peer.ok());
+}
+
+// A connect to a peer that took the connection and never answers (a hung process: its
+// kernel accepts for it) lasts until the connect timeout, unless its owner aborts it; then
+// it ends at once, and a later connect fails without trying.
+TEST_P(TransportTest, AbortedConnectsEndAtOnce) {
+  if (GetParam().config.backend == transport::Backend::kInproc) {
+    GTEST_SKIP() << "in-process connects never wait on a peer";
+  }
+  HungListener listener;
+  const std::string& hung = listener.address();
+  ASSERT_FALSE(hung.empty());
+
+  TransportConfig config = GetParam().config;
+  config.connect_timeout = absl::Seconds(30);
+  auto client = Transport::Create(config);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<PeerId> first = absl::UnknownError("not returned");
+  absl::Time returned;
+  std::thread connecting([&] {
+    first = (*client)->Connect(hung);
+    returned = absl::Now();
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time aborted = absl::Now();
+  (*client)->AbortConnects();
+  connecting.join();
+  EXPECT_TRUE(absl::IsCancelled(first.status())) << first.status();
+  EXPECT_LT(returned - aborted, absl::Seconds(5)) << "the connect waited for its timeout";
+  const absl::Time again = absl::Now();
+  auto later = (*client)->Connect(hung);
+  EXPECT_TRUE(absl::IsCancelled(later.status())) << later.status();
+  EXPECT_LT(absl::Now() - again, absl::Seconds(1));
 }
 
 TEST_P(TransportTest, ReportsCapabilities) {

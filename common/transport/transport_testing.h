@@ -1,7 +1,12 @@
 // What the transport's tests share: a handler that records what arrives, a record of peer
-// events, the key both ends of a test hold, and seeded bytes.
+// events, the key both ends of a test hold, seeded bytes, and a peer that hung.
 #ifndef STRATA_COMMON_TRANSPORT_TRANSPORT_TESTING_H_
 #define STRATA_COMMON_TRANSPORT_TRANSPORT_TESTING_H_
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -164,6 +169,39 @@ inline std::vector<uint8_t> Bytes(size_t n, uint32_t seed) {
   for (auto& b : out) b = static_cast<uint8_t>(rng());
   return out;
 }
+
+// A peer that hung: a socket on loopback that listens and never accepts or answers. Its
+// kernel takes connections for it, so a connect gets as far as the handshake and waits
+// there. Closed when this goes, or by Close() (a connect then fails).
+class HungListener {
+ public:
+  HungListener() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof(addr);
+    if (fd_ < 0 || bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        listen(fd_, 8) != 0 || getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &length) != 0) {
+      return;
+    }
+    address_ = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  }
+  ~HungListener() { Close(); }
+  HungListener(const HungListener&) = delete;
+  HungListener& operator=(const HungListener&) = delete;
+
+  // "127.0.0.1:port"; empty if the socket could not be set up.
+  const std::string& address() const { return address_; }
+  void Close() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+  std::string address_;
+};
 
 }  // namespace strata::transport
 

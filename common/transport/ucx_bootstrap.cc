@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <initializer_list>
@@ -187,15 +188,56 @@ absl::StatusOr<Bootstrapped> ServerBootstrap(int fd, const std::string& ours,
   return Bootstrapped{std::move(*theirs), SessionSecret(key, nonces)};
 }
 
+bool ClientSockets::Add(int fd) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (aborted_) return false;
+  fds_.insert(fd);
+  return true;
+}
+
+void ClientSockets::Remove(int fd) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fds_.erase(fd);
+}
+
+void ClientSockets::Abort() {
+  std::lock_guard<std::mutex> lock(mu_);
+  aborted_ = true;
+  // Under the lock: a socket is removed before it is closed, so its number is not reused.
+  for (int fd : fds_) shutdown(fd, SHUT_RDWR);
+}
+
+bool ClientSockets::aborted() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return aborted_;
+}
+
 absl::StatusOr<Bootstrapped> BootstrapClient(const sockaddr_storage& addr, socklen_t length,
                                              const std::string& ours, const std::string& key,
-                                             absl::Duration timeout) {
+                                             absl::Duration timeout, ClientSockets* sockets) {
   const int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::InternalError("socket() failed");
+  if (sockets != nullptr && !sockets->Add(fd)) {
+    close(fd);
+    return absl::CancelledError("the connect was aborted");
+  }
+  auto fail = [&](absl::Status status) {
+    if (sockets != nullptr) {
+      sockets->Remove(fd);
+      if (sockets->aborted()) status = absl::CancelledError("the connect was aborted");
+    }
+    close(fd);
+    return status;
+  };
   int rc = connect(fd, reinterpret_cast<const sockaddr*>(&addr), length);
   if (rc != 0 && errno == EINPROGRESS) {
+    // In slices, so that an abort (which cannot wake a connect in progress) ends it soon.
+    const absl::Time deadline = absl::Now() + timeout;
     pollfd p{fd, POLLOUT, 0};
-    rc = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout)));
+    do {
+      const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
+      rc = poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left, 0, 100)));
+    } while (rc == 0 && absl::Now() < deadline && (sockets == nullptr || !sockets->aborted()));
     if (rc == 1) {
       int error = 0;
       socklen_t size = sizeof(error);
@@ -207,19 +249,13 @@ absl::StatusOr<Bootstrapped> BootstrapClient(const sockaddr_storage& addr, sockl
       rc = -1;
     }
   }
-  if (rc != 0) {
-    const int error = errno;
-    close(fd);
-    return absl::UnavailableError(std::strerror(error));
-  }
+  if (rc != 0) return fail(absl::UnavailableError(std::strerror(errno)));
   const int flags = fcntl(fd, F_GETFL);
   fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
   SetSocketTimeouts(fd, timeout);
   absl::StatusOr<Bootstrapped> theirs = ClientBootstrap(fd, ours, key, timeout);
-  if (!theirs.ok()) {
-    close(fd);
-    return theirs;
-  }
+  if (!theirs.ok()) return fail(theirs.status());
+  if (sockets != nullptr) sockets->Remove(fd);
   theirs->socket = fd;
   return theirs;
 }

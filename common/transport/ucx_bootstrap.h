@@ -26,6 +26,8 @@
 
 #include <sys/socket.h>
 
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -55,12 +57,31 @@ void KeepAsLivenessSocket(int fd);
 absl::StatusOr<Bootstrapped> ServerBootstrap(int fd, const std::string& ours,
                                              const std::string& key, absl::Duration budget);
 
+// The sockets of the bootstraps in progress on the client's side, so that they can be cut
+// short: Abort shuts each down (its connect or read returns at once) and makes later ones
+// fail before they start. Thread-safe.
+class ClientSockets {
+ public:
+  // False (nothing added) once aborted.
+  bool Add(int fd);
+  // Before `fd` is closed or handed on.
+  void Remove(int fd);
+  void Abort();
+  bool aborted();
+
+ private:
+  std::mutex mu_;
+  std::set<int> fds_;
+  bool aborted_ = false;
+};
+
 // Connects to `addr` (with a deadline), runs the client's side: the server's worker
 // address, and the socket, to keep as the liveness socket; UNAUTHENTICATED when the server
-// does not hold `key`.
+// does not hold `key`; CANCELLED when `sockets` (if given) was aborted before or meanwhile.
 absl::StatusOr<Bootstrapped> BootstrapClient(const sockaddr_storage& addr, socklen_t length,
                                              const std::string& ours, const std::string& key,
-                                             absl::Duration timeout);
+                                             absl::Duration timeout,
+                                             ClientSockets* sockets = nullptr);
 
 }  // namespace strata::transport
 

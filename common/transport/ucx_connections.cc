@@ -235,17 +235,24 @@ absl::StatusOr<PeerId> UcxTransport::Connect(const std::string& address) {
   socklen_t length = 0;
   auto addr = Resolve(address, &length);
   if (!addr.ok()) return addr.status();
-  absl::StatusOr<Bootstrapped> theirs =
-      BootstrapClient(*addr, length, worker_address_, config_.auth_key, config_.connect_timeout);
+  absl::StatusOr<Bootstrapped> theirs = BootstrapClient(
+      *addr, length, worker_address_, config_.auth_key, config_.connect_timeout, &connect_sockets_);
   if (!theirs.ok()) {
-    // A refused secret keeps its code (UNAUTHENTICATED): retrying does not help.
-    const absl::StatusCode code = absl::IsUnauthenticated(theirs.status())
-                                      ? absl::StatusCode::kUnauthenticated
-                                      : absl::StatusCode::kUnavailable;
+    // A refused secret keeps its code (UNAUTHENTICATED): retrying does not help; so does an
+    // abort (CANCELLED).
+    const absl::StatusCode code =
+        absl::IsUnauthenticated(theirs.status()) || absl::IsCancelled(theirs.status())
+            ? theirs.status().code()
+            : absl::StatusCode::kUnavailable;
     return absl::Status(
         code, absl::StrCat("cannot connect to ", address, ": ", theirs.status().message()));
   }
   auto waiter = std::make_shared<Waiter<absl::StatusOr<PeerId>>>();
+  {
+    std::lock_guard<std::mutex> lock(connects_mu_);
+    if (connects_aborted_) waiter->Set(absl::CancelledError("the connect was aborted"));
+    connect_waits_.insert(waiter);
+  }
   auto id_waiter = std::make_shared<Waiter<PeerId>>();
   if (!Post([this, waiter, id_waiter, theirs = *theirs, address] {
         const PeerId id = AddPeer(nullptr);
@@ -284,6 +291,10 @@ absl::StatusOr<PeerId> UcxTransport::Connect(const std::string& address) {
     waiter->Set(ShuttingDown());
   }
   auto result = waiter->Wait(config_.connect_timeout);
+  {
+    std::lock_guard<std::mutex> lock(connects_mu_);
+    connect_waits_.erase(waiter);
+  }
   if (!result) {
     auto id = id_waiter->Wait(absl::Seconds(1));
     if (id) {
@@ -294,7 +305,23 @@ absl::StatusOr<PeerId> UcxTransport::Connect(const std::string& address) {
                                                     " within ",
                                                     absl::FormatDuration(config_.connect_timeout)));
   }
+  if (absl::IsCancelled(result->status())) {
+    // Aborted, or shutting down: a peer already made for this connect is closed.
+    if (auto id = id_waiter->Wait(absl::ZeroDuration())) {
+      const PeerId peer = *id;
+      Post([this, peer] { ClosePeer(peer, absl::CancelledError("the connect was aborted")); });
+    }
+  }
   return *result;
+}
+
+void UcxTransport::AbortConnects() {
+  connect_sockets_.Abort();
+  std::lock_guard<std::mutex> lock(connects_mu_);
+  connects_aborted_ = true;
+  for (const auto& waiter : connect_waits_) {
+    waiter->Set(absl::CancelledError("the connect was aborted"));
+  }
 }
 
 void UcxTransport::Disconnect(PeerId peer) {

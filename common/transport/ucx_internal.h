@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "absl/time/time.h"
 #include "common/base/event_loop.h"
 #include "common/transport/transport.h"
+#include "common/transport/ucx_bootstrap.h"
 
 namespace strata::transport::ucx_internal {
 
@@ -77,6 +79,7 @@ class UcxTransport final : public Transport, private EventLoop::Poller {
   void SetPeerHandler(PeerHandler handler) override;
   absl::StatusOr<std::string> Listen(const std::string& address) override;
   absl::StatusOr<PeerId> Connect(const std::string& address) override;
+  void AbortConnects() override;
   void Disconnect(PeerId peer) override;
   std::string DescribePeer(PeerId peer) override;
   std::string PeerSecret(PeerId peer) override;
@@ -199,6 +202,12 @@ class UcxTransport final : public Transport, private EventLoop::Poller {
   // send itself: UCX's worker is used by one thread at a time. Guards the peer maps.
   std::mutex worker_mu_;
   std::unique_lock<std::mutex> worker_lock_{worker_mu_, std::defer_lock};  // transport thread
+  // Connects in progress, for AbortConnects: their bootstrap sockets, and the handshakes
+  // they wait for (guarded by connects_mu_, with connects_aborted_).
+  ClientSockets connect_sockets_;
+  std::mutex connects_mu_;
+  std::set<std::shared_ptr<Waiter<absl::StatusOr<PeerId>>>> connect_waits_;
+  bool connects_aborted_ = false;
   std::mutex mu_;
   MessageHandler* handlers_[kMaxTag + 1] = {};       // set before traffic starts; guarded by mu_
   std::unordered_map<PeerId, std::string> secrets_;  // PeerSecret; guarded by mu_
