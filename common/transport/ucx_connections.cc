@@ -250,43 +250,47 @@ absl::StatusOr<PeerId> UcxTransport::Connect(const std::string& address) {
   auto waiter = std::make_shared<Waiter<absl::StatusOr<PeerId>>>();
   {
     std::lock_guard<std::mutex> lock(connects_mu_);
-    if (connects_aborted_) waiter->Set(absl::CancelledError("the connect was aborted"));
+    if (connects_aborted_) {
+      close(theirs->socket);
+      return absl::CancelledError(absl::StrCat("cannot connect to ", address, ": aborted"));
+    }
     connect_waits_.insert(waiter);
   }
   auto id_waiter = std::make_shared<Waiter<PeerId>>();
-  if (!Post([this, waiter, id_waiter, theirs = *theirs, address] {
-        const PeerId id = AddPeer(nullptr);
-        id_waiter->Set(id);
-        SetPeerSecret(id, theirs.secret);
-        ucp_ep_params_t params{};
-        params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
-        params.address = reinterpret_cast<const ucp_address_t*>(theirs.address.data());
-        auto ep = CreateEndpoint(params, id);
-        if (!ep.ok()) {
-          close(theirs.socket);
-          peers_.erase(id);
-          waiter->Set(ep.status());
-          return;
-        }
-        Peer& peer = peers_[id];
-        peer.ep = *ep;
-        by_endpoint_[*ep] = id;
-        peer.connect_waiter = waiter;
-        WatchLiveness(id, theirs.socket);
-        auto ctx = std::make_unique<SendContext>();
-        ctx->self = this;
-        ctx->peer = id;
-        Handshake hello;
-        const auto bytes = AsBytes(hello);
-        ctx->header.assign(bytes.begin(), bytes.end());
-        ctx->done = [this, id, address](absl::Status status) {
-          if (!status.ok()) {
-            ClosePeer(id, absl::UnavailableError(
-                              absl::StrCat("cannot connect to ", address, ": ", status.message())));
-          }
-        };
-        StartSend(std::move(ctx), 0);
-      })) {
+  const bool posted = Post([this, waiter, id_waiter, theirs = *theirs, address] {
+    const PeerId id = AddPeer(nullptr);
+    id_waiter->Set(id);
+    SetPeerSecret(id, theirs.secret);
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+    params.address = reinterpret_cast<const ucp_address_t*>(theirs.address.data());
+    auto ep = CreateEndpoint(params, id);
+    if (!ep.ok()) {
+      close(theirs.socket);
+      peers_.erase(id);
+      waiter->Set(ep.status());
+      return;
+    }
+    Peer& peer = peers_[id];
+    peer.ep = *ep;
+    by_endpoint_[*ep] = id;
+    peer.connect_waiter = waiter;
+    WatchLiveness(id, theirs.socket);
+    auto ctx = std::make_unique<SendContext>();
+    ctx->self = this;
+    ctx->peer = id;
+    Handshake hello;
+    const auto bytes = AsBytes(hello);
+    ctx->header.assign(bytes.begin(), bytes.end());
+    ctx->done = [this, id, address](absl::Status status) {
+      if (!status.ok()) {
+        ClosePeer(id, absl::UnavailableError(
+                          absl::StrCat("cannot connect to ", address, ": ", status.message())));
+      }
+    };
+    StartSend(std::move(ctx), 0);
+  });
+  if (!posted) {
     close(theirs->socket);
     waiter->Set(ShuttingDown());
   }
@@ -305,9 +309,10 @@ absl::StatusOr<PeerId> UcxTransport::Connect(const std::string& address) {
                                                     " within ",
                                                     absl::FormatDuration(config_.connect_timeout)));
   }
-  if (absl::IsCancelled(result->status())) {
-    // Aborted, or shutting down: a peer already made for this connect is closed.
-    if (auto id = id_waiter->Wait(absl::ZeroDuration())) {
+  if (posted && absl::IsCancelled(result->status())) {
+    // Aborted: the peer made for this connect (on the transport thread, soon if not yet) is
+    // closed.
+    if (auto id = id_waiter->Wait(absl::Seconds(1))) {
       const PeerId peer = *id;
       Post([this, peer] { ClosePeer(peer, absl::CancelledError("the connect was aborted")); });
     }
