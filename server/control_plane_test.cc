@@ -20,6 +20,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -543,41 +544,56 @@ TEST(ControlPlaneConfigureTest, AHungComputeNodeDelaysNoOtherComputeNodesNews) {
   }
 }
 
+// What came of a memory node that registered beside two configured, heartbeating compute
+// nodes, `bad` and a good one: how long after its registration it was announced (none:
+// not within `timeout`), whether the good one was told of it, and whether `bad` lives.
+struct BesideABadComputeNode {
+  std::optional<absl::Duration> announced_after;
+  bool good_told = false;
+  bool bad_alive = true;
+};
+
+BesideABadComputeNode RegisterAMemoryNodeBesideABadComputeNode(ControlPlaneOptions options,
+                                                               ComputeNodeStandIn& bad,
+                                                               absl::Duration timeout) {
+  Scheduler scheduler(SchedulerConfig{}, nullptr);
+  ControlPlane plane(&scheduler, std::move(options));
+  ComputeNodeStandIn good;
+  MemoryNodeStandIn memory(MemoryNodeStandIn::Mode::kAnswer);
+  OnLoopback bad_server(bad);
+  OnLoopback good_server(good);
+  OnLoopback memory_server(memory);
+  BesideABadComputeNode out;
+  EXPECT_TRUE(bad_server.up() && good_server.up() && memory_server.up());
+  Heartbeats heartbeats(&plane);
+  heartbeats.Add(RegisterNode(plane, "compute-bad", control::ROLE_COMPUTE, bad_server.address()));
+  heartbeats.Add(RegisterNode(plane, "compute-good", control::ROLE_COMPUTE, good_server.address()));
+  EXPECT_TRUE(Configured(plane, "compute-bad", absl::Seconds(10)));
+  EXPECT_TRUE(Configured(plane, "compute-good", absl::Seconds(10)));
+  const absl::Time registered = absl::Now();
+  heartbeats.Add(RegisterMemoryNode(plane, "memory-0", memory_server.address()));
+  if (Configured(plane, "memory-0", timeout)) out.announced_after = absl::Now() - registered;
+  out.good_told = good.Named({"memory-0"}, absl::Seconds(10));
+  for (const NodeView& node : plane.Nodes()) {
+    if (node.info.name() == "compute-bad") out.bad_alive = node.alive;
+  }
+  plane.Stop();
+  return out;
+}
+
 // A compute node that refuses the memory-node list (an error asking again would get again)
 // is taken out rather than asked forever: while it lived, no memory node it had not heard
 // of would be announced. The memory node then is, to the compute node that took the list.
 TEST(ControlPlaneConfigureTest, AComputeNodeThatRefusesTheMemoryNodeListIsTakenOut) {
-  Scheduler scheduler(SchedulerConfig{}, nullptr);
   ControlPlaneOptions options = TwoMemoryNodes();
   options.heartbeat_timeout = absl::Seconds(30);  // only the refusal takes it out
-  ControlPlane plane(&scheduler, std::move(options));
-  ComputeNodeStandIn refusing(/*hold_call=*/0, /*refuse_from=*/2), good;
-  MemoryNodeStandIn memory(MemoryNodeStandIn::Mode::kAnswer);
-  OnLoopback refusing_server(refusing);
-  OnLoopback good_server(good);
-  OnLoopback memory_server(memory);
-  ASSERT_TRUE(refusing_server.up());
-  ASSERT_TRUE(good_server.up());
-  ASSERT_TRUE(memory_server.up());
-  {
-    Heartbeats heartbeats(&plane);
-    heartbeats.Add(
-        RegisterNode(plane, "compute-refusing", control::ROLE_COMPUTE, refusing_server.address()));
-    heartbeats.Add(
-        RegisterNode(plane, "compute-good", control::ROLE_COMPUTE, good_server.address()));
-    ASSERT_TRUE(Configured(plane, "compute-refusing", absl::Seconds(10)));
-    ASSERT_TRUE(Configured(plane, "compute-good", absl::Seconds(10)));
-    heartbeats.Add(RegisterMemoryNode(plane, "memory-0", memory_server.address()));
-    EXPECT_TRUE(Configured(plane, "memory-0", absl::Seconds(10)))
-        << "the memory node waited for the compute node that refuses its list";
-    EXPECT_TRUE(good.Named({"memory-0"}, absl::Seconds(10)));
-    bool refusing_alive = true;
-    for (const NodeView& node : plane.Nodes()) {
-      if (node.info.name() == "compute-refusing") refusing_alive = node.alive;
-    }
-    EXPECT_FALSE(refusing_alive);
-    plane.Stop();
-  }
+  ComputeNodeStandIn refusing(/*hold_call=*/0, /*refuse_from=*/2);
+  const BesideABadComputeNode outcome =
+      RegisterAMemoryNodeBesideABadComputeNode(std::move(options), refusing, absl::Seconds(10));
+  EXPECT_TRUE(outcome.announced_after.has_value())
+      << "the memory node waited for the compute node that refuses its list";
+  EXPECT_TRUE(outcome.good_told);
+  EXPECT_FALSE(outcome.bad_alive);
 }
 
 // A compute node that heartbeats but never answers the memory-node list (every call from
@@ -585,42 +601,18 @@ TEST(ControlPlaneConfigureTest, AComputeNodeThatRefusesTheMemoryNodeListIsTakenO
 // than asked for as long as it lives, which held back the new memory node's pool all that
 // time. The memory node then is announced, to the compute node that took the list.
 TEST(ControlPlaneConfigureTest, AComputeNodeThatNeverTakesTheMemoryNodeListIsTakenOut) {
-  Scheduler scheduler(SchedulerConfig{}, nullptr);
   ControlPlaneOptions options = TwoMemoryNodes();
   options.heartbeat_timeout = absl::Seconds(60);  // it heartbeats; only the bound takes it out
   options.list_deadline = absl::Seconds(2);
-  ControlPlane plane(&scheduler, std::move(options));
-  ComputeNodeStandIn silent(/*hold_call=*/0, /*refuse_from=*/0, /*hold_from=*/2), good;
-  MemoryNodeStandIn memory(MemoryNodeStandIn::Mode::kAnswer);
-  OnLoopback silent_server(silent);
-  OnLoopback good_server(good);
-  OnLoopback memory_server(memory);
-  ASSERT_TRUE(silent_server.up());
-  ASSERT_TRUE(good_server.up());
-  ASSERT_TRUE(memory_server.up());
-  {
-    Heartbeats heartbeats(&plane);
-    heartbeats.Add(
-        RegisterNode(plane, "compute-silent", control::ROLE_COMPUTE, silent_server.address()));
-    heartbeats.Add(
-        RegisterNode(plane, "compute-good", control::ROLE_COMPUTE, good_server.address()));
-    ASSERT_TRUE(Configured(plane, "compute-silent", absl::Seconds(10)));
-    ASSERT_TRUE(Configured(plane, "compute-good", absl::Seconds(10)));
-    const absl::Time registered = absl::Now();
-    heartbeats.Add(RegisterMemoryNode(plane, "memory-0", memory_server.address()));
-    ASSERT_TRUE(silent.Named({"memory-0"}, absl::Seconds(10)));  // its call, hanging
-    EXPECT_TRUE(good.Named({"memory-0"}, absl::Seconds(10)));
-    EXPECT_TRUE(Configured(plane, "memory-0", absl::Seconds(15)))
-        << "the memory node waited for the compute node that never takes its list";
-    EXPECT_GE(absl::Now() - registered, absl::Seconds(2))
-        << "announced before the silent node was taken out";
-    bool silent_alive = true;
-    for (const NodeView& node : plane.Nodes()) {
-      if (node.info.name() == "compute-silent") silent_alive = node.alive;
-    }
-    EXPECT_FALSE(silent_alive);
-    plane.Stop();
-  }
+  ComputeNodeStandIn silent(/*hold_call=*/0, /*refuse_from=*/0, /*hold_from=*/2);
+  const BesideABadComputeNode outcome =
+      RegisterAMemoryNodeBesideABadComputeNode(std::move(options), silent, absl::Seconds(15));
+  ASSERT_TRUE(outcome.announced_after.has_value())
+      << "the memory node waited for the compute node that never takes its list";
+  EXPECT_GE(*outcome.announced_after, absl::Seconds(2))
+      << "announced before the silent node was taken out";
+  EXPECT_TRUE(outcome.good_told);
+  EXPECT_FALSE(outcome.bad_alive);
 }
 
 // The KV cache's type is the deployment's: a compute node started with another
