@@ -592,18 +592,14 @@ void ControlPlane::ReconfigureComputeNodes() {
   }
   // Each node on a thread of its own: one that hangs, until it is declared dead, or retries
   // holds up no other node's news (a memory node gone, which its steps wait on otherwise).
-  if (targets.size() == 1) {
-    TellComputeNode(targets[0].first, targets[0].second);
-  } else {
-    std::vector<std::thread> tellers;
-    for (const auto& [id, channel] : targets) {
-      tellers.emplace_back([this, id = id, channel = channel] {
-        SetCurrentThreadName("ctl-broadcast");
-        TellComputeNode(id, channel);
-      });
-    }
-    for (std::thread& t : tellers) t.join();
+  std::vector<std::thread> tellers;
+  for (const auto& [id, channel] : targets) {
+    tellers.emplace_back([this, id = id, channel = channel] {
+      SetCurrentThreadName("ctl-broadcast");
+      TellComputeNode(id, channel);
+    });
   }
+  for (std::thread& t : tellers) t.join();
   std::lock_guard<std::mutex> lock(mu_);
   LOG(INFO) << "compute nodes now use " << ComputeConfigLocked().memory_nodes_size()
             << " memory node(s)";
