@@ -111,12 +111,12 @@ void ModelRunner::PreAttention(BatchBuffers& b, int64_t m, int layer) const {
                        rope_cos_.data(), rope_sin_.data(), b.qkv.data());
   });
   Timed(b, ForwardOp::kToBf16, [&] {
+    // k and v in the KV cache's type; q stays bf16 for the attention kernels.
+    const auto to_kv =
+        c.kv_cache_dtype == DType::kF16 ? kernels::ConvertToF16 : kernels::ConvertToBf16;
     for (int64_t r = 0; r < m; ++r) {
       const float* row = b.qkv.data() + r * qkv_width;
       kernels::ConvertToBf16(c.q_size(), row, b.q.data() + r * c.q_size());
-      // k and v in the KV cache's type; q stays bf16 for the attention kernels.
-      const auto to_kv =
-          c.kv_cache_dtype == DType::kF16 ? kernels::ConvertToF16 : kernels::ConvertToBf16;
       to_kv(c.kv_size(), row + c.q_size(), b.k.data() + r * c.kv_size());
       to_kv(c.kv_size(), row + c.q_size() + c.kv_size(), b.v.data() + r * c.kv_size());
     }
