@@ -476,9 +476,7 @@ absl::Status RemoteAttention::SendLayerTo(int layer, BatchBuffers& b, int64_t m,
         h.minibatch = static_cast<uint32_t>(j);
         h.rows = static_cast<uint32_t>(r1 - r0);
         // The type of the rows' k and v (the KV cache's); q and the answers are bf16.
-        h.dtype = static_cast<uint16_t>(KvCacheType(config_) == kernels::KvDType::kF16
-                                            ? transport::FrameDType::kF16
-                                            : transport::FrameDType::kBF16);
+        h.dtype = static_cast<uint16_t>(transport::FrameDTypeOf(KvCacheType(config_)));
         h.payload_bytes = mb.request_bytes();
         h.reserved = reply_to;
         h.checksum = transport::PayloadChecksum(out.parts);

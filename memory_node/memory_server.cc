@@ -134,9 +134,7 @@ absl::StatusOr<MemoryConfigAck> MemoryServer::Configure(const MemoryConfig& conf
               << config.num_slots << " KV slots (" << engine_->store().total_bytes() / (1 << 20)
               << " MiB) for " << m.name << " in " << absl::FormatDuration(absl::Now() - start);
   }
-  kv_frame_dtype_.store(static_cast<uint16_t>(store.dtype == kernels::KvDType::kF16
-                                                  ? transport::FrameDType::kF16
-                                                  : transport::FrameDType::kBF16));
+  kv_frame_dtype_.store(static_cast<uint16_t>(transport::FrameDTypeOf(store.dtype)));
   MemoryConfigAck ack;
   ack.num_slots = engine_->store().num_slots();
   ack.kv_bytes = engine_->store().total_bytes();

@@ -11,6 +11,7 @@
 #include "common/base/thread_name.h"
 #include "common/control/grpc_status.h"
 #include "common/control/version.h"
+#include "common/model/kv_dtype.h"
 #include "common/transport/handshake.h"
 #include "server/data_plane_executor.h"
 #include "server/grpc_executor.h"
@@ -186,7 +187,9 @@ grpc::Status ControlPlane::Register(grpc::ServerContext* context,
     }
     // Unsaid (a node of an older build, a plane's options without it): bf16, the only one
     // there was.
-    auto or_bf16 = [](const std::string& kv) { return kv.empty() ? std::string("bf16") : kv; };
+    auto or_bf16 = [](const std::string& kv) {
+      return kv.empty() ? std::string(EnumNameOf(KvDType::kBF16, kKvDTypeNames)) : kv;
+    };
     if (or_bf16(m.kv_dtype()) != or_bf16(want.kv_dtype())) {
       return Refuse(absl::StrCat("compute node ", info.name(), " keeps its KV cache in ",
                                  or_bf16(m.kv_dtype()), "; this scheduler's is ",

@@ -9,6 +9,7 @@
 #include "common/base/mutex_flags.h"
 #include "common/base/shutdown.h"
 #include "common/control/cluster_flags.h"
+#include "common/model/kv_dtype.h"
 #include "common/transport/transport_flags.h"
 #include "server/control_plane.h"
 #include "server/server_app.h"
@@ -155,8 +156,10 @@ int main(int argc, char** argv) {
   }
   o.max_model_len = absl::GetFlag(FLAGS_max_model_len);
   o.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
-  if (o.kv_cache_dtype != "bf16" && o.kv_cache_dtype != "f16") {
-    LOG(ERROR) << "--kv_cache_dtype must be bf16 or f16";
+  strata::KvDType kv_dtype;
+  if (std::string error;
+      !strata::ParseEnumName(o.kv_cache_dtype, strata::kKvDTypeNames, &kv_dtype, &error)) {
+    LOG(ERROR) << "--kv_cache_dtype: " << error;
     return 2;
   }
   o.control_host = absl::GetFlag(FLAGS_control_host);

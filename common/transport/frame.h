@@ -36,6 +36,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/model/kv_dtype.h"
 #include "common/transport/transport.h"
 
 namespace strata::transport {
@@ -58,6 +59,10 @@ enum class FrameKind : uint16_t {
 inline constexpr Tag kFrameTag = 1;
 
 enum class FrameDType : uint16_t { kBF16 = 0, kF16 = 1, kF32 = 2 };
+// The frame type of k/v rows of a KV cache of type `kv`.
+inline FrameDType FrameDTypeOf(KvDType kv) {
+  return kv == KvDType::kF16 ? FrameDType::kF16 : FrameDType::kBF16;
+}
 
 struct FrameHeader {
   uint32_t magic = kFrameMagic;

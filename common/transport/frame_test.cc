@@ -61,6 +61,13 @@ TEST(ErrorFrameTest, LongMessagesAreCut) {
   EXPECT_EQ(ErrorFrameStatus(h, body).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// k/v rows travel in the KV cache's own type: a memory node checks a frame's type against
+// its cache's, so each cache type has a frame type of its own.
+TEST(Frame, KvRowsTravelInTheCachesType) {
+  EXPECT_EQ(FrameDTypeOf(KvDType::kBF16), FrameDType::kBF16);
+  EXPECT_EQ(FrameDTypeOf(KvDType::kF16), FrameDType::kF16);
+}
+
 TEST(Frame, ChecksumIgnoresHowThePayloadIsSplit) {
   const auto data = Bytes(10007, 9);
   const uint64_t whole = PayloadChecksum(data);

@@ -26,16 +26,15 @@
 
 #include <cstdint>
 
-#include "common/base/enum_names.h"
+#include "common/model/kv_dtype.h"
 
 namespace strata::kernels {
 
 inline constexpr int kAttentionTileTokens = 64;
 
-enum class KvDType : int { kBF16 = 0, kF16 = 1 };
-// Their names, for flags and labels (EnumNameOf, ParseEnumName).
-inline constexpr EnumName<KvDType> kKvDTypeNames[] = {{KvDType::kBF16, "bf16"},
-                                                      {KvDType::kF16, "f16"}};
+// The KV cache's element types and their names (common/model/kv_dtype.h).
+using ::strata::kKvDTypeNames;
+using ::strata::KvDType;
 
 struct AttentionParams {
   int num_heads = 0;     // query heads

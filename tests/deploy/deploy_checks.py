@@ -213,10 +213,23 @@ def check_schema(root, overlay, docs):
     check(r.returncode == 0, f"{overlay}: schema validation failed:\n{r.stdout}{r.stderr[-2000:]}")
 
 
+def check_kv_dtype_refusal(binary_paths):
+    """The manifests set --kv_cache_dtype; the server refuses a type it does not know,
+    before it starts anything, with an exit status of 2 and the names it does know."""
+    for path in binary_paths:
+        if os.path.basename(path) != "server":
+            continue
+        r = subprocess.run([path, "--kv_cache_dtype=f32"], capture_output=True, text=True,
+                           timeout=60)
+        check(r.returncode == 2 and '"f32" is not one of: bf16, f16' in r.stderr,
+              f"server --kv_cache_dtype=f32: exit {r.returncode}, {r.stderr[-300:]!r}")
+
+
 def check_k8s(root, binary_paths=()):
     binaries = {os.path.basename(b): binary_flags(b) for b in binary_paths}
     for name, flags in binaries.items():
         check(len(flags) > 5, f"{name}: could not read its flags")
+    check_kv_dtype_refusal(binary_paths)
     cpu = render(root, "cpu-demo")
     check_schema(root, "cpu-demo", cpu)
     if binaries:
