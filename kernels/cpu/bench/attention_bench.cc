@@ -57,6 +57,8 @@ ABSL_FLAG(bool, prompt, false,
           "Rows are one prompt chunk instead: `batch` consecutive positions of one sequence "
           "ending at position ctx, each attending causally to those before it, as a prefill "
           "step computes them (KV_GB/s then counts the sequence's KV once)");
+ABSL_FLAG(int, layout_streams, 4,
+          "Runs the read of a line's own KV (of_layout) takes at once, a block of each in turn");
 ABSL_FLAG(bool, probe, true,
           "Measure the read and FMA probes (the of_probe and of_fma columns need them)");
 
@@ -93,6 +95,7 @@ int Run() {
   // after, and the line is reported against their median: the machine's bandwidth moves
   // within a run (one probe at the start put the same 64 x 2048 line at 0.49 and at 0.73
   // in two runs a minute apart).
+  const int layout_streams = std::max(1, absl::GetFlag(FLAGS_layout_streams));
   std::unique_ptr<ReadProbe> read_probe;
   if (absl::GetFlag(FLAGS_probe)) read_probe = std::make_unique<ReadProbe>();
   auto probe_samples = [&](std::vector<double>* samples) {
@@ -100,17 +103,20 @@ int Run() {
   };
   std::printf(
       "read probe (all cores, loads only): 2 passes before and 2 after each line, of_probe "
-      "against their median; FMA probe (all cores, registers only, the path's vector width): "
-      "once before and once after, of_fma against their mean; %d threads; slots %s\n",
-      omp_get_max_threads(),
+      "against their median; the same loads over the line's own KV (every layer's K and V of "
+      "each row's runs of consecutive slots, %d runs at a time): as often, of_layout against "
+      "their median; "
+      "FMA probe (all cores, registers only, the path's vector width): once before and once "
+      "after, of_fma against their mean; %d threads; slots %s\n",
+      layout_streams, omp_get_max_threads(),
       absl::GetFlag(FLAGS_scatter_tokens) > 0
           ? absl::StrCat("in runs of ", absl::GetFlag(FLAGS_scatter_tokens),
                          " positions, scattered")
                 .c_str()
           : "contiguous per row");
   const std::vector<CpuIsa> isas = CpuIsasFromList(absl::GetFlag(FLAGS_isas));
-  std::printf("%-11s %4s %6s %6s %9s %9s %8s %8s %7s\n", "isa", "kv", "batch", "ctx", "layer_us",
-              "KV_GB/s", "of_probe", "GFLOP/s", "of_fma");
+  std::printf("%-11s %4s %6s %6s %9s %9s %8s %8s %7s %9s\n", "isa", "kv", "batch", "ctx",
+              "layer_us", "KV_GB/s", "of_probe", "GFLOP/s", "of_fma", "of_layout");
   const int64_t row_elems = static_cast<int64_t>(p.num_kv_heads) * p.head_dim;
   for (int ctx : ParseIntList(absl::GetFlag(FLAGS_contexts))) {
     for (int batch : ParseIntList(absl::GetFlag(FLAGS_batches))) {
@@ -145,6 +151,22 @@ int Run() {
         rows[r].slots = slot_table.data() + (prompt ? 0 : static_cast<int64_t>(r) * ctx);
         rows[r].kv_end = row_end(r);
       }
+      // The KV the calls read, as runs of consecutive slots: each layer's K and V of every
+      // row's runs (a prompt's rows share one), for the layout's own read bound.
+      std::vector<ReadRun> layout;
+      const int64_t positions = prompt ? ctx : slots;
+      const size_t slot_bytes = static_cast<size_t>(row_elems) * 2;
+      for (int l = 0; l < layers; ++l) {
+        const uint16_t* k = kv + static_cast<size_t>(l) * 2 * slots * row_elems;
+        for (int64_t i = 0, j = 0; i < positions; i = j) {
+          for (j = i + 1; j < positions && slot_table[j] == slot_table[j - 1] + 1; ++j) {
+          }
+          for (const uint16_t* base : {k, k + slots * row_elems}) {
+            layout.push_back({base + static_cast<size_t>(slot_table[i]) * row_elems,
+                              static_cast<size_t>(j - i) * slot_bytes});
+          }
+        }
+      }
       std::vector<float> state(static_cast<size_t>(batch) * p.num_heads * (p.head_dim + 2));
       std::vector<uint16_t> out(q.size());
       for (const auto& [isa, kv_dtype] : IsaAndKvPairs(isas, kv_dtypes)) {
@@ -158,9 +180,11 @@ int Run() {
         // The FMA probe at the width the path computes in, once before and once after.
         // (None for the scalar path, whose FMAs are whatever the compiler makes of them.)
         const int fma_bits = isa >= CpuIsa::kAvx512 ? 512 : isa == CpuIsa::kAvx2 ? 256 : 0;
-        std::vector<double> probes, fma_peaks;
+        std::vector<double> probes, fma_peaks, layout_reads;
         auto sample = [&] {
           probe_samples(&probes);
+          for (int i = 0; read_probe && i < 2; ++i)
+            layout_reads.push_back(MeasureRunsRead(layout, layout_streams));
           if (read_probe && fma_bits > 0) fma_peaks.push_back(MeasureFmaPeak(fma_bits));
         };
         sample();
@@ -177,12 +201,14 @@ int Run() {
         }
         sample();
         const double probe = probes.empty() ? 0.0 : Median(probes);
+        const double layout_read = layout_reads.empty() ? 0.0 : Median(layout_reads);
         const double fma_peak =
             fma_peaks.empty() ? 0.0 : (fma_peaks.front() + fma_peaks.back()) / 2;
-        std::printf("%-11s %4s %6d %6d %9.1f %9.1f %8.2f %8.1f %7.2f\n", CpuIsaName(isa),
+        std::printf("%-11s %4s %6d %6d %9.1f %9.1f %8.2f %8.1f %7.2f %9.2f\n", CpuIsaName(isa),
                     EnumNameOf(kv_dtype, kKvDTypeNames), batch, ctx, best * 1e6,
                     kv_bytes / best / 1e9, probe > 0 ? kv_bytes / best / probe : 0.0,
-                    flops / best / 1e9, fma_peak > 0 ? flops / best / fma_peak : 0.0);
+                    flops / best / 1e9, fma_peak > 0 ? flops / best / fma_peak : 0.0,
+                    layout_read > 0 ? kv_bytes / best / layout_read : 0.0);
       }
     }
   }
