@@ -604,11 +604,14 @@ class WrongNode : public transport::MessageHandler {
  public:
   WrongNode(const transport::TransportConfig& config, const std::string& address) {
     transport_ = std::move(*transport::Transport::Create(config));
+    sender_ = transport_.get();
     transport_->SetHandler(transport::kFrameTag, this);
     address_ = *transport_->Listen(address);
   }
   ~WrongNode() override {
-    closing_.store(true);  // reset() nulls transport_ before the transport's last deliveries
+    closing_.store(true);  // no answers from here on
+    // reset() nulls transport_ at once; a delivery in progress answers through sender_,
+    // which stays valid until the transport's destructor has waited for it.
     transport_.reset();
   }
   const std::string& address() const { return address_; }
@@ -621,12 +624,13 @@ class WrongNode : public transport::MessageHandler {
     if (closing_.load() || !transport::ParseFrameHeader(header, &h).ok()) return;
     control::StepResult wire;
     wire.set_step_id(h.step_id + 1);
-    SendMessageFrame(*transport_, from, FrameKind::kResult, h.step_id + 1, wire, {});
+    SendMessageFrame(*sender_, from, FrameKind::kResult, h.step_id + 1, wire, {});
   }
 
  private:
   std::atomic<bool> closing_{false};
   std::unique_ptr<transport::Transport> transport_;
+  transport::Transport* sender_ = nullptr;
   std::string address_;
 };
 

@@ -22,6 +22,8 @@ class Core {
   bool Post(std::function<void()> fn) { return loop_.Post(std::move(fn)); }
   // Refuses new events; the queued ones still run.
   void Close() { loop_.Quit(); }
+  // After Close(): waits for them and the thread to end.
+  void Join() { loop_.Join(); }
 
  private:
   EventLoop loop_{"inproc-xport"};  // thread names keep 15 bytes
@@ -112,7 +114,9 @@ InprocTransport::~InprocTransport() {
       remote->Post([peer, remote_peer] { peer->PeerClosed(remote_peer); });
     }
   }
-  core_.reset();  // joins the thread
+  // Waits for the event in progress and the queued ones. core_ stays set until they have
+  // run: a handler that sends meanwhile posts its completion through it (refused now).
+  core_->Join();
 }
 
 absl::StatusOr<std::string> InprocTransport::Listen(const std::string& address) {

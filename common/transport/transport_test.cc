@@ -318,6 +318,35 @@ TEST_P(TransportTest, AnswersTakenOnTheWaitingThreadArriveOnceAndInOrder) {
 }
 
 // Nothing comes: ProgressUntil gives up at its deadline, not before.
+// A handler still running when its transport is destroyed may send on it: the send fails
+// or is dropped, and nothing crashes. (A fake compute node answering as its inproc transport
+// went down once crashed data_plane_executor_test: the transport let go of its event queue
+// before the delivery in progress had finished.)
+TEST_P(TransportTest, AHandlerMaySendWhileItsTransportIsDestroyed) {
+  class AnswersLate : public MessageHandler {
+   public:
+    std::span<uint8_t> Place(PeerId, std::span<const uint8_t>, size_t) override { return {}; }
+    void Deliver(PeerId from, std::span<const uint8_t>, std::span<const uint8_t>,
+                 absl::Status) override {
+      if (entered.exchange(true)) return;
+      absl::SleepFor(absl::Milliseconds(200));  // the transport's destructor starts meanwhile
+      const uint8_t header[4] = {};
+      transport.load()->Send(from, kFrameTag, header, {}, [](absl::Status) {});
+      sent.store(true);
+    }
+    std::atomic<Transport*> transport{nullptr};
+    std::atomic<bool> entered{false}, sent{false};
+  } late;
+  MakePair(&late);
+  late.transport.store(server_.get());
+  const uint8_t header[4] = {};
+  client_->Send(to_server_, kFrameTag + 1, header, {}, [](absl::Status) {});
+  for (int i = 0; i < 20000 && !late.entered.load(); ++i) absl::SleepFor(absl::Microseconds(100));
+  ASSERT_TRUE(late.entered.load());
+  server_.reset();  // returns once the delivery in progress has finished
+  EXPECT_TRUE(late.sent.load());
+}
+
 TEST_P(TransportTest, ProgressUntilReturnsFalseAtItsDeadline) {
   MakePair();
   const absl::Time deadline = absl::Now() + absl::Milliseconds(2);
