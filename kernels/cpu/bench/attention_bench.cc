@@ -159,8 +159,8 @@ int Run() {
       for (int l = 0; l < layers; ++l) {
         const uint16_t* k = kv + static_cast<size_t>(l) * 2 * slots * row_elems;
         for (int64_t i = 0, j = 0; i < positions; i = j) {
-          for (j = i + 1; j < positions && slot_table[j] == slot_table[j - 1] + 1; ++j) {
-          }
+          // [i, j): one run of consecutive slots.
+          for (j = i + 1; j < positions && slot_table[j] == slot_table[j - 1] + 1;) ++j;
           for (const uint16_t* base : {k, k + slots * row_elems}) {
             layout.push_back({base + static_cast<size_t>(slot_table[i]) * row_elems,
                               static_cast<size_t>(j - i) * slot_bytes});
