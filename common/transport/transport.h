@@ -147,6 +147,10 @@ class Transport {
   // (//common/transport:ucx_transport, :inproc_transport); a binary has those it links, and
   // Create fails with FailedPrecondition for any other.
   static absl::StatusOr<std::unique_ptr<Transport>> Create(const TransportConfig& config);
+  // Returns once the transport's own thread has ended, so that no handler runs on it
+  // after. A handler still running there when the destructor begins may send on the
+  // transport: the send fails, or its completion is dropped (transport_test,
+  // AHandlerMaySendWhileItsTransportIsDestroyed).
   virtual ~Transport() = default;
 
   virtual Capabilities capabilities() const = 0;
