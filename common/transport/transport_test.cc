@@ -341,7 +341,8 @@ TEST_P(TransportTest, AHandlerMaySendWhileItsTransportIsDestroyed) {
   late.transport.store(server_.get());
   const uint8_t header[4] = {};
   client_->Send(to_server_, kFrameTag + 1, header, {}, [](absl::Status) {});
-  for (int i = 0; i < 20000 && !late.entered.load(); ++i) absl::SleepFor(absl::Microseconds(100));
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (!late.entered.load() && absl::Now() < deadline) absl::SleepFor(absl::Microseconds(100));
   ASSERT_TRUE(late.entered.load());
   server_.reset();  // returns once the delivery in progress has finished
   EXPECT_TRUE(late.sent.load());
