@@ -317,7 +317,6 @@ TEST_P(TransportTest, AnswersTakenOnTheWaitingThreadArriveOnceAndInOrder) {
   EXPECT_EQ(client_->LostWakeups(), 0);
 }
 
-// Nothing comes: ProgressUntil gives up at its deadline, not before.
 // A handler still running when its transport is destroyed may send on it: the send fails
 // or is dropped, and nothing crashes. (A fake compute node answering as its inproc transport
 // went down once crashed data_plane_executor_test: the transport let go of its event queue
@@ -348,6 +347,7 @@ TEST_P(TransportTest, AHandlerMaySendWhileItsTransportIsDestroyed) {
   EXPECT_TRUE(late.sent.load());
 }
 
+// Nothing comes: ProgressUntil gives up at its deadline, not before.
 TEST_P(TransportTest, ProgressUntilReturnsFalseAtItsDeadline) {
   MakePair();
   const absl::Time deadline = absl::Now() + absl::Milliseconds(2);
