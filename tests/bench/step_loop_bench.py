@@ -25,7 +25,9 @@ N pairs alternate one in-process measurement (co-located: a decode_bench run of 
 2 memory nodes: one round of 24 steps of an offload_bench process kept up beside it,
 --rounds_on_stdin) with one streamed 128-token completion, a second or so apart. It prints
 the median of the pairs' served/in-process ratios, their range, and the pairs at 0.95 or
-above.
+above. Under it, "steady minutes": the streams whose nearest in-process measurements before
+and after agree within 5% of their mean, each over that mean (steady_ratios), so that a
+pair taken across a change of the machine's speed does not count as the step loop's.
 
 With --llama_dir (a llama.cpp build directory, built outside the repository), llama-server
 serves the same weights (exported to GGUF by export_gguf.py) with as many threads, and the
@@ -43,7 +45,6 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare_builds  # noqa: E402
-import peer_bench  # noqa: E402
 
 CONTEXT = 64
 
@@ -65,6 +66,30 @@ def in_process_offloaded(bin_dir, model):
         env=compare_builds.ENV, capture_output=True, text=True, check=True, cwd="/tmp").stdout
     rows = compare_builds.table_rows(out, 1)
     return 1000.0 / float(rows["batch=1"]["offload_ms"])
+
+
+STEADY = 0.05
+
+
+def steady_ratios(sequence):
+    """Served over in-process for the streams taken in a steady minute: each stream with an
+    in-process measurement before and after it (the nearest on either side) that agree
+    within STEADY of their mean, over that mean. Pairs that straddle a change of the
+    machine's speed (single pairs from 0.6 to 1.2) are left out rather than averaged in.
+    Returns (ratios, streams that had a measurement on either side)."""
+    ratios, bracketed = [], 0
+    for k, (kind, rate) in enumerate(sequence):
+        if kind != "served":
+            continue
+        before = next((r for w, r in reversed(sequence[:k]) if w == "in"), None)
+        after = next((r for w, r in sequence[k + 1:] if w == "in"), None)
+        if before is None or after is None:
+            continue
+        bracketed += 1
+        mean = (before + after) / 2
+        if abs(before - after) <= STEADY * mean:
+            ratios.append(rate / mean)
+    return ratios, bracketed
 
 
 def paired(args, model, env):
@@ -111,11 +136,13 @@ def paired(args, model, env):
                 compare_builds.stream_tokens_per_second(port, name, 16)  # warm-up
                 in_process()
                 pairs = []
+                sequence = []  # every measurement in the order taken: ("in" | "served", tok/s)
                 for i in range(args.pairs):
                     pair = {}
                     for which in (("in", "served") if i % 2 == 0 else ("served", "in")):
                         pair[which] = (in_process() if which == "in" else
                                        compare_builds.stream_tokens_per_second(port, name, 128))
+                        sequence.append((which, pair[which]))
                     pairs.append((pair["in"], pair["served"]))
                     print(f"pair {i + 1} {layout}: in-process {pair['in']:.2f}, served "
                           f"{pair['served']:.2f} tok/s", file=sys.stderr, flush=True)
@@ -136,6 +163,14 @@ def paired(args, model, env):
         print(f"{layout:<16} {statistics.median(i for i, _ in pairs):>10.2f} "
               f"{statistics.median(s for _, s in pairs):>8.2f} {cell:>32} "
               f"{f'{sum(r >= 0.95 for r in ratios)} of {len(ratios)}':>14}", flush=True)
+        steady, bracketed = steady_ratios(sequence)
+        if steady:
+            print(f"{'':<16} steady minutes: {len(steady)} of {bracketed} streams, served over "
+                  f"the mean of the in-process figures on either side: "
+                  f"{statistics.median(steady):.3f} [{min(steady):.3f}, {max(steady):.3f}], "
+                  f"{sum(r >= 0.95 for r in steady)} at 0.95 or above", flush=True)
+        else:
+            print(f"{'':<16} steady minutes: none of {bracketed} streams", flush=True)
 
 
 def main():
@@ -185,6 +220,8 @@ def main():
         ("2 memory nodes", "served async"): served(2, sm + asynchronous),
     }
     if args.llama_dir:
+        # Only where llama.cpp joins: its GGUF export needs numpy (Debian's python3-numpy).
+        import peer_bench  # noqa: E402
         gguf = peer_bench.gguf_of(model)
 
         def llama_served():
