@@ -250,7 +250,9 @@ absl::StatusOr<PeerId> UcxTransport::Connect(const std::string& address) {
   auto waiter = std::make_shared<Waiter<absl::StatusOr<PeerId>>>();
   {
     std::lock_guard<std::mutex> lock(connects_mu_);
-    if (connects_aborted_) {
+    // Read under connects_mu_: AbortConnects marks the sockets aborted before it takes the
+    // lock to wake the waiters, so a waiter added here is either refused or woken.
+    if (connect_sockets_.aborted()) {
       close(theirs->socket);
       return absl::CancelledError(absl::StrCat("cannot connect to ", address, ": aborted"));
     }
@@ -321,9 +323,8 @@ absl::StatusOr<PeerId> UcxTransport::Connect(const std::string& address) {
 }
 
 void UcxTransport::AbortConnects() {
-  connect_sockets_.Abort();
+  connect_sockets_.Abort();  // first: Connect reads it under connects_mu_
   std::lock_guard<std::mutex> lock(connects_mu_);
-  connects_aborted_ = true;
   for (const auto& waiter : connect_waits_) {
     waiter->Set(absl::CancelledError("the connect was aborted"));
   }

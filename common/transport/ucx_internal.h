@@ -202,12 +202,11 @@ class UcxTransport final : public Transport, private EventLoop::Poller {
   // send itself: UCX's worker is used by one thread at a time. Guards the peer maps.
   std::mutex worker_mu_;
   std::unique_lock<std::mutex> worker_lock_{worker_mu_, std::defer_lock};  // transport thread
-  // Connects in progress, for AbortConnects: their bootstrap sockets, and the handshakes
-  // they wait for (guarded by connects_mu_, with connects_aborted_).
+  // Connects in progress, for AbortConnects: their bootstrap sockets (whose aborted() says
+  // whether AbortConnects ran), and the handshakes they wait for (guarded by connects_mu_).
   ClientSockets connect_sockets_;
   std::mutex connects_mu_;
   std::set<std::shared_ptr<Waiter<absl::StatusOr<PeerId>>>> connect_waits_;
-  bool connects_aborted_ = false;
   std::mutex mu_;
   MessageHandler* handlers_[kMaxTag + 1] = {};       // set before traffic starts; guarded by mu_
   std::unordered_map<PeerId, std::string> secrets_;  // PeerSecret; guarded by mu_
