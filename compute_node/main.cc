@@ -43,7 +43,9 @@ ABSL_FLAG(std::string, scheduler, "127.0.0.1:50050", "Scheduler control address"
 ABSL_FLAG(std::string, name, "compute-0", "Node name (logs, metrics)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on");
 ABSL_FLAG(int, port, 0, "Control port (0: any free port)");
-ABSL_FLAG(int, threads, 0, "Compute threads (0: all cores)");
+ABSL_FLAG(int, threads, 0,
+          "Compute threads (0: OMP_NUM_THREADS, else the cores it may run on, fewer under a "
+          "CPU quota)");
 ABSL_FLAG(int64_t, kv_budget_mib, 1024, "Local KV cache for co-located mode, MiB");
 ABSL_FLAG(int64_t, max_batch_rows, 2048, "Rows (tokens) per step");
 ABSL_FLAG(int64_t, max_model_len, 0, "Context length (0: the model's)");

@@ -37,7 +37,9 @@ ABSL_FLAG(std::string, host, "127.0.0.1", "Control-plane listen address");
 ABSL_FLAG(int, port, 0, "Control port (0: any free port)");
 ABSL_FLAG(std::string, data_address, "",
           "Data-plane listen address, HOST:PORT (default: --host, any port)");
-ABSL_FLAG(int, threads, 0, "Attention threads (0: all cores)");
+ABSL_FLAG(int, threads, 0,
+          "Attention threads (0: OMP_NUM_THREADS, else the cores it may run on, fewer under "
+          "a CPU quota)");
 ABSL_FLAG(int64_t, kv_budget_mib, 4096, "KV cache budget, MiB");
 ABSL_FLAG(bool, verify_checksums, true, "Verify the checksum of every data-plane frame");
 ABSL_FLAG(int, metrics_port, -1, "Prometheus /metrics port (-1: off, 0: any free port)");

@@ -4,12 +4,16 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <optional>
 #include <tuple>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/base/cpu_quota.h"
 
 namespace strata {
 namespace {
@@ -96,10 +100,19 @@ absl::Status PinProcessToCpus(const std::string& list) {
   return absl::OkStatus();
 }
 
+int DefaultTeamSize() {
+  const int allowed = std::max<int>(1, AllowedCpus().size());
+  const std::optional<double> limit = CgroupCpuLimit();
+  if (!limit) return allowed;
+  return std::clamp(static_cast<int>(std::ceil(*limit - 1e-9)), 1, allowed);
+}
+
 absl::Status ApplyCpuFlags(const std::string& cpus, int threads) {
   if (!cpus.empty()) {
     if (absl::Status pinned = PinProcessToCpus(cpus); !pinned.ok()) return pinned;
-    if (threads <= 0) threads = static_cast<int>(AllowedCpus().size());
+  }
+  if (threads <= 0 && (!cpus.empty() || std::getenv("OMP_NUM_THREADS") == nullptr)) {
+    threads = DefaultTeamSize();
   }
   if (threads > 0) omp_set_num_threads(threads);
   return absl::OkStatus();

@@ -33,9 +33,16 @@ std::vector<int> AllowedCpus();
 // Fails for cores outside AllowedCpus().
 absl::Status PinProcessToCpus(const std::string& list);
 
+// The team a node runs when nothing sets its size: the cores this process may run on, fewer
+// where its cgroup's CPU quota (cpu_quota.h) allows fewer, rounded up (a quota of 2.5 cores
+// is a team of 3), and at least 1.
+int DefaultTeamSize();
+
 // What a node's main does with its --cpus and --threads flags: pins the process to `cpus`
-// (when not empty) and sets OpenMP's team size to `threads`, or, when that is 0, to the
-// number of cores pinned to (OpenMP sized its default before main ran).
+// (when not empty) and sets OpenMP's team size to `threads`, or, when that is 0, to
+// DefaultTeamSize() over the cores pinned to; without --cpus OMP_NUM_THREADS still wins over
+// the default where set. OpenMP sized its own default before main ran, from the affinity
+// mask alone.
 absl::Status ApplyCpuFlags(const std::string& cpus, int threads);
 
 // Splits `cpus` into `parts` disjoint groups as even as possible (part i gets every

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -125,8 +124,7 @@ absl::StatusOr<std::vector<StartedMemoryNode>> StartMemoryNodes(
   for (int i = 0; i < count; ++i) {
     const int port = FreePort();
     const int node_threads =
-        cpus[i].empty() ? std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / count)
-                        : static_cast<int>(cpus[i].size());
+        cpus[i].empty() ? std::max(1, DefaultTeamSize() / count) : static_cast<int>(cpus[i].size());
     ChildSpec spec{absl::StrCat("memory-", i),
                    {binary, "--scheduler=", absl::StrCat("--port=", port),
                     absl::StrCat("--name=memory-", i), "--ucx_tls=" + tls, "--ucx_net_devices=lo",

@@ -16,7 +16,6 @@
 #include <random>
 #include <set>
 #include <sstream>
-#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -41,9 +40,12 @@ ABSL_FLAG(int, port, 8000, "HTTP port (0: any free port)");
 ABSL_FLAG(int, grpc_port, 50051, "gRPC API port (-1: off, 0: any free port)");
 ABSL_FLAG(int, memory_nodes, 2, "Memory nodes (0: attention co-located on the compute node)");
 ABSL_FLAG(int, compute_nodes, 1, "Compute nodes (data-parallel replicas)");
-ABSL_FLAG(int, threads, 0, "Threads per compute node (0: all cores)");
+ABSL_FLAG(int, threads, 0,
+          "Threads per compute node (0: the cores this process may run on, fewer under a CPU "
+          "quota)");
 ABSL_FLAG(int, memory_threads, 0,
-          "Threads per memory node (0: the cores divided among the memory nodes)");
+          "Threads per memory node (0: the cores divided among the memory nodes; under a CPU "
+          "quota, the quota divided)");
 ABSL_FLAG(bool, pin_memory_nodes, true,
           "Give each memory node its own cores (this machine's split among them) so the "
           "kernel cannot queue them behind each other; the compute nodes keep all cores");
@@ -245,8 +247,9 @@ int Run() {
     }
     partition = std::move(*parsed);
   }
-  const int cores = partition ? static_cast<int>(partition->compute.size())
-                              : static_cast<int>(std::thread::hardware_concurrency());
+  // The cores this process may run on (taskset, a container's cpuset) and its CPU quota allow,
+  // not the machine's: a team sized to the machine on fewer cores oversubscribes them.
+  const int cores = partition ? static_cast<int>(partition->compute.size()) : DefaultTeamSize();
   const int threads =
       absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : std::max(1, cores);
   const std::vector<std::vector<int>> memory_cpus =
@@ -254,10 +257,15 @@ int Run() {
       : absl::GetFlag(FLAGS_pin_memory_nodes) ? SplitCpus(AllowedCpus(), memory_nodes)
                                               : std::vector<std::vector<int>>(memory_nodes);
   const std::string compute_cpu_list = partition ? FormatCpuList(partition->compute) : "";
+  // Under a CPU quota below the cores allowed, a pinned memory node's team is its share of
+  // the quota, not of the cores.
+  const bool quota_limited = !partition && cores < static_cast<int>(AllowedCpus().size());
   auto memory_threads = [&](int node) {
     if (absl::GetFlag(FLAGS_memory_threads) > 0) return absl::GetFlag(FLAGS_memory_threads);
-    if (!memory_cpus[node].empty()) return static_cast<int>(memory_cpus[node].size());
-    return std::max(1, cores / std::max(1, memory_nodes));
+    const int share = std::max(1, cores / std::max(1, memory_nodes));
+    if (memory_cpus[node].empty()) return share;
+    const int pinned = static_cast<int>(memory_cpus[node].size());
+    return quota_limited ? std::min(pinned, share) : pinned;
   };
   // The data plane on one machine: loopback TCP, or shared memory (with TCP to connect).
   std::vector<std::string> transport_args =

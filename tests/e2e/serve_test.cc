@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -12,7 +13,10 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "absl/strings/str_join.h"
+#include "common/base/cpu_quota_testing.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/deployment.h"
@@ -336,6 +340,70 @@ TEST_F(ServeTest, BadRequestsGetErrorsAndTheServerKeepsServing) {
   EXPECT_EQ(bad.status, 400);
   EXPECT_EQ(HttpRequest(deployment_->http_port(), "GET", "/nope").status, 404);
   EXPECT_EQ(HttpRequest(deployment_->http_port(), "GET", "/health").status, 200);
+}
+
+// The arguments /proc gives for `pid`, in order.
+std::vector<std::string> CommandLine(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
+  std::vector<std::string> args;
+  for (std::string arg; std::getline(in, arg, '\0');) args.push_back(arg);
+  return args;
+}
+
+// That the launcher started compute-0 and memory-0 with --threads=1.
+void ExpectTeamsOfOneThread(const Deployment& d) {
+  for (const char* node : {"compute-0", "memory-0"}) {
+    const std::vector<std::string> args = CommandLine(d.Pid(node));
+    ASSERT_FALSE(args.empty()) << node;
+    EXPECT_NE(std::find(args.begin(), args.end(), "--threads=1"), args.end())
+        << node << ": " << absl::StrJoin(args, " ");
+  }
+}
+
+// Left to its default, the launcher sizes the compute node's team and each memory node's to
+// the cores it may run on (taskset, a container's cpuset), not to the machine's cores: on one
+// allowed core of two or more, every team is one thread.
+TEST(LauncherCores, DefaultTeamsFollowTheAllowedCoresNotTheMachines) {
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  if (CPU_COUNT(&allowed) < 2) GTEST_SKIP() << "needs two allowed cores";
+  cpu_set_t first;
+  CPU_ZERO(&first);
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed)) {
+      CPU_SET(cpu, &first);
+      break;
+    }
+  }
+  // The launcher and every process it starts inherit this thread's single core.
+  ASSERT_EQ(sched_setaffinity(0, sizeof(first), &first), 0);
+  DeploymentOptions options;
+  options.threads = 0;  // the launcher's default
+  options.memory_nodes = 1;
+  auto d = Deployment::Start(options);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(allowed), &allowed), 0);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ExpectTeamsOfOneThread(**d);
+  EXPECT_EQ((*d)->Stop(), 0);
+}
+
+// Under a CPU quota below the cores it may run on (a container's CPU limit without a cpuset
+// of its own), the launcher sizes the teams to the quota: a quota of one core on two or more
+// cores gives the compute node and a memory node one thread each.
+TEST(LauncherCores, DefaultTeamsFollowTheCpuQuota) {
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  if (CPU_COUNT(&allowed) < 2) GTEST_SKIP() << "needs two allowed cores";
+  ScopedCpuQuota quota(1);
+  if (!quota.ok()) GTEST_SKIP() << quota.why_not();
+  DeploymentOptions options;
+  options.threads = 0;  // the launcher's default
+  options.memory_nodes = 1;
+  auto d = Deployment::Start(options);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ExpectTeamsOfOneThread(**d);
+  EXPECT_EQ((*d)->Stop(), 0);
+  quota.Leave();
 }
 
 }  // namespace
