@@ -120,7 +120,10 @@ std::optional<double> CgroupCpuLimitFrom(const std::string& mountinfo, const std
   std::optional<double> lowest;
   for (const Hierarchy& h : CpuHierarchies(mountinfo)) {
     std::optional<std::string> path = CgroupPath(cgroup, h);
-    if (!path || path->empty() || (*path)[0] != '/') continue;
+    // ("/../x": a cgroup outside this process's cgroup namespace, not visible here.)
+    if (!path || path->empty() || (*path)[0] != '/' || path->find("/..") != std::string::npos) {
+      continue;
+    }
     // The cgroup below the mount's own root; one outside it is not visible here.
     std::string below = *path;
     if (h.root != "/") {

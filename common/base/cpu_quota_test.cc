@@ -76,6 +76,10 @@ TEST_F(FakeCgroups, AContainersOwnCgroupMountedAtTheMountPoint) {
   // A cgroup outside the mount's root cannot be read here.
   EXPECT_EQ(Limit(mountinfo, "0::/kubepods/pod2/ctr\n"), std::nullopt);
   EXPECT_EQ(Limit(mountinfo, "0::/kubepods/pod1/ctr2\n"), std::nullopt);
+  // Nor one outside the process's cgroup namespace.
+  Write("/sys/cpu.max", "100000 100000\n");
+  EXPECT_EQ(Limit("30 25 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n", "0::/../..\n"),
+            std::nullopt);
 }
 
 // A hybrid host: the cpu controller on a v1 hierarchy (with cpuacct), v2 mounted empty.
