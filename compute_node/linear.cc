@@ -149,10 +149,23 @@ absl::StatusOr<std::unique_ptr<Linear>> Linear::Create(
     return absl::InternalError(
         absl::StrCat("oneDNN matmul for [", in, " x ", out, "]: ", e.what()));
   }
-  linear->weight_ = dnnl::memory(linear->weight_desc_, engine);
+  // oneDNN's layout, in the arena or the layer's own memory like the own kernel's: on huge
+  // pages, where oneDNN's own allocation would stream the weight through 4 KiB pages.
+  linear->weight_bytes_ = linear->weight_desc_.get_size();
+  void* packed = nullptr;
+  if (arena != nullptr) {
+    packed = arena->Allocate(linear->weight_bytes_);
+  } else {
+    linear->own_packed_.resize((linear->weight_bytes_ + 1) / 2);
+    packed = linear->own_packed_.data();
+  }
+  if (packed == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("no memory for a ", out, " x ", in, " linear layer's weight"));
+  }
+  linear->weight_ = dnnl::memory(linear->weight_desc_, engine, packed);
   dnnl::reorder(plain_mem, linear->weight_).execute(stream, plain_mem, linear->weight_);
   stream.wait();
-  linear->weight_bytes_ = linear->weight_desc_.get_size();
 
   if (linear->has_bias_) {
     linear->bias_ = dnnl::memory({{1, out}, dt::f32, tag::ab}, engine);

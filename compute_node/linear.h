@@ -72,11 +72,12 @@ class Linear {
   // Unless oneDNN runs: the weight packed for kernels::GemmBf16, and the bias.
   bool own_gemm_ = false;
   const uint16_t* packed_ = nullptr;  // in the arena, or in own_packed_
+  // The packed weight (either kernel's layout) where no arena was given.
   std::vector<uint16_t, StreamingAllocator<uint16_t>> own_packed_;
   std::vector<float> bias_values_;
   dnnl::memory::desc weight_desc_;  // repacked layout
-  dnnl::memory weight_;
-  dnnl::memory bias_;  // f32 [1, out], or empty
+  dnnl::memory weight_;             // over the arena's or own_packed_'s memory
+  dnnl::memory bias_;               // f32 [1, out], or empty
   bool has_bias_ = false;
 };
 

@@ -163,6 +163,27 @@ TEST(Linear, RowsIndependentOfBatchSizeAndThreads) {
 
 // Two threads run layers of the same shape at once, as two step threads of one process do:
 // they share the cached primitives, and each must get exactly what it gets alone.
+// The packed weight goes into the arena when one is given (huge pages, with the rest of the
+// model's weights), whichever GEMM runs, and gives the bits of a layer with memory of its own.
+TEST(Linear, PackedWeightGoesIntoTheArena) {
+  const int64_t in = 320, out = 96;
+  Weight w = MakeWeight(out, in, 21);
+  StreamingArena arena;
+  auto own = Linear::Create({&w.view}, {}, in);
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_EQ(arena.chunks(), 0u);
+  auto in_arena = Linear::Create({&w.view}, {}, in, &arena);
+  ASSERT_TRUE(in_arena.ok()) << in_arena.status();
+  EXPECT_EQ(arena.chunks(), 1u) << (UseOneDnnBf16() ? "oneDNN" : "own GEMM");
+  const int64_t m = 3;
+  const std::vector<uint16_t> x = RandomRows(RowsCapacity(m), in, 22);
+  std::vector<float> a(RowsCapacity(m) * out), b(RowsCapacity(m) * out);
+  (*own)->Forward(m, x.data(), a.data(), false);
+  (*in_arena)->Forward(m, x.data(), b.data(), false);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), m * out * sizeof(float)), 0);
+  EXPECT_EQ((*own)->weight_bytes(), (*in_arena)->weight_bytes());
+}
+
 TEST(Linear, ConcurrentCallsGiveTheBitsOfSequentialOnes) {
   const int64_t in = 2048, out = 1024;
   Weight w0 = MakeWeight(out, in, 11), w1 = MakeWeight(out, in, 12);
