@@ -62,8 +62,14 @@ void UcxTransport::ClosePeer(PeerId id, const absl::Status& why) {
   }
   if (peer->liveness >= 0) {
     epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, peer->liveness, nullptr);
-    close(peer->liveness);  // the other side reads its end: a Disconnect reaches it
     by_liveness_.erase(peer->liveness);
+    // The other side reads its end: a Disconnect reaches it (at shutdown, once the worker
+    // is gone: liveness_at_shutdown_).
+    if (shutting_down_) {
+      liveness_at_shutdown_.push_back(peer->liveness);
+    } else {
+      close(peer->liveness);
+    }
     peer->liveness = -1;
   }
   for (auto& [key, rkey] : peer->rkeys) ucp_rkey_destroy(rkey);

@@ -219,9 +219,17 @@ class UcxTransport final : public Transport, private EventLoop::Poller {
   std::unordered_map<int, PeerId> by_liveness_;  // liveness sockets
   std::unordered_map<PeerId, std::unique_ptr<ErrorArg>> error_args_;
   PeerId next_peer_ = 1;
-  int listen_fd_ = -1;             // bootstrap listener
-  std::string worker_address_;     // this worker's UCX address, for the bootstrap
-  std::vector<void*> closing_;     // ucp_ep_close_nbx requests in flight
+  int listen_fd_ = -1;          // bootstrap listener
+  std::string worker_address_;  // this worker's UCX address, for the bootstrap
+  std::vector<void*> closing_;  // ucp_ep_close_nbx requests in flight
+  // Shutting down (ClosePeers ran): the worker is progressed no more, and the peers'
+  // liveness sockets close only after ucp_worker_destroy (the destructor). Progressing a
+  // force-closed tcp endpoint with a rendezvous send under way while its peer closed its
+  // side crashed UCX 1.13 (uct_tcp_iface_progress; tcp_ep.c's assertions), about once in
+  // 20 runs of transport_test with other processes on the cores, and the more often the
+  // longer the worker was progressed.
+  bool shutting_down_ = false;
+  std::vector<int> liveness_at_shutdown_;
   std::vector<ucp_mem_h> mapped_;  // regions registered for one-sided puts
 };
 
