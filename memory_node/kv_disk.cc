@@ -12,12 +12,11 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <sstream>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/file.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/transport/frame.h"
@@ -77,14 +76,6 @@ uint64_t Fnv1a(const std::string& s) {
   return h;
 }
 
-absl::Status Errno(int error, const std::string& what) {
-  const std::string message = absl::StrCat(what, ": ", std::strerror(error));
-  if (error == ENOSPC || error == EDQUOT) return absl::ResourceExhaustedError(message);
-  if (error == ENOENT) return absl::NotFoundError(message);
-  if (error == EACCES || error == EPERM) return absl::PermissionDeniedError(message);
-  return absl::InternalError(message);
-}
-
 std::shared_ptr<uint8_t> Aligned(uint64_t bytes) {
   void* p = nullptr;
   if (posix_memalign(&p, KvDisk::kAlign, bytes) != 0) return nullptr;
@@ -108,7 +99,7 @@ absl::Status CheckKvDiskDir(const std::string& dir, bool allow_buffered) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
-  if (chmod(dir.c_str(), 0700) != 0) return Errno(errno, "chmod " + dir);
+  if (chmod(dir.c_str(), 0700) != 0) return ErrnoToStatus(errno, "chmod " + dir);
   const std::string probe = dir + "/.probe";
   int fd = open(probe.c_str(), O_CREAT | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
   if (fd < 0 && errno == EINVAL) {
@@ -120,7 +111,7 @@ absl::Status CheckKvDiskDir(const std::string& dir, bool allow_buffered) {
     }
     fd = open(probe.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
   }
-  if (fd < 0) return Errno(errno, "open " + probe);
+  if (fd < 0) return ErrnoToStatus(errno, "open " + probe);
   close(fd);
   unlink(probe.c_str());
   return absl::OkStatus();
@@ -155,29 +146,31 @@ absl::StatusOr<std::unique_ptr<KvDisk>> KvDisk::Open(const KvDiskOptions& option
   fs::create_directories(options.dir, ec);
   if (ec)
     return absl::InternalError(absl::StrCat("cannot create ", options.dir, ": ", ec.message()));
-  if (chmod(options.dir.c_str(), 0700) != 0) return Errno(errno, "chmod " + options.dir);
+  if (chmod(options.dir.c_str(), 0700) != 0) return ErrnoToStatus(errno, "chmod " + options.dir);
 
   // One node per directory.
   const std::string lock_path = options.dir + "/LOCK";
   disk->lock_fd_ = open(lock_path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
-  if (disk->lock_fd_ < 0) return Errno(errno, "open " + lock_path);
+  if (disk->lock_fd_ < 0) return ErrnoToStatus(errno, "open " + lock_path);
   if (flock(disk->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) {
       return absl::FailedPreconditionError(
           absl::StrCat("another memory node uses the KV disk directory ", options.dir));
     }
-    return Errno(errno, "lock " + lock_path);
+    return ErrnoToStatus(errno, "lock " + lock_path);
   }
 
   // Blocks of another model, dtype or layout are of no use: start empty.
   const std::string want = absl::StrCat(options.fingerprint, "\nlayout ", kLayoutVersion, "\n");
   const std::string fingerprint_path = options.dir + "/FINGERPRINT";
   const std::string blocks_path = options.dir + "/blocks";
-  std::string have;
-  if (std::ifstream in(fingerprint_path); in) {
-    std::stringstream buffer;
-    buffer << in.rdbuf();
-    have = buffer.str();
+  std::string have;  // empty: no fingerprint yet
+  absl::StatusOr<std::string> fingerprint = ReadFileToString(fingerprint_path);
+  if (fingerprint.ok()) {
+    have = *std::move(fingerprint);
+  } else if (!absl::IsNotFound(fingerprint.status())) {
+    // Unreadable is not absent: the blocks behind it are left alone.
+    return fingerprint.status();
   }
   if (have != want || options.start_empty) {
     if (fs::exists(blocks_path)) {
@@ -189,11 +182,12 @@ absl::StatusOr<std::unique_ptr<KvDisk>> KvDisk::Open(const KvDiskOptions& option
     }
     disk->discarded_ = true;
     const int fd = open(fingerprint_path.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) return Errno(errno, "open " + fingerprint_path);
+    if (fd < 0) return ErrnoToStatus(errno, "open " + fingerprint_path);
     const ssize_t n = write(fd, want.data(), want.size());
     const int error = errno;
     close(fd);
-    if (n != static_cast<ssize_t>(want.size())) return Errno(error, "write " + fingerprint_path);
+    if (n != static_cast<ssize_t>(want.size()))
+      return ErrnoToStatus(error, "write " + fingerprint_path);
   }
 
   disk->fd_ = open(blocks_path.c_str(), O_CREAT | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
@@ -208,16 +202,16 @@ absl::StatusOr<std::unique_ptr<KvDisk>> KvDisk::Open(const KvDiskOptions& option
     LOG(WARNING) << "the filesystem of " << options.dir << " has no O_DIRECT: buffered I/O";
     disk->fd_ = open(blocks_path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
   }
-  if (disk->fd_ < 0) return Errno(errno, "open " + blocks_path);
-  if (fchmod(disk->fd_, 0600) != 0) return Errno(errno, "chmod " + blocks_path);
+  if (disk->fd_ < 0) return ErrnoToStatus(errno, "open " + blocks_path);
+  if (fchmod(disk->fd_, 0600) != 0) return ErrnoToStatus(errno, "chmod " + blocks_path);
   // Sparse: space is taken as blocks are written, so a full disk shows at write time.
   if (ftruncate(disk->fd_, static_cast<off_t>(disk->num_extents_ * disk->extent_bytes_)) != 0) {
-    return Errno(errno, "size " + blocks_path);
+    return ErrnoToStatus(errno, "size " + blocks_path);
   }
   disk->ring_ = std::make_unique<io_uring>();
   if (const int rc = io_uring_queue_init(options.queue_depth, disk->ring_.get(), 0); rc < 0) {
     disk->ring_.reset();
-    return Errno(-rc, "io_uring");
+    return ErrnoToStatus(-rc, "io_uring");
   }
   LOG(INFO) << "KV disk tier at " << options.dir << ": " << disk->num_extents_ << " blocks of "
             << disk->block_bytes_ << " bytes, " << (disk->direct_ ? "O_DIRECT" : "buffered") << ", "
@@ -289,7 +283,7 @@ absl::Status KvDisk::ReadSections(std::span<SectionIo> ios) {
     std::memcpy(&h, headers[extent].get(), sizeof(h));
     absl::Status& s = header_status[extent];
     if (got[i] < 0) {
-      s = Errno(-got[i], absl::StrCat("read of block ", extent, " in ", dir_));
+      s = ErrnoToStatus(-got[i], absl::StrCat("read of block ", extent, " in ", dir_));
     } else if (static_cast<uint64_t>(got[i]) != kAlign || h.magic != kMagic) {
       s = absl::NotFoundError(absl::StrCat("block ", extent, " was never written"));
     } else if (h.version != kLayoutVersion || h.extent != extent || h.fingerprint != fingerprint_ ||
@@ -346,7 +340,8 @@ absl::Status KvDisk::ReadSections(std::span<SectionIo> ios) {
     const uint64_t used = SectionUsed(h.bytes, section_bytes_, io.section);
     const auto [read, at] = place[i];
     if (got[read] < 0) {
-      io.status = Errno(-got[read], absl::StrCat("read of block ", io.extent, " in ", dir_));
+      io.status =
+          ErrnoToStatus(-got[read], absl::StrCat("read of block ", io.extent, " in ", dir_));
     } else if (static_cast<uint64_t>(got[read]) < at + section_bytes_) {
       io.status = absl::DataLossError(absl::StrCat("short read of block ", io.extent));
     } else if (transport::PayloadChecksum(std::span<const uint8_t>(
@@ -384,7 +379,7 @@ absl::StatusOr<std::vector<ExtentInfo>> KvDisk::Scan() {
     RETURN_IF_ERROR(Execute(ops));
     for (uint64_t e = begin; e < end; ++e) {
       const int res = ops[e - begin].res;
-      if (res < 0) return Errno(-res, absl::StrCat("scan of block ", e, " in ", dir_));
+      if (res < 0) return ErrnoToStatus(-res, absl::StrCat("scan of block ", e, " in ", dir_));
       if (static_cast<uint64_t>(res) != kAlign) continue;
       ExtentHeader h;
       std::memcpy(&h, headers[e - begin].get(), sizeof(h));
@@ -408,14 +403,15 @@ absl::Status KvDisk::Drop(std::span<const uint64_t> extents) {
                   static_cast<off_t>(e * extent_bytes_), static_cast<off_t>(extent_bytes_)) == 0) {
       continue;
     }
-    if (errno != EOPNOTSUPP) return Errno(errno, absl::StrCat("drop block ", e, " in ", dir_));
+    if (errno != EOPNOTSUPP)
+      return ErrnoToStatus(errno, absl::StrCat("drop block ", e, " in ", dir_));
     // No hole punching here: a zeroed header makes the block read as never written (its
     // space is not given back until it is overwritten).
     std::shared_ptr<uint8_t> zeros = Aligned(kAlign);
     if (zeros == nullptr) return absl::ResourceExhaustedError("no memory for I/O");
     if (pwrite(fd_, zeros.get(), kAlign, static_cast<off_t>(e * extent_bytes_)) !=
         static_cast<ssize_t>(kAlign)) {
-      return Errno(errno, absl::StrCat("drop block ", e, " in ", dir_));
+      return ErrnoToStatus(errno, absl::StrCat("drop block ", e, " in ", dir_));
     }
   }
   return absl::OkStatus();
@@ -454,7 +450,7 @@ absl::Status KvDisk::Execute(std::vector<Op>& ops) {
       const int rc = io_uring_submit(ring_.get());
       if (rc == -EINTR || rc == -EAGAIN || rc == -EBUSY) continue;
       if (rc <= 0) {
-        error = Errno(rc < 0 ? -rc : EIO, "io_uring submit");
+        error = ErrnoToStatus(rc < 0 ? -rc : EIO, "io_uring submit");
         break;
       }
       submitted += static_cast<size_t>(rc);
@@ -465,7 +461,7 @@ absl::Status KvDisk::Execute(std::vector<Op>& ops) {
       if (rc == -EINTR) continue;
       if (rc < 0) {
         broken_ = true;
-        return Errno(-rc, "io_uring wait");
+        return ErrnoToStatus(-rc, "io_uring wait");
       }
       const uint64_t i = io_uring_cqe_get_data64(cqe);
       if (i < ops.size()) ops[i].res = cqe->res;
@@ -526,7 +522,7 @@ absl::Status KvDisk::Run(std::span<ExtentIo> ios, bool write) {
     ExtentIo& io = ios[which[k]];
     const int res = ops[k].res;
     if (res < 0) {
-      io.status = Errno(
+      io.status = ErrnoToStatus(
           -res, absl::StrCat(write ? "write" : "read", " of block ", io.extent, " in ", dir_));
       if (write) ++stats_.write_errors;
       continue;

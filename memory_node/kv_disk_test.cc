@@ -235,6 +235,40 @@ TEST_F(KvDiskTest, ADirectoryOfAnotherFingerprintIsDiscarded) {
   EXPECT_TRUE(absl::IsNotFound((*other)->Read({&r, 1}))) << r.status;
 }
 
+TEST_F(KvDiskTest, AnUnreadableFingerprintIsAnErrorAndKeepsTheBlocks) {
+  const std::string dir = TempDir("unreadable_fingerprint");
+  auto block = std::shared_ptr<uint8_t>();
+  {
+    auto disk = KvDisk::Open(Options(dir));
+    ASSERT_TRUE(disk.ok());
+    block = (*disk)->AllocateBlock();
+    Fill(block.get(), 4000, 9);
+    ExtentIo w{2, block.get(), 4000, {}};
+    ASSERT_TRUE((*disk)->Write({&w, 1}).ok());
+  }
+  // FINGERPRINT that cannot be read (here a directory in its place) is not a missing one:
+  // the node refuses to start instead of discarding the blocks behind it.
+  const std::string fingerprint = dir + "/FINGERPRINT";
+  std::filesystem::rename(fingerprint, dir + "/FINGERPRINT.saved");
+  std::filesystem::create_directory(fingerprint);
+  const auto blocks_bytes = std::filesystem::file_size(dir + "/blocks");
+  auto refused = KvDisk::Open(Options(dir));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find(fingerprint + ": is a directory"), std::string::npos)
+      << refused.status();
+  EXPECT_EQ(std::filesystem::file_size(dir + "/blocks"), blocks_bytes);
+
+  std::filesystem::remove(fingerprint);
+  std::filesystem::rename(dir + "/FINGERPRINT.saved", fingerprint);
+  auto disk = KvDisk::Open(Options(dir));
+  ASSERT_TRUE(disk.ok()) << disk.status();
+  EXPECT_FALSE((*disk)->discarded());
+  auto back = (*disk)->AllocateBlock();
+  ExtentIo r{2, back.get(), 0, {}};
+  ASSERT_TRUE((*disk)->Read({&r, 1}).ok()) << r.status;
+  EXPECT_EQ(std::memcmp(back.get(), block.get(), 4000), 0);
+}
+
 TEST_F(KvDiskTest, AFilesystemWithoutODirectIsRefusedUnlessBufferedIsAllowed) {
   // /dev/shm is tmpfs; whether it takes O_DIRECT depends on the kernel.
   if (!std::filesystem::is_directory("/dev/shm") || access("/dev/shm", W_OK) != 0) {

@@ -1,14 +1,14 @@
 #include "common/base/cpu_quota.h"
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "common/base/file.h"
 
 namespace strata {
 namespace {
@@ -77,11 +77,9 @@ std::optional<std::string> CgroupPath(absl::string_view cgroup, const Hierarchy&
 }
 
 std::optional<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok()) return std::nullopt;
+  return *std::move(text);
 }
 
 std::optional<int64_t> ReadInt(const std::string& path) {

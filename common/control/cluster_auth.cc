@@ -6,13 +6,12 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/base/crypto.h"
+#include "common/base/file.h"
 #include "common/base/logging.h"
 
 namespace strata {
@@ -22,12 +21,13 @@ namespace {
 constexpr char kControlLabel[] = "strata control-plane token v1";
 constexpr char kDataPlaneLabel[] = "strata data-plane bootstrap key v1";
 
+// The file's contents; errors name the flag that gave the path.
 absl::StatusOr<std::string> ReadFile(const std::string& path, const std::string& flag) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(flag, "=", path, ": cannot open the file"));
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(), absl::StrCat(flag, "=", text.status().message()));
+  }
+  return text;
 }
 
 }  // namespace

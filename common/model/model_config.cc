@@ -1,11 +1,10 @@
 #include "common/model/model_config.h"
 
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/file.h"
 #include "common/base/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -175,11 +174,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
   const std::string path = model_dir + "/config.json";
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return ParseModelConfig(buffer.str(), path);
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok()) return text.status();
+  return ParseModelConfig(*text, path);
 }
 
 std::string ModelConfigToJson(const ModelConfig& c) {

@@ -5,12 +5,12 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/base/bfloat16.h"
+#include "common/base/file.h"
 #include "common/base/status_macros.h"
 #include "common/model/safetensors.h"
 #include "nlohmann/json.hpp"
@@ -114,14 +114,6 @@ std::vector<TensorSpec> TensorSpecs(const ModelConfig& c) {
   return specs;
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(path + ": cannot open");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
 absl::Status WriteFile(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << text;
@@ -132,7 +124,7 @@ absl::Status WriteFile(const std::string& path, const std::string& text) {
 
 // Reads vocabulary size and special ids from tokenizer.json / tokenizer_config.json.
 absl::Status AdoptTokenizer(const std::string& dir, ModelConfig* c, std::string* config_text) {
-  ASSIGN_OR_RETURN(std::string text, ReadFile(dir + "/tokenizer.json"));
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(dir + "/tokenizer.json"));
   json tok = json::parse(text, nullptr, false);
   if (tok.is_discarded() || !tok.contains("model") || !tok["model"].contains("vocab")) {
     return absl::InvalidArgumentError(dir + "/tokenizer.json: no model.vocab");
@@ -149,7 +141,7 @@ absl::Status AdoptTokenizer(const std::string& dir, ModelConfig* c, std::string*
   }
   // Round up to a multiple of 64, as real checkpoints pad their embedding tables.
   c->vocab_size = std::max(c->vocab_size, (max_id + 1 + 63) / 64 * 64);
-  auto config_or = ReadFile(dir + "/tokenizer_config.json");
+  auto config_or = ReadFileToString(dir + "/tokenizer_config.json");
   if (config_or.ok()) {
     *config_text = *config_or;
     json cfg = json::parse(*config_or, nullptr, false);

@@ -9,10 +9,10 @@
 #include <cstring>
 #include <fstream>
 #include <set>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/file.h"
 #include "common/base/status_macros.h"
 #include "common/base/strings.h"
 #include "nlohmann/json.hpp"
@@ -146,12 +146,13 @@ absl::StatusOr<std::unique_ptr<WeightArchive>> WeightArchive::Open(const std::st
   auto archive = std::make_unique<WeightArchive>();
   archive->model_dir_ = model_dir;
   const std::string index_path = model_dir + "/model.safetensors.index.json";
-  std::ifstream index_in(index_path);
+  // No index: one shard, model.safetensors. An index that is there but cannot be read is an
+  // error, not a reason to fall back.
+  absl::StatusOr<std::string> index_text = ReadFileToString(index_path);
+  if (!index_text.ok() && !absl::IsNotFound(index_text.status())) return index_text.status();
   std::vector<std::string> shard_names;
-  if (index_in) {
-    std::stringstream text;
-    text << index_in.rdbuf();
-    json index = json::parse(text.str(), nullptr, false);
+  if (index_text.ok()) {
+    json index = json::parse(*index_text, nullptr, false);
     if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
         !index["weight_map"].is_object()) {
       return absl::DataLossError(index_path + ": corrupt: needs a \"weight_map\" object");

@@ -169,6 +169,17 @@ TEST(Safetensors, ShardedModelOpensThroughIndex) {
   auto broken = WeightArchive::Open(sharded);
   ASSERT_FALSE(broken.ok());
   EXPECT_NE(broken.status().message().find("model-00002-of-00003"), std::string::npos);
+
+  // An index that is there but cannot be read is an error, not a fall-back to
+  // model.safetensors alone (here a directory in its place).
+  const std::string index = single + "/model.safetensors.index.json";
+  std::filesystem::create_directory(index);
+  auto unreadable = WeightArchive::Open(single);
+  ASSERT_FALSE(unreadable.ok());
+  EXPECT_NE(unreadable.status().message().find(index + ": is a directory"), std::string::npos)
+      << unreadable.status();
+  std::filesystem::remove(index);
+  EXPECT_TRUE(WeightArchive::Open(single).ok());
 }
 
 TEST(ModelGenerator, DeterministicAndSeedSensitive) {

@@ -3,10 +3,9 @@
 #include <unicode/uchar.h>
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/file.h"
 #include "common/base/status_macros.h"
 #include "common/tokenizer/pattern.h"
 #include "common/tokenizer/utf8.h"
@@ -15,14 +14,6 @@ namespace strata {
 namespace {
 
 using json = nlohmann::json;
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(path + ": cannot open");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
 
 // A special token in tokenizer_config.json: "<s>" or {"content": "<s>", ...}.
 std::string TokenContent(const json& j) {
@@ -57,10 +48,10 @@ struct Tokenizer::PostStep {
 Tokenizer::~Tokenizer() = default;
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& dir) {
-  ASSIGN_OR_RETURN(std::string tokenizer_json, ReadFile(dir + "/tokenizer.json"));
+  ASSIGN_OR_RETURN(std::string tokenizer_json, ReadFileToString(dir + "/tokenizer.json"));
   std::string config_json;
   if (std::filesystem::exists(dir + "/tokenizer_config.json")) {
-    ASSIGN_OR_RETURN(config_json, ReadFile(dir + "/tokenizer_config.json"));
+    ASSIGN_OR_RETURN(config_json, ReadFileToString(dir + "/tokenizer_config.json"));
   }
   auto tokenizer = FromJson(tokenizer_json, config_json);
   if (!tokenizer.ok()) {
@@ -70,7 +61,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& di
   // Newer checkpoints keep the chat template in its own file.
   if ((*tokenizer)->chat_template_.empty() &&
       std::filesystem::exists(dir + "/chat_template.jinja")) {
-    ASSIGN_OR_RETURN((*tokenizer)->chat_template_, ReadFile(dir + "/chat_template.jinja"));
+    ASSIGN_OR_RETURN((*tokenizer)->chat_template_, ReadFileToString(dir + "/chat_template.jinja"));
   }
   return tokenizer;
 }

@@ -15,13 +15,13 @@
 #include <optional>
 #include <random>
 #include <set>
-#include <sstream>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/base/cpu_affinity.h"
+#include "common/base/file.h"
 #include "common/base/logging.h"
 #include "common/base/shutdown.h"
 #include "common/base/wait_policy.h"
@@ -361,11 +361,8 @@ int Run() {
   // The server's control port, from its port file.
   int control_port = 0, http_port = 0, grpc_port = 0;
   for (int i = 0; i < 300 && control_port == 0; ++i) {
-    std::ifstream in(ports_file);
-    if (in) {
-      std::stringstream text;
-      text << in.rdbuf();
-      auto j = nlohmann::json::parse(text.str(), nullptr, false);
+    if (absl::StatusOr<std::string> text = ReadFileToString(ports_file); text.ok()) {
+      auto j = nlohmann::json::parse(*text, nullptr, false);
       if (!j.is_discarded()) {
         control_port = j.value("control", 0);
         http_port = j.value("http", 0);
