@@ -455,6 +455,87 @@ TEST_P(TransportTest, APlacedPayloadCutOffByTheSendersDeathIsStillDelivered) {
   EXPECT_EQ(receiver.misplaced(), 0) << "a placed payload delivered elsewhere";
 }
 
+// A send's completion, counted: how many times `done` ran, and the last status.
+struct SendCompletions {
+  std::mutex mu;
+  std::condition_variable cv;
+  int calls = 0;
+  absl::Status last;
+  SendDone Callback() {
+    return [this](absl::Status status) {
+      std::lock_guard<std::mutex> lock(mu);
+      ++calls;
+      last = std::move(status);
+      cv.notify_all();
+    };
+  }
+  bool WaitForCall() {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(20), [&] { return calls > 0; });
+  }
+  int Calls() {
+    std::lock_guard<std::mutex> lock(mu);
+    return calls;
+  }
+};
+
+// Disconnect of a live peer in the middle of a large transfer, by either end: the sender's
+// completion runs once, the receiver's placed span comes back in exactly one Deliver, the
+// other end learns of the disconnect, and both transports go on serving new connections.
+//
+// Not over UCX's tcp transport by default: there UCX 1.13 (Debian 12's) crashes the
+// sender's transport thread after its endpoint is force-closed with a rendezvous send
+// under way, whichever end closed (segfaults, and endless spins, in uct_tcp_iface_progress
+// and ucp_ep_create; 7 runs in 30 of BySender over the three tcp backends). Changing the
+// close (flushing the sends first, then an orderly close) ended the crash but left each
+// closed connection's sockets open; see docs/architecture.md, "Faults".
+// STRATA_TEST_TCP_MID_TRANSFER=1 runs the tcp backends too, to reproduce it.
+class DisconnectMidTransfer : public TransportTest {
+ protected:
+  void Run(bool by_sender) {
+    PlacingCounter receiver;
+    MakePair(&receiver);
+    // Large enough to be mid-transfer for a while over loopback tcp (about 0.6 GB/s); over
+    // shared memory it may be done before the Disconnect, which is allowed.
+    const std::vector<uint8_t> payload(size_t{256} << 20, 0x3c);
+    const uint8_t header[8] = {9};
+    SendCompletions sent;
+    client_->Send(to_server_, kFrameTag + 1, header, {payload}, sent.Callback());
+    ASSERT_TRUE(receiver.WaitFor([](int placed, int) { return placed >= 1; }))
+        << "the payload was never placed";
+    if (by_sender) {
+      client_->Disconnect(to_server_);
+      ASSERT_TRUE(server_events_.WaitFor(PeerEvent::kDisconnected));
+    } else {
+      server_->Disconnect(server_peer_);
+    }
+    ASSERT_TRUE(sent.WaitForCall()) << "the send never completed";
+    ASSERT_TRUE(receiver.WaitFor([](int placed, int delivered) { return delivered >= placed; }))
+        << "a placed payload was never delivered";
+    absl::SleepFor(absl::Milliseconds(100));  // time for a second call, were there one
+    EXPECT_EQ(sent.Calls(), 1);
+    EXPECT_TRUE(receiver.WaitFor([&](int placed, int delivered) {
+      EXPECT_EQ(placed, 1);
+      EXPECT_EQ(delivered, 1);
+      return true;
+    }));
+    EXPECT_EQ(receiver.misplaced(), 0) << "a placed payload delivered elsewhere";
+    // Sends to the closed peer fail.
+    const uint8_t small[4] = {1, 2, 3, 4};
+    EXPECT_FALSE(
+        SendAndWait(*client_, to_server_, kFrameTag + 1, small, {}, absl::Seconds(20)).ok());
+    // Both ends still serve: a new connection carries a round trip.
+    auto again = client_->Connect(server_address_);
+    ASSERT_TRUE(again.ok()) << again.status();
+    ASSERT_TRUE(SendAndWait(*client_, *again, kFrameTag, small, {}, absl::Seconds(20)).ok());
+    ASSERT_TRUE(server_rx_.WaitFor(1));
+    EXPECT_EQ(server_rx_.messages()[0].header, std::vector<uint8_t>(small, small + 4));
+  }
+};
+
+TEST_P(DisconnectMidTransfer, BySender) { Run(/*by_sender=*/true); }
+TEST_P(DisconnectMidTransfer, ByReceiver) { Run(/*by_sender=*/false); }
+
 TEST_P(TransportTest, ConnectToNobodyFails) {
   auto client = Transport::Create(GetParam().config);
   ASSERT_TRUE(client.ok());
@@ -581,6 +662,17 @@ TEST_P(TransportTest, OneSidedPutWritesDataThenFlag) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, TransportTest, ::testing::ValuesIn(Backends()),
+                         [](const auto& info) { return info.param.name; });
+std::vector<Backend> MidTransferBackends() {
+  if (getenv("STRATA_TEST_TCP_MID_TRANSFER") != nullptr) return Backends();
+  std::vector<Backend> out;
+  for (const Backend& b : Backends()) {
+    if (b.name == "inproc" || b.name == "ucx_sm") out.push_back(b);
+  }
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(Backends, DisconnectMidTransfer,
+                         ::testing::ValuesIn(MidTransferBackends()),
                          [](const auto& info) { return info.param.name; });
 
 TEST(Transport, BackendAndErrorModeNamesParseAndBadOnesAreRefused) {
