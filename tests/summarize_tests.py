@@ -37,9 +37,14 @@ def main():
                 if "testSummary" in ident:
                     label = ident["testSummary"]["label"]
                     summaries[label] = event.get("testSummary", {}).get("overallStatus", "NO_STATUS")
-                elif "targetCompleted" in ident and not event.get("completed", {}).get("success", True):
-                    label = ident["targetCompleted"]["label"]
-                    summaries.setdefault(label, "FAILED_TO_BUILD")
+                elif "targetCompleted" in ident:
+                    # A target that did not build: "completed" without "success" (the JSON
+                    # leaves out a false field; Bazel 4 gives a failureDetail instead), or
+                    # "aborted" in place of "completed" (a dependency failed).
+                    completed = event.get("completed")
+                    if completed is None or not completed.get("success", False):
+                        label = ident["targetCompleted"]["label"]
+                        summaries.setdefault(label, "FAILED_TO_BUILD")
     except OSError:
         pass
 
