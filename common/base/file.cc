@@ -23,13 +23,14 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoToStatus(errno, path + ": cannot open");
   struct stat st;
-  if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+  const bool known = fstat(fd, &st) == 0;
+  if (known && S_ISDIR(st.st_mode)) {
     close(fd);
     return absl::FailedPreconditionError(path + ": is a directory");
   }
   std::string text;
   // A regular file's size is a good first guess; /proc and /sys files say 0 or 4096.
-  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+  if (known && S_ISREG(st.st_mode) && st.st_size > 0) {
     text.reserve(static_cast<size_t>(st.st_size));
   }
   char buffer[64 * 1024];
